@@ -1,0 +1,38 @@
+# stepserve: the two commands a newcomer needs are `make run` and `make test`.
+
+GO      ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+ADDR    ?= :8000
+
+.PHONY: all build run test test-short lint digits deps clean
+
+all: build
+
+## build: the server binary at bin/stepserve
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/stepserve ./cmd/serve
+
+## run: build, then serve ./models on $(ADDR) with the CPU engine
+run: build
+	./bin/stepserve --model_repository ./models --server.addr $(ADDR)
+
+## deps: everything the tests need (Go modules only, so far)
+deps:
+	$(GO) mod download
+
+## test: install what the tests need, then run every test
+test: deps
+	$(GO) test -count=1 ./...
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## digits: retrain the shipped digits model from ../shared/data (reproducible)
+digits:
+	$(GO) run ./cmd/train-digits -data ../shared/data/digits.csv.gz
+
+clean:
+	rm -rf bin

@@ -1,0 +1,164 @@
+// Command serve is the stepserve server: it reads the configuration, loads
+// the model repository onto its engine, serves the Open Inference Protocol
+// over HTTP, and on SIGTERM or SIGINT stops accepting, finishes what is in
+// flight within server.shutdown_grace, and exits 0.
+//
+// It is the only place that reads configuration and wires the parts
+// together.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+
+	"github.com/stepserve/stepserve/config"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	cfg, err := config.Load(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "stepserve:", err)
+		return 2
+	}
+	logger := newLogger(cfg.Log, stderr)
+	if err := serve(cfg, logger); err != nil {
+		logger.Error("stepserve stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(c config.Log, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.Level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func serve(cfg *config.Config, logger *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newBuildInfo(version, "gonum"),
+	)
+
+	repo, err := models.LoadRepository(cfg.ModelRepository)
+	if err != nil {
+		return err
+	}
+	served := make([]*servedModel, len(repo))
+	handles := make([]server.Model, len(repo))
+	for i, m := range repo {
+		if served[i], err = newServedModel(m, logger); err != nil {
+			return err
+		}
+		defer served[i].Close()
+		handles[i] = served[i]
+	}
+
+	api, err := server.New(server.Options{
+		Models:       handles,
+		MaxBodyBytes: cfg.Server.MaxBodyBytes,
+		Version:      version,
+		Logger:       logger,
+		Registerer:   reg,
+		Gatherer:     reg,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Server.Addr)
+	if err != nil {
+		return err
+	}
+	httpServer := &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- httpServer.Serve(ln) }()
+	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
+		"blas", "gonum", "models", len(served), "config", cfg.File)
+
+	// Liveness answers from here on; readiness waits for every bucket of
+	// every model to be compiled and warmed up.
+	warm := make(chan error, 1)
+	go func() {
+		for _, s := range served {
+			if err := s.Warmup(ctx); err != nil {
+				warm <- err
+				return
+			}
+		}
+		logger.Info("ready")
+		warm <- nil
+	}()
+
+	for {
+		select {
+		case err := <-serveErr:
+			return err
+		case err := <-warm:
+			if err != nil {
+				return shutdown(httpServer, cfg.Server.ShutdownGrace, logger, err)
+			}
+			warm = nil // warmed up: keep serving until a signal
+		case <-ctx.Done():
+			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
+			return shutdown(httpServer, cfg.Server.ShutdownGrace, logger, nil)
+		}
+	}
+}
+
+// shutdown stops accepting and waits up to grace for in-flight requests.
+// cause is returned as is, so a failed warm-up still exits non-zero.
+func shutdown(s *http.Server, grace time.Duration, logger *slog.Logger, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		logger.Warn("shutdown grace ran out; closing open connections", "err", err)
+		s.Close()
+	}
+	return cause
+}
+
+func newBuildInfo(version, blas string) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stepserve_build_info",
+		Help: "Always 1; the labels say which build is running and which BLAS the CPU engine uses.",
+	}, []string{"version", "go_version", "blas"})
+	g.WithLabelValues(version, runtime.Version(), blas).Set(1)
+	return g
+}

@@ -1,0 +1,189 @@
+// Package config reads stepserve's configuration into one typed, validated
+// [Config]: defaults, then a YAML file (--config), then STEPSERVE_*
+// environment variables, then command-line flags, each overriding the one
+// before.
+//
+// A key's environment variable is STEPSERVE_ plus the key upper-cased with
+// dots as underscores: server.addr is STEPSERVE_SERVER_ADDR. Its flag is the
+// key itself: --server.addr.
+//
+// Only cmd/serve reads configuration; every other package is handed the
+// values it needs.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Config is the server-wide configuration.
+type Config struct {
+	Server          Server
+	ModelRepository string
+	Log             Log
+	// File is the configuration file read, or "" when none was.
+	File string
+}
+
+// Server configures the HTTP listener.
+type Server struct {
+	Addr              string
+	MaxBodyBytes      int64
+	ShutdownGrace     time.Duration
+	ReadHeaderTimeout time.Duration
+}
+
+// Log configures the server log.
+type Log struct {
+	Level  slog.Level
+	Format string // text | json
+}
+
+// ErrInvalid is wrapped by every validation error.
+var ErrInvalid = errors.New("config: invalid value")
+
+// key describes one configuration key: its default and the help text its
+// flag shows.
+type key struct {
+	name, def, help string
+}
+
+var keys = []key{
+	{"server.addr", ":8000", "listen address, host:port"},
+	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)"},
+	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests"},
+	{"server.read_header_timeout", "10s", "how long a client may take to send request headers"},
+	{"model_repository", "./models", "directory of models (<name>/model.yaml + weights.safetensors)"},
+	{"log.level", "info", "log level: debug, info, warn or error"},
+	{"log.format", "text", "log format: text or json"},
+}
+
+// Keys lists every configuration key, in documentation order.
+func Keys() []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.name
+	}
+	return out
+}
+
+// Load reads the configuration for a process started with args (without the
+// program name). It returns [pflag.ErrHelp] when -h or --help was given,
+// after printing the usage to the flag set's output.
+func Load(args []string) (*Config, error) {
+	fs := pflag.NewFlagSet("stepserve", pflag.ContinueOnError)
+	file := fs.String("config", "", "YAML configuration file")
+	v := viper.New()
+	for _, k := range keys {
+		fs.String(k.name, k.def, k.help)
+		v.SetDefault(k.name, k.def)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("config: unexpected argument %q; every setting is a --key=value flag", fs.Arg(0))
+	}
+	if err := v.BindPFlags(fs); err != nil {
+		return nil, err
+	}
+	v.SetEnvPrefix("STEPSERVE")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+
+	if *file != "" {
+		v.SetConfigFile(*file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("config: %s: %w", *file, err)
+		}
+		known := append(Keys(), "config")
+		for _, k := range v.AllKeys() {
+			if !slices.Contains(known, k) {
+				return nil, fmt.Errorf("%w: %s: unknown key %q; known keys: %s", ErrInvalid, *file, k, strings.Join(Keys(), ", "))
+			}
+		}
+	}
+	c, err := parse(v)
+	if err != nil {
+		return nil, err
+	}
+	c.File = *file
+	return c, nil
+}
+
+func parse(v *viper.Viper) (*Config, error) {
+	c := &Config{}
+	var err error
+	get := func(name string) string { return strings.TrimSpace(v.GetString(name)) }
+
+	c.Server.Addr = get("server.addr")
+	if _, port, perr := net.SplitHostPort(c.Server.Addr); perr != nil || port == "" {
+		return nil, invalid("server.addr", c.Server.Addr, "host:port, e.g. :8000 or 127.0.0.1:8000")
+	}
+	if c.Server.MaxBodyBytes, err = ParseBytes(get("server.max_body_bytes")); err != nil || c.Server.MaxBodyBytes < 1024 {
+		return nil, invalid("server.max_body_bytes", get("server.max_body_bytes"), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")
+	}
+	if c.Server.ShutdownGrace, err = time.ParseDuration(get("server.shutdown_grace")); err != nil || c.Server.ShutdownGrace < 0 {
+		return nil, invalid("server.shutdown_grace", get("server.shutdown_grace"), "a duration of 0 or more, e.g. 30s")
+	}
+	if c.Server.ReadHeaderTimeout, err = time.ParseDuration(get("server.read_header_timeout")); err != nil || c.Server.ReadHeaderTimeout <= 0 {
+		return nil, invalid("server.read_header_timeout", get("server.read_header_timeout"), "a positive duration, e.g. 10s")
+	}
+	c.ModelRepository = get("model_repository")
+	if c.ModelRepository == "" {
+		return nil, invalid("model_repository", "", "a directory of models")
+	}
+	if st, serr := os.Stat(c.ModelRepository); serr != nil || !st.IsDir() {
+		return nil, invalid("model_repository", c.ModelRepository, "an existing directory of models (<name>/model.yaml)")
+	}
+	if err := c.Log.Level.UnmarshalText([]byte(get("log.level"))); err != nil {
+		return nil, invalid("log.level", get("log.level"), "debug, info, warn or error")
+	}
+	c.Log.Format = get("log.format")
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		return nil, invalid("log.format", c.Log.Format, "text or json")
+	}
+	return c, nil
+}
+
+func invalid(key, value, want string) error {
+	return fmt.Errorf("%w: %s: %q; want %s", ErrInvalid, key, value, want)
+}
+
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30},
+	{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
+	{"B", 1},
+}
+
+// ParseBytes reads a size: a plain number of bytes, or a number with one of
+// the units B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024).
+func ParseBytes(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("config: %q is not a size", s)
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,169 @@
+// Package cpufallback is the pure-Go engine: it runs the same models as the
+// NPU engine on the host CPU, so that a laptop, CI and a node without an NPU
+// serve the same API.
+//
+// It follows the device's step structure on purpose. Weights stay resident
+// from load; each bucket has its own staging buffers and a plan built once
+// (its "device" input buffer, the activations of every layer); a step copies
+// the input staging into the plan once, runs the layers, and copies the
+// result out once, with no heap allocation. Matrix products go through
+// gonum's BLAS API, so a faster BLAS can be routed in behind the same calls.
+package cpufallback
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// Engine is the CPU engine. The zero value is ready to use.
+type Engine struct{}
+
+// Name implements [engine.Engine].
+func (Engine) Name() string { return "cpu" }
+
+// Load implements [engine.Engine]. It checks that the model's architecture
+// is one this engine runs and allocates every bucket's staging buffers;
+// plans are built by Compile, or by the first Step that needs one.
+func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
+	if m.MLP == nil {
+		return nil, fmt.Errorf("cpufallback: model %s: architecture %q is not supported by the CPU engine", m.Name, m.Config.Architecture)
+	}
+	p := &program{model: m, buckets: make([]bucketState, len(buckets))}
+	for i, s := range buckets {
+		l := engine.NewLayout(m.Config, s)
+		p.buckets[i] = bucketState{
+			shape:  s,
+			layout: l,
+			in:     alignedBytes(l.InBytes),
+			out:    alignedBytes(l.OutBytes),
+		}
+	}
+	return p, nil
+}
+
+type program struct {
+	model   *models.Model
+	mu      sync.Mutex // serializes plan builds
+	buckets []bucketState
+	closed  bool
+}
+
+type bucketState struct {
+	shape   bucketing.Shape
+	layout  engine.Layout
+	in, out []byte
+	plan    *mlpPlan // nil until compiled; written under mu, read by the stepping goroutine
+}
+
+func (p *program) bucket(i int) (*bucketState, error) {
+	if i < 0 || i >= len(p.buckets) {
+		return nil, fmt.Errorf("%w: %d (model %s has %d)", engine.ErrBucket, i, p.model.Name, len(p.buckets))
+	}
+	return &p.buckets[i], nil
+}
+
+// Compile implements [engine.Program].
+func (p *program) Compile(ctx context.Context, bucket int) error {
+	_, _, err := p.planFor(bucket)
+	return err
+}
+
+// planFor returns bucket's plan, building it if needed; built says whether
+// this call built it.
+func (p *program) planFor(bucket int) (plan *mlpPlan, built bool, err error) {
+	b, err := p.bucket(bucket)
+	if err != nil {
+		return nil, false, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, false, fmt.Errorf("cpufallback: model %s: program is closed", p.model.Name)
+	}
+	if b.plan == nil {
+		b.plan = newMLPPlan(p.model.MLP, b.shape.Batch)
+		built = true
+	}
+	return b.plan, built, nil
+}
+
+// Step implements [engine.Program]. On a compiled bucket it does not
+// allocate.
+func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) {
+	start := time.Now()
+	if err := ctx.Err(); err != nil {
+		return engine.Explain{}, err
+	}
+	plan, built, err := p.planFor(bucket)
+	if err != nil {
+		return engine.Explain{}, err
+	}
+	b := &p.buckets[bucket]
+	in := b.layout.Inputs[0]
+	out := b.layout.Outputs[0]
+
+	copy(plan.input, floats(b.in[in.Offset:in.Offset+in.Bytes])) // the one copy in
+	result := plan.run()
+	copy(floats(b.out[out.Offset:out.Offset+out.Bytes]), result) // the one copy out
+
+	x := engine.Explain{
+		Clean:           true,
+		CPUFallbacks:    0,
+		HostBounces:     0,
+		HostBounceBytes: 0,
+		H2D:             1,
+		D2H:             1,
+		WallNS:          engine.Count(time.Since(start)),
+	}
+	if built {
+		x.Recompiles = 1
+		x.Clean = false
+		x.Reasons = []string{fmt.Sprintf("recompile: bucket %s had no plan built at load", b.shape.Label())}
+	}
+	return x, nil
+}
+
+// Staging implements [engine.Program].
+func (p *program) Staging(bucket int) (in, out []byte) {
+	b := &p.buckets[bucket]
+	return b.in, b.out
+}
+
+// Close implements [engine.Program]. Staging buffers stay valid for a caller
+// still holding them, but no step runs after Close.
+func (p *program) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for i := range p.buckets {
+		p.buckets[i].plan = nil
+	}
+	return nil
+}
+
+// alignedBytes allocates n bytes backed by uint64s, so that the buffer can be
+// read as float32 or int64 in place.
+func alignedBytes(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	words := make([]uint64, (n+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), n)
+}
+
+// floats views a packed FP32 region as float32s (host byte order, which is
+// the little-endian order the wire protocol and safetensors use on every
+// platform we build for).
+func floats(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}

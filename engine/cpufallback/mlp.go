@@ -1,0 +1,129 @@
+package cpufallback
+
+import (
+	"math"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+// mlpPlan is one bucket's compiled MLP: the resident weights, and every
+// buffer the step writes, allocated once.
+type mlpPlan struct {
+	m     *models.MLP
+	batch int
+	input []float32   // the bucket's "device" input buffer, [batch, in]
+	acts  [][]float32 // layer i's output, [batch, out_i]
+}
+
+func newMLPPlan(m *models.MLP, batch int) *mlpPlan {
+	p := &mlpPlan{m: m, batch: batch, input: make([]float32, batch*m.Layers[0].In)}
+	for _, l := range m.Layers {
+		p.acts = append(p.acts, make([]float32, batch*l.Out))
+	}
+	return p
+}
+
+// run computes the MLP on p.input and returns the last activations.
+func (p *mlpPlan) run() []float32 {
+	x := p.input
+	last := len(p.m.Layers) - 1
+	for i, l := range p.m.Layers {
+		y := p.acts[i]
+		matmulT(p.batch, l.Out, l.In, x, l.Weight, y)
+		switch {
+		case i < last && p.m.Activation == "gelu":
+			biasGELU(y, l.Bias)
+		case i < last:
+			biasReLU(y, l.Bias)
+		case p.m.OutputActivation == "softmax":
+			biasSoftmax(y, l.Bias)
+		default:
+			biasOnly(y, l.Bias)
+		}
+		x = y
+	}
+	return x
+}
+
+// Tile sizes that keep every gonum Sgemm call on its serial path, which
+// neither spawns goroutines nor allocates: gonum goes parallel from four
+// 64x64 blocks of C.
+const (
+	tileM = 64
+	tileN = 128
+)
+
+// matmulT computes c[m,n] = a[m,k] · w[n,k]ᵀ, the product of a Linear layer
+// with torch's [out, in] weight layout.
+func matmulT(m, n, k int, a, w, c []float32) {
+	impl := blas32.Implementation()
+	for i := 0; i < m; i += tileM {
+		mi := min(tileM, m-i)
+		for j := 0; j < n; j += tileN {
+			nj := min(tileN, n-j)
+			impl.Sgemm(blas.NoTrans, blas.Trans, mi, nj, k,
+				1, a[i*k:], k,
+				w[j*k:], k,
+				0, c[i*n+j:], n)
+		}
+	}
+}
+
+func biasOnly(y, bias []float32) {
+	n := len(bias)
+	for r := 0; r < len(y); r += n {
+		row := y[r : r+n]
+		for j, b := range bias {
+			row[j] += b
+		}
+	}
+}
+
+func biasReLU(y, bias []float32) {
+	n := len(bias)
+	for r := 0; r < len(y); r += n {
+		row := y[r : r+n]
+		for j, b := range bias {
+			row[j] = max(row[j]+b, 0)
+		}
+	}
+}
+
+// biasGELU applies the exact (erf) GELU that torch.nn.GELU and BERT use.
+func biasGELU(y, bias []float32) {
+	n := len(bias)
+	for r := 0; r < len(y); r += n {
+		row := y[r : r+n]
+		for j, b := range bias {
+			v := float64(row[j] + b)
+			row[j] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+		}
+	}
+}
+
+// biasSoftmax adds the bias and takes a numerically stable softmax of each
+// row, in one pass for the maximum and one for the exponentials.
+func biasSoftmax(y, bias []float32) {
+	n := len(bias)
+	for r := 0; r < len(y); r += n {
+		row := y[r : r+n]
+		mx := float32(math.Inf(-1))
+		for j, b := range bias {
+			row[j] += b
+			mx = max(mx, row[j])
+		}
+		var sum float64
+		for j := range row {
+			e := math.Exp(float64(row[j] - mx))
+			row[j] = float32(e)
+			sum += e
+		}
+		inv := float32(1 / sum)
+		for j := range row {
+			row[j] *= inv
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"encoding/json"
+	"strconv"
+)
+
+// Count is a counter read from an explain region, or [Unknown] where the
+// engine could not measure it. An unmeasured counter is never reported as
+// zero: zero would claim the step was clean in a way nobody checked.
+type Count int64
+
+// Unknown marks a counter the engine could not read.
+const Unknown Count = -1
+
+// Known reports whether the counter was measured.
+func (c Count) Known() bool { return c >= 0 }
+
+// MarshalJSON writes an unknown count as null.
+func (c Count) MarshalJSON() ([]byte, error) {
+	if !c.Known() {
+		return []byte("null"), nil
+	}
+	return strconv.AppendInt(nil, int64(c), 10), nil
+}
+
+// UnmarshalJSON reads null as Unknown.
+func (c *Count) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*c = Unknown
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return err
+	}
+	*c = Count(n)
+	return nil
+}
+
+// Explain is the normalized report of one step, whatever the engine: what
+// torch.rbln.explain() saw on an NPU, or what the CPU engine really did.
+type Explain struct {
+	// Clean is the engine's own verdict: no hidden signal fired. The step
+	// checker also marks a step not clean when it moved more data than one
+	// copy each way.
+	Clean   bool     `json:"clean"`
+	Reasons []string `json:"reasons,omitempty"`
+
+	CPUFallbacks    Count `json:"cpu_fallbacks"`
+	Recompiles      Count `json:"recompiles"`
+	HostBounces     Count `json:"host_bounces"`
+	HostBounceBytes Count `json:"host_bounce_bytes"`
+	H2D             Count `json:"h2d"`
+	D2H             Count `json:"d2h"`
+	WallNS          Count `json:"wall_ns"`
+
+	// Which operator fell back or recompiled, and where data crossed the
+	// host; nil where the engine has nothing to say.
+	CPUFallbackByOp  map[string]int64 `json:"cpu_fallback_by_op,omitempty"`
+	RecompileByOp    map[string]int64 `json:"recompile_by_op,omitempty"`
+	HostBounceBySite map[string]int64 `json:"host_bounce_by_site,omitempty"`
+
+	// Report is the engine's human-readable report, kept for steps that are
+	// not clean.
+	Report string `json:"report,omitempty"`
+}

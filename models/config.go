@@ -1,0 +1,232 @@
+package models
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the schema of a model.yaml file.
+type Config struct {
+	// Name, when set, must equal the model's directory name.
+	Name string `yaml:"name"`
+	// Version is the one version the directory serves; "1" when unset.
+	Version     string `yaml:"version"`
+	Description string `yaml:"description"`
+	// Architecture selects the layer stack the weights fill: "mlp".
+	Architecture string     `yaml:"architecture"`
+	MLP          *MLPConfig `yaml:"mlp"`
+
+	Inputs  []TensorSpec `yaml:"inputs"`
+	Outputs []TensorSpec `yaml:"outputs"`
+	Buckets Buckets      `yaml:"buckets"`
+
+	// Engine is "cpu" or "rbln"; empty means the server's default engine.
+	Engine string `yaml:"engine"`
+	// DeviceDtype is the dtype the rbln engine computes in: float16 or
+	// bfloat16. The CPU engine always computes in float32.
+	DeviceDtype string `yaml:"device_dtype"`
+}
+
+// TensorSpec is one input or output of the model's signature. A -1 in the
+// shape is a variable dimension; the first is always the batch.
+type TensorSpec struct {
+	Name     string   `yaml:"name" json:"name"`
+	Datatype Datatype `yaml:"datatype" json:"datatype"`
+	Shape    []int    `yaml:"shape" json:"shape"`
+}
+
+// RowElements is the number of elements in one batch row: the product of
+// every dimension after the first.
+func (s TensorSpec) RowElements() int { return numel(s.Shape[1:]) }
+
+// RowBytes is the packed size of one batch row.
+func (s TensorSpec) RowBytes() int { return s.RowElements() * s.Datatype.Size() }
+
+// Buckets is the grid of shapes compiled at load.
+type Buckets struct {
+	Batch []int `yaml:"batch"`
+}
+
+// MLPConfig holds the mlp architecture's hyper-parameters. Layer i reads the
+// tensors layers.{i}.weight [out, in] and layers.{i}.bias [out], as
+// torch.nn.Linear stores them.
+type MLPConfig struct {
+	// Sizes are the widths from input to output: [64, 128, 10] is two
+	// Linear layers, 64->128 and 128->10.
+	Sizes []int `yaml:"sizes"`
+	// Activation follows every layer but the last: relu (default) or gelu.
+	Activation string `yaml:"activation"`
+	// OutputActivation follows the last layer: none (default) or softmax.
+	OutputActivation string `yaml:"output_activation"`
+}
+
+// ErrConfig is wrapped by every model.yaml validation error.
+var ErrConfig = errors.New("models: invalid model.yaml")
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidName reports whether s can name a model or a version: letters,
+// digits, '_', '.' and '-', not starting with a punctuation mark, so that a
+// name can never step outside the repository directory.
+func ValidName(s string) bool { return nameRE.MatchString(s) && !strings.Contains(s, "..") }
+
+// ParseConfig decodes model.yaml strictly (an unknown key is an error, so a
+// misspelt key is never silently ignored), fills defaults and validates.
+func ParseConfig(r io.Reader) (*Config, error) {
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the file is empty; want at least architecture, inputs, outputs and buckets", ErrConfig)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// ReadConfig reads and validates a model.yaml file; errors name the file.
+func ReadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	c, err := ParseConfig(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+func (c *Config) validate() error {
+	bad := func(key string, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, key, fmt.Sprintf(format, args...))
+	}
+	if c.Version == "" {
+		c.Version = "1"
+	}
+	if !ValidName(c.Version) {
+		return bad("version", "%q is not a valid version; use letters, digits, '_', '.' or '-'", c.Version)
+	}
+	if c.Name != "" && !ValidName(c.Name) {
+		return bad("name", "%q is not a valid model name; use letters, digits, '_', '.' or '-'", c.Name)
+	}
+	switch c.Engine {
+	case "", "cpu", "rbln":
+	default:
+		return bad("engine", "%q is not an engine; want cpu or rbln (or leave it unset for the server's default)", c.Engine)
+	}
+	switch c.DeviceDtype {
+	case "":
+		c.DeviceDtype = "float16"
+	case "float16", "bfloat16":
+	default:
+		return bad("device_dtype", "%q is not supported; want float16 or bfloat16", c.DeviceDtype)
+	}
+
+	if err := validateSpecs("inputs", c.Inputs); err != nil {
+		return err
+	}
+	if err := validateSpecs("outputs", c.Outputs); err != nil {
+		return err
+	}
+
+	if len(c.Buckets.Batch) == 0 {
+		return bad("buckets.batch", "is required; list the batch sizes to compile, e.g. [1, 4, 16, 32]")
+	}
+	for i, b := range c.Buckets.Batch {
+		if b <= 0 || b > 1<<16 {
+			return bad("buckets.batch", "%d is not a valid batch size; want 1..65536", b)
+		}
+		if i > 0 && b <= c.Buckets.Batch[i-1] {
+			return bad("buckets.batch", "%v must be strictly increasing", c.Buckets.Batch)
+		}
+	}
+
+	switch c.Architecture {
+	case "mlp":
+		return c.validateMLP(bad)
+	case "":
+		return bad("architecture", "is required; want mlp")
+	default:
+		return bad("architecture", "%q is not supported; want mlp", c.Architecture)
+	}
+}
+
+func validateSpecs(key string, specs []TensorSpec) error {
+	if len(specs) == 0 {
+		return fmt.Errorf("%w: %s: at least one is required", ErrConfig, key)
+	}
+	seen := make(map[string]bool, len(specs))
+	for i, s := range specs {
+		at := fmt.Sprintf("%s[%d]", key, i)
+		if !ValidName(s.Name) {
+			return fmt.Errorf("%w: %s.name: %q is not a valid tensor name", ErrConfig, at, s.Name)
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("%w: %s.name: %q appears twice", ErrConfig, at, s.Name)
+		}
+		seen[s.Name] = true
+		if !s.Datatype.Valid() {
+			_, err := ParseDatatype(string(s.Datatype))
+			return fmt.Errorf("%w: %s.datatype: %v", ErrConfig, at, err)
+		}
+		if len(s.Shape) < 1 || s.Shape[0] != -1 {
+			return fmt.Errorf("%w: %s.shape: %v must start with -1, the batch dimension", ErrConfig, at, s.Shape)
+		}
+		for _, d := range s.Shape[1:] {
+			if d <= 0 {
+				return fmt.Errorf("%w: %s.shape: %v: dimensions after the batch must be positive", ErrConfig, at, s.Shape)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateMLP(bad func(string, string, ...any) error) error {
+	m := c.MLP
+	if m == nil {
+		return bad("mlp", "is required for architecture mlp; give at least mlp.sizes")
+	}
+	if len(m.Sizes) < 2 {
+		return bad("mlp.sizes", "%v needs at least an input and an output width", m.Sizes)
+	}
+	for _, s := range m.Sizes {
+		if s <= 0 {
+			return bad("mlp.sizes", "%v: widths must be positive", m.Sizes)
+		}
+	}
+	switch m.Activation {
+	case "":
+		m.Activation = "relu"
+	case "relu", "gelu":
+	default:
+		return bad("mlp.activation", "%q is not supported; want relu or gelu", m.Activation)
+	}
+	switch m.OutputActivation {
+	case "":
+		m.OutputActivation = "none"
+	case "none", "softmax":
+	default:
+		return bad("mlp.output_activation", "%q is not supported; want none or softmax", m.OutputActivation)
+	}
+	in, out := m.Sizes[0], m.Sizes[len(m.Sizes)-1]
+	if len(c.Inputs) != 1 || c.Inputs[0].Datatype != FP32 || !slices.Equal(c.Inputs[0].Shape, []int{-1, in}) {
+		return bad("inputs", "an mlp with mlp.sizes %v takes exactly one FP32 input of shape [-1, %d]", m.Sizes, in)
+	}
+	if len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, out}) {
+		return bad("outputs", "an mlp with mlp.sizes %v gives exactly one FP32 output of shape [-1, %d]", m.Sizes, out)
+	}
+	return nil
+}

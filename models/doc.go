@@ -1,0 +1,18 @@
+// Package models owns the model repository: the on-disk layout
+// (models/<name>/model.yaml + weights.safetensors), the model.yaml schema and
+// its validation, the safetensors reader and writer, and the architectures
+// (mlp) that turn a file of named tensors into typed layers.
+//
+// It is a leaf: it knows nothing of HTTP, batching or engines. Engines read a
+// [Model] and build their own programs from it.
+//
+// # Repository layout
+//
+//	models/
+//	  digits/
+//	    model.yaml
+//	    weights.safetensors
+//
+// Every error names the file and the key or tensor that is wrong, and what
+// was expected, so that a start-up failure can be fixed without reading code.
+package models

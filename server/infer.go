@@ -1,0 +1,211 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// headerContentLength is Triton's binary-tensor extension header: the
+// length of the JSON part of a body that binary tensors follow.
+const headerContentLength = "Inference-Header-Content-Length"
+
+func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	m, err := s.lookup(r)
+	if err != nil {
+		// Unknown names are not counted: they would let any client create
+		// series without bound.
+		writeErr(w, err)
+		return
+	}
+	name := m.Model().Name
+	status := s.serveInfer(w, r, m)
+	s.metrics.observe(name, status, time.Since(start))
+}
+
+// serveInfer answers one inference request and returns the status it
+// answered with.
+func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int {
+	fail := func(err error) int {
+		st := statusOf(err)
+		if st >= 500 && st != http.StatusServiceUnavailable {
+			s.logger.Error("inference failed", "model", m.Model().Name, "status", st, "err", err)
+		}
+		writeError(w, st, err.Error())
+		return st
+	}
+	if !m.Ready() {
+		return fail(&apiError{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name)})
+	}
+
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return fail(err)
+	}
+	headerLen := -1
+	if h := r.Header.Get(headerContentLength); h != "" {
+		n, perr := strconv.Atoi(h)
+		if perr != nil || n < 0 {
+			return fail(badRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, clip(h))))
+		}
+		headerLen = n
+	}
+	req, err := decodeRequest(body, headerLen, m.Model())
+	if err != nil {
+		return fail(err)
+	}
+
+	cfg := m.Model().Config
+	sr := &steps.Request{Rows: req.rows, Inputs: req.inputs, Outputs: make([][]byte, len(cfg.Outputs))}
+	for i, o := range cfg.Outputs {
+		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes())
+	}
+	if err := m.Infer(r.Context(), sr); err != nil {
+		return fail(err)
+	}
+	if err := s.writeResponse(w, m.Model(), req, sr); err != nil {
+		return fail(err)
+	}
+	return http.StatusOK
+}
+
+// readBody reads the whole body within the configured limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	limit := s.opts.MaxBodyBytes
+	tooLarge := &apiError{http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	size := 512
+	if r.ContentLength > 0 {
+		size = int(r.ContentLength)
+	}
+	buf := make([]byte, 0, size+1)
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), buf)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, tooLarge
+	case err != nil:
+		return nil, badRequest(fmt.Sprintf("reading the request body: %v", err))
+	case len(body) == 0:
+		return nil, badRequest("empty request body; want an inference request (JSON)")
+	}
+	return body, nil
+}
+
+// readAll is io.ReadAll into a buffer sized from Content-Length.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+type responseTensor struct {
+	Name       string          `json:"name"`
+	Datatype   models.Datatype `json:"datatype"`
+	Shape      []int           `json:"shape"`
+	Parameters map[string]int  `json:"parameters,omitempty"`
+	Data       json.RawMessage `json:"data,omitempty"`
+}
+
+// writeResponse encodes the outputs: JSON data inline, and binary outputs
+// after the JSON header as Triton's extension lays them out.
+func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, sr *steps.Request) error {
+	b := make([]byte, 0, 256+len(req.outputs)*req.rows*64)
+	b = append(b, `{"model_name":`...)
+	b = strconv.AppendQuote(b, m.Name)
+	b = append(b, `,"model_version":`...)
+	b = strconv.AppendQuote(b, m.Version)
+	if req.id != "" {
+		idJSON, _ := json.Marshal(req.id)
+		b = append(b, `,"id":`...)
+		b = append(b, idJSON...)
+	}
+	b = append(b, `,"outputs":[`...)
+	var binaryParts [][]byte
+	for i, c := range req.outputs {
+		spec := m.Config.Outputs[c.index]
+		data := sr.Outputs[c.index]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"name":`...)
+		b = strconv.AppendQuote(b, spec.Name)
+		b = append(b, `,"datatype":"`...)
+		b = append(b, spec.Datatype...)
+		b = append(b, `","shape":[`...)
+		b = strconv.AppendInt(b, int64(req.rows), 10)
+		for _, d := range spec.Shape[1:] {
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(d), 10)
+		}
+		b = append(b, ']')
+		if c.binary {
+			b = append(b, `,"parameters":{"binary_data_size":`...)
+			b = strconv.AppendInt(b, int64(len(data)), 10)
+			b = append(b, "}}"...)
+			binaryParts = append(binaryParts, data)
+			continue
+		}
+		b = append(b, `,"data":`...)
+		var err error
+		if b, err = appendJSONData(b, data, spec.Datatype); err != nil {
+			return fmt.Errorf("model %s produced a bad value in output %q: %w", m.Name, spec.Name, err)
+		}
+		b = append(b, '}')
+	}
+	b = append(b, "]}"...)
+
+	h := w.Header()
+	if len(binaryParts) == 0 {
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(b)
+		return nil
+	}
+	total := len(b)
+	for _, p := range binaryParts {
+		total += len(p)
+	}
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set(headerContentLength, strconv.Itoa(len(b)))
+	h.Set("Content-Length", strconv.Itoa(total))
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+	for _, p := range binaryParts {
+		w.Write(p)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

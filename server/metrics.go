@@ -1,0 +1,50 @@
+package server
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// outcomes are the requests_total outcome labels, created at zero for every
+// model so that rate() and alerts see them before the first event.
+var outcomes = []string{"success", "rejected", "timeout", "cancelled", "invalid", "error"}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_requests_total",
+			Help: "Inference requests answered, by model and outcome.",
+		}, []string{"model", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stepserve_request_duration_seconds",
+			Help:    "Time from receiving an inference request to answering it.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"model"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.duration} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) addModel(name string) {
+	for _, o := range outcomes {
+		m.requests.WithLabelValues(name, o)
+	}
+	m.duration.WithLabelValues(name)
+}
+
+func (m *metrics) observe(model string, status int, d time.Duration) {
+	m.requests.WithLabelValues(model, outcome(status)).Inc()
+	m.duration.WithLabelValues(model).Observe(d.Seconds())
+}

@@ -1,0 +1,296 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+// The wire form of an Open Inference Protocol v2 inference request, with
+// Triton's binary-tensor extension.
+type wireRequest struct {
+	ID         string                     `json:"id"`
+	Parameters map[string]json.RawMessage `json:"parameters"`
+	Inputs     []wireInput                `json:"inputs"`
+	Outputs    []wireOutput               `json:"outputs"`
+}
+
+type wireInput struct {
+	Name       string                     `json:"name"`
+	Shape      []int64                    `json:"shape"`
+	Datatype   string                     `json:"datatype"`
+	Parameters map[string]json.RawMessage `json:"parameters"`
+	Data       json.RawMessage            `json:"data"`
+}
+
+type wireOutput struct {
+	Name       string                     `json:"name"`
+	Parameters map[string]json.RawMessage `json:"parameters"`
+}
+
+// inferRequest is a decoded, validated request, ready for the step.
+type inferRequest struct {
+	id      string
+	rows    int
+	inputs  [][]byte // one per model input, in model order
+	outputs []outputChoice
+}
+
+// outputChoice is one output to return, and how.
+type outputChoice struct {
+	index  int // into the model's outputs
+	binary bool
+}
+
+// decodeRequest parses body as an inference request for m. headerLen is the
+// value of Inference-Header-Content-Length, or -1 when the request has no
+// binary part. Every error is a 400 that names the input or field at fault.
+func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, error) {
+	header, binaryPart := body, []byte(nil)
+	if headerLen >= 0 {
+		if headerLen > len(body) {
+			return nil, badRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
+		}
+		header, binaryPart = body[:headerLen], body[headerLen:]
+	}
+	var wr wireRequest
+	if err := json.Unmarshal(header, &wr); err != nil {
+		return nil, badRequest(jsonErrorMessage(header, err))
+	}
+
+	cfg := m.Config
+	if len(wr.Inputs) == 0 {
+		return nil, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
+	}
+	req := &inferRequest{id: wr.ID, rows: -1, inputs: make([][]byte, len(cfg.Inputs))}
+	seen := make([]bool, len(cfg.Inputs))
+	for _, in := range wr.Inputs {
+		idx := specIndex(cfg.Inputs, in.Name)
+		if idx < 0 {
+			return nil, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
+		}
+		if seen[idx] {
+			return nil, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
+		}
+		seen[idx] = true
+		data, rest, err := decodeInput(&in, cfg.Inputs[idx], binaryPart, len(body))
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+		}
+		binaryPart = rest
+		rows := int(in.Shape[0])
+		if req.rows >= 0 && rows != req.rows {
+			return nil, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
+		}
+		req.rows = rows
+		req.inputs[idx] = data
+	}
+	for i, s := range cfg.Inputs {
+		if !seen[i] {
+			return nil, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
+		}
+	}
+	if len(binaryPart) > 0 {
+		return nil, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", len(binaryPart)))
+	}
+
+	allBinary, err := boolParam(wr.Parameters, "binary_data_output")
+	if err != nil {
+		return nil, badRequest(err.Error())
+	}
+	if len(wr.Outputs) == 0 {
+		for i := range cfg.Outputs {
+			req.outputs = append(req.outputs, outputChoice{index: i, binary: allBinary})
+		}
+		return req, nil
+	}
+	for _, o := range wr.Outputs {
+		idx := specIndex(cfg.Outputs, o.Name)
+		if idx < 0 {
+			return nil, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
+		}
+		for _, c := range req.outputs {
+			if c.index == idx {
+				return nil, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
+			}
+		}
+		if _, ok := o.Parameters["classification"]; ok {
+			return nil, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
+		}
+		bin, err := boolParam(o.Parameters, "binary_data")
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+		}
+		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin || allBinary})
+	}
+	return req, nil
+}
+
+// decodeInput checks one input against its spec and returns its packed
+// data, taking binary data from the front of binaryPart when the input says
+// binary_data_size. bodyLen bounds the elements a shape may claim, so that no
+// declared shape can make the server allocate more than the body justifies.
+func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (data, rest []byte, err error) {
+	if in.Datatype != string(spec.Datatype) {
+		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
+			return nil, nil, perr
+		}
+		return nil, nil, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
+	}
+	if len(in.Shape) != len(spec.Shape) {
+		return nil, nil, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
+	}
+	elems := int64(1)
+	for i, d := range in.Shape {
+		want := int64(spec.Shape[i])
+		switch {
+		case d < 0:
+			return nil, nil, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
+		case i == 0 && d == 0:
+			return nil, nil, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+		case want >= 0 && d != want:
+			return nil, nil, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
+		}
+		if d > 0 && elems > math.MaxInt32/d {
+			return nil, nil, fmt.Errorf("shape %v holds too many elements", in.Shape)
+		}
+		elems *= d
+	}
+	size := spec.Datatype.Size()
+	if elems > int64(bodyLen) {
+		// Every value takes at least a byte on the wire.
+		return nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
+	}
+	nbytes := int(elems) * size
+
+	binSize, hasBin, err := intParam(in.Parameters, "binary_data_size")
+	if err != nil {
+		return nil, nil, err
+	}
+	if hasBin {
+		if len(in.Data) > 0 && string(in.Data) != "null" {
+			return nil, nil, errors.New("has both data and binary_data_size; send one")
+		}
+		if binSize != nbytes {
+			return nil, nil, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+		}
+		if binSize > len(binaryPart) {
+			return nil, nil, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, len(binaryPart))
+		}
+		data = make([]byte, nbytes)
+		copy(data, binaryPart[:binSize])
+		rest = binaryPart[binSize:]
+	} else {
+		if len(in.Data) == 0 || string(in.Data) == "null" {
+			return nil, nil, errors.New("has no data; send data or binary_data_size")
+		}
+		data = make([]byte, nbytes)
+		n, err := decodeJSONData(in.Data, spec.Datatype, data)
+		if err != nil {
+			return nil, nil, err
+		}
+		if int64(n) != elems {
+			return nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, elems, n)
+		}
+		rest = binaryPart
+	}
+	if err := checkFinite(data, spec.Datatype); err != nil {
+		return nil, nil, err
+	}
+	return data, rest, nil
+}
+
+func specIndex(specs []models.TensorSpec, name string) int {
+	for i, s := range specs {
+		if s.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// signature describes tensors for error messages: `pixels (FP32 [-1 64])`.
+func signature(specs []models.TensorSpec) string {
+	parts := make([]string, len(specs))
+	for i, s := range specs {
+		parts[i] = fmt.Sprintf("%q (%s %v)", s.Name, s.Datatype, s.Shape)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func boolParam(params map[string]json.RawMessage, key string) (bool, error) {
+	raw, ok := params[key]
+	if !ok {
+		return false, nil
+	}
+	var v bool
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return false, fmt.Errorf("parameter %s must be true or false, got %s", key, truncate(raw))
+	}
+	return v, nil
+}
+
+func intParam(params map[string]json.RawMessage, key string) (int, bool, error) {
+	raw, ok := params[key]
+	if !ok {
+		return 0, false, nil
+	}
+	var v int64
+	if err := json.Unmarshal(raw, &v); err != nil || v < 0 || v > math.MaxInt32 {
+		return 0, true, fmt.Errorf("parameter %s must be a non-negative integer, got %s", key, truncate(raw))
+	}
+	return int(v), true, nil
+}
+
+// jsonErrorMessage explains a JSON decoding error with its byte offset, and
+// recognises NaN and Infinity, which Python's json module writes by default
+// but JSON does not allow.
+func jsonErrorMessage(body []byte, err error) string {
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		at := int(syn.Offset) - 1
+		if at >= 0 && at < len(body) {
+			rest := body[at:]
+			for _, lit := range []string{"NaN", "Infinity", "-Infinity"} {
+				if bytes.HasPrefix(rest, []byte(lit)) {
+					return fmt.Sprintf("malformed JSON at byte %d: %s is not a JSON number; values must be finite", at, lit)
+				}
+			}
+		}
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, err)
+	}
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &typ) {
+		field := typ.Field
+		if field == "" {
+			field = "request"
+		}
+		return fmt.Sprintf("malformed request: %s must be %s, got a JSON %s (byte %d)", field, jsonKind(typ.Type.Kind().String()), typ.Value, typ.Offset)
+	}
+	return "malformed request: " + err.Error()
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "slice":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	case "int64", "int":
+		return "an integer"
+	}
+	return "a " + k
+}
+
+func truncate(b []byte) string {
+	if len(b) > 32 {
+		return strconv.Quote(string(b[:32]) + "...")
+	}
+	return string(b)
+}

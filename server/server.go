@@ -1,0 +1,213 @@
+// Package server is stepserve's HTTP front: the Open Inference Protocol v2
+// REST API (JSON, and Triton's binary-tensor extension), health and metadata
+// endpoints, /metrics, and the one mapping from errors to status codes.
+//
+// It decodes and validates every request against the model's signature
+// before anything reaches a model, so that a model only ever sees
+// well-formed, finite, correctly shaped rows. It knows nothing of buckets or
+// engines: a [Model] is anything that can run a [steps.Request].
+//
+// # Endpoints
+//
+//	GET  /v2/health/live
+//	GET  /v2/health/ready
+//	GET  /v2
+//	GET  /v2/models/{model}[/versions/{version}]
+//	GET  /v2/models/{model}[/versions/{version}]/ready
+//	POST /v2/models/{model}[/versions/{version}]/infer
+//	GET  /metrics
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// Model is one servable model, as the server needs it.
+type Model interface {
+	// Model is the model's name, version and signature.
+	Model() *models.Model
+	// Ready reports whether the model can take requests now.
+	Ready() bool
+	// Infer runs r, filling its outputs, or fails. It honours ctx.
+	Infer(ctx context.Context, r *steps.Request) error
+}
+
+// Options configure a [Server].
+type Options struct {
+	Models []Model
+	// MaxBodyBytes bounds a request body; 0 means 64 MiB.
+	MaxBodyBytes int64
+	// Version is reported by GET /v2.
+	Version string
+	Logger  *slog.Logger // nil discards
+	// Registerer receives the server's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Gatherer serves /metrics; nil serves no /metrics endpoint.
+	Gatherer prometheus.Gatherer
+}
+
+// Server is the HTTP API. It is an [http.Handler].
+type Server struct {
+	opts    Options
+	models  map[string]Model
+	router  chi.Router
+	logger  *slog.Logger
+	metrics *metrics
+}
+
+// New builds the router for opts.
+func New(opts Options) (*Server, error) {
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 64 << 20
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	s := &Server{opts: opts, models: make(map[string]Model, len(opts.Models)), logger: opts.Logger}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+		return nil, err
+	}
+	for _, m := range opts.Models {
+		name := m.Model().Name
+		if _, dup := s.models[name]; dup {
+			return nil, fmt.Errorf("server: model %q is given twice", name)
+		}
+		s.models[name] = m
+		s.metrics.addModel(name)
+	}
+
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see GET /v2 and /v2/models/{model}", r.Method, r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
+	})
+	r.Get("/v2/health/live", s.live)
+	r.Get("/v2/health/ready", s.ready)
+	r.Get("/v2", s.serverMetadata)
+	r.Route("/v2/models/{model}", func(r chi.Router) {
+		r.Get("/", s.modelMetadata)
+		r.Get("/ready", s.modelReady)
+		r.Post("/infer", s.infer)
+		r.Get("/versions/{version}", s.modelMetadata)
+		r.Get("/versions/{version}/ready", s.modelReady)
+		r.Post("/versions/{version}/infer", s.infer)
+	})
+	if opts.Gatherer != nil {
+		r.Handle("/metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.logger}}))
+	}
+	s.router = r
+	return s, nil
+}
+
+// ServeHTTP implements [http.Handler].
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+
+// lookup finds the model and version a route names.
+func (s *Server) lookup(r *http.Request) (Model, error) {
+	name := chi.URLParam(r, "model")
+	m, ok := s.models[name]
+	if !ok {
+		return nil, modelNotFound(name)
+	}
+	if v := chi.URLParam(r, "version"); v != "" && v != m.Model().Version {
+		return nil, notFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, clip(v), m.Model().Version))
+	}
+	return m, nil
+}
+
+func (s *Server) live(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"live": true})
+}
+
+// ready is 200 only when every model has loaded and warmed up.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	for name, m := range s.models {
+		if !m.Ready() {
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name))
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
+}
+
+func (s *Server) serverMetadata(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name":       "stepserve",
+		"version":    s.opts.Version,
+		"extensions": []string{"binary_tensor_data"},
+	})
+}
+
+type metadataTensor struct {
+	Name     string          `json:"name"`
+	Datatype models.Datatype `json:"datatype"`
+	Shape    []int           `json:"shape"`
+}
+
+func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
+	m, err := s.lookup(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	mm := m.Model()
+	tensors := func(specs []models.TensorSpec) []metadataTensor {
+		out := make([]metadataTensor, len(specs))
+		for i, sp := range specs {
+			out[i] = metadataTensor(sp)
+		}
+		return out
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name":     mm.Name,
+		"versions": []string{mm.Version},
+		"platform": "stepserve_" + mm.Config.Architecture,
+		"inputs":   tensors(mm.Config.Inputs),
+		"outputs":  tensors(mm.Config.Outputs),
+	})
+}
+
+func (s *Server) modelReady(w http.ResponseWriter, r *http.Request) {
+	m, err := s.lookup(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if !m.Ready() {
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "ready": true})
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	writeError(w, statusOf(err), err.Error())
+}
+
+// clip keeps user-supplied strings in messages short.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+type slogPromLogger struct{ l *slog.Logger }
+
+func (l slogPromLogger) Println(v ...any) { l.l.Error("metrics", "err", fmt.Sprint(v...)) }

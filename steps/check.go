@@ -1,0 +1,80 @@
+package steps
+
+import (
+	"fmt"
+
+	"github.com/stepserve/stepserve/engine"
+)
+
+// Signal is one reason a step is not clean; its String is the metric label.
+type Signal int
+
+// The explain signals.
+const (
+	CPUFallback Signal = iota
+	Recompile
+	HostBounce
+	ExtraH2D
+	ExtraD2H
+	numSignals
+)
+
+var signalNames = [numSignals]string{"cpu_fallback", "recompile", "host_bounce", "extra_h2d", "extra_d2h"}
+
+func (s Signal) String() string { return signalNames[s] }
+
+// Signals lists every signal, in label order.
+func Signals() []Signal { return []Signal{CPUFallback, Recompile, HostBounce, ExtraH2D, ExtraD2H} }
+
+// Verdict is the checked outcome of one step.
+type Verdict struct {
+	Clean bool
+	// Fired[s] is the count of signal s in the step (0 when it did not
+	// fire or was not measured).
+	Fired [numSignals]int64
+}
+
+// The transfers a step may make: the staging buffers are one input buffer
+// and one output buffer, so a clean step copies exactly once each way.
+const (
+	wantH2D = 1
+	wantD2H = 1
+)
+
+// Check reads an Explain report as the design's step rules do: any CPU
+// fallback, recompile or host bounce fires its signal, and a step that moved
+// more than one buffer in either direction fires extra_h2d or extra_d2h and
+// is not clean even when the engine said it was. Check updates x.Clean and
+// x.Reasons to match. Counters the engine could not measure are unknown and
+// fire nothing.
+func Check(x *engine.Explain) Verdict {
+	var v Verdict
+	fire := func(s Signal, c engine.Count) {
+		if c.Known() && c > 0 {
+			v.Fired[s] = int64(c)
+		}
+	}
+	fire(CPUFallback, x.CPUFallbacks)
+	fire(Recompile, x.Recompiles)
+	fire(HostBounce, x.HostBounces)
+	if x.H2D.Known() && x.H2D > wantH2D {
+		v.Fired[ExtraH2D] = int64(x.H2D - wantH2D)
+		x.Clean = false
+		x.Reasons = append(x.Reasons, fmt.Sprintf("extra_h2d: %d host-to-device copies, want %d", x.H2D, wantH2D))
+	}
+	if x.D2H.Known() && x.D2H > wantD2H {
+		v.Fired[ExtraD2H] = int64(x.D2H - wantD2H)
+		x.Clean = false
+		x.Reasons = append(x.Reasons, fmt.Sprintf("extra_d2h: %d device-to-host copies, want %d", x.D2H, wantD2H))
+	}
+	for _, n := range v.Fired {
+		if n > 0 && x.Clean {
+			// The engine called it clean but a counter disagrees: trust the
+			// counter.
+			x.Clean = false
+			x.Reasons = append(x.Reasons, "engine verdict clean, but a signal counter fired")
+		}
+	}
+	v.Clean = x.Clean
+	return v
+}

@@ -1,0 +1,225 @@
+// Package steps owns the step: it packs the rows of one or more requests
+// into a bucket's staging buffer (padding zeroed), runs the engine's program
+// for that bucket, unpacks each request's rows from the output staging, and
+// checks the step's Explain report.
+//
+// A [Runner] runs one step at a time for its program, because the staging
+// buffers and, on an NPU, the explain counters are shared. It knows requests
+// only as rows of packed bytes; it knows nothing of HTTP or JSON.
+package steps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// Request is one inference request as the step sees it: Rows batch rows of
+// every model input, packed, and room for as many rows of every output.
+type Request struct {
+	Rows int
+	// Inputs holds one packed buffer per model input, in the model's input
+	// order, each Rows*RowBytes long.
+	Inputs [][]byte
+	// Outputs holds one buffer per model output, in the model's output
+	// order, each Rows*RowBytes long. Run fills them.
+	Outputs [][]byte
+}
+
+// Options configure a [Runner].
+type Options struct {
+	Model   *models.Model
+	Program engine.Program
+	Engine  string // the engine's name, for logs and metrics
+	Grid    *bucketing.Grid
+	Logger  *slog.Logger // nil discards
+	// Observe, when set, is called after every step with the step's
+	// outcome; it must not block.
+	Observe func(Observation)
+}
+
+// Observation is what a step did, for metrics and the explain endpoint.
+type Observation struct {
+	Bucket   bucketing.Shape
+	Rows     int
+	Explain  engine.Explain
+	Verdict  Verdict
+	Duration time.Duration
+}
+
+// Runner runs steps for one loaded model.
+type Runner struct {
+	opts    Options
+	layouts []engine.Layout
+	logger  *slog.Logger
+
+	mu sync.Mutex // one step at a time: the staging buffers are shared
+}
+
+// ErrShape is wrapped by errors about a request whose buffers do not match
+// the model's signature; it is the caller's bug, not the client's, since the
+// server validates requests first.
+var ErrShape = errors.New("steps: request does not match the model signature")
+
+// New returns a Runner for a loaded program.
+func New(opts Options) (*Runner, error) {
+	if opts.Model == nil || opts.Program == nil || opts.Grid == nil {
+		return nil, errors.New("steps: Model, Program and Grid are required")
+	}
+	r := &Runner{opts: opts, logger: opts.Logger}
+	if r.logger == nil {
+		r.logger = slog.New(slog.DiscardHandler)
+	}
+	for _, s := range opts.Grid.Shapes() {
+		r.layouts = append(r.layouts, engine.NewLayout(opts.Model.Config, s))
+	}
+	return r, nil
+}
+
+// MaxBatch is the most rows one step holds.
+func (r *Runner) MaxBatch() int { return r.opts.Grid.MaxBatch() }
+
+// cursor walks the rows of a list of requests in order.
+type cursor struct {
+	req, row int
+}
+
+// Run runs reqs through as many steps as their rows need: one when they fit
+// the largest bucket, more when they do not (a request may then span steps).
+// On error no output is complete and every request in reqs has failed.
+func (r *Runner) Run(ctx context.Context, reqs []*Request) error {
+	total := 0
+	for _, q := range reqs {
+		if err := r.checkRequest(q); err != nil {
+			return err
+		}
+		total += q.Rows
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at := cursor{}
+	for total > 0 {
+		rows, bucket := r.opts.Grid.Next(total)
+		next, err := r.step(ctx, reqs, at, rows, bucket)
+		if err != nil {
+			return err
+		}
+		at = next
+		total -= rows
+	}
+	return nil
+}
+
+func (r *Runner) checkRequest(q *Request) error {
+	cfg := r.opts.Model.Config
+	if q.Rows <= 0 || len(q.Inputs) != len(cfg.Inputs) || len(q.Outputs) != len(cfg.Outputs) {
+		return fmt.Errorf("%w: %d rows, %d inputs, %d outputs; want rows > 0, %d inputs, %d outputs",
+			ErrShape, q.Rows, len(q.Inputs), len(q.Outputs), len(cfg.Inputs), len(cfg.Outputs))
+	}
+	for i, s := range cfg.Inputs {
+		if len(q.Inputs[i]) != q.Rows*s.RowBytes() {
+			return fmt.Errorf("%w: input %q holds %d bytes, want %d", ErrShape, s.Name, len(q.Inputs[i]), q.Rows*s.RowBytes())
+		}
+	}
+	for i, s := range cfg.Outputs {
+		if len(q.Outputs[i]) != q.Rows*s.RowBytes() {
+			return fmt.Errorf("%w: output %q has room for %d bytes, want %d", ErrShape, s.Name, len(q.Outputs[i]), q.Rows*s.RowBytes())
+		}
+	}
+	return nil
+}
+
+// step packs rows rows starting at from into bucket, runs it, and unpacks.
+// It returns the cursor after the rows it ran.
+func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, bucket int) (cursor, error) {
+	layout := &r.layouts[bucket]
+	in, out := r.opts.Program.Staging(bucket)
+
+	var end cursor
+	for t, tl := range layout.Inputs {
+		dst := in[tl.Offset : tl.Offset+tl.Bytes]
+		n := 0
+		end = walk(reqs, from, rows, func(q *Request, row, count int) {
+			n += copy(dst[n:], q.Inputs[t][row*tl.RowBytes:(row+count)*tl.RowBytes])
+		})
+		clear(dst[n:]) // padding rows: never a previous step's data
+	}
+
+	start := time.Now()
+	x, err := r.opts.Program.Step(ctx, bucket)
+	elapsed := time.Since(start)
+	if err != nil {
+		return end, fmt.Errorf("steps: model %s bucket %s: %w", r.opts.Model.Name, layout.Bucket.Label(), err)
+	}
+	v := Check(&x)
+	if !x.Clean {
+		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
+			"engine", r.opts.Engine, "reasons", x.Reasons)
+	}
+	if r.opts.Observe != nil {
+		r.opts.Observe(Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: v, Duration: elapsed})
+	}
+
+	for t, tl := range layout.Outputs {
+		src := out[tl.Offset : tl.Offset+tl.Bytes]
+		n := 0
+		walk(reqs, from, rows, func(q *Request, row, count int) {
+			n += copy(q.Outputs[t][row*tl.RowBytes:(row+count)*tl.RowBytes], src[n:])
+		})
+	}
+	return end, nil
+}
+
+// walk visits rows rows of reqs from the cursor, one contiguous run of a
+// request at a time, and returns the cursor after them.
+func walk(reqs []*Request, at cursor, rows int, visit func(q *Request, row, count int)) cursor {
+	for rows > 0 {
+		q := reqs[at.req]
+		count := min(rows, q.Rows-at.row)
+		visit(q, at.row, count)
+		rows -= count
+		at.row += count
+		if at.row == q.Rows {
+			at = cursor{req: at.req + 1}
+		}
+	}
+	return at
+}
+
+// Warmup compiles every bucket and runs it twice on zeroed staging, as the
+// device needs (the first run on a new input buffer re-lays it out), and
+// returns how long each bucket took to compile. It fails if the second run
+// of any bucket is not clean or if its outputs are not finite.
+func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	compile := make([]time.Duration, len(r.layouts))
+	for b, l := range r.layouts {
+		start := time.Now()
+		if err := r.opts.Program.Compile(ctx, b); err != nil {
+			return nil, fmt.Errorf("steps: model %s: compile bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
+		}
+		compile[b] = time.Since(start)
+		in, _ := r.opts.Program.Staging(b)
+		clear(in)
+		var x engine.Explain
+		for range 2 {
+			var err error
+			if x, err = r.opts.Program.Step(ctx, b); err != nil {
+				return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
+			}
+		}
+		if Check(&x); !x.Clean {
+			return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s is not clean on its second run: %v",
+				r.opts.Model.Name, l.Bucket.Label(), x.Reasons)
+		}
+	}
+	return compile, nil
+}
