@@ -43,37 +43,44 @@ const (
 
 // Check reads an Explain report as the design's step rules do: any CPU
 // fallback, recompile or host bounce fires its signal, and a step that moved
-// more than one buffer in either direction fires extra_h2d or extra_d2h and
-// is not clean even when the engine said it was. Check updates x.Clean and
-// x.Reasons to match. Counters the engine could not measure are unknown and
-// fire nothing.
+// more than one buffer in either direction fires extra_h2d or extra_d2h. A
+// step with any signal is not clean, even when the engine said it was.
+// Check updates x.Clean and x.Reasons to match, so that a report that is not
+// clean always says why. Counters the engine could not measure are unknown
+// and fire nothing.
 func Check(x *engine.Explain) Verdict {
 	var v Verdict
-	fire := func(s Signal, c engine.Count) {
-		if c.Known() && c > 0 {
-			v.Fired[s] = int64(c)
+	fire := func(s Signal, c engine.Count, over engine.Count) {
+		if c.Known() && c > over {
+			v.Fired[s] = int64(c - over)
 		}
 	}
-	fire(CPUFallback, x.CPUFallbacks)
-	fire(Recompile, x.Recompiles)
-	fire(HostBounce, x.HostBounces)
-	if x.H2D.Known() && x.H2D > wantH2D {
-		v.Fired[ExtraH2D] = int64(x.H2D - wantH2D)
-		x.Clean = false
-		x.Reasons = append(x.Reasons, fmt.Sprintf("extra_h2d: %d host-to-device copies, want %d", x.H2D, wantH2D))
-	}
-	if x.D2H.Known() && x.D2H > wantD2H {
-		v.Fired[ExtraD2H] = int64(x.D2H - wantD2H)
-		x.Clean = false
-		x.Reasons = append(x.Reasons, fmt.Sprintf("extra_d2h: %d device-to-host copies, want %d", x.D2H, wantD2H))
-	}
-	for _, n := range v.Fired {
-		if n > 0 && x.Clean {
-			// The engine called it clean but a counter disagrees: trust the
-			// counter.
-			x.Clean = false
-			x.Reasons = append(x.Reasons, "engine verdict clean, but a signal counter fired")
+	fire(CPUFallback, x.CPUFallbacks, 0)
+	fire(Recompile, x.Recompiles, 0)
+	fire(HostBounce, x.HostBounces, 0)
+	fire(ExtraH2D, x.H2D, wantH2D)
+	fire(ExtraD2H, x.D2H, wantD2H)
+
+	// Name the signals the engine gave no reason for.
+	name := x.Clean || len(x.Reasons) == 0
+	for s, n := range v.Fired {
+		if n == 0 {
+			continue
 		}
+		x.Clean = false
+		switch Signal(s) {
+		case ExtraH2D:
+			x.Reasons = append(x.Reasons, fmt.Sprintf("extra_h2d: %d host-to-device copies, want %d", x.H2D, wantH2D))
+		case ExtraD2H:
+			x.Reasons = append(x.Reasons, fmt.Sprintf("extra_d2h: %d device-to-host copies, want %d", x.D2H, wantD2H))
+		default:
+			if name {
+				x.Reasons = append(x.Reasons, fmt.Sprintf("%s: %d", Signal(s), n))
+			}
+		}
+	}
+	if !x.Clean && len(x.Reasons) == 0 {
+		x.Reasons = append(x.Reasons, "the engine's verdict is not clean")
 	}
 	v.Clean = x.Clean
 	return v

@@ -1,0 +1,134 @@
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// repo makes a model repository directory and returns its path.
+func repo(t *testing.T) string {
+	t.Helper()
+	return t.TempDir()
+}
+
+func TestDefaults(t *testing.T) {
+	dir := repo(t)
+	c, err := Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, ":8000", c.Server.Addr)
+	assert.Equal(t, int64(64<<20), c.Server.MaxBodyBytes)
+	assert.Equal(t, 30*time.Second, c.Server.ShutdownGrace)
+	assert.Equal(t, 10*time.Second, c.Server.ReadHeaderTimeout)
+	assert.Equal(t, dir, c.ModelRepository)
+	assert.Equal(t, slog.LevelInfo, c.Log.Level)
+	assert.Equal(t, "text", c.Log.Format)
+}
+
+func TestPrecedenceFileEnvFlag(t *testing.T) {
+	dir := repo(t)
+	file := filepath.Join(t.TempDir(), "stepserve.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`
+server:
+  addr: "127.0.0.1:7000"
+  max_body_bytes: 1MiB
+  shutdown_grace: 5s
+model_repository: `+dir+`
+log:
+  level: debug
+  format: json
+`), 0o644))
+
+	c, err := Load([]string{"--config", file})
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:7000", c.Server.Addr, "file over default")
+	assert.Equal(t, int64(1<<20), c.Server.MaxBodyBytes)
+	assert.Equal(t, 5*time.Second, c.Server.ShutdownGrace)
+	assert.Equal(t, slog.LevelDebug, c.Log.Level)
+	assert.Equal(t, "json", c.Log.Format)
+	assert.Equal(t, file, c.File)
+
+	t.Setenv("STEPSERVE_SERVER_ADDR", "127.0.0.1:7001")
+	t.Setenv("STEPSERVE_LOG_FORMAT", "text")
+	c, err = Load([]string{"--config", file})
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:7001", c.Server.Addr, "env over file")
+	assert.Equal(t, "text", c.Log.Format)
+	assert.Equal(t, int64(1<<20), c.Server.MaxBodyBytes, "file keys env does not set are kept")
+
+	c, err = Load([]string{"--config", file, "--server.addr", "127.0.0.1:7002"})
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:7002", c.Server.Addr, "flag over env")
+
+	other := repo(t)
+	t.Setenv("STEPSERVE_MODEL_REPOSITORY", other)
+	c, err = Load(nil)
+	require.NoError(t, err)
+	assert.Equal(t, other, c.ModelRepository)
+}
+
+func TestInvalidValuesNameKeyValueAndWant(t *testing.T) {
+	dir := repo(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--server.addr", "8000"}, `server.addr: "8000"; want host:port`},
+		{[]string{"--server.max_body_bytes", "lots"}, `server.max_body_bytes: "lots"; want a size`},
+		{[]string{"--server.max_body_bytes", "10"}, `server.max_body_bytes: "10"; want a size of at least 1KiB`},
+		{[]string{"--server.shutdown_grace", "soon"}, `server.shutdown_grace: "soon"; want a duration`},
+		{[]string{"--server.shutdown_grace", "-1s"}, `server.shutdown_grace: "-1s"`},
+		{[]string{"--server.read_header_timeout", "0s"}, `server.read_header_timeout: "0s"; want a positive duration`},
+		{[]string{"--log.level", "loud"}, `log.level: "loud"; want debug, info, warn or error`},
+		{[]string{"--log.format", "xml"}, `log.format: "xml"; want text or json`},
+		{[]string{"--model_repository", filepath.Join(dir, "nope")}, `model_repository: "` + filepath.Join(dir, "nope") + `"; want an existing directory`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			args := append([]string{"--model_repository", dir}, tt.args...)
+			_, err := Load(args)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrInvalid), "%v", err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestFileErrors(t *testing.T) {
+	dir := repo(t)
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("server:\n  adr: :9000\n"), 0o644))
+	_, err := Load([]string{"--config", file, "--model_repository", dir})
+	assert.ErrorContains(t, err, `unknown key "server.adr"`)
+
+	_, err = Load([]string{"--config", filepath.Join(dir, "missing.yaml")})
+	assert.ErrorContains(t, err, "missing.yaml")
+
+	_, err = Load([]string{"--no-such-flag"})
+	assert.ErrorContains(t, err, "unknown flag: --no-such-flag")
+
+	_, err = Load([]string{"--model_repository", dir, "extra"})
+	assert.ErrorContains(t, err, `unexpected argument "extra"`)
+
+	_, err = Load([]string{"-h"})
+	assert.ErrorIs(t, err, pflag.ErrHelp)
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1024": 1024, "64MiB": 64 << 20, "2 KiB": 2048, "1GB": 1e9, "3Mi": 3 << 20, "7B": 7} {
+		got, err := ParseBytes(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "MiB", "-1", "1.5MiB", "1TiB", "99999999999GiB"} {
+		_, err := ParseBytes(bad)
+		assert.Error(t, err, bad)
+	}
+}

@@ -1,0 +1,173 @@
+package models
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const validMLP = `
+architecture: mlp
+mlp:
+  sizes: [4, 8, 3]
+inputs:
+  - {name: x, datatype: FP32, shape: [-1, 4]}
+outputs:
+  - {name: y, datatype: FP32, shape: [-1, 3]}
+buckets:
+  batch: [1, 2, 8]
+`
+
+func TestParseConfigDefaults(t *testing.T) {
+	c, err := ParseConfig(strings.NewReader(validMLP))
+	require.NoError(t, err)
+	assert.Equal(t, "1", c.Version)
+	assert.Equal(t, "float16", c.DeviceDtype)
+	assert.Equal(t, "relu", c.MLP.Activation)
+	assert.Equal(t, "none", c.MLP.OutputActivation)
+	assert.Equal(t, []int{1, 2, 8}, c.Buckets.Batch)
+	assert.Equal(t, 16, c.Inputs[0].RowBytes())
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		name, old, new, want string
+	}{
+		{"unknown key", "architecture: mlp", "architecture: mlp\nbatch_size: 4", "field batch_size not found"},
+		{"no architecture", "architecture: mlp", "", "architecture: is required"},
+		{"bad architecture", "architecture: mlp", "architecture: cnn", `architecture: "cnn" is not supported`},
+		{"no mlp section", "mlp:\n  sizes: [4, 8, 3]", "", "mlp: is required"},
+		{"one size", "sizes: [4, 8, 3]", "sizes: [4]", "mlp.sizes: [4] needs at least"},
+		{"zero width", "sizes: [4, 8, 3]", "sizes: [4, 0, 3]", "widths must be positive"},
+		{"bad activation", "sizes: [4, 8, 3]", "sizes: [4, 8, 3]\n  activation: tanh", `mlp.activation: "tanh" is not supported; want relu or gelu`},
+		{"bad output activation", "sizes: [4, 8, 3]", "sizes: [4, 8, 3]\n  output_activation: sigmoid", `mlp.output_activation: "sigmoid"`},
+		{"input width", "shape: [-1, 4]", "shape: [-1, 5]", "inputs: an mlp with mlp.sizes [4 8 3] takes exactly one FP32 input of shape [-1, 4]"},
+		{"output width", "shape: [-1, 3]", "shape: [-1, 2]", "outputs: an mlp"},
+		{"input datatype", "{name: x, datatype: FP32", "{name: x, datatype: FP64", "inputs: an mlp"},
+		{"unknown datatype", "{name: x, datatype: FP32", "{name: x, datatype: FLOAT", `inputs[0].datatype: unknown datatype "FLOAT"`},
+		{"no batch dim", "shape: [-1, 4]", "shape: [4]", "inputs[0].shape: [4] must start with -1"},
+		{"bad name", "{name: x,", "{name: ../x,", `inputs[0].name: "../x" is not a valid tensor name`},
+		{"no buckets", "batch: [1, 2, 8]", "batch: []", "buckets.batch: is required"},
+		{"unsorted buckets", "batch: [1, 2, 8]", "batch: [1, 8, 2]", "must be strictly increasing"},
+		{"zero bucket", "batch: [1, 2, 8]", "batch: [0, 2]", "buckets.batch: 0 is not a valid batch size"},
+		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not an engine; want cpu or rbln`},
+		{"bad dtype", "architecture: mlp", "architecture: mlp\ndevice_dtype: int8", `device_dtype: "int8" is not supported`},
+		{"bad version", "architecture: mlp", "architecture: mlp\nversion: a/b", `version: "a/b" is not a valid version`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := strings.Replace(validMLP, tt.old, tt.new, 1)
+			require.NotEqual(t, validMLP, doc, "the case must change the document")
+			_, err := ParseConfig(strings.NewReader(doc))
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrConfig))
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+	_, err := ParseConfig(strings.NewReader(""))
+	assert.ErrorContains(t, err, "the file is empty")
+}
+
+func TestValidName(t *testing.T) {
+	for _, ok := range []string{"digits", "bge-small_v1.5", "A1"} {
+		assert.True(t, ValidName(ok), ok)
+	}
+	for _, bad := range []string{"", "..", ".hidden", "a/b", "a..b", "a b", "-x", strings.Repeat("a", 129)} {
+		assert.False(t, ValidName(bad), bad)
+	}
+}
+
+func writeModel(t *testing.T, root, name, yaml string, tensors []*Tensor) string {
+	t.Helper()
+	dir := filepath.Join(root, name)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ConfigFile), []byte(yaml), 0o644))
+	f, err := os.Create(filepath.Join(dir, WeightsFile))
+	require.NoError(t, err)
+	require.NoError(t, WriteSafetensors(f, tensors, nil))
+	require.NoError(t, f.Close())
+	return dir
+}
+
+func mlpTensors() []*Tensor {
+	return []*Tensor{
+		{Name: "layers.0.weight", Shape: []int{8, 4}, Data: make([]float32, 32)},
+		{Name: "layers.0.bias", Shape: []int{8}, Data: make([]float32, 8)},
+		{Name: "layers.1.weight", Shape: []int{3, 8}, Data: make([]float32, 24)},
+		{Name: "layers.1.bias", Shape: []int{3}, Data: make([]float32, 3)},
+	}
+}
+
+func TestLoadRepository(t *testing.T) {
+	root := t.TempDir()
+	writeModel(t, root, "b-model", validMLP, mlpTensors())
+	writeModel(t, root, "a-model", validMLP, mlpTensors())
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "not-a-model"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "README"), []byte("x"), 0o644))
+
+	ms, err := LoadRepository(root)
+	require.NoError(t, err)
+	require.Len(t, ms, 2)
+	assert.Equal(t, "a-model", ms[0].Name)
+	assert.Equal(t, "b-model", ms[1].Name)
+	require.NotNil(t, ms[0].MLP)
+	assert.Len(t, ms[0].MLP.Layers, 2)
+	assert.Equal(t, 8, ms[0].MLP.Layers[1].In)
+}
+
+func TestLoadErrorsNameTheProblem(t *testing.T) {
+	root := t.TempDir()
+	dir := writeModel(t, root, "m", validMLP, mlpTensors()[:3])
+	_, err := Load(dir)
+	assert.ErrorContains(t, err, `tensor "layers.1.bias" is missing (want shape [3])`)
+	assert.ErrorContains(t, err, filepath.Join(dir, WeightsFile))
+
+	bad := mlpTensors()
+	bad[2].Shape, bad[2].Data = []int{8, 3}, make([]float32, 24)
+	dir = writeModel(t, root, "m2", validMLP, bad)
+	_, err = Load(dir)
+	assert.ErrorContains(t, err, `tensor "layers.1.weight" has shape [8 3], want [3 8]`)
+
+	dir = writeModel(t, root, "m3", "name: other\n"+validMLP, mlpTensors())
+	_, err = Load(dir)
+	assert.ErrorContains(t, err, `name: "other" differs from the directory name "m3"`)
+
+	dir = writeModel(t, root, "m4", "architecture: [\n", mlpTensors())
+	_, err = Load(dir)
+	assert.ErrorContains(t, err, filepath.Join(dir, ConfigFile))
+
+	_, err = LoadRepository(t.TempDir())
+	assert.ErrorContains(t, err, "holds no model")
+}
+
+func TestShippedDigitsModelLoads(t *testing.T) {
+	m, err := Load(filepath.Join("digits"))
+	require.NoError(t, err)
+	assert.Equal(t, "digits", m.Name)
+	assert.Equal(t, []int{64, 128, 10}, m.Config.MLP.Sizes)
+	assert.Equal(t, "softmax", m.MLP.OutputActivation)
+}
+
+// FuzzParseConfig checks that no model.yaml panics the loader, and that
+// whatever it accepts is a usable signature.
+func FuzzParseConfig(f *testing.F) {
+	f.Add(validMLP)
+	f.Add("architecture: mlp\nmlp: {sizes: [1, 1]}\ninputs: [{name: a, datatype: FP32, shape: [-1, 1]}]\noutputs: [{name: b, datatype: FP32, shape: [-1, 1]}]\nbuckets: {batch: [1]}")
+	f.Add("inputs: [{shape: []}]")
+	f.Fuzz(func(t *testing.T, doc string) {
+		c, err := ParseConfig(strings.NewReader(doc))
+		if err != nil {
+			return
+		}
+		for _, s := range append(c.Inputs, c.Outputs...) {
+			if s.Shape[0] != -1 || s.RowElements() <= 0 {
+				t.Fatalf("accepted a bad signature: %+v", s)
+			}
+		}
+	})
+}

@@ -1,0 +1,304 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// sumMax is a fake model: for each row of x (FP32 [-1, 3]) it returns
+// y = [sum, max] (FP32 [-1, 2]).
+type sumMax struct {
+	m     *models.Model
+	ready bool
+	err   error
+	calls int
+}
+
+func newSumMax() *sumMax {
+	return &sumMax{ready: true, m: &models.Model{Name: "summax", Version: "1", Config: &models.Config{
+		Architecture: "mlp",
+		Inputs:       []models.TensorSpec{{Name: "x", Datatype: models.FP32, Shape: []int{-1, 3}}},
+		Outputs:      []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
+	}}}
+}
+
+func (f *sumMax) Model() *models.Model { return f.m }
+func (f *sumMax) Ready() bool          { return f.ready }
+func (f *sumMax) Infer(ctx context.Context, r *steps.Request) error {
+	f.calls++
+	if f.err != nil {
+		return f.err
+	}
+	for row := range r.Rows {
+		var sum float32
+		mx := float32(math.Inf(-1))
+		for k := range 3 {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(r.Inputs[0][(row*3+k)*4:]))
+			sum += v
+			mx = max(mx, v)
+		}
+		binary.LittleEndian.PutUint32(r.Outputs[0][row*8:], math.Float32bits(sum))
+		binary.LittleEndian.PutUint32(r.Outputs[0][row*8+4:], math.Float32bits(mx))
+	}
+	return nil
+}
+
+func newTestServer(t *testing.T, m Model) (*Server, *prometheus.Registry) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Models: []Model{m}, MaxBodyBytes: 4096, Version: "test", Registerer: reg, Gatherer: reg})
+	require.NoError(t, err)
+	return s, reg
+}
+
+func do(t *testing.T, h http.Handler, method, path string, body []byte, headers ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, path, bytes.NewReader(body))
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+func errorOf(t *testing.T, w *httptest.ResponseRecorder) string {
+	t.Helper()
+	var e struct{ Error string }
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &e), w.Body.String())
+	return e.Error
+}
+
+type response struct {
+	ModelName    string `json:"model_name"`
+	ModelVersion string `json:"model_version"`
+	ID           string `json:"id"`
+	Outputs      []struct {
+		Name       string
+		Datatype   string
+		Shape      []int
+		Data       []float32
+		Parameters map[string]int
+	}
+}
+
+func TestInferJSON(t *testing.T) {
+	s, reg := newTestServer(t, newSumMax())
+	for _, body := range []string{
+		`{"id":"r1","inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[1,2,3,4,5,-6]}]}`,
+		`{"id":"r1","inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[[1,2,3],[4,5,-6]]}],"outputs":[{"name":"y"}]}`,
+	} {
+		w := do(t, s, "POST", "/v2/models/summax/infer", []byte(body))
+		require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+		assert.Equal(t, "application/json", w.Header().Get("Content-Type"))
+		var r response
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &r))
+		assert.Equal(t, "summax", r.ModelName)
+		assert.Equal(t, "1", r.ModelVersion)
+		assert.Equal(t, "r1", r.ID)
+		require.Len(t, r.Outputs, 1)
+		assert.Equal(t, "y", r.Outputs[0].Name)
+		assert.Equal(t, "FP32", r.Outputs[0].Datatype)
+		assert.Equal(t, []int{2, 2}, r.Outputs[0].Shape)
+		assert.Equal(t, []float32{6, 3, 3, 5}, r.Outputs[0].Data)
+	}
+	w := do(t, s, "POST", "/v2/models/summax/versions/1/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,1,1]}]}`))
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	assert.NotContains(t, w.Body.String(), `"id"`)
+
+	assert.Equal(t, 3.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success")))
+	n, err := testutil.GatherAndCount(reg, "stepserve_request_duration_seconds")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+}
+
+// binaryRequest builds a binary-tensor request for x.
+func binaryRequest(header string, payload ...float32) ([]byte, string) {
+	b := []byte(header)
+	for _, v := range payload {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return b, strconv.Itoa(len(header))
+}
+
+func TestInferBinary(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax())
+	body, hl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]}`, 1, 2, 7)
+	w := do(t, s, "POST", "/v2/models/summax/infer", body, "Inference-Header-Content-Length", hl, "Content-Type", "application/octet-stream")
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	assert.Equal(t, "application/octet-stream", w.Header().Get("Content-Type"))
+	n, err := strconv.Atoi(w.Header().Get("Inference-Header-Content-Length"))
+	require.NoError(t, err)
+	raw := w.Body.Bytes()
+	var r response
+	require.NoError(t, json.Unmarshal(raw[:n], &r))
+	assert.Equal(t, 8, r.Outputs[0].Parameters["binary_data_size"])
+	assert.Nil(t, r.Outputs[0].Data)
+	require.Len(t, raw[n:], 8)
+	assert.Equal(t, float32(10), math.Float32frombits(binary.LittleEndian.Uint32(raw[n:])))
+	assert.Equal(t, float32(7), math.Float32frombits(binary.LittleEndian.Uint32(raw[n+4:])))
+
+	// JSON input, every output binary through the request-level parameter.
+	w = do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"parameters":{"binary_data_output":true},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,1,1]}]}`))
+	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	assert.NotEmpty(t, w.Header().Get("Inference-Header-Content-Length"))
+}
+
+func TestInferBadRequests(t *testing.T) {
+	nan, hl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}]}`, 1, float32(math.NaN()), 2)
+	short, shl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}]}`, 1, 2)
+	lie, lhl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":8}}]}`, 1, 2)
+	extra, ehl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}]}`, 1, 2, 3, 4)
+	x := func(shape, data string) string {
+		return `{"inputs":[{"name":"x","datatype":"FP32","shape":` + shape + `,"data":` + data + `}]}`
+	}
+	tests := []struct {
+		name    string
+		path    string
+		body    []byte
+		headers []string
+		status  int
+		want    string
+	}{
+		{"malformed JSON", "", []byte(`{"inputs":[`), nil, 400, "malformed JSON"},
+		{"empty body", "", nil, nil, 400, "empty request body"},
+		{"NaN literal", "", []byte(x("[1,3]", "[1,NaN,2]")), nil, 400, "NaN is not a JSON number; values must be finite"},
+		{"overflowing value", "", []byte(x("[1,3]", "[1,1e39,2]")), nil, 400, `input "x": element 1: 1e39 is not a finite FP32 value`},
+		{"NaN in binary", "", nan, []string{"Inference-Header-Content-Length", hl}, 400, `input "x": element 1 is NaN; values must be finite`},
+		{"no inputs", "", []byte(`{"inputs":[]}`), nil, 400, `request has no inputs; model summax takes "x" (FP32 [-1 3])`},
+		{"unknown input", "", []byte(`{"inputs":[{"name":"z","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`), nil, 400, `unknown input "z"; model summax takes "x"`},
+		{"duplicate input", "", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]},{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`), nil, 400, `input "x" appears more than once`},
+		{"wrong datatype", "", []byte(`{"inputs":[{"name":"x","datatype":"INT64","shape":[1,3],"data":[1,2,3]}]}`), nil, 400, `input "x": datatype INT64, want FP32`},
+		{"unknown datatype", "", []byte(`{"inputs":[{"name":"x","datatype":"FLOAT","shape":[1,3],"data":[1,2,3]}]}`), nil, 400, `input "x": unknown datatype "FLOAT"`},
+		{"wrong rank", "", []byte(x("[3]", "[1,2,3]")), nil, 400, `input "x": shape [3] has 1 dimensions, want 2`},
+		{"wrong width", "", []byte(x("[1,4]", "[1,2,3,4]")), nil, 400, `input "x": shape [1 4], want [-1 3]: dimension 1 must be 3`},
+		{"negative dim", "", []byte(x("[-1,3]", "[1,2,3]")), nil, 400, `dimension 0 is negative`},
+		{"zero rows", "", []byte(x("[0,3]", "[]")), nil, 400, `the batch dimension must be at least 1`},
+		{"huge declared shape", "", []byte(x("[100000000,3]", "[1,2,3]")), nil, 400, `declares 300000000 elements, more than a`},
+		{"overflowing dim", "", []byte(x("[1e30,3]", "[1,2,3]")), nil, 400, `malformed request: inputs.shape must be an integer`},
+		{"too few values", "", []byte(x("[2,3]", "[1,2,3]")), nil, 400, `input "x": shape [2 3] needs 6 values, data has 3`},
+		{"too many values", "", []byte(x("[1,3]", "[1,2,3,4]")), nil, 400, `more values than the shape holds (3)`},
+		{"string in data", "", []byte(x("[1,3]", `[1,"2",3]`)), nil, 400, `element 1 is a string; want FP32 numbers`},
+		{"bool in data", "", []byte(x("[1,3]", `[1,true,3]`)), nil, 400, `true is a boolean`},
+		{"null in data", "", []byte(x("[1,3]", `[1,null,3]`)), nil, 400, `element 1 is null`},
+		{"no data", "", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3]}]}`), nil, 400, `has no data; send data or binary_data_size`},
+		{"unknown output", "", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}],"outputs":[{"name":"w"}]}`), nil, 400, `unknown output "w"; model summax gives "y"`},
+		{"bad binary_data param", "", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}],"outputs":[{"name":"y","parameters":{"binary_data":"yes"}}]}`), nil, 400, `parameter binary_data must be true or false`},
+		{"header length too big", "", []byte(`{}`), []string{"Inference-Header-Content-Length", "500"}, 400, `Inference-Header-Content-Length 500 exceeds the 2-byte body`},
+		{"header length not a number", "", []byte(`{}`), []string{"Inference-Header-Content-Length", "ten"}, 400, `Inference-Header-Content-Length "ten" is not a non-negative integer`},
+		{"binary shorter than declared", "", short, []string{"Inference-Header-Content-Length", shl}, 400, `binary_data_size is 12 bytes, but only 8 bytes of binary data remain`},
+		{"binary size that lies", "", lie, []string{"Inference-Header-Content-Length", lhl}, 400, `binary_data_size is 8 bytes, but FP32 [1 3] needs 12`},
+		{"binary data left over", "", extra, []string{"Inference-Header-Content-Length", ehl}, 400, `4 bytes of binary data follow`},
+		{"body over the limit", "", []byte(x("[1,3]", "[1,2,3"+strings.Repeat(" ", 5000)+"]")), nil, 413, "exceeds the 4096-byte limit (server.max_body_bytes)"},
+		{"unknown model", "/v2/models/nope/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `unknown model "nope"`},
+		{"unknown version", "/v2/models/summax/versions/7/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `model summax has no version "7"; it serves version "1"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newSumMax()
+			s, _ := newTestServer(t, f)
+			path := tt.path
+			if path == "" {
+				path = "/v2/models/summax/infer"
+			}
+			w := do(t, s, "POST", path, tt.body, tt.headers...)
+			assert.Equal(t, tt.status, w.Code, w.Body.String())
+			assert.Contains(t, errorOf(t, w), tt.want)
+			assert.Zero(t, f.calls, "a bad request must never reach the model")
+			if tt.status == 400 || tt.status == 413 {
+				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid")))
+			}
+		})
+	}
+}
+
+func TestInferModelFailures(t *testing.T) {
+	body := []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
+	for _, tt := range []struct {
+		err     error
+		status  int
+		outcome string
+	}{
+		{errors.New("device on fire"), 500, "error"},
+		{context.DeadlineExceeded, 504, "timeout"},
+	} {
+		f := newSumMax()
+		f.err = tt.err
+		s, _ := newTestServer(t, f)
+		w := do(t, s, "POST", "/v2/models/summax/infer", body)
+		assert.Equal(t, tt.status, w.Code)
+		assert.Contains(t, errorOf(t, w), tt.err.Error())
+		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome)))
+	}
+
+	f := newSumMax()
+	f.ready = false
+	s, _ := newTestServer(t, f)
+	w := do(t, s, "POST", "/v2/models/summax/infer", body)
+	assert.Equal(t, 503, w.Code)
+	assert.Equal(t, "1", w.Header().Get("Retry-After"))
+	assert.Equal(t, "model summax is not ready", errorOf(t, w))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected")))
+}
+
+func TestHealthAndMetadata(t *testing.T) {
+	f := newSumMax()
+	s, _ := newTestServer(t, f)
+
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/live", nil).Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/ready", nil).Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/ready", nil).Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/versions/1/ready", nil).Code)
+	f.ready = false
+	assert.Equal(t, 503, do(t, s, "GET", "/v2/health/ready", nil).Code)
+	assert.Equal(t, 503, do(t, s, "GET", "/v2/models/summax/ready", nil).Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/live", nil).Code)
+
+	var meta struct {
+		Name       string
+		Version    string
+		Extensions []string
+	}
+	require.NoError(t, json.Unmarshal(do(t, s, "GET", "/v2", nil).Body.Bytes(), &meta))
+	assert.Equal(t, "stepserve", meta.Name)
+	assert.Equal(t, "test", meta.Version)
+	assert.Contains(t, meta.Extensions, "binary_tensor_data")
+
+	w := do(t, s, "GET", "/v2/models/summax", nil)
+	require.Equal(t, 200, w.Code)
+	assert.JSONEq(t, `{"name":"summax","versions":["1"],"platform":"stepserve_mlp",
+		"inputs":[{"name":"x","datatype":"FP32","shape":[-1,3]}],
+		"outputs":[{"name":"y","datatype":"FP32","shape":[-1,2]}]}`, w.Body.String())
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/versions/1", nil).Code)
+	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/summax/versions/2", nil).Code)
+	w = do(t, s, "GET", "/v2/models/..%2F..%2Fetc/ready", nil)
+	assert.Equal(t, 404, w.Code)
+	assert.NotContains(t, w.Body.String(), "etc")
+
+	w = do(t, s, "GET", "/v2/nothing", nil)
+	assert.Equal(t, 404, w.Code)
+	assert.Contains(t, errorOf(t, w), "no endpoint GET /v2/nothing")
+	assert.Equal(t, 405, do(t, s, "GET", "/v2/models/summax/infer", nil).Code)
+
+	w = do(t, s, "GET", "/metrics", nil)
+	require.Equal(t, 200, w.Code)
+	body, _ := io.ReadAll(w.Body)
+	assert.Contains(t, string(body), `stepserve_requests_total{model="summax",outcome="success"} 0`)
+}

@@ -1,0 +1,202 @@
+package steps
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// doubler is a test double of engine.Program for a model with one FP32
+// input and one FP32 output of the same width: each step writes twice the
+// input rows, and records what the input staging held.
+type doubler struct {
+	layouts []engine.Layout
+	staging [][2][]byte
+	seen    []stepRecord
+	explain engine.Explain
+	err     error
+}
+
+type stepRecord struct {
+	bucket int
+	input  []float32
+}
+
+func newDoubler(cfg *models.Config, grid *bucketing.Grid) *doubler {
+	d := &doubler{explain: engine.Explain{Clean: true, H2D: 1, D2H: 1}}
+	for _, s := range grid.Shapes() {
+		l := engine.NewLayout(cfg, s)
+		d.layouts = append(d.layouts, l)
+		in := make([]byte, l.InBytes)
+		for i := range in {
+			in[i] = 0xAB // garbage a previous step might have left
+		}
+		d.staging = append(d.staging, [2][]byte{in, make([]byte, l.OutBytes)})
+	}
+	return d
+}
+
+func (d *doubler) Compile(context.Context, int) error { return nil }
+func (d *doubler) Close() error                      { return nil }
+func (d *doubler) Staging(b int) ([]byte, []byte)    { return d.staging[b][0], d.staging[b][1] }
+func (d *doubler) Step(_ context.Context, b int) (engine.Explain, error) {
+	in, out := d.staging[b][0], d.staging[b][1]
+	vals := decode(in[:d.layouts[b].Inputs[0].Bytes])
+	d.seen = append(d.seen, stepRecord{bucket: b, input: vals})
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(2*v))
+	}
+	return d.explain, d.err
+}
+
+func decode(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+func encode(v ...float32) []byte {
+	var b []byte
+	for _, f := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	return b
+}
+
+func testModel() *models.Model {
+	return &models.Model{Name: "m", Config: &models.Config{
+		Inputs:  []models.TensorSpec{{Name: "x", Datatype: models.FP32, Shape: []int{-1, 2}}},
+		Outputs: []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
+	}}
+}
+
+func newRunner(t *testing.T, batch []int) (*Runner, *doubler, *[]Observation) {
+	m := testModel()
+	grid, err := bucketing.NewGrid(batch)
+	require.NoError(t, err)
+	d := newDoubler(m.Config, grid)
+	var obs []Observation
+	r, err := New(Options{Model: m, Program: d, Engine: "fake", Grid: grid, Observe: func(o Observation) { obs = append(obs, o) }})
+	require.NoError(t, err)
+	return r, d, &obs
+}
+
+func request(rows int, first float32) *Request {
+	var vals []float32
+	for i := range 2 * rows {
+		vals = append(vals, first+float32(i))
+	}
+	return &Request{Rows: rows, Inputs: [][]byte{encode(vals...)}, Outputs: [][]byte{make([]byte, rows*8)}}
+}
+
+func TestRunPacksPadsAndUnpacks(t *testing.T) {
+	r, d, obs := newRunner(t, []int{1, 4, 8})
+	a, b := request(1, 10), request(2, 100)
+	require.NoError(t, r.Run(context.Background(), []*Request{a, b}))
+
+	require.Len(t, d.seen, 1)
+	assert.Equal(t, 1, d.seen[0].bucket, "3 rows go to the 4 bucket")
+	assert.Equal(t, []float32{10, 11, 100, 101, 102, 103, 0, 0}, d.seen[0].input, "padding row is zeroed")
+	assert.Equal(t, []float32{20, 22}, decode(a.Outputs[0]))
+	assert.Equal(t, []float32{200, 202, 204, 206}, decode(b.Outputs[0]))
+
+	require.Len(t, *obs, 1)
+	assert.Equal(t, 3, (*obs)[0].Rows)
+	assert.Equal(t, bucketing.Shape{Batch: 4}, (*obs)[0].Bucket)
+	assert.True(t, (*obs)[0].Verdict.Clean)
+}
+
+func TestRunSplitsALargeRequestAcrossSteps(t *testing.T) {
+	r, d, _ := newRunner(t, []int{1, 2, 4})
+	a, b := request(3, 0), request(4, 1000)
+	require.NoError(t, r.Run(context.Background(), []*Request{a, b}))
+
+	// 7 rows: a full 4 bucket (a's 3 rows and b's first), then b's other 3
+	// rows padded into the 4 bucket.
+	require.Len(t, d.seen, 2)
+	assert.Equal(t, []float32{0, 1, 2, 3, 4, 5, 1000, 1001}, d.seen[0].input)
+	assert.Equal(t, []float32{1002, 1003, 1004, 1005, 1006, 1007, 0, 0}, d.seen[1].input)
+	assert.Equal(t, []float32{0, 2, 4, 6, 8, 10}, decode(a.Outputs[0]))
+	assert.Equal(t, []float32{2000, 2002, 2004, 2006, 2008, 2010, 2012, 2014}, decode(b.Outputs[0]))
+}
+
+func TestRunRejectsMismatchedBuffers(t *testing.T) {
+	r, _, _ := newRunner(t, []int{1})
+	q := request(2, 0)
+	q.Inputs[0] = q.Inputs[0][:12]
+	err := r.Run(context.Background(), []*Request{q})
+	assert.True(t, errors.Is(err, ErrShape))
+	assert.ErrorContains(t, err, `input "x" holds 12 bytes, want 16`)
+}
+
+func TestRunReportsEngineErrors(t *testing.T) {
+	r, d, _ := newRunner(t, []int{2})
+	d.err = errors.New("device lost")
+	err := r.Run(context.Background(), []*Request{request(1, 0)})
+	assert.ErrorContains(t, err, "steps: model m bucket b2: device lost")
+}
+
+func TestRunObservesOverheadSteps(t *testing.T) {
+	r, d, obs := newRunner(t, []int{2})
+	d.explain = engine.Explain{Clean: true, H2D: 3, D2H: 1, CPUFallbacks: 2}
+	require.NoError(t, r.Run(context.Background(), []*Request{request(1, 0)}))
+	o := (*obs)[0]
+	assert.False(t, o.Verdict.Clean)
+	assert.False(t, o.Explain.Clean)
+	assert.Equal(t, int64(2), o.Verdict.Fired[ExtraH2D])
+	assert.Equal(t, int64(2), o.Verdict.Fired[CPUFallback])
+}
+
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name  string
+		in    engine.Explain
+		clean bool
+		fired map[Signal]int64
+	}{
+		{"clean", engine.Explain{Clean: true, H2D: 1, D2H: 1}, true, nil},
+		{"unknown counters fire nothing", engine.Explain{Clean: true, H2D: engine.Unknown, D2H: engine.Unknown, CPUFallbacks: engine.Unknown, Recompiles: engine.Unknown, HostBounces: engine.Unknown}, true, nil},
+		{"extra copies make a clean verdict dirty", engine.Explain{Clean: true, H2D: 2, D2H: 4}, false, map[Signal]int64{ExtraH2D: 1, ExtraD2H: 3}},
+		{"recompile", engine.Explain{Clean: false, H2D: 1, D2H: 1, Recompiles: 1}, false, map[Signal]int64{Recompile: 1}},
+		{"host bounce the engine missed", engine.Explain{Clean: true, H2D: 1, D2H: 1, HostBounces: 2}, false, map[Signal]int64{HostBounce: 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := tt.in
+			v := Check(&x)
+			assert.Equal(t, tt.clean, v.Clean)
+			assert.Equal(t, tt.clean, x.Clean)
+			for _, s := range Signals() {
+				assert.Equal(t, tt.fired[s], v.Fired[s], s.String())
+			}
+			if !tt.clean {
+				assert.NotEmpty(t, x.Reasons)
+			}
+		})
+	}
+}
+
+func TestWarmupRunsEveryBucketTwice(t *testing.T) {
+	r, d, _ := newRunner(t, []int{1, 4})
+	compile, err := r.Warmup(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, compile, 2)
+	require.Len(t, d.seen, 4)
+	assert.Equal(t, []int{0, 0, 1, 1}, []int{d.seen[0].bucket, d.seen[1].bucket, d.seen[2].bucket, d.seen[3].bucket})
+	assert.Equal(t, []float32{0, 0}, d.seen[0].input, "warm-up runs on zeroed staging")
+
+	d.explain.D2H = 2
+	_, err = r.Warmup(context.Background())
+	assert.ErrorContains(t, err, "not clean on its second run")
+}
