@@ -46,8 +46,8 @@ func newDoubler(cfg *models.Config, grid *bucketing.Grid) *doubler {
 }
 
 func (d *doubler) Compile(context.Context, int) error { return nil }
-func (d *doubler) Close() error                      { return nil }
-func (d *doubler) Staging(b int) ([]byte, []byte)    { return d.staging[b][0], d.staging[b][1] }
+func (d *doubler) Close() error                       { return nil }
+func (d *doubler) Staging(b int) ([]byte, []byte)     { return d.staging[b][0], d.staging[b][1] }
 func (d *doubler) Step(_ context.Context, b int) (engine.Explain, error) {
 	in, out := d.staging[b][0], d.staging[b][1]
 	vals := decode(in[:d.layouts[b].Inputs[0].Bytes])
