@@ -1,0 +1,25 @@
+package server
+
+import (
+	"bytes"
+	"net/http/httptest"
+	"testing"
+)
+
+// BenchmarkInferJSON measures the handler path (decode, validate, encode)
+// for a single-row request, with allocations.
+func BenchmarkInferJSON(b *testing.B) {
+	s, err := New(Options{Models: []Model{newSumMax()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"id":"1","inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1.5,2,3]}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest("POST", "/v2/models/summax/infer", bytes.NewReader(body)))
+		if w.Code != 200 {
+			b.Fatal(w.Body.String())
+		}
+	}
+}
