@@ -29,6 +29,7 @@ import (
 // Config is the server-wide configuration.
 type Config struct {
 	Server          Server
+	Batching        Batching
 	ModelRepository string
 	Log             Log
 	// File is the configuration file read, or "" when none was.
@@ -41,6 +42,15 @@ type Server struct {
 	MaxBodyBytes      int64
 	ShutdownGrace     time.Duration
 	ReadHeaderTimeout time.Duration
+}
+
+// Batching holds the server-wide defaults of the models' batching policy;
+// a model's model.yaml overrides them key by key.
+type Batching struct {
+	MaxQueueDelay  time.Duration
+	MaxQueueSize   int
+	DefaultTimeout time.Duration
+	PriorityLevels int
 }
 
 // Log configures the server log.
@@ -63,6 +73,10 @@ var keys = []key{
 	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)"},
 	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests"},
 	{"server.read_header_timeout", "10s", "how long a client may take to send request headers"},
+	{"batching.max_queue_delay", "500us", "default for models: how long the oldest queued request waits for a fuller batch"},
+	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
+	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},
+	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
 	{"model_repository", "./models", "directory of models (<name>/model.yaml + weights.safetensors)"},
 	{"log.level", "info", "log level: debug, info, warn or error"},
 	{"log.format", "text", "log format: text or json"},
@@ -139,6 +153,18 @@ func parse(v *viper.Viper) (*Config, error) {
 	}
 	if c.Server.ReadHeaderTimeout, err = time.ParseDuration(get("server.read_header_timeout")); err != nil || c.Server.ReadHeaderTimeout <= 0 {
 		return nil, invalid("server.read_header_timeout", get("server.read_header_timeout"), "a positive duration, e.g. 10s")
+	}
+	if c.Batching.MaxQueueDelay, err = time.ParseDuration(get("batching.max_queue_delay")); err != nil || c.Batching.MaxQueueDelay < 0 {
+		return nil, invalid("batching.max_queue_delay", get("batching.max_queue_delay"), "a duration of 0 or more, e.g. 500us or 2ms")
+	}
+	if c.Batching.MaxQueueSize, err = strconv.Atoi(get("batching.max_queue_size")); err != nil || c.Batching.MaxQueueSize < 1 {
+		return nil, invalid("batching.max_queue_size", get("batching.max_queue_size"), "an integer of at least 1")
+	}
+	if c.Batching.DefaultTimeout, err = time.ParseDuration(get("batching.default_timeout")); err != nil || c.Batching.DefaultTimeout < 0 {
+		return nil, invalid("batching.default_timeout", get("batching.default_timeout"), "a duration of 0 (no limit) or more, e.g. 5s")
+	}
+	if c.Batching.PriorityLevels, err = strconv.Atoi(get("batching.priority_levels")); err != nil || c.Batching.PriorityLevels < 1 || c.Batching.PriorityLevels > 100 {
+		return nil, invalid("batching.priority_levels", get("batching.priority_levels"), "an integer in 1..100")
 	}
 	c.ModelRepository = get("model_repository")
 	if c.ModelRepository == "" {

@@ -30,6 +30,10 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, dir, c.ModelRepository)
 	assert.Equal(t, slog.LevelInfo, c.Log.Level)
 	assert.Equal(t, "text", c.Log.Format)
+	assert.Equal(t, 500*time.Microsecond, c.Batching.MaxQueueDelay)
+	assert.Equal(t, 1024, c.Batching.MaxQueueSize)
+	assert.Zero(t, c.Batching.DefaultTimeout)
+	assert.Equal(t, 1, c.Batching.PriorityLevels)
 }
 
 func TestPrecedenceFileEnvFlag(t *testing.T) {
@@ -86,6 +90,10 @@ func TestInvalidValuesNameKeyValueAndWant(t *testing.T) {
 		{[]string{"--server.shutdown_grace", "soon"}, `server.shutdown_grace: "soon"; want a duration`},
 		{[]string{"--server.shutdown_grace", "-1s"}, `server.shutdown_grace: "-1s"`},
 		{[]string{"--server.read_header_timeout", "0s"}, `server.read_header_timeout: "0s"; want a positive duration`},
+		{[]string{"--batching.max_queue_delay", "1 sec"}, `batching.max_queue_delay: "1 sec"; want a duration`},
+		{[]string{"--batching.max_queue_size", "0"}, `batching.max_queue_size: "0"; want an integer of at least 1`},
+		{[]string{"--batching.default_timeout", "-2s"}, `batching.default_timeout: "-2s"`},
+		{[]string{"--batching.priority_levels", "many"}, `batching.priority_levels: "many"; want an integer in 1..100`},
 		{[]string{"--log.level", "loud"}, `log.level: "loud"; want debug, info, warn or error`},
 		{[]string{"--log.format", "xml"}, `log.format: "xml"; want text or json`},
 		{[]string{"--model_repository", filepath.Join(dir, "nope")}, `model_repository: "` + filepath.Join(dir, "nope") + `"; want an existing directory`},

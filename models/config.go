@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -27,6 +28,13 @@ type Config struct {
 	Inputs  []TensorSpec `yaml:"inputs"`
 	Outputs []TensorSpec `yaml:"outputs"`
 	Buckets Buckets      `yaml:"buckets"`
+
+	// Batching is the model's dynamic batching policy; unset keys take the
+	// server's defaults.
+	Batching Batching `yaml:"batching"`
+	// Warmup is eager (default: every bucket compiled and run twice before
+	// the model is ready) or lazy (a bucket is compiled on first use).
+	Warmup string `yaml:"warmup"`
 
 	// Engine is "cpu" or "rbln"; empty means the server's default engine.
 	Engine string `yaml:"engine"`
@@ -53,6 +61,16 @@ func (s TensorSpec) RowBytes() int { return s.RowElements() * s.Datatype.Size() 
 // Buckets is the grid of shapes compiled at load.
 type Buckets struct {
 	Batch []int `yaml:"batch"`
+}
+
+// Batching is a model's batching policy, with Triton's names. Nil fields
+// take the server-wide defaults.
+type Batching struct {
+	MaxQueueDelay        *time.Duration `yaml:"max_queue_delay"`
+	MaxQueueSize         *int           `yaml:"max_queue_size"`
+	PriorityLevels       *int           `yaml:"priority_levels"`
+	DefaultPriorityLevel *int           `yaml:"default_priority_level"`
+	DefaultTimeout       *time.Duration `yaml:"default_timeout"`
 }
 
 // MLPConfig holds the mlp architecture's hyper-parameters. Layer i reads the
@@ -135,6 +153,17 @@ func (c *Config) validate() error {
 		return bad("device_dtype", "%q is not supported; want float16 or bfloat16", c.DeviceDtype)
 	}
 
+	switch c.Warmup {
+	case "":
+		c.Warmup = "eager"
+	case "eager", "lazy":
+	default:
+		return bad("warmup", "%q is not a warm-up mode; want eager or lazy", c.Warmup)
+	}
+	if err := c.Batching.validate(bad); err != nil {
+		return err
+	}
+
 	if err := validateSpecs("inputs", c.Inputs); err != nil {
 		return err
 	}
@@ -162,6 +191,31 @@ func (c *Config) validate() error {
 	default:
 		return bad("architecture", "%q is not supported; want mlp", c.Architecture)
 	}
+}
+
+func (b Batching) validate(bad func(string, string, ...any) error) error {
+	if b.MaxQueueDelay != nil && *b.MaxQueueDelay < 0 {
+		return bad("batching.max_queue_delay", "%v must not be negative", *b.MaxQueueDelay)
+	}
+	if b.DefaultTimeout != nil && *b.DefaultTimeout < 0 {
+		return bad("batching.default_timeout", "%v must not be negative (0 means no timeout)", *b.DefaultTimeout)
+	}
+	if b.MaxQueueSize != nil && *b.MaxQueueSize < 1 {
+		return bad("batching.max_queue_size", "%d must be at least 1", *b.MaxQueueSize)
+	}
+	if b.PriorityLevels != nil && (*b.PriorityLevels < 1 || *b.PriorityLevels > 100) {
+		return bad("batching.priority_levels", "%d must be in 1..100", *b.PriorityLevels)
+	}
+	if b.DefaultPriorityLevel != nil {
+		levels := 1
+		if b.PriorityLevels != nil {
+			levels = *b.PriorityLevels
+		}
+		if *b.DefaultPriorityLevel < 1 || *b.DefaultPriorityLevel > levels {
+			return bad("batching.default_priority_level", "%d must be in 1..%d (priority_levels)", *b.DefaultPriorityLevel, levels)
+		}
+	}
+	return nil
 }
 
 func validateSpecs(key string, specs []TensorSpec) error {

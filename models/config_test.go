@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,6 +33,14 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, "none", c.MLP.OutputActivation)
 	assert.Equal(t, []int{1, 2, 8}, c.Buckets.Batch)
 	assert.Equal(t, 16, c.Inputs[0].RowBytes())
+	assert.Equal(t, "eager", c.Warmup)
+	assert.Nil(t, c.Batching.MaxQueueDelay, "unset batching keys take the server's defaults")
+
+	c, err = ParseConfig(strings.NewReader(validMLP + "warmup: lazy\nbatching:\n  max_queue_delay: 2ms\n  priority_levels: 3\n  default_priority_level: 2\n"))
+	require.NoError(t, err)
+	assert.Equal(t, "lazy", c.Warmup)
+	assert.Equal(t, 2*time.Millisecond, *c.Batching.MaxQueueDelay)
+	assert.Equal(t, 2, *c.Batching.DefaultPriorityLevel)
 }
 
 func TestParseConfigErrors(t *testing.T) {
@@ -57,6 +66,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"zero bucket", "batch: [1, 2, 8]", "batch: [0, 2]", "buckets.batch: 0 is not a valid batch size"},
 		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not an engine; want cpu or rbln`},
 		{"bad dtype", "architecture: mlp", "architecture: mlp\ndevice_dtype: int8", `device_dtype: "int8" is not supported`},
+		{"bad warmup", "architecture: mlp", "architecture: mlp\nwarmup: sometimes", `warmup: "sometimes" is not a warm-up mode; want eager or lazy`},
+		{"negative delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: -1ms}", `batching.max_queue_delay: -1ms must not be negative`},
+		{"bad delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: soon}", "cannot unmarshal !!str `soon` into time.Duration"},
+		{"zero queue", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_size: 0}", `batching.max_queue_size: 0 must be at least 1`},
+		{"default level out of range", "architecture: mlp", "architecture: mlp\nbatching: {priority_levels: 2, default_priority_level: 3}", `batching.default_priority_level: 3 must be in 1..2`},
 		{"bad version", "architecture: mlp", "architecture: mlp\nversion: a/b", `version: "a/b" is not a valid version`},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,409 @@
+// Package batching owns the dynamic batcher: one [Batcher] per model that
+// queues requests, forms batches to bucket sizes, and runs them one step
+// sequence at a time, with Triton's semantics: a bounded queue that rejects
+// at once when full, a maximum queue delay, priority levels, and per-request
+// timeouts that are answered at their deadline.
+//
+// It knows requests only as [steps.Request] rows; it knows nothing of HTTP.
+//
+// # Lifetime of a request
+//
+// Submit enqueues and waits. The request is answered exactly once: with its
+// outputs after its batch ran, with [ErrDeadline] at its deadline if it was
+// still queued then, with the context's error if its client went away while
+// it was queued, or with [ErrDraining] if shutdown's grace ran out before its
+// batch could run. A request that has started running is always answered
+// with its batch's outcome.
+package batching
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/stepserve/stepserve/steps"
+)
+
+// Errors Submit returns; the server maps them to status codes.
+var (
+	ErrQueueFull    = errors.New("batching: queue full")
+	ErrDraining     = errors.New("batching: shutting down")
+	ErrDeadline     = errors.New("batching: deadline passed while queued")
+	ErrBadParameter = errors.New("batching: bad request parameter")
+)
+
+// Runner runs batches; *steps.Runner is one.
+type Runner interface {
+	Run(ctx context.Context, reqs []*steps.Request) error
+	MaxBatch() int
+}
+
+// Options configure a [Batcher]. The zero value batches with no delay, a
+// queue of 1024, one priority level and no timeout.
+type Options struct {
+	Model string // for metrics and logs
+	// MaxQueueDelay is how long the oldest queued request may wait for a
+	// fuller batch.
+	MaxQueueDelay time.Duration
+	// MaxQueueSize bounds the queued requests; 0 means 1024.
+	MaxQueueSize int
+	// PriorityLevels is the number of levels, 1 the highest; 0 means 1.
+	PriorityLevels int
+	// DefaultPriority is the level of a request that names none; 0 means
+	// the lowest level.
+	DefaultPriority int
+	// DefaultTimeout bounds how long a request may wait in the queue; 0
+	// means no bound. A request may only lower it.
+	DefaultTimeout time.Duration
+	Metrics        *Metrics // nil records nothing
+	Logger         *slog.Logger
+}
+
+// Params are a request's own batching parameters, from its "parameters".
+type Params struct {
+	// Priority is the level, 1 the highest; 0 means the default.
+	Priority int
+	// Timeout lowers the model's default timeout; 0 means the default.
+	Timeout time.Duration
+}
+
+type state int
+
+const (
+	queued    state = iota // waiting in the queue or in a formed batch
+	running                // its batch is running: it will get the batch's outcome
+	abandoned              // answered at its deadline or dropped on cancel
+)
+
+type item struct {
+	req      *steps.Request
+	ctx      context.Context
+	enqueued time.Time
+	state    state // guarded by Batcher.mu
+	done     chan error
+}
+
+// Batcher queues one model's requests and runs them in batches.
+type Batcher struct {
+	opts   Options
+	runner Runner
+	m      *modelMetrics
+
+	mu       sync.Mutex
+	levels   [][]*item // FIFO per priority level; abandoned items are skipped
+	pending  []*item   // the formed batch the runner has not taken yet
+	live     int       // queued items not abandoned
+	draining bool
+	wake     chan struct{} // nudges the former; capacity 1
+
+	batches chan []*item
+	stopped chan struct{}
+}
+
+// New starts a batcher in front of runner. Stop it with Shutdown.
+func New(runner Runner, opts Options) (*Batcher, error) {
+	if opts.MaxQueueSize == 0 {
+		opts.MaxQueueSize = 1024
+	}
+	if opts.PriorityLevels == 0 {
+		opts.PriorityLevels = 1
+	}
+	if opts.DefaultPriority == 0 {
+		opts.DefaultPriority = opts.PriorityLevels
+	}
+	switch {
+	case opts.MaxQueueSize < 0:
+		return nil, fmt.Errorf("batching: model %s: max_queue_size %d must be positive", opts.Model, opts.MaxQueueSize)
+	case opts.PriorityLevels < 0:
+		return nil, fmt.Errorf("batching: model %s: priority_levels %d must be positive", opts.Model, opts.PriorityLevels)
+	case opts.DefaultPriority < 1 || opts.DefaultPriority > opts.PriorityLevels:
+		return nil, fmt.Errorf("batching: model %s: default_priority_level %d must be in 1..%d (priority_levels)", opts.Model, opts.DefaultPriority, opts.PriorityLevels)
+	case opts.MaxQueueDelay < 0 || opts.DefaultTimeout < 0:
+		return nil, fmt.Errorf("batching: model %s: max_queue_delay and default_timeout must not be negative", opts.Model)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Batcher{
+		opts:    opts,
+		runner:  runner,
+		m:       opts.Metrics.forModel(opts.Model),
+		levels:  make([][]*item, opts.PriorityLevels),
+		wake:    make(chan struct{}, 1),
+		batches: make(chan []*item),
+		stopped: make(chan struct{}),
+	}
+	go b.form()
+	go b.run()
+	return b, nil
+}
+
+// Submit queues r and waits for its answer. It returns at once with
+// [ErrQueueFull] when the queue is full, [ErrDraining] after Shutdown began,
+// and [ErrBadParameter] for a priority out of range.
+func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error {
+	prio := p.Priority
+	if prio == 0 {
+		prio = b.opts.DefaultPriority
+	}
+	if prio < 1 || prio > b.opts.PriorityLevels {
+		return fmt.Errorf("%w: priority %d is out of range; model %s has levels 1 (highest) to %d",
+			ErrBadParameter, p.Priority, b.opts.Model, b.opts.PriorityLevels)
+	}
+	if p.Timeout < 0 {
+		return fmt.Errorf("%w: timeout must not be negative", ErrBadParameter)
+	}
+	timeout := b.opts.DefaultTimeout
+	if p.Timeout > 0 && (timeout == 0 || p.Timeout < timeout) {
+		timeout = p.Timeout
+	}
+
+	it := &item{req: r, ctx: ctx, enqueued: time.Now(), done: make(chan error, 1)}
+	b.mu.Lock()
+	switch {
+	case b.draining:
+		b.mu.Unlock()
+		return ErrDraining
+	case b.live >= b.opts.MaxQueueSize:
+		b.mu.Unlock()
+		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, b.live, b.opts.Model)
+	}
+	b.levels[prio-1] = append(b.levels[prio-1], it)
+	b.live++
+	b.m.depth(b.live)
+	b.mu.Unlock()
+	b.nudge()
+
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	select {
+	case err := <-it.done:
+		return err
+	case <-deadline:
+		if b.abandon(it) {
+			return fmt.Errorf("%w: waited %v (timeout)", ErrDeadline, timeout)
+		}
+	case <-ctx.Done():
+		if b.abandon(it) {
+			return ctx.Err()
+		}
+	}
+	return <-it.done // it was already running: its batch answers it
+}
+
+// abandon takes a queued item out of the running; it reports false when the
+// item's batch has already started.
+func (b *Batcher) abandon(it *item) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if it.state != queued {
+		return false
+	}
+	it.state = abandoned
+	b.live--
+	b.m.depth(b.live)
+	return true
+}
+
+func (b *Batcher) nudge() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// form is the goroutine that forms batches: it waits until the queued rows
+// fill the largest bucket or the oldest request has waited MaxQueueDelay,
+// then takes requests in priority, then arrival, order. It forms the next
+// batch while the previous one runs.
+func (b *Batcher) form() {
+	defer close(b.batches)
+	maxRows := b.runner.MaxBatch()
+	var timer *time.Timer
+	for {
+		b.mu.Lock()
+		b.compact()
+		oldest, rows := b.scan()
+		draining := b.draining
+		b.mu.Unlock()
+
+		if oldest == nil {
+			if draining {
+				return
+			}
+			<-b.wake
+			continue
+		}
+		if wait := b.opts.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && wait > 0 && !draining {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			select {
+			case <-b.wake:
+				timer.Stop()
+			case <-timer.C:
+			}
+			continue
+		}
+		if batch := b.take(maxRows); len(batch) > 0 {
+			b.batches <- batch
+		}
+	}
+}
+
+// compact drops abandoned items from the front of every level.
+func (b *Batcher) compact() {
+	for l, q := range b.levels {
+		i := 0
+		for i < len(q) && q[i].state == abandoned {
+			q[i] = nil
+			i++
+		}
+		b.levels[l] = q[i:]
+	}
+}
+
+// scan finds the oldest queued item and the queued rows.
+func (b *Batcher) scan() (oldest *item, rows int) {
+	for _, q := range b.levels {
+		for _, it := range q {
+			if it.state != queued {
+				continue
+			}
+			rows += it.req.Rows
+			if oldest == nil || it.enqueued.Before(oldest.enqueued) {
+				oldest = it
+			}
+		}
+	}
+	return oldest, rows
+}
+
+// take removes a batch from the queue: items in priority then arrival order
+// until the next would overflow maxRows. A request larger than maxRows goes
+// alone (the step splits it).
+func (b *Batcher) take(maxRows int) []*item {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var batch []*item
+	rows := 0
+	for l, q := range b.levels {
+		kept := q[:0]
+		for _, it := range q {
+			switch {
+			case it.state != queued:
+				continue
+			case rows < maxRows && (rows+it.req.Rows <= maxRows || len(batch) == 0):
+				batch = append(batch, it)
+				rows += it.req.Rows
+			default:
+				kept = append(kept, it)
+			}
+		}
+		clear(q[len(kept):])
+		b.levels[l] = kept
+	}
+	b.pending = batch
+	return batch
+}
+
+// run is the goroutine that runs formed batches, one at a time.
+func (b *Batcher) run() {
+	defer close(b.stopped)
+	reqs := make([]*steps.Request, 0, 64)
+	for batch := range b.batches {
+		// Requests answered at their deadline or cancelled while the batch
+		// waited never reach the device.
+		b.mu.Lock()
+		b.pending = nil
+		live := batch[:0]
+		for _, it := range batch {
+			if it.state != queued {
+				continue
+			}
+			if it.ctx.Err() != nil { // the client went away
+				it.state = abandoned
+				b.live--
+				it.done <- it.ctx.Err()
+				continue
+			}
+			it.state = running
+			b.live--
+			live = append(live, it)
+		}
+		b.m.depth(b.live)
+		b.mu.Unlock()
+		if len(live) == 0 {
+			continue
+		}
+
+		start := time.Now()
+		reqs = reqs[:0]
+		for _, it := range live {
+			b.m.queued(start.Sub(it.enqueued))
+			reqs = append(reqs, it.req)
+		}
+		// The batch runs to completion whatever its clients do: its
+		// results are shared, and the step cannot be interrupted.
+		err := b.runner.Run(context.Background(), reqs)
+		if err != nil {
+			b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", len(live), "err", err)
+		}
+		for _, it := range live {
+			it.done <- err
+		}
+	}
+}
+
+// Shutdown stops accepting (Submit returns ErrDraining), runs every queued
+// batch without waiting for MaxQueueDelay, and returns when the queue is
+// empty and the last batch has finished. If ctx ends first, every request
+// still queued is answered with ErrDraining, the running batch is left to
+// finish, and ctx's error is returned.
+func (b *Batcher) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	b.draining = true
+	b.mu.Unlock()
+	b.nudge()
+	select {
+	case <-b.stopped:
+		return nil
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	dropped := 0
+	drop := func(q []*item) {
+		for _, it := range q {
+			if it.state == queued {
+				it.state = abandoned
+				b.live--
+				it.done <- ErrDraining
+				dropped++
+			}
+		}
+	}
+	for _, q := range b.levels {
+		drop(q)
+	}
+	drop(b.pending)
+	b.m.depth(b.live)
+	b.mu.Unlock()
+	b.opts.Logger.Warn("drain grace ran out", "model", b.opts.Model, "answered_503", dropped)
+	return ctx.Err()
+}
+
+// Depth is the number of requests waiting.
+func (b *Batcher) Depth() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.live
+}
