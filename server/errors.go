@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -33,6 +34,12 @@ func statusOf(err error) int {
 	switch {
 	case errors.As(err, &ae):
 		return ae.status
+	case errors.Is(err, batching.ErrBadParameter):
+		return http.StatusBadRequest
+	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, batching.ErrDeadline):
+		return http.StatusGatewayTimeout
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	case errors.Is(err, context.Canceled):

@@ -68,7 +68,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 	for i, o := range cfg.Outputs {
 		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes())
 	}
-	if err := m.Infer(r.Context(), sr); err != nil {
+	if err := m.Infer(r.Context(), sr, req.params); err != nil {
 		return fail(err)
 	}
 	if err := s.writeResponse(w, m.Model(), req, sr); err != nil {

@@ -8,7 +8,9 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -40,6 +42,7 @@ type inferRequest struct {
 	rows    int
 	inputs  [][]byte // one per model input, in model order
 	outputs []outputChoice
+	params  batching.Params
 }
 
 // outputChoice is one output to return, and how.
@@ -99,6 +102,18 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 	if len(binaryPart) > 0 {
 		return nil, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", len(binaryPart)))
 	}
+
+	// Triton's request parameters: priority (1 is the highest) and timeout
+	// in microseconds, which may only lower the model's default.
+	prio, _, err := intParam(wr.Parameters, "priority")
+	if err != nil {
+		return nil, badRequest(err.Error())
+	}
+	timeout, _, err := intParam(wr.Parameters, "timeout")
+	if err != nil {
+		return nil, badRequest(err.Error() + " (microseconds)")
+	}
+	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(wr.Parameters, "binary_data_output")
 	if err != nil {

@@ -15,6 +15,7 @@
 //	GET  /v2/models/{model}[/versions/{version}]
 //	GET  /v2/models/{model}[/versions/{version}]/ready
 //	POST /v2/models/{model}[/versions/{version}]/infer
+//	GET  /v2/models/{model}[/versions/{version}]/explain
 //	GET  /metrics
 package server
 
@@ -28,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -39,7 +41,9 @@ type Model interface {
 	// Ready reports whether the model can take requests now.
 	Ready() bool
 	// Infer runs r, filling its outputs, or fails. It honours ctx.
-	Infer(ctx context.Context, r *steps.Request) error
+	Infer(ctx context.Context, r *steps.Request, p batching.Params) error
+	// Explains lists the model's last non-clean steps, newest first.
+	Explains() []steps.Record
 }
 
 // Options configure a [Server].
@@ -104,6 +108,8 @@ func New(opts Options) (*Server, error) {
 		r.Get("/", s.modelMetadata)
 		r.Get("/ready", s.modelReady)
 		r.Post("/infer", s.infer)
+		r.Get("/explain", s.explain)
+		r.Get("/versions/{version}/explain", s.explain)
 		r.Get("/versions/{version}", s.modelMetadata)
 		r.Get("/versions/{version}/ready", s.modelReady)
 		r.Post("/versions/{version}/infer", s.infer)
@@ -194,6 +200,20 @@ func (s *Server) modelReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "ready": true})
+}
+
+// explain lists the model's last non-clean steps with their reasons.
+func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
+	m, err := s.lookup(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	recs := m.Explains()
+	if recs == nil {
+		recs = []steps.Record{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "non_clean_steps": recs})
 }
 
 func writeErr(w http.ResponseWriter, err error) {

@@ -13,12 +13,14 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -28,8 +30,10 @@ import (
 type sumMax struct {
 	m     *models.Model
 	ready bool
-	err   error
-	calls int
+	err      error
+	calls    int
+	params   batching.Params
+	explains []steps.Record
 }
 
 func newSumMax() *sumMax {
@@ -42,8 +46,10 @@ func newSumMax() *sumMax {
 
 func (f *sumMax) Model() *models.Model { return f.m }
 func (f *sumMax) Ready() bool          { return f.ready }
-func (f *sumMax) Infer(ctx context.Context, r *steps.Request) error {
+func (f *sumMax) Explains() []steps.Record { return f.explains }
+func (f *sumMax) Infer(ctx context.Context, r *steps.Request, p batching.Params) error {
 	f.calls++
+	f.params = p
 	if f.err != nil {
 		return f.err
 	}
@@ -237,14 +243,24 @@ func TestInferModelFailures(t *testing.T) {
 		outcome string
 	}{
 		{errors.New("device on fire"), 500, "error"},
+		{batching.ErrQueueFull, 503, "rejected"},
+		{batching.ErrDraining, 503, "rejected"},
+		{batching.ErrDeadline, 504, "timeout"},
+		{context.Canceled, 499, "cancelled"},
+		{batching.ErrBadParameter, 400, "invalid"},
 		{context.DeadlineExceeded, 504, "timeout"},
 	} {
 		f := newSumMax()
 		f.err = tt.err
 		s, _ := newTestServer(t, f)
 		w := do(t, s, "POST", "/v2/models/summax/infer", body)
-		assert.Equal(t, tt.status, w.Code)
-		assert.Contains(t, errorOf(t, w), tt.err.Error())
+		if tt.status == 499 {
+			// Nobody is listening: nothing is written, the outcome is counted.
+			assert.Empty(t, w.Body.String())
+		} else {
+			assert.Equal(t, tt.status, w.Code)
+			assert.Contains(t, errorOf(t, w), tt.err.Error())
+		}
 		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome)))
 	}
 
@@ -256,6 +272,35 @@ func TestInferModelFailures(t *testing.T) {
 	assert.Equal(t, "1", w.Header().Get("Retry-After"))
 	assert.Equal(t, "model summax is not ready", errorOf(t, w))
 	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected")))
+}
+
+func TestRequestParameters(t *testing.T) {
+	f := newSumMax()
+	s, _ := newTestServer(t, f)
+	w := do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"parameters":{"priority":2,"timeout":1500},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
+	require.Equal(t, 200, w.Code, w.Body.String())
+	assert.Equal(t, batching.Params{Priority: 2, Timeout: 1500 * time.Microsecond}, f.params)
+
+	w = do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"parameters":{"timeout":-1},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
+	assert.Equal(t, 400, w.Code)
+	assert.Contains(t, errorOf(t, w), "parameter timeout must be a non-negative integer, got -1 (microseconds)")
+}
+
+func TestExplainEndpoint(t *testing.T) {
+	f := newSumMax()
+	f.explains = []steps.Record{{Bucket: "b4", Rows: 3, Signals: map[string]int64{"recompile": 1}}}
+	s, _ := newTestServer(t, f)
+	w := do(t, s, "GET", "/v2/models/summax/explain", nil)
+	require.Equal(t, 200, w.Code)
+	var got struct {
+		Name          string
+		NonCleanSteps []steps.Record `json:"non_clean_steps"`
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &got))
+	assert.Equal(t, "summax", got.Name)
+	require.Len(t, got.NonCleanSteps, 1)
+	assert.Equal(t, int64(1), got.NonCleanSteps[0].Signals["recompile"])
+	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/other/explain", nil).Code)
 }
 
 func TestHealthAndMetadata(t *testing.T) {

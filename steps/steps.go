@@ -40,6 +40,10 @@ type Options struct {
 	Engine  string // the engine's name, for logs and metrics
 	Grid    *bucketing.Grid
 	Logger  *slog.Logger // nil discards
+	// Metrics records every step; nil records nothing.
+	Metrics *Metrics
+	// ExplainHistory is how many non-clean reports to keep; 0 means 32.
+	ExplainHistory int
 	// Observe, when set, is called after every step with the step's
 	// outcome; it must not block.
 	Observe func(Observation)
@@ -59,6 +63,8 @@ type Runner struct {
 	opts    Options
 	layouts []engine.Layout
 	logger  *slog.Logger
+	metrics *runnerMetrics
+	explain *explainLog
 
 	mu sync.Mutex // one step at a time: the staging buffers are shared
 }
@@ -80,6 +86,11 @@ func New(opts Options) (*Runner, error) {
 	for _, s := range opts.Grid.Shapes() {
 		r.layouts = append(r.layouts, engine.NewLayout(opts.Model.Config, s))
 	}
+	if opts.ExplainHistory == 0 {
+		opts.ExplainHistory = 32
+	}
+	r.explain = &explainLog{size: opts.ExplainHistory}
+	r.metrics = opts.Metrics.forRunner(opts.Model.Name, opts.Engine, opts.Grid.Shapes())
 	return r, nil
 }
 
@@ -158,13 +169,16 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, b
 	if err != nil {
 		return end, fmt.Errorf("steps: model %s bucket %s: %w", r.opts.Model.Name, layout.Bucket.Label(), err)
 	}
-	v := Check(&x)
-	if !x.Clean {
+	o := Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: Check(&x), Duration: elapsed}
+	o.Explain = x
+	r.metrics.observe(bucket, &o)
+	if !o.Verdict.Clean {
+		r.explain.add(&o)
 		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
 			"engine", r.opts.Engine, "reasons", x.Reasons)
 	}
 	if r.opts.Observe != nil {
-		r.opts.Observe(Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: v, Duration: elapsed})
+		r.opts.Observe(o)
 	}
 
 	for t, tl := range layout.Outputs {
@@ -193,6 +207,9 @@ func walk(reqs []*Request, at cursor, rows int, visit func(q *Request, row, coun
 	return at
 }
 
+// Explains returns the last non-clean steps, newest first.
+func (r *Runner) Explains() []Record { return r.explain.list() }
+
 // Warmup compiles every bucket and runs it twice on zeroed staging, as the
 // device needs (the first run on a new input buffer re-lays it out), and
 // returns how long each bucket took to compile. It fails if the second run
@@ -207,6 +224,9 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 			return nil, fmt.Errorf("steps: model %s: compile bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
 		}
 		compile[b] = time.Since(start)
+		if r.metrics != nil {
+			r.metrics.buckets[b].compile.Set(compile[b].Seconds())
+		}
 		in, _ := r.opts.Program.Staging(b)
 		clear(in)
 		var x engine.Explain

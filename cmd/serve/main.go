@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,9 +26,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/config"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server"
+	"github.com/stepserve/stepserve/steps"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -77,10 +80,19 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	stepMetrics, err := steps.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	batchMetrics, err := batching.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	sh := shared{steps: stepMetrics, batching: batchMetrics, defaults: cfg.Batching, logger: logger}
 	served := make([]*servedModel, len(repo))
 	handles := make([]server.Model, len(repo))
 	for i, m := range repo {
-		if served[i], err = newServedModel(m, logger); err != nil {
+		if served[i], err = newServedModel(m, sh); err != nil {
 			return err
 		}
 		defer served[i].Close()
@@ -132,25 +144,37 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 			return err
 		case err := <-warm:
 			if err != nil {
-				return shutdown(httpServer, cfg.Server.ShutdownGrace, logger, err)
+				return shutdown(httpServer, served, cfg.Server.ShutdownGrace, logger, err)
 			}
 			warm = nil // warmed up: keep serving until a signal
 		case <-ctx.Done():
 			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
-			return shutdown(httpServer, cfg.Server.ShutdownGrace, logger, nil)
+			return shutdown(httpServer, served, cfg.Server.ShutdownGrace, logger, nil)
 		}
 	}
 }
 
-// shutdown stops accepting and waits up to grace for in-flight requests.
-// cause is returned as is, so a failed warm-up still exits non-zero.
-func shutdown(s *http.Server, grace time.Duration, logger *slog.Logger, cause error) error {
+// shutdown drains within grace: the listener stops accepting, every model's
+// batcher answers new requests with 503 and runs what it has queued, and
+// in-flight requests get their answers. What is left when grace ends is
+// answered with 503 and the open connections are closed. cause is returned
+// as is, so a failed warm-up still exits non-zero.
+func shutdown(s *http.Server, served []*servedModel, grace time.Duration, logger *slog.Logger, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
+	var wg sync.WaitGroup
+	for _, m := range served {
+		wg.Go(func() {
+			if err := m.Drain(ctx); err != nil {
+				logger.Warn("drain incomplete", "model", m.model.Name, "err", err)
+			}
+		})
+	}
 	if err := s.Shutdown(ctx); err != nil {
 		logger.Warn("shutdown grace ran out; closing open connections", "err", err)
 		s.Close()
 	}
+	wg.Wait()
 	return cause
 }
 

@@ -1,0 +1,235 @@
+package steps
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepserve/stepserve/bucketing"
+)
+
+// Metrics are the step metrics of every model, registered once.
+type Metrics struct {
+	batchSize       *prometheus.HistogramVec
+	padding         *prometheus.HistogramVec
+	stepDuration    *prometheus.HistogramVec
+	steps           *prometheus.CounterVec
+	signals         *prometheus.CounterVec
+	hostBounceBytes *prometheus.CounterVec
+	transfers       *prometheus.CounterVec
+	ready           *prometheus.GaugeVec
+	loadDuration    *prometheus.GaugeVec
+	compileDuration *prometheus.GaugeVec
+}
+
+// NewMetrics registers the step metrics on reg (nil registers none).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	bucketLabels := []string{"model", "bucket", "engine"}
+	m := &Metrics{
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stepserve_batch_size",
+			Help:    "Rows per step, before padding to the bucket.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"model"}),
+		padding: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stepserve_padding_ratio",
+			Help:    "Padded elements over bucket elements, per step.",
+			Buckets: []float64{0, .1, .25, .5, .75, .9},
+		}, []string{"model", "bucket"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stepserve_step_duration_seconds",
+			Help:    "Time of one step: copy in, the compiled graph, copy out.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, bucketLabels),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_steps_total",
+			Help: "Steps run, by explain verdict: clean, or overhead when any signal fired.",
+		}, append(bucketLabels, "verdict")),
+		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_step_signals_total",
+			Help: "Explain signals seen in steps: cpu_fallback, recompile, host_bounce, extra_h2d, extra_d2h.",
+		}, append(bucketLabels, "signal")),
+		hostBounceBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_host_bounce_bytes_total",
+			Help: "Bytes moved by hidden host round trips inside steps.",
+		}, bucketLabels),
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_transfers_total",
+			Help: "Host-device transfers performed by steps, by direction.",
+		}, append(bucketLabels, "direction")),
+		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_model_ready",
+			Help: "1 when the model takes requests, 0 when it does not.",
+		}, []string{"model", "engine"}),
+		loadDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_model_load_duration_seconds",
+			Help: "How long the model's last load took, warm-up included.",
+		}, []string{"model"}),
+		compileDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_bucket_compile_duration_seconds",
+			Help: "How long the bucket's program took to compile at load.",
+		}, bucketLabels),
+	}
+	if reg != nil {
+		for _, c := range m.collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.batchSize, m.padding, m.stepDuration, m.steps, m.signals,
+		m.hostBounceBytes, m.transfers, m.ready, m.loadDuration, m.compileDuration}
+}
+
+// Forget deletes every series of model, when it is unloaded.
+func (m *Metrics) Forget(model string) {
+	if m == nil {
+		return
+	}
+	for _, c := range m.collectors() {
+		c.(interface {
+			DeletePartialMatch(prometheus.Labels) int
+		}).DeletePartialMatch(prometheus.Labels{"model": model})
+	}
+}
+
+// SetReady records whether model is ready on engine.
+func (m *Metrics) SetReady(model, engine string, ready bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if ready {
+		v = 1
+	}
+	m.ready.WithLabelValues(model, engine).Set(v)
+}
+
+// SetLoadDuration records how long model took to load and warm up.
+func (m *Metrics) SetLoadDuration(model string, d time.Duration) {
+	if m != nil {
+		m.loadDuration.WithLabelValues(model).Set(d.Seconds())
+	}
+}
+
+// bucketMetrics are one bucket's children, resolved at start so that a step
+// records without label lookups.
+type bucketMetrics struct {
+	padding               prometheus.Observer
+	duration              prometheus.Observer
+	clean, overhead       prometheus.Counter
+	signals               [numSignals]prometheus.Counter
+	bounceBytes, h2d, d2h prometheus.Counter
+	compile               prometheus.Gauge
+}
+
+type runnerMetrics struct {
+	batchSize prometheus.Observer
+	buckets   []bucketMetrics
+}
+
+func (m *Metrics) forRunner(model, engine string, shapes []bucketing.Shape) *runnerMetrics {
+	if m == nil {
+		return nil
+	}
+	r := &runnerMetrics{batchSize: m.batchSize.WithLabelValues(model)}
+	for _, s := range shapes {
+		l := s.Label()
+		b := bucketMetrics{
+			padding:     m.padding.WithLabelValues(model, l),
+			duration:    m.stepDuration.WithLabelValues(model, l, engine),
+			clean:       m.steps.WithLabelValues(model, l, engine, "clean"),
+			overhead:    m.steps.WithLabelValues(model, l, engine, "overhead"),
+			bounceBytes: m.hostBounceBytes.WithLabelValues(model, l, engine),
+			h2d:         m.transfers.WithLabelValues(model, l, engine, "h2d"),
+			d2h:         m.transfers.WithLabelValues(model, l, engine, "d2h"),
+			compile:     m.compileDuration.WithLabelValues(model, l, engine),
+		}
+		for _, sig := range Signals() {
+			b.signals[sig] = m.signals.WithLabelValues(model, l, engine, sig.String())
+		}
+		r.buckets = append(r.buckets, b)
+	}
+	return r
+}
+
+func (r *runnerMetrics) observe(bucket int, o *Observation) {
+	if r == nil {
+		return
+	}
+	b := &r.buckets[bucket]
+	r.batchSize.Observe(float64(o.Rows))
+	b.padding.Observe(bucketing.PaddingRatio(o.Rows, o.Bucket))
+	b.duration.Observe(o.Duration.Seconds())
+	if o.Verdict.Clean {
+		b.clean.Inc()
+	} else {
+		b.overhead.Inc()
+	}
+	for s, n := range o.Verdict.Fired {
+		if n > 0 {
+			b.signals[s].Add(float64(n))
+		}
+	}
+	if x := o.Explain; x.HostBounceBytes.Known() && x.HostBounceBytes > 0 {
+		b.bounceBytes.Add(float64(x.HostBounceBytes))
+	}
+	if o.Explain.H2D.Known() {
+		b.h2d.Add(float64(o.Explain.H2D))
+	}
+	if o.Explain.D2H.Known() {
+		b.d2h.Add(float64(o.Explain.D2H))
+	}
+}
+
+// explainLog keeps the last non-clean reports of one model.
+type explainLog struct {
+	mu      sync.Mutex
+	records []Record
+	next    int
+	size    int
+}
+
+// Record is a non-clean step, for the explain endpoint.
+type Record struct {
+	Time    time.Time        `json:"time"`
+	Bucket  string           `json:"bucket"`
+	Rows    int              `json:"rows"`
+	Explain any              `json:"explain"`
+	Signals map[string]int64 `json:"signals"`
+}
+
+func (l *explainLog) add(o *Observation) {
+	sig := make(map[string]int64)
+	for s, n := range o.Verdict.Fired {
+		if n > 0 {
+			sig[Signal(s).String()] = n
+		}
+	}
+	r := Record{Time: time.Now(), Bucket: o.Bucket.Label(), Rows: o.Rows, Explain: o.Explain, Signals: sig}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.records) < l.size {
+		l.records = append(l.records, r)
+		return
+	}
+	l.records[l.next] = r
+	l.next = (l.next + 1) % l.size
+}
+
+// list returns the records, newest first.
+func (l *explainLog) list() []Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Record, 0, len(l.records))
+	for i := range l.records {
+		j := (l.next - 1 - i + 2*len(l.records)) % len(l.records)
+		out = append(out, l.records[j])
+	}
+	return out
+}
