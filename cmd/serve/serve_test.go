@@ -109,6 +109,7 @@ func start(t *testing.T, args ...string) *process {
 type digit struct {
 	pixels []float32
 	label  int
+	want   int // the class the model answers alone, where a test needs it
 }
 
 func heldout(t *testing.T) []digit {

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// metricSum adds the values of every sample of name whose labels contain
+// all of want.
+func metricSum(t *testing.T, text, name string, want ...string) float64 {
+	t.Helper()
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(m[1], w)
+		}
+		if ok {
+			v, err := strconv.ParseFloat(m[2], 64)
+			require.NoError(t, err)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func scrape(t *testing.T, base string) string {
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// hammer sends each digit from 64 concurrent clients and checks every
+// answer against the single-request answer.
+func hammer(t *testing.T, base string, digits []digit, clients int) {
+	var wg sync.WaitGroup
+	errs := make(chan string, len(digits))
+	next := make(chan int, len(digits))
+	for i := range digits {
+		next <- i
+	}
+	close(next)
+	for range clients {
+		wg.Go(func() {
+			for i := range next {
+				resp, err := http.Post(base+"/v2/models/digits/infer", "application/json", strings.NewReader(string(jsonRequest(strconv.Itoa(i), digits[i:i+1]))))
+				if err != nil {
+					errs <- err.Error()
+					continue
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var r inferResponse
+				if resp.StatusCode != 200 || json.Unmarshal(body, &r) != nil || r.ID != strconv.Itoa(i) {
+					errs <- string(body)
+					continue
+				}
+				if argmax(r.Outputs[0].Data) != digits[i].want {
+					errs <- "request " + strconv.Itoa(i) + ": wrong class"
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+func TestDynamicBatchingUnderConcurrency(t *testing.T) {
+	p := start(t, "--batching.max_queue_delay", "2ms")
+	digits := heldout(t)
+	// The expected class of each digit is what the model answers alone;
+	// batching must not change any answer.
+	for i := range digits {
+		digits[i].want = classifyOne(t, p.base, digits[i])
+	}
+	before := scrape(t, p.base)
+	stepsBefore := metricSum(t, before, "stepserve_steps_total")
+
+	hammer(t, p.base, digits, 64)
+
+	m := scrape(t, p.base)
+	stepCount := metricSum(t, m, "stepserve_batch_size_count") - metricSum(t, before, "stepserve_batch_size_count")
+	rows := metricSum(t, m, "stepserve_batch_size_sum") - metricSum(t, before, "stepserve_batch_size_sum")
+	require.Equal(t, float64(len(digits)), rows, "every row ran exactly once")
+	mean := rows / stepCount
+	t.Logf("64 clients: %d requests in %.0f steps, mean batch size %.2f", len(digits), stepCount, mean)
+	assert.Greater(t, mean, 4.0)
+	assert.Equal(t, metricSum(t, m, "stepserve_steps_total")-stepsBefore, stepCount)
+	assert.Equal(t, metricSum(t, m, "stepserve_steps_total"), metricSum(t, m, "stepserve_steps_total", `verdict="clean"`), "every step is clean")
+	assert.Equal(t, metricSum(t, m, "stepserve_steps_total"), metricSum(t, m, "stepserve_transfers_total", `direction="h2d"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_model_ready", `model="digits"`, `engine="cpu"`))
+	assert.Greater(t, metricSum(t, m, "stepserve_bucket_compile_duration_seconds", `bucket="b32"`), 0.0)
+	assert.Equal(t, 0.0, metricSum(t, m, "stepserve_queue_depth", `model="digits"`))
+	assert.Greater(t, metricSum(t, m, "stepserve_queue_duration_seconds_count"), 0.0)
+}
+
+// classifyOne classifies one digit with a single request.
+func classifyOne(t *testing.T, base string, d digit) int {
+	resp, body := post(t, base+"/v2/models/digits/infer", jsonRequest("x", []digit{d}))
+	require.Equal(t, 200, resp.StatusCode, string(body))
+	var r inferResponse
+	require.NoError(t, json.Unmarshal(body, &r))
+	return argmax(r.Outputs[0].Data)
+}
+
+func TestLazyWarmupCountsRecompiles(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "digits")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	yaml, err := os.ReadFile("../../models/digits/model.yaml")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), append(yaml, "warmup: lazy\n"...), 0o644))
+	w, err := os.ReadFile("../../models/digits/weights.safetensors")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), w, 0o644))
+
+	p := start(t, "--model_repository", repo)
+	digits := heldout(t)
+	// One row (bucket b1), then three rows (b4), twice each.
+	for range 2 {
+		classifyOne(t, p.base, digits[0])
+		resp, body := post(t, p.base+"/v2/models/digits/infer", jsonRequest("x", digits[:3]))
+		require.Equal(t, 200, resp.StatusCode, string(body))
+	}
+	m := scrape(t, p.base)
+	for _, b := range []string{"b1", "b4"} {
+		l := `bucket="` + b + `"`
+		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", l, `verdict="overhead"`), b)
+		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", l, `verdict="clean"`), b)
+		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_step_signals_total", l, `signal="recompile"`), b)
+	}
+	assert.Equal(t, 0.0, metricSum(t, m, "stepserve_steps_total", `bucket="b16"`))
+
+	resp, err := http.Get(p.base + "/v2/models/digits/explain")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var ex struct {
+		NonCleanSteps []struct {
+			Bucket  string
+			Signals map[string]int64
+			Explain struct {
+				Clean      bool
+				Recompiles int
+				Reasons    []string
+			}
+		} `json:"non_clean_steps"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ex))
+	require.Len(t, ex.NonCleanSteps, 2)
+	assert.Equal(t, "b4", ex.NonCleanSteps[0].Bucket, "newest first")
+	assert.Equal(t, "b1", ex.NonCleanSteps[1].Bucket)
+	for _, s := range ex.NonCleanSteps {
+		assert.Equal(t, int64(1), s.Signals["recompile"])
+		assert.False(t, s.Explain.Clean)
+		assert.Equal(t, 1, s.Explain.Recompiles)
+		assert.Contains(t, s.Explain.Reasons[0], "had no plan built at load")
+	}
+}
