@@ -28,8 +28,8 @@ import (
 // sumMax is a fake model: for each row of x (FP32 [-1, 3]) it returns
 // y = [sum, max] (FP32 [-1, 2]).
 type sumMax struct {
-	m     *models.Model
-	ready bool
+	m        *models.Model
+	ready    bool
 	err      error
 	calls    int
 	params   batching.Params
@@ -44,8 +44,8 @@ func newSumMax() *sumMax {
 	}}}
 }
 
-func (f *sumMax) Model() *models.Model { return f.m }
-func (f *sumMax) Ready() bool          { return f.ready }
+func (f *sumMax) Model() *models.Model     { return f.m }
+func (f *sumMax) Ready() bool              { return f.ready }
 func (f *sumMax) Explains() []steps.Record { return f.explains }
 func (f *sumMax) Infer(ctx context.Context, r *steps.Request, p batching.Params) error {
 	f.calls++
