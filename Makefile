@@ -21,9 +21,9 @@ run: build
 deps:
 	$(GO) mod download
 
-## test: install what the tests need, then run every test
+## test: install what the tests need, then run every test (with the race detector)
 test: deps
-	$(GO) test -count=1 ./...
+	$(GO) test -race -count=1 ./...
 
 ## lint: gofmt and go vet
 lint:

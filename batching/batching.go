@@ -168,8 +168,9 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		b.mu.Unlock()
 		return ErrDraining
 	case b.live >= b.opts.MaxQueueSize:
+		n := b.live
 		b.mu.Unlock()
-		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, b.live, b.opts.Model)
+		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, n, b.opts.Model)
 	}
 	b.levels[prio-1] = append(b.levels[prio-1], it)
 	b.live++
