@@ -350,7 +350,8 @@ func (b *Batcher) run() {
 		start := time.Now()
 		reqs = reqs[:0]
 		for _, it := range live {
-			b.m.queued(start.Sub(it.enqueued))
+			it.req.Queued = start.Sub(it.enqueued)
+			b.m.queued(it.req.Queued)
 			reqs = append(reqs, it.req)
 		}
 		// The batch runs to completion whatever its clients do: its

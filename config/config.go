@@ -42,6 +42,8 @@ type Server struct {
 	MaxBodyBytes      int64
 	ShutdownGrace     time.Duration
 	ReadHeaderTimeout time.Duration
+	// EnableModelControl turns on the repository API (load, unload).
+	EnableModelControl bool
 }
 
 // Batching holds the server-wide defaults of the models' batching policy;
@@ -73,6 +75,7 @@ var keys = []key{
 	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)"},
 	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests"},
 	{"server.read_header_timeout", "10s", "how long a client may take to send request headers"},
+	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time"},
 	{"batching.max_queue_delay", "500us", "default for models: how long the oldest queued request waits for a fuller batch"},
 	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
 	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},
@@ -99,7 +102,11 @@ func Load(args []string) (*Config, error) {
 	file := fs.String("config", "", "YAML configuration file")
 	v := viper.New()
 	for _, k := range keys {
-		fs.String(k.name, k.def, k.help)
+		if k.def == "true" || k.def == "false" {
+			fs.Bool(k.name, k.def == "true", k.help) // --key alone means true
+		} else {
+			fs.String(k.name, k.def, k.help)
+		}
 		v.SetDefault(k.name, k.def)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -153,6 +160,9 @@ func parse(v *viper.Viper) (*Config, error) {
 	}
 	if c.Server.ReadHeaderTimeout, err = time.ParseDuration(get("server.read_header_timeout")); err != nil || c.Server.ReadHeaderTimeout <= 0 {
 		return nil, invalid("server.read_header_timeout", get("server.read_header_timeout"), "a positive duration, e.g. 10s")
+	}
+	if c.Server.EnableModelControl, err = strconv.ParseBool(get("server.enable_model_control")); err != nil {
+		return nil, invalid("server.enable_model_control", get("server.enable_model_control"), "true or false")
 	}
 	if c.Batching.MaxQueueDelay, err = time.ParseDuration(get("batching.max_queue_delay")); err != nil || c.Batching.MaxQueueDelay < 0 {
 		return nil, invalid("batching.max_queue_delay", get("batching.max_queue_delay"), "a duration of 0 or more, e.g. 500us or 2ms")

@@ -67,6 +67,16 @@ log:
 	assert.Equal(t, "text", c.Log.Format)
 	assert.Equal(t, int64(1<<20), c.Server.MaxBodyBytes, "file keys env does not set are kept")
 
+	assert.False(t, c.Server.EnableModelControl)
+	t.Setenv("STEPSERVE_SERVER_ENABLE_MODEL_CONTROL", "true")
+	c, err = Load([]string{"--config", file})
+	require.NoError(t, err)
+	assert.True(t, c.Server.EnableModelControl, "env sets a boolean")
+	c, err = Load([]string{"--config", file, "--server.enable_model_control=false"})
+	require.NoError(t, err)
+	assert.False(t, c.Server.EnableModelControl, "flag over env")
+	t.Setenv("STEPSERVE_SERVER_ENABLE_MODEL_CONTROL", "")
+
 	c, err = Load([]string{"--config", file, "--server.addr", "127.0.0.1:7002"})
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:7002", c.Server.Addr, "flag over env")
@@ -107,6 +117,12 @@ func TestInvalidValuesNameKeyValueAndWant(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
+}
+
+func TestInvalidBoolean(t *testing.T) {
+	t.Setenv("STEPSERVE_SERVER_ENABLE_MODEL_CONTROL", "maybe")
+	_, err := Load([]string{"--model_repository", repo(t)})
+	assert.ErrorContains(t, err, `server.enable_model_control: "maybe"; want true or false`)
 }
 
 func TestFileErrors(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 // BenchmarkInferJSON measures the handler path (decode, validate, encode)
 // for a single-row request, with allocations.
 func BenchmarkInferJSON(b *testing.B) {
-	s, err := New(Options{Models: []Model{newSumMax()}})
+	s, err := New(Options{Models: repo{newSumMax()}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -34,7 +34,9 @@ func statusOf(err error) int {
 	switch {
 	case errors.As(err, &ae):
 		return ae.status
-	case errors.Is(err, batching.ErrBadParameter):
+	case errors.Is(err, ErrUnknownModel):
+		return http.StatusNotFound
+	case errors.Is(err, ErrBadModel), errors.Is(err, batching.ErrBadParameter):
 		return http.StatusBadRequest
 	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining):
 		return http.StatusServiceUnavailable

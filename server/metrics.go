@@ -44,6 +44,11 @@ func (m *metrics) addModel(name string) {
 	m.duration.WithLabelValues(name)
 }
 
+func (m *metrics) forget(name string) {
+	m.requests.DeletePartialMatch(prometheus.Labels{"model": name})
+	m.duration.DeleteLabelValues(name)
+}
+
 func (m *metrics) observe(model string, status int, d time.Duration) {
 	m.requests.WithLabelValues(model, outcome(status)).Inc()
 	m.duration.WithLabelValues(model).Observe(d.Seconds())

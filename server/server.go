@@ -16,11 +16,16 @@
 //	GET  /v2/models/{model}[/versions/{version}]/ready
 //	POST /v2/models/{model}[/versions/{version}]/infer
 //	GET  /v2/models/{model}[/versions/{version}]/explain
+//	GET  /v2/models/{model}[/versions/{version}]/stats
+//	POST /v2/repository/index
+//	POST /v2/repository/models/{model}/load
+//	POST /v2/repository/models/{model}/unload
 //	GET  /metrics
 package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -44,11 +49,45 @@ type Model interface {
 	Infer(ctx context.Context, r *steps.Request, p batching.Params) error
 	// Explains lists the model's last non-clean steps, newest first.
 	Explains() []steps.Record
+	// Stats summarises the model's steps per bucket.
+	Stats() []steps.BucketStats
 }
+
+// Repository finds the models being served.
+type Repository interface {
+	Model(name string) (Model, bool)
+	Models() []Model
+}
+
+// ModelControl loads and unloads models: Triton's repository API.
+type ModelControl interface {
+	// Index lists every model in the repository, loaded or not.
+	Index(ctx context.Context) ([]IndexEntry, error)
+	// Load loads (or reloads) a model; it returns when the model is ready.
+	Load(ctx context.Context, name string) error
+	// Unload stops serving a model once its queue has drained.
+	Unload(ctx context.Context, name string) error
+}
+
+// IndexEntry is one model of the repository index.
+type IndexEntry struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	State   string `json:"state"` // READY, LOADING or UNAVAILABLE
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Errors a ModelControl wraps so that the server answers 404 and 400.
+var (
+	ErrUnknownModel = errors.New("unknown model")
+	ErrBadModel     = errors.New("model failed to load")
+)
 
 // Options configure a [Server].
 type Options struct {
-	Models []Model
+	Models Repository
+	// Control enables the repository API; nil answers it with 403.
+	Control ModelControl
 	// MaxBodyBytes bounds a request body; 0 means 64 MiB.
 	MaxBodyBytes int64
 	// Version is reported by GET /v2.
@@ -63,7 +102,6 @@ type Options struct {
 // Server is the HTTP API. It is an [http.Handler].
 type Server struct {
 	opts    Options
-	models  map[string]Model
 	router  chi.Router
 	logger  *slog.Logger
 	metrics *metrics
@@ -77,7 +115,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
-	s := &Server{opts: opts, models: make(map[string]Model, len(opts.Models)), logger: opts.Logger}
+	if opts.Models == nil {
+		return nil, errors.New("server: Options.Models is required")
+	}
+	s := &Server{opts: opts, logger: opts.Logger}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -85,13 +126,8 @@ func New(opts Options) (*Server, error) {
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		return nil, err
 	}
-	for _, m := range opts.Models {
-		name := m.Model().Name
-		if _, dup := s.models[name]; dup {
-			return nil, fmt.Errorf("server: model %q is given twice", name)
-		}
-		s.models[name] = m
-		s.metrics.addModel(name)
+	for _, m := range opts.Models.Models() {
+		s.metrics.addModel(m.Model().Name)
 	}
 
 	r := chi.NewRouter()
@@ -109,11 +145,16 @@ func New(opts Options) (*Server, error) {
 		r.Get("/ready", s.modelReady)
 		r.Post("/infer", s.infer)
 		r.Get("/explain", s.explain)
+		r.Get("/stats", s.stats)
+		r.Get("/versions/{version}/stats", s.stats)
 		r.Get("/versions/{version}/explain", s.explain)
 		r.Get("/versions/{version}", s.modelMetadata)
 		r.Get("/versions/{version}/ready", s.modelReady)
 		r.Post("/versions/{version}/infer", s.infer)
 	})
+	r.Post("/v2/repository/index", s.repositoryIndex)
+	r.Post("/v2/repository/models/{model}/load", s.repositoryLoad)
+	r.Post("/v2/repository/models/{model}/unload", s.repositoryUnload)
 	if opts.Gatherer != nil {
 		r.Handle("/metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.logger}}))
 	}
@@ -127,7 +168,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.Se
 // lookup finds the model and version a route names.
 func (s *Server) lookup(r *http.Request) (Model, error) {
 	name := chi.URLParam(r, "model")
-	m, ok := s.models[name]
+	m, ok := s.opts.Models.Model(name)
 	if !ok {
 		return nil, modelNotFound(name)
 	}
@@ -143,9 +184,9 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) {
 
 // ready is 200 only when every model has loaded and warmed up.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	for name, m := range s.models {
+	for _, m := range s.opts.Models.Models() {
 		if !m.Ready() {
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name))
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name))
 			return
 		}
 	}
@@ -214,6 +255,16 @@ func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
 		recs = []steps.Record{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "non_clean_steps": recs})
+}
+
+// stats summarises the model's steps per bucket.
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+	m, err := s.lookup(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": m.Stats()})
 }
 
 func writeErr(w http.ResponseWriter, err error) {

@@ -44,9 +44,23 @@ func newSumMax() *sumMax {
 	}}}
 }
 
-func (f *sumMax) Model() *models.Model     { return f.m }
-func (f *sumMax) Ready() bool              { return f.ready }
-func (f *sumMax) Explains() []steps.Record { return f.explains }
+func (f *sumMax) Model() *models.Model       { return f.m }
+func (f *sumMax) Ready() bool                { return f.ready }
+func (f *sumMax) Explains() []steps.Record   { return f.explains }
+func (f *sumMax) Stats() []steps.BucketStats { return []steps.BucketStats{{Bucket: "b1", Steps: 7}} }
+
+// repo is a fixed Repository.
+type repo []Model
+
+func (r repo) Models() []Model { return r }
+func (r repo) Model(name string) (Model, bool) {
+	for _, m := range r {
+		if m.Model().Name == name {
+			return m, true
+		}
+	}
+	return nil, false
+}
 func (f *sumMax) Infer(ctx context.Context, r *steps.Request, p batching.Params) error {
 	f.calls++
 	f.params = p
@@ -69,7 +83,7 @@ func (f *sumMax) Infer(ctx context.Context, r *steps.Request, p batching.Params)
 
 func newTestServer(t *testing.T, m Model) (*Server, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{Models: []Model{m}, MaxBodyBytes: 4096, Version: "test", Registerer: reg, Gatherer: reg})
+	s, err := New(Options{Models: repo{m}, MaxBodyBytes: 4096, Version: "test", Registerer: reg, Gatherer: reg})
 	require.NoError(t, err)
 	return s, reg
 }

@@ -31,6 +31,10 @@ type Request struct {
 	// Outputs holds one buffer per model output, in the model's output
 	// order, each Rows*RowBytes long. Run fills them.
 	Outputs [][]byte
+	// Queued is how long the request waited before its batch ran, when a
+	// batcher queued it; the stats of the bucket its first row runs in
+	// count it.
+	Queued time.Duration
 }
 
 // Options configure a [Runner].
@@ -65,6 +69,7 @@ type Runner struct {
 	logger  *slog.Logger
 	metrics *runnerMetrics
 	explain *explainLog
+	stats   *stats
 
 	mu sync.Mutex // one step at a time: the staging buffers are shared
 }
@@ -90,6 +95,10 @@ func New(opts Options) (*Runner, error) {
 		opts.ExplainHistory = 32
 	}
 	r.explain = &explainLog{size: opts.ExplainHistory}
+	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts))}
+	for _, l := range r.layouts {
+		r.stats.labels = append(r.stats.labels, l.Bucket.Label())
+	}
 	r.metrics = opts.Metrics.forRunner(opts.Model.Name, opts.Engine, opts.Grid.Shapes())
 	return r, nil
 }
@@ -159,6 +168,9 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, b
 		n := 0
 		end = walk(reqs, from, rows, func(q *Request, row, count int) {
 			n += copy(dst[n:], q.Inputs[t][row*tl.RowBytes:(row+count)*tl.RowBytes])
+			if t == 0 && row == 0 && q.Queued > 0 {
+				r.stats.queued(bucket, q.Queued)
+			}
 		})
 		clear(dst[n:]) // padding rows: never a previous step's data
 	}
@@ -172,6 +184,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, b
 	o := Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: Check(&x), Duration: elapsed}
 	o.Explain = x
 	r.metrics.observe(bucket, &o)
+	r.stats.observe(bucket, &o, bucketing.PaddingRatio(rows, layout.Bucket))
 	if !o.Verdict.Clean {
 		r.explain.add(&o)
 		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
@@ -206,6 +219,9 @@ func walk(reqs []*Request, at cursor, rows int, visit func(q *Request, row, coun
 	}
 	return at
 }
+
+// Stats summarises every bucket's steps since load.
+func (r *Runner) Stats() []BucketStats { return r.stats.snapshot() }
 
 // Explains returns the last non-clean steps, newest first.
 func (r *Runner) Explains() []Record { return r.explain.list() }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -199,4 +200,30 @@ func TestWarmupRunsEveryBucketTwice(t *testing.T) {
 	d.explain.D2H = 2
 	_, err = r.Warmup(context.Background())
 	assert.ErrorContains(t, err, "not clean on its second run")
+}
+
+func TestStatsPerBucket(t *testing.T) {
+	r, d, _ := newRunner(t, []int{1, 4})
+	a, b := request(1, 0), request(2, 0)
+	a.Queued, b.Queued = 3*time.Millisecond, 5*time.Millisecond
+	require.NoError(t, r.Run(context.Background(), []*Request{a, b})) // 3 rows in b4
+	require.NoError(t, r.Run(context.Background(), []*Request{request(1, 0)}))
+	d.explain.D2H = 2
+	require.NoError(t, r.Run(context.Background(), []*Request{request(1, 0)}))
+
+	st := r.Stats()
+	require.Len(t, st, 2)
+	assert.Equal(t, "b1", st[0].Bucket)
+	assert.Equal(t, int64(2), st[0].Steps)
+	assert.Equal(t, int64(1), st[0].Clean)
+	assert.Equal(t, int64(1), st[0].Overhead)
+	assert.Equal(t, 1.0, st[0].MeanBatchSize)
+	assert.Zero(t, st[0].QueueSeconds.Count, "requests without a queue wait add none")
+	assert.Equal(t, 2, st[0].StepSeconds.Count)
+
+	assert.Equal(t, int64(1), st[1].Steps)
+	assert.Equal(t, 3.0, st[1].MeanBatchSize)
+	assert.InDelta(t, 0.25, st[1].MeanPadding, 1e-12)
+	assert.Equal(t, 2, st[1].QueueSeconds.Count)
+	assert.InDelta(t, 0.005, st[1].QueueSeconds.P99, 1e-9)
 }

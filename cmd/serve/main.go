@@ -76,7 +76,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		newBuildInfo(version, "gonum"),
 	)
 
-	repo, err := models.LoadRepository(cfg.ModelRepository)
+	loaded, err := models.LoadRepository(cfg.ModelRepository)
 	if err != nil {
 		return err
 	}
@@ -89,18 +89,28 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 	sh := shared{steps: stepMetrics, batching: batchMetrics, defaults: cfg.Batching, logger: logger}
-	served := make([]*servedModel, len(repo))
-	handles := make([]server.Model, len(repo))
-	for i, m := range repo {
-		if served[i], err = newServedModel(m, sh); err != nil {
+	repo := newRepository(cfg.ModelRepository, sh, cfg.Server.ShutdownGrace)
+	var starting []*servedModel
+	for _, m := range loaded {
+		s, err := repo.add(m)
+		if err != nil {
 			return err
 		}
-		defer served[i].Close()
-		handles[i] = served[i]
+		starting = append(starting, s)
+	}
+	defer func() {
+		for _, s := range repo.all() {
+			s.Close()
+		}
+	}()
+	var control server.ModelControl
+	if cfg.Server.EnableModelControl {
+		control = repo
 	}
 
 	api, err := server.New(server.Options{
-		Models:       handles,
+		Models:       repo,
+		Control:      control,
 		MaxBodyBytes: cfg.Server.MaxBodyBytes,
 		Version:      version,
 		Logger:       logger,
@@ -122,13 +132,13 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
-		"blas", "gonum", "models", len(served), "config", cfg.File)
+		"blas", "gonum", "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.
 	warm := make(chan error, 1)
 	go func() {
-		for _, s := range served {
+		for _, s := range starting {
 			if err := s.Warmup(ctx); err != nil {
 				warm <- err
 				return
@@ -144,12 +154,12 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 			return err
 		case err := <-warm:
 			if err != nil {
-				return shutdown(httpServer, served, cfg.Server.ShutdownGrace, logger, err)
+				return shutdown(httpServer, repo, cfg.Server.ShutdownGrace, logger, err)
 			}
 			warm = nil // warmed up: keep serving until a signal
 		case <-ctx.Done():
 			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
-			return shutdown(httpServer, served, cfg.Server.ShutdownGrace, logger, nil)
+			return shutdown(httpServer, repo, cfg.Server.ShutdownGrace, logger, nil)
 		}
 	}
 }
@@ -159,11 +169,11 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 // in-flight requests get their answers. What is left when grace ends is
 // answered with 503 and the open connections are closed. cause is returned
 // as is, so a failed warm-up still exits non-zero.
-func shutdown(s *http.Server, served []*servedModel, grace time.Duration, logger *slog.Logger, cause error) error {
+func shutdown(s *http.Server, repo *repository, grace time.Duration, logger *slog.Logger, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, m := range served {
+	for _, m := range repo.all() {
 		wg.Go(func() {
 			if err := m.Drain(ctx); err != nil {
 				logger.Warn("drain incomplete", "model", m.model.Name, "err", err)

@@ -151,3 +151,5 @@ func (s *servedModel) Drain(ctx context.Context) error {
 func (s *servedModel) Close() error {
 	return s.program.Close()
 }
+
+func (s *servedModel) Stats() []steps.BucketStats { return s.runner.Stats() }

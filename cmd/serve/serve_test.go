@@ -87,6 +87,9 @@ func start(t *testing.T, args ...string) *process {
 	select {
 	case a := <-addr:
 		p.base = "http://" + a
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("server exited before serving (%v); log:\n%s", err, p.logs)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("server did not report its address; log:\n%s", p.logs)
 	}
