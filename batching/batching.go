@@ -350,7 +350,7 @@ func (b *Batcher) run() {
 		start := time.Now()
 		reqs = reqs[:0]
 		for _, it := range live {
-			it.req.Queued = start.Sub(it.enqueued)
+			it.req.Queued = max(start.Sub(it.enqueued), time.Nanosecond) // nonzero: it was queued
 			b.m.queued(it.req.Queued)
 			reqs = append(reqs, it.req)
 		}

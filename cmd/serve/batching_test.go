@@ -114,6 +114,38 @@ func TestDynamicBatchingUnderConcurrency(t *testing.T) {
 	assert.Greater(t, metricSum(t, m, "stepserve_bucket_compile_duration_seconds", `bucket="b32"`), 0.0)
 	assert.Equal(t, 0.0, metricSum(t, m, "stepserve_queue_depth", `model="digits"`))
 	assert.Greater(t, metricSum(t, m, "stepserve_queue_duration_seconds_count"), 0.0)
+
+	// The stats endpoint agrees with the metrics.
+	resp, err := http.Get(p.base + "/v2/models/digits/stats")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var st struct {
+		Buckets []struct {
+			Bucket        string
+			Steps, Clean  float64
+			Overhead      float64
+			MeanBatchSize float64             `json:"mean_batch_size"`
+			QueueSeconds  struct{ Count int } `json:"queue_seconds"`
+			StepSeconds   struct {
+				Count int
+				P50   float64
+				P99   float64
+			} `json:"step_seconds"`
+		}
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
+	require.Len(t, st.Buckets, 4)
+	var steps, queued float64
+	for _, b := range st.Buckets {
+		assert.Equal(t, b.Steps, metricSum(t, m, "stepserve_steps_total", `bucket="`+b.Bucket+`"`), b.Bucket)
+		assert.Equal(t, b.Steps, b.Clean, b.Bucket)
+		assert.Zero(t, b.Overhead, b.Bucket)
+		assert.LessOrEqual(t, b.StepSeconds.P50, b.StepSeconds.P99, b.Bucket)
+		steps += b.Steps
+		queued += float64(b.QueueSeconds.Count)
+	}
+	assert.Equal(t, metricSum(t, m, "stepserve_steps_total"), steps)
+	assert.Equal(t, float64(2*len(digits)), queued, "every request's queue wait is counted once")
 }
 
 // classifyOne classifies one digit with a single request.
