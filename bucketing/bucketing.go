@@ -35,28 +35,45 @@ func (s Shape) String() string { return s.Label() }
 // every sequence length when there are any.
 type Grid struct {
 	batch  []int
+	seq    []int
 	shapes []Shape
 }
 
-// NewGrid checks the batch sizes (positive, strictly increasing) and builds
-// the grid.
-func NewGrid(batch []int) (*Grid, error) {
+// NewGrid checks the batch sizes and the sequence lengths (each positive and
+// strictly increasing; seq may be empty for models without a sequence) and
+// builds the grid, batch-major.
+func NewGrid(batch, seq []int) (*Grid, error) {
 	if len(batch) == 0 {
 		return nil, fmt.Errorf("bucketing: no batch sizes; want at least one, e.g. [1, 4, 16]")
 	}
-	for i, b := range batch {
-		if b <= 0 {
-			return nil, fmt.Errorf("bucketing: batch size %d must be positive", b)
-		}
-		if i > 0 && b <= batch[i-1] {
-			return nil, fmt.Errorf("bucketing: batch sizes %v must be strictly increasing", batch)
-		}
+	if err := increasing("batch sizes", batch); err != nil {
+		return nil, err
 	}
-	g := &Grid{batch: slices.Clone(batch)}
+	if err := increasing("sequence lengths", seq); err != nil {
+		return nil, err
+	}
+	g := &Grid{batch: slices.Clone(batch), seq: slices.Clone(seq)}
 	for _, b := range batch {
-		g.shapes = append(g.shapes, Shape{Batch: b})
+		if len(seq) == 0 {
+			g.shapes = append(g.shapes, Shape{Batch: b})
+		}
+		for _, s := range seq {
+			g.shapes = append(g.shapes, Shape{Batch: b, Seq: s})
+		}
 	}
 	return g, nil
+}
+
+func increasing(what string, v []int) error {
+	for i, n := range v {
+		if n <= 0 {
+			return fmt.Errorf("bucketing: %s %v: %d must be positive", what, v, n)
+		}
+		if i > 0 && n <= v[i-1] {
+			return fmt.Errorf("bucketing: %s %v must be strictly increasing", what, v)
+		}
+	}
+	return nil
 }
 
 // Shapes lists the buckets; a bucket's index in this list is how engines and
@@ -66,28 +83,54 @@ func (g *Grid) Shapes() []Shape { return g.shapes }
 // MaxBatch is the largest batch one step can hold.
 func (g *Grid) MaxBatch() int { return g.batch[len(g.batch)-1] }
 
-// Choose returns the index of the smallest bucket that holds rows, which must
-// be in 1..MaxBatch.
-func (g *Grid) Choose(rows int) (int, bool) {
-	for i, s := range g.shapes {
-		if rows <= s.Batch {
-			return i, rows > 0
+// MaxSeq is the longest sequence a step can hold, 0 for a grid without
+// sequence lengths.
+func (g *Grid) MaxSeq() int {
+	if len(g.seq) == 0 {
+		return 0
+	}
+	return g.seq[len(g.seq)-1]
+}
+
+// Choose returns the index of the smallest bucket that holds rows rows of
+// sequences up to seq long (seq is ignored by a grid without sequence
+// lengths). rows must be in 1..MaxBatch and seq in 1..MaxSeq.
+func (g *Grid) Choose(rows, seq int) (int, bool) {
+	bi, ok := smallest(g.batch, rows)
+	if !ok {
+		return 0, false
+	}
+	if len(g.seq) == 0 {
+		return bi, true
+	}
+	si, ok := smallest(g.seq, seq)
+	if !ok {
+		return 0, false
+	}
+	return bi*len(g.seq) + si, true
+}
+
+func smallest(sizes []int, n int) (int, bool) {
+	if n <= 0 {
+		return 0, false
+	}
+	for i, s := range sizes {
+		if n <= s {
+			return i, true
 		}
 	}
 	return 0, false
 }
 
 // Next splits a batch across steps: of the rows still to run, it returns how
-// many the next step takes and that step's bucket. A batch no larger than
-// the largest bucket runs in one step; a larger one fills the largest bucket
-// until the remainder fits a smaller one.
-func (g *Grid) Next(remaining int) (rows, bucket int) {
-	rows = min(remaining, g.MaxBatch())
-	bucket, _ = g.Choose(rows)
-	return rows, bucket
-}
+// many the next step takes. A batch no larger than the largest bucket runs in
+// one step; a larger one fills the largest bucket until the remainder fits a
+// smaller one.
+func (g *Grid) Next(remaining int) int { return min(remaining, g.MaxBatch()) }
 
-// PaddingRatio is the fraction of a bucket's rows that are padding.
-func PaddingRatio(rows int, s Shape) float64 {
-	return float64(s.Batch-rows) / float64(s.Batch)
+// PaddingRatio is the fraction of a bucket's elements that are padding,
+// given the elements (rows, or tokens for sequence buckets) really used.
+func PaddingRatio(used int, s Shape) float64 {
+	total := s.Batch * max(s.Seq, 1)
+	return float64(total-used) / float64(total)
 }

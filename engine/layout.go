@@ -31,7 +31,7 @@ type Layout struct {
 // use it, so they agree on where every tensor lives.
 func NewLayout(cfg *models.Config, s bucketing.Shape) Layout {
 	l := Layout{Bucket: s}
-	l.Inputs, l.InBytes = pack(cfg.Inputs, s)
+	l.Inputs, l.InBytes = pack(cfg.StepInputs(), s)
 	l.Outputs, l.OutBytes = pack(cfg.Outputs, s)
 	return l
 }
@@ -41,7 +41,7 @@ func pack(specs []models.TensorSpec, s bucketing.Shape) ([]TensorLayout, int) {
 	off := 0
 	for i, spec := range specs {
 		shape := append([]int{s.Batch}, spec.Shape[1:]...)
-		row := spec.RowBytes()
+		row := spec.RowBytes(s.Seq)
 		out[i] = TensorLayout{
 			Name:     spec.Name,
 			Datatype: spec.Datatype,

@@ -22,8 +22,9 @@ type Config struct {
 	Version     string `yaml:"version"`
 	Description string `yaml:"description"`
 	// Architecture selects the layer stack the weights fill: "mlp".
-	Architecture string     `yaml:"architecture"`
-	MLP          *MLPConfig `yaml:"mlp"`
+	Architecture string         `yaml:"architecture"`
+	MLP          *MLPConfig     `yaml:"mlp"`
+	Encoder      *EncoderConfig `yaml:"encoder"`
 
 	Inputs  []TensorSpec `yaml:"inputs"`
 	Outputs []TensorSpec `yaml:"outputs"`
@@ -51,16 +52,31 @@ type TensorSpec struct {
 	Shape    []int    `yaml:"shape" json:"shape"`
 }
 
-// RowElements is the number of elements in one batch row: the product of
-// every dimension after the first.
-func (s TensorSpec) RowElements() int { return numel(s.Shape[1:]) }
+// RowElements is the number of elements in one batch row of sequences seq
+// long: the product of every dimension after the first, with the sequence
+// dimension (-1) taken as seq.
+func (s TensorSpec) RowElements(seq int) int {
+	n := 1
+	for _, d := range s.Shape[1:] {
+		if d < 0 {
+			d = seq
+		}
+		n *= d
+	}
+	return n
+}
 
-// RowBytes is the packed size of one batch row.
-func (s TensorSpec) RowBytes() int { return s.RowElements() * s.Datatype.Size() }
+// RowBytes is the packed size of one batch row of sequences seq long.
+func (s TensorSpec) RowBytes(seq int) int { return s.RowElements(seq) * s.Datatype.Size() }
+
+// HasSeq reports whether the tensor has a sequence dimension.
+func (s TensorSpec) HasSeq() bool { return slices.Contains(s.Shape[1:], -1) }
 
 // Buckets is the grid of shapes compiled at load.
 type Buckets struct {
 	Batch []int `yaml:"batch"`
+	// Seq are the sequence lengths of sequence models, multiples of 32.
+	Seq []int `yaml:"seq"`
 }
 
 // Batching is a model's batching policy, with Triton's names. Nil fields
@@ -71,6 +87,54 @@ type Batching struct {
 	PriorityLevels       *int           `yaml:"priority_levels"`
 	DefaultPriorityLevel *int           `yaml:"default_priority_level"`
 	DefaultTimeout       *time.Duration `yaml:"default_timeout"`
+}
+
+// EncoderConfig holds the encoder architecture's hyper-parameters: a BERT
+// layout (post-norm transformer layers, GELU feed-forward) read from tensors
+// with the Hugging Face names.
+type EncoderConfig struct {
+	VocabSize     int     `yaml:"vocab_size"`
+	Hidden        int     `yaml:"hidden"`
+	Layers        int     `yaml:"layers"`
+	Heads         int     `yaml:"heads"`
+	Intermediate  int     `yaml:"intermediate"`
+	MaxPosition   int     `yaml:"max_position"`    // default 512
+	TypeVocabSize int     `yaml:"type_vocab_size"` // default 2
+	LayerNormEps  float64 `yaml:"layer_norm_eps"`  // default 1e-12
+	// Pooling is cls (the first token's state) or mean (over the attention
+	// mask).
+	Pooling string `yaml:"pooling"`
+	// Normalize scales each embedding to unit L2 norm.
+	Normalize bool `yaml:"normalize"`
+	// Lowercase lowercases and strips accents before WordPiece (uncased
+	// vocabularies); default true.
+	Lowercase *bool `yaml:"lowercase"`
+	// Truncate cuts text longer than the largest seq bucket instead of
+	// rejecting it.
+	Truncate bool `yaml:"truncate"`
+}
+
+// The tensors an encoder step takes, whatever the model's API inputs are:
+// text is tokenized into them by the server.
+var encoderStepInputs = []TensorSpec{
+	{Name: "input_ids", Datatype: INT64, Shape: []int{-1, -1}},
+	{Name: "attention_mask", Datatype: INT64, Shape: []int{-1, -1}},
+	{Name: "token_type_ids", Datatype: INT64, Shape: []int{-1, -1}},
+}
+
+// StepInputs are the tensors packed into a step's input staging: the model's
+// inputs for an mlp, the token tensors for an encoder.
+func (c *Config) StepInputs() []TensorSpec {
+	if c.Architecture == "encoder" {
+		return encoderStepInputs
+	}
+	return c.Inputs
+}
+
+// TextInput reports whether the model takes a text BYTES input that the
+// server tokenizes.
+func (c *Config) TextInput() bool {
+	return len(c.Inputs) == 1 && c.Inputs[0].Datatype == BYTES
 }
 
 // MLPConfig holds the mlp architecture's hyper-parameters. Layer i reads the
@@ -171,6 +235,14 @@ func (c *Config) validate() error {
 		return err
 	}
 
+	for i, n := range c.Buckets.Seq {
+		if n <= 0 || n%32 != 0 {
+			return bad("buckets.seq", "%d is not a multiple of 32: the NPU's fused attention kernel needs query lengths in multiples of 32 (execution semantics, alignment rules); use e.g. [32, 64, 128]", n)
+		}
+		if i > 0 && n <= c.Buckets.Seq[i-1] {
+			return bad("buckets.seq", "%v must be strictly increasing", c.Buckets.Seq)
+		}
+	}
 	if len(c.Buckets.Batch) == 0 {
 		return bad("buckets.batch", "is required; list the batch sizes to compile, e.g. [1, 4, 16, 32]")
 	}
@@ -185,11 +257,16 @@ func (c *Config) validate() error {
 
 	switch c.Architecture {
 	case "mlp":
+		if len(c.Buckets.Seq) > 0 {
+			return bad("buckets.seq", "an mlp has no sequence dimension; remove buckets.seq")
+		}
 		return c.validateMLP(bad)
+	case "encoder":
+		return c.validateEncoder(bad)
 	case "":
-		return bad("architecture", "is required; want mlp")
+		return bad("architecture", "is required; want mlp or encoder")
 	default:
-		return bad("architecture", "%q is not supported; want mlp", c.Architecture)
+		return bad("architecture", "%q is not supported; want mlp or encoder", c.Architecture)
 	}
 }
 
@@ -239,11 +316,69 @@ func validateSpecs(key string, specs []TensorSpec) error {
 		if len(s.Shape) < 1 || s.Shape[0] != -1 {
 			return fmt.Errorf("%w: %s.shape: %v must start with -1, the batch dimension", ErrConfig, at, s.Shape)
 		}
-		for _, d := range s.Shape[1:] {
-			if d <= 0 {
-				return fmt.Errorf("%w: %s.shape: %v: dimensions after the batch must be positive", ErrConfig, at, s.Shape)
+		for i, d := range s.Shape[1:] {
+			if d <= 0 && !(d == -1 && i == 0) {
+				return fmt.Errorf("%w: %s.shape: %v: after the batch, only the second dimension may be -1 (the sequence); the others must be positive", ErrConfig, at, s.Shape)
 			}
 		}
+	}
+	return nil
+}
+
+func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
+	e := c.Encoder
+	if e == nil {
+		return bad("encoder", "is required for architecture encoder; give vocab_size, hidden, layers, heads, intermediate")
+	}
+	if e.MaxPosition == 0 {
+		e.MaxPosition = 512
+	}
+	if e.TypeVocabSize == 0 {
+		e.TypeVocabSize = 2
+	}
+	if e.LayerNormEps == 0 {
+		e.LayerNormEps = 1e-12
+	}
+	if e.Lowercase == nil {
+		t := true
+		e.Lowercase = &t
+	}
+	for key, v := range map[string]int{"vocab_size": e.VocabSize, "hidden": e.Hidden, "layers": e.Layers, "heads": e.Heads,
+		"intermediate": e.Intermediate, "max_position": e.MaxPosition, "type_vocab_size": e.TypeVocabSize} {
+		if v <= 0 {
+			return bad("encoder."+key, "%d must be positive", v)
+		}
+	}
+	if e.Hidden%e.Heads != 0 {
+		return bad("encoder.heads", "%d heads do not divide hidden %d", e.Heads, e.Hidden)
+	}
+	if e.LayerNormEps < 0 {
+		return bad("encoder.layer_norm_eps", "%v must be positive", e.LayerNormEps)
+	}
+	switch e.Pooling {
+	case "":
+		e.Pooling = "cls"
+	case "cls", "mean":
+	default:
+		return bad("encoder.pooling", "%q is not supported; want cls or mean", e.Pooling)
+	}
+	if len(c.Buckets.Seq) == 0 {
+		return bad("buckets.seq", "is required for an encoder; list the sequence lengths to compile, e.g. [32, 64, 128]")
+	}
+	if last := c.Buckets.Seq[len(c.Buckets.Seq)-1]; last > e.MaxPosition {
+		return bad("buckets.seq", "%d exceeds encoder.max_position %d", last, e.MaxPosition)
+	}
+	ids := func(i int, name string) bool {
+		return c.Inputs[i].Name == name && c.Inputs[i].Datatype == INT64 && slices.Equal(c.Inputs[i].Shape, []int{-1, -1})
+	}
+	switch {
+	case c.TextInput() && c.Inputs[0].Name == "text" && slices.Equal(c.Inputs[0].Shape, []int{-1}):
+	case len(c.Inputs) >= 2 && len(c.Inputs) <= 3 && ids(0, "input_ids") && ids(1, "attention_mask") && (len(c.Inputs) == 2 || ids(2, "token_type_ids")):
+	default:
+		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or one text input, BYTES [-1], with a vocab.txt")
+	}
+	if len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, e.Hidden}) {
+		return bad("outputs", "an encoder with hidden %d gives exactly one FP32 output of shape [-1, %d]", e.Hidden, e.Hidden)
 	}
 	return nil
 }

@@ -32,7 +32,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, "relu", c.MLP.Activation)
 	assert.Equal(t, "none", c.MLP.OutputActivation)
 	assert.Equal(t, []int{1, 2, 8}, c.Buckets.Batch)
-	assert.Equal(t, 16, c.Inputs[0].RowBytes())
+	assert.Equal(t, 16, c.Inputs[0].RowBytes(0))
 	assert.Equal(t, "eager", c.Warmup)
 	assert.Nil(t, c.Batching.MaxQueueDelay, "unset batching keys take the server's defaults")
 
@@ -179,7 +179,7 @@ func FuzzParseConfig(f *testing.F) {
 			return
 		}
 		for _, s := range append(c.Inputs, c.Outputs...) {
-			if s.Shape[0] != -1 || s.RowElements() <= 0 {
+			if s.Shape[0] != -1 || s.RowElements(1) <= 0 {
 				t.Fatalf("accepted a bad signature: %+v", s)
 			}
 		}

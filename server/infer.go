@@ -66,7 +66,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 	cfg := m.Model().Config
 	sr := &steps.Request{Rows: req.rows, Inputs: req.inputs, Outputs: make([][]byte, len(cfg.Outputs))}
 	for i, o := range cfg.Outputs {
-		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes())
+		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes(0))
 	}
 	if err := m.Infer(r.Context(), sr, req.params); err != nil {
 		return fail(err)

@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"model"}),
 		padding: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepserve_padding_ratio",
-			Help:    "Padded elements over bucket elements, per step.",
+			Help:    "Padded elements over bucket elements (rows x sequence positions), per step.",
 			Buckets: []float64{0, .1, .25, .5, .75, .9},
 		}, []string{"model", "bucket"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -164,7 +164,7 @@ func (r *runnerMetrics) observe(bucket int, o *Observation) {
 	}
 	b := &r.buckets[bucket]
 	r.batchSize.Observe(float64(o.Rows))
-	b.padding.Observe(bucketing.PaddingRatio(o.Rows, o.Bucket))
+	b.padding.Observe(o.Padding)
 	b.duration.Observe(o.Duration.Seconds())
 	if o.Verdict.Clean {
 		b.clean.Inc()

@@ -69,7 +69,7 @@ type stats struct {
 	buckets []bucketStats
 }
 
-func (s *stats) observe(bucket int, o *Observation, padding float64) {
+func (s *stats) observe(bucket int, o *Observation) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := &s.buckets[bucket]
@@ -78,7 +78,7 @@ func (s *stats) observe(bucket int, o *Observation, padding float64) {
 		b.clean++
 	}
 	b.rows += int64(o.Rows)
-	b.padding += padding
+	b.padding += o.Padding
 	b.step.add(o.Duration)
 }
 

@@ -25,8 +25,11 @@ import (
 // every model input, packed, and room for as many rows of every output.
 type Request struct {
 	Rows int
-	// Inputs holds one packed buffer per model input, in the model's input
-	// order, each Rows*RowBytes long.
+	// Seq is the sequence length of every row, for sequence models (the
+	// model's largest seq bucket at most); 0 otherwise.
+	Seq int
+	// Inputs holds one packed buffer per step input (models.Config's
+	// StepInputs), in that order, each Rows*RowBytes(Seq) long.
 	Inputs [][]byte
 	// Outputs holds one buffer per model output, in the model's output
 	// order, each Rows*RowBytes long. Run fills them.
@@ -60,6 +63,9 @@ type Observation struct {
 	Explain  engine.Explain
 	Verdict  Verdict
 	Duration time.Duration
+	// Padding is the fraction of the bucket's elements (rows x sequence
+	// positions) that were padding.
+	Padding float64
 }
 
 // Runner runs steps for one loaded model.
@@ -126,8 +132,8 @@ func (r *Runner) Run(ctx context.Context, reqs []*Request) error {
 	defer r.mu.Unlock()
 	at := cursor{}
 	for total > 0 {
-		rows, bucket := r.opts.Grid.Next(total)
-		next, err := r.step(ctx, reqs, at, rows, bucket)
+		rows := r.opts.Grid.Next(total)
+		next, err := r.step(ctx, reqs, at, rows)
 		if err != nil {
 			return err
 		}
@@ -139,35 +145,59 @@ func (r *Runner) Run(ctx context.Context, reqs []*Request) error {
 
 func (r *Runner) checkRequest(q *Request) error {
 	cfg := r.opts.Model.Config
-	if q.Rows <= 0 || len(q.Inputs) != len(cfg.Inputs) || len(q.Outputs) != len(cfg.Outputs) {
+	inputs := cfg.StepInputs()
+	if q.Rows <= 0 || len(q.Inputs) != len(inputs) || len(q.Outputs) != len(cfg.Outputs) {
 		return fmt.Errorf("%w: %d rows, %d inputs, %d outputs; want rows > 0, %d inputs, %d outputs",
-			ErrShape, q.Rows, len(q.Inputs), len(q.Outputs), len(cfg.Inputs), len(cfg.Outputs))
+			ErrShape, q.Rows, len(q.Inputs), len(q.Outputs), len(inputs), len(cfg.Outputs))
 	}
-	for i, s := range cfg.Inputs {
-		if len(q.Inputs[i]) != q.Rows*s.RowBytes() {
-			return fmt.Errorf("%w: input %q holds %d bytes, want %d", ErrShape, s.Name, len(q.Inputs[i]), q.Rows*s.RowBytes())
+	if maxSeq := r.opts.Grid.MaxSeq(); (maxSeq == 0) != (q.Seq == 0) || q.Seq < 0 || q.Seq > maxSeq {
+		return fmt.Errorf("%w: sequence length %d; want 1..%d (0 for models without a sequence)", ErrShape, q.Seq, maxSeq)
+	}
+	for i, s := range inputs {
+		if want := q.Rows * s.RowBytes(q.Seq); len(q.Inputs[i]) != want {
+			return fmt.Errorf("%w: input %q holds %d bytes, want %d", ErrShape, s.Name, len(q.Inputs[i]), want)
 		}
 	}
 	for i, s := range cfg.Outputs {
-		if len(q.Outputs[i]) != q.Rows*s.RowBytes() {
-			return fmt.Errorf("%w: output %q has room for %d bytes, want %d", ErrShape, s.Name, len(q.Outputs[i]), q.Rows*s.RowBytes())
+		if want := q.Rows * s.RowBytes(q.Seq); len(q.Outputs[i]) != want {
+			return fmt.Errorf("%w: output %q has room for %d bytes, want %d", ErrShape, s.Name, len(q.Outputs[i]), want)
 		}
 	}
 	return nil
 }
 
-// step packs rows rows starting at from into bucket, runs it, and unpacks.
-// It returns the cursor after the rows it ran.
-func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, bucket int) (cursor, error) {
+// step packs rows rows starting at from into the smallest bucket that holds
+// them (and, for sequence models, their longest sequence), runs it, and
+// unpacks. It returns the cursor after the rows it ran.
+func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows int) (cursor, error) {
+	seq, used := 0, 0
+	end := walk(reqs, from, rows, func(q *Request, _, count int) {
+		seq = max(seq, q.Seq)
+		used += count * max(q.Seq, 1)
+	})
+	bucket, ok := r.opts.Grid.Choose(rows, seq)
+	if !ok {
+		return end, fmt.Errorf("%w: no bucket holds %d rows of length %d", ErrShape, rows, seq)
+	}
 	layout := &r.layouts[bucket]
 	in, out := r.opts.Program.Staging(bucket)
 
-	var end cursor
 	for t, tl := range layout.Inputs {
 		dst := in[tl.Offset : tl.Offset+tl.Bytes]
 		n := 0
-		end = walk(reqs, from, rows, func(q *Request, row, count int) {
-			n += copy(dst[n:], q.Inputs[t][row*tl.RowBytes:(row+count)*tl.RowBytes])
+		walk(reqs, from, rows, func(q *Request, row, count int) {
+			src := q.Inputs[t]
+			if srcRow := len(src) / q.Rows; srcRow == tl.RowBytes {
+				n += copy(dst[n:], src[row*srcRow:(row+count)*srcRow])
+			} else {
+				// A shorter sequence: each row is padded to the bucket's
+				// length, with zeros (pad token 0, attention mask 0).
+				for i := row; i < row+count; i++ {
+					copy(dst[n:], src[i*srcRow:(i+1)*srcRow])
+					clear(dst[n+srcRow : n+tl.RowBytes])
+					n += tl.RowBytes
+				}
+			}
 			if t == 0 && row == 0 && q.Queued > 0 {
 				r.stats.queued(bucket, q.Queued)
 			}
@@ -183,8 +213,9 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows, b
 	}
 	o := Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: Check(&x), Duration: elapsed}
 	o.Explain = x
+	o.Padding = bucketing.PaddingRatio(used, layout.Bucket)
 	r.metrics.observe(bucket, &o)
-	r.stats.observe(bucket, &o, bucketing.PaddingRatio(rows, layout.Bucket))
+	r.stats.observe(bucket, &o)
 	if !o.Verdict.Clean {
 		r.explain.add(&o)
 		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),

@@ -84,7 +84,7 @@ func testModel() *models.Model {
 
 func newRunner(t *testing.T, batch []int) (*Runner, *doubler, *[]Observation) {
 	m := testModel()
-	grid, err := bucketing.NewGrid(batch)
+	grid, err := bucketing.NewGrid(batch, nil)
 	require.NoError(t, err)
 	d := newDoubler(m.Config, grid)
 	var obs []Observation

@@ -42,7 +42,7 @@ func newServedModel(m *models.Model, sh shared) (*servedModel, error) {
 	if err != nil {
 		return nil, err
 	}
-	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch)
+	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
