@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 ADDR    ?= :8000
 
-.PHONY: all build run test test-short lint digits deps clean
+.PHONY: all build run test lint digits golden deps clean
 
 all: build
 
@@ -36,3 +36,7 @@ digits:
 
 clean:
 	rm -rf bin
+
+## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
+golden:
+	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder

@@ -24,6 +24,10 @@ type Model struct {
 	Weights *Weights
 	// MLP is set when Config.Architecture is "mlp".
 	MLP *MLP
+	// Encoder is set when Config.Architecture is "encoder".
+	Encoder *Encoder
+	// Tokenizer is set when the directory holds a vocab.txt.
+	Tokenizer *Tokenizer
 }
 
 // Load reads the model in dir, named after the directory.
@@ -49,6 +53,18 @@ func Load(dir string) (*Model, error) {
 	case "mlp":
 		if m.MLP, err = NewMLP(cfg.MLP, w); err != nil {
 			return nil, err
+		}
+	case "encoder":
+		if m.Encoder, err = NewEncoder(cfg.Encoder, w); err != nil {
+			return nil, err
+		}
+		vocab := filepath.Join(dir, VocabFile)
+		if _, err := os.Stat(vocab); err == nil {
+			if m.Tokenizer, err = ReadTokenizer(vocab, *cfg.Encoder.Lowercase, cfg.Encoder.VocabSize); err != nil {
+				return nil, err
+			}
+		} else if cfg.TextInput() {
+			return nil, fmt.Errorf("%s: %w: inputs: a text input needs a WordPiece %s in the model directory", filepath.Join(dir, ConfigFile), ErrConfig, VocabFile)
 		}
 	}
 	return m, nil

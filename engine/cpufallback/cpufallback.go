@@ -32,7 +32,7 @@ func (Engine) Name() string { return "cpu" }
 // is one this engine runs and allocates every bucket's staging buffers;
 // plans are built by Compile, or by the first Step that needs one.
 func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
-	if m.MLP == nil {
+	if m.MLP == nil && m.Encoder == nil {
 		return nil, fmt.Errorf("cpufallback: model %s: architecture %q is not supported by the CPU engine", m.Name, m.Config.Architecture)
 	}
 	p := &program{model: m, buckets: make([]bucketState, len(buckets))}
@@ -59,7 +59,14 @@ type bucketState struct {
 	shape   bucketing.Shape
 	layout  engine.Layout
 	in, out []byte
-	plan    *mlpPlan // nil until compiled; written under mu, read by the stepping goroutine
+	plan    plan // nil until compiled; written under mu, read by the stepping goroutine
+}
+
+// plan is one bucket's compiled program. step copies the input staging in
+// once, computes, and copies the outputs to the output staging once; it
+// must not allocate.
+type plan interface {
+	step(in, out []byte) error
 }
 
 func (p *program) bucket(i int) (*bucketState, error) {
@@ -77,7 +84,7 @@ func (p *program) Compile(ctx context.Context, bucket int) error {
 
 // planFor returns bucket's plan, building it if needed; built says whether
 // this call built it.
-func (p *program) planFor(bucket int) (plan *mlpPlan, built bool, err error) {
+func (p *program) planFor(bucket int) (pl plan, built bool, err error) {
 	b, err := p.bucket(bucket)
 	if err != nil {
 		return nil, false, err
@@ -88,7 +95,11 @@ func (p *program) planFor(bucket int) (plan *mlpPlan, built bool, err error) {
 		return nil, false, fmt.Errorf("cpufallback: model %s: program is closed", p.model.Name)
 	}
 	if b.plan == nil {
-		b.plan = newMLPPlan(p.model.MLP, b.shape.Batch)
+		if p.model.Encoder != nil {
+			b.plan = newEncoderPlan(p.model.Encoder, b.layout)
+		} else {
+			b.plan = newMLPPlan(p.model.MLP, b.shape.Batch)
+		}
 		built = true
 	}
 	return b.plan, built, nil
@@ -101,17 +112,14 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	if err := ctx.Err(); err != nil {
 		return engine.Explain{}, err
 	}
-	plan, built, err := p.planFor(bucket)
+	pl, built, err := p.planFor(bucket)
 	if err != nil {
 		return engine.Explain{}, err
 	}
 	b := &p.buckets[bucket]
-	in := b.layout.Inputs[0]
-	out := b.layout.Outputs[0]
-
-	copy(plan.input, floats(b.in[in.Offset:in.Offset+in.Bytes])) // the one copy in
-	result := plan.run()
-	copy(floats(b.out[out.Offset:out.Offset+out.Bytes]), result) // the one copy out
+	if err := pl.step(b.in, b.out); err != nil {
+		return engine.Explain{}, fmt.Errorf("model %s bucket %s: %w", p.model.Name, b.shape.Label(), err)
+	}
 
 	x := engine.Explain{
 		Clean:           true,

@@ -3,9 +3,6 @@ package cpufallback
 import (
 	"math"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
-
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -26,13 +23,21 @@ func newMLPPlan(m *models.MLP, batch int) *mlpPlan {
 	return p
 }
 
+// step copies the input staging in once, runs, and copies the result out
+// once.
+func (p *mlpPlan) step(in, out []byte) error {
+	copy(p.input, floats(in))
+	copy(floats(out), p.run())
+	return nil
+}
+
 // run computes the MLP on p.input and returns the last activations.
 func (p *mlpPlan) run() []float32 {
 	x := p.input
 	last := len(p.m.Layers) - 1
 	for i, l := range p.m.Layers {
 		y := p.acts[i]
-		matmulT(p.batch, l.Out, l.In, x, l.Weight, y)
+		linear(p.batch, l.Out, l.In, x, l.Weight, y)
 		switch {
 		case i < last && p.m.Activation == "gelu":
 			biasGELU(y, l.Bias)
@@ -46,30 +51,6 @@ func (p *mlpPlan) run() []float32 {
 		x = y
 	}
 	return x
-}
-
-// Tile sizes that keep every gonum Sgemm call on its serial path, which
-// neither spawns goroutines nor allocates: gonum goes parallel from four
-// 64x64 blocks of C.
-const (
-	tileM = 64
-	tileN = 128
-)
-
-// matmulT computes c[m,n] = a[m,k] · w[n,k]ᵀ, the product of a Linear layer
-// with torch's [out, in] weight layout.
-func matmulT(m, n, k int, a, w, c []float32) {
-	impl := blas32.Implementation()
-	for i := 0; i < m; i += tileM {
-		mi := min(tileM, m-i)
-		for j := 0; j < n; j += tileN {
-			nj := min(tileN, n-j)
-			impl.Sgemm(blas.NoTrans, blas.Trans, mi, nj, k,
-				1, a[i*k:], k,
-				w[j*k:], k,
-				0, c[i*n+j:], n)
-		}
-	}
 }
 
 func biasOnly(y, bias []float32) {

@@ -1,0 +1,167 @@
+package cpufallback_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// reference is what testdata/golden_encoder.py wrote: torch's pooled
+// embeddings for sequences of several lengths.
+type reference struct {
+	Torch string
+	Cases []struct {
+		InputIDs     []int64 `json:"input_ids"`
+		TokenTypeIDs []int64 `json:"token_type_ids"`
+		CLS          []float64
+		Mean         []float64
+	}
+}
+
+func loadReference(t *testing.T) (*models.Model, reference) {
+	m, err := models.Load("testdata/encoder")
+	require.NoError(t, err)
+	b, err := os.ReadFile("testdata/encoder/reference.json")
+	require.NoError(t, err)
+	var ref reference
+	require.NoError(t, json.Unmarshal(b, &ref))
+	require.NotEmpty(t, ref.Cases)
+	return m, ref
+}
+
+func int64Bytes(v []int64) []byte {
+	var b []byte
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, uint64(x))
+	}
+	return b
+}
+
+// encodeRequest builds a one-row step request for a token sequence.
+func encodeRequest(ids, types []int64, hidden int) *steps.Request {
+	mask := make([]int64, len(ids))
+	for i := range mask {
+		mask[i] = 1
+	}
+	return &steps.Request{
+		Rows: 1, Seq: len(ids),
+		Inputs:  [][]byte{int64Bytes(ids), int64Bytes(mask), int64Bytes(types)},
+		Outputs: [][]byte{make([]byte, 4*hidden)},
+	}
+}
+
+func embedding(r *steps.Request) []float64 {
+	out := make([]float64, len(r.Outputs[0])/4)
+	for i := range out {
+		out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(r.Outputs[0][4*i:])))
+	}
+	return out
+}
+
+func maxAbsDiff(a, b []float64) float64 {
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(a[i]-b[i]))
+	}
+	return d
+}
+
+// TestEncoderMatchesTorch checks the CPU engine's embeddings against torch's
+// nn.TransformerEncoderLayer, for sequences of several lengths batched into
+// one padded step and run one by one, with cls and with mean pooling.
+func TestEncoderMatchesTorch(t *testing.T) {
+	for _, pooling := range []string{"cls", "mean"} {
+		t.Run(pooling, func(t *testing.T) {
+			m, ref := loadReference(t)
+			m.Encoder.Config.Pooling = pooling
+			grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
+			require.NoError(t, err)
+			prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+			require.NoError(t, err)
+			defer prog.Close()
+			runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+			require.NoError(t, err)
+			_, err = runner.Warmup(context.Background())
+			require.NoError(t, err)
+
+			H := m.Encoder.Config.Hidden
+			var batch []*steps.Request
+			for _, c := range ref.Cases {
+				batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, H))
+			}
+			require.NoError(t, runner.Run(context.Background(), batch), "all lengths in one step")
+
+			worst := 0.0
+			for i, c := range ref.Cases {
+				want := c.CLS
+				if pooling == "mean" {
+					want = c.Mean
+				}
+				alone := encodeRequest(c.InputIDs, c.TokenTypeIDs, H)
+				require.NoError(t, runner.Run(context.Background(), []*steps.Request{alone}))
+				for _, got := range [][]float64{embedding(batch[i]), embedding(alone)} {
+					d := maxAbsDiff(got, want)
+					worst = math.Max(worst, d)
+					assert.Less(t, d, 1e-4, "sequence %d (length %d)", i, len(c.InputIDs))
+				}
+			}
+			t.Logf("%s pooling: max abs error vs torch %s: %.2e", pooling, ref.Torch, worst)
+		})
+	}
+}
+
+func TestEncoderNormalizeAndBadIDs(t *testing.T) {
+	m, ref := loadReference(t)
+	m.Encoder.Config.Normalize = true
+	grid, err := bucketing.NewGrid([]int{1}, []int{32})
+	require.NoError(t, err)
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+	require.NoError(t, err)
+	c := ref.Cases[0]
+	r := encodeRequest(c.InputIDs, c.TokenTypeIDs, m.Encoder.Config.Hidden)
+	require.NoError(t, runner.Run(context.Background(), []*steps.Request{r}))
+	var norm, refNorm float64
+	for _, v := range c.CLS {
+		refNorm += v * v
+	}
+	for i, v := range embedding(r) {
+		norm += v * v
+		assert.InDelta(t, c.CLS[i]/math.Sqrt(refNorm), v, 1e-4)
+	}
+	assert.InDelta(t, 1, norm, 1e-5)
+
+	bad := encodeRequest([]int64{1, 100000}, []int64{0, 0}, m.Encoder.Config.Hidden)
+	err = runner.Run(context.Background(), []*steps.Request{bad})
+	assert.ErrorContains(t, err, "id 100000 or type 0 outside the vocabulary")
+}
+
+func TestEncoderStepDoesNotAllocate(t *testing.T) {
+	m, _ := loadReference(t)
+	grid, err := bucketing.NewGrid([]int{1, 4}, []int{32, 64})
+	require.NoError(t, err)
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	ctx := context.Background()
+	for b, s := range grid.Shapes() {
+		require.NoError(t, prog.Compile(ctx, b))
+		allocs := testing.AllocsPerRun(5, func() {
+			if _, err := prog.Step(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+		})
+		assert.Zero(t, allocs, "bucket %s", s.Label())
+	}
+}
