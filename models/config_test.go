@@ -185,3 +185,61 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+const validEncoder = `
+architecture: encoder
+encoder: {vocab_size: 10, hidden: 8, layers: 1, heads: 2, intermediate: 16, max_position: 64}
+inputs:
+  - {name: text, datatype: BYTES, shape: [-1]}
+outputs:
+  - {name: embedding, datatype: FP32, shape: [-1, 8]}
+buckets: {batch: [1, 4], seq: [32, 64]}
+`
+
+func TestEncoderConfig(t *testing.T) {
+	c, err := ParseConfig(strings.NewReader(validEncoder))
+	require.NoError(t, err)
+	assert.Equal(t, "cls", c.Encoder.Pooling)
+	assert.True(t, *c.Encoder.Lowercase)
+	assert.Equal(t, 2, c.Encoder.TypeVocabSize)
+	assert.True(t, c.TextInput())
+	assert.Equal(t, []string{"input_ids", "attention_mask", "token_type_ids"}, []string{c.StepInputs()[0].Name, c.StepInputs()[1].Name, c.StepInputs()[2].Name})
+	assert.Equal(t, 8*48, c.StepInputs()[0].RowBytes(48))
+
+	for _, tc := range []struct{ old, new, want string }{
+		{"seq: [32, 64]", "seq: [32, 48]", "buckets.seq: 48 is not a multiple of 32: the NPU's fused attention kernel"},
+		{"seq: [32, 64]", "seq: [64, 32]", "buckets.seq: [64 32] must be strictly increasing"},
+		{", seq: [32, 64]", "", "buckets.seq: is required for an encoder"},
+		{"seq: [32, 64]", "seq: [32, 128]", "buckets.seq: 128 exceeds encoder.max_position 64"},
+		{"heads: 2", "heads: 3", "encoder.heads: 3 heads do not divide hidden 8"},
+		{"layers: 1", "layers: 0", "encoder.layers: 0 must be positive"},
+		{"max_position: 64}", "max_position: 64, pooling: max}", `encoder.pooling: "max" is not supported; want cls or mean`},
+		{"shape: [-1, 8]", "shape: [-1, 9]", "outputs: an encoder with hidden 8 gives exactly one FP32 output of shape [-1, 8]"},
+		{"{name: text, datatype: BYTES, shape: [-1]}", "{name: input_ids, datatype: INT64, shape: [-1, -1]}", "inputs: an encoder takes input_ids and attention_mask"},
+		{"{name: text, datatype: BYTES, shape: [-1]}", "{name: x, datatype: FP32, shape: [-1, -1, -1]}", "only the second dimension may be -1"},
+	} {
+		doc := strings.Replace(validEncoder, tc.old, tc.new, 1)
+		require.NotEqual(t, validEncoder, doc)
+		_, err := ParseConfig(strings.NewReader(doc))
+		assert.ErrorContains(t, err, tc.want)
+	}
+	ids := strings.Replace(validEncoder, "  - {name: text, datatype: BYTES, shape: [-1]}", "  - {name: input_ids, datatype: INT64, shape: [-1, -1]}\n  - {name: attention_mask, datatype: INT64, shape: [-1, -1]}", 1)
+	c, err = ParseConfig(strings.NewReader(ids))
+	require.NoError(t, err)
+	assert.False(t, c.TextInput())
+	_, err = ParseConfig(strings.NewReader(validMLP + "  seq: [32]\n"))
+	assert.ErrorContains(t, err, "an mlp has no sequence dimension")
+}
+
+func TestEncoderWeightsNameTheMissingTensor(t *testing.T) {
+	c, err := ParseConfig(strings.NewReader(validEncoder))
+	require.NoError(t, err)
+	w := &Weights{Path: "w.safetensors", Tensors: map[string]*Tensor{
+		"bert.embeddings.word_embeddings.weight": {Shape: []int{10, 8}, Data: make([]float32, 80)},
+	}}
+	_, err = NewEncoder(c.Encoder, w)
+	assert.ErrorContains(t, err, `tensor "bert.embeddings.position_embeddings.weight" is missing (want shape [64 8])`)
+	w.Tensors["bert.embeddings.position_embeddings.weight"] = &Tensor{Shape: []int{32, 8}, Data: make([]float32, 256)}
+	_, err = NewEncoder(c.Encoder, w)
+	assert.ErrorContains(t, err, `tensor "bert.embeddings.position_embeddings.weight" has shape [32 8], want [64 8]`)
+}
