@@ -63,10 +63,9 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 		return fail(err)
 	}
 
-	cfg := m.Model().Config
-	sr := &steps.Request{Rows: req.rows, Inputs: req.inputs, Outputs: make([][]byte, len(cfg.Outputs))}
-	for i, o := range cfg.Outputs {
-		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes(0))
+	sr, err := prepare(m.Model(), req)
+	if err != nil {
+		return fail(err)
 	}
 	if err := m.Infer(r.Context(), sr, req.params); err != nil {
 		return fail(err)

@@ -36,13 +36,21 @@ type wireOutput struct {
 	Parameters map[string]json.RawMessage `json:"parameters"`
 }
 
-// inferRequest is a decoded, validated request, ready for the step.
+// inferRequest is a decoded, validated request.
 type inferRequest struct {
 	id      string
 	rows    int
-	inputs  [][]byte // one per model input, in model order
+	inputs  []tensor // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
 	params  batching.Params
+}
+
+// tensor is one decoded input: packed elements, or the strings of a BYTES
+// input.
+type tensor struct {
+	shape []int64
+	data  []byte
+	strs  []string
 }
 
 // outputChoice is one output to return, and how.
@@ -71,7 +79,7 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 	if len(wr.Inputs) == 0 {
 		return nil, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
 	}
-	req := &inferRequest{id: wr.ID, rows: -1, inputs: make([][]byte, len(cfg.Inputs))}
+	req := &inferRequest{id: wr.ID, rows: -1, inputs: make([]tensor, len(cfg.Inputs))}
 	seen := make([]bool, len(cfg.Inputs))
 	for _, in := range wr.Inputs {
 		idx := specIndex(cfg.Inputs, in.Name)
@@ -82,7 +90,7 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 			return nil, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
-		data, rest, err := decodeInput(&in, cfg.Inputs[idx], binaryPart, len(body))
+		t, rest, err := decodeInput(&in, cfg.Inputs[idx], binaryPart, len(body))
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
@@ -92,10 +100,10 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 			return nil, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
 		}
 		req.rows = rows
-		req.inputs[idx] = data
+		req.inputs[idx] = t
 	}
 	for i, s := range cfg.Inputs {
-		if !seen[i] {
+		if !seen[i] && !optional(m, s.Name) {
 			return nil, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}
@@ -151,74 +159,86 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 // data, taking binary data from the front of binaryPart when the input says
 // binary_data_size. bodyLen bounds the elements a shape may claim, so that no
 // declared shape can make the server allocate more than the body justifies.
-func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (data, rest []byte, err error) {
+func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (t tensor, rest []byte, err error) {
+	t.shape = in.Shape
+	t.data, t.strs, rest, err = decodeData(in, spec, binaryPart, bodyLen)
+	return t, rest, err
+}
+
+func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (data []byte, strs []string, rest []byte, err error) {
 	if in.Datatype != string(spec.Datatype) {
 		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
-			return nil, nil, perr
+			return nil, nil, nil, perr
 		}
-		return nil, nil, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
+		return nil, nil, nil, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
 	}
 	if len(in.Shape) != len(spec.Shape) {
-		return nil, nil, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
+		return nil, nil, nil, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
 	}
 	elems := int64(1)
 	for i, d := range in.Shape {
 		want := int64(spec.Shape[i])
 		switch {
 		case d < 0:
-			return nil, nil, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
+			return nil, nil, nil, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
 		case i == 0 && d == 0:
-			return nil, nil, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+			return nil, nil, nil, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+		case want < 0 && d == 0:
+			return nil, nil, nil, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
 		case want >= 0 && d != want:
-			return nil, nil, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
+			return nil, nil, nil, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
 		}
 		if d > 0 && elems > math.MaxInt32/d {
-			return nil, nil, fmt.Errorf("shape %v holds too many elements", in.Shape)
+			return nil, nil, nil, fmt.Errorf("shape %v holds too many elements", in.Shape)
 		}
 		elems *= d
 	}
 	size := spec.Datatype.Size()
 	if elems > int64(bodyLen) {
 		// Every value takes at least a byte on the wire.
-		return nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
+		return nil, nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
 	}
 	nbytes := int(elems) * size
 
 	binSize, hasBin, err := intParam(in.Parameters, "binary_data_size")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	if spec.Datatype == models.BYTES {
+		strs, rest, err := decodeStrings(in, binSize, hasBin, binaryPart, int(elems))
+		return nil, strs, rest, err
 	}
 	if hasBin {
 		if len(in.Data) > 0 && string(in.Data) != "null" {
-			return nil, nil, errors.New("has both data and binary_data_size; send one")
+			return nil, nil, nil, errors.New("has both data and binary_data_size; send one")
 		}
 		if binSize != nbytes {
-			return nil, nil, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+			return nil, nil, nil, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
 		}
 		if binSize > len(binaryPart) {
-			return nil, nil, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, len(binaryPart))
+			return nil, nil, nil, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, len(binaryPart))
 		}
 		data = make([]byte, nbytes)
 		copy(data, binaryPart[:binSize])
 		rest = binaryPart[binSize:]
 	} else {
 		if len(in.Data) == 0 || string(in.Data) == "null" {
-			return nil, nil, errors.New("has no data; send data or binary_data_size")
+			return nil, nil, nil, errors.New("has no data; send data or binary_data_size")
 		}
 		data = make([]byte, nbytes)
 		n, err := decodeJSONData(in.Data, spec.Datatype, data)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if int64(n) != elems {
-			return nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, elems, n)
+			return nil, nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, elems, n)
 		}
 		rest = binaryPart
 	}
 	if err := checkFinite(data, spec.Datatype); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return data, rest, nil
+	return data, nil, rest, nil
 }
 
 func specIndex(specs []models.TensorSpec, name string) int {
