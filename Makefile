@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 ADDR    ?= :8000
 
-.PHONY: all build run test lint digits golden deps clean
+.PHONY: all build run test lint digits tiny-encoder golden deps clean
 
 all: build
 
@@ -36,6 +36,10 @@ digits:
 
 clean:
 	rm -rf bin
+
+## tiny-encoder: regenerate the shipped demo encoder (random weights, fixed seed)
+tiny-encoder:
+	$(GO) run ./cmd/gen-tiny-encoder -out models/tiny-encoder
 
 ## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
 golden:

@@ -226,8 +226,9 @@ func layerNorm(row []float32, n models.Norm, eps float64) {
 	}
 }
 
-// encoderFLOPs counts the multiply-adds (x2) of one step, for benchmarks.
-func encoderFLOPs(c *models.EncoderConfig, batch, seq int) float64 {
+// EncoderFLOPs counts the floating-point operations of one step's matrix
+// products (2 per multiply-add), for benchmarks.
+func EncoderFLOPs(c *models.EncoderConfig, batch, seq int) float64 {
 	T, H, I, S := float64(batch*seq), float64(c.Hidden), float64(c.Intermediate), float64(seq)
 	perLayer := 2*T*H*H*4 + 2*T*H*I*2 + 2*float64(batch)*S*S*H*2
 	return perLayer * float64(c.Layers)

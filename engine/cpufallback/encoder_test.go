@@ -165,3 +165,31 @@ func TestEncoderStepDoesNotAllocate(t *testing.T) {
 		assert.Zero(t, allocs, "bucket %s", s.Label())
 	}
 }
+
+// BenchmarkEncoderStep measures every bucket of the shipped tiny-encoder:
+// sequences per second and GFLOP/s (the products of one step, counted as
+// bench/encoder_numpy.py counts them for OpenBLAS).
+func BenchmarkEncoderStep(b *testing.B) {
+	m, err := models.Load("../../models/tiny-encoder")
+	require.NoError(b, err)
+	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
+	require.NoError(b, err)
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+	require.NoError(b, err)
+	for i, s := range grid.Shapes() {
+		require.NoError(b, prog.Compile(context.Background(), i))
+		in, _ := prog.Staging(i)
+		clear(in)
+		b.Run(s.Label(), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := prog.Step(context.Background(), i); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sec := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(float64(s.Batch)/sec, "seq/s")
+			b.ReportMetric(cpufallback.EncoderFLOPs(m.Encoder.Config, s.Batch, s.Seq)/sec/1e9, "GFLOP/s")
+		})
+	}
+}
