@@ -40,9 +40,17 @@ type Program interface {
 	// Staging returns bucket's input and output buffers, laid out as
 	// [NewLayout] says. They live as long as the Program.
 	Staging(bucket int) (in, out []byte)
+	// Healthy reports whether steps can run now; false while the device
+	// behind the program is down or being restarted.
+	Healthy() bool
 	// Close releases the device memory and staging buffers.
 	Close() error
 }
 
 // ErrBucket is returned for a bucket index the program was not loaded with.
 var ErrBucket = errors.New("engine: no such bucket")
+
+// ErrUnavailable is wrapped by errors of a program whose device is down
+// (its worker crashed, hung or is restarting): the step did not run, and the
+// requests may be retried later or elsewhere.
+var ErrUnavailable = errors.New("engine: device unavailable")

@@ -41,6 +41,10 @@ func (c *Count) UnmarshalJSON(b []byte) error {
 // Explain is the normalized report of one step, whatever the engine: what
 // torch.rbln.explain() saw on an NPU, or what the CPU engine really did.
 type Explain struct {
+	// Measured is false when the engine could not observe the step at all
+	// (torch.rbln.explain unavailable): the step is then neither clean nor
+	// overhead, and every count is Unknown.
+	Measured bool `json:"measured"`
 	// Clean is the engine's own verdict: no hidden signal fired. The step
 	// checker also marks a step not clean when it moved more data than one
 	// copy each way.

@@ -18,9 +18,9 @@ type TensorLayout struct {
 	RowBytes int
 }
 
-// Layout is how a bucket's staging buffers are packed: every input, in the
-// model's input order, back to back in one buffer (so that filling the
-// device costs one copy), and every output likewise in the other.
+// Layout is how a bucket's staging buffers are packed: every step input, in
+// order, back to back in one buffer (so that filling the device costs one
+// copy), and every output likewise in the other.
 type Layout struct {
 	Bucket            bucketing.Shape
 	Inputs, Outputs   []TensorLayout
@@ -50,9 +50,10 @@ func pack(specs []models.TensorSpec, s bucketing.Shape) ([]TensorLayout, int) {
 			Bytes:    row * s.Batch,
 			RowBytes: row,
 		}
-		// Keep every tensor 64-byte aligned, as device DMA and SIMD loads
-		// want it.
-		off += (row*s.Batch + 63) &^ 63
+		// Tensors are packed back to back, so that a buffer of inputs of one
+		// dtype is one flat tensor: one copy fills the device buffer, and
+		// several outputs concatenated in the graph come back in one copy.
+		off += row * s.Batch
 	}
 	return out, off
 }

@@ -28,7 +28,11 @@ func Signals() []Signal { return []Signal{CPUFallback, Recompile, HostBounce, Ex
 
 // Verdict is the checked outcome of one step.
 type Verdict struct {
+	// Clean: no signal fired and the transfers were as expected.
 	Clean bool
+	// Unmeasured: the engine could not observe the step; it is neither
+	// clean nor overhead.
+	Unmeasured bool
 	// Fired[s] is the count of signal s in the step (0 when it did not
 	// fire or was not measured).
 	Fired [numSignals]int64
@@ -50,6 +54,14 @@ const (
 // and fire nothing.
 func Check(x *engine.Explain) Verdict {
 	var v Verdict
+	if !x.Measured {
+		x.Clean = false
+		v.Unmeasured = true
+		if len(x.Reasons) == 0 {
+			x.Reasons = append(x.Reasons, "unmeasured: the engine could not observe the step")
+		}
+		return v
+	}
 	fire := func(s Signal, c engine.Count, over engine.Count) {
 		if c.Known() && c > over {
 			v.Fired[s] = int64(c - over)

@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, bucketLabels),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_steps_total",
-			Help: "Steps run, by explain verdict: clean, or overhead when any signal fired.",
+			Help: "Steps run, by explain verdict: clean; overhead when any signal fired; unmeasured when the engine could not run explain.",
 		}, append(bucketLabels, "verdict")),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_step_signals_total",
@@ -123,6 +123,7 @@ type bucketMetrics struct {
 	padding               prometheus.Observer
 	duration              prometheus.Observer
 	clean, overhead       prometheus.Counter
+	unmeasured            prometheus.Counter
 	signals               [numSignals]prometheus.Counter
 	bounceBytes, h2d, d2h prometheus.Counter
 	compile               prometheus.Gauge
@@ -145,6 +146,7 @@ func (m *Metrics) forRunner(model, engine string, shapes []bucketing.Shape) *run
 			duration:    m.stepDuration.WithLabelValues(model, l, engine),
 			clean:       m.steps.WithLabelValues(model, l, engine, "clean"),
 			overhead:    m.steps.WithLabelValues(model, l, engine, "overhead"),
+			unmeasured:  m.steps.WithLabelValues(model, l, engine, "unmeasured"),
 			bounceBytes: m.hostBounceBytes.WithLabelValues(model, l, engine),
 			h2d:         m.transfers.WithLabelValues(model, l, engine, "h2d"),
 			d2h:         m.transfers.WithLabelValues(model, l, engine, "d2h"),
@@ -166,9 +168,12 @@ func (r *runnerMetrics) observe(bucket int, o *Observation) {
 	r.batchSize.Observe(float64(o.Rows))
 	b.padding.Observe(o.Padding)
 	b.duration.Observe(o.Duration.Seconds())
-	if o.Verdict.Clean {
+	switch {
+	case o.Verdict.Unmeasured:
+		b.unmeasured.Inc()
+	case o.Verdict.Clean:
 		b.clean.Inc()
-	} else {
+	default:
 		b.overhead.Inc()
 	}
 	for s, n := range o.Verdict.Fired {

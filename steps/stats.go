@@ -17,6 +17,7 @@ type BucketStats struct {
 	Steps         int64     `json:"steps"`
 	Clean         int64     `json:"clean"`
 	Overhead      int64     `json:"overhead"`
+	Unmeasured    int64     `json:"unmeasured"`
 	MeanBatchSize float64   `json:"mean_batch_size"`
 	MeanPadding   float64   `json:"mean_padding_ratio"`
 	QueueSeconds  Quantiles `json:"queue_seconds"`
@@ -56,6 +57,7 @@ func (r *ring) quantiles() Quantiles {
 
 type bucketStats struct {
 	steps, clean int64
+	unmeasured   int64
 	rows         int64
 	padding      float64
 	queue, step  ring
@@ -74,7 +76,10 @@ func (s *stats) observe(bucket int, o *Observation) {
 	defer s.mu.Unlock()
 	b := &s.buckets[bucket]
 	b.steps++
-	if o.Verdict.Clean {
+	switch {
+	case o.Verdict.Unmeasured:
+		b.unmeasured++
+	case o.Verdict.Clean:
 		b.clean++
 	}
 	b.rows += int64(o.Rows)
@@ -98,7 +103,8 @@ func (s *stats) snapshot() []BucketStats {
 			Bucket:       s.labels[i],
 			Steps:        b.steps,
 			Clean:        b.clean,
-			Overhead:     b.steps - b.clean,
+			Overhead:     b.steps - b.clean - b.unmeasured,
+			Unmeasured:   b.unmeasured,
 			QueueSeconds: b.queue.quantiles(),
 			StepSeconds:  b.step.quantiles(),
 		}

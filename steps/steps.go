@@ -49,6 +49,9 @@ type Options struct {
 	Logger  *slog.Logger // nil discards
 	// Metrics records every step; nil records nothing.
 	Metrics *Metrics
+	// StrictWarmup refuses a warm-up whose second run of a bucket is not
+	// clean; otherwise it is logged.
+	StrictWarmup bool
 	// ExplainHistory is how many non-clean reports to keep; 0 means 32.
 	ExplainHistory int
 	// Observe, when set, is called after every step with the step's
@@ -216,7 +219,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 	o.Padding = bucketing.PaddingRatio(used, layout.Bucket)
 	r.metrics.observe(bucket, &o)
 	r.stats.observe(bucket, &o)
-	if !o.Verdict.Clean {
+	if !o.Verdict.Clean && !o.Verdict.Unmeasured {
 		r.explain.add(&o)
 		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
 			"engine", r.opts.Engine, "reasons", x.Reasons)
@@ -283,9 +286,13 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 				return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
 			}
 		}
-		if Check(&x); !x.Clean {
-			return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s is not clean on its second run: %v",
+		if v := Check(&x); !v.Clean && !v.Unmeasured {
+			err := fmt.Errorf("steps: model %s: warm-up of bucket %s is not clean on its second run: %v",
 				r.opts.Model.Name, l.Bucket.Label(), x.Reasons)
+			if r.opts.StrictWarmup {
+				return nil, err
+			}
+			r.logger.Warn("warm-up not clean", "err", err)
 		}
 	}
 	return compile, nil

@@ -33,7 +33,7 @@ type stepRecord struct {
 }
 
 func newDoubler(cfg *models.Config, grid *bucketing.Grid) *doubler {
-	d := &doubler{explain: engine.Explain{Clean: true, H2D: 1, D2H: 1}}
+	d := &doubler{explain: engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1}}
 	for _, s := range grid.Shapes() {
 		l := engine.NewLayout(cfg, s)
 		d.layouts = append(d.layouts, l)
@@ -48,6 +48,7 @@ func newDoubler(cfg *models.Config, grid *bucketing.Grid) *doubler {
 
 func (d *doubler) Compile(context.Context, int) error { return nil }
 func (d *doubler) Close() error                       { return nil }
+func (d *doubler) Healthy() bool                      { return true }
 func (d *doubler) Staging(b int) ([]byte, []byte)     { return d.staging[b][0], d.staging[b][1] }
 func (d *doubler) Step(_ context.Context, b int) (engine.Explain, error) {
 	in, out := d.staging[b][0], d.staging[b][1]
@@ -88,7 +89,7 @@ func newRunner(t *testing.T, batch []int) (*Runner, *doubler, *[]Observation) {
 	require.NoError(t, err)
 	d := newDoubler(m.Config, grid)
 	var obs []Observation
-	r, err := New(Options{Model: m, Program: d, Engine: "fake", Grid: grid, Observe: func(o Observation) { obs = append(obs, o) }})
+	r, err := New(Options{Model: m, Program: d, Engine: "fake", Grid: grid, StrictWarmup: true, Observe: func(o Observation) { obs = append(obs, o) }})
 	require.NoError(t, err)
 	return r, d, &obs
 }
@@ -150,7 +151,7 @@ func TestRunReportsEngineErrors(t *testing.T) {
 
 func TestRunObservesOverheadSteps(t *testing.T) {
 	r, d, obs := newRunner(t, []int{2})
-	d.explain = engine.Explain{Clean: true, H2D: 3, D2H: 1, CPUFallbacks: 2}
+	d.explain = engine.Explain{Measured: true, Clean: true, H2D: 3, D2H: 1, CPUFallbacks: 2}
 	require.NoError(t, r.Run(context.Background(), []*Request{request(1, 0)}))
 	o := (*obs)[0]
 	assert.False(t, o.Verdict.Clean)
@@ -166,11 +167,12 @@ func TestCheck(t *testing.T) {
 		clean bool
 		fired map[Signal]int64
 	}{
-		{"clean", engine.Explain{Clean: true, H2D: 1, D2H: 1}, true, nil},
-		{"unknown counters fire nothing", engine.Explain{Clean: true, H2D: engine.Unknown, D2H: engine.Unknown, CPUFallbacks: engine.Unknown, Recompiles: engine.Unknown, HostBounces: engine.Unknown}, true, nil},
-		{"extra copies make a clean verdict dirty", engine.Explain{Clean: true, H2D: 2, D2H: 4}, false, map[Signal]int64{ExtraH2D: 1, ExtraD2H: 3}},
-		{"recompile", engine.Explain{Clean: false, H2D: 1, D2H: 1, Recompiles: 1}, false, map[Signal]int64{Recompile: 1}},
-		{"host bounce the engine missed", engine.Explain{Clean: true, H2D: 1, D2H: 1, HostBounces: 2}, false, map[Signal]int64{HostBounce: 2}},
+		{"clean", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1}, true, nil},
+		{"unmeasured is not clean", engine.Explain{Clean: true, H2D: engine.Unknown, D2H: engine.Unknown}, false, nil},
+		{"unknown counters fire nothing", engine.Explain{Measured: true, Clean: true, H2D: engine.Unknown, D2H: engine.Unknown, CPUFallbacks: engine.Unknown, Recompiles: engine.Unknown, HostBounces: engine.Unknown}, true, nil},
+		{"extra copies make a clean verdict dirty", engine.Explain{Measured: true, Clean: true, H2D: 2, D2H: 4}, false, map[Signal]int64{ExtraH2D: 1, ExtraD2H: 3}},
+		{"recompile", engine.Explain{Measured: true, Clean: false, H2D: 1, D2H: 1, Recompiles: 1}, false, map[Signal]int64{Recompile: 1}},
+		{"host bounce the engine missed", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1, HostBounces: 2}, false, map[Signal]int64{HostBounce: 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -122,6 +122,7 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	}
 
 	x := engine.Explain{
+		Measured:        true,
 		Clean:           true,
 		CPUFallbacks:    0,
 		HostBounces:     0,
@@ -136,6 +137,13 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 		x.Reasons = []string{fmt.Sprintf("recompile: bucket %s had no plan built at load", b.shape.Label())}
 	}
 	return x, nil
+}
+
+// Healthy implements [engine.Program]: the CPU is always there.
+func (p *program) Healthy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.closed
 }
 
 // Staging implements [engine.Program].
