@@ -1,0 +1,142 @@
+"""Reads torch.rbln.explain() results into the normalized Explain report the
+Go side expects. torch-rbln's keys differ between releases, so every field is
+read defensively: one that cannot be read is None (unknown), never 0."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class Report:
+    """The normalized report of one step (the fields of engine.Explain)."""
+
+    measured: bool = False
+    clean: bool = False
+    reasons: list[str] = field(default_factory=list)
+    cpu_fallbacks: Optional[int] = None
+    recompiles: Optional[int] = None
+    host_bounces: Optional[int] = None
+    host_bounce_bytes: Optional[int] = None
+    h2d: Optional[int] = None
+    d2h: Optional[int] = None
+    wall_ns: Optional[int] = None
+    cpu_fallback_by_op: Optional[dict[str, int]] = None
+    recompile_by_op: Optional[dict[str, int]] = None
+    host_bounce_by_site: Optional[dict[str, int]] = None
+    report: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def unmeasured(reason: str) -> Report:
+    """A step nobody observed."""
+    return Report(measured=False, reasons=[reason])
+
+
+def _int(v: Any) -> Optional[int]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return int(v)
+
+
+def _get(d: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _counts(d: Any) -> Optional[dict[str, int]]:
+    """A per-op or per-site map: values may be counts or {count: n} dicts."""
+    if not isinstance(d, dict):
+        return None
+    out: dict[str, int] = {}
+    for k, v in d.items():
+        n = _int(v)
+        if n is None:
+            n = _int(_get(v, "count")) if isinstance(v, dict) else None
+        if n is None:
+            n = _int(_get(v, "total_count")) if isinstance(v, dict) else None
+        if n is not None:
+            out[str(k)] = n
+    return out
+
+
+def _calls(by_primitive: Any, name: str) -> Optional[int]:
+    """Calls of a runtime primitive and its _multi form."""
+    if not isinstance(by_primitive, dict):
+        return None
+    total = 0
+    for key in (name, name + "_multi"):
+        entry = by_primitive.get(key)
+        if entry is None:
+            continue  # absent from the runtime's table: not called
+        n = _int(_get(entry, "calls")) if isinstance(entry, dict) else _int(entry)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
+    """Map verdict() and dump() (any release's keys) into a Report."""
+    r = Report(measured=True)
+    clean = _get(verdict, "clean")
+    r.clean = clean if isinstance(clean, bool) else False
+    reasons = _get(verdict, "reasons")
+    if isinstance(reasons, list):
+        r.reasons = [str(x) for x in reasons]
+    if not isinstance(clean, bool):
+        r.reasons.append("verdict has no boolean 'clean'")
+
+    r.cpu_fallbacks = _int(_get(dump, "dispatch", "cpu_fallback"))
+    if r.cpu_fallbacks is None:
+        r.cpu_fallbacks = _int(_get(verdict, "cpu_fallbacks"))
+    r.recompiles = _int(_get(dump, "dispatch", "recompile_miss"))
+    if r.recompiles is None:
+        r.recompiles = _int(_get(verdict, "recompiles"))
+    r.host_bounces = _int(_get(dump, "hidden_host_bounce", "total_count"))
+    if r.host_bounces is None:
+        r.host_bounces = _int(_get(verdict, "hidden_host_bounces"))
+    r.host_bounce_bytes = _int(_get(dump, "hidden_host_bounce", "total_bytes"))
+    if r.host_bounce_bytes is None:
+        r.host_bounce_bytes = _int(_get(verdict, "hidden_host_bounce_bytes"))
+
+    runtime = _get(dump, "runtime")
+    if runtime is None:
+        runtime = _get(dump, "rebel_runtime")  # older releases
+    by_primitive = _get(runtime, "by_primitive")
+    r.h2d = _calls(by_primitive, "h2v")
+    r.d2h = _calls(by_primitive, "v2h")
+    r.wall_ns = _int(_get(dump, "wall_ns"))
+
+    r.cpu_fallback_by_op = _counts(_get(dump, "cpu_fallback_by_op"))
+    r.recompile_by_op = _counts(_get(dump, "recompile_by_op"))
+    r.host_bounce_by_site = _counts(_get(dump, "hidden_host_bounce", "by_site"))
+    if not r.clean and report_text:
+        r.report = report_text
+    return r
+
+
+_CHIPLET_KEY = re.compile(r"^npu\.(\d+)\.chiplet\.(\d+)\.(allocated|reserved)\.(current|peak)$")
+
+
+def chiplet_memory(stats: Any) -> list[dict[str, Any]]:
+    """memory_stats_per_chiplet() as rows of npu, chiplet, kind, bytes, for
+    the kinds allocated, reserved, allocated_peak and reserved_peak."""
+    rows: list[dict[str, Any]] = []
+    if not isinstance(stats, dict):
+        return rows
+    for key, value in stats.items():
+        m = _CHIPLET_KEY.match(str(key))
+        n = _int(value)
+        if m is None or n is None:
+            continue
+        kind = m.group(3) if m.group(4) == "current" else m.group(3) + "_peak"
+        rows.append({"npu": m.group(1), "chiplet": m.group(2), "kind": kind, "bytes": n})
+    return sorted(rows, key=lambda r: (r["npu"], r["chiplet"], r["kind"]))

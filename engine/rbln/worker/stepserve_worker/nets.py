@@ -1,0 +1,159 @@
+"""The architectures, built in torch from the same model.yaml hyper-parameters
+and safetensors tensors as the Go CPU engine (engine/cpufallback), and the
+step body that reads one flat input buffer and returns one packed output."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+#: Added to the attention score of a padded key: zero weight after softmax,
+#: finite so that an all-padding row stays free of NaN (as in Go).
+MASKED_SCORE = -1e9
+
+
+class LoadError(ValueError):
+    """The model cannot be built; the message names the key or tensor."""
+
+
+def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    t = tensors.get(name)
+    if t is None:
+        raise LoadError(f"tensor {name!r} is missing (want shape {list(shape)})")
+    if tuple(t.shape) != shape:
+        raise LoadError(f"tensor {name!r} has shape {list(t.shape)}, want {list(shape)}")
+    return t
+
+
+def _linear(tensors: dict[str, torch.Tensor], name: str, out: int, inp: int) -> nn.Linear:
+    lin = nn.Linear(inp, out)
+    with torch.no_grad():
+        lin.weight.copy_(_take(tensors, name + ".weight", (out, inp)))
+        lin.bias.copy_(_take(tensors, name + ".bias", (out,)))
+    return lin
+
+
+def _norm(tensors: dict[str, torch.Tensor], name: str, hidden: int, eps: float) -> nn.LayerNorm:
+    ln = nn.LayerNorm(hidden, eps=eps)
+    with torch.no_grad():
+        ln.weight.copy_(_take(tensors, name + ".weight", (hidden,)))
+        ln.bias.copy_(_take(tensors, name + ".bias", (hidden,)))
+    return ln
+
+
+class MLP(nn.Module):
+    """Linear layers with relu or gelu between them, optional softmax."""
+
+    def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        sizes = cfg["sizes"]
+        self.layers = nn.ModuleList(
+            _linear(tensors, f"layers.{i}", sizes[i + 1], sizes[i]) for i in range(len(sizes) - 1))
+        self.activation = F.gelu if cfg.get("activation") == "gelu" else F.relu
+        self.softmax = cfg.get("output_activation") == "softmax"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = self.activation(x)
+        return torch.softmax(x, dim=-1) if self.softmax else x
+
+
+class EncoderLayer(nn.Module):
+    """One post-norm BERT layer, with the Hugging Face tensor names."""
+
+    def __init__(self, t: dict[str, torch.Tensor], p: str, h: int, i: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, h // heads
+        self.query = _linear(t, p + "attention.self.query", h, h)
+        self.key = _linear(t, p + "attention.self.key", h, h)
+        self.value = _linear(t, p + "attention.self.value", h, h)
+        self.attn_out = _linear(t, p + "attention.output.dense", h, h)
+        self.attn_norm = _norm(t, p + "attention.output.LayerNorm", h, eps)
+        self.inter = _linear(t, p + "intermediate.dense", i, h)
+        self.out = _linear(t, p + "output.dense", h, i)
+        self.out_norm = _norm(t, p + "output.LayerNorm", h, eps)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + key_mask
+        ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, h)
+        x = self.attn_norm(x + self.attn_out(ctx))
+        return self.out_norm(x + self.out(F.gelu(self.inter(x))))
+
+
+class Encoder(nn.Module):
+    """BERT embeddings + post-norm layers + cls or masked-mean pooling."""
+
+    def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
+        t = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        h, eps = cfg["hidden"], cfg["layer_norm_eps"]
+        self.word = nn.Parameter(_take(t, "embeddings.word_embeddings.weight", (cfg["vocab_size"], h)).clone())
+        self.pos = nn.Parameter(_take(t, "embeddings.position_embeddings.weight", (cfg["max_position"], h)).clone())
+        self.types = nn.Parameter(_take(t, "embeddings.token_type_embeddings.weight", (cfg["type_vocab_size"], h)).clone())
+        self.norm = _norm(t, "embeddings.LayerNorm", h, eps)
+        self.layers = nn.ModuleList(
+            EncoderLayer(t, f"encoder.layer.{i}.", h, cfg["intermediate"], cfg["heads"], eps)
+            for i in range(cfg["layers"]))
+        self.mean = cfg.get("pooling") == "mean"
+        self.normalize = bool(cfg.get("normalize"))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        s = ids.shape[1]
+        x = self.norm(self.word[ids] + self.pos[:s].unsqueeze(0) + self.types[types])
+        maskf = mask.to(x.dtype)
+        key_mask = ((1 - maskf) * MASKED_SCORE)[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, key_mask)
+        if self.mean:
+            pooled = (x * maskf.unsqueeze(-1)).sum(1) / maskf.sum(1, keepdim=True).clamp(min=1)
+        else:
+            pooled = x[:, 0]
+        if self.normalize:
+            pooled = F.normalize(pooled, dim=-1, eps=1e-12)
+        return pooled
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One bucket."""
+
+    batch: int
+    seq: int
+
+
+def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """The model a load message describes."""
+    arch = spec.get("architecture")
+    if arch == "mlp":
+        return MLP(spec["mlp"], tensors)
+    if arch == "encoder":
+        return Encoder(spec["encoder"], tensors)
+    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
+
+
+def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function compiled per bucket: the flat input buffer in, every
+    output packed into one flat float32 tensor out (one download)."""
+    if isinstance(model, Encoder):
+        def encoder_body(flat: torch.Tensor) -> torch.Tensor:
+            ids, mask, types = flat.view(3, shape.batch, shape.seq)
+            return model(ids, mask, types).float().reshape(-1)
+        return encoder_body
+
+    def mlp_body(flat: torch.Tensor) -> torch.Tensor:
+        return model(flat.view(shape.batch, in_features).to(dtype)).float().reshape(-1)
+    return mlp_body

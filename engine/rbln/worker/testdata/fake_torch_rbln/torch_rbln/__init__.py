@@ -1,0 +1,80 @@
+"""TEST DOUBLE of torch_rbln. Never imported by production code: tests put
+this directory on PYTHONPATH so that the worker's ordinary `import
+torch_rbln` finds it, and script what torch.rbln.explain() reports.
+
+The scenario is a JSON file named by $STEPSERVE_FAKE_RBLN_SCENARIO, re-read
+at every explain region so that a test can change it between requests:
+
+    {"verdict": {...}, "dump": {...}, "report": "...",
+     "raise_on_enter": false, "memory": {"npu.0.chiplet.0.allocated.current": 1024}}
+
+Without the variable, every region is clean with one transfer each way.
+is_available() is False, so the worker computes on torch's CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from typing import Any
+
+import torch
+
+SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
+
+CLEAN: dict[str, Any] = {
+    "verdict": {"clean": True, "reasons": [], "hidden_host_bounces": 0, "hidden_host_bounce_bytes": 0,
+                "cpu_fallbacks": 0, "recompiles": 0, "notes": []},
+    "dump": {"hidden_host_bounce": {"by_site": {}, "total_count": 0, "total_bytes": 0},
+             "dispatch": {"total": 3, "cpu_fallback": 0, "cpu_fallback_ns": 0, "warm_hit": 3, "recompile_miss": 0},
+             "wall_ns": 50000, "cpu_fallback_by_op": {}, "recompile_by_op": {}, "cpu_fallback_reasons": {},
+             "runtime": {"total_ns": 40000, "by_primitive": {"h2v": {"ns": 1000, "calls": 1},
+                                                             "v2h": {"ns": 1000, "calls": 1}}}},
+    "report": "[clean]  RBLN EXPLAIN (fake)",
+}
+
+
+def scenario() -> dict[str, Any]:
+    path = os.environ.get(SCENARIO_ENV)
+    if not path:
+        return CLEAN
+    with open(path) as f:
+        return json.load(f)
+
+
+class FakeExplain:
+    """Scripted stand-in for torch.rbln.RBLNExplain."""
+
+    def __init__(self) -> None:
+        self._s = scenario()
+
+    def __enter__(self) -> "FakeExplain":
+        if self._s.get("raise_on_enter"):
+            raise RuntimeError("explain regions must not overlap (fake)")
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def verdict(self) -> Any:
+        return self._s.get("verdict")
+
+    def dump(self) -> Any:
+        return self._s.get("dump")
+
+    def report(self) -> str:
+        return self._s.get("report", "")
+
+
+def _memory_stats_per_chiplet() -> dict[str, int]:
+    return scenario().get("memory", {})
+
+
+rbln = types.SimpleNamespace(
+    explain=FakeExplain,
+    is_available=lambda: False,
+    bind_device_memory=lambda t: t,
+    memory_stats_per_chiplet=_memory_stats_per_chiplet,
+)
+torch.rbln = rbln  # type: ignore[attr-defined]

@@ -1,0 +1,84 @@
+import copy
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testdata" / "fake_torch_rbln"))
+from torch_rbln import CLEAN  # the test double's clean scenario  # noqa: E402
+
+from stepserve_worker.explain import chiplet_memory, normalize, unmeasured  # noqa: E402
+
+
+def older(s: dict) -> dict:
+    """The same scenario with an older release's keys: rebel_runtime, and
+    no wall time or per-op maps."""
+    d = copy.deepcopy(s["dump"])
+    d["rebel_runtime"] = d.pop("runtime")
+    for k in ("wall_ns", "cpu_fallback_by_op", "recompile_by_op"):
+        d.pop(k)
+    return d
+
+
+class NormalizeTest(unittest.TestCase):
+    def test_clean_newer_keys(self) -> None:
+        r = normalize(CLEAN["verdict"], CLEAN["dump"], None)
+        self.assertTrue(r.measured)
+        self.assertTrue(r.clean)
+        self.assertEqual((0, 0, 0, 0, 1, 1, 50000), (r.cpu_fallbacks, r.recompiles, r.host_bounces,
+                                                      r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns))
+        self.assertEqual("", r.report, "report text is kept only for steps that are not clean")
+
+    def test_clean_older_keys(self) -> None:
+        r = normalize(CLEAN["verdict"], older(CLEAN), None)
+        self.assertEqual((1, 1), (r.h2d, r.d2h), "rebel_runtime is read like runtime")
+        self.assertIsNone(r.wall_ns, "absent means unknown, not zero")
+        self.assertIsNone(r.cpu_fallback_by_op)
+
+    def test_cpu_fallback(self) -> None:
+        v = {"clean": False, "reasons": ["cpu_fallback: aten::nonzero ran on the CPU"], "cpu_fallbacks": 2}
+        d = copy.deepcopy(CLEAN["dump"])
+        d["dispatch"]["cpu_fallback"] = 2
+        d["cpu_fallback_by_op"] = {"aten::nonzero": 2}
+        r = normalize(v, d, "[overhead: 1 signal] ...")
+        self.assertFalse(r.clean)
+        self.assertEqual(2, r.cpu_fallbacks)
+        self.assertEqual({"aten::nonzero": 2}, r.cpu_fallback_by_op)
+        self.assertEqual("[overhead: 1 signal] ...", r.report)
+
+    def test_recompile_and_host_bounce_and_multi_transfers(self) -> None:
+        d = copy.deepcopy(CLEAN["dump"])
+        d["dispatch"]["recompile_miss"] = 1
+        d["recompile_by_op"] = {"aten::addmm": {"count": 1}}
+        d["hidden_host_bounce"] = {"by_site": {"model.py:12": {"count": 3, "bytes": 4096}}, "total_count": 3, "total_bytes": 4096}
+        d["runtime"]["by_primitive"]["h2v_multi"] = {"ns": 5, "calls": 2}
+        r = normalize({"clean": False, "reasons": ["recompile", "host_bounce"]}, d, "report")
+        self.assertEqual((1, 3, 4096, 3, 1), (r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h))
+        self.assertEqual({"aten::addmm": 1}, r.recompile_by_op)
+        self.assertEqual({"model.py:12": 3}, r.host_bounce_by_site)
+
+    def test_unknown_fields(self) -> None:
+        r = normalize({"reasons": "not a list"}, {"dispatch": {"cpu_fallback": "many"}, "runtime": None}, None)
+        self.assertTrue(r.measured)
+        self.assertFalse(r.clean, "no boolean clean is not clean")
+        self.assertIn("verdict has no boolean 'clean'", r.reasons)
+        for v in (r.cpu_fallbacks, r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns):
+            self.assertIsNone(v)
+        r = normalize(None, None, None)
+        self.assertIsNone(r.h2d)
+
+    def test_unmeasured(self) -> None:
+        r = unmeasured("torch.rbln.explain is unavailable")
+        self.assertFalse(r.measured)
+        self.assertIsNone(r.h2d)
+        self.assertEqual(["torch.rbln.explain is unavailable"], r.to_wire()["reasons"])
+
+    def test_chiplet_memory(self) -> None:
+        rows = chiplet_memory({"npu.0.chiplet.1.allocated.current": 10, "npu.0.chiplet.1.reserved.peak": 30,
+                               "npu.0.chiplet.1.active.current": 5, "allocated.current": 99, "npu.0.chiplet.1.reserved.current": "x"})
+        self.assertEqual([{"npu": "0", "chiplet": "1", "kind": "allocated", "bytes": 10},
+                          {"npu": "0", "chiplet": "1", "kind": "reserved_peak", "bytes": 30}], rows)
+        self.assertEqual([], chiplet_memory(None))
+
+
+if __name__ == "__main__":
+    unittest.main()

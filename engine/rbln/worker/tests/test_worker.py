@@ -1,0 +1,133 @@
+import json
+import os
+import struct
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "testdata" / "fake_torch_rbln"))
+import torch_rbln  # the test double: installs torch.rbln  # noqa: E402,F401
+
+from stepserve_worker import nets, safetensors  # noqa: E402
+from stepserve_worker.worker import Runtime, Worker  # noqa: E402
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        data = t.float().contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
+class WorkerTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = Path(tempfile.mkdtemp())
+        torch.manual_seed(0)
+        self.w1, self.b1 = torch.randn(8, 4), torch.randn(8)
+        self.w2, self.b2 = torch.randn(3, 8), torch.randn(3)
+        write_safetensors(self.dir / "w.safetensors", {
+            "layers.0.weight": self.w1, "layers.0.bias": self.b1, "layers.1.weight": self.w2, "layers.1.bias": self.b2})
+        self.buckets = []
+        for batch in (1, 2):
+            inp, out = self.dir / f"in{batch}", self.dir / f"out{batch}"
+            inp.write_bytes(bytes(batch * 4 * 4))
+            out.write_bytes(bytes(batch * 3 * 4))
+            self.buckets.append({"batch": batch, "seq": 0, "in_path": str(inp), "in_bytes": batch * 16,
+                                 "out_path": str(out), "out_bytes": batch * 12})
+        self.load = {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
+                     "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
+                     "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets}
+        os.environ.pop("STEPSERVE_FAKE_RBLN_SCENARIO", None)
+
+    def scenario(self, s: dict) -> None:
+        path = self.dir / "scenario.json"
+        path.write_text(json.dumps(s))
+        os.environ["STEPSERVE_FAKE_RBLN_SCENARIO"] = str(path)
+
+    def test_step_computes_the_mlp_through_shared_staging(self) -> None:
+        w = Worker(Runtime.detect())
+        info = w.load(self.load)
+        self.assertEqual("cpu", info["device"])
+        self.assertEqual("float32", info["compute_dtype"], "torch's CPU computes in float32")
+        rep = w.compile({"model": "m", "bucket": 1})["explain"]
+        self.assertTrue(rep["measured"] and rep["clean"])
+        x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
+        Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
+        rep = w.step({"model": "m", "bucket": 1})["explain"]
+        self.assertEqual((1, 1), (rep["h2d"], rep["d2h"]))
+        got = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32).view(2, 3)
+        want = torch.softmax(torch.relu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2, -1)
+        self.assertLess((got - want).abs().max().item(), 1e-6)
+
+    def test_lazy_bucket_is_a_recompile(self) -> None:
+        w = Worker(Runtime.detect())
+        w.load(self.load)
+        rep = w.step({"model": "m", "bucket": 0})["explain"]
+        self.assertEqual(1, rep["recompiles"])
+        self.assertFalse(rep["clean"])
+        rep = w.step({"model": "m", "bucket": 0})["explain"]
+        self.assertTrue(rep["clean"])
+
+    def test_explain_that_raises_leaves_the_step_unmeasured(self) -> None:
+        w = Worker(Runtime.detect())
+        w.load(self.load)
+        w.compile({"model": "m", "bucket": 0})
+        self.scenario({"raise_on_enter": True})
+        rep = w.step({"model": "m", "bucket": 0})["explain"]
+        self.assertFalse(rep["measured"])
+        self.assertIn("explain region failed to open: RuntimeError", rep["reasons"][0])
+
+    def test_errors_name_the_problem(self) -> None:
+        w = Worker(Runtime.detect())
+        with self.assertRaisesRegex(KeyError, "not loaded"):
+            w.step({"model": "nope", "bucket": 0})
+        bad = dict(self.load, mlp={"sizes": [4, 9, 3]})
+        with self.assertRaisesRegex(nets.LoadError, r"tensor 'layers.0.weight' has shape \[8, 4\], want \[9, 4\]"):
+            w.load(bad)
+        (self.dir / "bad.safetensors").write_bytes(b"\x01\x00")
+        with self.assertRaisesRegex(safetensors.SafetensorsError, "shorter than the 8-byte header"):
+            w.load(dict(self.load, weights=str(self.dir / "bad.safetensors")))
+        w.load(self.load)
+        with self.assertRaisesRegex(IndexError, "no bucket 5"):
+            w.step({"model": "m", "bucket": 5})
+
+    def test_memory(self) -> None:
+        self.scenario({"memory": {"npu.0.chiplet.0.allocated.current": 4096}})
+        w = Worker(Runtime.detect())
+        self.assertEqual([{"npu": "0", "chiplet": "0", "kind": "allocated", "bytes": 4096}], w.memory({})["chiplets"])
+
+
+class EncoderTest(unittest.TestCase):
+    """The torch encoder matches the reference written from torch's own
+    nn.TransformerEncoderLayer (engine/cpufallback/testdata/encoder)."""
+
+    def test_matches_reference(self) -> None:
+        ref_dir = HERE.parents[3] / "engine" / "cpufallback" / "testdata" / "encoder"
+        ref = json.loads((ref_dir / "reference.json").read_text())
+        tensors = safetensors.load(ref_dir / "weights.safetensors")
+        cfg = {"vocab_size": 100, "hidden": 64, "layers": 2, "heads": 4, "intermediate": 128,
+               "max_position": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
+        for pooling in ("cls", "mean"):
+            model = nets.Encoder(dict(cfg, pooling=pooling), tensors).eval()
+            for case in ref["cases"]:
+                n = len(case["input_ids"])
+                pad = min(3, 64 - n)  # padded positions are masked out
+                ids = torch.tensor([case["input_ids"] + [0] * pad])
+                types = torch.tensor([case["token_type_ids"] + [0] * pad])
+                mask = torch.tensor([[1] * n + [0] * pad])
+                with torch.no_grad():
+                    got = model(ids, mask, types)[0]
+                err = (got - torch.tensor(case[pooling])).abs().max().item()
+                self.assertLess(err, 1e-4, f"{pooling}, length {len(case['input_ids'])}")
+
+
+if __name__ == "__main__":
+    unittest.main()
