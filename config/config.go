@@ -30,6 +30,8 @@ import (
 type Config struct {
 	Server          Server
 	Batching        Batching
+	Engine          Engine
+	RBLN            RBLN
 	ModelRepository string
 	Log             Log
 	// File is the configuration file read, or "" when none was.
@@ -53,6 +55,22 @@ type Batching struct {
 	MaxQueueSize   int
 	DefaultTimeout time.Duration
 	PriorityLevels int
+}
+
+// Engine chooses engines.
+type Engine struct {
+	Default  string // cpu | rbln
+	Failover string // none | cpufallback
+}
+
+// RBLN configures the NPU engine's device workers.
+type RBLN struct {
+	Python          string
+	Devices         []string
+	Env             map[string]string
+	CompileCacheDir string
+	StrictWarmup    bool
+	StallTimeout    time.Duration
 }
 
 // Log configures the server log.
@@ -80,6 +98,14 @@ var keys = []key{
 	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
 	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},
 	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
+	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln"},
+	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)"},
+	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers"},
+	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values"},
+	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)"},
+	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs"},
+	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean"},
+	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted"},
 	{"model_repository", "./models", "directory of models (<name>/model.yaml + weights.safetensors)"},
 	{"log.level", "info", "log level: debug, info, warn or error"},
 	{"log.format", "text", "log format: text or json"},
@@ -130,7 +156,7 @@ func Load(args []string) (*Config, error) {
 		}
 		known := append(Keys(), "config")
 		for _, k := range v.AllKeys() {
-			if !slices.Contains(known, k) {
+			if !slices.Contains(known, k) && !strings.HasPrefix(k, "rbln.env.") {
 				return nil, fmt.Errorf("%w: %s: unknown key %q; known keys: %s", ErrInvalid, *file, k, strings.Join(Keys(), ", "))
 			}
 		}
@@ -176,6 +202,31 @@ func parse(v *viper.Viper) (*Config, error) {
 	if c.Batching.PriorityLevels, err = strconv.Atoi(get("batching.priority_levels")); err != nil || c.Batching.PriorityLevels < 1 || c.Batching.PriorityLevels > 100 {
 		return nil, invalid("batching.priority_levels", get("batching.priority_levels"), "an integer in 1..100")
 	}
+	c.Engine.Default = get("engine.default")
+	if c.Engine.Default != "cpu" && c.Engine.Default != "rbln" {
+		return nil, invalid("engine.default", c.Engine.Default, "cpu or rbln")
+	}
+	c.Engine.Failover = get("engine.failover")
+	if c.Engine.Failover != "none" && c.Engine.Failover != "cpufallback" {
+		return nil, invalid("engine.failover", c.Engine.Failover, "none or cpufallback")
+	}
+	c.RBLN.Python = get("rbln.python")
+	if c.RBLN.Python == "" {
+		return nil, invalid("rbln.python", "", "the path of a Python interpreter")
+	}
+	if c.RBLN.Devices, err = stringList(v.Get("rbln.devices")); err != nil || len(c.RBLN.Devices) == 0 {
+		return nil, invalid("rbln.devices", fmt.Sprint(v.Get("rbln.devices")), "one or more devices, e.g. 0 or 0,1 (a list in YAML)")
+	}
+	if c.RBLN.Env, err = stringMap(v.Get("rbln.env")); err != nil {
+		return nil, invalid("rbln.env", fmt.Sprint(v.Get("rbln.env")), "KEY=VALUE pairs, comma-separated (a map in YAML)")
+	}
+	c.RBLN.CompileCacheDir = get("rbln.compile_cache_dir")
+	if c.RBLN.StrictWarmup, err = strconv.ParseBool(get("rbln.strict_warmup")); err != nil {
+		return nil, invalid("rbln.strict_warmup", get("rbln.strict_warmup"), "true or false")
+	}
+	if c.RBLN.StallTimeout, err = time.ParseDuration(get("rbln.stall_timeout")); err != nil || c.RBLN.StallTimeout <= 0 {
+		return nil, invalid("rbln.stall_timeout", get("rbln.stall_timeout"), "a positive duration, e.g. 10s")
+	}
 	c.ModelRepository = get("model_repository")
 	if c.ModelRepository == "" {
 		return nil, invalid("model_repository", "", "a directory of models")
@@ -195,6 +246,63 @@ func parse(v *viper.Viper) (*Config, error) {
 
 func invalid(key, value, want string) error {
 	return fmt.Errorf("%w: %s: %q; want %s", ErrInvalid, key, value, want)
+}
+
+// stringList reads a list key: a YAML list, or a comma-separated string
+// from the environment or a flag.
+func stringList(v any) ([]string, error) {
+	var out []string
+	switch t := v.(type) {
+	case []any:
+		for _, x := range t {
+			out = append(out, strings.TrimSpace(fmt.Sprint(x)))
+		}
+	case []string:
+		out = t
+	case string:
+		for _, s := range strings.Split(t, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	case int:
+		out = []string{strconv.Itoa(t)}
+	default:
+		return nil, fmt.Errorf("config: not a list: %v", v)
+	}
+	for _, s := range out {
+		if s == "" {
+			return nil, errors.New("config: empty list entry")
+		}
+	}
+	return out, nil
+}
+
+// stringMap reads a map key: a YAML map, or KEY=VALUE pairs separated by
+// commas from the environment or a flag.
+func stringMap(v any) (map[string]string, error) {
+	out := map[string]string{}
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			out[strings.ToUpper(k)] = fmt.Sprint(x)
+		}
+	case string:
+		for _, kv := range strings.Split(t, ",") {
+			if kv = strings.TrimSpace(kv); kv == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("config: %q is not KEY=VALUE", kv)
+			}
+			out[k] = val
+		}
+	case nil:
+	default:
+		return nil, fmt.Errorf("config: not a map: %v", v)
+	}
+	return out, nil
 }
 
 var byteUnits = []struct {

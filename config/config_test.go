@@ -119,6 +119,56 @@ func TestInvalidValuesNameKeyValueAndWant(t *testing.T) {
 	}
 }
 
+func TestEngineAndRBLN(t *testing.T) {
+	dir := repo(t)
+	c, err := Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, Engine{Default: "cpu", Failover: "none"}, c.Engine)
+	assert.Equal(t, "/usr/bin/python3", c.RBLN.Python)
+	assert.Equal(t, []string{"0"}, c.RBLN.Devices)
+	assert.Empty(t, c.RBLN.Env)
+	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
+
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`
+engine: {default: rbln, failover: cpufallback}
+rbln:
+  devices: [0, 1]
+  env: {RBLN_DEVICE_MAP: "0:0,1", RBLN_NPUS_PER_DEVICE: 2}
+  strict_warmup: true
+  compile_cache_dir: /var/cache/rbln
+`), 0o644))
+	c, err = Load([]string{"--config", file, "--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, Engine{Default: "rbln", Failover: "cpufallback"}, c.Engine)
+	assert.Equal(t, []string{"0", "1"}, c.RBLN.Devices)
+	assert.Equal(t, map[string]string{"RBLN_DEVICE_MAP": "0:0,1", "RBLN_NPUS_PER_DEVICE": "2"}, c.RBLN.Env)
+	assert.True(t, c.RBLN.StrictWarmup)
+	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
+
+	t.Setenv("STEPSERVE_RBLN_DEVICES", "2, 3")
+	t.Setenv("STEPSERVE_RBLN_ENV", "A=1,B=x=y")
+	c, err = Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"2", "3"}, c.RBLN.Devices)
+	assert.Equal(t, map[string]string{"A": "1", "B": "x=y"}, c.RBLN.Env)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or rbln`},
+		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback`},
+		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
+		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
+		{[]string{"--rbln.stall_timeout", "0s"}, `rbln.stall_timeout: "0s"; want a positive duration`},
+	} {
+		t.Setenv("STEPSERVE_RBLN_DEVICES", "")
+		_, err := Load(append([]string{"--model_repository", dir}, tc.args...))
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
 func TestInvalidBoolean(t *testing.T) {
 	t.Setenv("STEPSERVE_SERVER_ENABLE_MODEL_CONTROL", "maybe")
 	_, err := Load([]string{"--model_repository", repo(t)})

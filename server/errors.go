@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -38,7 +39,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, ErrBadModel), errors.Is(err, batching.ErrBadParameter):
 		return http.StatusBadRequest
-	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining):
+	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining), errors.Is(err, engine.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, batching.ErrDeadline):
 		return http.StatusGatewayTimeout

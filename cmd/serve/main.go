@@ -88,8 +88,10 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sh := shared{steps: stepMetrics, batching: batchMetrics, defaults: cfg.Batching, logger: logger}
+	sh := &shared{steps: stepMetrics, batching: batchMetrics, defaults: cfg.Batching, cfg: cfg, reg: reg, logger: logger}
+	defer sh.close()
 	repo := newRepository(cfg.ModelRepository, sh, cfg.Server.ShutdownGrace)
+	reg.MustRegister(newReadyCollector(repo))
 	var starting []*servedModel
 	for _, m := range loaded {
 		s, err := repo.add(m)

@@ -19,7 +19,7 @@ import (
 // model control is enabled, its [server.ModelControl].
 type repository struct {
 	root  string
-	sh    shared
+	sh    *shared
 	grace time.Duration // how long an unload waits for the model's queue
 
 	mu      sync.RWMutex
@@ -28,7 +28,7 @@ type repository struct {
 	loading sync.Mutex        // one load or unload at a time
 }
 
-func newRepository(root string, sh shared, grace time.Duration) *repository {
+func newRepository(root string, sh *shared, grace time.Duration) *repository {
 	return &repository{root: root, sh: sh, grace: grace, served: map[string]*servedModel{}, failed: map[string]string{}}
 }
 
@@ -156,7 +156,6 @@ func (r *repository) replace(ctx context.Context, m *models.Model) error {
 	if old != nil {
 		r.retire(old, false)
 	}
-	s.setReady(true) // the old one's retirement must not clear the new one's gauge
 	return nil
 }
 

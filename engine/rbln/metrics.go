@@ -1,0 +1,52 @@
+package rbln
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	workerUp       *prometheus.GaugeVec
+	workerRestarts *prometheus.CounterVec
+	deviceMemory   *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
+	m := &metrics{
+		workerUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_worker_up",
+			Help: "1 while the device's rbln worker is running and answering, 0 while it is down or restarting.",
+		}, []string{"device"}),
+		workerRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_worker_restarts_total",
+			Help: "Times the device's rbln worker died or hung and was restarted.",
+		}, []string{"device"}),
+		deviceMemory: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_device_memory_bytes",
+			Help: "Device memory per NPU and chiplet from torch.rbln.memory_stats_per_chiplet(), read after warm-up and periodically.",
+		}, []string{"device", "npu", "chiplet", "kind"}),
+	}
+	for _, d := range devices {
+		m.workerUp.WithLabelValues(d)
+		m.workerRestarts.WithLabelValues(d)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.deviceMemory} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) up(device string, up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.workerUp.WithLabelValues(device).Set(v)
+}
+
+func (m *metrics) restarted(device string) { m.workerRestarts.WithLabelValues(device).Inc() }
+
+func (m *metrics) memory(device, npu, chiplet, kind string, bytes float64) {
+	m.deviceMemory.WithLabelValues(device, npu, chiplet, kind).Set(bytes)
+}

@@ -1,0 +1,295 @@
+package rbln
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// program is one model loaded on one worker.
+type program struct {
+	w       *worker
+	model   *models.Model
+	shapes  []bucketing.Shape
+	layouts []engine.Layout
+	in, out []*staging
+
+	healthy atomic.Bool
+
+	mu       sync.Mutex // guards compiled and closed
+	compiled []bool     // buckets compiled, recompiled after a restart
+	closed   bool
+}
+
+func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucketing.Shape) (*program, error) {
+	inputs := m.Config.StepInputs()
+	for _, s := range inputs[1:] {
+		if s.Datatype != inputs[0].Datatype {
+			return nil, fmt.Errorf("rbln: model %s: step inputs of mixed datatypes (%s, %s) cannot share one device buffer", m.Name, inputs[0].Datatype, s.Datatype)
+		}
+	}
+	p := &program{w: w, model: m, shapes: shapes, compiled: make([]bool, len(shapes))}
+	dir := shmDir()
+	for i, s := range shapes {
+		l := engine.NewLayout(m.Config, s)
+		p.layouts = append(p.layouts, l)
+		in, err := newStaging(dir, stagingName(m.Name, i, "in"), l.InBytes)
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		p.in = append(p.in, in)
+		out, err := newStaging(dir, stagingName(m.Name, i, "out"), l.OutBytes)
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		p.out = append(p.out, out)
+	}
+	if err := p.load(ctx); err != nil {
+		p.release()
+		return nil, err
+	}
+	w.mu.Lock()
+	w.programs[p] = true
+	w.mu.Unlock()
+	p.healthy.Store(true)
+	return p, nil
+}
+
+// loadRequest describes the model to the worker: the hyper-parameters, the
+// weights file it reads itself, and every bucket's staging paths.
+func (p *program) loadRequest() map[string]any {
+	cfg := p.model.Config
+	buckets := make([]map[string]any, len(p.shapes))
+	for i, s := range p.shapes {
+		buckets[i] = map[string]any{
+			"batch": s.Batch, "seq": s.Seq,
+			"in_path": p.in[i].path, "in_bytes": p.layouts[i].InBytes,
+			"out_path": p.out[i].path, "out_bytes": p.layouts[i].OutBytes,
+		}
+	}
+	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
+	if err != nil {
+		weights = p.model.Weights.Path
+	}
+	req := map[string]any{
+		"type":              "load",
+		"model":             p.model.Name,
+		"weights":           weights,
+		"architecture":      cfg.Architecture,
+		"device_dtype":      cfg.DeviceDtype,
+		"input_dtype":       torchDtype(cfg.StepInputs()[0].Datatype),
+		"compile_cache_dir": p.w.e.opts.CompileCacheDir,
+		"buckets":           buckets,
+	}
+	if cfg.MLP != nil {
+		req["mlp"] = map[string]any{"sizes": cfg.MLP.Sizes, "activation": cfg.MLP.Activation, "output_activation": cfg.MLP.OutputActivation}
+	}
+	if e := cfg.Encoder; e != nil {
+		req["encoder"] = map[string]any{
+			"vocab_size": e.VocabSize, "hidden": e.Hidden, "layers": e.Layers, "heads": e.Heads,
+			"intermediate": e.Intermediate, "max_position": e.MaxPosition, "type_vocab_size": e.TypeVocabSize,
+			"layer_norm_eps": e.LayerNormEps, "pooling": e.Pooling, "normalize": e.Normalize,
+		}
+	}
+	return req
+}
+
+func torchDtype(d models.Datatype) string {
+	if d == models.INT64 {
+		return "int64"
+	}
+	return "float32"
+}
+
+func (p *program) load(ctx context.Context) error {
+	m, err := p.w.call(ctx, p.loadRequest())
+	if err != nil {
+		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
+	}
+	var info struct {
+		Device       string
+		Compiled     bool
+		ComputeDtype string `json:"compute_dtype"`
+		Notes        []string
+	}
+	json.Unmarshal(m.raw, &info)
+	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
+		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
+	return nil
+}
+
+// reload puts the model back on a restarted worker, with every bucket that
+// was compiled before.
+func (p *program) reload(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	compiled := append([]bool(nil), p.compiled...)
+	p.mu.Unlock()
+	if err := p.load(ctx); err != nil {
+		return err
+	}
+	for b, ok := range compiled {
+		if ok {
+			if _, err := p.compile(ctx, b); err != nil {
+				return err
+			}
+		}
+	}
+	p.healthy.Store(true)
+	return nil
+}
+
+// Compile implements [engine.Program].
+func (p *program) Compile(ctx context.Context, bucket int) error {
+	if err := p.check(bucket); err != nil {
+		return err
+	}
+	_, err := p.compile(ctx, bucket)
+	return err
+}
+
+func (p *program) compile(ctx context.Context, bucket int) (*engine.Explain, error) {
+	m, err := p.w.call(ctx, map[string]any{"type": "compile", "model": p.model.Name, "bucket": bucket})
+	if err != nil {
+		return nil, fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
+	}
+	var r struct {
+		CompileSeconds float64     `json:"compile_seconds"`
+		Explain        wireExplain `json:"explain"`
+	}
+	if err := json.Unmarshal(m.raw, &r); err != nil {
+		return nil, fmt.Errorf("%w: compile result: %v", ErrProtocol, err)
+	}
+	p.mu.Lock()
+	p.compiled[bucket] = true
+	p.mu.Unlock()
+	x := r.Explain.explain()
+	return &x, nil
+}
+
+// Step implements [engine.Program].
+func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) {
+	if err := p.check(bucket); err != nil {
+		return engine.Explain{}, err
+	}
+	if !p.healthy.Load() {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
+	}
+	m, err := p.w.call(ctx, map[string]any{"type": "step", "model": p.model.Name, "bucket": bucket})
+	if err != nil {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+	}
+	var r struct {
+		Explain wireExplain `json:"explain"`
+	}
+	if err := json.Unmarshal(m.raw, &r); err != nil {
+		return engine.Explain{}, fmt.Errorf("%w: step result: %v", ErrProtocol, err)
+	}
+	p.mu.Lock()
+	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
+	p.mu.Unlock()
+	return r.Explain.explain(), nil
+}
+
+func (p *program) check(bucket int) error {
+	if bucket < 0 || bucket >= len(p.shapes) {
+		return fmt.Errorf("%w: %d (model %s has %d)", engine.ErrBucket, bucket, p.model.Name, len(p.shapes))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("rbln: program is closed")
+	}
+	return nil
+}
+
+// Staging implements [engine.Program]: the shared-memory buffers.
+func (p *program) Staging(bucket int) (in, out []byte) { return p.in[bucket].data, p.out[bucket].data }
+
+// Healthy implements [engine.Program].
+func (p *program) Healthy() bool { return p.healthy.Load() }
+
+// Close implements [engine.Program]: the worker unloads the model and the
+// staging buffers are unmapped and removed.
+func (p *program) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.healthy.Store(false)
+	p.w.mu.Lock()
+	delete(p.w.programs, p)
+	p.w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.StallTimeout)
+	defer cancel()
+	p.w.call(ctx, map[string]any{"type": "unload", "model": p.model.Name}) // best effort: the worker may be down
+	p.release()
+	return nil
+}
+
+func (p *program) release() {
+	for _, s := range append(p.in, p.out...) {
+		s.close()
+	}
+	p.in, p.out = nil, nil
+}
+
+// wireExplain is the worker's report; null counts are unknown.
+type wireExplain struct {
+	Measured         bool             `json:"measured"`
+	Clean            bool             `json:"clean"`
+	Reasons          []string         `json:"reasons"`
+	CPUFallbacks     *int64           `json:"cpu_fallbacks"`
+	Recompiles       *int64           `json:"recompiles"`
+	HostBounces      *int64           `json:"host_bounces"`
+	HostBounceBytes  *int64           `json:"host_bounce_bytes"`
+	H2D              *int64           `json:"h2d"`
+	D2H              *int64           `json:"d2h"`
+	WallNS           *int64           `json:"wall_ns"`
+	CPUFallbackByOp  map[string]int64 `json:"cpu_fallback_by_op"`
+	RecompileByOp    map[string]int64 `json:"recompile_by_op"`
+	HostBounceBySite map[string]int64 `json:"host_bounce_by_site"`
+	Report           string           `json:"report"`
+}
+
+func count(v *int64) engine.Count {
+	if v == nil || *v < 0 {
+		return engine.Unknown
+	}
+	return engine.Count(*v)
+}
+
+func (w wireExplain) explain() engine.Explain {
+	return engine.Explain{
+		Measured:         w.Measured,
+		Clean:            w.Clean,
+		Reasons:          w.Reasons,
+		CPUFallbacks:     count(w.CPUFallbacks),
+		Recompiles:       count(w.Recompiles),
+		HostBounces:      count(w.HostBounces),
+		HostBounceBytes:  count(w.HostBounceBytes),
+		H2D:              count(w.H2D),
+		D2H:              count(w.D2H),
+		WallNS:           count(w.WallNS),
+		CPUFallbackByOp:  w.CPUFallbackByOp,
+		RecompileByOp:    w.RecompileByOp,
+		HostBounceBySite: w.HostBounceBySite,
+		Report:           w.Report,
+	}
+}

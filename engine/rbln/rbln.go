@@ -1,0 +1,199 @@
+// Package rbln is the NPU engine: it supervises one Python device worker
+// per logical RBLN device (engine/rbln/worker), and gives each loaded model
+// a [engine.Program] whose steps run in the worker, inside
+// torch.rbln.explain(), on staging buffers in shared memory.
+//
+// The Go process never touches the device. Each worker is started by exec
+// with the device's environment (RBLN_VISIBLE_DEVICES, TORCH_RBLN_DEPLOY=ON,
+// TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op), talks over a
+// socket inherited as a file descriptor, and is pinged with a stall
+// deadline. A worker that crashes or hangs fails its in-flight step at once
+// ([engine.ErrUnavailable]), is restarted with backoff, and reloads its
+// models; its programs report unhealthy until then.
+//
+// Where torch_rbln is absent the worker runs on torch's CPU and reports its
+// steps unmeasured, which is how this package is tested without an NPU.
+package rbln
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// The worker's Python source travels inside the binary, so that a server is
+// one file plus a Python with torch.
+//
+//go:embed worker/stepserve_worker/*.py
+var workerSource embed.FS
+
+// Options configure the engine. Zero fields take the defaults noted.
+type Options struct {
+	// Python is the interpreter that has torch (and torch_rbln);
+	// default /usr/bin/python3.
+	Python string
+	// Devices are the logical devices, one worker each, as
+	// RBLN_VISIBLE_DEVICES values; default ["0"].
+	Devices []string
+	// Env is extra environment for the workers (RBLN_DEVICE_MAP,
+	// RBLN_NPUS_PER_DEVICE, ...). PYTHONPATH entries are appended to the
+	// worker's own.
+	Env map[string]string
+	// CompileCacheDir is passed to torch.compile as its cache_dir option.
+	CompileCacheDir string
+	// LogLevel is TORCH_RBLN_LOG_LEVEL; default "warning".
+	LogLevel string
+
+	StartTimeout      time.Duration // hello after exec; default 120s (torch imports slowly)
+	PingInterval      time.Duration // default 1s
+	StallTimeout      time.Duration // a ping unanswered this long kills the worker; default 10s
+	RestartBackoff    time.Duration // first restart delay; default 100ms
+	MaxRestartBackoff time.Duration // default 10s
+	MemoryInterval    time.Duration // device memory poll; default 30s
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Engine is the rbln engine.
+type Engine struct {
+	opts      Options
+	workerDir string
+	metrics   *metrics
+
+	mu      sync.Mutex
+	workers []*worker
+	next    int // round-robin placement of models on devices
+	closed  bool
+}
+
+// New prepares the engine; workers start on the first Load.
+func New(opts Options) (*Engine, error) {
+	if opts.Python == "" {
+		opts.Python = "/usr/bin/python3"
+	}
+	if len(opts.Devices) == 0 {
+		opts.Devices = []string{"0"}
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "warning"
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&opts.StartTimeout, 120*time.Second)
+	def(&opts.PingInterval, time.Second)
+	def(&opts.StallTimeout, 10*time.Second)
+	def(&opts.RestartBackoff, 100*time.Millisecond)
+	def(&opts.MaxRestartBackoff, 10*time.Second)
+	def(&opts.MemoryInterval, 30*time.Second)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(opts.Registerer, opts.Devices)
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{opts: opts, metrics: m}, nil
+}
+
+// Name implements [engine.Engine].
+func (e *Engine) Name() string { return "rbln" }
+
+// start extracts the worker source and starts one worker per device, once.
+func (e *Engine) start() error {
+	if e.workers != nil {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "stepserve-worker-")
+	if err != nil {
+		return fmt.Errorf("rbln: %w", err)
+	}
+	err = fs.WalkDir(workerSource, "worker", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := workerSource.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, filepath.FromSlash(path[len("worker/"):]))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(dst, b, 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("rbln: extracting the worker: %w", err)
+	}
+	e.workerDir = dir
+	for _, d := range e.opts.Devices {
+		e.workers = append(e.workers, newWorker(e, d))
+	}
+	for _, w := range e.workers {
+		<-w.started
+	}
+	return nil
+}
+
+// Load implements [engine.Engine]: the model goes to the next device in
+// turn, its staging buffers are created in shared memory, and the worker
+// builds it and moves its weights to the device.
+func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, errors.New("rbln: engine is closed")
+	}
+	if err := e.start(); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	w := e.workers[e.next%len(e.workers)]
+	e.next++
+	e.mu.Unlock()
+	return newProgram(ctx, w, m, buckets)
+}
+
+// KillWorker kills the worker of a device with SIGKILL, as a crash would;
+// the supervisor restarts it. It exists for fault tests and operators'
+// drills.
+func (e *Engine) KillWorker(device string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range e.workers {
+		if w.device == device {
+			w.kill()
+		}
+	}
+}
+
+// Close stops every worker and removes the extracted worker source.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	e.closed = true
+	workers := e.workers
+	e.mu.Unlock()
+	for _, w := range workers {
+		w.close()
+	}
+	if e.workerDir != "" {
+		os.RemoveAll(e.workerDir)
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package rbln
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+const python = "/usr/bin/python3"
+
+// requireTorch fails (not skips) without Debian's python3-torch: make test
+// installs it, and these tests are how the worker is tested for real.
+func requireTorch(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command(python, "-c", "import torch").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import torch (install python3-torch: make deps): %v\n%s", python, err, out)
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func newEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) {
+	reg := prometheus.NewRegistry()
+	if opts.Python == "" {
+		opts.Python = python
+	}
+	opts.Logger = testLogger(t)
+	opts.Registerer = reg
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = 5 * time.Second
+	}
+	opts.PingInterval = 200 * time.Millisecond
+	e, err := New(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	return e, reg
+}
+
+func fakeRBLN() string {
+	p, _ := filepath.Abs("worker/testdata/fake_torch_rbln")
+	return p
+}
+
+func loadDigits(t *testing.T) *models.Model {
+	m, err := models.Load("../../models/digits")
+	require.NoError(t, err)
+	return m
+}
+
+func runners(t *testing.T, m *models.Model, e engine.Engine) *steps.Runner {
+	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
+	require.NoError(t, err)
+	prog, err := e.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	t.Cleanup(func() { prog.Close() })
+	r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name()})
+	require.NoError(t, err)
+	_, err = r.Warmup(context.Background())
+	require.NoError(t, err)
+	return r
+}
+
+func digitsRequest(rows int, seed float32) *steps.Request {
+	in := make([]byte, rows*64*4)
+	for i := range rows * 64 {
+		v := float32(math.Mod(float64(seed)+float64(i)*7.3, 17))
+		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(v))
+	}
+	return &steps.Request{Rows: rows, Inputs: [][]byte{in}, Outputs: [][]byte{make([]byte, rows*40)}}
+}
+
+func floats(b []byte) []float64 {
+	out := make([]float64, len(b)/4)
+	for i := range out {
+		out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	}
+	return out
+}
+
+// TestWorkerMatchesTheCPUEngine runs the digits model in a real worker
+// (torch on the CPU) and on the Go CPU engine.
+func TestWorkerMatchesTheCPUEngine(t *testing.T) {
+	requireTorch(t)
+	e, reg := newEngine(t, Options{})
+	m := loadDigits(t)
+	onWorker := runners(t, m, e)
+	onCPU := runners(t, m, cpufallback.Engine{})
+	for _, rows := range []int{1, 3, 17, 40} {
+		a, b := digitsRequest(rows, float32(rows)), digitsRequest(rows, float32(rows))
+		require.NoError(t, onWorker.Run(context.Background(), []*steps.Request{a}))
+		require.NoError(t, onCPU.Run(context.Background(), []*steps.Request{b}))
+		fa, fb := floats(a.Outputs[0]), floats(b.Outputs[0])
+		worst := 0.0
+		for i := range fa {
+			worst = math.Max(worst, math.Abs(fa[i]-fb[i]))
+		}
+		assert.Less(t, worst, 1e-4, "%d rows", rows)
+	}
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")))
+	n, _ := testutil.GatherAndCount(reg, "stepserve_device_memory_bytes")
+	assert.Zero(t, n, "torch's CPU has no per-chiplet memory: no series, not zeros")
+}
+
+func TestStepsWithoutExplainAreUnmeasured(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{})
+	m := loadDigits(t)
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	require.NoError(t, prog.Compile(context.Background(), 0))
+	x, err := prog.Step(context.Background(), 0)
+	require.NoError(t, err)
+	assert.False(t, x.Measured)
+	assert.Equal(t, engine.Unknown, x.H2D, "unknown, never zero")
+	assert.Equal(t, engine.Unknown, x.CPUFallbacks)
+	assert.Contains(t, x.Reasons[0], "torch.rbln.explain is unavailable")
+}
+
+func scenario(t *testing.T, path string, s map[string]any) {
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
+
+// TestExplainScenarios scripts torch.rbln with the test double and checks
+// the normalized report and the step verdict for each kind of signal, with
+// the key sets of newer and older torch-rbln releases.
+func TestExplainScenarios(t *testing.T) {
+	requireTorch(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "scenario.json")
+	e, reg := newEngine(t, Options{Env: map[string]string{"PYTHONPATH": fakeRBLN(), "STEPSERVE_FAKE_RBLN_SCENARIO": path}})
+	clean := map[string]any{
+		"verdict": map[string]any{"clean": true, "reasons": []string{}},
+		"dump": map[string]any{
+			"hidden_host_bounce": map[string]any{"by_site": map[string]any{}, "total_count": 0, "total_bytes": 0},
+			"dispatch":           map[string]any{"total": 3, "cpu_fallback": 0, "recompile_miss": 0, "warm_hit": 3},
+			"wall_ns":            12345,
+			"runtime":            map[string]any{"by_primitive": map[string]any{"h2v": map[string]any{"calls": 1}, "v2h": map[string]any{"calls": 1}}},
+		},
+		"memory": map[string]any{"npu.0.chiplet.0.allocated.current": 2048, "npu.0.chiplet.1.reserved.peak": 4096},
+		"report": "[overhead: 1 signal] fake report",
+	}
+	scenario(t, path, clean)
+	m := loadDigits(t)
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	require.NoError(t, prog.Compile(context.Background(), 0))
+
+	with := func(mut func(d map[string]any, v map[string]any)) map[string]any {
+		b, _ := json.Marshal(clean)
+		var s map[string]any
+		json.Unmarshal(b, &s)
+		mut(s["dump"].(map[string]any), s["verdict"].(map[string]any))
+		return s
+	}
+	for _, tc := range []struct {
+		name  string
+		s     map[string]any
+		check func(t *testing.T, x engine.Explain, v steps.Verdict)
+	}{
+		{"clean", clean, func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.True(t, v.Clean)
+			assert.Equal(t, engine.Count(1), x.H2D)
+			assert.Equal(t, engine.Count(12345), x.WallNS)
+			assert.Empty(t, x.Report, "report text is kept only for steps that are not clean")
+		}},
+		{"cpu fallback", with(func(d, v map[string]any) {
+			v["clean"], v["reasons"] = false, []string{"cpu_fallback: aten::nonzero"}
+			d["dispatch"].(map[string]any)["cpu_fallback"] = 2
+			d["cpu_fallback_by_op"] = map[string]any{"aten::nonzero": 2}
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.False(t, v.Clean)
+			assert.Equal(t, int64(2), v.Fired[steps.CPUFallback])
+			assert.Equal(t, map[string]int64{"aten::nonzero": 2}, x.CPUFallbackByOp)
+			assert.Equal(t, "[overhead: 1 signal] fake report", x.Report, "the report text of a step that is not clean is kept")
+		}},
+		{"recompile", with(func(d, v map[string]any) {
+			v["clean"] = false
+			d["dispatch"].(map[string]any)["recompile_miss"] = 1
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.Equal(t, int64(1), v.Fired[steps.Recompile])
+		}},
+		{"host bounce, older keys", with(func(d, v map[string]any) {
+			v["clean"] = false
+			d["hidden_host_bounce"] = map[string]any{"by_site": map[string]any{"x.py:3": 1}, "total_count": 1, "total_bytes": 512}
+			d["rebel_runtime"] = d["runtime"]
+			delete(d, "runtime")
+			delete(d, "wall_ns")
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.Equal(t, int64(1), v.Fired[steps.HostBounce])
+			assert.Equal(t, engine.Count(512), x.HostBounceBytes)
+			assert.Equal(t, engine.Count(1), x.H2D, "rebel_runtime is read too")
+			assert.Equal(t, engine.Unknown, x.WallNS)
+		}},
+		{"extra transfers the verdict missed", with(func(d, v map[string]any) {
+			d["runtime"].(map[string]any)["by_primitive"].(map[string]any)["h2v_multi"] = map[string]any{"calls": 2}
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.False(t, v.Clean)
+			assert.Equal(t, int64(2), v.Fired[steps.ExtraH2D])
+		}},
+		{"unknown fields", map[string]any{"verdict": map[string]any{"clean": true}, "dump": map[string]any{"dispatch": "?"}}, func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.True(t, x.Measured)
+			assert.Equal(t, engine.Unknown, x.H2D)
+			assert.Equal(t, engine.Unknown, x.CPUFallbacks)
+			assert.True(t, v.Clean, "nothing known fired")
+		}},
+		{"explain raises", map[string]any{"raise_on_enter": true}, func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.True(t, v.Unmeasured)
+			assert.Contains(t, x.Reasons[0], "RuntimeError")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scenario(t, path, tc.s)
+			x, err := prog.Step(context.Background(), 0)
+			require.NoError(t, err)
+			v := steps.Check(&x)
+			tc.check(t, x, v)
+		})
+	}
+	e.workers[0].pollMemory()
+	assert.Equal(t, 2048.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "0", "allocated")))
+	assert.Equal(t, 4096.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "1", "reserved_peak")))
+	_ = reg
+}

@@ -1,0 +1,462 @@
+package rbln
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stepserve/stepserve/engine"
+)
+
+// errWorkerDown is wrapped (with engine.ErrUnavailable) by calls to a worker
+// that died, hung or is restarting.
+var errWorkerDown = fmt.Errorf("%w: rbln worker is down", engine.ErrUnavailable)
+
+// stderrLines is how many of the worker's last stderr lines are kept for
+// error messages.
+const stderrLines = 20
+
+// worker supervises one device worker process: it starts it by exec with
+// the device's environment, talks to it over an inherited socket, pings it,
+// and restarts it with backoff when it dies or hangs, reloading its models.
+type worker struct {
+	device string
+	e      *Engine
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	conn     *conn // nil while down
+	pid      int
+	programs map[*program]bool // loaded here; reloaded after a restart
+	lastErr  string            // why the worker last died or failed to start
+	tail     *tail
+	started  chan struct{} // closed once the first start attempt ended
+	once     sync.Once
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newWorker(e *Engine, device string) *worker {
+	w := &worker{
+		device:   device,
+		e:        e,
+		logger:   e.opts.Logger.With("device", device),
+		programs: map[*program]bool{},
+		tail:     &tail{max: stderrLines},
+		started:  make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go w.supervise()
+	return w
+}
+
+// supervise starts the worker, waits for it to die, and restarts it with
+// backoff, until stop.
+func (w *worker) supervise() {
+	defer close(w.done)
+	backoff := w.e.opts.RestartBackoff
+	started := func() { w.once.Do(func() { close(w.started) }) }
+	defer started()
+	for {
+		start := time.Now()
+		err := w.runOnce(started)
+		started()
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		w.logger.Error("rbln worker down; restarting", "err", err, "backoff", backoff)
+		w.e.metrics.restarted(w.device)
+		if time.Since(start) > 30*time.Second {
+			backoff = w.e.opts.RestartBackoff // it ran for a while: not a crash loop
+		}
+		select {
+		case <-w.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, w.e.opts.MaxRestartBackoff)
+	}
+}
+
+// runOnce runs one life of the worker process and returns why it ended.
+// ready is called once the worker is up and its models are reloaded.
+func (w *worker) runOnce(ready func()) error {
+	c, cmd, err := w.spawn()
+	if err != nil {
+		w.setDown(err)
+		ready()
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	w.mu.Lock()
+	w.conn, w.pid = c, cmd.Process.Pid
+	programs := make([]*program, 0, len(w.programs))
+	for p := range w.programs {
+		programs = append(programs, p)
+	}
+	w.mu.Unlock()
+	w.e.metrics.up(w.device, true)
+	w.logger.Info("rbln worker up", "pid", cmd.Process.Pid)
+
+	// Reload what the previous life had loaded, then serve again.
+	for _, p := range programs {
+		if err := p.reload(context.Background()); err != nil {
+			w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err)
+		}
+	}
+	ready()
+	w.pollMemory()
+
+	pings := time.NewTicker(w.e.opts.PingInterval)
+	defer pings.Stop()
+	memory := time.NewTicker(w.e.opts.MemoryInterval)
+	defer memory.Stop()
+	var cause error
+loop:
+	for {
+		select {
+		case err := <-exited:
+			cause = fmt.Errorf("rbln worker for device %s exited (%v)%s", w.device, err, w.tail.suffix())
+			break loop
+		case <-c.dead:
+			cause = c.err
+			break loop
+		case <-pings.C:
+			ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
+			_, err := c.call(ctx, map[string]any{"type": "ping"})
+			cancel()
+			if err != nil {
+				cause = fmt.Errorf("rbln worker for device %s stopped answering pings within %v: %v", w.device, w.e.opts.StallTimeout, err)
+				break loop
+			}
+		case <-memory.C:
+			w.pollMemory()
+		case <-w.stop:
+			cause = errors.New("stopped")
+			break loop
+		}
+	}
+	// Whatever ended this life: the process goes, every call in flight
+	// fails at once, and the programs stop taking steps.
+	w.setDown(cause)
+	c.close(cause)
+	cmd.Process.Kill()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+	}
+	return cause
+}
+
+// spawn starts the process and completes the handshake.
+func (w *worker) spawn() (*conn, *exec.Cmd, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rbln: control socket: %w", err)
+	}
+	parent := os.NewFile(uintptr(fds[0]), "stepserve-control")
+	child := os.NewFile(uintptr(fds[1]), "stepserve-worker-control")
+	defer child.Close()
+	nc, err := net.FileConn(parent)
+	parent.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("rbln: control socket: %w", err)
+	}
+
+	// exec, never fork-and-continue: a process that used the device must
+	// not be forked. The child's end of the socket is its fd 3.
+	cmd := exec.Command(w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3")
+	cmd.Dir = w.e.workerDir
+	cmd.Env = w.env()
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo}
+	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn}
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Start(); err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
+	}
+
+	nc.SetReadDeadline(time.Now().Add(w.e.opts.StartTimeout))
+	hello, err := readFrame(nc)
+	nc.SetReadDeadline(time.Time{})
+	if err == nil && (hello.Type != "hello" || hello.Protocol != protocolVersion) {
+		err = fmt.Errorf("%w: worker greeted with %q protocol %d; want hello protocol %d", ErrProtocol, hello.Type, hello.Protocol, protocolVersion)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		nc.Close()
+		return nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
+	}
+	w.logger.Info("rbln worker handshake", "pid", hello.PID, "torch", hello.Torch, "worker_device", hello.Device, "notes", hello.Notes)
+	return newConn(nc, w.logger), cmd, nil
+}
+
+// env is the worker's environment: the server's, the device selection and
+// torch-rbln settings the design requires, then the configured extras.
+func (w *worker) env() []string {
+	env := os.Environ()
+	env = append(env,
+		"RBLN_VISIBLE_DEVICES="+w.device,
+		"TORCH_RBLN_DEPLOY=ON",
+		"TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op",
+		"TORCH_RBLN_LOG_LEVEL="+w.e.opts.LogLevel,
+		"PYTHONUNBUFFERED=1",
+	)
+	pythonPath := w.e.workerDir
+	for k, v := range w.e.opts.Env {
+		if k == "PYTHONPATH" {
+			pythonPath += string(os.PathListSeparator) + v
+			continue
+		}
+		env = append(env, k+"="+v)
+	}
+	return append(env, "PYTHONPATH="+pythonPath)
+}
+
+func (w *worker) setDown(err error) {
+	w.mu.Lock()
+	w.conn = nil
+	if err != nil {
+		w.lastErr = err.Error()
+	}
+	programs := make([]*program, 0, len(w.programs))
+	for p := range w.programs {
+		programs = append(programs, p)
+	}
+	w.mu.Unlock()
+	for _, p := range programs {
+		p.healthy.Store(false)
+	}
+	w.e.metrics.up(w.device, false)
+}
+
+// call sends a request to the worker and waits for its result.
+func (w *worker) call(ctx context.Context, req map[string]any) (*message, error) {
+	w.mu.Lock()
+	c, why := w.conn, w.lastErr
+	w.mu.Unlock()
+	if c == nil {
+		if why != "" {
+			return nil, fmt.Errorf("%w: %s", errWorkerDown, why)
+		}
+		return nil, errWorkerDown
+	}
+	m, err := c.call(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if !m.OK {
+		return nil, fmt.Errorf("rbln worker for device %s: %s %s", w.device, req["type"], m.Error)
+	}
+	return m, nil
+}
+
+// pollMemory exports the device memory per chiplet, where the worker can
+// read it.
+func (w *worker) pollMemory() {
+	ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
+	defer cancel()
+	m, err := w.call(ctx, map[string]any{"type": "memory"})
+	if err != nil {
+		return
+	}
+	var r struct {
+		Chiplets []struct {
+			NPU, Chiplet, Kind string
+			Bytes              float64
+		}
+	}
+	if json.Unmarshal(m.raw, &r) != nil {
+		return
+	}
+	for _, c := range r.Chiplets {
+		w.e.metrics.memory(w.device, c.NPU, c.Chiplet, c.Kind, c.Bytes)
+	}
+}
+
+// kill ends the current process (SIGKILL); the supervisor restarts it.
+func (w *worker) kill() {
+	w.mu.Lock()
+	pid := w.pid
+	w.mu.Unlock()
+	if pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+func (w *worker) close() {
+	close(w.stop)
+	<-w.done
+}
+
+// conn is the control channel to one process.
+type conn struct {
+	nc     net.Conn
+	logger *slog.Logger
+
+	wmu     sync.Mutex // one writer at a time
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]chan *message
+	dead    chan struct{}
+	err     error
+}
+
+func newConn(nc net.Conn, logger *slog.Logger) *conn {
+	c := &conn{nc: nc, logger: logger, pending: map[uint64]chan *message{}, dead: make(chan struct{})}
+	go c.read()
+	return c
+}
+
+// read delivers results to their callers until the stream ends or breaks.
+func (c *conn) read() {
+	r := bufio.NewReader(c.nc)
+	for {
+		m, err := readFrame(r)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+				err = fmt.Errorf("%w: control socket closed", errWorkerDown)
+			}
+			c.close(err)
+			return
+		}
+		c.mu.Lock()
+		ch := c.pending[m.ID]
+		delete(c.pending, m.ID)
+		c.mu.Unlock()
+		if ch == nil {
+			c.close(fmt.Errorf("%w: result for unknown request %d", ErrProtocol, m.ID))
+			return
+		}
+		ch <- m
+	}
+}
+
+func (c *conn) call(ctx context.Context, req map[string]any) (*message, error) {
+	ch := make(chan *message, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	c.next++
+	id := c.next
+	c.pending[id] = ch
+	c.mu.Unlock()
+	req["id"] = id
+
+	c.wmu.Lock()
+	err := writeFrame(c.nc, req)
+	c.wmu.Unlock()
+	if err != nil {
+		c.close(fmt.Errorf("%w: writing to the control socket: %v", errWorkerDown, err))
+		return nil, c.err
+	}
+	select {
+	case m := <-ch:
+		return m, nil
+	case <-c.dead:
+		return nil, c.err
+	case <-ctx.Done():
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// close fails every call in flight with err (wrapped as unavailable) and
+// closes the socket.
+func (c *conn) close(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	if !errors.Is(err, engine.ErrUnavailable) {
+		err = fmt.Errorf("%w: %v", errWorkerDown, err)
+	}
+	c.err = err
+	close(c.dead)
+	c.nc.Close()
+}
+
+// lineLogger writes a process's output to the log line by line and keeps
+// the last lines for error messages.
+type lineLogger struct {
+	logger *slog.Logger
+	tail   *tail
+	level  slog.Level
+	buf    []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := strings.IndexByte(string(l.buf), '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.TrimRight(string(l.buf[:i]), "\r")
+		l.buf = l.buf[i+1:]
+		if line == "" {
+			continue
+		}
+		l.tail.add(line)
+		l.logger.Log(context.Background(), l.level, "rbln worker", "line", line)
+	}
+	if len(l.buf) > 64<<10 { // a line without end: keep the log bounded
+		l.tail.add(string(l.buf))
+		l.buf = l.buf[:0]
+	}
+	return len(p), nil
+}
+
+// tail keeps the last max lines.
+type tail struct {
+	mu    sync.Mutex
+	max   int
+	lines []string
+}
+
+func (t *tail) add(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(line) > 1000 {
+		line = line[:1000] + "..."
+	}
+	t.lines = append(t.lines, line)
+	if len(t.lines) > t.max {
+		t.lines = t.lines[len(t.lines)-t.max:]
+	}
+}
+
+// suffix is ": <last lines>" for an error message, or "" when there are
+// none.
+func (t *tail) suffix() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	return "; last worker output: " + strings.Join(t.lines, " | ")
+}
