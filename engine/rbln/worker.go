@@ -38,6 +38,7 @@ type worker struct {
 	mu       sync.Mutex
 	conn     *conn // nil while down
 	pid      int
+	life     chan struct{}     // closed when the current process's life ends
 	programs map[*program]bool // loaded here; reloaded after a restart
 	lastErr  string            // why the worker last died or failed to start
 	tail     *tail
@@ -105,8 +106,10 @@ func (w *worker) runOnce(ready func()) error {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
+	life := make(chan struct{})
+	defer close(life)
 	w.mu.Lock()
-	w.conn, w.pid = c, cmd.Process.Pid
+	w.conn, w.pid, w.life = c, cmd.Process.Pid, life
 	programs := make([]*program, 0, len(w.programs))
 	for p := range w.programs {
 		programs = append(programs, p)
@@ -115,28 +118,44 @@ func (w *worker) runOnce(ready func()) error {
 	w.e.metrics.up(w.device, true)
 	w.logger.Info("rbln worker up", "pid", cmd.Process.Pid)
 
-	// Reload what the previous life had loaded, then serve again.
-	for _, p := range programs {
-		if err := p.reload(context.Background()); err != nil {
-			w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err)
+	// Reload what the previous life had loaded, then serve again. This runs
+	// beside the loop below, which must keep watching the process: calls
+	// that fail wait for this life to end to say why.
+	go func() {
+		for _, p := range programs {
+			if err := p.reload(context.Background()); err != nil {
+				w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err)
+			}
 		}
-	}
+		w.pollMemory()
+	}()
 	ready()
-	w.pollMemory()
 
 	pings := time.NewTicker(w.e.opts.PingInterval)
 	defer pings.Stop()
 	memory := time.NewTicker(w.e.opts.MemoryInterval)
 	defer memory.Stop()
 	var cause error
+	hasExited := false
+	exitCause := func(err error) error {
+		hasExited = true
+		return fmt.Errorf("rbln worker for device %s exited (%v)%s", w.device, err, w.tail.suffix())
+	}
 loop:
 	for {
 		select {
 		case err := <-exited:
-			cause = fmt.Errorf("rbln worker for device %s exited (%v)%s", w.device, err, w.tail.suffix())
+			cause = exitCause(err)
 			break loop
 		case <-c.dead:
-			cause = c.err
+			// The socket broke: if the process is exiting, its status and
+			// last words say more than the socket does.
+			select {
+			case err := <-exited:
+				cause = exitCause(err)
+			case <-time.After(time.Second):
+				cause = c.err
+			}
 			break loop
 		case <-pings.C:
 			ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
@@ -147,7 +166,7 @@ loop:
 				break loop
 			}
 		case <-memory.C:
-			w.pollMemory()
+			go w.pollMemory() // not here: a call to a dying worker waits for this loop
 		case <-w.stop:
 			cause = errors.New("stopped")
 			break loop
@@ -158,9 +177,11 @@ loop:
 	w.setDown(cause)
 	c.close(cause)
 	cmd.Process.Kill()
-	select {
-	case <-exited:
-	case <-time.After(5 * time.Second):
+	if !hasExited {
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+		}
 	}
 	return cause
 }
@@ -173,7 +194,6 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 	}
 	parent := os.NewFile(uintptr(fds[0]), "stepserve-control")
 	child := os.NewFile(uintptr(fds[1]), "stepserve-worker-control")
-	defer child.Close()
 	nc, err := net.FileConn(parent)
 	parent.Close()
 	if err != nil {
@@ -189,7 +209,11 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo}
 	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn}
 	cmd.WaitDelay = 2 * time.Second
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The child has its copy now; ours must go, or a child that dies would
+	// never be seen to close the socket.
+	child.Close()
+	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
 	}
@@ -261,6 +285,23 @@ func (w *worker) call(ctx context.Context, req map[string]any) (*message, error)
 		return nil, errWorkerDown
 	}
 	m, err := c.call(ctx, req)
+	if errors.Is(err, engine.ErrUnavailable) {
+		// Give the supervisor a moment to learn why (exit status, stderr),
+		// so that the caller's error says it.
+		w.mu.Lock()
+		life := w.life
+		w.mu.Unlock()
+		select {
+		case <-life:
+		case <-time.After(2 * time.Second):
+		}
+		w.mu.Lock()
+		why := w.lastErr
+		w.mu.Unlock()
+		if why != "" {
+			err = fmt.Errorf("%w (%s)", err, why)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +434,7 @@ func (c *conn) close(err error) {
 		return
 	}
 	if !errors.Is(err, engine.ErrUnavailable) {
-		err = fmt.Errorf("%w: %v", errWorkerDown, err)
+		err = fmt.Errorf("%w: %w", errWorkerDown, err)
 	}
 	c.err = err
 	close(c.dead)
