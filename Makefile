@@ -4,6 +4,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 ADDR    ?= :8000
+PYTHON  ?= /usr/bin/python3
 
 .PHONY: all build run test lint digits tiny-encoder golden deps clean
 
@@ -17,13 +18,19 @@ build:
 run: build
 	./bin/stepserve --model_repository ./models --server.addr $(ADDR)
 
-## deps: everything the tests need (Go modules only, so far)
+## deps: everything the tests need: Go modules, and Debian's python3-torch
+## for the rbln worker (run on torch's CPU here); installs with apt as root
 deps:
 	$(GO) mod download
+	@$(PYTHON) -c 'import torch' 2>/dev/null || { \
+		echo "installing python3-torch for the rbln worker tests"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch; }
 
-## test: install what the tests need, then run every test (with the race detector)
+## test: install what the tests need, then run every test (Go with the race
+## detector, and the worker's Python unit tests)
 test: deps
 	$(GO) test -race -count=1 ./...
+	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 
 ## lint: gofmt and go vet
 lint:

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -49,8 +50,27 @@ func TestMain(m *testing.M) {
 type process struct {
 	cmd  *exec.Cmd
 	base string
-	logs *bytes.Buffer
+	logs *logBuffer
 	done chan error
+}
+
+// logBuffer is the server's log, written by the reader goroutine and read
+// by the test.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) WriteString(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 var addrRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
@@ -63,7 +83,7 @@ func start(t *testing.T, args ...string) *process {
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	p := &process{cmd: cmd, logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &process{cmd: cmd, logs: &logBuffer{}, done: make(chan error, 1)}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-p.done
