@@ -253,3 +253,46 @@ func TestExplainScenarios(t *testing.T) {
 	assert.Equal(t, 4096.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "1", "reserved_peak")))
 	_ = reg
 }
+
+// BenchmarkStepRoundTrip measures one step of a trivial model (a 64 -> 64
+// linear layer, one row) through the worker (Go -> socket -> worker ->
+// shared memory -> Go) and on the CPU engine, in the same run.
+func BenchmarkStepRoundTrip(b *testing.B) {
+	dir := b.TempDir()
+	w := make([]float32, 64*64)
+	for i := range 64 {
+		w[i*64+i] = 1
+	}
+	f, err := os.Create(filepath.Join(dir, "weights.safetensors"))
+	require.NoError(b, err)
+	require.NoError(b, models.WriteSafetensors(f, []*models.Tensor{
+		{Name: "layers.0.weight", Shape: []int{64, 64}, Data: w},
+		{Name: "layers.0.bias", Shape: []int{64}, Data: make([]float32, 64)},
+	}, nil))
+	f.Close()
+	require.NoError(b, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`
+architecture: mlp
+mlp: {sizes: [64, 64]}
+inputs: [{name: x, datatype: FP32, shape: [-1, 64]}]
+outputs: [{name: y, datatype: FP32, shape: [-1, 64]}]
+buckets: {batch: [1]}
+`), 0o644))
+	m, err := models.Load(dir)
+	require.NoError(b, err)
+	e, err := New(Options{Python: python})
+	require.NoError(b, err)
+	defer e.Close()
+	for _, eng := range []engine.Engine{e, cpufallback.Engine{}} {
+		prog, err := eng.Load(context.Background(), m, []bucketing.Shape{{Batch: 1}})
+		require.NoError(b, err)
+		require.NoError(b, prog.Compile(context.Background(), 0))
+		b.Run(eng.Name(), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := prog.Step(context.Background(), 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		prog.Close()
+	}
+}
