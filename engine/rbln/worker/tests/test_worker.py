@@ -46,6 +46,17 @@ class WorkerTest(unittest.TestCase):
                      "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
                      "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets}
         os.environ.pop("STEPSERVE_FAKE_RBLN_SCENARIO", None)
+        self.workers: list[Worker] = []
+
+    def tearDown(self) -> None:
+        for w in self.workers:
+            for name in list(w.models):
+                w.unload({"model": name})
+
+    def worker(self) -> Worker:
+        w = self.worker()
+        self.workers.append(w)
+        return w
 
     def scenario(self, s: dict) -> None:
         path = self.dir / "scenario.json"
@@ -53,7 +64,7 @@ class WorkerTest(unittest.TestCase):
         os.environ["STEPSERVE_FAKE_RBLN_SCENARIO"] = str(path)
 
     def test_step_computes_the_mlp_through_shared_staging(self) -> None:
-        w = Worker(Runtime.detect())
+        w = self.worker()
         info = w.load(self.load)
         self.assertEqual("cpu", info["device"])
         self.assertEqual("float32", info["compute_dtype"], "torch's CPU computes in float32")
@@ -68,7 +79,7 @@ class WorkerTest(unittest.TestCase):
         self.assertLess((got - want).abs().max().item(), 1e-6)
 
     def test_lazy_bucket_is_a_recompile(self) -> None:
-        w = Worker(Runtime.detect())
+        w = self.worker()
         w.load(self.load)
         rep = w.step({"model": "m", "bucket": 0})["explain"]
         self.assertEqual(1, rep["recompiles"])
@@ -77,7 +88,7 @@ class WorkerTest(unittest.TestCase):
         self.assertTrue(rep["clean"])
 
     def test_explain_that_raises_leaves_the_step_unmeasured(self) -> None:
-        w = Worker(Runtime.detect())
+        w = self.worker()
         w.load(self.load)
         w.compile({"model": "m", "bucket": 0})
         self.scenario({"raise_on_enter": True})
@@ -86,7 +97,7 @@ class WorkerTest(unittest.TestCase):
         self.assertIn("explain region failed to open: RuntimeError", rep["reasons"][0])
 
     def test_errors_name_the_problem(self) -> None:
-        w = Worker(Runtime.detect())
+        w = self.worker()
         with self.assertRaisesRegex(KeyError, "not loaded"):
             w.step({"model": "nope", "bucket": 0})
         bad = dict(self.load, mlp={"sizes": [4, 9, 3]})
@@ -101,7 +112,7 @@ class WorkerTest(unittest.TestCase):
 
     def test_memory(self) -> None:
         self.scenario({"memory": {"npu.0.chiplet.0.allocated.current": 4096}})
-        w = Worker(Runtime.detect())
+        w = self.worker()
         self.assertEqual([{"npu": "0", "chiplet": "0", "kind": "allocated", "bytes": 4096}], w.memory({})["chiplets"])
 
 
