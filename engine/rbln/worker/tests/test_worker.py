@@ -54,7 +54,7 @@ class WorkerTest(unittest.TestCase):
                 w.unload({"model": name})
 
     def worker(self) -> Worker:
-        w = self.worker()
+        w = Worker(Runtime.detect())
         self.workers.append(w)
         return w
 
