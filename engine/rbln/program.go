@@ -176,6 +176,9 @@ func (p *program) compile(ctx context.Context, bucket int) (*engine.Explain, err
 	p.mu.Lock()
 	p.compiled[bucket] = true
 	p.mu.Unlock()
+	// Device memory is allocated lazily: it is worth reading after a
+	// bucket's warm-up, not before.
+	go p.w.pollMemory()
 	x := r.Explain.explain()
 	return &x, nil
 }
