@@ -6,7 +6,7 @@ LDFLAGS := -X main.version=$(VERSION)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test lint digits tiny-encoder golden deps clean
+.PHONY: all build run test chart-test lint digits tiny-encoder golden deps clean
 
 all: build
 
@@ -22,20 +22,43 @@ run: build
 ## for the rbln worker (run on torch's CPU here); installs with apt as root
 deps:
 	$(GO) mod download
-	@$(PYTHON) -c 'import torch' 2>/dev/null || { \
-		echo "installing python3-torch for the rbln worker tests"; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch; }
+	@missing=""; \
+	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
 
 ## test: install what the tests need, then run every test (Go with the race
-## detector, and the worker's Python unit tests)
+## detector, the worker's Python unit tests, the chart and the alert rules)
 test: deps
 	$(GO) test -race -count=1 ./...
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
+	$(MAKE) chart-test
+
+HELM_VERSION := v3.22.0
+HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
+
+$(HELM):
+	GOBIN=$(CURDIR)/bin/helm-build $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv $(CURDIR)/bin/helm-build/helm $(HELM) && rmdir $(CURDIR)/bin/helm-build
+
+## chart-test: helm lint/template (Helm from its Go module, pinned), promtool
+## check/test of the alert rules, and the deploy tests: manifests decoded
+## into Kubernetes types, PromQL against the exported metrics, a real
+## Prometheus firing an alert on a real server
+chart-test: $(HELM) build
+	$(HELM) lint --strict deploy/helm/stepserve
+	promtool check rules deploy/helm/stepserve/files/stepserve-rules.yaml
+	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
+	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 ./...
 
 ## lint: gofmt and go vet
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd deploy/test && $(GO) vet ./...
 
 ## digits: retrain the shipped digits model from ../shared/data (reproducible)
 digits:

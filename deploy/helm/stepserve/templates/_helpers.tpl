@@ -1,0 +1,29 @@
+{{- define "stepserve.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "stepserve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "stepserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "stepserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "stepserve.labels" -}}
+{{ include "stepserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The drain grace in seconds, from config.server.shutdown_grace ("30s"). */}}
+{{- define "stepserve.graceSeconds" -}}
+{{- $g := .Values.config.server.shutdown_grace | default "30s" | toString -}}
+{{- if hasSuffix "m" $g -}}{{ mul (trimSuffix "m" $g | int) 60 }}{{- else -}}{{ trimSuffix "s" $g | int }}{{- end -}}
+{{- end -}}

@@ -1,0 +1,260 @@
+package test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/stepserve/stepserve/config"
+)
+
+const chart = "../helm/stepserve"
+
+// helm is the pinned Helm binary make chart-test built (HELM), or helm on
+// PATH.
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	bin := os.Getenv("HELM")
+	if bin == "" {
+		bin = "helm"
+	}
+	cmd := exec.Command(bin, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "helm %v: %s", args, stderr.String())
+	return out
+}
+
+// rendered is one `helm template` run, decoded strictly: an unknown field
+// anywhere in a manifest fails the test.
+type rendered struct {
+	configMaps map[string]*corev1.ConfigMap
+	deployment *appsv1.Deployment
+	service    *corev1.Service
+	monitor    *monitoringv1.ServiceMonitor
+	rule       *monitoringv1.PrometheusRule
+	hpa        *autoscalingv2.HorizontalPodAutoscaler
+	pdb        *policyv1.PodDisruptionBudget
+	kinds      []string
+}
+
+func render(t *testing.T, args ...string) *rendered {
+	t.Helper()
+	out := helm(t, append([]string{"template", "rel", chart}, args...)...)
+	r := &rendered{configMaps: map[string]*corev1.ConfigMap{}}
+	for _, doc := range strings.Split(string(out), "\n---") {
+		if strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(doc), "---")) == "" {
+			continue
+		}
+		var head struct{ Kind string }
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &head))
+		r.kinds = append(r.kinds, head.Kind)
+		strict := func(v any) {
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), v), "%s:\n%s", head.Kind, doc)
+		}
+		switch head.Kind {
+		case "ConfigMap":
+			var cm corev1.ConfigMap
+			strict(&cm)
+			r.configMaps[cm.Name] = &cm
+		case "Deployment":
+			r.deployment = &appsv1.Deployment{}
+			strict(r.deployment)
+		case "Service":
+			r.service = &corev1.Service{}
+			strict(r.service)
+		case "ServiceMonitor":
+			r.monitor = &monitoringv1.ServiceMonitor{}
+			strict(r.monitor)
+		case "PrometheusRule":
+			r.rule = &monitoringv1.PrometheusRule{}
+			strict(r.rule)
+		case "HorizontalPodAutoscaler":
+			r.hpa = &autoscalingv2.HorizontalPodAutoscaler{}
+			strict(r.hpa)
+		case "PodDisruptionBudget":
+			r.pdb = &policyv1.PodDisruptionBudget{}
+			strict(r.pdb)
+		default:
+			t.Fatalf("unexpected kind %q", head.Kind)
+		}
+	}
+	return r
+}
+
+func TestChartLint(t *testing.T) {
+	helm(t, "lint", "--strict", chart)
+	var sets []string // lint takes the values, not --api-versions
+	for i := 0; i < len(everything); i += 2 {
+		if everything[i] == "--set" {
+			sets = append(sets, everything[i:i+2]...)
+		}
+	}
+	helm(t, append([]string{"lint", "--strict", chart}, sets...)...)
+}
+
+// everything turns on every optional part, with the CRDs available.
+var everything = []string{
+	"--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+	"--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+	"--set", "serviceMonitor.enabled=true,serviceMonitor.additionalLabels.release=kps",
+	"--set", "prometheusRule.enabled=true",
+	"--set", "autoscaling.enabled=true,podDisruptionBudget.enabled=true",
+	"--set", "models.source=image,models.image.repository=registry.example/models,models.image.tag=v3",
+}
+
+func TestDefaults(t *testing.T) {
+	r := render(t)
+	assert.ElementsMatch(t, []string{"ConfigMap", "ConfigMap", "Service", "Deployment"}, r.kinds,
+		"defaults: config, dashboard, service, deployment; nothing optional")
+	d := r.deployment
+	require.NotNil(t, d)
+	pod := d.Spec.Template.Spec
+	require.Len(t, pod.Containers, 1)
+	c := pod.Containers[0]
+
+	// Probes: liveness and readiness on the OIP health endpoints, a startup
+	// probe long enough for compile-at-load.
+	assert.Equal(t, "/v2/health/live", c.LivenessProbe.HTTPGet.Path)
+	assert.Equal(t, "/v2/health/ready", c.ReadinessProbe.HTTPGet.Path)
+	assert.Equal(t, "/v2/health/ready", c.StartupProbe.HTTPGet.Path)
+	assert.GreaterOrEqual(t, c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold, int32(300))
+
+	// NPUs through the device plugin's extended resource, on NPU nodes.
+	npu := corev1.ResourceName("rebellions.ai/ATOM")
+	assert.True(t, c.Resources.Limits[npu].Equal(resource.MustParse("1")))
+	assert.True(t, c.Resources.Requests[npu].Equal(resource.MustParse("1")))
+	assert.Equal(t, map[string]string{"rebellions.ai/npu.present": "true"}, pod.NodeSelector)
+	assert.Contains(t, c.Env, corev1.EnvVar{Name: "RBLN_VISIBLE_DEVICES", Value: "0"})
+
+	// Non-root, read-only root filesystem, writable /tmp and /dev/shm.
+	require.NotNil(t, pod.SecurityContext.RunAsNonRoot)
+	assert.True(t, *pod.SecurityContext.RunAsNonRoot)
+	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = !m.ReadOnly
+	}
+	assert.True(t, mounts["/tmp"] && mounts["/dev/shm"], "the worker needs writable /tmp and /dev/shm")
+	for _, v := range pod.Volumes {
+		if v.Name == "shm" {
+			assert.Equal(t, corev1.StorageMediumMemory, v.EmptyDir.Medium)
+		}
+	}
+
+	// The drain fits in the grace period: preStop pause + shutdown_grace.
+	require.NotNil(t, c.Lifecycle.PreStop.Sleep)
+	assert.Greater(t, *pod.TerminationGracePeriodSeconds, int64(30)+c.Lifecycle.PreStop.Sleep.Seconds)
+
+	// Selectors agree.
+	assert.Equal(t, d.Spec.Selector.MatchLabels, r.service.Spec.Selector)
+	for k, v := range d.Spec.Selector.MatchLabels {
+		assert.Equal(t, v, d.Spec.Template.Labels[k])
+	}
+	assert.Equal(t, "http", r.service.Spec.Ports[0].TargetPort.StrVal)
+
+	// The rendered configuration is one stepserve itself accepts.
+	cm := r.configMaps["rel-stepserve"]
+	require.NotNil(t, cm)
+	path := filepath.Join(t.TempDir(), "stepserve.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(cm.Data["stepserve.yaml"]), 0o644))
+	cfg, err := config.Load([]string{"--config", path, "--model_repository", t.TempDir()})
+	require.NoError(t, err, "stepserve rejects the chart's config:\n%s", cm.Data["stepserve.yaml"])
+	assert.Equal(t, ":8000", cfg.Server.Addr)
+	assert.Equal(t, "rbln", cfg.Engine.Default)
+	assert.Equal(t, []string{"0"}, cfg.RBLN.Devices)
+
+	dash := r.configMaps["rel-stepserve-dashboard"]
+	require.NotNil(t, dash)
+	assert.Equal(t, "1", dash.Labels["grafana_dashboard"])
+	assert.Contains(t, dash.Data["stepserve.json"], `"uid": "stepserve"`)
+}
+
+func TestEverythingEnabled(t *testing.T) {
+	r := render(t, everything...)
+	require.NotNil(t, r.monitor)
+	assert.Equal(t, "kps", r.monitor.Labels["release"])
+	assert.Equal(t, "/metrics", r.monitor.Spec.Endpoints[0].Path)
+	assert.Equal(t, r.deployment.Spec.Selector.MatchLabels, r.monitor.Spec.Selector.MatchLabels)
+
+	require.NotNil(t, r.rule)
+	alerts := map[string]bool{}
+	for _, g := range r.rule.Spec.Groups {
+		for _, rule := range g.Rules {
+			alerts[rule.Alert] = true
+			assert.NotEmpty(t, rule.Annotations["summary"], rule.Alert)
+			assert.NotEmpty(t, rule.Annotations["description"], rule.Alert)
+			assert.Contains(t, rule.Annotations["runbook"], "README.md#", rule.Alert)
+		}
+	}
+	for _, a := range []string{"StepserveCPUFallback", "StepserveRecompileInSteadyState", "StepserveNonCleanSteps",
+		"StepserveHostBounce", "StepserveFailoverToCPU", "StepserveWorkerRestarts", "StepserveQueueSaturated",
+		"StepserveHighLatencyP99", "StepserveModelNotReady"} {
+		assert.True(t, alerts[a], a)
+	}
+
+	require.NotNil(t, r.hpa)
+	assert.Equal(t, "stepserve_queue_depth", r.hpa.Spec.Metrics[0].Pods.Metric.Name)
+	assert.Nil(t, r.deployment.Spec.Replicas, "the HPA owns the replica count")
+	require.NotNil(t, r.pdb)
+	assert.Equal(t, 1, r.pdb.Spec.MinAvailable.IntValue())
+
+	pod := r.deployment.Spec.Template.Spec
+	require.Len(t, pod.InitContainers, 1)
+	assert.Equal(t, "registry.example/models:v3", pod.InitContainers[0].Image)
+	for _, v := range pod.Volumes {
+		if v.Name == "models" {
+			assert.NotNil(t, v.EmptyDir, "models copied from the image into an emptyDir")
+		}
+	}
+}
+
+func TestOperatorObjectsNeedTheirCRDs(t *testing.T) {
+	r := render(t, "--set", "serviceMonitor.enabled=true,prometheusRule.enabled=true")
+	assert.Nil(t, r.monitor, "no ServiceMonitor without the monitoring.coreos.com CRD")
+	assert.Nil(t, r.rule)
+}
+
+func TestNPUResourceAndCPUOnly(t *testing.T) {
+	r := render(t, "--set", "npu.resource=rebellions.ai/REBEL,npu.count=2")
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	assert.True(t, c.Resources.Limits["rebellions.ai/REBEL"].Equal(resource.MustParse("2")))
+	_, atom := c.Resources.Limits["rebellions.ai/ATOM"]
+	assert.False(t, atom)
+
+	r = render(t, "--set", "npu.count=0,config.engine.default=cpu")
+	for name := range r.deployment.Spec.Template.Spec.Containers[0].Resources.Limits {
+		assert.NotContains(t, string(name), "rebellions.ai", "no NPU requested")
+	}
+}
+
+func TestValuesSchemaRejectsNonsense(t *testing.T) {
+	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0"} {
+		cmd := exec.Command(helmBin(), "template", "rel", chart, "--set", set)
+		out, err := cmd.CombinedOutput()
+		assert.Error(t, err, "%s should be refused", set)
+		assert.Contains(t, string(out), "values don't meet the specifications of the schema", set)
+	}
+}
+
+func helmBin() string {
+	if b := os.Getenv("HELM"); b != "" {
+		return b
+	}
+	return "helm"
+}
