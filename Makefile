@@ -3,6 +3,9 @@
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
+# OpenBLAS behind the CPU engine's matrix products where libopenblas-dev is
+# installed (make deps installs it); pure-Go gonum otherwise.
+GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
@@ -12,7 +15,7 @@ all: build
 
 ## build: the server binary at bin/stepserve
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/stepserve ./cmd/serve
+	$(GO) build -tags "$(GOTAGS)" -ldflags "$(LDFLAGS)" -o bin/stepserve ./cmd/serve
 
 ## run: build, then serve ./models on $(ADDR) with the CPU engine
 run: build
@@ -24,6 +27,7 @@ deps:
 	$(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
+	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
@@ -33,7 +37,8 @@ deps:
 ## test: install what the tests need, then run every test (Go with the race
 ## detector, the worker's Python unit tests, the chart and the alert rules)
 test: deps
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	$(GO) test -count=1 ./engine/cpufallback  # the pure-Go BLAS path too
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
 

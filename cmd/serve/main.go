@@ -28,6 +28,7 @@ import (
 
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/config"
+	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/steps"
@@ -73,7 +74,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newBuildInfo(version, "gonum"),
+		newBuildInfo(version, cpufallback.BLAS()),
 	)
 
 	loaded, err := models.LoadRepository(cfg.ModelRepository)
@@ -134,7 +135,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(ln) }()
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
-		"blas", "gonum", "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
+		"blas", cpufallback.BLAS(), "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.

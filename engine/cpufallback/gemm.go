@@ -1,9 +1,6 @@
 package cpufallback
 
-import (
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
-)
+import "gonum.org/v1/gonum/blas"
 
 // Tile sizes that keep every gonum Sgemm call on its serial path, which
 // neither spawns goroutines nor allocates: gonum goes parallel from four
@@ -18,10 +15,13 @@ const (
 // stride ldb; C is [m, n] with row stride ldc. Strides let it work on one
 // attention head's columns in place.
 func gemm(transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	impl := blas32.Implementation()
 	tb := blas.NoTrans
 	if transB {
 		tb = blas.Trans
+	}
+	if !tileProducts {
+		impl.Sgemm(blas.NoTrans, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
 	}
 	for i := 0; i < m; i += tileM {
 		mi := min(tileM, m-i)
