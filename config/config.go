@@ -29,6 +29,7 @@ import (
 // Config is the server-wide configuration.
 type Config struct {
 	Server          Server
+	Auth            Auth
 	Batching        Batching
 	Engine          Engine
 	RBLN            RBLN
@@ -44,8 +45,25 @@ type Server struct {
 	MaxBodyBytes      int64
 	ShutdownGrace     time.Duration
 	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	MaxHeaderBytes    int64
+	// MaxRequestElements bounds the tensor elements of one request.
+	MaxRequestElements int64
+	// MetricsAddr, when set, serves /metrics (and the health endpoints)
+	// on a listener of its own, and /metrics no longer on Addr.
+	MetricsAddr string
 	// EnableModelControl turns on the repository API (load, unload).
 	EnableModelControl bool
+}
+
+// Auth holds the bearer tokens; no token means no authentication.
+type Auth struct {
+	// InferenceTokens guard /v2/models/... (inference, metadata, stats).
+	InferenceTokens []string
+	// RepositoryTokens guard /v2/repository/...
+	RepositoryTokens []string
 }
 
 // Batching holds the server-wide defaults of the models' batching policy;
@@ -93,6 +111,16 @@ var keys = []key{
 	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)"},
 	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests"},
 	{"server.read_header_timeout", "10s", "how long a client may take to send request headers"},
+	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408)"},
+	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers"},
+	{"server.idle_timeout", "120s", "how long an idle keep-alive connection stays open"},
+	{"server.max_header_bytes", "1MiB", "largest request header block (431 above it)"},
+	{"server.max_request_elements", "16777216", "most tensor elements one request may declare across its inputs"},
+	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)"},
+	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)"},
+	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/..."},
+	{"auth.repository.token", "", "bearer token required by the repository API"},
+	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API"},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time"},
 	{"batching.max_queue_delay", "500us", "default for models: how long the oldest queued request waits for a fuller batch"},
 	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
@@ -187,6 +215,32 @@ func parse(v *viper.Viper) (*Config, error) {
 	if c.Server.ReadHeaderTimeout, err = time.ParseDuration(get("server.read_header_timeout")); err != nil || c.Server.ReadHeaderTimeout <= 0 {
 		return nil, invalid("server.read_header_timeout", get("server.read_header_timeout"), "a positive duration, e.g. 10s")
 	}
+	for _, d := range []struct {
+		key string
+		dst *time.Duration
+	}{{"server.read_timeout", &c.Server.ReadTimeout}, {"server.write_timeout", &c.Server.WriteTimeout}, {"server.idle_timeout", &c.Server.IdleTimeout}} {
+		if *d.dst, err = time.ParseDuration(get(d.key)); err != nil || *d.dst <= 0 {
+			return nil, invalid(d.key, get(d.key), "a positive duration, e.g. 60s")
+		}
+	}
+	if c.Server.MaxHeaderBytes, err = ParseBytes(get("server.max_header_bytes")); err != nil || c.Server.MaxHeaderBytes < 4096 || c.Server.MaxHeaderBytes > 1<<30 {
+		return nil, invalid("server.max_header_bytes", get("server.max_header_bytes"), "a size from 4KiB to 1GiB")
+	}
+	if c.Server.MaxRequestElements, err = strconv.ParseInt(get("server.max_request_elements"), 10, 64); err != nil || c.Server.MaxRequestElements < 1 {
+		return nil, invalid("server.max_request_elements", get("server.max_request_elements"), "a positive integer")
+	}
+	c.Server.MetricsAddr = get("server.metrics_addr")
+	if c.Server.MetricsAddr != "" {
+		if _, port, perr := net.SplitHostPort(c.Server.MetricsAddr); perr != nil || port == "" {
+			return nil, invalid("server.metrics_addr", c.Server.MetricsAddr, "host:port, or empty to serve /metrics on server.addr")
+		}
+	}
+	if c.Auth.InferenceTokens, err = tokens(get("auth.inference.token"), get("auth.inference.token_file")); err != nil {
+		return nil, fmt.Errorf("%w: auth.inference: %v", ErrInvalid, err)
+	}
+	if c.Auth.RepositoryTokens, err = tokens(get("auth.repository.token"), get("auth.repository.token_file")); err != nil {
+		return nil, fmt.Errorf("%w: auth.repository: %v", ErrInvalid, err)
+	}
 	if c.Server.EnableModelControl, err = strconv.ParseBool(get("server.enable_model_control")); err != nil {
 		return nil, invalid("server.enable_model_control", get("server.enable_model_control"), "true or false")
 	}
@@ -246,6 +300,38 @@ func parse(v *viper.Viper) (*Config, error) {
 
 func invalid(key, value, want string) error {
 	return fmt.Errorf("%w: %s: %q; want %s", ErrInvalid, key, value, want)
+}
+
+// minTokenLength keeps trivially guessable tokens out.
+const minTokenLength = 16
+
+// tokens reads the bearer tokens of one scope: the token key, and every
+// non-empty, non-comment line of the token file.
+func tokens(token, file string) ([]string, error) {
+	var out []string
+	if token != "" {
+		out = append(out, token)
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("token_file: %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				out = append(out, line)
+			}
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("token_file %s holds no token", file)
+		}
+	}
+	for _, t := range out {
+		if len(t) < minTokenLength || strings.ContainsAny(t, " \t") {
+			return nil, fmt.Errorf("a token must be at least %d characters without spaces", minTokenLength)
+		}
+	}
+	return out, nil
 }
 
 // stringList reads a list key: a YAML list, or a comma-separated string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -58,7 +59,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 		}
 		headerLen = n
 	}
-	req, err := decodeRequest(body, headerLen, m.Model())
+	req, err := decodeRequest(body, headerLen, m.Model(), s.opts.MaxRequestElements)
 	if err != nil {
 		return fail(err)
 	}
@@ -91,9 +92,12 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	buf := make([]byte, 0, size+1)
 	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), buf)
 	var mbe *http.MaxBytesError
+	var ne net.Error
 	switch {
 	case errors.As(err, &mbe):
 		return nil, tooLarge
+	case errors.As(err, &ne) && ne.Timeout():
+		return nil, &apiError{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
 	case err != nil:
 		return nil, badRequest(fmt.Sprintf("reading the request body: %v", err))
 	case len(body) == 0:

@@ -19,7 +19,7 @@ func loadModel(t *testing.T, dir string) *models.Model {
 }
 
 func decodeAndPrepare(t *testing.T, m *models.Model, body string, headerLen int) (*inferRequest, error) {
-	req, err := decodeRequest([]byte(body), headerLen, m)
+	req, err := decodeRequest([]byte(body), headerLen, m, 1<<24)
 	if err != nil {
 		return nil, err
 	}

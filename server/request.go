@@ -62,7 +62,7 @@ type outputChoice struct {
 // decodeRequest parses body as an inference request for m. headerLen is the
 // value of Inference-Header-Content-Length, or -1 when the request has no
 // binary part. Every error is a 400 that names the input or field at fault.
-func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, error) {
+func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, error) {
 	header, binaryPart := body, []byte(nil)
 	if headerLen >= 0 {
 		if headerLen > len(body) {
@@ -81,6 +81,7 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 	}
 	req := &inferRequest{id: wr.ID, rows: -1, inputs: make([]tensor, len(cfg.Inputs))}
 	seen := make([]bool, len(cfg.Inputs))
+	var elements int64
 	for _, in := range wr.Inputs {
 		idx := specIndex(cfg.Inputs, in.Name)
 		if idx < 0 {
@@ -90,6 +91,11 @@ func decodeRequest(body []byte, headerLen int, m *models.Model) (*inferRequest, 
 			return nil, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
+		if n, ok := declaredElements(in.Shape); ok {
+			if elements += n; elements > maxElements {
+				return nil, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
+			}
+		}
 		t, rest, err := decodeInput(&in, cfg.Inputs[idx], binaryPart, len(body))
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
@@ -239,6 +245,20 @@ func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLe
 		return nil, nil, nil, err
 	}
 	return data, nil, rest, nil
+}
+
+// declaredElements is the product of a shape's dimensions, when they are
+// all non-negative and the product fits; the detailed shape checks come
+// later.
+func declaredElements(shape []int64) (int64, bool) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
 }
 
 func specIndex(specs []models.TensorSpec, name string) int {

@@ -97,6 +97,16 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Gatherer serves /metrics; nil serves no /metrics endpoint.
 	Gatherer prometheus.Gatherer
+	// MetricsElsewhere leaves /metrics off this handler, for a server that
+	// serves [Server.MetricsHandler] on a listener of its own.
+	MetricsElsewhere bool
+	// MaxRequestElements bounds the tensor elements a request may declare;
+	// 0 means 16Mi.
+	MaxRequestElements int64
+	// InferenceTokens, when any, are the bearer tokens /v2/models/...
+	// requires; RepositoryTokens likewise for /v2/repository/....
+	InferenceTokens  []string
+	RepositoryTokens []string
 }
 
 // Server is the HTTP API. It is an [http.Handler].
@@ -114,6 +124,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Version == "" {
 		opts.Version = "dev"
+	}
+	if opts.MaxRequestElements == 0 {
+		opts.MaxRequestElements = 1 << 24
 	}
 	if opts.Models == nil {
 		return nil, errors.New("server: Options.Models is required")
@@ -141,6 +154,7 @@ func New(opts Options) (*Server, error) {
 	r.Get("/v2/health/ready", s.ready)
 	r.Get("/v2", s.serverMetadata)
 	r.Route("/v2/models/{model}", func(r chi.Router) {
+		r.Use(bearer(opts.InferenceTokens))
 		r.Get("/", s.modelMetadata)
 		r.Get("/ready", s.modelReady)
 		r.Post("/infer", s.infer)
@@ -152,14 +166,36 @@ func New(opts Options) (*Server, error) {
 		r.Get("/versions/{version}/ready", s.modelReady)
 		r.Post("/versions/{version}/infer", s.infer)
 	})
-	r.Post("/v2/repository/index", s.repositoryIndex)
-	r.Post("/v2/repository/models/{model}/load", s.repositoryLoad)
-	r.Post("/v2/repository/models/{model}/unload", s.repositoryUnload)
-	if opts.Gatherer != nil {
-		r.Handle("/metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.logger}}))
+	r.Route("/v2/repository", func(r chi.Router) {
+		r.Use(bearer(opts.RepositoryTokens))
+		r.Post("/index", s.repositoryIndex)
+		r.Post("/models/{model}/load", s.repositoryLoad)
+		r.Post("/models/{model}/unload", s.repositoryUnload)
+	})
+	if opts.Gatherer != nil && !opts.MetricsElsewhere {
+		r.Handle("/metrics", s.metricsHandler())
 	}
 	s.router = r
 	return s, nil
+}
+
+func (s *Server) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{ErrorLog: slogPromLogger{s.logger}})
+}
+
+// MetricsHandler serves /metrics and the health endpoints, for a listener
+// separate from the API's (server.metrics_addr).
+func (s *Server) MetricsHandler() http.Handler {
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s here; this listener serves /metrics and /v2/health/*", r.Method, r.URL.Path))
+	})
+	r.Get("/v2/health/live", s.live)
+	r.Get("/v2/health/ready", s.ready)
+	if s.opts.Gatherer != nil {
+		r.Handle("/metrics", s.metricsHandler())
+	}
+	return r
 }
 
 // ServeHTTP implements [http.Handler].

@@ -112,13 +112,17 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	}
 
 	api, err := server.New(server.Options{
-		Models:       repo,
-		Control:      control,
-		MaxBodyBytes: cfg.Server.MaxBodyBytes,
-		Version:      version,
-		Logger:       logger,
-		Registerer:   reg,
-		Gatherer:     reg,
+		Models:             repo,
+		Control:            control,
+		MaxBodyBytes:       cfg.Server.MaxBodyBytes,
+		MaxRequestElements: cfg.Server.MaxRequestElements,
+		InferenceTokens:    cfg.Auth.InferenceTokens,
+		RepositoryTokens:   cfg.Auth.RepositoryTokens,
+		MetricsElsewhere:   cfg.Server.MetricsAddr != "",
+		Version:            version,
+		Logger:             logger,
+		Registerer:         reg,
+		Gatherer:           reg,
 	})
 	if err != nil {
 		return err
@@ -127,13 +131,32 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	httpServer := &http.Server{
-		Handler:           api,
-		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	newHTTPServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+			ReadTimeout:       cfg.Server.ReadTimeout,
+			WriteTimeout:      cfg.Server.WriteTimeout,
+			IdleTimeout:       cfg.Server.IdleTimeout,
+			MaxHeaderBytes:    int(cfg.Server.MaxHeaderBytes),
+			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}
 	}
-	serveErr := make(chan error, 1)
+	httpServer := newHTTPServer(api)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- httpServer.Serve(ln) }()
+	if cfg.Server.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", cfg.Server.MetricsAddr)
+		if err != nil {
+			return err
+		}
+		metricsServer := newHTTPServer(api.MetricsHandler())
+		go func() { serveErr <- metricsServer.Serve(mln) }()
+		// The metrics listener outlives the API's drain, so the drain
+		// itself can be watched; it closes when serve returns.
+		defer metricsServer.Close()
+		logger.Info("serving metrics", "addr", mln.Addr().String())
+	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
 		"blas", cpufallback.BLAS(), "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 

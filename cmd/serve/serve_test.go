@@ -305,7 +305,7 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 		{"body over the limit", infer, pixels("[1,64]", zeros(64)) + strings.Repeat(" ", 70<<10), nil, 413, `exceeds the 65536-byte limit (server.max_body_bytes)`},
 		{"binary header length past body", infer, `{"inputs":[]}`, []string{"Inference-Header-Content-Length", "4096"}, 400, `Inference-Header-Content-Length 4096 exceeds`},
 		{"binary size that lies", infer, lyingHeader + strings.Repeat("\x00", 100), []string{"Inference-Header-Content-Length", strconv.Itoa(len(lyingHeader))}, 400, `binary_data_size is 100 bytes, but FP32 [1 64] needs 256`},
-		{"huge declared shape", infer, pixels("[1000000000,64]", zeros(64)), nil, 400, `holds too many elements`},
+		{"huge declared shape", infer, pixels("[1000000000,64]", zeros(64)), nil, 400, `above the limit of 16777216 (server.max_request_elements)`},
 		{"unknown output", infer, `{"inputs":[{"name":"pixels","datatype":"FP32","shape":[1,64],"data":` + zeros(64) + `}],"outputs":[{"name":"logits"}]}`, nil, 400, `unknown output "logits"; model digits gives "probabilities"`},
 		{"wrong method", p.base + "/v2/health/live", `{}`, nil, 405, `method POST is not allowed`},
 	}
