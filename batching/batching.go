@@ -58,8 +58,12 @@ type Options struct {
 	// DefaultTimeout bounds how long a request may wait in the queue; 0
 	// means no bound. A request may only lower it.
 	DefaultTimeout time.Duration
-	Metrics        *Metrics // nil records nothing
-	Logger         *slog.Logger
+	// MaxBatchElements stops a batch from taking more requests once their
+	// elements would pass it (a single larger request still runs alone);
+	// 0 means no bound beyond the largest bucket's rows.
+	MaxBatchElements int
+	Metrics          *Metrics // nil records nothing
+	Logger           *slog.Logger
 }
 
 // Params are a request's own batching parameters, from its "parameters".
@@ -296,16 +300,24 @@ func (b *Batcher) take(maxRows int) []*item {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var batch []*item
-	rows := 0
+	rows, elements := 0, 0
+	fits := func(it *item) bool {
+		if len(batch) == 0 {
+			return true
+		}
+		return rows+it.req.Rows <= maxRows &&
+			(b.opts.MaxBatchElements == 0 || elements+it.req.Elements <= b.opts.MaxBatchElements)
+	}
 	for l, q := range b.levels {
 		kept := q[:0]
 		for _, it := range q {
 			switch {
 			case it.state != queued:
 				continue
-			case rows < maxRows && (rows+it.req.Rows <= maxRows || len(batch) == 0):
+			case rows < maxRows && fits(it):
 				batch = append(batch, it)
 				rows += it.req.Rows
+				elements += it.req.Elements
 			default:
 				kept = append(kept, it)
 			}

@@ -317,6 +317,26 @@ func TestBatchErrorReachesEveryRequest(t *testing.T) {
 	})
 }
 
+func TestMaxBatchElements(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeRunner{max: 8}
+		b := newBatcher(t, f, Options{MaxQueueDelay: 10 * time.Millisecond, MaxBatchElements: 100})
+		start := time.Now()
+		out := make(chan result, 3)
+		for i := range 3 {
+			r := req(byte(i), 1)
+			r.Elements = 40
+			submit(context.Background(), b, r, Params{}, start, out)
+			synctest.Wait()
+		}
+		for range 3 {
+			require.NoError(t, (<-out).err)
+		}
+		assert.Equal(t, [][]byte{{0, 1}, {2}}, f.seen(), "the third request would pass 100 elements")
+		require.NoError(t, b.Shutdown(context.Background()))
+	})
+}
+
 func TestNewRejectsBadOptions(t *testing.T) {
 	f := &fakeRunner{max: 1}
 	for _, o := range []Options{

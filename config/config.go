@@ -69,10 +69,11 @@ type Auth struct {
 // Batching holds the server-wide defaults of the models' batching policy;
 // a model's model.yaml overrides them key by key.
 type Batching struct {
-	MaxQueueDelay  time.Duration
-	MaxQueueSize   int
-	DefaultTimeout time.Duration
-	PriorityLevels int
+	MaxBatchElements int
+	MaxQueueDelay    time.Duration
+	MaxQueueSize     int
+	DefaultTimeout   time.Duration
+	PriorityLevels   int
 }
 
 // Engine chooses engines.
@@ -123,6 +124,7 @@ var keys = []key{
 	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API"},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time"},
 	{"batching.max_queue_delay", "500us", "default for models: how long the oldest queued request waits for a fuller batch"},
+	{"batching.max_batch_elements", "0", "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)"},
 	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
 	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},
 	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
@@ -246,6 +248,9 @@ func parse(v *viper.Viper) (*Config, error) {
 	}
 	if c.Batching.MaxQueueDelay, err = time.ParseDuration(get("batching.max_queue_delay")); err != nil || c.Batching.MaxQueueDelay < 0 {
 		return nil, invalid("batching.max_queue_delay", get("batching.max_queue_delay"), "a duration of 0 or more, e.g. 500us or 2ms")
+	}
+	if c.Batching.MaxBatchElements, err = strconv.Atoi(get("batching.max_batch_elements")); err != nil || c.Batching.MaxBatchElements < 0 {
+		return nil, invalid("batching.max_batch_elements", get("batching.max_batch_elements"), "an integer, 0 or more")
 	}
 	if c.Batching.MaxQueueSize, err = strconv.Atoi(get("batching.max_queue_size")); err != nil || c.Batching.MaxQueueSize < 1 {
 		return nil, invalid("batching.max_queue_size", get("batching.max_queue_size"), "an integer of at least 1")

@@ -95,6 +95,11 @@ func optional(m *models.Model, name string) bool {
 func prepare(m *models.Model, req *inferRequest) (*steps.Request, error) {
 	cfg := m.Config
 	sr := &steps.Request{Rows: req.rows, Outputs: make([][]byte, len(cfg.Outputs))}
+	for _, t := range req.inputs {
+		if n, ok := declaredElements(t.shape); ok {
+			sr.Elements += int(n)
+		}
+	}
 	for i, o := range cfg.Outputs {
 		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes(0))
 	}

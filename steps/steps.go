@@ -34,6 +34,9 @@ type Request struct {
 	// Outputs holds one buffer per model output, in the model's output
 	// order, each Rows*RowBytes long. Run fills them.
 	Outputs [][]byte
+	// Elements is the number of tensor elements of the request's inputs, as
+	// the client sent them; the batcher bounds a batch's total.
+	Elements int
 	// Queued is how long the request waited before its batch ran, when a
 	// batcher queued it; the stats of the bucket its first row runs in
 	// count it.

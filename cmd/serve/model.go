@@ -146,13 +146,14 @@ func (sh *shared) load(m *models.Model, name string, grid *bucketing.Grid) (engi
 // defaults.
 func batchingOptions(m *models.Model, sh *shared) batching.Options {
 	o := batching.Options{
-		Model:          m.Name,
-		MaxQueueDelay:  sh.defaults.MaxQueueDelay,
-		MaxQueueSize:   sh.defaults.MaxQueueSize,
-		PriorityLevels: sh.defaults.PriorityLevels,
-		DefaultTimeout: sh.defaults.DefaultTimeout,
-		Metrics:        sh.batching,
-		Logger:         sh.logger,
+		Model:            m.Name,
+		MaxQueueDelay:    sh.defaults.MaxQueueDelay,
+		MaxQueueSize:     sh.defaults.MaxQueueSize,
+		PriorityLevels:   sh.defaults.PriorityLevels,
+		DefaultTimeout:   sh.defaults.DefaultTimeout,
+		MaxBatchElements: sh.defaults.MaxBatchElements,
+		Metrics:          sh.batching,
+		Logger:           sh.logger,
 	}
 	b := m.Config.Batching
 	if b.MaxQueueDelay != nil {
