@@ -42,7 +42,7 @@ func decodeStrings(in *wireInput, binSize int, hasBin bool, binaryPart []byte, e
 			return nil, nil, errors.New("data is not valid UTF-8")
 		}
 		var err error
-		if strs, err = flattenStrings(in.Data); err != nil {
+		if strs, err = flattenStrings(in.Data, len(in.Shape)); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -57,8 +57,12 @@ func decodeStrings(in *wireInput, binSize int, hasBin bool, binaryPart []byte, e
 	return strs, rest, nil
 }
 
-// flattenStrings reads a flat or nested JSON array of strings.
-func flattenStrings(raw json.RawMessage) ([]string, error) {
+// flattenStrings reads a flat or nested JSON array of strings, nested at
+// most depth deep.
+func flattenStrings(raw json.RawMessage, depth int) ([]string, error) {
+	if depth < 1 {
+		return nil, errors.New("data is nested deeper than its shape's dimensions")
+	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
 		return nil, errors.New("data must be an array of strings")
@@ -73,7 +77,7 @@ func flattenStrings(raw json.RawMessage) ([]string, error) {
 			}
 			out = append(out, s)
 		case len(it) > 0 && it[0] == '[':
-			inner, err := flattenStrings(it)
+			inner, err := flattenStrings(it, depth-1)
 			if err != nil {
 				return nil, err
 			}

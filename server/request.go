@@ -232,7 +232,7 @@ func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLe
 			return nil, nil, nil, errors.New("has no data; send data or binary_data_size")
 		}
 		data = make([]byte, nbytes)
-		n, err := decodeJSONData(in.Data, spec.Datatype, data)
+		n, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
 		if err != nil {
 			return nil, nil, nil, err
 		}

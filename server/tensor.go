@@ -15,7 +15,9 @@ import (
 // wrote. The bytes are already known to be valid JSON. It never writes past
 // dst: a value beyond its capacity is an error, so a body cannot make the
 // server write more than the declared shape.
-func decodeJSONData(raw []byte, dt models.Datatype, dst []byte) (int, error) {
+// Nesting deeper than the shape's rank is refused, so that a hostile body
+// of brackets costs nothing.
+func decodeJSONData(raw []byte, dt models.Datatype, dst []byte, rank int) (int, error) {
 	size := dt.Size()
 	if size == 0 || dt == models.FP16 || dt == models.BF16 {
 		return 0, fmt.Errorf("%s data must be sent as binary tensor data", dt)
@@ -28,10 +30,21 @@ func decodeJSONData(raw []byte, dt models.Datatype, dst []byte) (int, error) {
 	if i == len(raw) || raw[i] != '[' {
 		return 0, fmt.Errorf("data must be an array of %s values", dt)
 	}
+	depth := 0
 	for i < len(raw) {
 		c := raw[i]
 		switch {
-		case c == '[' || c == ']' || c == ',' || isSpace(c):
+		case c == '[':
+			if depth++; depth > rank {
+				return n, fmt.Errorf("data is nested deeper than its shape's %d dimensions", rank)
+			}
+			i++
+			continue
+		case c == ']':
+			depth--
+			i++
+			continue
+		case c == ',' || isSpace(c):
 			i++
 			continue
 		case c == '"':
