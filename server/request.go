@@ -199,17 +199,20 @@ func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLe
 		}
 		elems *= d
 	}
-	size := spec.Datatype.Size()
-	if elems > int64(bodyLen) {
-		// Every value takes at least a byte on the wire.
-		return nil, nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
-	}
-	nbytes := int(elems) * size
-
 	binSize, hasBin, err := intParam(in.Parameters, "binary_data_size")
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if !hasBin && (len(in.Data) == 0 || string(in.Data) == "null") {
+		return nil, nil, nil, errors.New("has no data; send data or binary_data_size")
+	}
+	size := spec.Datatype.Size()
+	if elems > int64(bodyLen) {
+		// Every value takes at least a byte on the wire: no declared shape
+		// makes the server allocate more than the body justifies.
+		return nil, nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
+	}
+	nbytes := int(elems) * size
 	if spec.Datatype == models.BYTES {
 		strs, rest, err := decodeStrings(in, binSize, hasBin, binaryPart, int(elems))
 		return nil, strs, rest, err
@@ -228,9 +231,6 @@ func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLe
 		copy(data, binaryPart[:binSize])
 		rest = binaryPart[binSize:]
 	} else {
-		if len(in.Data) == 0 || string(in.Data) == "null" {
-			return nil, nil, nil, errors.New("has no data; send data or binary_data_size")
-		}
 		data = make([]byte, nbytes)
 		n, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
 		if err != nil {
