@@ -73,7 +73,17 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-var addrRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
+var (
+	addrRE      = regexp.MustCompile(`msg=serving addr=(\S+)`)
+	metricsAddr = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
+)
+
+// runBinary runs the server to completion (for start-up failures) and
+// returns its output.
+func runBinary(args ...string) (string, error) {
+	out, err := exec.Command(binPath, args...).CombinedOutput()
+	return string(out), err
+}
 
 // start runs the real binary on a free loopback port and waits until it
 // reports ready.
