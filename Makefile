@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test lint digits tiny-encoder golden deps clean
+.PHONY: all build run test chart-test fuzz soak lint digits tiny-encoder golden deps clean
 
 all: build
 
@@ -64,6 +64,27 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd deploy/test && $(GO) vet ./...
+
+FUZZTIME ?= 60s
+FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary engine/rbln:FuzzReadFrame \
+	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer
+
+## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		out=$$($(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) 2>&1); rc=$$?; \
+		execs=$$(echo "$$out" | grep -o 'execs: [0-9]*' | tail -1); \
+		printf '%-22s %-12s %s\n' "$$name" "$$( [ $$rc = 0 ] && echo ok || echo FAILED)" "$$execs"; \
+		[ $$rc = 0 ] || { echo "$$out" | tail -30; exit 1; }; \
+	done
+
+## soak: the long forms of the overload, drain, repository-churn and soak
+## tests (bounded, loopback only), with their summaries
+soak: build
+	STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve \
+		-run 'TestOverload|TestDrainUnderLoad|TestRepositoryChangesUnderLoad|TestHungWorkerUnderLoad|TestWorkerKilledMidLoad|TestSoak' \
+		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|(capacity|SIGTERM|loads|hung worker|SIGKILL|soak):'
 
 ## digits: retrain the shipped digits model from ../shared/data (reproducible)
 digits:

@@ -1,0 +1,422 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// soak reports whether the long forms run (make soak sets STEPSERVE_SOAK).
+func soak() bool { return os.Getenv("STEPSERVE_SOAK") != "" }
+
+// outcome of one request.
+type outcome struct {
+	status  int // 0: no answer
+	err     error
+	latency time.Duration
+	sentAt  time.Time
+}
+
+// tally counts outcomes by status, and keeps the latencies of successes.
+type tally struct {
+	mu        sync.Mutex
+	byStatus  map[int]int
+	errs      map[string]int
+	latencies []time.Duration
+	outcomes  []outcome
+}
+
+func newTally() *tally { return &tally{byStatus: map[int]int{}, errs: map[string]int{}} }
+
+func (t *tally) add(o outcome) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.outcomes = append(t.outcomes, o)
+	if o.err != nil {
+		t.errs[errClass(o.err)]++
+		return
+	}
+	t.byStatus[o.status]++
+	if o.status == 200 {
+		t.latencies = append(t.latencies, o.latency)
+	}
+}
+
+func (t *tally) quantile(q float64) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.latencies) == 0 {
+		return 0
+	}
+	l := append([]time.Duration(nil), t.latencies...)
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	return l[min(int(q*float64(len(l))), len(l)-1)]
+}
+
+func (t *tally) sent() int { t.mu.Lock(); defer t.mu.Unlock(); return len(t.outcomes) }
+
+func errClass(err error) string {
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "connection refused"):
+		return "refused"
+	case strings.Contains(s, "connection reset"), strings.Contains(s, "EOF"):
+		return "reset"
+	case strings.Contains(s, "Client.Timeout"), strings.Contains(s, "deadline exceeded"):
+		return "no answer"
+	}
+	return s
+}
+
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
+func send(url, body string) outcome {
+	start := time.Now()
+	resp, err := noKeepAlive.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return outcome{err: err, sentAt: start}
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == 503 && resp.Header.Get("Retry-After") == "" {
+		return outcome{err: errors.New("503 without Retry-After"), sentAt: start}
+	}
+	return outcome{status: resp.StatusCode, latency: time.Since(start), sentAt: start}
+}
+
+const textBody = `{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["the water is warm and the children play near the river"]}]}`
+
+// TestOverload drives the encoder at several times its capacity for a
+// bounded period (open loop: requests keep arriving whatever the answers):
+// every request is answered 200, 503 with Retry-After, or 504; the queue
+// stays within max_queue_size; accepted requests meet their deadline; and
+// latency returns to its baseline afterwards.
+func TestOverload(t *testing.T) {
+	repo := t.TempDir()
+	require.NoError(t, os.CopyFS(filepath.Join(repo, "tiny-encoder"), os.DirFS("../../models/tiny-encoder")))
+	y, err := os.ReadFile(filepath.Join(repo, "tiny-encoder", "model.yaml"))
+	require.NoError(t, err)
+	const timeout = 300 * time.Millisecond
+	require.NoError(t, os.WriteFile(filepath.Join(repo, "tiny-encoder", "model.yaml"),
+		append(y, "batching: {max_queue_size: 32, default_timeout: 300ms, max_queue_delay: 2ms}\n"...), 0o644))
+	p := start(t, "--model_repository", repo)
+	url := p.base + "/v2/models/tiny-encoder/infer"
+	before := stats(t, p.base)
+
+	// Capacity, closed loop, and the baseline latency of lone requests.
+	base := newTally()
+	for range 20 {
+		base.add(send(url, textBody))
+	}
+	capTally := newTally()
+	deadline := time.Now().Add(time.Second)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				capTally.add(send(url, textBody))
+			}
+		})
+	}
+	wg.Wait()
+	capacity := float64(capTally.byStatus[200])
+	require.Greater(t, capacity, 10.0)
+
+	// The burst: 3x capacity, open loop, for a bounded period.
+	factor, period := 3.0, 2*time.Second
+	if soak() {
+		factor, period = 5.0, 20*time.Second
+	}
+	rate := factor * capacity
+	burst := newTally()
+	var maxDepth atomic.Int64
+	stop := make(chan struct{})
+	go func() { // watch the queue
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				d := int64(metricSum(t, scrape(t, p.base), "stepserve_queue_depth", `model="tiny-encoder"`))
+				if d > maxDepth.Load() {
+					maxDepth.Store(d)
+				}
+			}
+		}
+	}()
+	interval := time.Duration(float64(time.Second) / rate)
+	n := int(rate * period.Seconds())
+	start := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		wg.Go(func() { burst.add(send(url, textBody)) })
+	}
+	wg.Wait()
+	close(stop)
+
+	after := newTally()
+	for range 20 {
+		after.add(send(url, textBody))
+	}
+	t.Logf("capacity %.0f req/s; burst %.1fx for %v: %d sent, answered %v, errors %v; max queue depth %d; accepted p50 %v p99 %v; lone request p50 before %v, after %v",
+		capacity, factor, period, n, burst.byStatus, burst.errs, maxDepth.Load(), burst.quantile(0.5), burst.quantile(0.99), base.quantile(0.5), after.quantile(0.5))
+
+	assert.Empty(t, burst.errs, "every request is answered")
+	for status := range burst.byStatus {
+		assert.Contains(t, []int{200, 503, 504}, status)
+	}
+	assert.Equal(t, n, burst.byStatus[200]+burst.byStatus[503]+burst.byStatus[504], "nothing lost")
+	assert.Greater(t, burst.byStatus[503]+burst.byStatus[504], 0, "the burst was over capacity")
+	assert.LessOrEqual(t, maxDepth.Load(), int64(32), "the queue is bounded by max_queue_size")
+	// An accepted request waits at most its timeout in the queue, then one
+	// step; the slowest step of this model is well under a second.
+	assert.Less(t, burst.quantile(1), timeout+time.Second, "accepted requests meet their deadline")
+	assert.Less(t, after.quantile(0.5), 3*base.quantile(0.5)+20*time.Millisecond, "latency returns to its baseline")
+	s := stats(t, p.base)
+	assert.Equal(t, before.errors, s.errors, "no 5xx other than 503")
+	assert.Less(t, s.heap, before.heap+256<<20, "memory stays bounded")
+}
+
+// TestDrainUnderLoad sends SIGTERM while clients keep sending: requests in
+// flight are answered before exit, new ones are refused (503 or no
+// connection), and the process exits 0 within the grace.
+func TestDrainUnderLoad(t *testing.T) {
+	p := start(t, "--server.shutdown_grace", "10s")
+	url := p.base + "/v2/models/tiny-encoder/infer"
+	res := newTally()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				res.add(send(url, textBody))
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	sigterm := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	var exitErr error
+	select {
+	case exitErr = <-p.done:
+		p.done <- exitErr
+	case <-time.After(15 * time.Second):
+		t.Fatal("no exit within the grace")
+	}
+	exited := time.Since(sigterm)
+	close(stop)
+	wg.Wait()
+	assert.NoError(t, exitErr, "exit status 0")
+
+	var before, inFlight, afterOK, after503, refused, other int
+	for _, o := range res.outcomes {
+		switch {
+		case o.sentAt.Before(sigterm) && o.err == nil && o.status == 200 && o.sentAt.Add(o.latency).After(sigterm):
+			inFlight++ // sent before SIGTERM, answered after it
+		case o.sentAt.Before(sigterm) && o.err == nil && o.status == 200:
+			before++
+		case o.sentAt.Before(sigterm):
+			other++
+			t.Errorf("a request sent before SIGTERM got %d %v", o.status, o.err)
+		case o.err == nil && o.status == 200:
+			afterOK++ // accepted before the listener closed
+		case o.err == nil && o.status == 503:
+			after503++
+		case o.err != nil && (errClass(o.err) == "refused" || errClass(o.err) == "reset"):
+			refused++ // never accepted: the listener was closed
+		default:
+			other++
+			t.Errorf("after SIGTERM: %d %v", o.status, o.err)
+		}
+	}
+	t.Logf("SIGTERM under load: exit after %v; before %d, in flight and answered %d, after SIGTERM: 200 %d, 503 %d, not accepted %d",
+		exited.Round(time.Millisecond), before, inFlight, afterOK, after503, refused)
+	assert.Greater(t, inFlight, 0, "requests in flight at SIGTERM were answered")
+	assert.Zero(t, other)
+	assert.Contains(t, p.logs.String(), "shutting down")
+}
+
+// TestRepositoryChangesUnderLoad loads, unloads and rewrites a model while
+// clients use it: every request is answered (200, 404 while unloaded, 503
+// while draining), a broken directory is a 400 load error, and the server
+// ends healthy.
+func TestRepositoryChangesUnderLoad(t *testing.T) {
+	repo := t.TempDir()
+	copyDigits(t, repo, "digits", "")
+	copyDigits(t, repo, "churn", "")
+	p := start(t, "--model_repository", repo, "--server.enable_model_control")
+	body := string(jsonRequest("a", heldout(t)[:1]))
+	res := newTally()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, model := range []string{"churn", "digits"} {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					res.add(send(p.base+"/v2/models/"+model+"/infer", body))
+				}
+			})
+		}
+	}
+	weights := filepath.Join(repo, "churn", "weights.safetensors")
+	good, err := os.ReadFile(weights)
+	require.NoError(t, err)
+	control := func(op string) int {
+		resp, err := http.Post(p.base+"/v2/repository/models/churn/"+op, "application/json", nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	rounds := 10
+	if soak() {
+		rounds = 100
+	}
+	var loads, unloads, broken int
+	for i := range rounds {
+		assert.Equal(t, 200, control("unload"))
+		unloads++
+		if i%3 == 0 { // the files change underneath: a truncated write
+			require.NoError(t, os.WriteFile(weights, good[:len(good)/2], 0o644))
+			assert.Equal(t, 400, control("load"), "a truncated weights file is a load error")
+			broken++
+			require.NoError(t, os.WriteFile(weights, good, 0o644))
+		}
+		assert.Equal(t, 200, control("load"))
+		loads++
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d loads, %d unloads, %d broken loads under load: answers %v, errors %v", loads, unloads, broken, res.byStatus, res.errs)
+	assert.Empty(t, res.errs)
+	for status := range res.byStatus {
+		assert.Contains(t, []int{200, 404, 503}, status)
+	}
+	assert.Equal(t, 200, status(t, "GET", p.base+"/v2/health/ready"))
+	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
+}
+
+// TestHungWorkerUnderLoad stops the rbln worker (SIGSTOP) while clients
+// send: requests are answered 503 once the stall is detected, none hangs,
+// and the model is ready again after the restart.
+func TestHungWorkerUnderLoad(t *testing.T) {
+	p := start(t, "--model_repository", rblnRepo(t, ""), "--rbln.stall_timeout", "1s")
+	stop := make(chan struct{})
+	var codes map[int]int
+	done := make(chan struct{})
+	go func() { codes = hammerDigits(t, p.base, 4, stop); close(done) }()
+	time.Sleep(300 * time.Millisecond)
+	stopped := time.Now()
+	require.NoError(t, syscall.Kill(latestWorkerPID(t, p), syscall.SIGSTOP))
+	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 503 }, 10*time.Second, 10*time.Millisecond)
+	detected := time.Since(stopped)
+	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 200 }, 60*time.Second, 10*time.Millisecond)
+	recovered := time.Since(stopped)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	<-done
+	t.Logf("hung worker: detected after %v, ready again after %v; answers %v", detected.Round(time.Millisecond), recovered.Round(time.Millisecond), codes)
+	for code := range codes {
+		assert.Contains(t, []int{200, 503}, code)
+	}
+	assert.Equal(t, 1.0, metricSum(t, scrape(t, p.base), "stepserve_worker_restarts_total"))
+}
+
+// settled reads the server's stats once its goroutine count has stopped
+// moving (connections just closed take a moment to wind down).
+func settled(t *testing.T, base string) serverStats {
+	prev := stats(t, base)
+	for range 50 {
+		time.Sleep(100 * time.Millisecond)
+		cur := stats(t, base)
+		if cur.goroutines == prev.goroutines {
+			return cur
+		}
+		prev = cur
+	}
+	return prev
+}
+
+// TestSoak sends a bounded number of requests from several clients and
+// checks that goroutines and heap return to their baseline.
+func TestSoak(t *testing.T) {
+	p := start(t)
+	n := 3000
+	if soak() {
+		n = 100000
+	}
+	digit := string(jsonRequest("a", heldout(t)[:1]))
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	warm := func(k int) {
+		for range k {
+			resp, err := client.Post(p.base+"/v2/models/digits/infer", "application/json", strings.NewReader(digit))
+			require.NoError(t, err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	warm(200)
+	client.CloseIdleConnections()
+	before := settled(t, p.base)
+
+	res := newTally()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 16 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				t0 := time.Now()
+				resp, err := client.Post(p.base+"/v2/models/digits/infer", "application/json", strings.NewReader(digit))
+				if err != nil {
+					res.add(outcome{err: err})
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				res.add(outcome{status: resp.StatusCode, latency: time.Since(t0)})
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	client.CloseIdleConnections()
+
+	// A leak would leave goroutines per request (thousands); the runtime
+	// may start a helper or two lazily, which is allowed.
+	var after serverStats
+	require.Eventually(t, func() bool {
+		after = stats(t, p.base)
+		return after.goroutines <= before.goroutines+2
+	}, 10*time.Second, 50*time.Millisecond, "goroutines did not return to their baseline %v (now %v)", before.goroutines, stats(t, p.base).goroutines)
+	// The heap is read without forcing a GC; allow it the garbage of a few
+	// requests' buffers, not a leak's growth.
+	lost := n - res.byStatus[200]
+	t.Logf("soak: %d requests in %v (%.0f req/s): answered %v, errors %v, lost %d; p99 %v; goroutines %v -> %v; heap %.1f -> %.1f MiB",
+		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), res.byStatus, res.errs, lost, res.quantile(0.99),
+		before.goroutines, after.goroutines, before.heap/(1<<20), after.heap/(1<<20))
+	assert.Zero(t, lost)
+	assert.Less(t, after.heap, before.heap+64<<20)
+}
