@@ -204,25 +204,16 @@ func (c *Config) validate() error {
 	if c.Name != "" && !ValidName(c.Name) {
 		return bad("name", "%q is not a valid model name; use letters, digits, '_', '.' or '-'", c.Name)
 	}
-	switch c.Engine {
-	case "", "cpu", "rbln":
-	default:
-		return bad("engine", "%q is not an engine; want cpu or rbln (or leave it unset for the server's default)", c.Engine)
+	if c.Engine != "" {
+		if err := oneOf(bad, "engine", &c.Engine, "", "cpu", "rbln"); err != nil {
+			return err
+		}
 	}
-	switch c.DeviceDtype {
-	case "":
-		c.DeviceDtype = "float16"
-	case "float16", "bfloat16":
-	default:
-		return bad("device_dtype", "%q is not supported; want float16 or bfloat16", c.DeviceDtype)
+	if err := oneOf(bad, "device_dtype", &c.DeviceDtype, "float16", "float16", "bfloat16"); err != nil {
+		return err
 	}
-
-	switch c.Warmup {
-	case "":
-		c.Warmup = "eager"
-	case "eager", "lazy":
-	default:
-		return bad("warmup", "%q is not a warm-up mode; want eager or lazy", c.Warmup)
+	if err := oneOf(bad, "warmup", &c.Warmup, "eager", "eager", "lazy"); err != nil {
+		return err
 	}
 	if err := c.Batching.validate(bad); err != nil {
 		return err
@@ -295,6 +286,18 @@ func (b Batching) validate(bad func(string, string, ...any) error) error {
 	return nil
 }
 
+// oneOf checks an enumerated key: empty takes def, anything else must be
+// one of allowed.
+func oneOf(bad func(string, string, ...any) error, key string, v *string, def string, allowed ...string) error {
+	if *v == "" {
+		*v = def
+	}
+	if !slices.Contains(allowed, *v) {
+		return bad(key, "%q is not supported; want %s", *v, strings.Join(allowed, " or "))
+	}
+	return nil
+}
+
 func validateSpecs(key string, specs []TensorSpec) error {
 	if len(specs) == 0 {
 		return fmt.Errorf("%w: %s: at least one is required", ErrConfig, key)
@@ -355,12 +358,8 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	if e.LayerNormEps < 0 {
 		return bad("encoder.layer_norm_eps", "%v must be positive", e.LayerNormEps)
 	}
-	switch e.Pooling {
-	case "":
-		e.Pooling = "cls"
-	case "cls", "mean":
-	default:
-		return bad("encoder.pooling", "%q is not supported; want cls or mean", e.Pooling)
+	if err := oneOf(bad, "encoder.pooling", &e.Pooling, "cls", "cls", "mean"); err != nil {
+		return err
 	}
 	if len(c.Buckets.Seq) == 0 {
 		return bad("buckets.seq", "is required for an encoder; list the sequence lengths to compile, e.g. [32, 64, 128]")
@@ -396,19 +395,11 @@ func (c *Config) validateMLP(bad func(string, string, ...any) error) error {
 			return bad("mlp.sizes", "%v: widths must be positive", m.Sizes)
 		}
 	}
-	switch m.Activation {
-	case "":
-		m.Activation = "relu"
-	case "relu", "gelu":
-	default:
-		return bad("mlp.activation", "%q is not supported; want relu or gelu", m.Activation)
+	if err := oneOf(bad, "mlp.activation", &m.Activation, "relu", "relu", "gelu"); err != nil {
+		return err
 	}
-	switch m.OutputActivation {
-	case "":
-		m.OutputActivation = "none"
-	case "none", "softmax":
-	default:
-		return bad("mlp.output_activation", "%q is not supported; want none or softmax", m.OutputActivation)
+	if err := oneOf(bad, "mlp.output_activation", &m.OutputActivation, "none", "none", "softmax"); err != nil {
+		return err
 	}
 	in, out := m.Sizes[0], m.Sizes[len(m.Sizes)-1]
 	if len(c.Inputs) != 1 || c.Inputs[0].Datatype != FP32 || !slices.Equal(c.Inputs[0].Shape, []int{-1, in}) {

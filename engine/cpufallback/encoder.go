@@ -121,7 +121,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer) {
 			// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
 			gemm(true, S, S, d, scale, p.q[off:], H, p.k[off:], H, 0, p.scores, S)
 			for r := range S {
-				maskedSoftmax(p.scores[r*S:(r+1)*S], keys)
+				addSoftmax(p.scores[r*S:(r+1)*S], keys)
 			}
 			gemm(false, S, d, S, 1, p.scores, S, p.v[off:], H, 0, p.ctx[off:], H)
 		}
@@ -177,12 +177,13 @@ func (p *encoderPlan) pool() {
 	}
 }
 
-// maskedSoftmax adds the key mask to a row of scores and takes its softmax
-// in place.
-func maskedSoftmax(row, mask []float32) {
+// addSoftmax adds add to a row (a bias, or an attention row's key mask)
+// and takes its numerically stable softmax in place: one pass for the
+// maximum, one for the exponentials.
+func addSoftmax(row, add []float32) {
 	mx := float32(math.Inf(-1))
 	for j := range row {
-		row[j] += mask[j]
+		row[j] += add[j]
 		mx = max(mx, row[j])
 	}
 	var sum float64

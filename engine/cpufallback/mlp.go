@@ -85,26 +85,9 @@ func biasGELU(y, bias []float32) {
 	}
 }
 
-// biasSoftmax adds the bias and takes a numerically stable softmax of each
-// row, in one pass for the maximum and one for the exponentials.
+// biasSoftmax adds the bias to each row and takes its softmax.
 func biasSoftmax(y, bias []float32) {
-	n := len(bias)
-	for r := 0; r < len(y); r += n {
-		row := y[r : r+n]
-		mx := float32(math.Inf(-1))
-		for j, b := range bias {
-			row[j] += b
-			mx = max(mx, row[j])
-		}
-		var sum float64
-		for j := range row {
-			e := math.Exp(float64(row[j] - mx))
-			row[j] = float32(e)
-			sum += e
-		}
-		inv := float32(1 / sum)
-		for j := range row {
-			row[j] *= inv
-		}
+	for r := 0; r < len(y); r += len(bias) {
+		addSoftmax(y[r:r+len(bias)], bias)
 	}
 }
