@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test fuzz soak lint digits tiny-encoder golden deps clean
+.PHONY: all build run test chart-test bench fuzz soak lint digits tiny-encoder golden deps clean
 
 all: build
 
@@ -85,6 +85,21 @@ soak: build
 	STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve \
 		-run 'TestOverload|TestDrainUnderLoad|TestRepositoryChangesUnderLoad|TestHungWorkerUnderLoad|TestWorkerKilledMidLoad|TestSoak' \
 		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: [A-Za-z0-9]'
+
+## bench: every benchmark in one run, written to bench/REPORT.md (and
+## printed): HTTP serving against the plain net/http baseline and the
+## FastAPI + PyTorch peer with wrk, dynamic batching, engine steps against
+## OpenBLAS, allocations. Installs what it needs with apt (as root).
+bench: deps build
+	@missing=""; for p in wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	$(PYTHON) -c 'import fastapi, uvicorn' 2>/dev/null || missing="$$missing python3-fastapi python3-uvicorn"; \
+	$(PYTHON) -c 'import numpy' 2>/dev/null || missing="$$missing python3-numpy"; \
+	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0"; \
+	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
+	$(GO) build -o bin/baseline ./bench/baseline
+	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
+
+BENCHTIME ?= 8s
 
 ## digits: retrain the shipped digits model from ../shared/data (reproducible)
 digits:

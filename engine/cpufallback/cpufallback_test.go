@@ -174,9 +174,16 @@ func TestStepErrors(t *testing.T) {
 	assert.ErrorContains(t, err, `architecture "encoder" is not supported by the CPU engine`)
 }
 
-func BenchmarkStep(b *testing.B) {
-	m := randomMLP(b, []int{64, 128, 10}, "relu", "softmax")
-	buckets := []bucketing.Shape{{Batch: 1}, {Batch: 32}}
+// BenchmarkDigitsStep measures every bucket of the shipped digits model:
+// GFLOP/s of its products (counted as bench/encoder_numpy.py counts them
+// for OpenBLAS) and allocations per step.
+func BenchmarkDigitsStep(b *testing.B) {
+	m, err := models.Load("../../models/digits")
+	require.NoError(b, err)
+	var buckets []bucketing.Shape
+	for _, n := range m.Config.Buckets.Batch {
+		buckets = append(buckets, bucketing.Shape{Batch: n})
+	}
 	p, err := Engine{}.Load(context.Background(), m, buckets)
 	require.NoError(b, err)
 	for i, s := range buckets {

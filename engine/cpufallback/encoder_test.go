@@ -188,6 +188,7 @@ func BenchmarkEncoderStep(b *testing.B) {
 				}
 			}
 			sec := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportAllocs()
 			b.ReportMetric(float64(s.Batch)/sec, "seq/s")
 			b.ReportMetric(cpufallback.EncoderFLOPs(m.Encoder.Config, s.Batch, s.Seq)/sec/1e9, "GFLOP/s")
 		})
