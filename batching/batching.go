@@ -259,8 +259,23 @@ func (b *Batcher) form() {
 			}
 			continue
 		}
-		if batch := b.take(maxRows); len(batch) > 0 {
-			b.batches <- batch
+		if batch := b.take(nil, maxRows); len(batch) > 0 {
+			b.handOff(batch, maxRows)
+		}
+	}
+}
+
+// handOff gives a formed batch to the runner. While the runner is busy the
+// batch keeps taking requests that arrive, up to the largest bucket, so
+// that the batch the runner gets is as full as the queue allows even when
+// max_queue_delay is 0.
+func (b *Batcher) handOff(batch []*item, maxRows int) {
+	for {
+		select {
+		case b.batches <- batch:
+			return
+		case <-b.wake:
+			batch = b.take(batch, maxRows)
 		}
 	}
 }
@@ -293,14 +308,18 @@ func (b *Batcher) scan() (oldest *item, rows int) {
 	return oldest, rows
 }
 
-// take removes a batch from the queue: items in priority then arrival order
-// until the next would overflow maxRows. A request larger than maxRows goes
-// alone (the step splits it).
-func (b *Batcher) take(maxRows int) []*item {
+// take removes a batch from the queue, or adds to batch: items in priority
+// then arrival order until the next would overflow maxRows (or
+// MaxBatchElements). A request larger than maxRows goes alone (the step
+// splits it).
+func (b *Batcher) take(batch []*item, maxRows int) []*item {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var batch []*item
 	rows, elements := 0, 0
+	for _, it := range batch {
+		rows += it.req.Rows
+		elements += it.req.Elements
+	}
 	fits := func(it *item) bool {
 		if len(batch) == 0 {
 			return true

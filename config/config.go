@@ -123,7 +123,7 @@ var keys = []key{
 	{"auth.repository.token", "", "bearer token required by the repository API"},
 	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API"},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time"},
-	{"batching.max_queue_delay", "500us", "default for models: how long the oldest queued request waits for a fuller batch"},
+	{"batching.max_queue_delay", "0s", "default for models: how long the oldest queued request waits for a fuller batch"},
 	{"batching.max_batch_elements", "0", "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)"},
 	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
 	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},

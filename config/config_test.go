@@ -30,7 +30,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, dir, c.ModelRepository)
 	assert.Equal(t, slog.LevelInfo, c.Log.Level)
 	assert.Equal(t, "text", c.Log.Format)
-	assert.Equal(t, 500*time.Microsecond, c.Batching.MaxQueueDelay)
+	assert.Zero(t, c.Batching.MaxQueueDelay, "as Triton: no wait unless asked")
 	assert.Equal(t, 1024, c.Batching.MaxQueueSize)
 	assert.Zero(t, c.Batching.DefaultTimeout)
 	assert.Equal(t, 1, c.Batching.PriorityLevels)
