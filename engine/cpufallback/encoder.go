@@ -186,13 +186,13 @@ func addSoftmax(row, add []float32) {
 		row[j] += add[j]
 		mx = max(mx, row[j])
 	}
-	var sum float64
+	var sum float32
 	for j := range row {
-		e := math.Exp(float64(row[j] - mx))
-		row[j] = float32(e)
+		e := exp32(row[j] - mx)
+		row[j] = e
 		sum += e
 	}
-	inv := float32(1 / sum)
+	inv := 1 / sum
 	for j := range row {
 		row[j] *= inv
 	}

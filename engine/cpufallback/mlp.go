@@ -79,8 +79,8 @@ func biasGELU(y, bias []float32) {
 	for r := 0; r < len(y); r += n {
 		row := y[r : r+n]
 		for j, b := range bias {
-			v := float64(row[j] + b)
-			row[j] = float32(0.5 * v * (1 + math.Erf(v/math.Sqrt2)))
+			v := row[j] + b
+			row[j] = 0.5 * v * (1 + erf32(v*(1/math.Sqrt2)))
 		}
 	}
 }
