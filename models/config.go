@@ -131,6 +131,12 @@ func (c *Config) StepInputs() []TensorSpec {
 	return c.Inputs
 }
 
+// OptionalInput reports whether a request may leave the named input out:
+// an encoder's token_type_ids, which default to zeros.
+func (c *Config) OptionalInput(name string) bool {
+	return c.Architecture == "encoder" && name == "token_type_ids"
+}
+
 // TextInput reports whether the model takes a text BYTES input that the
 // server tokenizes.
 func (c *Config) TextInput() bool {

@@ -89,11 +89,6 @@ func flattenStrings(raw json.RawMessage, depth int) ([]string, error) {
 	return out, nil
 }
 
-// optional reports whether a model input may be left out.
-func optional(m *models.Model, name string) bool {
-	return m.Config.Architecture == "encoder" && name == "token_type_ids"
-}
-
 // prepare turns a decoded request into the step's tensors: as is for an
 // mlp; for an encoder, checked token tensors, with text tokenized first.
 func prepare(m *models.Model, req *inferRequest) (*steps.Request, error) {

@@ -109,7 +109,7 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 		req.inputs[idx] = t
 	}
 	for i, s := range cfg.Inputs {
-		if !seen[i] && !optional(m, s.Name) {
+		if !seen[i] && !cfg.OptionalInput(s.Name) {
 			return nil, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}

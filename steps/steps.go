@@ -82,6 +82,7 @@ type Runner struct {
 	metrics *runnerMetrics
 	explain *explainLog
 	stats   *stats
+	warned  []bool // per bucket: its first non-clean step was logged
 
 	mu sync.Mutex // one step at a time: the staging buffers are shared
 }
@@ -108,6 +109,7 @@ func New(opts Options) (*Runner, error) {
 	}
 	r.explain = &explainLog{size: opts.ExplainHistory}
 	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts))}
+	r.warned = make([]bool, len(r.layouts))
 	for _, l := range r.layouts {
 		r.stats.labels = append(r.stats.labels, l.Bucket.Label())
 	}
@@ -224,7 +226,14 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 	r.stats.observe(bucket, &o)
 	if !o.Verdict.Clean && !o.Verdict.Unmeasured {
 		r.explain.add(&o)
-		r.logger.Warn("step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
+		// The metrics and /explain count every such step; the log says it
+		// once per bucket at warning level, so that a bucket that is never
+		// clean cannot flood it.
+		level := slog.LevelDebug
+		if !r.warned[bucket] {
+			r.warned[bucket], level = true, slog.LevelWarn
+		}
+		r.logger.Log(ctx, level, "step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
 			"engine", r.opts.Engine, "reasons", x.Reasons)
 	}
 	if r.opts.Observe != nil {

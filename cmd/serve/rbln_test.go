@@ -194,29 +194,37 @@ func hammerDigits(t *testing.T, base string, clients int, stop <-chan struct{}) 
 // down), none hangs, and the model is ready again after the restart.
 func TestWorkerKilledMidLoad(t *testing.T) {
 	p := start(t, "--model_repository", rblnRepo(t, ""))
-	stop := make(chan struct{})
-	var codes map[int]int
-	done := make(chan struct{})
-	go func() { codes = hammerDigits(t, p.base, 8, stop); close(done) }()
-	time.Sleep(500 * time.Millisecond)
-
-	killed := time.Now()
-	require.NoError(t, syscall.Kill(latestWorkerPID(t, p), syscall.SIGKILL))
-	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 503 }, 5*time.Second, time.Millisecond, "not ready while the worker is down")
-	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 200 }, 60*time.Second, 5*time.Millisecond)
-	recovery := time.Since(killed)
-	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	<-done
-	t.Logf("SIGKILL mid-load: ready again after %v; answers %v", recovery, codes)
-	for code := range codes {
-		assert.Contains(t, []int{200, 503}, code)
-	}
+	codes, unready, ready := workerFaultUnderLoad(t, p, 8, syscall.SIGKILL)
+	t.Logf("SIGKILL mid-load: not ready after %v, ready again after %v; answers %v", unready, ready, codes)
 	assert.Greater(t, codes[200], 0)
 	m := scrape(t, p.base)
 	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_restarts_total", `device="0"`))
 	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_up", `device="0"`))
 	assert.Equal(t, float64(codes[503]), metricSum(t, m, "stepserve_requests_total", `model="digits"`, `outcome="rejected"`))
+}
+
+// workerFaultUnderLoad sends sig to the rbln worker while clients send
+// single-row requests, waits for the server to report not ready and then
+// ready again, and returns the clients' answers (each checked to be 200 or
+// 503, none missing) and how long after the signal each change came.
+func workerFaultUnderLoad(t *testing.T, p *process, clients int, sig syscall.Signal) (codes map[int]int, unready, ready time.Duration) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { codes = hammerDigits(t, p.base, clients, stop); close(done) }()
+	time.Sleep(300 * time.Millisecond)
+	sent := time.Now()
+	require.NoError(t, syscall.Kill(latestWorkerPID(t, p), sig))
+	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 503 }, 10*time.Second, time.Millisecond, "not ready while the worker is down")
+	unready = time.Since(sent).Round(time.Millisecond)
+	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 200 }, 60*time.Second, 5*time.Millisecond)
+	ready = time.Since(sent).Round(time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	<-done
+	for code := range codes {
+		assert.Contains(t, []int{200, 503}, code)
+	}
+	return codes, unready, ready
 }
 
 // TestFailoverToTheCPUEngine: with engine.failover: cpufallback, a dead

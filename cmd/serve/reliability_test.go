@@ -323,24 +323,8 @@ func TestRepositoryChangesUnderLoad(t *testing.T) {
 // and the model is ready again after the restart.
 func TestHungWorkerUnderLoad(t *testing.T) {
 	p := start(t, "--model_repository", rblnRepo(t, ""), "--rbln.stall_timeout", "1s")
-	stop := make(chan struct{})
-	var codes map[int]int
-	done := make(chan struct{})
-	go func() { codes = hammerDigits(t, p.base, 4, stop); close(done) }()
-	time.Sleep(300 * time.Millisecond)
-	stopped := time.Now()
-	require.NoError(t, syscall.Kill(latestWorkerPID(t, p), syscall.SIGSTOP))
-	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 503 }, 10*time.Second, 10*time.Millisecond)
-	detected := time.Since(stopped)
-	require.Eventually(t, func() bool { return status(t, "GET", p.base+"/v2/health/ready") == 200 }, 60*time.Second, 10*time.Millisecond)
-	recovered := time.Since(stopped)
-	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	<-done
-	t.Logf("hung worker: detected after %v, ready again after %v; answers %v", detected.Round(time.Millisecond), recovered.Round(time.Millisecond), codes)
-	for code := range codes {
-		assert.Contains(t, []int{200, 503}, code)
-	}
+	codes, detected, recovered := workerFaultUnderLoad(t, p, 4, syscall.SIGSTOP)
+	t.Logf("hung worker: detected after %v, ready again after %v; answers %v", detected, recovered, codes)
 	assert.Equal(t, 1.0, metricSum(t, scrape(t, p.base), "stepserve_worker_restarts_total"))
 }
 
