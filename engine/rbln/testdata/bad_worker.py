@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 sock = socket.socket(fileno=3)
 
@@ -18,10 +19,11 @@ def send(body: bytes) -> None:
 
 send(b'{"type":"hello","protocol":1,"pid":%d,"torch":"none","device":"cpu"}' % os.getpid())
 n = struct.unpack(">I", sock.recv(4))[0]
-sock.recv(n)
+sock.recv(n)  # the first request, whatever it is
 mode = os.environ.get("BAD_WORKER_MODE", "garbage")
 if mode == "exit":
     print("Traceback (most recent call last):\nRuntimeError: rbln device 0 failed to initialise (fake)", file=sys.stderr, flush=True)
     sys.exit(1)
 send(b"this is not json")
-sock.recv(1)
+# Stay alive: the supervisor must notice the bad frame itself, not a death.
+time.sleep(30)
