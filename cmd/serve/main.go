@@ -74,7 +74,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newBuildInfo(version, cpufallback.BLAS()),
+		newBuildInfo(version, cpufallback.BLAS(), cpufallback.Kernels()),
 	)
 
 	loaded, err := models.LoadRepository(cfg.ModelRepository)
@@ -158,7 +158,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		logger.Info("serving metrics", "addr", mln.Addr().String())
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
-		"blas", cpufallback.BLAS(), "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
+		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.
@@ -214,11 +214,11 @@ func shutdown(s *http.Server, repo *repository, grace time.Duration, logger *slo
 	return cause
 }
 
-func newBuildInfo(version, blas string) prometheus.Collector {
+func newBuildInfo(version, blas, kernels string) prometheus.Collector {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "stepserve_build_info",
-		Help: "Always 1; the labels say which build is running and which BLAS the CPU engine uses.",
-	}, []string{"version", "go_version", "blas"})
-	g.WithLabelValues(version, runtime.Version(), blas).Set(1)
+		Help: "Always 1; the labels say which build is running, which BLAS the CPU engine's products use and which kernels its element-wise passes.",
+	}, []string{"version", "go_version", "blas", "kernels"})
+	g.WithLabelValues(version, runtime.Version(), blas, kernels).Set(1)
 	return g
 }

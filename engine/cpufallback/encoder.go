@@ -91,12 +91,12 @@ func (p *encoderPlan) embed() error {
 		for j := range row {
 			row[j] = w[j] + ps[j] + ty[j]
 		}
-		layerNorm(row, p.e.EmbNorm, c.LayerNormEps)
 		p.maskAdd[t] = 0
 		if p.mask[t] == 0 {
 			p.maskAdd[t] = maskedScore
 		}
 	}
+	layerNormRows(p.x, p.e.EmbNorm, c.LayerNormEps)
 	return nil
 }
 
@@ -110,7 +110,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer) {
 		out []float32
 	}{{&l.Query, p.q}, {&l.Key, p.k}, {&l.Value, p.v}} {
 		linear(T, H, H, p.x, proj.lin.Weight, proj.out)
-		biasOnly(proj.out, proj.lin.Bias)
+		biasAct(proj.out, proj.lin.Bias, actNone)
 	}
 
 	scale := float32(1 / math.Sqrt(float64(d)))
@@ -120,20 +120,18 @@ func (p *encoderPlan) layer(l *models.EncoderLayer) {
 			off := b*S*H + h*d
 			// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
 			gemm(true, S, S, d, scale, p.q[off:], H, p.k[off:], H, 0, p.scores, S)
-			for r := range S {
-				addSoftmax(p.scores[r*S:(r+1)*S], keys)
-			}
+			addSoftmaxRows(p.scores, keys)
 			gemm(false, S, d, S, 1, p.scores, S, p.v[off:], H, 0, p.ctx[off:], H)
 		}
 	}
 
 	linear(T, H, H, p.ctx, l.AttnOut.Weight, p.tmp)
-	residualNorm(p.x, p.tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps, H)
+	residualNorm(p.x, p.tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
 
 	linear(T, I, H, p.x, l.Inter.Weight, p.inter)
-	biasGELU(p.inter, l.Inter.Bias)
+	biasAct(p.inter, l.Inter.Bias, actGELU)
 	linear(T, H, I, p.inter, l.Out.Weight, p.tmp)
-	residualNorm(p.x, p.tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps, H)
+	residualNorm(p.x, p.tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
 }
 
 // pool reduces each sequence to one vector: its first token, or the mean
@@ -174,56 +172,6 @@ func (p *encoderPlan) pool() {
 				dst[j] *= inv
 			}
 		}
-	}
-}
-
-// addSoftmax adds add to a row (a bias, or an attention row's key mask)
-// and takes its numerically stable softmax in place: one pass for the
-// maximum, one for the exponentials.
-func addSoftmax(row, add []float32) {
-	mx := float32(math.Inf(-1))
-	for j := range row {
-		row[j] += add[j]
-		mx = max(mx, row[j])
-	}
-	var sum float32
-	for j := range row {
-		e := exp32(row[j] - mx)
-		row[j] = e
-		sum += e
-	}
-	inv := 1 / sum
-	for j := range row {
-		row[j] *= inv
-	}
-}
-
-// residualNorm computes x = LayerNorm(x + y + bias) row by row, in one pass
-// over the rows.
-func residualNorm(x, y, bias []float32, n models.Norm, eps float64, H int) {
-	for r := 0; r < len(x); r += H {
-		row, add := x[r:r+H], y[r:r+H]
-		for j := range row {
-			row[j] += add[j] + bias[j]
-		}
-		layerNorm(row, n, eps)
-	}
-}
-
-func layerNorm(row []float32, n models.Norm, eps float64) {
-	var sum float64
-	for _, v := range row {
-		sum += float64(v)
-	}
-	mean := sum / float64(len(row))
-	var ss float64
-	for _, v := range row {
-		d := float64(v) - mean
-		ss += d * d
-	}
-	inv := 1 / math.Sqrt(ss/float64(len(row))+eps)
-	for j, v := range row {
-		row[j] = float32((float64(v)-mean)*inv)*n.Weight[j] + n.Bias[j]
 	}
 }
 

@@ -1,10 +1,6 @@
 package cpufallback
 
-import (
-	"math"
-
-	"github.com/stepserve/stepserve/models"
-)
+import "github.com/stepserve/stepserve/models"
 
 // mlpPlan is one bucket's compiled MLP: the resident weights, and every
 // buffer the step writes, allocated once.
@@ -40,54 +36,15 @@ func (p *mlpPlan) run() []float32 {
 		linear(p.batch, l.Out, l.In, x, l.Weight, y)
 		switch {
 		case i < last && p.m.Activation == "gelu":
-			biasGELU(y, l.Bias)
+			biasAct(y, l.Bias, actGELU)
 		case i < last:
-			biasReLU(y, l.Bias)
+			biasAct(y, l.Bias, actReLU)
 		case p.m.OutputActivation == "softmax":
-			biasSoftmax(y, l.Bias)
+			addSoftmaxRows(y, l.Bias)
 		default:
-			biasOnly(y, l.Bias)
+			biasAct(y, l.Bias, actNone)
 		}
 		x = y
 	}
 	return x
-}
-
-func biasOnly(y, bias []float32) {
-	n := len(bias)
-	for r := 0; r < len(y); r += n {
-		row := y[r : r+n]
-		for j, b := range bias {
-			row[j] += b
-		}
-	}
-}
-
-func biasReLU(y, bias []float32) {
-	n := len(bias)
-	for r := 0; r < len(y); r += n {
-		row := y[r : r+n]
-		for j, b := range bias {
-			row[j] = max(row[j]+b, 0)
-		}
-	}
-}
-
-// biasGELU applies the exact (erf) GELU that torch.nn.GELU and BERT use.
-func biasGELU(y, bias []float32) {
-	n := len(bias)
-	for r := 0; r < len(y); r += n {
-		row := y[r : r+n]
-		for j, b := range bias {
-			v := row[j] + b
-			row[j] = 0.5 * v * (1 + erf32(v*(1/math.Sqrt2)))
-		}
-	}
-}
-
-// biasSoftmax adds the bias to each row and takes its softmax.
-func biasSoftmax(y, bias []float32) {
-	for r := 0; r < len(y); r += len(bias) {
-		addSoftmax(y[r:r+len(bias)], bias)
-	}
 }
