@@ -66,7 +66,7 @@ lint:
 	cd deploy/test && $(GO) vet ./...
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary engine/rbln:FuzzReadFrame \
+FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWire engine/rbln:FuzzReadFrame \
 	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)

@@ -71,8 +71,13 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 		header, binaryPart = body[:headerLen], body[headerLen:]
 	}
 	var wr wireRequest
-	if err := json.Unmarshal(header, &wr); err != nil {
-		return nil, badRequest(jsonErrorMessage(header, err))
+	if !parseWire(header, &wr) {
+		// Not the plain form parseWire reads: encoding/json decides, and
+		// its errors say what is wrong.
+		wr = wireRequest{}
+		if err := json.Unmarshal(header, &wr); err != nil {
+			return nil, badRequest(jsonErrorMessage(header, err))
+		}
 	}
 
 	cfg := m.Config
@@ -284,6 +289,12 @@ func boolParam(params map[string]json.RawMessage, key string) (bool, error) {
 	if !ok {
 		return false, nil
 	}
+	switch string(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
 	var v bool
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return false, fmt.Errorf("parameter %s must be true or false, got %s", key, truncate(raw))
@@ -296,8 +307,13 @@ func intParam(params map[string]json.RawMessage, key string) (int, bool, error) 
 	if !ok {
 		return 0, false, nil
 	}
-	var v int64
-	if err := json.Unmarshal(raw, &v); err != nil || v < 0 || v > math.MaxInt32 {
+	v, ok := parseInt64(raw)
+	if !ok {
+		if err := json.Unmarshal(raw, &v); err != nil {
+			v = -1
+		}
+	}
+	if v < 0 || v > math.MaxInt32 {
 		return 0, true, fmt.Errorf("parameter %s must be a non-negative integer, got %s", key, truncate(raw))
 	}
 	return int(v), true, nil
