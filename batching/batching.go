@@ -98,13 +98,21 @@ type Batcher struct {
 
 	mu       sync.Mutex
 	levels   [][]*item // FIFO per priority level; abandoned items are skipped
-	pending  []*item   // the formed batch the runner has not taken yet
+	pending  []*item   // the batch being formed, not yet handed to the runner
+	next     []*item   // the batch the runner holds, waiting for the step token
 	live     int       // queued items not abandoned
 	draining bool
 	wake     chan struct{} // nudges the former; capacity 1
 
 	batches chan []*item
 	stopped chan struct{}
+
+	// stepping holds a token while a batch runs, on the run goroutine or
+	// on a Submit that found the model idle and runs its request itself:
+	// one step at a time. (A channel, not a mutex, so that a wait on it is
+	// a durable block for synctest.)
+	stepping chan struct{}
+	started  chan struct{} // the runner took the token for the batch it was handed
 }
 
 // New starts a batcher in front of runner. Stop it with Shutdown.
@@ -132,13 +140,15 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Batcher{
-		opts:    opts,
-		runner:  runner,
-		m:       opts.Metrics.forModel(opts.Model),
-		levels:  make([][]*item, opts.PriorityLevels),
-		wake:    make(chan struct{}, 1),
-		batches: make(chan []*item),
-		stopped: make(chan struct{}),
+		opts:     opts,
+		runner:   runner,
+		m:        opts.Metrics.forModel(opts.Model),
+		levels:   make([][]*item, opts.PriorityLevels),
+		wake:     make(chan struct{}, 1),
+		batches:  make(chan []*item),
+		stopped:  make(chan struct{}),
+		stepping: make(chan struct{}, 1),
+		started:  make(chan struct{}),
 	}
 	go b.form()
 	go b.run()
@@ -165,17 +175,25 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		timeout = p.Timeout
 	}
 
-	it := &item{req: r, ctx: ctx, enqueued: time.Now(), done: make(chan error, 1)}
+	enqueued := time.Now()
 	b.mu.Lock()
 	switch {
 	case b.draining:
 		b.mu.Unlock()
 		return ErrDraining
+	case b.opts.MaxQueueDelay == 0 && b.live == 0 && b.tryStep():
+		// Nothing waits and nothing runs: there is no batch to join, so
+		// run at once on this goroutine instead of handing the request to
+		// the batcher's and back (two goroutine switches per request, the
+		// larger part of a small model's step).
+		b.mu.Unlock()
+		return b.runNow(ctx, r, enqueued)
 	case b.live >= b.opts.MaxQueueSize:
 		n := b.live
 		b.mu.Unlock()
 		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, n, b.opts.Model)
 	}
+	it := &item{req: r, ctx: ctx, enqueued: enqueued, done: make(chan error, 1)}
 	b.levels[prio-1] = append(b.levels[prio-1], it)
 	b.live++
 	b.m.depth(b.live)
@@ -201,6 +219,34 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		}
 	}
 	return <-it.done // it was already running: its batch answers it
+}
+
+// tryStep takes the step token if no batch is running.
+func (b *Batcher) tryStep() bool {
+	select {
+	case b.stepping <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// runNow runs one request as its own batch on the caller's goroutine; the
+// caller holds the step token. Requests that arrive meanwhile queue, and the
+// batch the run goroutine forms from them waits for this step, growing.
+func (b *Batcher) runNow(ctx context.Context, r *steps.Request, enqueued time.Time) error {
+	defer func() { <-b.stepping }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.Queued = max(time.Since(enqueued), time.Nanosecond)
+	b.m.queued(r.Queued)
+	reqs := [1]*steps.Request{r}
+	err := b.runner.Run(context.Background(), reqs[:])
+	if err != nil {
+		b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", 1, "err", err)
+	}
+	return err
 }
 
 // abandon takes a queued item out of the running; it reports false when the
@@ -259,7 +305,7 @@ func (b *Batcher) form() {
 			}
 			continue
 		}
-		if batch := b.take(nil, maxRows); len(batch) > 0 {
+		if batch := b.take(nil, maxRows, &b.pending); len(batch) > 0 {
 			b.handOff(batch, maxRows)
 		}
 	}
@@ -273,9 +319,13 @@ func (b *Batcher) handOff(batch []*item, maxRows int) {
 	for {
 		select {
 		case b.batches <- batch:
+			// The next batch is formed only once this one runs: while the
+			// runner waits out a step a Submit runs itself, arrivals join
+			// this batch in priority order rather than a later one.
+			<-b.started
 			return
 		case <-b.wake:
-			batch = b.take(batch, maxRows)
+			batch = b.take(batch, maxRows, &b.pending)
 		}
 	}
 }
@@ -312,7 +362,7 @@ func (b *Batcher) scan() (oldest *item, rows int) {
 // then arrival order until the next would overflow maxRows (or
 // MaxBatchElements). A request larger than maxRows goes alone (the step
 // splits it).
-func (b *Batcher) take(batch []*item, maxRows int) []*item {
+func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	rows, elements := 0, 0
@@ -344,19 +394,28 @@ func (b *Batcher) take(batch []*item, maxRows int) []*item {
 		clear(q[len(kept):])
 		b.levels[l] = kept
 	}
-	b.pending = batch
+	*slot = batch
 	return batch
 }
 
 // run is the goroutine that runs formed batches, one at a time.
 func (b *Batcher) run() {
 	defer close(b.stopped)
+	maxRows := b.runner.MaxBatch()
 	reqs := make([]*steps.Request, 0, 64)
 	for batch := range b.batches {
+		// Wait out a step a Submit runs itself, then take in what queued
+		// behind it.
+		b.mu.Lock()
+		b.pending, b.next = nil, batch
+		b.mu.Unlock()
+		b.stepping <- struct{}{}
+		batch = b.take(batch, maxRows, &b.next)
+		b.started <- struct{}{}
 		// Requests answered at their deadline or cancelled while the batch
 		// waited never reach the device.
 		b.mu.Lock()
-		b.pending = nil
+		b.next = nil
 		live := batch[:0]
 		for _, it := range batch {
 			if it.state != queued {
@@ -375,6 +434,7 @@ func (b *Batcher) run() {
 		b.m.depth(b.live)
 		b.mu.Unlock()
 		if len(live) == 0 {
+			<-b.stepping
 			continue
 		}
 
@@ -391,6 +451,7 @@ func (b *Batcher) run() {
 		if err != nil {
 			b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", len(live), "err", err)
 		}
+		<-b.stepping
 		for _, it := range live {
 			it.done <- err
 		}
@@ -409,6 +470,10 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 	b.nudge()
 	select {
 	case <-b.stopped:
+		// A request that found the model idle may still be running its own
+		// step.
+		b.stepping <- struct{}{}
+		<-b.stepping
 		return nil
 	case <-ctx.Done():
 	}
@@ -428,6 +493,7 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 		drop(q)
 	}
 	drop(b.pending)
+	drop(b.next)
 	b.m.depth(b.live)
 	b.mu.Unlock()
 	b.opts.Logger.Warn("drain grace ran out", "model", b.opts.Model, "answered_503", dropped)

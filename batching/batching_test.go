@@ -1,8 +1,10 @@
 package batching
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -26,6 +28,7 @@ type fakeRunner struct {
 	mu      sync.Mutex
 	batches [][]byte // request ids per batch
 	started []time.Time
+	inline  []bool // whether the batch ran on a Submit's goroutine
 }
 
 func (f *fakeRunner) MaxBatch() int { return f.max }
@@ -39,6 +42,9 @@ func (f *fakeRunner) Run(ctx context.Context, reqs []*steps.Request) error {
 	f.mu.Lock()
 	f.batches = append(f.batches, ids)
 	f.started = append(f.started, time.Now())
+	stack := make([]byte, 8<<10)
+	stack = stack[:runtime.Stack(stack, false)]
+	f.inline = append(f.inline, bytes.Contains(stack, []byte("batching.(*Batcher).Submit(")))
 	f.mu.Unlock()
 	time.Sleep(f.stepTime)
 	return f.err
@@ -347,4 +353,43 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		_, err := New(f, o)
 		assert.Error(t, err, "%+v", o)
 	}
+}
+
+// A request that finds the model idle runs at once (on its own goroutine);
+// what arrives during its step waits and runs next as one batch; Shutdown
+// waits for such a step too.
+func TestIdleModelRunsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeRunner{max: 4, stepTime: 100 * time.Millisecond}
+		b := newBatcher(t, f, Options{})
+		start := time.Now()
+		out := make(chan result, 8)
+		submit(context.Background(), b, req(1, 1), Params{}, start, out)
+		synctest.Wait()
+		assert.Equal(t, [][]byte{{1}}, f.seen(), "running before anything else arrived")
+		for id := byte(2); id <= 5; id++ {
+			submit(context.Background(), b, req(id, 1), Params{}, start, out)
+			synctest.Wait()
+		}
+		got := map[byte]time.Duration{}
+		for range 5 {
+			r := <-out
+			require.NoError(t, r.err)
+			got[r.id] = r.at
+		}
+		assert.Equal(t, map[byte]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond,
+			3: 200 * time.Millisecond, 4: 200 * time.Millisecond, 5: 200 * time.Millisecond}, got)
+		assert.Equal(t, [][]byte{{1}, {2, 3, 4, 5}}, f.seen())
+		f.mu.Lock()
+		assert.Equal(t, []bool{true, false}, f.inline, "the idle request ran on its own goroutine, the batch on the batcher's")
+		f.mu.Unlock()
+
+		submit(context.Background(), b, req(6, 1), Params{}, start, out)
+		synctest.Wait()
+		require.NoError(t, b.Shutdown(context.Background()))
+		assert.Equal(t, 300*time.Millisecond, time.Since(start), "Shutdown waited for the running step")
+		r := <-out
+		require.NoError(t, r.err)
+		assert.Equal(t, byte(6), r.id)
+	})
 }

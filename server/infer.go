@@ -18,6 +18,14 @@ import (
 // length of the JSON part of a body that binary tensors follow.
 const headerContentLength = "Inference-Header-Content-Length"
 
+// Response content types, shared by every response: net/http copies a
+// handler's header before writing it, and a value slice of capacity 1 is
+// never appended to in place.
+var (
+	contentTypeJSON   = []string{"application/json"}
+	contentTypeOctets = []string{"application/octet-stream"}
+)
+
 func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	m, err := s.lookup(r)
@@ -80,10 +88,12 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 // readBody reads the whole body within the configured limit.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := s.opts.MaxBodyBytes
-	tooLarge := &apiError{http.StatusRequestEntityTooLarge,
-		fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}
+	tooLarge := func() error {
+		return &apiError{http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}
+	}
 	if r.ContentLength > limit {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	size := 512
 	if r.ContentLength > 0 {
@@ -95,7 +105,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	var ne net.Error
 	switch {
 	case errors.As(err, &mbe):
-		return nil, tooLarge
+		return nil, tooLarge()
 	case errors.As(err, &ne) && ne.Timeout():
 		return nil, &apiError{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
 	case err != nil:
@@ -179,10 +189,12 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 	}
 	b = append(b, "]}"...)
 
+	// Header keys already canonical, and shared values: no allocation or
+	// canonicalization per response.
 	h := w.Header()
 	if len(binaryParts) == 0 {
-		h.Set("Content-Type", "application/json")
-		h.Set("Content-Length", strconv.Itoa(len(b)))
+		h["Content-Type"] = contentTypeJSON
+		h["Content-Length"] = []string{strconv.Itoa(len(b))}
 		w.WriteHeader(http.StatusOK)
 		w.Write(b)
 		return nil
@@ -191,9 +203,9 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 	for _, p := range binaryParts {
 		total += len(p)
 	}
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set(headerContentLength, strconv.Itoa(len(b)))
-	h.Set("Content-Length", strconv.Itoa(total))
+	h["Content-Type"] = contentTypeOctets
+	h[headerContentLength] = []string{strconv.Itoa(len(b))}
+	h["Content-Length"] = []string{strconv.Itoa(total)}
 	w.WriteHeader(http.StatusOK)
 	w.Write(b)
 	for _, p := range binaryParts {

@@ -21,6 +21,7 @@ type wireRequest struct {
 	Parameters map[string]json.RawMessage `json:"parameters"`
 	Inputs     []wireInput                `json:"inputs"`
 	Outputs    []wireOutput               `json:"outputs"`
+	pairs      paramPairs                 // Parameters as parseWire reads them
 }
 
 type wireInput struct {
@@ -29,11 +30,41 @@ type wireInput struct {
 	Datatype   string                     `json:"datatype"`
 	Parameters map[string]json.RawMessage `json:"parameters"`
 	Data       json.RawMessage            `json:"data"`
+	pairs      paramPairs
 }
 
 type wireOutput struct {
 	Name       string                     `json:"name"`
 	Parameters map[string]json.RawMessage `json:"parameters"`
+	pairs      paramPairs
+}
+
+// paramPairs is a parameters object as parseWire reads it: its keys and
+// raw values in order, with no map built for the one or two a request
+// carries.
+type paramPairs []paramPair
+
+type paramPair struct {
+	key string
+	raw json.RawMessage
+}
+
+// wireParams is a parameters object from either decoder.
+type wireParams struct {
+	m     map[string]json.RawMessage
+	pairs paramPairs
+}
+
+// get returns a parameter's raw value; the last of repeated keys wins, as
+// it does in a map.
+func (p wireParams) get(key string) (json.RawMessage, bool) {
+	for i := len(p.pairs) - 1; i >= 0; i-- {
+		if p.pairs[i].key == key {
+			return p.pairs[i].raw, true
+		}
+	}
+	raw, ok := p.m[key]
+	return raw, ok
 }
 
 // inferRequest is a decoded, validated request.
@@ -124,17 +155,17 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 
 	// Triton's request parameters: priority (1 is the highest) and timeout
 	// in microseconds, which may only lower the model's default.
-	prio, _, err := intParam(wr.Parameters, "priority")
+	prio, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "priority")
 	if err != nil {
 		return nil, badRequest(err.Error())
 	}
-	timeout, _, err := intParam(wr.Parameters, "timeout")
+	timeout, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "timeout")
 	if err != nil {
 		return nil, badRequest(err.Error() + " (microseconds)")
 	}
 	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
-	allBinary, err := boolParam(wr.Parameters, "binary_data_output")
+	allBinary, err := boolParam(wireParams{wr.Parameters, wr.pairs}, "binary_data_output")
 	if err != nil {
 		return nil, badRequest(err.Error())
 	}
@@ -154,10 +185,11 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 				return nil, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
 			}
 		}
-		if _, ok := o.Parameters["classification"]; ok {
+		params := wireParams{o.Parameters, o.pairs}
+		if _, ok := params.get("classification"); ok {
 			return nil, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
 		}
-		bin, err := boolParam(o.Parameters, "binary_data")
+		bin, err := boolParam(params, "binary_data")
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
@@ -204,7 +236,7 @@ func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLe
 		}
 		elems *= d
 	}
-	binSize, hasBin, err := intParam(in.Parameters, "binary_data_size")
+	binSize, hasBin, err := intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -284,8 +316,8 @@ func signature(specs []models.TensorSpec) string {
 	return strings.Join(parts, ", ")
 }
 
-func boolParam(params map[string]json.RawMessage, key string) (bool, error) {
-	raw, ok := params[key]
+func boolParam(params wireParams, key string) (bool, error) {
+	raw, ok := params.get(key)
 	if !ok {
 		return false, nil
 	}
@@ -302,16 +334,18 @@ func boolParam(params map[string]json.RawMessage, key string) (bool, error) {
 	return v, nil
 }
 
-func intParam(params map[string]json.RawMessage, key string) (int, bool, error) {
-	raw, ok := params[key]
+func intParam(params wireParams, key string) (int, bool, error) {
+	raw, ok := params.get(key)
 	if !ok {
 		return 0, false, nil
 	}
 	v, ok := parseInt64(raw)
 	if !ok {
-		if err := json.Unmarshal(raw, &v); err != nil {
-			v = -1
+		var slow int64
+		if err := json.Unmarshal(raw, &slow); err != nil {
+			slow = -1
 		}
+		v = slow
 	}
 	if v < 0 || v > math.MaxInt32 {
 		return 0, true, fmt.Errorf("parameter %s must be a non-negative integer, got %s", key, truncate(raw))

@@ -40,7 +40,7 @@ func parseWire(b []byte, wr *wireRequest) bool {
 			}
 		case "parameters":
 			bit = 2
-			wr.Parameters, ok = p.params()
+			wr.pairs, ok = p.params()
 		case "inputs":
 			bit = 4
 			wr.Inputs, ok = p.inputs()
@@ -141,24 +141,26 @@ func (p *wireParser) str() ([]byte, bool) {
 	return nil, false
 }
 
-func (p *wireParser) params() (map[string]json.RawMessage, bool) {
+// params reads a parameters object into pairs; an empty object gives an
+// empty, non-nil list, as encoding/json gives an empty map.
+func (p *wireParser) params() (paramPairs, bool) {
 	if !p.object() {
 		return nil, false
 	}
-	m := make(map[string]json.RawMessage, 1)
+	pairs := make(paramPairs, 0, 1)
 	for first := true; ; first = false {
 		key, ok := p.key(first)
 		if !ok {
 			return nil, false
 		}
 		if key == nil {
-			return m, true
+			return pairs, true
 		}
 		raw, ok := p.raw()
 		if !ok {
 			return nil, false
 		}
-		m[string(key)] = raw
+		pairs = append(pairs, paramPair{paramKey(key), raw})
 	}
 }
 
@@ -214,7 +216,7 @@ func (p *wireParser) input(in *wireInput) bool {
 			}
 		case "parameters":
 			bit = 8
-			in.Parameters, ok = p.params()
+			in.pairs, ok = p.params()
 		case "data":
 			bit = 16
 			in.Data, ok = p.raw()
@@ -265,7 +267,7 @@ func (p *wireParser) outputs() ([]wireOutput, bool) {
 				}
 			case "parameters":
 				bit = 2
-				o.Parameters, ok = p.params()
+				o.pairs, ok = p.params()
 			default:
 				ok = !foldsTo(key, "name", "parameters") && p.skip()
 			}
@@ -304,6 +306,24 @@ func (p *wireParser) shape() ([]int64, bool) {
 		}
 		s = append(s, v)
 	}
+}
+
+// paramKey is a parameter's name as a string, without allocating for the
+// names the protocol defines.
+func paramKey(b []byte) string {
+	switch string(b) {
+	case "binary_data_size":
+		return "binary_data_size"
+	case "binary_data":
+		return "binary_data"
+	case "binary_data_output":
+		return "binary_data_output"
+	case "priority":
+		return "priority"
+	case "timeout":
+		return "timeout"
+	}
+	return string(b)
 }
 
 // parseInt64 parses a JSON integer without fraction or exponent.
