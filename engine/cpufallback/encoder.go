@@ -26,6 +26,10 @@ type encoderPlan struct {
 
 	ids, mask, types []int64   // the bucket's "device" input buffers, [B*S]
 	maskAdd          []float32 // 0 or maskedScore per key, [B*S]
+	zeros            []float32 // [S]: the key mask once padding is left out
+	seqOff, seqLen   []int     // [B]: each sequence's rows in x
+	compacted        bool      // whether this step left padding out
+	neverCompact     bool      // tests: always compute every token
 	x, q, k, v, ctx  []float32 // [B*S, H]
 	tmp              []float32 // [B*S, H]
 	inter            []float32 // [B*S, I]
@@ -40,8 +44,9 @@ func newEncoderPlan(e *models.Encoder, layout engine.Layout) *encoderPlan {
 	return &encoderPlan{
 		e: e, batch: b, seq: s, heads: c.Heads, headDim: c.Hidden / c.Heads, layout: layout,
 		ids: make([]int64, t), mask: make([]int64, t), types: make([]int64, t),
-		maskAdd: make([]float32, t),
-		x:       make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
+		maskAdd: make([]float32, t), zeros: make([]float32, s),
+		seqOff: make([]int, b), seqLen: make([]int, b),
+		x: make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
 		v: make([]float32, t*c.Hidden), ctx: make([]float32, t*c.Hidden), tmp: make([]float32, t*c.Hidden),
 		inter:  make([]float32, t*c.Intermediate),
 		scores: make([]float32, s*s),
@@ -65,98 +70,159 @@ func (p *encoderPlan) step(in, out []byte) error {
 	copy(p.ids, int64s(in[l[0].Offset:l[0].Offset+l[0].Bytes]))
 	copy(p.mask, int64s(in[l[1].Offset:l[1].Offset+l[1].Bytes]))
 	copy(p.types, int64s(in[l[2].Offset:l[2].Offset+l[2].Bytes]))
-	if err := p.embed(); err != nil {
+	rows, err := p.embed()
+	if err != nil {
 		return err
 	}
 	for i := range p.e.Layers {
-		p.layer(&p.e.Layers[i])
+		p.layer(&p.e.Layers[i], rows)
 	}
 	p.pool()
 	copy(floats(out), p.pooled)
 	return nil
 }
 
-func (p *encoderPlan) embed() error {
-	c := p.e.Config
-	H := c.Hidden
-	for t := range p.ids {
-		id, tt, pos := p.ids[t], p.types[t], t%p.seq
-		if id < 0 || id >= int64(c.VocabSize) || tt < 0 || tt >= int64(c.TypeVocabSize) {
-			return fmt.Errorf("cpufallback: token %d: id %d or type %d outside the vocabulary (%d ids, %d types)", t, id, tt, c.VocabSize, c.TypeVocabSize)
+// compact reports whether the step may leave padded tokens out: a padded
+// token's row never reaches a real token (attention masks it as a key) nor
+// the output (mean pooling skips it), except under cls pooling when a
+// sequence's first token is itself padded, which is then pooled.
+func (p *encoderPlan) compact() bool {
+	if p.neverCompact {
+		return false
+	}
+	if p.e.Config.Pooling != "cls" {
+		return true
+	}
+	for b := range p.batch {
+		row := p.mask[b*p.seq : (b+1)*p.seq]
+		if row[0] != 0 {
+			continue
 		}
-		row := p.x[t*H : (t+1)*H]
-		w := p.e.WordEmb[int(id)*H:]
-		ps := p.e.PosEmb[pos*H:]
-		ty := p.e.TypeEmb[int(tt)*H:]
-		for j := range row {
-			row[j] = w[j] + ps[j] + ty[j]
-		}
-		p.maskAdd[t] = 0
-		if p.mask[t] == 0 {
-			p.maskAdd[t] = maskedScore
+		for _, m := range row {
+			if m != 0 {
+				return false
+			}
 		}
 	}
-	layerNormRows(p.x, p.e.EmbNorm, c.LayerNormEps)
-	return nil
+	return true
 }
 
-func (p *encoderPlan) layer(l *models.EncoderLayer) {
+// embed writes the embeddings of the tokens the step computes into the
+// first rows of p.x and returns how many there are. The CPU engine leaves
+// padding out: sequence b's real tokens become rows seqOff[b] up to
+// seqOff[b]+seqLen[b], so that the products run on real tokens only (a
+// 14-token text in a 32-token bucket costs 14 rows, not 32). When it may
+// not (see compact), every token is a row and the key mask does the work.
+func (p *encoderPlan) embed() (int, error) {
 	c := p.e.Config
-	H, I, T := c.Hidden, c.Intermediate, p.batch*p.seq
-	S, d := p.seq, p.headDim
+	H := c.Hidden
+	compact := p.compact()
+	r := 0
+	for b := range p.batch {
+		p.seqOff[b] = r
+		for s := range p.seq {
+			t := b*p.seq + s
+			id, tt := p.ids[t], p.types[t]
+			if id < 0 || id >= int64(c.VocabSize) || tt < 0 || tt >= int64(c.TypeVocabSize) {
+				return 0, fmt.Errorf("cpufallback: token %d: id %d or type %d outside the vocabulary (%d ids, %d types)", t, id, tt, c.VocabSize, c.TypeVocabSize)
+			}
+			if compact && p.mask[t] == 0 {
+				continue
+			}
+			p.maskAdd[t] = 0
+			if p.mask[t] == 0 {
+				p.maskAdd[t] = maskedScore
+			}
+			row := p.x[r*H : (r+1)*H]
+			w := p.e.WordEmb[int(id)*H:]
+			ps := p.e.PosEmb[s*H:]
+			ty := p.e.TypeEmb[int(tt)*H:]
+			for j := range row {
+				row[j] = w[j] + ps[j] + ty[j]
+			}
+			r++
+		}
+		p.seqLen[b] = r - p.seqOff[b]
+	}
+	p.compacted = compact
+	layerNormRows(p.x[:r*H], p.e.EmbNorm, c.LayerNormEps)
+	return r, nil
+}
+
+// layer runs one encoder layer on the first rows of p.x.
+func (p *encoderPlan) layer(l *models.EncoderLayer, rows int) {
+	c := p.e.Config
+	H, I := c.Hidden, c.Intermediate
+	d := p.headDim
+	x, q, k, v, ctx, tmp := p.x[:rows*H], p.q[:rows*H], p.k[:rows*H], p.v[:rows*H], p.ctx[:rows*H], p.tmp[:rows*H]
 
 	for _, proj := range []struct {
 		lin *models.Linear
 		out []float32
-	}{{&l.Query, p.q}, {&l.Key, p.k}, {&l.Value, p.v}} {
-		linear(T, H, H, p.x, proj.lin.Weight, proj.out)
+	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
+		linear(rows, H, H, x, proj.lin.Weight, proj.out)
 		biasAct(proj.out, proj.lin.Bias, actNone)
 	}
 
 	scale := float32(1 / math.Sqrt(float64(d)))
 	for b := range p.batch {
-		keys := p.maskAdd[b*S : (b+1)*S]
+		S := p.seqLen[b]
+		if S == 0 {
+			continue
+		}
+		// The keys' mask: none left to mask when padding was left out.
+		keys := p.zeros[:S]
+		if !p.compacted {
+			keys = p.maskAdd[b*p.seq : b*p.seq+S]
+		}
+		scores := p.scores[:S*S]
 		for h := range p.heads {
-			off := b*S*H + h*d
+			off := p.seqOff[b]*H + h*d
 			// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
-			gemm(true, S, S, d, scale, p.q[off:], H, p.k[off:], H, 0, p.scores, S)
-			addSoftmaxRows(p.scores, keys)
-			gemm(false, S, d, S, 1, p.scores, S, p.v[off:], H, 0, p.ctx[off:], H)
+			gemm(true, S, S, d, scale, q[off:], H, k[off:], H, 0, scores, S)
+			addSoftmaxRows(scores, keys)
+			gemm(false, S, d, S, 1, scores, S, v[off:], H, 0, ctx[off:], H)
 		}
 	}
 
-	linear(T, H, H, p.ctx, l.AttnOut.Weight, p.tmp)
-	residualNorm(p.x, p.tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
+	linear(rows, H, H, ctx, l.AttnOut.Weight, tmp)
+	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
 
-	linear(T, I, H, p.x, l.Inter.Weight, p.inter)
-	biasAct(p.inter, l.Inter.Bias, actGELU)
-	linear(T, H, I, p.inter, l.Out.Weight, p.tmp)
-	residualNorm(p.x, p.tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
+	inter := p.inter[:rows*I]
+	linear(rows, I, H, x, l.Inter.Weight, inter)
+	biasAct(inter, l.Inter.Bias, actGELU)
+	linear(rows, H, I, inter, l.Out.Weight, tmp)
+	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
 }
 
 // pool reduces each sequence to one vector: its first token, or the mean
-// over the attention mask; then optionally scales it to unit length.
+// over the attention mask; then optionally scales it to unit length. A
+// sequence with no tokens at all (a padding row of the batch) pools to
+// zeros.
 func (p *encoderPlan) pool() {
 	c := p.e.Config
-	H, S := c.Hidden, p.seq
+	H := c.Hidden
 	for b := range p.batch {
 		dst := p.pooled[b*H : (b+1)*H]
-		if c.Pooling == "cls" {
-			copy(dst, p.x[b*S*H:b*S*H+H])
-		} else {
-			clear(dst)
-			n := 0
-			for s := range S {
-				if p.mask[b*S+s] == 0 {
+		clear(dst)
+		off, n := p.seqOff[b], p.seqLen[b]
+		switch {
+		case n == 0:
+		case c.Pooling == "cls":
+			copy(dst, p.x[off*H:(off+1)*H])
+		default:
+			real := 0
+			for s := range n {
+				if !p.compacted && p.mask[b*p.seq+s] == 0 {
 					continue
 				}
-				n++
-				for j, v := range p.x[(b*S+s)*H : (b*S+s+1)*H] {
+				real++
+				for j, v := range p.x[(off+s)*H : (off+s+1)*H] {
 					dst[j] += v
 				}
 			}
-			if n > 0 {
-				inv := 1 / float32(n)
+			if real > 0 {
+				inv := 1 / float32(real)
 				for j := range dst {
 					dst[j] *= inv
 				}

@@ -1,0 +1,69 @@
+package cpufallback
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// Leaving padding out changes no embedding: random masks (prefixes, holes,
+// empty rows, a padded first token under cls pooling) give what computing
+// every token under the key mask gives.
+func TestCompactionAnswersAsTheFullStep(t *testing.T) {
+	m, err := models.Load("testdata/encoder")
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(7, 8))
+	shape := bucketing.Shape{Batch: 4, Seq: 32}
+	for _, pooling := range []string{"mean", "cls"} {
+		m.Encoder.Config.Pooling = pooling
+		layout := engine.NewLayout(m.Config, shape)
+		for trial := range 20 {
+			in := make([]byte, layout.InBytes)
+			ids, mask, types := int64s(in[layout.Inputs[0].Offset:]), int64s(in[layout.Inputs[1].Offset:]), int64s(in[layout.Inputs[2].Offset:])
+			for b := range shape.Batch {
+				n := rng.IntN(shape.Seq + 1)
+				for s := range shape.Seq {
+					t := b*shape.Seq + s
+					ids[t] = int64(rng.IntN(m.Encoder.Config.VocabSize))
+					types[t] = int64(rng.IntN(m.Encoder.Config.TypeVocabSize))
+					switch {
+					case trial%3 == 0: // holes anywhere
+						mask[t] = int64(rng.IntN(2))
+					case s < n: // a prefix
+						mask[t] = 1
+					}
+				}
+			}
+			out := map[bool][]float32{}
+			for _, full := range []bool{false, true} {
+				p := newEncoderPlan(m.Encoder, layout)
+				p.neverCompact = full
+				o := make([]byte, layout.OutBytes)
+				require.NoError(t, p.step(in, o))
+				out[full] = append([]float32(nil), floats(o)...)
+			}
+			for b := range shape.Batch {
+				row := mask[b*shape.Seq : (b+1)*shape.Seq]
+				empty := true
+				for _, v := range row {
+					empty = empty && v == 0
+				}
+				if empty {
+					continue // a padding row: its output is never read
+				}
+				H := m.Encoder.Config.Hidden
+				for j := range H {
+					got, want := out[false][b*H+j], out[true][b*H+j]
+					require.InDelta(t, want, got, 2e-5, "%s pooling, trial %d, row %d (mask %v), dim %d", pooling, trial, b, row, j)
+					require.False(t, math.IsNaN(float64(got)))
+				}
+			}
+		}
+	}
+}
