@@ -20,31 +20,31 @@ var wireCases = []struct {
 	{`{"parameters":{"timeout":1,"timeout":2},"inputs":[{"name":"a","parameters":{"k":1,"k":[2]}}]}`, true}, // the last wins, as in a map
 
 	// Everything below falls back to encoding/json.
-	{`{"Inputs":[{"name":"a"}]}`, false},                                  // another case
-	{`{"inputs":[{"NAME":"a"}]}`, false},                                  // another case
-	{`{"inputs":[{"name":"a"}],"inputs":[]}`, false},                      // repeated
-	{`{"inputs":[{"name":"a","name":"b"}]}`, false},                       // repeated
-	{`{"id":"\u0041"}`, false},                                            // escape
-	{`{"id":"é"}`, false},                                                 // non-ASCII
-	{`{"id":1}`, false},                                                   // wrong type
-	{`{"id":null}`, false},                                                // null
-	{`{"parameters":null}`, false},                                        // null
-	{`{"inputs":[{"name":"a","data":null}]}`, false},                      // null
-	{`{"inputs":[{"name":"a","shape":[1.0]}]}`, false},                    // fraction
-	{`{"inputs":[{"name":"a","shape":[1e3]}]}`, false},                    // exponent
-	{`{"inputs":[{"name":"a","shape":[99999999999999999999]}]}`, false},   // overflow
-	{`{"inputs":[{"name":"a","shape":[01]}]}`, false},                     // malformed
-	{`{"inputs":[{"name":"a","data":[1,]}]}`, false},                      // malformed
-	{`{"inputs":[{"name":"a","data":[NaN]}]}`, false},                     // malformed
-	{`{"inputs":[{"name":"a","data":"tab	here"}]}`, false},                // control character
-	{`{"inputs":[{"name":"a"}]} x`, false},                                // trailing
-	{`{"inputs":[{"name":"a"}]`, false},                                   // truncated
-	{`{"x":"\q"}`, false},                                                 // bad escape
-	{`{"x":"\u12"}`, false},                                               // bad escape
-	{`[1]`, false},                                                        // not an object
-	{``, false},                                                           // empty
-	{`{"\u0069nputs":[]}`, false},                                         // escaped key
-	{`{"x":` + deepArray(100) + `}`, false},                               // too deep to skip here
+	{`{"Inputs":[{"name":"a"}]}`, false},                                // another case
+	{`{"inputs":[{"NAME":"a"}]}`, false},                                // another case
+	{`{"inputs":[{"name":"a"}],"inputs":[]}`, false},                    // repeated
+	{`{"inputs":[{"name":"a","name":"b"}]}`, false},                     // repeated
+	{`{"id":"\u0041"}`, false},                                          // escape
+	{`{"id":"é"}`, false},                                               // non-ASCII
+	{`{"id":1}`, false},                                                 // wrong type
+	{`{"id":null}`, false},                                              // null
+	{`{"parameters":null}`, false},                                      // null
+	{`{"inputs":[{"name":"a","data":null}]}`, false},                    // null
+	{`{"inputs":[{"name":"a","shape":[1.0]}]}`, false},                  // fraction
+	{`{"inputs":[{"name":"a","shape":[1e3]}]}`, false},                  // exponent
+	{`{"inputs":[{"name":"a","shape":[99999999999999999999]}]}`, false}, // overflow
+	{`{"inputs":[{"name":"a","shape":[01]}]}`, false},                   // malformed
+	{`{"inputs":[{"name":"a","data":[1,]}]}`, false},                    // malformed
+	{`{"inputs":[{"name":"a","data":[NaN]}]}`, false},                   // malformed
+	{`{"inputs":[{"name":"a","data":"tab	here"}]}`, false},              // control character
+	{`{"inputs":[{"name":"a"}]} x`, false},                              // trailing
+	{`{"inputs":[{"name":"a"}]`, false},                                 // truncated
+	{`{"x":"\q"}`, false},                                               // bad escape
+	{`{"x":"\u12"}`, false},                                             // bad escape
+	{`[1]`, false},                                                      // not an object
+	{``, false},                                                         // empty
+	{`{"\u0069nputs":[]}`, false},                                       // escaped key
+	{`{"x":` + deepArray(100) + `}`, false},                             // too deep to skip here
 }
 
 func deepArray(n int) string {
