@@ -180,9 +180,15 @@ func TestOverload(t *testing.T) {
 	assert.Equal(t, n, burst.byStatus[200]+burst.byStatus[503]+burst.byStatus[504], "nothing lost")
 	assert.Greater(t, burst.byStatus[503]+burst.byStatus[504], 0, "the burst was over capacity")
 	assert.LessOrEqual(t, maxDepth.Load(), int64(32), "the queue is bounded by max_queue_size")
-	// An accepted request waits at most its timeout in the queue, then one
-	// step; the slowest step of this model is well under a second.
-	assert.Less(t, burst.quantile(1), timeout+time.Second, "accepted requests meet their deadline")
+	// An accepted request waits at most its timeout in the queue, as the
+	// server measures it (the clients' own clocks include their
+	// connection set-up, which this many new connections under -race
+	// slows by whole seconds).
+	metrics := scrape(t, p.base)
+	queued := metricSum(t, metrics, "stepserve_queue_duration_seconds_count", `model="tiny-encoder"`)
+	inTime := metricSum(t, metrics, "stepserve_queue_duration_seconds_bucket", `model="tiny-encoder"`, `le="0.5"`)
+	require.Greater(t, queued, 0.0)
+	assert.Equal(t, queued, inTime, "accepted requests left the queue within their %v timeout", timeout)
 	assert.Less(t, after.quantile(0.5), 3*base.quantile(0.5)+20*time.Millisecond, "latency returns to its baseline")
 	s := stats(t, p.base)
 	assert.Equal(t, before.errors, s.errors, "no 5xx other than 503")
