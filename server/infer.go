@@ -95,12 +95,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	size := 512
+	var body []byte
+	var err error
 	if r.ContentLength > 0 {
-		size = int(r.ContentLength)
+		// net/http holds the body to its declared length: read exactly
+		// that, with no read past it to find the end.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, body)
+	} else {
+		body, err = readAll(http.MaxBytesReader(w, r.Body, limit), make([]byte, 0, 513))
 	}
-	buf := make([]byte, 0, size+1)
-	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), buf)
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
