@@ -105,19 +105,27 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	} else {
 		body, err = readAll(http.MaxBytesReader(w, r.Body, limit), make([]byte, 0, 513))
 	}
+	if err != nil {
+		return nil, bodyError(err, tooLarge)
+	}
+	if len(body) == 0 {
+		return nil, badRequest("empty request body; want an inference request (JSON)")
+	}
+	return body, nil
+}
+
+// bodyError says why a body could not be read (a function of its own so
+// that errors.As's targets are allocated only on the error path).
+func bodyError(err error, tooLarge func() error) error {
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
 	case errors.As(err, &mbe):
-		return nil, tooLarge()
+		return tooLarge()
 	case errors.As(err, &ne) && ne.Timeout():
-		return nil, &apiError{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
-	case err != nil:
-		return nil, badRequest(fmt.Sprintf("reading the request body: %v", err))
-	case len(body) == 0:
-		return nil, badRequest("empty request body; want an inference request (JSON)")
+		return &apiError{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
 	}
-	return body, nil
+	return badRequest(fmt.Sprintf("reading the request body: %v", err))
 }
 
 // readAll is io.ReadAll into a buffer sized from Content-Length.
@@ -159,7 +167,8 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 		b = append(b, idJSON...)
 	}
 	b = append(b, `,"outputs":[`...)
-	var binaryParts [][]byte
+	var parts [4][]byte
+	binaryParts := parts[:0]
 	for i, c := range req.outputs {
 		spec := m.Config.Outputs[c.index]
 		data := sr.Outputs[c.index]
@@ -207,9 +216,10 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 	for _, p := range binaryParts {
 		total += len(p)
 	}
+	lengths := []string{strconv.Itoa(len(b)), strconv.Itoa(total)}
 	h["Content-Type"] = contentTypeOctets
-	h[headerContentLength] = []string{strconv.Itoa(len(b))}
-	h["Content-Length"] = []string{strconv.Itoa(total)}
+	h[headerContentLength] = lengths[0:1:1]
+	h["Content-Length"] = lengths[1:2:2]
 	w.WriteHeader(http.StatusOK)
 	w.Write(b)
 	for _, p := range binaryParts {

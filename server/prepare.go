@@ -93,14 +93,32 @@ func flattenStrings(raw json.RawMessage, depth int) ([]string, error) {
 // mlp; for an encoder, checked token tensors, with text tokenized first.
 func prepare(m *models.Model, req *inferRequest) (*steps.Request, error) {
 	cfg := m.Config
-	sr := &steps.Request{Rows: req.rows, Outputs: make([][]byte, len(cfg.Outputs))}
+	// The step request and the usual few buffer headers in one allocation,
+	// and every output in one buffer.
+	bundle := new(struct {
+		sr           steps.Request
+		inputs, outs [3][]byte
+	})
+	sr := &bundle.sr
+	sr.Rows = req.rows
+	sr.Inputs, sr.Outputs = bundle.inputs[:0], bundle.outs[:0]
+	if len(cfg.Outputs) > len(bundle.outs) {
+		sr.Outputs = make([][]byte, 0, len(cfg.Outputs))
+	}
 	for _, t := range req.inputs {
 		if n, ok := declaredElements(t.shape); ok {
 			sr.Elements += int(n)
 		}
 	}
-	for i, o := range cfg.Outputs {
-		sr.Outputs[i] = make([]byte, req.rows*o.RowBytes(0))
+	total := 0
+	for _, o := range cfg.Outputs {
+		total += req.rows * o.RowBytes(0)
+	}
+	outs := make([]byte, total)
+	for _, o := range cfg.Outputs {
+		n := req.rows * o.RowBytes(0)
+		sr.Outputs = append(sr.Outputs, outs[:n:n])
+		outs = outs[n:]
 	}
 	if cfg.Architecture != "encoder" {
 		for _, t := range req.inputs {
@@ -154,7 +172,7 @@ func prepare(m *models.Model, req *inferRequest) (*steps.Request, error) {
 			return nil, err
 		}
 	}
-	sr.Inputs = [][]byte{int64Bytes(ids), int64Bytes(mask), int64Bytes(types)}
+	sr.Inputs = append(sr.Inputs[:0], int64Bytes(ids), int64Bytes(mask), int64Bytes(types))
 	return sr, nil
 }
 

@@ -74,6 +74,11 @@ type inferRequest struct {
 	inputs  []tensor // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
 	params  batching.Params
+
+	// Room for the usual few inputs and outputs, so that a request is
+	// one allocation rather than three.
+	inputsBuf  [3]tensor
+	outputsBuf [2]outputChoice
 }
 
 // tensor is one decoded input: packed elements, or the strings of a BYTES
@@ -115,8 +120,18 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 	if len(wr.Inputs) == 0 {
 		return nil, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
 	}
-	req := &inferRequest{id: wr.ID, rows: -1, inputs: make([]tensor, len(cfg.Inputs))}
-	seen := make([]bool, len(cfg.Inputs))
+	req := &inferRequest{id: wr.ID, rows: -1}
+	req.inputs, req.outputs = req.inputsBuf[:0], req.outputsBuf[:0]
+	if len(cfg.Inputs) > len(req.inputsBuf) {
+		req.inputs = make([]tensor, 0, len(cfg.Inputs))
+	}
+	req.inputs = req.inputs[:len(cfg.Inputs)]
+	var seenBuf [8]bool
+	seen := seenBuf[:0]
+	if len(cfg.Inputs) > len(seenBuf) {
+		seen = make([]bool, 0, len(cfg.Inputs))
+	}
+	seen = seen[:len(cfg.Inputs)]
 	var elements int64
 	for _, in := range wr.Inputs {
 		idx := specIndex(cfg.Inputs, in.Name)
