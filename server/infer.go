@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -27,8 +29,12 @@ var (
 )
 
 func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
+	s.inferNamed(w, r, chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+}
+
+func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, version string) {
 	start := time.Now()
-	m, err := s.lookup(r)
+	m, err := s.lookupName(model, version)
 	if err != nil {
 		// Unknown names are not counted: they would let any client create
 		// series without bound.

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -115,6 +116,9 @@ type Server struct {
 	router  chi.Router
 	logger  *slog.Logger
 	metrics *metrics
+	// inferDirect is the inference handler behind its middleware, for
+	// requests ServeHTTP routes without the router.
+	inferDirect http.Handler
 }
 
 // New builds the router for opts.
@@ -180,6 +184,10 @@ func New(opts Options) (*Server, error) {
 		r.Handle("/metrics", s.metricsHandler())
 	}
 	s.router = r
+	s.inferDirect = bearer(opts.InferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name, _ := inferPath(r)
+		s.inferNamed(w, r, name, "")
+	}))
 	return s, nil
 }
 
@@ -203,16 +211,46 @@ func (s *Server) MetricsHandler() http.Handler {
 }
 
 // ServeHTTP implements [http.Handler].
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+// Inference requests in their plain form (POST /v2/models/{model}/infer)
+// go straight to their handler, behind the same middleware; everything
+// else, including every malformed or unusual path, through the router.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, ok := inferPath(r); ok {
+		s.inferDirect.ServeHTTP(w, r)
+		return
+	}
+	s.router.ServeHTTP(w, r)
+}
+
+// inferPath returns the model of a POST /v2/models/{model}/infer request
+// whose path the router would route on as it stands (no escapes).
+func inferPath(r *http.Request) (string, bool) {
+	if r.Method != http.MethodPost || r.URL.RawPath != "" {
+		return "", false
+	}
+	name, ok := strings.CutPrefix(r.URL.Path, "/v2/models/")
+	if !ok {
+		return "", false
+	}
+	name, ok = strings.CutSuffix(name, "/infer")
+	if !ok || name == "" || strings.Contains(name, "/") {
+		return "", false
+	}
+	return name, true
+}
 
 // lookup finds the model and version a route names.
 func (s *Server) lookup(r *http.Request) (Model, error) {
-	name := chi.URLParam(r, "model")
+	return s.lookupName(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+}
+
+// lookupName finds a model by name and, when v is not empty, version.
+func (s *Server) lookupName(name, v string) (Model, error) {
 	m, ok := s.opts.Models.Model(name)
 	if !ok {
 		return nil, modelNotFound(name)
 	}
-	if v := chi.URLParam(r, "version"); v != "" && v != m.Model().Version {
+	if v != "" && v != m.Model().Version {
 		return nil, notFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, clip(v), m.Model().Version))
 	}
 	return m, nil

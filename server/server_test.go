@@ -362,3 +362,37 @@ func TestHealthAndMetadata(t *testing.T) {
 	body, _ := io.ReadAll(w.Body)
 	assert.Contains(t, string(body), `stepserve_requests_total{model="summax",outcome="success"} 0`)
 }
+
+// Inference requests the server routes itself answer exactly as the router
+// would: same status, same body, auth included.
+func TestDirectInferRouteAgreesWithRouter(t *testing.T) {
+	for _, tokens := range [][]string{nil, {"s3cret"}} {
+		s, err := New(Options{Models: repo{newSumMax()}, InferenceTokens: tokens})
+		require.NoError(t, err)
+		body := `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`
+		for _, path := range []string{
+			"/v2/models/summax/infer", "/v2/models/nosuch/infer", "/v2/models//infer",
+			"/v2/models/summax/infer/", "/v2/models/sum%2Fmax/infer", "/v2/models/a/b/infer",
+			"/v2/models/summax/versions/1/infer",
+		} {
+			for _, auth := range []string{"", "Bearer s3cret", "Bearer wrong"} {
+				req := func() *http.Request {
+					r := httptest.NewRequest("POST", path, strings.NewReader(body))
+					if auth != "" {
+						r.Header.Set("Authorization", auth)
+					}
+					return r
+				}
+				direct, routed := httptest.NewRecorder(), httptest.NewRecorder()
+				s.ServeHTTP(direct, req())
+				s.router.ServeHTTP(routed, req())
+				assert.Equal(t, routed.Code, direct.Code, "%s %q", path, auth)
+				assert.Equal(t, routed.Body.String(), direct.Body.String(), "%s %q", path, auth)
+			}
+		}
+		// And the direct route is the one taken.
+		r := httptest.NewRequest("POST", "/v2/models/summax/infer", strings.NewReader(body))
+		_, ok := inferPath(r)
+		assert.True(t, ok)
+	}
+}
