@@ -80,6 +80,9 @@ type Batching struct {
 type Engine struct {
 	Default  string // cpu | rbln
 	Failover string // none | cpufallback
+	// CPUThreads bounds the CPU engine's BLAS threads; 0 chooses half the
+	// CPUs.
+	CPUThreads int
 }
 
 // RBLN configures the NPU engine's device workers.
@@ -130,6 +133,7 @@ var keys = []key{
 	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
 	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln"},
 	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)"},
+	{"engine.cpu_threads", "0", "threads the CPU engine's matrix products may use (OpenBLAS); 0: half the CPUs, at least 1, leaving the rest to HTTP and tokenizing"},
 	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers"},
 	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values"},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)"},
@@ -268,6 +272,9 @@ func parse(v *viper.Viper) (*Config, error) {
 	c.Engine.Failover = get("engine.failover")
 	if c.Engine.Failover != "none" && c.Engine.Failover != "cpufallback" {
 		return nil, invalid("engine.failover", c.Engine.Failover, "none or cpufallback")
+	}
+	if c.Engine.CPUThreads, err = strconv.Atoi(get("engine.cpu_threads")); err != nil || c.Engine.CPUThreads < 0 || c.Engine.CPUThreads > 1024 {
+		return nil, invalid("engine.cpu_threads", get("engine.cpu_threads"), "an integer in 0..1024 (0: half the CPUs)")
 	}
 	c.RBLN.Python = get("rbln.python")
 	if c.RBLN.Python == "" {

@@ -159,6 +159,7 @@ rbln:
 	}{
 		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or rbln`},
 		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback`},
+		{[]string{"--engine.cpu_threads", "-1"}, `engine.cpu_threads: "-1"; want an integer in 0..1024`},
 		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
 		{[]string{"--rbln.stall_timeout", "0s"}, `rbln.stall_timeout: "0s"; want a positive duration`},

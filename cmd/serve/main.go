@@ -70,6 +70,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	cpuThreads := cpufallback.SetThreads(cfg.Engine.CPUThreads)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -158,7 +159,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		logger.Info("serving metrics", "addr", mln.Addr().String())
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
-		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
+		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads, "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.

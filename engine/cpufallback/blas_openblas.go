@@ -23,6 +23,8 @@ type openBLAS struct{ gonum.Implementation }
 
 func init() {
 	impl, blasName, tileProducts = openBLAS{}, "openblas", false
+	setBLASThreads = func(n int) { C.openblas_set_num_threads(C.int(n)) }
+	blasThreads = func() int { return int(C.openblas_get_num_threads()) }
 }
 
 func cblasTrans(t blas.Transpose) C.enum_CBLAS_TRANSPOSE {
