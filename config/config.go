@@ -80,8 +80,8 @@ type Batching struct {
 type Engine struct {
 	Default  string // cpu | rbln
 	Failover string // none | cpufallback
-	// CPUThreads bounds the CPU engine's BLAS threads; 0 chooses half the
-	// CPUs.
+	// CPUThreads bounds the CPUs one CPU-engine step uses; 0 means every
+	// CPU.
 	CPUThreads int
 }
 
@@ -133,7 +133,7 @@ var keys = []key{
 	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
 	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln"},
 	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)"},
-	{"engine.cpu_threads", "0", "threads the CPU engine's matrix products may use (OpenBLAS); 0: half the CPUs, at least 1, leaving the rest to HTTP and tokenizing"},
+	{"engine.cpu_threads", "0", "CPUs one CPU-engine step may use, by running groups of a batch's sequences side by side; 0: every CPU"},
 	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers"},
 	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values"},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)"},
@@ -274,7 +274,7 @@ func parse(v *viper.Viper) (*Config, error) {
 		return nil, invalid("engine.failover", c.Engine.Failover, "none or cpufallback")
 	}
 	if c.Engine.CPUThreads, err = strconv.Atoi(get("engine.cpu_threads")); err != nil || c.Engine.CPUThreads < 0 || c.Engine.CPUThreads > 1024 {
-		return nil, invalid("engine.cpu_threads", get("engine.cpu_threads"), "an integer in 0..1024 (0: half the CPUs)")
+		return nil, invalid("engine.cpu_threads", get("engine.cpu_threads"), "an integer in 0..1024 (0: every CPU)")
 	}
 	c.RBLN.Python = get("rbln.python")
 	if c.RBLN.Python == "" {

@@ -23,25 +23,22 @@ var (
 func BLAS() string { return blasName }
 
 // setBLASThreads bounds the BLAS's threads; builds with OpenBLAS set it.
-// gonum's products here run serially (see tileProducts) whatever it is.
 var setBLASThreads func(n int)
 
 // blasThreads reads the BLAS's thread bound back (tests).
 var blasThreads func() int
 
-// SetThreads bounds the threads the CPU engine's products use, n of them,
-// or with n 0 half the CPUs (at least 1): the step runs one at a time per
-// model, and the other CPUs are left to HTTP, tokenizing and encoding,
-// which run beside it. A BLAS thread that waits for work spins on its CPU,
-// so more threads than that slow a loaded server down. It returns the
-// number in effect: always 1 with gonum.
+// SetThreads sets how many CPUs one step may use, n of them or with n 0
+// every CPU, and returns the number in effect. The encoder splits a
+// step's sequences into that many groups that run side by side (each
+// sequence depends on its own rows alone); the BLAS runs each product on
+// one thread, because an idle OpenBLAS thread spins on its CPU and takes
+// it from the HTTP, tokenizing and encoding work that runs beside the
+// steps (a third of a loaded 2-CPU server went to that spinning).
 func SetThreads(n int) int {
 	if n == 0 {
-		n = max(1, runtime.NumCPU()/2)
+		n = runtime.NumCPU()
 	}
-	if setBLASThreads == nil {
-		return 1
-	}
-	setBLASThreads(n)
+	parallelism.Store(int32(n))
 	return n
 }

@@ -3,6 +3,7 @@ package cpufallback
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"unsafe"
 
 	"github.com/stepserve/stepserve/engine"
@@ -33,8 +34,13 @@ type encoderPlan struct {
 	x, q, k, v, ctx  []float32 // [B*S, H]
 	tmp              []float32 // [B*S, H]
 	inter            []float32 // [B*S, I]
-	scores           []float32 // [S, S], one head at a time
-	pooled           []float32 // [B, H]
+	scores           [][]float32 // per group: [S, S], one head at a time
+	pooled           []float32   // [B, H]
+
+	// The step's split of its sequences into groups that run side by side:
+	// group g is sequences groups[g] up to groups[g+1].
+	groups    []int
+	groupDone chan struct{}
 }
 
 func newEncoderPlan(e *models.Encoder, layout engine.Layout) *encoderPlan {
@@ -49,7 +55,9 @@ func newEncoderPlan(e *models.Encoder, layout engine.Layout) *encoderPlan {
 		x: make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
 		v: make([]float32, t*c.Hidden), ctx: make([]float32, t*c.Hidden), tmp: make([]float32, t*c.Hidden),
 		inter:  make([]float32, t*c.Intermediate),
-		scores: make([]float32, s*s),
+		scores:    scoreBuffers(min(b, runtime.NumCPU()), s),
+		groups:    make([]int, 0, b+1),
+		groupDone: make(chan struct{}, b),
 		pooled: make([]float32, b*c.Hidden),
 	}
 }
@@ -74,8 +82,17 @@ func (p *encoderPlan) step(in, out []byte) error {
 	if err != nil {
 		return err
 	}
-	for i := range p.e.Layers {
-		p.layer(&p.e.Layers[i], rows)
+	p.split(rows)
+	tasks := (chan groupTask)(nil)
+	if n := len(p.groups) - 1; n > 1 {
+		tasks = ensureWorkers(n - 1)
+		for g := 1; g < n; g++ {
+			tasks <- groupTask{p, g}
+		}
+	}
+	p.runGroup(0)
+	for g := 1; g < len(p.groups)-1; g++ {
+		<-p.groupDone
 	}
 	p.pool()
 	copy(floats(out), p.pooled)
@@ -149,12 +166,55 @@ func (p *encoderPlan) embed() (int, error) {
 	return r, nil
 }
 
-// layer runs one encoder layer on the first rows of p.x.
-func (p *encoderPlan) layer(l *models.EncoderLayer, rows int) {
+// split divides the step's sequences into at most parallelism groups of
+// about equal rows, each of at least minGroupRows; one group when the
+// step is small.
+func (p *encoderPlan) split(rows int) {
+	n := min(int(parallelism.Load()), rows/minGroupRows, len(p.scores))
+	n = max(n, 1)
+	p.groups = append(p.groups[:0], 0)
+	for b, g := 0, 1; g < n; g++ {
+		// The first sequence at which the rows so far reach g/n of them.
+		for b < p.batch && p.seqOff[b]+p.seqLen[b] <= rows*g/n {
+			b++
+		}
+		if b > p.groups[len(p.groups)-1] && b < p.batch {
+			p.groups = append(p.groups, b)
+		}
+	}
+	p.groups = append(p.groups, p.batch)
+}
+
+// scoreBuffers allocates one attention score matrix per group that may run.
+func scoreBuffers(groups, seq int) [][]float32 {
+	s := make([][]float32, groups)
+	for i := range s {
+		s[i] = make([]float32, seq*seq)
+	}
+	return s
+}
+
+// runGroup runs every layer on group g's sequences.
+func (p *encoderPlan) runGroup(g int) {
+	lo, hi := p.groups[g], p.groups[g+1]
+	if lo >= hi {
+		return
+	}
+	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
+	for i := range p.e.Layers {
+		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, p.scores[g])
+	}
+}
+
+// layer runs one encoder layer on sequences lo up to hi, which are rows
+// rowLo up to rowHi of p.x.
+func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, scoresBuf []float32) {
 	c := p.e.Config
 	H, I := c.Hidden, c.Intermediate
 	d := p.headDim
-	x, q, k, v, ctx, tmp := p.x[:rows*H], p.q[:rows*H], p.k[:rows*H], p.v[:rows*H], p.ctx[:rows*H], p.tmp[:rows*H]
+	rows := rowHi - rowLo
+	r0, r1 := rowLo*H, rowHi*H
+	x, q, k, v, ctx, tmp := p.x[r0:r1], p.q[r0:r1], p.k[r0:r1], p.v[r0:r1], p.ctx[r0:r1], p.tmp[r0:r1]
 
 	for _, proj := range []struct {
 		lin *models.Linear
@@ -165,7 +225,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, rows int) {
 	}
 
 	scale := float32(1 / math.Sqrt(float64(d)))
-	for b := range p.batch {
+	for b := lo; b < hi; b++ {
 		S := p.seqLen[b]
 		if S == 0 {
 			continue
@@ -175,9 +235,9 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, rows int) {
 		if !p.compacted {
 			keys = p.maskAdd[b*p.seq : b*p.seq+S]
 		}
-		scores := p.scores[:S*S]
+		scores := scoresBuf[:S*S]
 		for h := range p.heads {
-			off := p.seqOff[b]*H + h*d
+			off := (p.seqOff[b]-rowLo)*H + h*d
 			// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
 			gemm(true, S, S, d, scale, q[off:], H, k[off:], H, 0, scores, S)
 			addSoftmaxRows(scores, keys)
@@ -188,7 +248,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, rows int) {
 	linear(rows, H, H, ctx, l.AttnOut.Weight, tmp)
 	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
 
-	inter := p.inter[:rows*I]
+	inter := p.inter[rowLo*I : rowHi*I]
 	linear(rows, I, H, x, l.Inter.Weight, inter)
 	biasAct(inter, l.Inter.Bias, actGELU)
 	linear(rows, H, I, inter, l.Out.Weight, tmp)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/bucketing"
@@ -65,5 +66,40 @@ func TestCompactionAnswersAsTheFullStep(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A step split into groups of sequences that run side by side answers as
+// the same step run whole, for every way the split can fall.
+func TestGroupsAnswerAsOneStep(t *testing.T) {
+	m, err := models.Load("testdata/encoder")
+	require.NoError(t, err)
+	defer SetThreads(0)
+	rng := rand.New(rand.NewPCG(9, 10))
+	shape := bucketing.Shape{Batch: 16, Seq: 64}
+	layout := engine.NewLayout(m.Config, shape)
+	in := make([]byte, layout.InBytes)
+	ids, mask := int64s(in[layout.Inputs[0].Offset:]), int64s(in[layout.Inputs[1].Offset:])
+	for b := range shape.Batch {
+		n := rng.IntN(shape.Seq + 1)
+		for s := range n {
+			ids[b*shape.Seq+s] = int64(rng.IntN(m.Encoder.Config.VocabSize))
+			mask[b*shape.Seq+s] = 1
+		}
+	}
+	run := func(threads int) ([]float32, int) {
+		SetThreads(threads)
+		p := newEncoderPlan(m.Encoder, layout)
+		p.scores = scoreBuffers(8, shape.Seq) // room for 8 groups whatever the CPUs
+		o := make([]byte, layout.OutBytes)
+		require.NoError(t, p.step(in, o))
+		return append([]float32(nil), floats(o)...), len(p.groups) - 1
+	}
+	whole, groups := run(1)
+	require.Equal(t, 1, groups)
+	for _, threads := range []int{2, 3, 8} {
+		split, groups := run(threads)
+		assert.Greater(t, groups, 1, "%d threads split the step", threads)
+		assert.InDeltaSlice(t, whole, split, 1e-6, "%d threads (%d groups)", threads, groups)
 	}
 }
