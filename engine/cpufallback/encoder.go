@@ -25,15 +25,15 @@ type encoderPlan struct {
 	headDim int
 	layout  engine.Layout
 
-	ids, mask, types []int64   // the bucket's "device" input buffers, [B*S]
-	maskAdd          []float32 // 0 or maskedScore per key, [B*S]
-	zeros            []float32 // [S]: the key mask once padding is left out
-	seqOff, seqLen   []int     // [B]: each sequence's rows in x
-	compacted        bool      // whether this step left padding out
-	neverCompact     bool      // tests: always compute every token
-	x, q, k, v, ctx  []float32 // [B*S, H]
-	tmp              []float32 // [B*S, H]
-	inter            []float32 // [B*S, I]
+	ids, mask, types []int64     // the bucket's "device" input buffers, [B*S]
+	maskAdd          []float32   // 0 or maskedScore per key, [B*S]
+	zeros            []float32   // [S]: the key mask once padding is left out
+	seqOff, seqLen   []int       // [B]: each sequence's rows in x
+	compacted        bool        // whether this step left padding out
+	neverCompact     bool        // tests: always compute every token
+	x, q, k, v, ctx  []float32   // [B*S, H]
+	tmp              []float32   // [B*S, H]
+	inter            []float32   // [B*S, I]
 	scores           [][]float32 // per group: [S, S], one head at a time
 	pooled           []float32   // [B, H]
 
@@ -54,11 +54,11 @@ func newEncoderPlan(e *models.Encoder, layout engine.Layout) *encoderPlan {
 		seqOff: make([]int, b), seqLen: make([]int, b),
 		x: make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
 		v: make([]float32, t*c.Hidden), ctx: make([]float32, t*c.Hidden), tmp: make([]float32, t*c.Hidden),
-		inter:  make([]float32, t*c.Intermediate),
+		inter:     make([]float32, t*c.Intermediate),
 		scores:    scoreBuffers(min(b, runtime.NumCPU()), s),
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
-		pooled: make([]float32, b*c.Hidden),
+		pooled:    make([]float32, b*c.Hidden),
 	}
 }
 
