@@ -63,7 +63,7 @@ def main() -> None:
         print(f"digits\tb{b}\t{b / sec:.0f}\t{2 * b * (64 * 128 + 128 * 10) / sec / 1e9:.2f}")
     w = {"q": f32(HIDDEN, HIDDEN), "k": f32(HIDDEN, HIDDEN), "v": f32(HIDDEN, HIDDEN), "o": f32(HIDDEN, HIDDEN),
          "i": f32(INTER, HIDDEN), "f": f32(HIDDEN, INTER)}
-    for b in (1, 4, 16):
+    for b in (1, 4, 16, 64):
         for s in (32, 64, 128):
             x = f32(b * s, HIDDEN)
             sec = timed(lambda: encoder_step(x, w, b, s))
