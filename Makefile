@@ -99,7 +99,7 @@ bench: deps build
 	$(GO) build -o bin/baseline ./bench/baseline
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 
-BENCHTIME ?= 8s
+BENCHTIME ?= 9s
 
 ## digits: retrain the shipped digits model from ../shared/data (reproducible)
 digits:
