@@ -35,7 +35,7 @@ func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Sha
 	if m.MLP == nil && m.Encoder == nil {
 		return nil, fmt.Errorf("cpufallback: model %s: architecture %q is not supported by the CPU engine", m.Name, m.Config.Architecture)
 	}
-	p := &program{model: m, buckets: make([]bucketState, len(buckets))}
+	p := &program{model: m, weights: newResidentWeights(m), buckets: make([]bucketState, len(buckets))}
 	for i, s := range buckets {
 		l := engine.NewLayout(m.Config, s)
 		p.buckets[i] = bucketState{
@@ -50,6 +50,7 @@ func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Sha
 
 type program struct {
 	model   *models.Model
+	weights residentWeights
 	mu      sync.Mutex // serializes plan builds
 	buckets []bucketState
 	closed  bool
@@ -96,9 +97,9 @@ func (p *program) planFor(bucket int) (pl plan, built bool, err error) {
 	}
 	if b.plan == nil {
 		if p.model.Encoder != nil {
-			b.plan = newEncoderPlan(p.model.Encoder, b.layout)
+			b.plan = newEncoderPlan(p.model.Encoder, p.weights, b.layout)
 		} else {
-			b.plan = newMLPPlan(p.model.MLP, b.shape.Batch)
+			b.plan = newMLPPlan(p.model.MLP, p.weights, b.shape.Batch)
 		}
 		built = true
 	}

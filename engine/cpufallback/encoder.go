@@ -19,6 +19,7 @@ const maskedScore = -1e9
 // weights and every buffer a step writes, allocated once.
 type encoderPlan struct {
 	e       *models.Encoder
+	w       residentWeights
 	batch   int
 	seq     int
 	heads   int
@@ -43,12 +44,12 @@ type encoderPlan struct {
 	groupDone chan struct{}
 }
 
-func newEncoderPlan(e *models.Encoder, layout engine.Layout) *encoderPlan {
+func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) *encoderPlan {
 	c := e.Config
 	b, s := layout.Bucket.Batch, layout.Bucket.Seq
 	t := b * s
 	return &encoderPlan{
-		e: e, batch: b, seq: s, heads: c.Heads, headDim: c.Hidden / c.Heads, layout: layout,
+		e: e, w: w, batch: b, seq: s, heads: c.Heads, headDim: c.Hidden / c.Heads, layout: layout,
 		ids: make([]int64, t), mask: make([]int64, t), types: make([]int64, t),
 		maskAdd: make([]float32, t), zeros: make([]float32, s),
 		seqOff: make([]int, b), seqLen: make([]int, b),
@@ -220,7 +221,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		lin *models.Linear
 		out []float32
 	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
-		linear(rows, H, H, x, proj.lin.Weight, proj.out)
+		linear(rows, H, H, x, p.w[proj.lin], proj.out)
 		biasAct(proj.out, proj.lin.Bias, actNone)
 	}
 
@@ -245,13 +246,13 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		}
 	}
 
-	linear(rows, H, H, ctx, l.AttnOut.Weight, tmp)
+	linear(rows, H, H, ctx, p.w[&l.AttnOut], tmp)
 	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
 
 	inter := p.inter[rowLo*I : rowHi*I]
-	linear(rows, I, H, x, l.Inter.Weight, inter)
+	linear(rows, I, H, x, p.w[&l.Inter], inter)
 	biasAct(inter, l.Inter.Bias, actGELU)
-	linear(rows, H, I, inter, l.Out.Weight, tmp)
+	linear(rows, H, I, inter, p.w[&l.Out], tmp)
 	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
 }
 

@@ -43,7 +43,7 @@ func TestCompactionAnswersAsTheFullStep(t *testing.T) {
 			}
 			out := map[bool][]float32{}
 			for _, full := range []bool{false, true} {
-				p := newEncoderPlan(m.Encoder, layout)
+				p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
 				p.neverCompact = full
 				o := make([]byte, layout.OutBytes)
 				require.NoError(t, p.step(in, o))
@@ -89,7 +89,7 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 	}
 	run := func(threads int) ([]float32, int) {
 		SetThreads(threads)
-		p := newEncoderPlan(m.Encoder, layout)
+		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
 		p.scores = scoreBuffers(8, shape.Seq) // room for 8 groups whatever the CPUs
 		o := make([]byte, layout.OutBytes)
 		require.NoError(t, p.step(in, o))
