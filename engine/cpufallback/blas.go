@@ -1,8 +1,6 @@
 package cpufallback
 
 import (
-	"runtime"
-
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
@@ -22,23 +20,6 @@ var (
 // or "gonum". It is exported as stepserve_build_info's blas label.
 func BLAS() string { return blasName }
 
-// setBLASThreads bounds the BLAS's threads; builds with OpenBLAS set it.
-var setBLASThreads func(n int)
-
-// blasThreads reads the BLAS's thread bound back (tests).
+// blasThreads reads the BLAS's thread bound back (tests); builds with
+// OpenBLAS set it.
 var blasThreads func() int
-
-// SetThreads sets how many CPUs one step may use, n of them or with n 0
-// every CPU, and returns the number in effect. The encoder splits a
-// step's sequences into that many groups that run side by side (each
-// sequence depends on its own rows alone); the BLAS runs each product on
-// one thread, because an idle OpenBLAS thread spins on its CPU and takes
-// it from the HTTP, tokenizing and encoding work that runs beside the
-// steps (a third of a loaded 2-CPU server went to that spinning).
-func SetThreads(n int) int {
-	if n == 0 {
-		n = runtime.NumCPU()
-	}
-	parallelism.Store(int32(n))
-	return n
-}

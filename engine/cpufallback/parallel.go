@@ -18,6 +18,21 @@ var parallelism atomic.Int32
 
 func init() { parallelism.Store(int32(runtime.NumCPU())) }
 
+// SetThreads sets how many CPUs one step may use, n of them or with n 0
+// every CPU, and returns the number in effect. The encoder splits a
+// step's sequences into that many groups that run side by side (each
+// sequence depends on its own rows alone); the BLAS runs each product on
+// one thread, because an idle OpenBLAS thread spins on its CPU and takes
+// it from the HTTP, tokenizing and encoding work that runs beside the
+// steps (a third of a loaded 2-CPU server went to that spinning).
+func SetThreads(n int) int {
+	if n == 0 {
+		n = runtime.NumCPU()
+	}
+	parallelism.Store(int32(n))
+	return n
+}
+
 // minGroupRows is the fewest rows worth a group of its own: below it the
 // hand-off costs more than the rows' products.
 const minGroupRows = 32
