@@ -17,9 +17,9 @@ all: build
 build:
 	$(GO) build -tags "$(GOTAGS)" -ldflags "$(LDFLAGS)" -o bin/stepserve ./cmd/serve
 
-## run: build, then serve ./models on $(ADDR) with the CPU engine
+## run: build, then serve ./model_repository on $(ADDR) with the CPU engine
 run: build
-	./bin/stepserve --model_repository ./models --server.addr $(ADDR)
+	./bin/stepserve --model_repository ./model_repository --server.addr $(ADDR)
 
 ## deps: everything the tests need: Go modules, and Debian's python3-torch
 ## for the rbln worker (run on torch's CPU here); installs with apt as root
@@ -110,7 +110,7 @@ clean:
 
 ## tiny-encoder: regenerate the shipped demo encoder (random weights, fixed seed)
 tiny-encoder:
-	$(GO) run ./cmd/gen-tiny-encoder -out models/tiny-encoder
+	$(GO) run ./cmd/gen-tiny-encoder -out model_repository/tiny-encoder
 
 ## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
 golden:

@@ -140,7 +140,7 @@ var keys = []key{
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs"},
 	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean"},
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted"},
-	{"model_repository", "./models", "directory of models (<name>/model.yaml + weights.safetensors)"},
+	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)"},
 	{"log.level", "info", "log level: debug, info, warn or error"},
 	{"log.format", "text", "log format: text or json"},
 }

@@ -37,7 +37,7 @@ func decodeAndPrepare(t *testing.T, m *models.Model, body string, headerLen int)
 }
 
 func TestTextIsTokenized(t *testing.T) {
-	m := loadModel(t, "../models/tiny-encoder")
+	m := loadModel(t, "../model_repository/tiny-encoder")
 	texts := []string{"The water is warm.", "hello"}
 	req, err := decodeAndPrepare(t, m, `{"inputs":[{"name":"text","datatype":"BYTES","shape":[2],"data":["The water is warm.","hello"]}]}`, -1)
 	require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestTextIsTokenized(t *testing.T) {
 }
 
 func TestTextBinaryAndErrors(t *testing.T) {
-	m := loadModel(t, "../models/tiny-encoder")
+	m := loadModel(t, "../model_repository/tiny-encoder")
 	var blob []byte
 	for _, s := range []string{"one", "two words"} {
 		blob = binary.LittleEndian.AppendUint32(blob, uint32(len(s)))

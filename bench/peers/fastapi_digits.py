@@ -18,7 +18,7 @@ import torch
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
-WEIGHTS = Path(os.environ.get("DIGITS_WEIGHTS", Path(__file__).resolve().parents[2] / "models/digits/weights.safetensors"))
+WEIGHTS = Path(os.environ.get("DIGITS_WEIGHTS", Path(__file__).resolve().parents[2] / "model_repository/digits/weights.safetensors"))
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:

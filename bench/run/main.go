@@ -138,7 +138,7 @@ func run() error {
 		return "", fmt.Errorf("%s did not start in 90s:\n%s", name, logs.String())
 	}
 	fmt.Fprintln(os.Stderr, "starting servers")
-	serve, err := start("stepserve", []string{*bin, "--server.addr", "ADDR", "--model_repository", "models", "--log.level", "warn"}, nil, "/v2/health/ready")
+	serve, err := start("stepserve", []string{*bin, "--server.addr", "ADDR", "--model_repository", "model_repository", "--log.level", "warn"}, nil, "/v2/health/ready")
 	if err != nil {
 		return err
 	}
@@ -294,7 +294,7 @@ func writeBodies(dir string) (map[string]string, error) {
 // noBatchRepository copies the shipped models with batch bucket [1].
 func noBatchRepository(dir string) (string, error) {
 	root := filepath.Join(dir, "nobatch")
-	if err := os.CopyFS(root, os.DirFS("models")); err != nil {
+	if err := os.CopyFS(root, os.DirFS("model_repository")); err != nil {
 		return "", err
 	}
 	re := regexp.MustCompile(`(?m)^(\s*)batch: \[[^\]]*\]`)

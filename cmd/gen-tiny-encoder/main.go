@@ -1,10 +1,10 @@
-// Command gen-tiny-encoder writes the shipped models/tiny-encoder: a small
+// Command gen-tiny-encoder writes the shipped model_repository/tiny-encoder: a small
 // BERT-layout encoder (2 layers, hidden 128, 4 heads) with RANDOM weights
 // and a small WordPiece vocabulary. It exists to demonstrate shapes, text
 // requests, two-dimensional buckets and speed; its embeddings mean nothing.
 // The output is the same on every run (fixed seed).
 //
-//	go run ./cmd/gen-tiny-encoder -out models/tiny-encoder
+//	go run ./cmd/gen-tiny-encoder -out model_repository/tiny-encoder
 package main
 
 import (
@@ -56,7 +56,7 @@ distant fill east paint language among model serving device step graph bucket ba
 var suffixes = []string{"s", "es", "ed", "ing", "er", "est", "ly", "ion", "ment", "ness", "able", "ful"}
 
 func main() {
-	out := flag.String("out", "models/tiny-encoder", "model directory to write")
+	out := flag.String("out", "model_repository/tiny-encoder", "model directory to write")
 	flag.Parse()
 	if err := write(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "gen-tiny-encoder:", err)

@@ -161,10 +161,10 @@ func TestLazyWarmupCountsRecompiles(t *testing.T) {
 	repo := t.TempDir()
 	dir := filepath.Join(repo, "digits")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	yaml, err := os.ReadFile("../../models/digits/model.yaml")
+	yaml, err := os.ReadFile("../../model_repository/digits/model.yaml")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), append(yaml, "warmup: lazy\n"...), 0o644))
-	w, err := os.ReadFile("../../models/digits/weights.safetensors")
+	w, err := os.ReadFile("../../model_repository/digits/weights.safetensors")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), w, 0o644))
 

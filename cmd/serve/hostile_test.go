@@ -24,7 +24,7 @@ import (
 func hostileRepo(t *testing.T) string {
 	repo := t.TempDir()
 	copyDigits(t, repo, "digits", "")
-	for name, src := range map[string]string{"tiny-encoder": "../../models/tiny-encoder", "ids": "../../engine/cpufallback/testdata/encoder"} {
+	for name, src := range map[string]string{"tiny-encoder": "../../model_repository/tiny-encoder", "ids": "../../engine/cpufallback/testdata/encoder"} {
 		dst := filepath.Join(repo, name)
 		require.NoError(t, os.MkdirAll(dst, 0o755))
 		for _, f := range []string{"model.yaml", "weights.safetensors", "vocab.txt"} {

@@ -105,7 +105,7 @@ const textBody = `{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data
 // latency returns to its baseline afterwards.
 func TestOverload(t *testing.T) {
 	repo := t.TempDir()
-	require.NoError(t, os.CopyFS(filepath.Join(repo, "tiny-encoder"), os.DirFS("../../models/tiny-encoder")))
+	require.NoError(t, os.CopyFS(filepath.Join(repo, "tiny-encoder"), os.DirFS("../../model_repository/tiny-encoder")))
 	y, err := os.ReadFile(filepath.Join(repo, "tiny-encoder", "model.yaml"))
 	require.NoError(t, err)
 	const timeout = 300 * time.Millisecond

@@ -17,10 +17,10 @@ import (
 func copyDigits(t *testing.T, repo, name, extra string) {
 	dir := filepath.Join(repo, name)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	yaml, err := os.ReadFile("../../models/digits/model.yaml")
+	yaml, err := os.ReadFile("../../model_repository/digits/model.yaml")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), append(yaml, extra...), 0o644))
-	w, err := os.ReadFile("../../models/digits/weights.safetensors")
+	w, err := os.ReadFile("../../model_repository/digits/weights.safetensors")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), w, 0o644))
 }

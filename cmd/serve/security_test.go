@@ -69,7 +69,7 @@ func TestWeakTokensAreRefused(t *testing.T) {
 		{[]string{"--auth.repository.token", "has a space in it!!"}},
 		{[]string{"--auth.inference.token_file", "/nonexistent/tokens"}},
 	} {
-		out, err := runBinary(append(tc.args, "--model_repository", "../../models")...)
+		out, err := runBinary(append(tc.args, "--model_repository", "../../model_repository")...)
 		require.Error(t, err)
 		assert.Contains(t, out, "auth.")
 		assert.NotContains(t, out, "has a space", "a token is never echoed")

@@ -89,7 +89,7 @@ func runBinary(args ...string) (string, error) {
 // reports ready.
 func start(t *testing.T, args ...string) *process {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{"--server.addr", "127.0.0.1:0", "--model_repository", "../../models"}, args...)...)
+	cmd := exec.Command(binPath, append([]string{"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -352,7 +352,7 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 }
 
 func TestStartupErrors(t *testing.T) {
-	out, err := exec.Command(binPath, "--log.format", "yaml", "--model_repository", "../../models").CombinedOutput()
+	out, err := exec.Command(binPath, "--log.format", "yaml", "--model_repository", "../../model_repository").CombinedOutput()
 	require.Error(t, err)
 	assert.Equal(t, 2, err.(*exec.ExitError).ExitCode())
 	assert.Contains(t, string(out), `log.format: "yaml"; want text or json`)

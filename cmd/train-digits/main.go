@@ -1,6 +1,6 @@
 // Command train-digits trains the shipped digits model: an MLP 64 -> 128 ->
 // 10 (relu, softmax) on the UCI optical digits, reproducibly (fixed seed,
-// stratified 75/25 split), and writes models/digits/weights.safetensors and
+// stratified 75/25 split), and writes model_repository/digits/weights.safetensors and
 // the held-out rows the end-to-end test classifies.
 //
 // The model takes raw pixel values (0..16). Training scales them to 0..1;
@@ -37,7 +37,7 @@ type sample struct {
 
 func main() {
 	data := flag.String("data", "../shared/data/digits.csv.gz", "digits CSV (gzip): 64 pixels then the label per row")
-	weights := flag.String("weights", "models/digits/weights.safetensors", "where to write the weights")
+	weights := flag.String("weights", "model_repository/digits/weights.safetensors", "where to write the weights")
 	heldout := flag.String("heldout", "cmd/serve/testdata/digits-heldout.csv", "where to write the held-out rows")
 	seed := flag.Uint64("seed", 20261130, "random seed for the split, the initial weights and the shuffles")
 	epochs := flag.Int("epochs", 80, "training epochs")

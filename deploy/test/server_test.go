@@ -122,7 +122,7 @@ func (s *server) infer(t *testing.T, model, body string) {
 func repository(t *testing.T, edit func(name, yaml string) string) string {
 	root := t.TempDir()
 	for _, name := range []string{"digits", "tiny-encoder"} {
-		src := filepath.Join("../../models", name)
+		src := filepath.Join("../../model_repository", name)
 		dst := filepath.Join(root, name)
 		require.NoError(t, os.MkdirAll(dst, 0o755))
 		entries, err := os.ReadDir(src)

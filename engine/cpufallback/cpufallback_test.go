@@ -178,7 +178,7 @@ func TestStepErrors(t *testing.T) {
 // GFLOP/s of its products (counted as bench/encoder_numpy.py counts them
 // for OpenBLAS) and allocations per step.
 func BenchmarkDigitsStep(b *testing.B) {
-	m, err := models.Load("../../models/digits")
+	m, err := models.Load("../../model_repository/digits")
 	require.NoError(b, err)
 	var buckets []bucketing.Shape
 	for _, n := range m.Config.Buckets.Batch {

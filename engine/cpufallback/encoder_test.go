@@ -171,7 +171,7 @@ func TestEncoderStepDoesNotAllocate(t *testing.T) {
 // sequences filling the bucket: sequences per second and GFLOP/s (the products of one step, counted as
 // bench/encoder_numpy.py counts them for OpenBLAS).
 func BenchmarkEncoderStep(b *testing.B) {
-	m, err := models.Load("../../models/tiny-encoder")
+	m, err := models.Load("../../model_repository/tiny-encoder")
 	require.NoError(b, err)
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
 	require.NoError(b, err)

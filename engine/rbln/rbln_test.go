@@ -70,7 +70,7 @@ func fakeRBLN() string {
 }
 
 func loadDigits(t *testing.T) *models.Model {
-	m, err := models.Load("../../models/digits")
+	m, err := models.Load("../../model_repository/digits")
 	require.NoError(t, err)
 	return m
 }
