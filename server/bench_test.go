@@ -7,10 +7,11 @@ import (
 	"testing"
 )
 
-// BenchmarkInferJSON measures the handler path (decode, validate, encode)
-// for a single-row request, with allocations.
+// BenchmarkInferJSON measures the whole path of a single-row request
+// (decode, validate, batcher, step on a fake engine, encode), with
+// allocations.
 func BenchmarkInferJSON(b *testing.B) {
-	s, err := New(Options{Models: repo{newSumMax()}})
+	s, err := New(Options{Models: newSumMax(b).set})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,7 +28,7 @@ func BenchmarkInferJSON(b *testing.B) {
 
 // BenchmarkInferBinary is the same with Triton's binary tensors in and out.
 func BenchmarkInferBinary(b *testing.B) {
-	s, err := New(Options{Models: repo{newSumMax()}})
+	s, err := New(Options{Models: newSumMax(b).set})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/serving"
 )
 
 // statusClientClosed is nginx's status for a client that went away before
@@ -35,9 +36,9 @@ func statusOf(err error) int {
 	switch {
 	case errors.As(err, &ae):
 		return ae.status
-	case errors.Is(err, ErrUnknownModel):
+	case errors.Is(err, serving.ErrUnknownModel):
 		return http.StatusNotFound
-	case errors.Is(err, ErrBadModel), errors.Is(err, batching.ErrBadParameter):
+	case errors.Is(err, serving.ErrBadModel), errors.Is(err, batching.ErrBadParameter):
 		return http.StatusBadRequest
 	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining), errors.Is(err, engine.ErrUnavailable):
 		return http.StatusServiceUnavailable

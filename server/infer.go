@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -48,7 +49,7 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 
 // serveInfer answers one inference request and returns the status it
 // answered with.
-func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int {
+func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model) int {
 	fail := func(err error) int {
 		st := statusOf(err)
 		if st >= 500 && st != http.StatusServiceUnavailable {
@@ -58,7 +59,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m Model) int
 		return st
 	}
 	if !m.Ready() {
-		return fail(&apiError{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name)})
+		return fail(notReady(m.Model().Name))
 	}
 
 	body, err := s.readBody(w, r)
@@ -232,15 +233,4 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 		w.Write(p)
 	}
 	return nil
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
 }

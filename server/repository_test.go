@@ -1,77 +1,35 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/serving"
 )
 
-// control is a fake ModelControl over a mutable repository.
-type control struct {
-	models  map[string]Model
-	onDisk  []string
-	loadErr error
-}
-
-func (c *control) Models() []Model {
-	var out []Model
-	for _, m := range c.models {
-		out = append(out, m)
-	}
-	return out
-}
-
-func (c *control) Model(name string) (Model, bool) { m, ok := c.models[name]; return m, ok }
-
-func (c *control) Index(context.Context) ([]IndexEntry, error) {
-	var out []IndexEntry
-	for _, n := range c.onDisk {
-		e := IndexEntry{Name: n, State: "UNAVAILABLE", Reason: "unloaded"}
-		if _, ok := c.models[n]; ok {
-			e = IndexEntry{Name: n, Version: "1", State: "READY"}
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-func (c *control) Load(_ context.Context, name string) error {
-	if name != "summax" {
-		return fmt.Errorf("%w: no such directory", ErrUnknownModel)
-	}
-	if c.loadErr != nil {
-		return fmt.Errorf("%w: %v", ErrBadModel, c.loadErr)
-	}
-	c.models[name] = newSumMax()
-	return nil
-}
-
-func (c *control) Unload(_ context.Context, name string) error {
-	if _, ok := c.models[name]; !ok {
-		return fmt.Errorf("%w: %q is not loaded", ErrUnknownModel, name)
-	}
-	delete(c.models, name)
-	return nil
-}
-
 func TestRepositoryAPI(t *testing.T) {
-	c := &control{models: map[string]Model{"summax": newSumMax()}, onDisk: []string{"other", "summax"}}
+	f := newSumMax(t)
+	require.NoError(t, os.MkdirAll(filepath.Join(f.repo, "other"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(f.repo, "other", models.ConfigFile), []byte(enginetest.SumMaxYAML), 0o644))
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{Models: c, Control: c, Registerer: reg, Gatherer: reg})
+	s, err := New(Options{Models: f.set, ModelControl: true, Registerer: reg, Gatherer: reg})
 	require.NoError(t, err)
 	infer := []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
 
 	w := do(t, s, "POST", "/v2/repository/index", nil)
 	require.Equal(t, 200, w.Code)
-	var index []IndexEntry
+	var index []serving.IndexEntry
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &index))
-	assert.Equal(t, []IndexEntry{{Name: "other", State: "UNAVAILABLE", Reason: "unloaded"}, {Name: "summax", Version: "1", State: "READY"}}, index)
+	assert.Equal(t, []serving.IndexEntry{{Name: "other", State: "UNAVAILABLE", Reason: "unloaded"}, {Name: "summax", Version: "1", State: "READY"}}, index)
 	w = do(t, s, "POST", "/v2/repository/index", []byte(`{"ready":true}`))
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &index))
 	assert.Len(t, index, 1)
@@ -88,7 +46,7 @@ func TestRepositoryAPI(t *testing.T) {
 
 	w = do(t, s, "POST", "/v2/repository/models/summax/unload", nil)
 	assert.Equal(t, 404, w.Code)
-	assert.Contains(t, errorOf(t, w), `unload summax: unknown model: "summax" is not loaded`)
+	assert.Contains(t, errorOf(t, w), `unload summax: serving: unknown model: "summax" is not loaded`)
 
 	w = do(t, s, "POST", "/v2/repository/models/summax/load", nil)
 	require.Equal(t, 200, w.Code, w.Body.String())
@@ -97,19 +55,20 @@ func TestRepositoryAPI(t *testing.T) {
 
 	w = do(t, s, "POST", "/v2/repository/models/nope/load", nil)
 	assert.Equal(t, 404, w.Code)
-	assert.Contains(t, errorOf(t, w), "load nope: unknown model: no such directory")
+	assert.Contains(t, errorOf(t, w), "load nope: serving: unknown model: the repository has no nope/model.yaml")
 
-	c.loadErr = fmt.Errorf(`weights.safetensors: tensor "layers.0.bias" is missing`)
-	w = do(t, s, "POST", "/v2/repository/models/summax/load", nil)
+	// "other" has no weights.
+	w = do(t, s, "POST", "/v2/repository/models/other/load", nil)
 	assert.Equal(t, 400, w.Code)
-	assert.Contains(t, errorOf(t, w), `model failed to load: weights.safetensors: tensor "layers.0.bias" is missing`)
+	assert.Contains(t, errorOf(t, w), `load other: serving: model failed to load: `)
+	assert.Contains(t, errorOf(t, w), models.WeightsFile)
 
 	w = do(t, s, "POST", "/v2/repository/index", []byte(`[1]`))
 	assert.Equal(t, 400, w.Code)
 }
 
 func TestRepositoryAPIOffByDefault(t *testing.T) {
-	s, _ := newTestServer(t, newSumMax())
+	s, _ := newTestServer(t, newSumMax(t))
 	for _, path := range []string{"/v2/repository/index", "/v2/repository/models/summax/load", "/v2/repository/models/summax/unload"} {
 		w := do(t, s, "POST", path, nil)
 		assert.Equal(t, 403, w.Code, path)
@@ -119,10 +78,11 @@ func TestRepositoryAPIOffByDefault(t *testing.T) {
 }
 
 func TestStatsEndpoint(t *testing.T) {
-	s, _ := newTestServer(t, newSumMax())
+	s, _ := newTestServer(t, newSumMax(t))
+	require.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)).Code)
 	w := do(t, s, "GET", "/v2/models/summax/stats", nil)
 	require.Equal(t, 200, w.Code)
 	assert.Contains(t, w.Body.String(), `"bucket":"b1"`)
-	assert.Contains(t, w.Body.String(), `"steps":7`)
+	assert.Contains(t, w.Body.String(), `"steps":1`)
 	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/nope/stats", nil).Code)
 }

@@ -4,8 +4,11 @@
 //
 // It decodes and validates every request against the model's signature
 // before anything reaches a model, so that a model only ever sees
-// well-formed, finite, correctly shaped rows. It knows nothing of buckets or
-// engines: a [Model] is anything that can run a [steps.Request].
+// well-formed, finite, correctly shaped rows. It owns the protocol, not the
+// models: the live model set ([serving.Set]) finds, loads and runs them,
+// and each model prepares its own step inputs from the decoded tensors. It
+// knows nothing of engines, of how a model turns its inputs into a step, or
+// of the shapes a step is compiled for.
 //
 // # Endpoints
 //
@@ -24,7 +27,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,60 +37,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
-)
-
-// Model is one servable model, as the server needs it.
-type Model interface {
-	// Model is the model's name, version and signature.
-	Model() *models.Model
-	// Ready reports whether the model can take requests now.
-	Ready() bool
-	// Infer runs r, filling its outputs, or fails. It honours ctx.
-	Infer(ctx context.Context, r *steps.Request, p batching.Params) error
-	// Explains lists the model's last non-clean steps, newest first.
-	Explains() []steps.Record
-	// Stats summarises the model's steps per bucket.
-	Stats() []steps.BucketStats
-}
-
-// Repository finds the models being served.
-type Repository interface {
-	Model(name string) (Model, bool)
-	Models() []Model
-}
-
-// ModelControl loads and unloads models: Triton's repository API.
-type ModelControl interface {
-	// Index lists every model in the repository, loaded or not.
-	Index(ctx context.Context) ([]IndexEntry, error)
-	// Load loads (or reloads) a model; it returns when the model is ready.
-	Load(ctx context.Context, name string) error
-	// Unload stops serving a model once its queue has drained.
-	Unload(ctx context.Context, name string) error
-}
-
-// IndexEntry is one model of the repository index.
-type IndexEntry struct {
-	Name    string `json:"name"`
-	Version string `json:"version,omitempty"`
-	State   string `json:"state"` // READY, LOADING or UNAVAILABLE
-	Reason  string `json:"reason,omitempty"`
-}
-
-// Errors a ModelControl wraps so that the server answers 404 and 400.
-var (
-	ErrUnknownModel = errors.New("unknown model")
-	ErrBadModel     = errors.New("model failed to load")
 )
 
 // Options configure a [Server].
 type Options struct {
-	Models Repository
-	// Control enables the repository API; nil answers it with 403.
-	Control ModelControl
+	// Models is the live model set the server serves.
+	Models *serving.Set
+	// ModelControl enables the repository API (load and unload); without
+	// it the API answers 403.
+	ModelControl bool
 	// MaxBodyBytes bounds a request body; 0 means 64 MiB.
 	MaxBodyBytes int64
 	// Version is reported by GET /v2.
@@ -154,31 +114,28 @@ func New(opts Options) (*Server, error) {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
 	})
-	r.Get("/v2/health/live", s.live)
-	r.Get("/v2/health/ready", s.ready)
-	r.Get("/v2", s.serverMetadata)
+	r.Get("/v2/health/live", api(s.live))
+	r.Get("/v2/health/ready", api(s.ready))
+	r.Get("/v2", api(s.serverMetadata))
 	// A group, not a mounted sub-router: the same routes, one tree walk
 	// per request instead of two.
 	r.Group(func(r chi.Router) {
 		r.Use(bearer(opts.InferenceTokens))
 		const m = "/v2/models/{model}"
-		r.Get(m, s.modelMetadata)
-		r.Get(m+"/", s.modelMetadata)
-		r.Get(m+"/ready", s.modelReady)
-		r.Post(m+"/infer", s.infer)
-		r.Get(m+"/explain", s.explain)
-		r.Get(m+"/stats", s.stats)
-		r.Get(m+"/versions/{version}/stats", s.stats)
-		r.Get(m+"/versions/{version}/explain", s.explain)
-		r.Get(m+"/versions/{version}", s.modelMetadata)
-		r.Get(m+"/versions/{version}/ready", s.modelReady)
-		r.Post(m+"/versions/{version}/infer", s.infer)
+		for _, v := range []string{"", "/versions/{version}"} {
+			r.Get(m+v, api(s.modelMetadata))
+			r.Get(m+v+"/ready", api(s.modelReady))
+			r.Get(m+v+"/explain", api(s.explain))
+			r.Get(m+v+"/stats", api(s.stats))
+			r.Post(m+v+"/infer", s.infer)
+		}
+		r.Get(m+"/", api(s.modelMetadata))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(bearer(opts.RepositoryTokens))
-		r.Post("/index", s.repositoryIndex)
-		r.Post("/models/{model}/load", s.repositoryLoad)
-		r.Post("/models/{model}/unload", s.repositoryUnload)
+		r.Post("/index", api(s.repositoryIndex))
+		r.Post("/models/{model}/load", api(s.repositoryLoad))
+		r.Post("/models/{model}/unload", api(s.repositoryUnload))
 	})
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())
@@ -202,8 +159,8 @@ func (s *Server) MetricsHandler() http.Handler {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s here; this listener serves /metrics and /v2/health/*", r.Method, r.URL.Path))
 	})
-	r.Get("/v2/health/live", s.live)
-	r.Get("/v2/health/ready", s.ready)
+	r.Get("/v2/health/live", api(s.live))
+	r.Get("/v2/health/ready", api(s.ready))
 	if s.opts.Gatherer != nil {
 		r.Handle("/metrics", s.metricsHandler())
 	}
@@ -240,12 +197,12 @@ func inferPath(r *http.Request) (string, bool) {
 }
 
 // lookup finds the model and version a route names.
-func (s *Server) lookup(r *http.Request) (Model, error) {
+func (s *Server) lookup(r *http.Request) (*serving.Model, error) {
 	return s.lookupName(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 }
 
 // lookupName finds a model by name and, when v is not empty, version.
-func (s *Server) lookupName(name, v string) (Model, error) {
+func (s *Server) lookupName(name, v string) (*serving.Model, error) {
 	m, ok := s.opts.Models.Model(name)
 	if !ok {
 		return nil, modelNotFound(name)
@@ -256,27 +213,28 @@ func (s *Server) lookupName(name, v string) (Model, error) {
 	return m, nil
 }
 
-func (s *Server) live(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]bool{"live": true})
+func notReady(name string) error {
+	return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name)}
+}
+
+func (s *Server) live(r *http.Request) (any, error) {
+	return map[string]bool{"live": true}, nil
 }
 
 // ready is 200 only when every model has loaded and warmed up.
-func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	for _, m := range s.opts.Models.Models() {
-		if !m.Ready() {
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name))
-			return
-		}
+func (s *Server) ready(r *http.Request) (any, error) {
+	if ok, name := s.opts.Models.Ready(); !ok {
+		return nil, notReady(name)
 	}
-	writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
+	return map[string]bool{"ready": true}, nil
 }
 
-func (s *Server) serverMetadata(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
+func (s *Server) serverMetadata(r *http.Request) (any, error) {
+	return map[string]any{
 		"name":       "stepserve",
 		"version":    s.opts.Version,
 		"extensions": []string{"binary_tensor_data"},
-	})
+	}, nil
 }
 
 type metadataTensor struct {
@@ -285,11 +243,10 @@ type metadataTensor struct {
 	Shape    []int           `json:"shape"`
 }
 
-func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
+func (s *Server) modelMetadata(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
-		writeErr(w, err)
-		return
+		return nil, err
 	}
 	mm := m.Model()
 	tensors := func(specs []models.TensorSpec) []metadataTensor {
@@ -299,62 +256,46 @@ func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
 		}
 		return out
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	return map[string]any{
 		"name":     mm.Name,
 		"versions": []string{mm.Version},
-		"platform": "stepserve_" + mm.Config.Architecture,
+		"platform": mm.Platform(),
 		"inputs":   tensors(mm.Config.Inputs),
 		"outputs":  tensors(mm.Config.Outputs),
-	})
+	}, nil
 }
 
-func (s *Server) modelReady(w http.ResponseWriter, r *http.Request) {
+func (s *Server) modelReady(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
-		writeErr(w, err)
-		return
+		return nil, err
 	}
 	if !m.Ready() {
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", m.Model().Name))
-		return
+		return nil, notReady(m.Model().Name)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "ready": true})
+	return map[string]any{"name": m.Model().Name, "ready": true}, nil
 }
 
 // explain lists the model's last non-clean steps with their reasons.
-func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
+func (s *Server) explain(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
-		writeErr(w, err)
-		return
+		return nil, err
 	}
 	recs := m.Explains()
 	if recs == nil {
 		recs = []steps.Record{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "non_clean_steps": recs})
+	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs}, nil
 }
 
 // stats summarises the model's steps per bucket.
-func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+func (s *Server) stats(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
-		writeErr(w, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": m.Stats()})
-}
-
-func writeErr(w http.ResponseWriter, err error) {
-	writeError(w, statusOf(err), err.Error())
-}
-
-// clip keeps user-supplied strings in messages short.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
+	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": m.Stats()}, nil
 }
 
 type slogPromLogger struct{ l *slog.Logger }

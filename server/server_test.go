@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -15,78 +16,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/batching"
-	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
-
-// sumMax is a fake model: for each row of x (FP32 [-1, 3]) it returns
-// y = [sum, max] (FP32 [-1, 2]).
-type sumMax struct {
-	m        *models.Model
-	ready    bool
-	err      error
-	calls    int
-	params   batching.Params
-	explains []steps.Record
-}
-
-func newSumMax() *sumMax {
-	return &sumMax{ready: true, m: &models.Model{Name: "summax", Version: "1", Config: &models.Config{
-		Architecture: "mlp",
-		Inputs:       []models.TensorSpec{{Name: "x", Datatype: models.FP32, Shape: []int{-1, 3}}},
-		Outputs:      []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
-	}}}
-}
-
-func (f *sumMax) Model() *models.Model       { return f.m }
-func (f *sumMax) Ready() bool                { return f.ready }
-func (f *sumMax) Explains() []steps.Record   { return f.explains }
-func (f *sumMax) Stats() []steps.BucketStats { return []steps.BucketStats{{Bucket: "b1", Steps: 7}} }
-
-// repo is a fixed Repository.
-type repo []Model
-
-func (r repo) Models() []Model { return r }
-func (r repo) Model(name string) (Model, bool) {
-	for _, m := range r {
-		if m.Model().Name == name {
-			return m, true
-		}
-	}
-	return nil, false
-}
-func (f *sumMax) Infer(ctx context.Context, r *steps.Request, p batching.Params) error {
-	f.calls++
-	f.params = p
-	if f.err != nil {
-		return f.err
-	}
-	for row := range r.Rows {
-		var sum float32
-		mx := float32(math.Inf(-1))
-		for k := range 3 {
-			v := math.Float32frombits(binary.LittleEndian.Uint32(r.Inputs[0][(row*3+k)*4:]))
-			sum += v
-			mx = max(mx, v)
-		}
-		binary.LittleEndian.PutUint32(r.Outputs[0][row*8:], math.Float32bits(sum))
-		binary.LittleEndian.PutUint32(r.Outputs[0][row*8+4:], math.Float32bits(mx))
-	}
-	return nil
-}
-
-func newTestServer(t *testing.T, m Model) (*Server, *prometheus.Registry) {
-	reg := prometheus.NewRegistry()
-	s, err := New(Options{Models: repo{m}, MaxBodyBytes: 4096, Version: "test", Registerer: reg, Gatherer: reg})
-	require.NoError(t, err)
-	return s, reg
-}
 
 func do(t *testing.T, h http.Handler, method, path string, body []byte, headers ...string) *httptest.ResponseRecorder {
 	t.Helper()
@@ -120,7 +58,7 @@ type response struct {
 }
 
 func TestInferJSON(t *testing.T) {
-	s, reg := newTestServer(t, newSumMax())
+	s, reg := newTestServer(t, newSumMax(t))
 	for _, body := range []string{
 		`{"id":"r1","inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[1,2,3,4,5,-6]}]}`,
 		`{"id":"r1","inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[[1,2,3],[4,5,-6]]}],"outputs":[{"name":"y"}]}`,
@@ -159,7 +97,7 @@ func binaryRequest(header string, payload ...float32) ([]byte, string) {
 }
 
 func TestInferBinary(t *testing.T) {
-	s, _ := newTestServer(t, newSumMax())
+	s, _ := newTestServer(t, newSumMax(t))
 	body, hl := binaryRequest(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]}`, 1, 2, 7)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body, "Inference-Header-Content-Length", hl, "Content-Type", "application/octet-stream")
 	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
@@ -233,7 +171,7 @@ func TestInferBadRequests(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newSumMax()
+			f := newSumMax(t)
 			s, _ := newTestServer(t, f)
 			path := tt.path
 			if path == "" {
@@ -242,7 +180,7 @@ func TestInferBadRequests(t *testing.T) {
 			w := do(t, s, "POST", path, tt.body, tt.headers...)
 			assert.Equal(t, tt.status, w.Code, w.Body.String())
 			assert.Contains(t, errorOf(t, w), tt.want)
-			assert.Zero(t, f.calls, "a bad request must never reach the model")
+			assert.Zero(t, f.steps(), "a bad request must never reach the model")
 			if tt.status == 400 || tt.status == 413 {
 				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid")))
 			}
@@ -258,29 +196,19 @@ func TestInferModelFailures(t *testing.T) {
 		outcome string
 	}{
 		{errors.New("device on fire"), 500, "error"},
-		{batching.ErrQueueFull, 503, "rejected"},
-		{batching.ErrDraining, 503, "rejected"},
-		{batching.ErrDeadline, 504, "timeout"},
-		{context.Canceled, 499, "cancelled"},
-		{batching.ErrBadParameter, 400, "invalid"},
-		{context.DeadlineExceeded, 504, "timeout"},
+		{fmt.Errorf("worker gone: %w", engine.ErrUnavailable), 503, "rejected"},
 	} {
-		f := newSumMax()
-		f.err = tt.err
+		f := newSumMax(t)
+		f.program().Fail(tt.err)
 		s, _ := newTestServer(t, f)
 		w := do(t, s, "POST", "/v2/models/summax/infer", body)
-		if tt.status == 499 {
-			// Nobody is listening: nothing is written, the outcome is counted.
-			assert.Empty(t, w.Body.String())
-		} else {
-			assert.Equal(t, tt.status, w.Code)
-			assert.Contains(t, errorOf(t, w), tt.err.Error())
-		}
+		assert.Equal(t, tt.status, w.Code)
+		assert.Contains(t, errorOf(t, w), tt.err.Error())
 		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome)))
 	}
 
-	f := newSumMax()
-	f.ready = false
+	f := newSumMax(t)
+	f.program().SetHealthy(false)
 	s, _ := newTestServer(t, f)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body)
 	assert.Equal(t, 503, w.Code)
@@ -289,12 +217,43 @@ func TestInferModelFailures(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected")))
 }
 
+// Every error a model's Infer returns maps to one status and outcome.
+func TestStatusOfModelErrors(t *testing.T) {
+	for _, tt := range []struct {
+		err     error
+		status  int
+		outcome string
+	}{
+		{errors.New("device on fire"), 500, "error"},
+		{batching.ErrQueueFull, 503, "rejected"},
+		{batching.ErrDraining, 503, "rejected"},
+		{engine.ErrUnavailable, 503, "rejected"},
+		{batching.ErrDeadline, 504, "timeout"},
+		{context.Canceled, 499, "cancelled"},
+		{batching.ErrBadParameter, 400, "invalid"},
+		{context.DeadlineExceeded, 504, "timeout"},
+		{fmt.Errorf("load x: %w", serving.ErrUnknownModel), 404, "invalid"},
+		{fmt.Errorf("load x: %w", serving.ErrBadModel), 400, "invalid"},
+	} {
+		st := statusOf(fmt.Errorf("wrapped: %w", tt.err))
+		assert.Equal(t, tt.status, st, tt.err.Error())
+		assert.Equal(t, tt.outcome, outcome(st), tt.err.Error())
+	}
+	// A client that went away gets nothing written.
+	w := httptest.NewRecorder()
+	writeErr(w, context.Canceled)
+	assert.Empty(t, w.Body.String())
+}
+
 func TestRequestParameters(t *testing.T) {
-	f := newSumMax()
+	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
-	w := do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"parameters":{"priority":2,"timeout":1500},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
+	body := []byte(`{"parameters":{"priority":1,"timeout":1500},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
+	req, err := decodeRequest(body, -1, f.program().Model, 1<<20)
+	require.NoError(t, err)
+	assert.Equal(t, batching.Params{Priority: 1, Timeout: 1500 * time.Microsecond}, req.params)
+	w := do(t, s, "POST", "/v2/models/summax/infer", body)
 	require.Equal(t, 200, w.Code, w.Body.String())
-	assert.Equal(t, batching.Params{Priority: 2, Timeout: 1500 * time.Microsecond}, f.params)
 
 	w = do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"parameters":{"timeout":-1},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
 	assert.Equal(t, 400, w.Code)
@@ -302,9 +261,12 @@ func TestRequestParameters(t *testing.T) {
 }
 
 func TestExplainEndpoint(t *testing.T) {
-	f := newSumMax()
-	f.explains = []steps.Record{{Bucket: "b4", Rows: 3, Signals: map[string]int64{"recompile": 1}}}
+	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
+	f.eng.Explain = func() engine.Explain {
+		return engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1, Recompiles: 1}
+	}
+	require.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[3,3],"data":[1,2,3,4,5,6,7,8,9]}]}`)).Code)
 	w := do(t, s, "GET", "/v2/models/summax/explain", nil)
 	require.Equal(t, 200, w.Code)
 	var got struct {
@@ -314,22 +276,25 @@ func TestExplainEndpoint(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &got))
 	assert.Equal(t, "summax", got.Name)
 	require.Len(t, got.NonCleanSteps, 1)
+	assert.Equal(t, "b4", got.NonCleanSteps[0].Bucket)
+	assert.Equal(t, 3, got.NonCleanSteps[0].Rows)
 	assert.Equal(t, int64(1), got.NonCleanSteps[0].Signals["recompile"])
 	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/other/explain", nil).Code)
 }
 
 func TestHealthAndMetadata(t *testing.T) {
-	f := newSumMax()
+	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
 
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/live", nil).Code)
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/ready", nil).Code)
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/ready", nil).Code)
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/versions/1/ready", nil).Code)
-	f.ready = false
+	f.program().SetHealthy(false)
 	assert.Equal(t, 503, do(t, s, "GET", "/v2/health/ready", nil).Code)
 	assert.Equal(t, 503, do(t, s, "GET", "/v2/models/summax/ready", nil).Code)
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/health/live", nil).Code)
+	f.program().SetHealthy(true)
 
 	var meta struct {
 		Name       string
@@ -367,7 +332,7 @@ func TestHealthAndMetadata(t *testing.T) {
 // would: same status, same body, auth included.
 func TestDirectInferRouteAgreesWithRouter(t *testing.T) {
 	for _, tokens := range [][]string{nil, {"s3cret"}} {
-		s, err := New(Options{Models: repo{newSumMax()}, InferenceTokens: tokens})
+		s, err := New(Options{Models: newSumMax(t).set, InferenceTokens: tokens})
 		require.NoError(t, err)
 		body := `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`
 		for _, path := range []string{

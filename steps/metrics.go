@@ -18,9 +18,7 @@ type Metrics struct {
 	signals         *prometheus.CounterVec
 	hostBounceBytes *prometheus.CounterVec
 	transfers       *prometheus.CounterVec
-	loadDuration    *prometheus.GaugeVec
 	compileDuration *prometheus.GaugeVec
-	failovers       *prometheus.CounterVec
 }
 
 // NewMetrics registers the step metrics on reg (nil registers none).
@@ -58,14 +56,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "stepserve_transfers_total",
 			Help: "Host-device transfers performed by steps, by direction.",
 		}, append(bucketLabels, "direction")),
-		loadDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "stepserve_model_load_duration_seconds",
-			Help: "How long the model's last load took, warm-up included.",
-		}, []string{"model"}),
-		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "stepserve_engine_failovers_total",
-			Help: "Times a model's steps moved from its engine to the fallback engine because the device was unavailable.",
-		}, []string{"model", "from", "to"}),
 		compileDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stepserve_bucket_compile_duration_seconds",
 			Help: "How long the bucket's program took to compile at load.",
@@ -83,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batchSize, m.padding, m.stepDuration, m.steps, m.signals,
-		m.hostBounceBytes, m.transfers, m.loadDuration, m.compileDuration, m.failovers}
+		m.hostBounceBytes, m.transfers, m.compileDuration}
 }
 
 // Forget deletes every series of model, when it is unloaded.
@@ -95,27 +85,6 @@ func (m *Metrics) Forget(model string) {
 		c.(interface {
 			DeletePartialMatch(prometheus.Labels) int
 		}).DeletePartialMatch(prometheus.Labels{"model": model})
-	}
-}
-
-func (m *Metrics) failedOver(model, from, to string) {
-	if m != nil {
-		m.failovers.WithLabelValues(model, from, to).Inc()
-	}
-}
-
-// AddFailover creates a model's failover series at zero, so that alerts see
-// it before the first failover.
-func (m *Metrics) AddFailover(model, from, to string) {
-	if m != nil {
-		m.failovers.WithLabelValues(model, from, to)
-	}
-}
-
-// SetLoadDuration records how long model took to load and warm up.
-func (m *Metrics) SetLoadDuration(model string, d time.Duration) {
-	if m != nil {
-		m.loadDuration.WithLabelValues(model).Set(d.Seconds())
 	}
 }
 

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
@@ -28,9 +27,11 @@ import (
 
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/config"
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
-	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/engine/rbln"
 	"github.com/stepserve/stepserve/server"
+	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -77,11 +78,6 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newBuildInfo(version, cpufallback.BLAS(), cpufallback.Kernels()),
 	)
-
-	loaded, err := models.LoadRepository(cfg.ModelRepository)
-	if err != nil {
-		return err
-	}
 	stepMetrics, err := steps.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -90,31 +86,35 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sh := &shared{steps: stepMetrics, batching: batchMetrics, defaults: cfg.Batching, cfg: cfg, reg: reg, logger: logger}
-	defer sh.close()
-	repo := newRepository(cfg.ModelRepository, sh, cfg.Server.ShutdownGrace)
-	reg.MustRegister(newReadyCollector(repo))
-	var starting []*servedModel
-	for _, m := range loaded {
-		s, err := repo.add(m)
-		if err != nil {
-			return err
-		}
-		starting = append(starting, s)
+	set, err := serving.New(serving.Options{
+		Repository:    cfg.ModelRepository,
+		Engines:       engines(cfg, logger, reg),
+		DefaultEngine: cfg.Engine.Default,
+		Failover:      failoverEngine(cfg.Engine.Failover),
+		Batching: batching.Options{
+			MaxQueueDelay:    cfg.Batching.MaxQueueDelay,
+			MaxQueueSize:     cfg.Batching.MaxQueueSize,
+			PriorityLevels:   cfg.Batching.PriorityLevels,
+			DefaultTimeout:   cfg.Batching.DefaultTimeout,
+			MaxBatchElements: cfg.Batching.MaxBatchElements,
+		},
+		DrainGrace:   cfg.Server.ShutdownGrace,
+		StepMetrics:  stepMetrics,
+		BatchMetrics: batchMetrics,
+		Registerer:   reg,
+		Logger:       logger,
+	})
+	if err != nil {
+		return err
 	}
-	defer func() {
-		for _, s := range repo.all() {
-			s.Close()
-		}
-	}()
-	var control server.ModelControl
-	if cfg.Server.EnableModelControl {
-		control = repo
+	defer set.Close()
+	if err := set.LoadAll(ctx); err != nil {
+		return err
 	}
 
 	api, err := server.New(server.Options{
-		Models:             repo,
-		Control:            control,
+		Models:             set,
+		ModelControl:       cfg.Server.EnableModelControl,
 		MaxBodyBytes:       cfg.Server.MaxBodyBytes,
 		MaxRequestElements: cfg.Server.MaxRequestElements,
 		InferenceTokens:    cfg.Auth.InferenceTokens,
@@ -159,35 +159,64 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		logger.Info("serving metrics", "addr", mln.Addr().String())
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
-		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads, "models", len(starting), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
+		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads,
+		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.
 	warm := make(chan error, 1)
-	go func() {
-		for _, s := range starting {
-			if err := s.Warmup(ctx); err != nil {
-				warm <- err
-				return
-			}
-		}
-		logger.Info("ready")
-		warm <- nil
-	}()
-
+	go func() { warm <- set.Warmup(ctx) }()
 	for {
 		select {
 		case err := <-serveErr:
 			return err
 		case err := <-warm:
 			if err != nil {
-				return shutdown(httpServer, repo, cfg.Server.ShutdownGrace, logger, err)
+				return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, err)
 			}
+			logger.Info("ready")
 			warm = nil // warmed up: keep serving until a signal
 		case <-ctx.Done():
 			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
-			return shutdown(httpServer, repo, cfg.Server.ShutdownGrace, logger, nil)
+			return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, nil)
 		}
+	}
+}
+
+// engines are the engines a model may name: the CPU engine in process, and
+// the rbln engine, whose device workers start when a model first needs one.
+func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) map[string]serving.Engine {
+	r := cfg.RBLN
+	return map[string]serving.Engine{
+		"cpu": {Engine: cpufallback.Engine{}, StrictWarmup: true},
+		"rbln": {StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
+			return rbln.New(rbln.Options{
+				Python: r.Python, Devices: r.Devices, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
+				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4,
+				LogLevel: torchLogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
+			})
+		}},
+	}
+}
+
+// failoverEngine maps engine.failover to the engine that takes over.
+func failoverEngine(f string) string {
+	if f == "cpufallback" {
+		return "cpu"
+	}
+	return ""
+}
+
+func torchLogLevel(l slog.Level) string {
+	switch {
+	case l <= slog.LevelDebug:
+		return "debug"
+	case l <= slog.LevelInfo:
+		return "info"
+	case l <= slog.LevelWarn:
+		return "warning"
+	default:
+		return "error"
 	}
 }
 
@@ -196,22 +225,16 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 // in-flight requests get their answers. What is left when grace ends is
 // answered with 503 and the open connections are closed. cause is returned
 // as is, so a failed warm-up still exits non-zero.
-func shutdown(s *http.Server, repo *repository, grace time.Duration, logger *slog.Logger, cause error) error {
+func shutdown(s *http.Server, set *serving.Set, grace time.Duration, logger *slog.Logger, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, m := range repo.all() {
-		wg.Go(func() {
-			if err := m.Drain(ctx); err != nil {
-				logger.Warn("drain incomplete", "model", m.model.Name, "err", err)
-			}
-		})
-	}
+	drained := make(chan struct{})
+	go func() { set.Drain(ctx); close(drained) }()
 	if err := s.Shutdown(ctx); err != nil {
 		logger.Warn("shutdown grace ran out; closing open connections", "err", err)
 		s.Close()
 	}
-	wg.Wait()
+	<-drained
 	return cause
 }
 

@@ -1,0 +1,202 @@
+// Package enginetest is a fake [engine.Engine] for the tests of the
+// packages above the engines (steps, serving, server): its programs run a
+// Go function per step over real staging buffers, and a test can hold a
+// load or a compile, take a device down, or make steps fail.
+//
+// Production code never imports it.
+package enginetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// StepFunc computes one step: it reads the bucket's packed inputs from in
+// and writes its packed outputs to out, both laid out as l says.
+type StepFunc func(l engine.Layout, in, out []byte) error
+
+// Engine is a fake engine. Set its fields before the first Load.
+type Engine struct {
+	// Label is the engine's name; "fake" when empty.
+	Label string
+	// Func runs every step; nil leaves the outputs as they are.
+	Func StepFunc
+	// Explain, when set, is every step's report; otherwise a step reports
+	// a clean, measured step with one copy each way.
+	Explain func() engine.Explain
+	// LoadGate and CompileGate, when set, hold every Load or Compile until
+	// they are closed or the caller's context ends.
+	LoadGate, CompileGate chan struct{}
+	// LoadErr, when set, fails every Load.
+	LoadErr error
+
+	mu       sync.Mutex
+	programs []*Program
+	loads    atomic.Int32
+}
+
+// Name implements [engine.Engine].
+func (e *Engine) Name() string {
+	if e.Label == "" {
+		return "fake"
+	}
+	return e.Label
+}
+
+// Loads counts the Load calls, finished or not.
+func (e *Engine) Loads() int { return int(e.loads.Load()) }
+
+// Programs returns the programs loaded so far, oldest first.
+func (e *Engine) Programs() []*Program {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*Program(nil), e.programs...)
+}
+
+// Last returns the newest program, or nil.
+func (e *Engine) Last() *Program {
+	ps := e.Programs()
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps[len(ps)-1]
+}
+
+// Load implements [engine.Engine].
+func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
+	e.loads.Add(1)
+	if err := wait(ctx, e.LoadGate); err != nil {
+		return nil, err
+	}
+	if e.LoadErr != nil {
+		return nil, e.LoadErr
+	}
+	p := &Program{e: e, Model: m}
+	p.healthy.Store(true)
+	for _, s := range buckets {
+		l := engine.NewLayout(m.Config, s)
+		p.layouts = append(p.layouts, l)
+		p.in = append(p.in, make([]byte, l.InBytes))
+		p.out = append(p.out, make([]byte, l.OutBytes))
+	}
+	p.compiled = make([]bool, len(buckets))
+	e.mu.Lock()
+	e.programs = append(e.programs, p)
+	e.mu.Unlock()
+	return p, nil
+}
+
+func wait(ctx context.Context, gate chan struct{}) error {
+	if gate == nil {
+		return ctx.Err()
+	}
+	select {
+	case <-gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Program is a fake program.
+type Program struct {
+	Model *models.Model
+
+	e        *Engine
+	layouts  []engine.Layout
+	in, out  [][]byte
+	healthy  atomic.Bool
+	closed   atomic.Bool
+	steps    atomic.Int64
+	failWith atomic.Pointer[error]
+
+	mu       sync.Mutex
+	compiled []bool
+}
+
+// SetHealthy takes the program's device down (false) or brings it back.
+// While it is down, steps fail with [engine.ErrUnavailable].
+func (p *Program) SetHealthy(ok bool) { p.healthy.Store(ok) }
+
+// Fail makes every step fail with err from now on; nil ends that.
+func (p *Program) Fail(err error) {
+	if err == nil {
+		p.failWith.Store(nil)
+		return
+	}
+	p.failWith.Store(&err)
+}
+
+// Steps counts the steps run, warm-up included.
+func (p *Program) Steps() int { return int(p.steps.Load()) }
+
+// Closed reports whether Close was called.
+func (p *Program) Closed() bool { return p.closed.Load() }
+
+// Compile implements [engine.Program].
+func (p *Program) Compile(ctx context.Context, bucket int) error {
+	if bucket < 0 || bucket >= len(p.layouts) {
+		return engine.ErrBucket
+	}
+	if err := wait(ctx, p.e.CompileGate); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.compiled[bucket] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// Step implements [engine.Program].
+func (p *Program) Step(ctx context.Context, bucket int) (engine.Explain, error) {
+	if bucket < 0 || bucket >= len(p.layouts) {
+		return engine.Explain{}, engine.ErrBucket
+	}
+	switch {
+	case p.closed.Load():
+		return engine.Explain{}, errors.New("enginetest: step on a closed program")
+	case !p.healthy.Load():
+		return engine.Explain{}, fmt.Errorf("enginetest: %w", engine.ErrUnavailable)
+	}
+	if err := p.failWith.Load(); err != nil {
+		return engine.Explain{}, *err
+	}
+	p.steps.Add(1)
+	p.mu.Lock()
+	built := !p.compiled[bucket]
+	p.compiled[bucket] = true
+	p.mu.Unlock()
+	if p.e.Func != nil {
+		if err := p.e.Func(p.layouts[bucket], p.in[bucket], p.out[bucket]); err != nil {
+			return engine.Explain{}, err
+		}
+	}
+	if p.e.Explain != nil {
+		return p.e.Explain(), nil
+	}
+	x := engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1}
+	if built {
+		x.Clean, x.Recompiles = false, 1
+		x.Reasons = []string{"recompile: bucket " + p.layouts[bucket].Bucket.Label() + " was not compiled at load"}
+	}
+	return x, nil
+}
+
+// Staging implements [engine.Program].
+func (p *Program) Staging(bucket int) (in, out []byte) { return p.in[bucket], p.out[bucket] }
+
+// Healthy implements [engine.Program].
+func (p *Program) Healthy() bool { return p.healthy.Load() && !p.closed.Load() }
+
+// Close implements [engine.Program].
+func (p *Program) Close() error {
+	p.closed.Store(true)
+	return nil
+}

@@ -1,0 +1,47 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// apiFunc is a handler of a route off the inference path: it returns the
+// value to answer with, or an error that [statusOf] maps to a status code.
+// The hot inference route keeps its own codec.
+type apiFunc func(r *http.Request) (any, error)
+
+// api adapts an apiFunc: one place writes every such response, the JSON
+// body or the mapped error.
+func api(f apiFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := f(r)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	writeError(w, statusOf(err), err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// clip keeps user-supplied strings in messages short.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

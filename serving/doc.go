@@ -1,0 +1,23 @@
+// Package serving owns the live model set: the models a server is serving
+// right now, each loaded on its engine, warmed up, behind its batcher.
+//
+// A [Set] loads models from the model repository directory with a context
+// that a load request or a shutdown can cancel, compiles and warms up every
+// bucket before a model counts as ready, reloads a model by warming up the
+// new one before it takes over, and unloads a model after its queue has
+// drained. It chooses each model's engine from an injected registry
+// ([Engine]), so tests run it on fakes, and composes failover to a second
+// engine while a device is down. It exports the load and failover metrics
+// and stepserve_model_ready.
+//
+// It knows nothing of HTTP: the server asks it for models by name and maps
+// its errors ([ErrUnknownModel], [ErrBadModel]) to status codes. It never
+// reads the server's configuration; the caller passes [Options].
+//
+// # Lifetime of a model
+//
+//	Add / Load    engine.Load: weights resident, staging allocated   LOADING
+//	Warmup        every bucket compiled and run twice                READY
+//	device down   not ready, or served by the failover engine
+//	Unload        no longer found by name; queue drained; closed     (gone)
+package serving

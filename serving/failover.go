@@ -1,0 +1,46 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// failover runs a model's steps on its primary runner while that runner's
+// device is healthy, and on a fallback runner while it is not or when a
+// step fails because the primary's device went away. Requests that were in
+// such a step run again on the fallback, so they are answered instead of
+// failing. Each switch to the fallback is counted.
+type failover struct {
+	primary, fallback *steps.Runner
+	primaryHealthy    func() bool
+	model, from, to   string
+	switched          func() // counts a switch to the fallback
+	logger            *slog.Logger
+	onFallback        atomic.Bool
+}
+
+// MaxBatch implements [batching.Runner].
+func (f *failover) MaxBatch() int { return min(f.primary.MaxBatch(), f.fallback.MaxBatch()) }
+
+// Run implements [batching.Runner].
+func (f *failover) Run(ctx context.Context, reqs []*steps.Request) error {
+	if f.primaryHealthy() {
+		err := f.primary.Run(ctx, reqs)
+		if !errors.Is(err, engine.ErrUnavailable) {
+			if err == nil && f.onFallback.CompareAndSwap(true, false) {
+				f.logger.Info("model back on its primary engine", "model", f.model, "engine", f.from)
+			}
+			return err
+		}
+	}
+	if f.onFallback.CompareAndSwap(false, true) {
+		f.switched()
+		f.logger.Warn("primary engine unavailable: serving on the fallback", "model", f.model, "from", f.from, "to", f.to)
+	}
+	return f.fallback.Run(ctx, reqs)
+}

@@ -1,0 +1,75 @@
+package serving
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the live set's own series: how long loads take, failovers,
+// and readiness (collected from the set at scrape time).
+type metrics struct {
+	loadDuration *prometheus.GaugeVec
+	failovers    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
+	m := &metrics{
+		loadDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_model_load_duration_seconds",
+			Help: "How long the model's last load took, warm-up included.",
+		}, []string{"model"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_engine_failovers_total",
+			Help: "Times a model's steps moved from its engine to the fallback engine because the device was unavailable.",
+		}, []string{"model", "from", "to"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc}} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) loaded(model string, d time.Duration) {
+	m.loadDuration.WithLabelValues(model).Set(d.Seconds())
+}
+
+// addFailover creates a model's failover series at zero, so that alerts
+// see it before the first failover.
+func (m *metrics) addFailover(model, from, to string) prometheus.Counter {
+	return m.failovers.WithLabelValues(model, from, to)
+}
+
+func (m *metrics) forget(model string) {
+	m.loadDuration.DeleteLabelValues(model)
+	m.failovers.DeletePartialMatch(prometheus.Labels{"model": model})
+}
+
+var readyDesc = prometheus.NewDesc("stepserve_model_ready",
+	"1 when the model takes requests (loaded, warmed up, its device up or failed over), 0 when it does not.",
+	[]string{"model", "engine"}, nil)
+
+// readyCollector exports stepserve_model_ready from every served model's
+// readiness at scrape time, so the gauge can never disagree with
+// /v2/health/ready (a worker dying flips both at once), and an unloaded
+// model's series is gone with it.
+type readyCollector struct {
+	set  *Set
+	desc *prometheus.Desc
+}
+
+func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.set.Models() {
+		v := 0.0
+		if m.Ready() {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, m.model.Name, m.engine)
+	}
+}

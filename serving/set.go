@@ -1,0 +1,375 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// Errors of the set's lookups and loads; the server answers them with 404
+// and 400.
+var (
+	ErrUnknownModel = errors.New("serving: unknown model")
+	ErrBadModel     = errors.New("serving: model failed to load")
+)
+
+// Options configure a [Set].
+type Options struct {
+	// Repository is the model repository directory: one directory per
+	// model, each holding a model.yaml.
+	Repository string
+	// Engines are the engines models may name, by name ("cpu", "rbln").
+	Engines map[string]Engine
+	// DefaultEngine runs models whose model.yaml names none.
+	DefaultEngine string
+	// Failover, when set, names the engine that serves a model's steps
+	// while its own engine's device is down. Models already on it have no
+	// failover.
+	Failover string
+	// Batching holds the server-wide batching defaults that model.yaml's
+	// batching keys override (its Model, Metrics and Logger are ignored).
+	Batching batching.Options
+	// DrainGrace bounds how long an unloaded or replaced model may take to
+	// run what it has queued; 0 means 30s.
+	DrainGrace time.Duration
+
+	// StepMetrics and BatchMetrics record every model's steps and queues;
+	// nil records nothing. The set deletes a model's series on unload.
+	StepMetrics  *steps.Metrics
+	BatchMetrics *batching.Metrics
+	// Registerer receives the set's own metrics; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger // nil discards
+}
+
+// Set is the live model set. Lookups are safe while loads and unloads run;
+// loads and unloads run one at a time.
+type Set struct {
+	opts    Options
+	logger  *slog.Logger
+	engines *engines
+	metrics *metrics
+
+	mu     sync.RWMutex
+	served map[string]*Model
+	failed map[string]string // why a model last failed to load
+
+	changing sync.Mutex // one load or unload at a time
+
+	// stopping ends when Drain starts: loads in progress are cancelled,
+	// since a stopping server will never serve what they load.
+	stopping context.Context
+	stop     context.CancelFunc
+}
+
+// New returns an empty set. Serve the repository with [Set.LoadAll] and
+// [Set.Warmup], and stop with [Set.Drain] and [Set.Close].
+func New(opts Options) (*Set, error) {
+	if opts.DrainGrace == 0 {
+		opts.DrainGrace = 30 * time.Second
+	}
+	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{}}
+	s.stopping, s.stop = context.WithCancel(context.Background())
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if s.engines, err = newEngines(opts.Engines); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{opts.DefaultEngine, opts.Failover} {
+		if _, ok := opts.Engines[name]; name != "" && !ok {
+			return nil, fmt.Errorf("serving: engine %q is not among the engines given (%s)", name, strings.Join(s.engines.names(), ", "))
+		}
+	}
+	if s.metrics, err = newMetrics(opts.Registerer, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Model returns the model served under name.
+func (s *Set) Model(name string) (*Model, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m, ok := s.served[name]
+	return m, ok
+}
+
+// Models returns the served models in name order.
+func (s *Set) Models() []*Model {
+	s.mu.RLock()
+	out := make([]*Model, 0, len(s.served))
+	for _, m := range s.served {
+		out = append(out, m)
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *Model) int { return strings.Compare(a.model.Name, b.model.Name) })
+	return out
+}
+
+// Ready reports whether every served model is ready, and if not, names the
+// first that is not.
+func (s *Set) Ready() (bool, string) {
+	for _, m := range s.Models() {
+		if !m.Ready() {
+			return false, m.model.Name
+		}
+	}
+	return true, ""
+}
+
+// LoadAll loads every model of the repository onto its engine, without
+// warming it up: a server answers liveness while [Set.Warmup] compiles.
+// One bad model fails the whole load, so that a server never starts with
+// part of what it was asked to serve. It honours ctx.
+func (s *Set) LoadAll(ctx context.Context) error {
+	loaded, err := models.LoadRepository(s.opts.Repository)
+	if err != nil {
+		return err
+	}
+	for _, m := range loaded {
+		if _, err := s.Add(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Add loads m onto its engine and serves it under its name, not yet
+// warmed up (not ready). It replaces nothing: a model of that name must
+// not be served already.
+func (s *Set) Add(ctx context.Context, m *models.Model) (*Model, error) {
+	ctx, cancel := s.untilStopping(ctx)
+	defer cancel()
+	s.changing.Lock()
+	defer s.changing.Unlock()
+	if _, ok := s.Model(m.Name); ok {
+		return nil, fmt.Errorf("serving: model %s is already served; Load replaces it", m.Name)
+	}
+	sm, err := s.newModel(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.served[m.Name] = sm
+	delete(s.failed, m.Name)
+	s.mu.Unlock()
+	return sm, nil
+}
+
+// Warmup warms up every served model that is not warm yet, in name order,
+// and returns the first failure.
+func (s *Set) Warmup(ctx context.Context) error {
+	ctx, cancel := s.untilStopping(ctx)
+	defer cancel()
+	for _, m := range s.Models() {
+		if m.warmed.Load() {
+			continue
+		}
+		if err := m.Warmup(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IndexEntry is one model directory of the repository, served or not.
+type IndexEntry struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	// State is READY, LOADING (loaded, warming up, or its device down
+	// without failover) or UNAVAILABLE.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Index lists every model directory of the repository in name order,
+// served or not, with its state.
+func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
+	entries, err := os.ReadDir(s.opts.Repository)
+	if err != nil {
+		return nil, fmt.Errorf("serving: model repository: %w", err)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []IndexEntry
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(s.opts.Repository, e.Name(), models.ConfigFile)); err != nil {
+			continue
+		}
+		ie := IndexEntry{Name: e.Name(), State: "UNAVAILABLE", Reason: "unloaded"}
+		if m, ok := s.served[e.Name()]; ok {
+			ie.Version = m.model.Version
+			ie.State, ie.Reason = "LOADING", ""
+			if m.Ready() {
+				ie.State = "READY"
+			}
+		} else if why, ok := s.failed[e.Name()]; ok {
+			ie.Reason = why
+		}
+		out = append(out, ie)
+	}
+	return out, nil
+}
+
+// Load loads name from the repository, warms it up and serves it; it
+// returns when the model is ready. A model already served goes on serving
+// until the new one is ready, then drains its queue and is closed. A load
+// cancelled through ctx (its client went away, the server is stopping)
+// leaves the served model as it was. Errors wrap [ErrUnknownModel] (no such
+// directory) or [ErrBadModel].
+func (s *Set) Load(ctx context.Context, name string) error {
+	if !models.ValidName(name) {
+		return fmt.Errorf("%w: %q is not a valid model name", ErrUnknownModel, name)
+	}
+	dir := filepath.Join(s.opts.Repository, name)
+	if _, err := os.Stat(filepath.Join(dir, models.ConfigFile)); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: the repository has no %s/%s", ErrUnknownModel, name, models.ConfigFile)
+	}
+	ctx, cancel := s.untilStopping(ctx)
+	defer cancel()
+	s.changing.Lock()
+	defer s.changing.Unlock()
+
+	m, err := models.Load(dir)
+	if err == nil {
+		err = s.replace(ctx, m)
+	}
+	if err != nil {
+		s.mu.Lock()
+		s.failed[name] = err.Error()
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %w", ErrBadModel, err)
+	}
+	return nil
+}
+
+// replace warms up a new version of a model before it takes over.
+func (s *Set) replace(ctx context.Context, m *models.Model) error {
+	sm, err := s.newModel(ctx, m)
+	if err != nil {
+		return err
+	}
+	if err := sm.Warmup(ctx); err != nil {
+		sm.drain(context.Background())
+		sm.Close()
+		return err
+	}
+	s.mu.Lock()
+	old := s.served[m.Name]
+	s.served[m.Name] = sm
+	delete(s.failed, m.Name)
+	s.mu.Unlock()
+	if old != nil {
+		s.retire(old, false)
+	}
+	return nil
+}
+
+// Unload stops serving name: from now on it is not found, it runs what it
+// has queued within the drain grace, and its metric series are deleted.
+func (s *Set) Unload(ctx context.Context, name string) error {
+	s.changing.Lock()
+	defer s.changing.Unlock()
+	s.mu.Lock()
+	m, ok := s.served[name]
+	delete(s.served, name)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %q is not loaded", ErrUnknownModel, name)
+	}
+	s.retire(m, true)
+	return nil
+}
+
+// retire drains and closes a model no longer reachable by name; forget
+// deletes its series too (not when a newer version took its name).
+func (s *Set) retire(m *Model, forget bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DrainGrace)
+	defer cancel()
+	if err := m.drain(ctx); err != nil {
+		s.logger.Warn("unload: drain incomplete", "model", m.model.Name, "err", err)
+	}
+	m.Close()
+	if forget {
+		s.opts.StepMetrics.Forget(m.model.Name)
+		s.opts.BatchMetrics.Forget(m.model.Name)
+		s.metrics.forget(m.model.Name)
+	}
+	s.logger.Info("model unloaded", "model", m.model.Name, "replaced", !forget)
+}
+
+// untilStopping is ctx, cancelled also when the set starts draining.
+func (s *Set) untilStopping(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(s.stopping, cancel)
+	return ctx, func() { unhook(); cancel() }
+}
+
+// Drain stops every model from taking requests and runs what each has
+// queued, side by side, within ctx: the first half of a graceful shutdown.
+// Loads and warm-ups in progress are cancelled. Models that ran out of
+// time answer what is left with [batching.ErrDraining].
+func (s *Set) Drain(ctx context.Context) {
+	s.stop()
+	var wg sync.WaitGroup
+	for _, m := range s.Models() {
+		wg.Go(func() {
+			if err := m.drain(ctx); err != nil {
+				s.logger.Warn("drain incomplete", "model", m.model.Name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Close closes every model's programs and the engines the set started.
+// Call it after [Set.Drain].
+func (s *Set) Close() error {
+	var errs []error
+	for _, m := range s.Models() {
+		errs = append(errs, m.Close())
+	}
+	errs = append(errs, s.engines.close())
+	return errors.Join(errs...)
+}
+
+// batchingOptions merges model.yaml's batching keys over the defaults.
+func (s *Set) batchingOptions(m *models.Model) batching.Options {
+	o := s.opts.Batching
+	o.Model, o.Metrics, o.Logger = m.Name, s.opts.BatchMetrics, s.logger
+	b := m.Config.Batching
+	if b.MaxQueueDelay != nil {
+		o.MaxQueueDelay = *b.MaxQueueDelay
+	}
+	if b.MaxQueueSize != nil {
+		o.MaxQueueSize = *b.MaxQueueSize
+	}
+	if b.PriorityLevels != nil {
+		o.PriorityLevels = *b.PriorityLevels
+	}
+	if b.DefaultPriorityLevel != nil {
+		o.DefaultPriority = *b.DefaultPriorityLevel
+	}
+	if b.DefaultTimeout != nil {
+		o.DefaultTimeout = *b.DefaultTimeout
+	}
+	return o
+}
