@@ -21,7 +21,8 @@ type Config struct {
 	// Version is the one version the directory serves; "1" when unset.
 	Version     string `yaml:"version"`
 	Description string `yaml:"description"`
-	// Architecture selects the layer stack the weights fill: "mlp".
+	// Architecture selects the layer stack the weights fill and how
+	// requests are prepared for it: "mlp" or "encoder".
 	Architecture string         `yaml:"architecture"`
 	MLP          *MLPConfig     `yaml:"mlp"`
 	Encoder      *EncoderConfig `yaml:"encoder"`
@@ -114,31 +115,8 @@ type EncoderConfig struct {
 	Truncate bool `yaml:"truncate"`
 }
 
-// The tensors an encoder step takes, whatever the model's API inputs are:
-// text is tokenized into them by the server.
-var encoderStepInputs = []TensorSpec{
-	{Name: "input_ids", Datatype: INT64, Shape: []int{-1, -1}},
-	{Name: "attention_mask", Datatype: INT64, Shape: []int{-1, -1}},
-	{Name: "token_type_ids", Datatype: INT64, Shape: []int{-1, -1}},
-}
-
-// StepInputs are the tensors packed into a step's input staging: the model's
-// inputs for an mlp, the token tensors for an encoder.
-func (c *Config) StepInputs() []TensorSpec {
-	if c.Architecture == "encoder" {
-		return encoderStepInputs
-	}
-	return c.Inputs
-}
-
-// OptionalInput reports whether a request may leave the named input out:
-// an encoder's token_type_ids, which default to zeros.
-func (c *Config) OptionalInput(name string) bool {
-	return c.Architecture == "encoder" && name == "token_type_ids"
-}
-
-// TextInput reports whether the model takes a text BYTES input that the
-// server tokenizes.
+// TextInput reports whether the model takes a text BYTES input, which
+// [Model.PrepareInputs] tokenizes.
 func (c *Config) TextInput() bool {
 	return len(c.Inputs) == 1 && c.Inputs[0].Datatype == BYTES
 }

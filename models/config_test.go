@@ -160,7 +160,7 @@ func TestLoadErrorsNameTheProblem(t *testing.T) {
 }
 
 func TestShippedDigitsModelLoads(t *testing.T) {
-	m, err := Load(filepath.Join("digits"))
+	m, err := Load(filepath.Join("../model_repository", "digits"))
 	require.NoError(t, err)
 	assert.Equal(t, "digits", m.Name)
 	assert.Equal(t, []int{64, 128, 10}, m.Config.MLP.Sizes)

@@ -20,9 +20,22 @@ const VocabFile = "vocab.txt"
 // [UNK] rather than being split.
 const maxWordChars = 100
 
-// ErrTooLong is returned by Encode when text does not fit and truncation is
-// off.
-var ErrTooLong = errors.New("text is longer than the largest sequence bucket")
+// tooLong says why Encode refused text; request errors embed it, so its
+// own message leaves the package prefix out.
+const tooLong = "text is longer than the largest sequence bucket"
+
+// ErrTooLong is matched by Encode's error when text does not fit and
+// truncation is off.
+var ErrTooLong = errors.New("models: " + tooLong)
+
+// tooLongError is ErrTooLong with the counts a user needs to fix the text.
+type tooLongError struct{ tokens, limit int }
+
+func (e *tooLongError) Error() string {
+	return fmt.Sprintf("%s: %d tokens with [CLS] and [SEP], the limit is %d", tooLong, e.tokens, e.limit)
+}
+
+func (e *tooLongError) Is(target error) bool { return target == ErrTooLong }
 
 // Tokenizer is BERT's tokenizer: basic tokenization (cleanup, CJK and
 // punctuation splitting, optional lowercasing and accent stripping) followed
@@ -91,7 +104,7 @@ func (t *Tokenizer) Encode(text string, maxLen int, truncate bool) ([]int64, err
 	toks := t.Tokens(text)
 	if len(toks)+2 > maxLen {
 		if !truncate {
-			return nil, fmt.Errorf("%w: %d tokens with [CLS] and [SEP], the limit is %d", ErrTooLong, len(toks)+2, maxLen)
+			return nil, &tooLongError{len(toks) + 2, maxLen}
 		}
 		toks = toks[:maxLen-2]
 	}

@@ -40,6 +40,8 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, serving.ErrBadModel), errors.Is(err, batching.ErrBadParameter):
 		return http.StatusBadRequest
+	case errors.Is(err, models.ErrInput):
+		return http.StatusBadRequest
 	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining), errors.Is(err, engine.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, batching.ErrDeadline):

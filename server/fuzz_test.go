@@ -9,9 +9,8 @@ import (
 
 func fuzzModels() []*models.Model {
 	digits := &models.Model{Name: "digits", Version: "1", Config: &models.Config{
-		Architecture: "mlp",
-		Inputs:       []models.TensorSpec{{Name: "pixels", Datatype: models.FP32, Shape: []int{-1, 4}}},
-		Outputs:      []models.TensorSpec{{Name: "probabilities", Datatype: models.FP32, Shape: []int{-1, 2}}},
+		Inputs:  []models.TensorSpec{{Name: "pixels", Datatype: models.FP32, Shape: []int{-1, 4}}},
+		Outputs: []models.TensorSpec{{Name: "probabilities", Datatype: models.FP32, Shape: []int{-1, 2}}},
 	}}
 	return []*models.Model{digits}
 }
@@ -23,10 +22,10 @@ func checkDecoded(t *testing.T, m *models.Model, req *inferRequest) {
 		t.Fatalf("accepted %d rows", req.rows)
 	}
 	for i, s := range m.Config.Inputs {
-		if got, want := len(req.inputs[i].data), req.rows*s.RowBytes(0); got != want {
+		if got, want := len(req.inputs[i].Data), req.rows*s.RowBytes(0); got != want {
 			t.Fatalf("input %s: %d bytes for %d rows, want %d", s.Name, got, req.rows, want)
 		}
-		if err := checkFinite(req.inputs[i].data, s.Datatype); err != nil {
+		if err := checkFinite(req.inputs[i].Data, s.Datatype); err != nil {
 			t.Fatalf("accepted a non-finite value: %v", err)
 		}
 	}

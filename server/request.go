@@ -71,22 +71,14 @@ func (p wireParams) get(key string) (json.RawMessage, bool) {
 type inferRequest struct {
 	id      string
 	rows    int
-	inputs  []tensor // one per model input, in model order; absent optional inputs are zero
+	inputs  []models.Input // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
 	params  batching.Params
 
 	// Room for the usual few inputs and outputs, so that a request is
 	// one allocation rather than three.
-	inputsBuf  [3]tensor
+	inputsBuf  [3]models.Input
 	outputsBuf [2]outputChoice
-}
-
-// tensor is one decoded input: packed elements, or the strings of a BYTES
-// input.
-type tensor struct {
-	shape []int64
-	data  []byte
-	strs  []string
 }
 
 // outputChoice is one output to return, and how.
@@ -123,7 +115,7 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 	req := &inferRequest{id: wr.ID, rows: -1}
 	req.inputs, req.outputs = req.inputsBuf[:0], req.outputsBuf[:0]
 	if len(cfg.Inputs) > len(req.inputsBuf) {
-		req.inputs = make([]tensor, 0, len(cfg.Inputs))
+		req.inputs = make([]models.Input, 0, len(cfg.Inputs))
 	}
 	req.inputs = req.inputs[:len(cfg.Inputs)]
 	var seenBuf [8]bool
@@ -217,9 +209,9 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 // data, taking binary data from the front of binaryPart when the input says
 // binary_data_size. bodyLen bounds the elements a shape may claim, so that no
 // declared shape can make the server allocate more than the body justifies.
-func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (t tensor, rest []byte, err error) {
-	t.shape = in.Shape
-	t.data, t.strs, rest, err = decodeData(in, spec, binaryPart, bodyLen)
+func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (t models.Input, rest []byte, err error) {
+	t.Shape = in.Shape
+	t.Data, t.Strings, rest, err = decodeData(in, spec, binaryPart, bodyLen)
 	return t, rest, err
 }
 

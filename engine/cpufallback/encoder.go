@@ -72,13 +72,16 @@ func int64s(b []byte) []int64 {
 
 // step copies the token tensors in once, runs the encoder, and copies the
 // pooled embeddings out once. Token ids outside the vocabulary are an error
-// (the server validates them; this keeps a bad caller from reading past the
-// embedding tables).
+// (models.PrepareInputs refuses them; this keeps a bad caller from reading
+// past the embedding tables).
 func (p *encoderPlan) step(in, out []byte) error {
-	l := p.layout.Inputs
-	copy(p.ids, int64s(in[l[0].Offset:l[0].Offset+l[0].Bytes]))
-	copy(p.mask, int64s(in[l[1].Offset:l[1].Offset+l[1].Bytes]))
-	copy(p.types, int64s(in[l[2].Offset:l[2].Offset+l[2].Bytes]))
+	tensor := func(i int) []int64 {
+		l := p.layout.Inputs[i]
+		return int64s(in[l.Offset : l.Offset+l.Bytes])
+	}
+	copy(p.ids, tensor(models.EncoderInputIDs))
+	copy(p.mask, tensor(models.EncoderAttentionMask))
+	copy(p.types, tensor(models.EncoderTokenTypeIDs))
 	rows, err := p.embed()
 	if err != nil {
 		return err

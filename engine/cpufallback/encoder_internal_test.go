@@ -26,7 +26,7 @@ func TestCompactionAnswersAsTheFullStep(t *testing.T) {
 		layout := engine.NewLayout(m.Config, shape)
 		for trial := range 20 {
 			in := make([]byte, layout.InBytes)
-			ids, mask, types := int64s(in[layout.Inputs[0].Offset:]), int64s(in[layout.Inputs[1].Offset:]), int64s(in[layout.Inputs[2].Offset:])
+			ids, mask, types := int64s(in[layout.Inputs[models.EncoderInputIDs].Offset:]), int64s(in[layout.Inputs[models.EncoderAttentionMask].Offset:]), int64s(in[layout.Inputs[models.EncoderTokenTypeIDs].Offset:])
 			for b := range shape.Batch {
 				n := rng.IntN(shape.Seq + 1)
 				for s := range shape.Seq {
@@ -79,7 +79,7 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 	shape := bucketing.Shape{Batch: 16, Seq: 64}
 	layout := engine.NewLayout(m.Config, shape)
 	in := make([]byte, layout.InBytes)
-	ids, mask := int64s(in[layout.Inputs[0].Offset:]), int64s(in[layout.Inputs[1].Offset:])
+	ids, mask := int64s(in[layout.Inputs[models.EncoderInputIDs].Offset:]), int64s(in[layout.Inputs[models.EncoderAttentionMask].Offset:])
 	for b := range shape.Batch {
 		n := rng.IntN(shape.Seq + 1)
 		for s := range n {

@@ -183,7 +183,7 @@ func BenchmarkEncoderStep(b *testing.B) {
 		// all the work the FLOP count assumes (it leaves padding out).
 		in, _ := prog.Staging(i)
 		clear(in)
-		mask := engine.NewLayout(m.Config, s).Inputs[1]
+		mask := engine.NewLayout(m.Config, s).Inputs[models.EncoderAttentionMask]
 		for j := mask.Offset; j < mask.Offset+mask.Bytes; j += 8 {
 			in[j] = 1
 		}

@@ -150,6 +150,8 @@ def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dty
     output packed into one flat float32 tensor out (one download)."""
     if isinstance(model, Encoder):
         def encoder_body(flat: torch.Tensor) -> torch.Tensor:
+            # The token tensors in the order Go packs them, stated once in
+            # models/inputs.go (encoderStepInputs).
             ids, mask, types = flat.view(3, shape.batch, shape.seq)
             return model(ids, mask, types).float().reshape(-1)
         return encoder_body

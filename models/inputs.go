@@ -1,0 +1,210 @@
+package models
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Input is one request input as a protocol decoded it, before the model
+// prepares it for a step.
+type Input struct {
+	// Shape is the shape the request declared; the first dimension is the
+	// batch. Nil for an optional input the request left out.
+	Shape []int64
+	// Data holds the elements packed little-endian, for every datatype but
+	// BYTES.
+	Data []byte
+	// Strings holds the elements of a BYTES input.
+	Strings []string
+}
+
+// ErrInput is matched by every error [Model.PrepareInputs] returns for a
+// request's values (as opposed to the caller's mistakes): a protocol answers
+// it as a bad request.
+var ErrInput = errors.New("models: bad input")
+
+// InputError is a request input the model refuses. Its message names the
+// input and says what is accepted; errors.Is(err, ErrInput) holds.
+type InputError struct {
+	// Input is the name of the input at fault; empty when inputs disagree
+	// with each other.
+	Input string
+	Err   error
+}
+
+func (e *InputError) Error() string {
+	if e.Input == "" {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("input %q: %v", e.Input, e.Err)
+}
+
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Is makes every InputError match [ErrInput].
+func (e *InputError) Is(target error) bool { return target == ErrInput }
+
+// The encoder's step inputs, by their index in [Config.StepInputs] and in
+// the staging buffer. Every engine reads the token tensors by these.
+const (
+	EncoderInputIDs = iota
+	EncoderAttentionMask
+	EncoderTokenTypeIDs
+)
+
+// encoderStepInputs are the tensors an encoder step takes, whatever the
+// model's API inputs are: text is tokenized into them. This is the one
+// statement of their order; the torch worker's encoder step body
+// (engine/rbln/worker/stepserve_worker/nets.py) follows it.
+var encoderStepInputs = []TensorSpec{
+	EncoderInputIDs:      {Name: "input_ids", Datatype: INT64, Shape: []int{-1, -1}},
+	EncoderAttentionMask: {Name: "attention_mask", Datatype: INT64, Shape: []int{-1, -1}},
+	EncoderTokenTypeIDs:  {Name: "token_type_ids", Datatype: INT64, Shape: []int{-1, -1}},
+}
+
+// StepInputs are the tensors packed into a step's input staging, in order:
+// the model's inputs as sent for an mlp, the token tensors for an encoder.
+func (c *Config) StepInputs() []TensorSpec {
+	if c.Architecture == "encoder" {
+		return encoderStepInputs
+	}
+	return c.Inputs
+}
+
+// OptionalInput reports whether a request may leave the named input out:
+// an encoder's token_type_ids, which default to zeros.
+func (c *Config) OptionalInput(name string) bool {
+	return c.Architecture == "encoder" && name == encoderStepInputs[EncoderTokenTypeIDs].Name
+}
+
+// Platform names the runtime that serves the model, for the platform field
+// of a protocol's model metadata: "stepserve_" and the architecture.
+func (m *Model) Platform() string { return "stepserve_" + m.Config.Architecture }
+
+// PrepareInputs turns a request's decoded inputs into the model's step
+// inputs ([Config.StepInputs], in order), appended to dst, and returns them
+// with the request's sequence length (0 for a model without one).
+//
+// in holds one Input per Config.Inputs, in order, each already checked
+// against its spec (datatype, rank, fixed dimensions, element count, a
+// batch dimension shared by all); an optional input left out is the zero
+// Input. A model without a sequence takes the inputs' Data as they are,
+// without a copy. An encoder tokenizes text, padded to the request's
+// longest, or range-checks token tensors, so that no engine indexes past an
+// embedding table; the step inputs may alias in's Data.
+//
+// An error about the request's values matches [ErrInput]; any other error
+// is the caller's.
+func (m *Model) PrepareInputs(dst [][]byte, in []Input) (inputs [][]byte, seq int, err error) {
+	cfg := m.Config
+	if len(in) != len(cfg.Inputs) {
+		return dst, 0, fmt.Errorf("models: model %s takes %d inputs, got %d", m.Name, len(cfg.Inputs), len(in))
+	}
+	if cfg.Architecture != "encoder" {
+		for _, t := range in {
+			dst = append(dst, t.Data)
+		}
+		return dst, 0, nil
+	}
+	if cfg.Encoder == nil || len(cfg.Buckets.Seq) == 0 {
+		return dst, 0, fmt.Errorf("models: model %s: an encoder needs its encoder config and seq buckets", m.Name)
+	}
+	if cfg.TextInput() {
+		return m.prepareText(dst, in[0].Strings)
+	}
+	return m.prepareTokens(dst, in)
+}
+
+// maxSeq is the longest sequence a step takes: the largest seq bucket.
+func (c *Config) maxSeq() int { return c.Buckets.Seq[len(c.Buckets.Seq)-1] }
+
+// prepareText tokenizes every text and packs the token tensors, each row
+// padded to the longest text of the request.
+func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error) {
+	cfg := m.Config
+	if m.Tokenizer == nil {
+		return dst, 0, fmt.Errorf("models: model %s takes text but has no %s", m.Name, VocabFile)
+	}
+	maxSeq := cfg.maxSeq()
+	tokens := make([][]int64, len(texts))
+	seq := 0
+	for i, text := range texts {
+		var err error
+		if tokens[i], err = m.Tokenizer.Encode(text, maxSeq, cfg.Encoder.Truncate); err != nil {
+			return dst, 0, &InputError{cfg.Inputs[0].Name,
+				fmt.Errorf("element %d: %w (the largest seq bucket); shorten it, or set encoder.truncate: true", i, err)}
+		}
+		seq = max(seq, len(tokens[i]))
+	}
+	// The three tensors in one allocation; token types stay zero.
+	n := 8 * len(texts) * seq
+	buf := make([]byte, 3*n)
+	ids, mask, types := buf[:n:n], buf[n:2*n:2*n], buf[2*n:]
+	for i, toks := range tokens {
+		for j := range seq {
+			at := 8 * (i*seq + j)
+			id := m.Tokenizer.PAD
+			if j < len(toks) {
+				id = toks[j]
+				binary.LittleEndian.PutUint64(mask[at:], 1)
+			}
+			binary.LittleEndian.PutUint64(ids[at:], uint64(id))
+		}
+	}
+	return append(dst, ids, mask, types), seq, nil
+}
+
+// prepareTokens checks token tensors sent as they are, and hands them on
+// without a copy; token_type_ids left out are zeros.
+func (m *Model) prepareTokens(dst [][]byte, in []Input) ([][]byte, int, error) {
+	cfg := m.Config
+	ids, mask := in[EncoderInputIDs], in[EncoderAttentionMask]
+	if len(ids.Shape) != 2 {
+		return dst, 0, fmt.Errorf("models: model %s: input %q has shape %v; want [rows, seq]", m.Name, cfg.Inputs[0].Name, ids.Shape)
+	}
+	seq := int(ids.Shape[1])
+	if maxSeq := cfg.maxSeq(); seq > maxSeq {
+		return dst, 0, &InputError{cfg.Inputs[0].Name, fmt.Errorf("sequence length %d exceeds the largest seq bucket %d", seq, maxSeq)}
+	}
+	for _, t := range in[1:] {
+		if t.Shape != nil && (len(t.Shape) != 2 || t.Shape[1] != ids.Shape[1]) {
+			return dst, 0, &InputError{Err: fmt.Errorf("input shapes %v and %v differ; %s, %s and %s must have the same shape",
+				ids.Shape, t.Shape, encoderStepInputs[0].Name, encoderStepInputs[1].Name, encoderStepInputs[2].Name)}
+		}
+	}
+	var types []byte
+	if len(in) > EncoderTokenTypeIDs && in[EncoderTokenTypeIDs].Shape != nil {
+		types = in[EncoderTokenTypeIDs].Data
+	} else {
+		types = make([]byte, len(ids.Data))
+	}
+	if want := 8 * int(ids.Shape[0]) * seq; len(ids.Data) != want || len(mask.Data) != want || len(types) != want {
+		return dst, 0, fmt.Errorf("models: model %s: token tensors of %d, %d and %d bytes; shape %v needs %d",
+			m.Name, len(ids.Data), len(mask.Data), len(types), ids.Shape, want)
+	}
+	if err := checkTokens(ids.Data, mask.Data, types, cfg.Encoder); err != nil {
+		return dst, 0, err
+	}
+	return append(dst, ids.Data, mask.Data, types), seq, nil
+}
+
+// checkTokens keeps every id inside the embedding table it indexes. The
+// tensors are packed little-endian INT64 of one length.
+func checkTokens(ids, mask, types []byte, enc *EncoderConfig) error {
+	name := func(i int) string { return encoderStepInputs[i].Name }
+	for i := 0; i < len(ids)/8; i++ {
+		id := int64(binary.LittleEndian.Uint64(ids[8*i:]))
+		m := int64(binary.LittleEndian.Uint64(mask[8*i:]))
+		tt := int64(binary.LittleEndian.Uint64(types[8*i:]))
+		switch {
+		case id < 0 || id >= int64(enc.VocabSize):
+			return &InputError{name(EncoderInputIDs), fmt.Errorf("element %d is %d; token ids must be in 0..%d", i, id, enc.VocabSize-1)}
+		case m != 0 && m != 1:
+			return &InputError{name(EncoderAttentionMask), fmt.Errorf("element %d is %d; want 0 or 1", i, m)}
+		case tt < 0 || tt >= int64(enc.TypeVocabSize):
+			return &InputError{name(EncoderTokenTypeIDs), fmt.Errorf("element %d is %d; want 0..%d", i, tt, enc.TypeVocabSize-1)}
+		}
+	}
+	return nil
+}
