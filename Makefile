@@ -101,9 +101,9 @@ bench: deps build
 
 BENCHTIME ?= 9s
 
-## digits: retrain the shipped digits model from ../shared/data (reproducible)
+## digits: retrain the shipped digits model from data/ (reproducible)
 digits:
-	$(GO) run ./cmd/train-digits -data ../shared/data/digits.csv.gz
+	$(GO) run ./cmd/train-digits -data data/digits.csv.gz
 
 clean:
 	rm -rf bin

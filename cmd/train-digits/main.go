@@ -7,7 +7,7 @@
 // the scale is folded into the first layer's weights on export, so serving
 // needs no preprocessing.
 //
-//	go run ./cmd/train-digits -data ../shared/data/digits.csv.gz
+//	go run ./cmd/train-digits -data data/digits.csv.gz
 package main
 
 import (
@@ -36,7 +36,7 @@ type sample struct {
 }
 
 func main() {
-	data := flag.String("data", "../shared/data/digits.csv.gz", "digits CSV (gzip): 64 pixels then the label per row")
+	data := flag.String("data", "data/digits.csv.gz", "digits CSV (gzip): 64 pixels then the label per row")
 	weights := flag.String("weights", "model_repository/digits/weights.safetensors", "where to write the weights")
 	heldout := flag.String("heldout", "cmd/serve/testdata/digits-heldout.csv", "where to write the held-out rows")
 	seed := flag.Uint64("seed", 20261130, "random seed for the split, the initial weights and the shuffles")
