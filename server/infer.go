@@ -70,7 +70,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if h := r.Header.Get(headerContentLength); h != "" {
 		n, perr := strconv.Atoi(h)
 		if perr != nil || n < 0 {
-			return fail(badRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, clip(h))))
+			return fail(badRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, clipName(h))))
 		}
 		headerLen = n
 	}

@@ -83,7 +83,7 @@ func flattenStrings(raw json.RawMessage, depth int) ([]string, error) {
 			}
 			out = append(out, inner...)
 		default:
-			return nil, fmt.Errorf("element %d is %s; want a string", i, truncate(it))
+			return nil, fmt.Errorf("element %d is %s; want a string", i, excerpt(it))
 		}
 	}
 	return out, nil

@@ -53,7 +53,7 @@ func (s *Server) repositoryLoad(r *http.Request) (any, error) {
 	}
 	name := chi.URLParam(r, "model")
 	if err := s.opts.Models.Load(r.Context(), name); err != nil {
-		return nil, fmt.Errorf("load %s: %w", clip(name), err)
+		return nil, fmt.Errorf("load %s: %w", clipName(name), err)
 	}
 	s.metrics.addModel(name)
 	s.logger.Info("model loaded through the repository API", "model", name)
@@ -66,7 +66,7 @@ func (s *Server) repositoryUnload(r *http.Request) (any, error) {
 	}
 	name := chi.URLParam(r, "model")
 	if err := s.opts.Models.Unload(r.Context(), name); err != nil {
-		return nil, fmt.Errorf("unload %s: %w", clip(name), err)
+		return nil, fmt.Errorf("unload %s: %w", clipName(name), err)
 	}
 	s.metrics.forget(name)
 	s.logger.Info("model unloaded through the repository API", "model", name)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -336,7 +337,7 @@ func boolParam(params wireParams, key string) (bool, error) {
 	}
 	var v bool
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return false, fmt.Errorf("parameter %s must be true or false, got %s", key, truncate(raw))
+		return false, fmt.Errorf("parameter %s must be true or false, got %s", key, excerpt(raw))
 	}
 	return v, nil
 }
@@ -355,7 +356,7 @@ func intParam(params wireParams, key string) (int, bool, error) {
 		v = slow
 	}
 	if v < 0 || v > math.MaxInt32 {
-		return 0, true, fmt.Errorf("parameter %s must be a non-negative integer, got %s", key, truncate(raw))
+		return 0, true, fmt.Errorf("parameter %s must be a non-negative integer, got %s", key, excerpt(raw))
 	}
 	return int(v), true, nil
 }
@@ -400,9 +401,11 @@ func jsonKind(k string) string {
 	return "a " + k
 }
 
-func truncate(b []byte) string {
+// excerpt shows a raw JSON value in a message: as it is when short, clipped
+// and quoted when long.
+func excerpt(b []byte) string {
 	if len(b) > 32 {
-		return strconv.Quote(string(b[:32]) + "...")
+		return strconv.Quote(clip.Clip(b, 32))
 	}
 	return string(b)
 }

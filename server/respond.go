@@ -3,6 +3,8 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // apiFunc is a handler of a route off the inference path: it returns the
@@ -38,10 +40,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// clip keeps user-supplied strings in messages short.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
+// clipName keeps a user-supplied name in a message short.
+func clipName(s string) string { return clip.Clip(s, 64) }

@@ -208,7 +208,7 @@ func (s *Server) lookupName(name, v string) (*serving.Model, error) {
 		return nil, modelNotFound(name)
 	}
 	if v != "" && v != m.Model().Version {
-		return nil, notFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, clip(v), m.Model().Version))
+		return nil, notFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, clipName(v), m.Model().Version))
 	}
 	return m, nil
 }
