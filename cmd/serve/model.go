@@ -146,30 +146,32 @@ func (sh *shared) load(m *models.Model, name string, grid *bucketing.Grid) (engi
 // defaults.
 func batchingOptions(m *models.Model, sh *shared) batching.Options {
 	o := batching.Options{
-		Model:            m.Name,
-		MaxQueueDelay:    sh.defaults.MaxQueueDelay,
-		MaxQueueSize:     sh.defaults.MaxQueueSize,
-		PriorityLevels:   sh.defaults.PriorityLevels,
-		DefaultTimeout:   sh.defaults.DefaultTimeout,
-		MaxBatchElements: sh.defaults.MaxBatchElements,
-		Metrics:          sh.batching,
-		Logger:           sh.logger,
+		Model: m.Name,
+		Policy: batching.Policy{
+			MaxQueueDelay:    sh.defaults.MaxQueueDelay,
+			MaxQueueSize:     sh.defaults.MaxQueueSize,
+			PriorityLevels:   sh.defaults.PriorityLevels,
+			DefaultTimeout:   sh.defaults.DefaultTimeout,
+			MaxBatchElements: sh.defaults.MaxBatchElements,
+		},
+		Metrics: sh.batching,
+		Logger:  sh.logger,
 	}
 	b := m.Config.Batching
 	if b.MaxQueueDelay != nil {
-		o.MaxQueueDelay = *b.MaxQueueDelay
+		o.Policy.MaxQueueDelay = *b.MaxQueueDelay
 	}
 	if b.MaxQueueSize != nil {
-		o.MaxQueueSize = *b.MaxQueueSize
+		o.Policy.MaxQueueSize = *b.MaxQueueSize
 	}
 	if b.PriorityLevels != nil {
-		o.PriorityLevels = *b.PriorityLevels
+		o.Policy.PriorityLevels = *b.PriorityLevels
 	}
 	if b.DefaultPriorityLevel != nil {
-		o.DefaultPriority = *b.DefaultPriorityLevel
+		o.Policy.DefaultPriority = *b.DefaultPriorityLevel
 	}
 	if b.DefaultTimeout != nil {
-		o.DefaultTimeout = *b.DefaultTimeout
+		o.Policy.DefaultTimeout = *b.DefaultTimeout
 	}
 	return o
 }
