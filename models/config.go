@@ -80,7 +80,9 @@ type Buckets struct {
 }
 
 // Batching is a model's batching policy, with Triton's names. Nil fields
-// take the server-wide defaults.
+// take the server-wide defaults. Only the syntax is checked here: the
+// ranges are batching.Policy's rules, checked once the keys are merged over
+// those defaults.
 type Batching struct {
 	MaxQueueDelay        *time.Duration `yaml:"max_queue_delay"`
 	MaxQueueSize         *int           `yaml:"max_queue_size"`
@@ -221,9 +223,6 @@ func (c *Config) validate() error {
 	if err := oneOf(bad, "warmup", &c.Warmup, "eager", "eager", "lazy"); err != nil {
 		return err
 	}
-	if err := c.Batching.validate(bad); err != nil {
-		return err
-	}
 
 	if err := validateSpecs("inputs", c.Inputs); err != nil {
 		return err
@@ -265,31 +264,6 @@ func (c *Config) validate() error {
 	default:
 		return bad("architecture", "%q is not supported; want mlp or encoder", c.Architecture)
 	}
-}
-
-func (b Batching) validate(bad func(string, string, ...any) error) error {
-	if b.MaxQueueDelay != nil && *b.MaxQueueDelay < 0 {
-		return bad("batching.max_queue_delay", "%v must not be negative", *b.MaxQueueDelay)
-	}
-	if b.DefaultTimeout != nil && *b.DefaultTimeout < 0 {
-		return bad("batching.default_timeout", "%v must not be negative (0 means no timeout)", *b.DefaultTimeout)
-	}
-	if b.MaxQueueSize != nil && *b.MaxQueueSize < 1 {
-		return bad("batching.max_queue_size", "%d must be at least 1", *b.MaxQueueSize)
-	}
-	if b.PriorityLevels != nil && (*b.PriorityLevels < 1 || *b.PriorityLevels > 100) {
-		return bad("batching.priority_levels", "%d must be in 1..100", *b.PriorityLevels)
-	}
-	if b.DefaultPriorityLevel != nil {
-		levels := 1
-		if b.PriorityLevels != nil {
-			levels = *b.PriorityLevels
-		}
-		if *b.DefaultPriorityLevel < 1 || *b.DefaultPriorityLevel > levels {
-			return bad("batching.default_priority_level", "%d must be in 1..%d (priority_levels)", *b.DefaultPriorityLevel, levels)
-		}
-	}
-	return nil
 }
 
 // oneOf checks an enumerated key: empty takes def, anything else must be

@@ -98,6 +98,10 @@ func newServedModel(m *models.Model, sh *shared) (*servedModel, error) {
 	if name == "" {
 		name = sh.cfg.Engine.Default
 	}
+	bopts, err := batchingOptions(m, sh)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %s: %w", m.Name, models.ConfigFile, err)
+	}
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
@@ -116,7 +120,7 @@ func newServedModel(m *models.Model, sh *shared) (*servedModel, error) {
 		runner = &steps.Failover{Primary: s.runner, Fallback: s.fallback, PrimaryHealthy: s.program.Healthy,
 			Model: m.Name, From: name, To: "cpu", Metrics: sh.steps, Logger: sh.logger}
 	}
-	if s.batcher, err = batching.New(runner, batchingOptions(m, sh)); err != nil {
+	if s.batcher, err = batching.New(runner, bopts); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -143,8 +147,8 @@ func (sh *shared) load(m *models.Model, name string, grid *bucketing.Grid) (engi
 }
 
 // batchingOptions merges model.yaml's batching keys over the server's
-// defaults.
-func batchingOptions(m *models.Model, sh *shared) batching.Options {
+// defaults and validates the result: models only parsed the keys.
+func batchingOptions(m *models.Model, sh *shared) (batching.Options, error) {
 	o := batching.Options{
 		Model: m.Name,
 		Policy: batching.Policy{
@@ -173,7 +177,7 @@ func batchingOptions(m *models.Model, sh *shared) batching.Options {
 	if b.DefaultTimeout != nil {
 		o.Policy.DefaultTimeout = *b.DefaultTimeout
 	}
-	return o
+	return o, o.Policy.Validate()
 }
 
 // Warmup makes the model ready: with warmup: eager it first compiles and
