@@ -24,13 +24,17 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/stepserve/stepserve/batching"
 )
 
 // Config is the server-wide configuration.
 type Config struct {
-	Server          Server
-	Auth            Auth
-	Batching        Batching
+	Server Server
+	Auth   Auth
+	// Batching is every model's batching policy, which a model's
+	// model.yaml overrides key by key.
+	Batching        batching.Policy
 	Engine          Engine
 	RBLN            RBLN
 	ModelRepository string
@@ -64,16 +68,6 @@ type Auth struct {
 	InferenceTokens []string
 	// RepositoryTokens guard /v2/repository/...
 	RepositoryTokens []string
-}
-
-// Batching holds the server-wide defaults of the models' batching policy;
-// a model's model.yaml overrides them key by key.
-type Batching struct {
-	MaxBatchElements int
-	MaxQueueDelay    time.Duration
-	MaxQueueSize     int
-	DefaultTimeout   time.Duration
-	PriorityLevels   int
 }
 
 // Engine chooses engines.
@@ -250,20 +244,13 @@ func parse(v *viper.Viper) (*Config, error) {
 	if c.Server.EnableModelControl, err = strconv.ParseBool(get("server.enable_model_control")); err != nil {
 		return nil, invalid("server.enable_model_control", get("server.enable_model_control"), "true or false")
 	}
-	if c.Batching.MaxQueueDelay, err = time.ParseDuration(get("batching.max_queue_delay")); err != nil || c.Batching.MaxQueueDelay < 0 {
-		return nil, invalid("batching.max_queue_delay", get("batching.max_queue_delay"), "a duration of 0 or more, e.g. 500us or 2ms")
+	for _, k := range []string{"batching.max_queue_delay", "batching.max_batch_elements", "batching.max_queue_size", "batching.default_timeout", "batching.priority_levels"} {
+		if err := c.Batching.Set(k, get(k)); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
 	}
-	if c.Batching.MaxBatchElements, err = strconv.Atoi(get("batching.max_batch_elements")); err != nil || c.Batching.MaxBatchElements < 0 {
-		return nil, invalid("batching.max_batch_elements", get("batching.max_batch_elements"), "an integer, 0 or more")
-	}
-	if c.Batching.MaxQueueSize, err = strconv.Atoi(get("batching.max_queue_size")); err != nil || c.Batching.MaxQueueSize < 1 {
-		return nil, invalid("batching.max_queue_size", get("batching.max_queue_size"), "an integer of at least 1")
-	}
-	if c.Batching.DefaultTimeout, err = time.ParseDuration(get("batching.default_timeout")); err != nil || c.Batching.DefaultTimeout < 0 {
-		return nil, invalid("batching.default_timeout", get("batching.default_timeout"), "a duration of 0 (no limit) or more, e.g. 5s")
-	}
-	if c.Batching.PriorityLevels, err = strconv.Atoi(get("batching.priority_levels")); err != nil || c.Batching.PriorityLevels < 1 || c.Batching.PriorityLevels > 100 {
-		return nil, invalid("batching.priority_levels", get("batching.priority_levels"), "an integer in 1..100")
+	if err := c.Batching.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	c.Engine.Default = get("engine.default")
 	if c.Engine.Default != "cpu" && c.Engine.Default != "rbln" {

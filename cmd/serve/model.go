@@ -41,7 +41,7 @@ type servedModel struct {
 type shared struct {
 	steps    *steps.Metrics
 	batching *batching.Metrics
-	defaults config.Batching
+	defaults batching.Policy
 	cfg      *config.Config
 	reg      prometheus.Registerer
 	logger   *slog.Logger
@@ -150,14 +150,8 @@ func (sh *shared) load(m *models.Model, name string, grid *bucketing.Grid) (engi
 // defaults and validates the result: models only parsed the keys.
 func batchingOptions(m *models.Model, sh *shared) (batching.Options, error) {
 	o := batching.Options{
-		Model: m.Name,
-		Policy: batching.Policy{
-			MaxQueueDelay:    sh.defaults.MaxQueueDelay,
-			MaxQueueSize:     sh.defaults.MaxQueueSize,
-			PriorityLevels:   sh.defaults.PriorityLevels,
-			DefaultTimeout:   sh.defaults.DefaultTimeout,
-			MaxBatchElements: sh.defaults.MaxBatchElements,
-		},
+		Model:   m.Name,
+		Policy:  sh.defaults,
 		Metrics: sh.batching,
 		Logger:  sh.logger,
 	}
