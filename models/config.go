@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/stepserve/stepserve/bucketing"
 )
 
 // Config is the schema of a model.yaml file.
@@ -231,24 +233,11 @@ func (c *Config) validate() error {
 		return err
 	}
 
-	for i, n := range c.Buckets.Seq {
-		if n <= 0 || n%32 != 0 {
-			return bad("buckets.seq", "%d is not a multiple of 32: the NPU's fused attention kernel needs query lengths in multiples of 32 (execution semantics, alignment rules); use e.g. [32, 64, 128]", n)
-		}
-		if i > 0 && n <= c.Buckets.Seq[i-1] {
-			return bad("buckets.seq", "%v must be strictly increasing", c.Buckets.Seq)
-		}
+	if err := bucketing.ValidateSeq(c.Buckets.Seq); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if len(c.Buckets.Batch) == 0 {
-		return bad("buckets.batch", "is required; list the batch sizes to compile, e.g. [1, 4, 16, 32]")
-	}
-	for i, b := range c.Buckets.Batch {
-		if b <= 0 || b > 1<<16 {
-			return bad("buckets.batch", "%d is not a valid batch size; want 1..65536", b)
-		}
-		if i > 0 && b <= c.Buckets.Batch[i-1] {
-			return bad("buckets.batch", "%v must be strictly increasing", c.Buckets.Batch)
-		}
+	if err := bucketing.ValidateBatch(c.Buckets.Batch); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
 	switch c.Architecture {

@@ -3,8 +3,11 @@
 // its validation, the safetensors reader and writer, and the architectures
 // (mlp) that turn a file of named tensors into typed layers.
 //
-// It is a leaf: it knows nothing of HTTP, batching or engines. Engines read a
-// [Model] and build their own programs from it.
+// It imports only bucketing, whose rules check model.yaml's bucket lists; it
+// knows nothing of HTTP, batching or engines. The batching keys it parses
+// but does not range-check: they are overrides of the server's batching
+// policy, checked by batching once merged. Engines read a [Model] and build
+// their own programs from it.
 //
 // # Repository layout
 //
