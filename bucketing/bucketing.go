@@ -1,11 +1,14 @@
-// Package bucketing owns shape buckets: the grid of fixed shapes a model is
+// Package bucketing owns shape buckets: the rules of a model's bucket lists
+// ([ValidateBatch], [ValidateSeq]), the grid of fixed shapes a model is
 // compiled for, the choice of the smallest bucket that holds a batch, the
-// split of a batch too large for any bucket into steps, and the padding and
-// unpadding of rows in packed buffers.
+// split of a batch too large for any bucket into steps, and the fraction of
+// a bucket that is padding ([PaddingRatio]).
 //
 // Every distinct shape is a separately compiled program on the device, so no
-// request shape reaches an engine unbucketed. The package knows nothing of
-// requests, HTTP or engines.
+// request shape reaches an engine unbucketed. The package deals in counts of
+// rows and sequence positions only: it knows nothing of bytes, tensors,
+// requests, HTTP or engines. Padding rows in packed buffers is the step's
+// work (package steps).
 package bucketing
 
 import (
