@@ -1,10 +1,16 @@
 // Package batching owns the dynamic batcher: one [Batcher] per model that
-// queues requests, forms batches to bucket sizes, and runs them one step
-// sequence at a time, with Triton's semantics: a bounded queue that rejects
-// at once when full, a maximum queue delay, priority levels, and per-request
-// timeouts that are answered at their deadline.
+// queues requests, forms batches of up to the largest bucket's rows, and
+// runs them one at a time, with Triton's semantics: a bounded queue that
+// rejects at once when full, a maximum queue delay, priority levels, and
+// per-request timeouts that are answered at their deadline.
 //
-// It knows requests only as [steps.Request] rows; it knows nothing of HTTP.
+// It also owns the batching [Policy] and its rules: the server's
+// configuration and a model's model.yaml both give a Policy, and
+// [Policy.Validate] is the one place either is checked.
+//
+// It knows requests only as [steps.Request] rows; it knows nothing of HTTP,
+// of buckets beyond the runner's MaxBatch, or of where a policy was read
+// from.
 //
 // # Lifetime of a request
 //
@@ -45,25 +51,11 @@ type Runner interface {
 // queue of 1024, one priority level and no timeout.
 type Options struct {
 	Model string // for metrics and logs
-	// MaxQueueDelay is how long the oldest queued request may wait for a
-	// fuller batch.
-	MaxQueueDelay time.Duration
-	// MaxQueueSize bounds the queued requests; 0 means 1024.
-	MaxQueueSize int
-	// PriorityLevels is the number of levels, 1 the highest; 0 means 1.
-	PriorityLevels int
-	// DefaultPriority is the level of a request that names none; 0 means
-	// the lowest level.
-	DefaultPriority int
-	// DefaultTimeout bounds how long a request may wait in the queue; 0
-	// means no bound. A request may only lower it.
-	DefaultTimeout time.Duration
-	// MaxBatchElements stops a batch from taking more requests once their
-	// elements would pass it (a single larger request still runs alone);
-	// 0 means no bound beyond the largest bucket's rows.
-	MaxBatchElements int
-	Metrics          *Metrics // nil records nothing
-	Logger           *slog.Logger
+	// Policy is the model's batching policy; its zero fields take their
+	// defaults ([Policy.WithDefaults]).
+	Policy  Policy
+	Metrics *Metrics // nil records nothing
+	Logger  *slog.Logger
 }
 
 // Params are a request's own batching parameters, from its "parameters".
@@ -93,6 +85,7 @@ type item struct {
 // Batcher queues one model's requests and runs them in batches.
 type Batcher struct {
 	opts   Options
+	policy Policy // opts.Policy with its defaults
 	runner Runner
 	m      *modelMetrics
 
@@ -117,33 +110,19 @@ type Batcher struct {
 
 // New starts a batcher in front of runner. Stop it with Shutdown.
 func New(runner Runner, opts Options) (*Batcher, error) {
-	if opts.MaxQueueSize == 0 {
-		opts.MaxQueueSize = 1024
-	}
-	if opts.PriorityLevels == 0 {
-		opts.PriorityLevels = 1
-	}
-	if opts.DefaultPriority == 0 {
-		opts.DefaultPriority = opts.PriorityLevels
-	}
-	switch {
-	case opts.MaxQueueSize < 0:
-		return nil, fmt.Errorf("batching: model %s: max_queue_size %d must be positive", opts.Model, opts.MaxQueueSize)
-	case opts.PriorityLevels < 0:
-		return nil, fmt.Errorf("batching: model %s: priority_levels %d must be positive", opts.Model, opts.PriorityLevels)
-	case opts.DefaultPriority < 1 || opts.DefaultPriority > opts.PriorityLevels:
-		return nil, fmt.Errorf("batching: model %s: default_priority_level %d must be in 1..%d (priority_levels)", opts.Model, opts.DefaultPriority, opts.PriorityLevels)
-	case opts.MaxQueueDelay < 0 || opts.DefaultTimeout < 0:
-		return nil, fmt.Errorf("batching: model %s: max_queue_delay and default_timeout must not be negative", opts.Model)
+	p := opts.Policy.WithDefaults()
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("batching: model %s: %w", opts.Model, err)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Batcher{
 		opts:     opts,
+		policy:   p,
 		runner:   runner,
 		m:        opts.Metrics.forModel(opts.Model),
-		levels:   make([][]*item, opts.PriorityLevels),
+		levels:   make([][]*item, p.PriorityLevels),
 		wake:     make(chan struct{}, 1),
 		batches:  make(chan []*item),
 		stopped:  make(chan struct{}),
@@ -161,16 +140,16 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error {
 	prio := p.Priority
 	if prio == 0 {
-		prio = b.opts.DefaultPriority
+		prio = b.policy.DefaultPriority
 	}
-	if prio < 1 || prio > b.opts.PriorityLevels {
+	if prio < 1 || prio > b.policy.PriorityLevels {
 		return fmt.Errorf("%w: priority %d is out of range; model %s has levels 1 (highest) to %d",
-			ErrBadParameter, p.Priority, b.opts.Model, b.opts.PriorityLevels)
+			ErrBadParameter, p.Priority, b.opts.Model, b.policy.PriorityLevels)
 	}
 	if p.Timeout < 0 {
 		return fmt.Errorf("%w: timeout must not be negative", ErrBadParameter)
 	}
-	timeout := b.opts.DefaultTimeout
+	timeout := b.policy.DefaultTimeout
 	if p.Timeout > 0 && (timeout == 0 || p.Timeout < timeout) {
 		timeout = p.Timeout
 	}
@@ -181,14 +160,14 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 	case b.draining:
 		b.mu.Unlock()
 		return ErrDraining
-	case b.opts.MaxQueueDelay == 0 && b.live == 0 && b.tryStep():
+	case b.policy.MaxQueueDelay == 0 && b.live == 0 && b.tryStep():
 		// Nothing waits and nothing runs: there is no batch to join, so
 		// run at once on this goroutine instead of handing the request to
 		// the batcher's and back (two goroutine switches per request, the
 		// larger part of a small model's step).
 		b.mu.Unlock()
 		return b.runNow(ctx, r, enqueued)
-	case b.live >= b.opts.MaxQueueSize:
+	case b.live >= b.policy.MaxQueueSize:
 		n := b.live
 		b.mu.Unlock()
 		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, n, b.opts.Model)
@@ -292,7 +271,7 @@ func (b *Batcher) form() {
 			<-b.wake
 			continue
 		}
-		if wait := b.opts.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && wait > 0 && !draining {
+		if wait := b.policy.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && wait > 0 && !draining {
 			if timer == nil {
 				timer = time.NewTimer(wait)
 			} else {
@@ -375,7 +354,7 @@ func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 			return true
 		}
 		return rows+it.req.Rows <= maxRows &&
-			(b.opts.MaxBatchElements == 0 || elements+it.req.Elements <= b.opts.MaxBatchElements)
+			(b.policy.MaxBatchElements == 0 || elements+it.req.Elements <= b.policy.MaxBatchElements)
 	}
 	for l, q := range b.levels {
 		kept := q[:0]

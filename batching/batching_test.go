@@ -87,7 +87,7 @@ func newBatcher(t *testing.T, f *fakeRunner, opts Options) *Batcher {
 func TestBatchFormedAtTheDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 8}
-		b := newBatcher(t, f, Options{MaxQueueDelay: 10 * time.Millisecond})
+		b := newBatcher(t, f, Options{Policy: Policy{MaxQueueDelay: 10 * time.Millisecond}})
 		start := time.Now()
 		out := make(chan result, 3)
 		for i := range 3 {
@@ -107,7 +107,7 @@ func TestBatchFormedAtTheDelay(t *testing.T) {
 func TestBatchSentWhenItFillsTheLargestBucket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 4}
-		b := newBatcher(t, f, Options{MaxQueueDelay: time.Second})
+		b := newBatcher(t, f, Options{Policy: Policy{MaxQueueDelay: time.Second}})
 		start := time.Now()
 		out := make(chan result, 5)
 		submit(context.Background(), b, req(1, 2), Params{}, start, out)
@@ -131,7 +131,7 @@ func TestBatchSentWhenItFillsTheLargestBucket(t *testing.T) {
 func TestPriorityOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 1, stepTime: 100 * time.Millisecond}
-		b := newBatcher(t, f, Options{PriorityLevels: 3, DefaultPriority: 2})
+		b := newBatcher(t, f, Options{Policy: Policy{PriorityLevels: 3, DefaultPriority: 2}})
 		start := time.Now()
 		out := make(chan result, 4)
 		submit(context.Background(), b, req(1, 1), Params{}, start, out) // runs first
@@ -163,7 +163,7 @@ func TestPriorityOrder(t *testing.T) {
 func TestTimeoutAnsweredAtTheDeadlineWhileAStepRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 1, stepTime: 100 * time.Millisecond}
-		b := newBatcher(t, f, Options{DefaultTimeout: time.Second})
+		b := newBatcher(t, f, Options{Policy: Policy{DefaultTimeout: time.Second}})
 		start := time.Now()
 		out := make(chan result, 3)
 		submit(context.Background(), b, req(1, 1), Params{}, start, out)
@@ -223,7 +223,7 @@ func TestQueueFullRejectsAtOnce(t *testing.T) {
 		m, err := NewMetrics(reg)
 		require.NoError(t, err)
 		f := &fakeRunner{max: 1, stepTime: time.Second}
-		b := newBatcher(t, f, Options{Model: "m", MaxQueueSize: 2, Metrics: m})
+		b := newBatcher(t, f, Options{Model: "m", Policy: Policy{MaxQueueSize: 2}, Metrics: m})
 		start := time.Now()
 		out := make(chan result, 4)
 		submit(context.Background(), b, req(1, 1), Params{}, start, out) // running
@@ -253,7 +253,7 @@ func TestQueueFullRejectsAtOnce(t *testing.T) {
 func TestDrainAnswersEveryRequestExactlyOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 2, stepTime: 10 * time.Millisecond}
-		b := newBatcher(t, f, Options{MaxQueueDelay: time.Hour})
+		b := newBatcher(t, f, Options{Policy: Policy{MaxQueueDelay: time.Hour}})
 		start := time.Now()
 		out := make(chan result, 10)
 		for i := range 7 {
@@ -312,7 +312,7 @@ func TestDrainGraceRunsOut(t *testing.T) {
 func TestBatchErrorReachesEveryRequest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 4, err: errors.New("engine failed")}
-		b := newBatcher(t, f, Options{MaxQueueDelay: time.Millisecond})
+		b := newBatcher(t, f, Options{Policy: Policy{MaxQueueDelay: time.Millisecond}})
 		start := time.Now()
 		out := make(chan result, 2)
 		submit(context.Background(), b, req(1, 1), Params{}, start, out)
@@ -326,7 +326,7 @@ func TestBatchErrorReachesEveryRequest(t *testing.T) {
 func TestMaxBatchElements(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeRunner{max: 8}
-		b := newBatcher(t, f, Options{MaxQueueDelay: 10 * time.Millisecond, MaxBatchElements: 100})
+		b := newBatcher(t, f, Options{Policy: Policy{MaxQueueDelay: 10 * time.Millisecond, MaxBatchElements: 100}})
 		start := time.Now()
 		out := make(chan result, 3)
 		for i := range 3 {
@@ -343,16 +343,16 @@ func TestMaxBatchElements(t *testing.T) {
 	})
 }
 
-func TestNewRejectsBadOptions(t *testing.T) {
+func TestNewValidatesThePolicy(t *testing.T) {
 	f := &fakeRunner{max: 1}
-	for _, o := range []Options{
-		{PriorityLevels: 2, DefaultPriority: 3},
-		{MaxQueueSize: -1},
-		{MaxQueueDelay: -time.Second},
-	} {
-		_, err := New(f, o)
-		assert.Error(t, err, "%+v", o)
-	}
+	_, err := New(f, Options{Model: "m", Policy: Policy{PriorityLevels: 2, DefaultPriority: 3}})
+	var pe *PolicyError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "batching.default_priority_level", pe.Key)
+	assert.EqualError(t, err, `batching: model m: batching.default_priority_level: "3"; want an integer in 1..2 (batching.priority_levels), or 0 for the lowest level`)
+
+	_, err = New(f, Options{Policy: Policy{MaxQueueSize: -1}})
+	assert.ErrorContains(t, err, `batching.max_queue_size: "-1"`)
 }
 
 // A request that finds the model idle runs at once (on its own goroutine);

@@ -1,11 +1,14 @@
-// Package bucketing owns shape buckets: the grid of fixed shapes a model is
+// Package bucketing owns shape buckets: the rules of a model's bucket lists
+// ([ValidateBatch], [ValidateSeq]), the grid of fixed shapes a model is
 // compiled for, the choice of the smallest bucket that holds a batch, the
-// split of a batch too large for any bucket into steps, and the padding and
-// unpadding of rows in packed buffers.
+// split of a batch too large for any bucket into steps, and the fraction of
+// a bucket that is padding ([PaddingRatio]).
 //
 // Every distinct shape is a separately compiled program on the device, so no
-// request shape reaches an engine unbucketed. The package knows nothing of
-// requests, HTTP or engines.
+// request shape reaches an engine unbucketed. The package deals in counts of
+// rows and sequence positions only: it knows nothing of bytes, tensors,
+// requests, HTTP or engines. Padding rows in packed buffers is the step's
+// work (package steps).
 package bucketing
 
 import (
@@ -39,18 +42,15 @@ type Grid struct {
 	shapes []Shape
 }
 
-// NewGrid checks the batch sizes and the sequence lengths (each positive and
-// strictly increasing; seq may be empty for models without a sequence) and
-// builds the grid, batch-major.
+// NewGrid checks the batch sizes and the sequence lengths with
+// [ValidateBatch] and [ValidateSeq] (seq may be empty for models without a
+// sequence) and builds the grid, batch-major.
 func NewGrid(batch, seq []int) (*Grid, error) {
-	if len(batch) == 0 {
-		return nil, fmt.Errorf("bucketing: no batch sizes; want at least one, e.g. [1, 4, 16]")
+	if err := ValidateBatch(batch); err != nil {
+		return nil, fmt.Errorf("bucketing: %w", err)
 	}
-	if err := increasing("batch sizes", batch); err != nil {
-		return nil, err
-	}
-	if err := increasing("sequence lengths", seq); err != nil {
-		return nil, err
+	if err := ValidateSeq(seq); err != nil {
+		return nil, fmt.Errorf("bucketing: %w", err)
 	}
 	g := &Grid{batch: slices.Clone(batch), seq: slices.Clone(seq)}
 	for _, b := range batch {
@@ -62,18 +62,6 @@ func NewGrid(batch, seq []int) (*Grid, error) {
 		}
 	}
 	return g, nil
-}
-
-func increasing(what string, v []int) error {
-	for i, n := range v {
-		if n <= 0 {
-			return fmt.Errorf("bucketing: %s %v: %d must be positive", what, v, n)
-		}
-		if i > 0 && n <= v[i-1] {
-			return fmt.Errorf("bucketing: %s %v must be strictly increasing", what, v)
-		}
-	}
-	return nil
 }
 
 // Shapes lists the buckets; a bucket's index in this list is how engines and

@@ -1,6 +1,7 @@
 package bucketing
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,12 +61,43 @@ func TestNextSplitsAcrossSteps(t *testing.T) {
 }
 
 func TestNewGridRejectsBadSizes(t *testing.T) {
-	for _, bad := range [][]int{nil, {0}, {4, 2}, {2, 2}, {-1, 4}} {
+	for _, bad := range [][]int{nil, {0}, {4, 2}, {2, 2}, {-1, 4}, {1, 65537}} {
 		_, err := NewGrid(bad, nil)
 		assert.Error(t, err, "%v", bad)
 	}
 	_, err := NewGrid([]int{1}, []int{64, 32})
-	assert.ErrorContains(t, err, "sequence lengths [64 32] must be strictly increasing")
+	assert.EqualError(t, err, "bucketing: buckets.seq: [64 32] must be strictly increasing")
+	_, err = NewGrid([]int{1}, []int{48})
+	assert.ErrorContains(t, err, "bucketing: buckets.seq: 48 is not a multiple of 32")
+}
+
+// The rules model.yaml's buckets are checked by, and the messages a user
+// reads.
+func TestValidateBucketLists(t *testing.T) {
+	for _, tc := range []struct {
+		batch, seq []int
+		want       string // "" for valid
+	}{
+		{[]int{1, 4, 16}, nil, ""},
+		{[]int{1, 65536}, []int{32, 64, 512}, ""},
+		{nil, nil, "buckets.batch: is required; list the batch sizes to compile, e.g. [1, 4, 16, 32]"},
+		{[]int{0, 2}, nil, "buckets.batch: 0 is not a valid batch size; want 1..65536"},
+		{[]int{1, 65537}, nil, "buckets.batch: 65537 is not a valid batch size; want 1..65536"},
+		{[]int{1, 8, 2}, nil, "buckets.batch: [1 8 2] must be strictly increasing"},
+		{[]int{2, 2}, nil, "buckets.batch: [2 2] must be strictly increasing"},
+		{[]int{1}, []int{32, 48}, "buckets.seq: 48 is not a multiple of 32: the NPU's fused attention kernel needs query lengths in multiples of 32 (execution semantics, alignment rules); use e.g. [32, 64, 128]"},
+		{[]int{1}, []int{0}, "buckets.seq: 0 is not a multiple of 32"},
+		{[]int{1}, []int{-32}, "buckets.seq: -32 is not a multiple of 32"},
+		{[]int{1}, []int{64, 32}, "buckets.seq: [64 32] must be strictly increasing"},
+		{[]int{1}, []int{32, 32}, "buckets.seq: [32 32] must be strictly increasing"},
+	} {
+		err := errors.Join(ValidateBatch(tc.batch), ValidateSeq(tc.seq))
+		if tc.want == "" {
+			assert.NoError(t, err, "%v %v", tc.batch, tc.seq)
+			continue
+		}
+		assert.ErrorContains(t, err, tc.want, "%v %v", tc.batch, tc.seq)
+	}
 }
 
 func TestLabelsAndPadding(t *testing.T) {

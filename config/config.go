@@ -7,11 +7,17 @@
 // dots as underscores: server.addr is STEPSERVE_SERVER_ADDR. Its flag is the
 // key itself: --server.addr.
 //
+// Each key is one row of a table: its name, default, help text and how its
+// value is read. config owns the keys and the syntax of their values; it
+// does not own the rules of what it reads into other packages' types: the
+// batching.* keys are a [batching.Policy], checked by its Validate.
+//
 // Only cmd/serve reads configuration; every other package is handed the
 // values it needs.
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,13 +30,17 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/stepserve/stepserve/batching"
 )
 
 // Config is the server-wide configuration.
 type Config struct {
-	Server          Server
-	Auth            Auth
-	Batching        Batching
+	Server Server
+	Auth   Auth
+	// Batching is every model's batching policy, which a model's
+	// model.yaml overrides key by key.
+	Batching        batching.Policy
 	Engine          Engine
 	RBLN            RBLN
 	ModelRepository string
@@ -66,16 +76,6 @@ type Auth struct {
 	RepositoryTokens []string
 }
 
-// Batching holds the server-wide defaults of the models' batching policy;
-// a model's model.yaml overrides them key by key.
-type Batching struct {
-	MaxBatchElements int
-	MaxQueueDelay    time.Duration
-	MaxQueueSize     int
-	DefaultTimeout   time.Duration
-	PriorityLevels   int
-}
-
 // Engine chooses engines.
 type Engine struct {
 	Default  string // cpu | rbln
@@ -104,45 +104,81 @@ type Log struct {
 // ErrInvalid is wrapped by every validation error.
 var ErrInvalid = errors.New("config: invalid value")
 
-// key describes one configuration key: its default and the help text its
-// flag shows.
+// key describes one configuration key: its default, the help text its flag
+// shows, and how its value is read into a [Config]. Adding a key is adding
+// a row.
 type key struct {
 	name, def, help string
+	// read is nil for a key another key's read takes in (a token is read
+	// with its token_file).
+	read reader
 }
 
+// A reader parses one key's value, as v holds it, into c. Its error names
+// the key, the value and what is accepted, and wraps [ErrInvalid].
+type reader func(c *Config, v *viper.Viper, key string) error
+
+// defaultPolicy gives the batching.* keys their defaults: batching owns
+// them.
+var defaultPolicy = batching.Policy{}.WithDefaults()
+
 var keys = []key{
-	{"server.addr", ":8000", "listen address, host:port"},
-	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)"},
-	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests"},
-	{"server.read_header_timeout", "10s", "how long a client may take to send request headers"},
-	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408)"},
-	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers"},
-	{"server.idle_timeout", "120s", "how long an idle keep-alive connection stays open"},
-	{"server.max_header_bytes", "1MiB", "largest request header block (431 above it)"},
-	{"server.max_request_elements", "16777216", "most tensor elements one request may declare across its inputs"},
-	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)"},
-	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)"},
-	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/..."},
-	{"auth.repository.token", "", "bearer token required by the repository API"},
-	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API"},
-	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time"},
-	{"batching.max_queue_delay", "0s", "default for models: how long the oldest queued request waits for a fuller batch"},
-	{"batching.max_batch_elements", "0", "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)"},
-	{"batching.max_queue_size", "1024", "default for models: queued requests before new ones get 503"},
-	{"batching.default_timeout", "0s", "default for models: how long a request may wait in the queue (0: no limit)"},
-	{"batching.priority_levels", "1", "default for models: number of priority levels (1 is the highest)"},
-	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln"},
-	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)"},
-	{"engine.cpu_threads", "0", "CPUs one CPU-engine step may use, by running groups of a batch's sequences side by side; 0: every CPU"},
-	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers"},
-	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values"},
-	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)"},
-	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs"},
-	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean"},
-	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted"},
-	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)"},
-	{"log.level", "info", "log level: debug, info, warn or error"},
-	{"log.format", "text", "log format: text or json"},
+	{"server.addr", ":8000", "listen address, host:port",
+		value(func(c *Config) *string { return &c.Server.Addr }, asString, isHostPort, "host:port, e.g. :8000 or 127.0.0.1:8000")},
+	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)",
+		value(func(c *Config) *int64 { return &c.Server.MaxBodyBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")},
+	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests",
+		value(func(c *Config) *time.Duration { return &c.Server.ShutdownGrace }, time.ParseDuration, atLeast[time.Duration](0), "a duration of 0 or more, e.g. 30s")},
+	{"server.read_header_timeout", "10s", "how long a client may take to send request headers",
+		value(func(c *Config) *time.Duration { return &c.Server.ReadHeaderTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
+	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408)",
+		value(func(c *Config) *time.Duration { return &c.Server.ReadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers",
+		value(func(c *Config) *time.Duration { return &c.Server.WriteTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+	{"server.idle_timeout", "120s", "how long an idle keep-alive connection stays open",
+		value(func(c *Config) *time.Duration { return &c.Server.IdleTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+	{"server.max_header_bytes", "1MiB", "largest request header block (431 above it)",
+		value(func(c *Config) *int64 { return &c.Server.MaxHeaderBytes }, ParseBytes, between[int64](4096, 1<<30), "a size from 4KiB to 1GiB")},
+	{"server.max_request_elements", "16777216", "most tensor elements one request may declare across its inputs",
+		value(func(c *Config) *int64 { return &c.Server.MaxRequestElements }, parseInt64, atLeast[int64](1), "a positive integer")},
+	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",
+		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr")},
+	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil},
+	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/...",
+		tokensOf("auth.inference", func(c *Config) *[]string { return &c.Auth.InferenceTokens })},
+	{"auth.repository.token", "", "bearer token required by the repository API", nil},
+	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API",
+		tokensOf("auth.repository", func(c *Config) *[]string { return &c.Auth.RepositoryTokens })},
+	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
+		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false")},
+	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey},
+	{"batching.max_batch_elements", strconv.Itoa(defaultPolicy.MaxBatchElements), "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)", policyKey},
+	{"batching.max_queue_size", strconv.Itoa(defaultPolicy.MaxQueueSize), "default for models: queued requests before new ones get 503", policyKey},
+	{"batching.default_timeout", defaultPolicy.DefaultTimeout.String(), "default for models: how long a request may wait in the queue (0: no limit)", policyKey},
+	{"batching.priority_levels", strconv.Itoa(defaultPolicy.PriorityLevels), "default for models: number of priority levels (1 is the highest)", policyKey},
+	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln",
+		oneOf(func(c *Config) *string { return &c.Engine.Default }, "cpu", "rbln")},
+	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)",
+		oneOf(func(c *Config) *string { return &c.Engine.Failover }, "none", "cpufallback")},
+	{"engine.cpu_threads", "0", "CPUs one CPU-engine step may use, by running groups of a batch's sequences side by side; 0: every CPU",
+		value(func(c *Config) *int { return &c.Engine.CPUThreads }, strconv.Atoi, between(0, 1024), "an integer in 0..1024 (0: every CPU)")},
+	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers",
+		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter")},
+	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values",
+		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML)")},
+	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
+		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)")},
+	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",
+		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, "")},
+	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean",
+		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false")},
+	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted",
+		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
+	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository},
+	{"log.level", "info", "log level: debug, info, warn or error",
+		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error")},
+	{"log.format", "text", "log format: text or json",
+		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json")},
 }
 
 // Keys lists every configuration key, in documentation order.
@@ -203,111 +239,132 @@ func Load(args []string) (*Config, error) {
 	return c, nil
 }
 
+// parse reads every key with its row's reader, then checks the rules that
+// span keys.
 func parse(v *viper.Viper) (*Config, error) {
 	c := &Config{}
-	var err error
-	get := func(name string) string { return strings.TrimSpace(v.GetString(name)) }
-
-	c.Server.Addr = get("server.addr")
-	if _, port, perr := net.SplitHostPort(c.Server.Addr); perr != nil || port == "" {
-		return nil, invalid("server.addr", c.Server.Addr, "host:port, e.g. :8000 or 127.0.0.1:8000")
-	}
-	if c.Server.MaxBodyBytes, err = ParseBytes(get("server.max_body_bytes")); err != nil || c.Server.MaxBodyBytes < 1024 {
-		return nil, invalid("server.max_body_bytes", get("server.max_body_bytes"), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")
-	}
-	if c.Server.ShutdownGrace, err = time.ParseDuration(get("server.shutdown_grace")); err != nil || c.Server.ShutdownGrace < 0 {
-		return nil, invalid("server.shutdown_grace", get("server.shutdown_grace"), "a duration of 0 or more, e.g. 30s")
-	}
-	if c.Server.ReadHeaderTimeout, err = time.ParseDuration(get("server.read_header_timeout")); err != nil || c.Server.ReadHeaderTimeout <= 0 {
-		return nil, invalid("server.read_header_timeout", get("server.read_header_timeout"), "a positive duration, e.g. 10s")
-	}
-	for _, d := range []struct {
-		key string
-		dst *time.Duration
-	}{{"server.read_timeout", &c.Server.ReadTimeout}, {"server.write_timeout", &c.Server.WriteTimeout}, {"server.idle_timeout", &c.Server.IdleTimeout}} {
-		if *d.dst, err = time.ParseDuration(get(d.key)); err != nil || *d.dst <= 0 {
-			return nil, invalid(d.key, get(d.key), "a positive duration, e.g. 60s")
+	for _, k := range keys {
+		if k.read == nil {
+			continue
+		}
+		if err := k.read(c, v, k.name); err != nil {
+			return nil, err
 		}
 	}
-	if c.Server.MaxHeaderBytes, err = ParseBytes(get("server.max_header_bytes")); err != nil || c.Server.MaxHeaderBytes < 4096 || c.Server.MaxHeaderBytes > 1<<30 {
-		return nil, invalid("server.max_header_bytes", get("server.max_header_bytes"), "a size from 4KiB to 1GiB")
-	}
-	if c.Server.MaxRequestElements, err = strconv.ParseInt(get("server.max_request_elements"), 10, 64); err != nil || c.Server.MaxRequestElements < 1 {
-		return nil, invalid("server.max_request_elements", get("server.max_request_elements"), "a positive integer")
-	}
-	c.Server.MetricsAddr = get("server.metrics_addr")
-	if c.Server.MetricsAddr != "" {
-		if _, port, perr := net.SplitHostPort(c.Server.MetricsAddr); perr != nil || port == "" {
-			return nil, invalid("server.metrics_addr", c.Server.MetricsAddr, "host:port, or empty to serve /metrics on server.addr")
-		}
-	}
-	if c.Auth.InferenceTokens, err = tokens(get("auth.inference.token"), get("auth.inference.token_file")); err != nil {
-		return nil, fmt.Errorf("%w: auth.inference: %v", ErrInvalid, err)
-	}
-	if c.Auth.RepositoryTokens, err = tokens(get("auth.repository.token"), get("auth.repository.token_file")); err != nil {
-		return nil, fmt.Errorf("%w: auth.repository: %v", ErrInvalid, err)
-	}
-	if c.Server.EnableModelControl, err = strconv.ParseBool(get("server.enable_model_control")); err != nil {
-		return nil, invalid("server.enable_model_control", get("server.enable_model_control"), "true or false")
-	}
-	if c.Batching.MaxQueueDelay, err = time.ParseDuration(get("batching.max_queue_delay")); err != nil || c.Batching.MaxQueueDelay < 0 {
-		return nil, invalid("batching.max_queue_delay", get("batching.max_queue_delay"), "a duration of 0 or more, e.g. 500us or 2ms")
-	}
-	if c.Batching.MaxBatchElements, err = strconv.Atoi(get("batching.max_batch_elements")); err != nil || c.Batching.MaxBatchElements < 0 {
-		return nil, invalid("batching.max_batch_elements", get("batching.max_batch_elements"), "an integer, 0 or more")
-	}
-	if c.Batching.MaxQueueSize, err = strconv.Atoi(get("batching.max_queue_size")); err != nil || c.Batching.MaxQueueSize < 1 {
-		return nil, invalid("batching.max_queue_size", get("batching.max_queue_size"), "an integer of at least 1")
-	}
-	if c.Batching.DefaultTimeout, err = time.ParseDuration(get("batching.default_timeout")); err != nil || c.Batching.DefaultTimeout < 0 {
-		return nil, invalid("batching.default_timeout", get("batching.default_timeout"), "a duration of 0 (no limit) or more, e.g. 5s")
-	}
-	if c.Batching.PriorityLevels, err = strconv.Atoi(get("batching.priority_levels")); err != nil || c.Batching.PriorityLevels < 1 || c.Batching.PriorityLevels > 100 {
-		return nil, invalid("batching.priority_levels", get("batching.priority_levels"), "an integer in 1..100")
-	}
-	c.Engine.Default = get("engine.default")
-	if c.Engine.Default != "cpu" && c.Engine.Default != "rbln" {
-		return nil, invalid("engine.default", c.Engine.Default, "cpu or rbln")
-	}
-	c.Engine.Failover = get("engine.failover")
-	if c.Engine.Failover != "none" && c.Engine.Failover != "cpufallback" {
-		return nil, invalid("engine.failover", c.Engine.Failover, "none or cpufallback")
-	}
-	if c.Engine.CPUThreads, err = strconv.Atoi(get("engine.cpu_threads")); err != nil || c.Engine.CPUThreads < 0 || c.Engine.CPUThreads > 1024 {
-		return nil, invalid("engine.cpu_threads", get("engine.cpu_threads"), "an integer in 0..1024 (0: every CPU)")
-	}
-	c.RBLN.Python = get("rbln.python")
-	if c.RBLN.Python == "" {
-		return nil, invalid("rbln.python", "", "the path of a Python interpreter")
-	}
-	if c.RBLN.Devices, err = stringList(v.Get("rbln.devices")); err != nil || len(c.RBLN.Devices) == 0 {
-		return nil, invalid("rbln.devices", fmt.Sprint(v.Get("rbln.devices")), "one or more devices, e.g. 0 or 0,1 (a list in YAML)")
-	}
-	if c.RBLN.Env, err = stringMap(v.Get("rbln.env")); err != nil {
-		return nil, invalid("rbln.env", fmt.Sprint(v.Get("rbln.env")), "KEY=VALUE pairs, comma-separated (a map in YAML)")
-	}
-	c.RBLN.CompileCacheDir = get("rbln.compile_cache_dir")
-	if c.RBLN.StrictWarmup, err = strconv.ParseBool(get("rbln.strict_warmup")); err != nil {
-		return nil, invalid("rbln.strict_warmup", get("rbln.strict_warmup"), "true or false")
-	}
-	if c.RBLN.StallTimeout, err = time.ParseDuration(get("rbln.stall_timeout")); err != nil || c.RBLN.StallTimeout <= 0 {
-		return nil, invalid("rbln.stall_timeout", get("rbln.stall_timeout"), "a positive duration, e.g. 10s")
-	}
-	c.ModelRepository = get("model_repository")
-	if c.ModelRepository == "" {
-		return nil, invalid("model_repository", "", "a directory of models")
-	}
-	if st, serr := os.Stat(c.ModelRepository); serr != nil || !st.IsDir() {
-		return nil, invalid("model_repository", c.ModelRepository, "an existing directory of models (<name>/model.yaml)")
-	}
-	if err := c.Log.Level.UnmarshalText([]byte(get("log.level"))); err != nil {
-		return nil, invalid("log.level", get("log.level"), "debug, info, warn or error")
-	}
-	c.Log.Format = get("log.format")
-	if c.Log.Format != "text" && c.Log.Format != "json" {
-		return nil, invalid("log.format", c.Log.Format, "text or json")
+	if err := c.Batching.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return c, nil
+}
+
+// text is a key's value as a string, trimmed.
+func text(v *viper.Viper, key string) string { return strings.TrimSpace(v.GetString(key)) }
+
+// value reads a key with parse and keeps the result if ok accepts it; want
+// says what is accepted.
+func value[T any](field func(*Config) *T, parse func(string) (T, error), ok func(T) bool, want string) reader {
+	return func(c *Config, v *viper.Viper, key string) error {
+		s := text(v, key)
+		x, err := parse(s)
+		if err != nil || !ok(x) {
+			return invalid(key, s, want)
+		}
+		*field(c) = x
+		return nil
+	}
+}
+
+// oneOf reads a key that takes one of a few words.
+func oneOf(field func(*Config) *string, allowed ...string) reader {
+	return value(field, asString, func(s string) bool { return slices.Contains(allowed, s) }, strings.Join(allowed, " or "))
+}
+
+// policyKey reads a batching.* key; its range is checked with the whole
+// policy, in parse.
+func policyKey(c *Config, v *viper.Viper, key string) error {
+	if err := c.Batching.Set(key, text(v, key)); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// tokensOf reads a scope's bearer tokens: its token key and its token_file,
+// the key read.
+func tokensOf(scope string, field func(*Config) *[]string) reader {
+	return func(c *Config, v *viper.Viper, key string) error {
+		t, err := tokens(text(v, scope+".token"), text(v, key))
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, scope, err)
+		}
+		*field(c) = t
+		return nil
+	}
+}
+
+// listOf reads a non-empty list key.
+func listOf(field func(*Config) *[]string, want string) reader {
+	return func(c *Config, v *viper.Viper, key string) error {
+		l, err := stringList(v.Get(key))
+		if err != nil || len(l) == 0 {
+			return invalid(key, fmt.Sprint(v.Get(key)), want)
+		}
+		*field(c) = l
+		return nil
+	}
+}
+
+// mapOf reads a map key.
+func mapOf(field func(*Config) *map[string]string, want string) reader {
+	return func(c *Config, v *viper.Viper, key string) error {
+		m, err := stringMap(v.Get(key))
+		if err != nil {
+			return invalid(key, fmt.Sprint(v.Get(key)), want)
+		}
+		*field(c) = m
+		return nil
+	}
+}
+
+func modelRepository(c *Config, v *viper.Viper, key string) error {
+	dir := text(v, key)
+	if dir == "" {
+		return invalid(key, "", "a directory of models")
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return invalid(key, dir, "an existing directory of models (<name>/model.yaml)")
+	}
+	c.ModelRepository = dir
+	return nil
+}
+
+func asString(s string) (string, error) { return s, nil }
+
+func parseInt64(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+func isHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	return err == nil && port != ""
+}
+
+func anything[T any](T) bool { return true }
+
+func nonEmpty(s string) bool { return s != "" }
+
+func positive[T cmp.Ordered](x T) bool {
+	var zero T
+	return x > zero
+}
+
+func atLeast[T cmp.Ordered](lo T) func(T) bool { return func(x T) bool { return x >= lo } }
+
+func between[T cmp.Ordered](lo, hi T) func(T) bool {
+	return func(x T) bool { return x >= lo && x <= hi }
 }
 
 func invalid(key, value, want string) error {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/stepserve/stepserve/bucketing"
 )
 
 // Config is the schema of a model.yaml file.
@@ -81,7 +83,9 @@ type Buckets struct {
 }
 
 // Batching is a model's batching policy, with Triton's names. Nil fields
-// take the server-wide defaults.
+// take the server-wide defaults. Only the syntax is checked here: the
+// ranges are batching.Policy's rules, checked once the keys are merged over
+// those defaults.
 type Batching struct {
 	MaxQueueDelay        *time.Duration `yaml:"max_queue_delay"`
 	MaxQueueSize         *int           `yaml:"max_queue_size"`
@@ -199,9 +203,6 @@ func (c *Config) validate() error {
 	if err := oneOf(bad, "warmup", &c.Warmup, "eager", "eager", "lazy"); err != nil {
 		return err
 	}
-	if err := c.Batching.validate(bad); err != nil {
-		return err
-	}
 
 	if err := validateSpecs("inputs", c.Inputs); err != nil {
 		return err
@@ -210,24 +211,11 @@ func (c *Config) validate() error {
 		return err
 	}
 
-	for i, n := range c.Buckets.Seq {
-		if n <= 0 || n%32 != 0 {
-			return bad("buckets.seq", "%d is not a multiple of 32: the NPU's fused attention kernel needs query lengths in multiples of 32 (execution semantics, alignment rules); use e.g. [32, 64, 128]", n)
-		}
-		if i > 0 && n <= c.Buckets.Seq[i-1] {
-			return bad("buckets.seq", "%v must be strictly increasing", c.Buckets.Seq)
-		}
+	if err := bucketing.ValidateSeq(c.Buckets.Seq); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if len(c.Buckets.Batch) == 0 {
-		return bad("buckets.batch", "is required; list the batch sizes to compile, e.g. [1, 4, 16, 32]")
-	}
-	for i, b := range c.Buckets.Batch {
-		if b <= 0 || b > 1<<16 {
-			return bad("buckets.batch", "%d is not a valid batch size; want 1..65536", b)
-		}
-		if i > 0 && b <= c.Buckets.Batch[i-1] {
-			return bad("buckets.batch", "%v must be strictly increasing", c.Buckets.Batch)
-		}
+	if err := bucketing.ValidateBatch(c.Buckets.Batch); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
 	switch c.Architecture {
@@ -243,31 +231,6 @@ func (c *Config) validate() error {
 	default:
 		return bad("architecture", "%q is not supported; want mlp or encoder", c.Architecture)
 	}
-}
-
-func (b Batching) validate(bad func(string, string, ...any) error) error {
-	if b.MaxQueueDelay != nil && *b.MaxQueueDelay < 0 {
-		return bad("batching.max_queue_delay", "%v must not be negative", *b.MaxQueueDelay)
-	}
-	if b.DefaultTimeout != nil && *b.DefaultTimeout < 0 {
-		return bad("batching.default_timeout", "%v must not be negative (0 means no timeout)", *b.DefaultTimeout)
-	}
-	if b.MaxQueueSize != nil && *b.MaxQueueSize < 1 {
-		return bad("batching.max_queue_size", "%d must be at least 1", *b.MaxQueueSize)
-	}
-	if b.PriorityLevels != nil && (*b.PriorityLevels < 1 || *b.PriorityLevels > 100) {
-		return bad("batching.priority_levels", "%d must be in 1..100", *b.PriorityLevels)
-	}
-	if b.DefaultPriorityLevel != nil {
-		levels := 1
-		if b.PriorityLevels != nil {
-			levels = *b.PriorityLevels
-		}
-		if *b.DefaultPriorityLevel < 1 || *b.DefaultPriorityLevel > levels {
-			return bad("batching.default_priority_level", "%d must be in 1..%d (priority_levels)", *b.DefaultPriorityLevel, levels)
-		}
-	}
-	return nil
 }
 
 // oneOf checks an enumerated key: empty takes def, anything else must be

@@ -1,5 +1,5 @@
 // Package models owns what a model is: the model repository's on-disk layout
-// (models/<name>/model.yaml, weights.safetensors, an optional vocab.txt), the
+// (<repository>/<name>/model.yaml, weights.safetensors, an optional vocab.txt), the
 // model.yaml schema and its validation, the loaders, the safetensors reader
 // and writer, the WordPiece tokenizer, and the architectures (mlp and
 // encoder) that turn a file of named tensors into typed layers.
@@ -10,10 +10,12 @@
 // states, once for every architecture, which tensors a step takes and in
 // what order. The server and both engines take them from here.
 //
-// It is a leaf: it knows nothing of HTTP or any other protocol, of
-// batching, or of engines. Engines read a [Model] and build their own
-// programs from it; protocols hand it decoded [Input]s and answer an error
-// matching [ErrInput] as the client's.
+// It imports only bucketing, whose rules check model.yaml's bucket lists; it
+// knows nothing of HTTP or any other protocol, of batching, or of engines.
+// The batching keys it parses but does not range-check: they are overrides
+// of the server's batching policy, checked by batching once merged. Engines
+// read a [Model] and build their own programs from it; protocols hand it
+// decoded [Input]s and answer an error matching [ErrInput] as the client's.
 //
 // # Repository layout
 //

@@ -46,6 +46,10 @@ func (s *Set) newModel(ctx context.Context, m *models.Model) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
+	batchOpts, err := s.batchingOptions(m)
+	if err != nil {
+		return nil, err
+	}
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
 		logger: s.logger.With("model", m.Name, "engine", name)}
 	if sm.program, sm.runner, err = s.load(ctx, m, name, grid); err != nil {
@@ -60,7 +64,7 @@ func (s *Set) newModel(ctx context.Context, m *models.Model) (*Model, error) {
 		runner = &failover{primary: sm.runner, fallback: sm.fallback, primaryHealthy: sm.program.Healthy,
 			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
 	}
-	if sm.batcher, err = batching.New(runner, s.batchingOptions(m)); err != nil {
+	if sm.batcher, err = batching.New(runner, batchOpts); err != nil {
 		sm.Close()
 		return nil, err
 	}

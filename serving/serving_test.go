@@ -264,6 +264,12 @@ func TestLoadErrors(t *testing.T) {
 	assert.Equal(t, IndexEntry{Name: "a", State: "UNAVAILABLE", Reason: "model a: load on engine dev: out of device memory"}, state(t, w.set, "a"))
 	assert.ErrorIs(t, w.set.Unload(ctx, "a"), ErrUnknownModel)
 
+	// A batching key out of range is named, before anything is loaded.
+	loads := w.dev.Loads()
+	require.NoError(t, os.WriteFile(filepath.Join(w.repo, "a", "model.yaml"), []byte(enginetest.SumMaxYAML+"batching: {max_queue_size: 0}\n"), 0o644))
+	assert.ErrorContains(t, w.set.Load(ctx, "a"), `model a: model.yaml: batching.max_queue_size: "0"; want an integer of at least 1`)
+	assert.Equal(t, loads, w.dev.Loads())
+
 	// A model naming an engine the server does not have.
 	require.NoError(t, os.WriteFile(filepath.Join(w.repo, "a", "model.yaml"), []byte(enginetest.SumMaxYAML+"engine: rbln\n"), 0o644))
 	assert.ErrorContains(t, w.set.Load(ctx, "a"), `no engine "rbln"; this server has [cpu dev]`)

@@ -39,9 +39,9 @@ type Options struct {
 	// while its own engine's device is down. Models already on it have no
 	// failover.
 	Failover string
-	// Batching holds the server-wide batching defaults that model.yaml's
-	// batching keys override (its Model, Metrics and Logger are ignored).
-	Batching batching.Options
+	// Batching is the server-wide batching policy that model.yaml's
+	// batching keys override; its zero fields take batching's defaults.
+	Batching batching.Policy
 	// DrainGrace bounds how long an unloaded or replaced model may take to
 	// run what it has queued; 0 means 30s.
 	DrainGrace time.Duration
@@ -80,6 +80,10 @@ type Set struct {
 func New(opts Options) (*Set, error) {
 	if opts.DrainGrace == 0 {
 		opts.DrainGrace = 30 * time.Second
+	}
+	opts.Batching = opts.Batching.WithDefaults()
+	if err := opts.Batching.Validate(); err != nil {
+		return nil, fmt.Errorf("serving: batching defaults: %w", err)
 	}
 	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{}}
 	s.stopping, s.stop = context.WithCancel(context.Background())
@@ -351,25 +355,28 @@ func (s *Set) Close() error {
 	return errors.Join(errs...)
 }
 
-// batchingOptions merges model.yaml's batching keys over the defaults.
-func (s *Set) batchingOptions(m *models.Model) batching.Options {
-	o := s.opts.Batching
-	o.Model, o.Metrics, o.Logger = m.Name, s.opts.BatchMetrics, s.logger
+// batchingOptions merges model.yaml's batching keys over the defaults and
+// checks the result, before anything is loaded.
+func (s *Set) batchingOptions(m *models.Model) (batching.Options, error) {
+	o := batching.Options{Model: m.Name, Policy: s.opts.Batching, Metrics: s.opts.BatchMetrics, Logger: s.logger}
 	b := m.Config.Batching
 	if b.MaxQueueDelay != nil {
-		o.MaxQueueDelay = *b.MaxQueueDelay
+		o.Policy.MaxQueueDelay = *b.MaxQueueDelay
 	}
 	if b.MaxQueueSize != nil {
-		o.MaxQueueSize = *b.MaxQueueSize
+		o.Policy.MaxQueueSize = *b.MaxQueueSize
 	}
 	if b.PriorityLevels != nil {
-		o.PriorityLevels = *b.PriorityLevels
+		o.Policy.PriorityLevels = *b.PriorityLevels
 	}
 	if b.DefaultPriorityLevel != nil {
-		o.DefaultPriority = *b.DefaultPriorityLevel
+		o.Policy.DefaultPriority = *b.DefaultPriorityLevel
 	}
 	if b.DefaultTimeout != nil {
-		o.DefaultTimeout = *b.DefaultTimeout
+		o.Policy.DefaultTimeout = *b.DefaultTimeout
 	}
-	return o
+	if err := o.Policy.Validate(); err != nil {
+		return o, fmt.Errorf("model %s: %s: %w", m.Name, models.ConfigFile, err)
+	}
+	return o, nil
 }

@@ -1,11 +1,14 @@
 // Package steps owns the step: it packs the rows of one or more requests
 // into a bucket's staging buffer (padding zeroed), runs the engine's program
 // for that bucket, unpacks each request's rows from the output staging, and
-// checks the step's Explain report.
+// checks the step's Explain report. It also owns warm-up: every bucket run
+// twice, its outputs checked to be finite.
 //
 // A [Runner] runs one step at a time for its program, because the staging
 // buffers and, on an NPU, the explain counters are shared. It knows requests
-// only as rows of packed bytes; it knows nothing of HTTP or JSON.
+// only as rows of packed bytes; it knows nothing of HTTP or JSON, nor of
+// queues and batching policy (package batching decides which requests share
+// a step), nor of how an engine computes.
 package steps
 
 import (
@@ -274,8 +277,11 @@ func (r *Runner) Explains() []Record { return r.explain.list() }
 
 // Warmup compiles every bucket and runs it twice on zeroed staging, as the
 // device needs (the first run on a new input buffer re-lays it out), and
-// returns how long each bucket took to compile. It fails if the second run
-// of any bucket is not clean or if its outputs are not finite.
+// returns how long each bucket took to compile. It fails if a bucket's
+// floating-point outputs after its second run hold a NaN or an infinity
+// (zeros in must give finite values out: anything else is broken weights or
+// a broken program), and, with StrictWarmup, if that run is not clean;
+// without StrictWarmup a run that is not clean is logged.
 func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -289,13 +295,19 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 		if r.metrics != nil {
 			r.metrics.buckets[b].compile.Set(compile[b].Seconds())
 		}
-		in, _ := r.opts.Program.Staging(b)
+		in, out := r.opts.Program.Staging(b)
 		clear(in)
 		var x engine.Explain
 		for range 2 {
 			var err error
 			if x, err = r.opts.Program.Step(ctx, b); err != nil {
 				return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
+			}
+		}
+		for _, tl := range l.Outputs {
+			if i, what, ok := nonFinite(tl.Datatype, out[tl.Offset:tl.Offset+tl.Bytes]); ok {
+				return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s: output %q has a non-finite value (%s) at element %d",
+					r.opts.Model.Name, l.Bucket.Label(), tl.Name, what, i)
 			}
 		}
 		if v := Check(&x); !v.Clean && !v.Unmeasured {

@@ -229,3 +229,82 @@ func TestStatsPerBucket(t *testing.T) {
 	assert.Equal(t, 2, st[1].QueueSeconds.Count)
 	assert.InDelta(t, 0.005, st[1].QueueSeconds.P99, 1e-9)
 }
+
+// poisoned is a doubler whose every step writes one non-finite value into
+// the output staging, at element at when the bucket's output has it.
+type poisoned struct {
+	*doubler
+	at    int
+	value float32
+}
+
+func (p *poisoned) Step(ctx context.Context, b int) (engine.Explain, error) {
+	x, err := p.doubler.Step(ctx, b)
+	if _, out := p.Staging(b); 4*p.at < len(out) {
+		binary.LittleEndian.PutUint32(out[4*p.at:], math.Float32bits(p.value))
+	}
+	return x, err
+}
+
+func TestWarmupFailsOnNonFiniteOutputs(t *testing.T) {
+	for _, tc := range []struct {
+		value float32
+		want  string
+	}{
+		{float32(math.NaN()), `steps: model m: warm-up of bucket b4: output "y" has a non-finite value (NaN) at element 3`},
+		{float32(math.Inf(-1)), `steps: model m: warm-up of bucket b4: output "y" has a non-finite value (-Inf) at element 3`},
+	} {
+		m := testModel()
+		grid, err := bucketing.NewGrid([]int{1, 4}, nil)
+		require.NoError(t, err)
+		// Element 3 is past the b1 bucket's two: b1 warms up, b4 fails.
+		p := &poisoned{doubler: newDoubler(m.Config, grid), at: 3, value: tc.value}
+		r, err := New(Options{Model: m, Program: p, Engine: "fake", Grid: grid})
+		require.NoError(t, err)
+		_, err = r.Warmup(context.Background())
+		assert.EqualError(t, err, tc.want)
+		assert.Len(t, p.seen, 4, "both buckets ran twice")
+	}
+}
+
+func TestNonFinite(t *testing.T) {
+	le16 := func(v ...uint16) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint16(b, x)
+		}
+		return b
+	}
+	le64 := func(v ...float64) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		dt   models.Datatype
+		b    []byte
+		at   int
+		what string // "" when every value is finite
+	}{
+		{"fp32 finite", models.FP32, encode(0, -1, math.MaxFloat32, math.SmallestNonzeroFloat32), 0, ""},
+		{"fp32 nan", models.FP32, encode(1, 2, float32(math.NaN())), 2, "NaN"},
+		{"fp32 +inf", models.FP32, encode(float32(math.Inf(1)), 0), 0, "+Inf"},
+		{"fp16 finite (max 65504, -2)", models.FP16, le16(0x7bff, 0xc000), 0, ""},
+		{"fp16 -inf", models.FP16, le16(0, 0xfc00), 1, "-Inf"},
+		{"fp16 nan", models.FP16, le16(0x7e00), 0, "NaN"},
+		{"bf16 finite (1.0)", models.BF16, le16(0x3f80), 0, ""},
+		{"bf16 +inf", models.BF16, le16(0x3f80, 0x3f80, 0x7f80), 2, "+Inf"},
+		{"bf16 nan", models.BF16, le16(0x7fc0), 0, "NaN"},
+		{"fp64 finite", models.FP64, le64(1e300), 0, ""},
+		{"fp64 nan", models.FP64, le64(0, math.NaN()), 1, "NaN"},
+		{"int32 has no NaN", models.INT32, encode(float32(math.NaN())), 0, ""},
+	} {
+		at, what, ok := nonFinite(tc.dt, tc.b)
+		assert.Equal(t, tc.what != "", ok, tc.name)
+		assert.Equal(t, tc.what, what, tc.name)
+		assert.Equal(t, tc.at, at, tc.name)
+	}
+}

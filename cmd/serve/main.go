@@ -91,18 +91,12 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		Engines:       engines(cfg, logger, reg),
 		DefaultEngine: cfg.Engine.Default,
 		Failover:      failoverEngine(cfg.Engine.Failover),
-		Batching: batching.Options{
-			MaxQueueDelay:    cfg.Batching.MaxQueueDelay,
-			MaxQueueSize:     cfg.Batching.MaxQueueSize,
-			PriorityLevels:   cfg.Batching.PriorityLevels,
-			DefaultTimeout:   cfg.Batching.DefaultTimeout,
-			MaxBatchElements: cfg.Batching.MaxBatchElements,
-		},
-		DrainGrace:   cfg.Server.ShutdownGrace,
-		StepMetrics:  stepMetrics,
-		BatchMetrics: batchMetrics,
-		Registerer:   reg,
-		Logger:       logger,
+		Batching:      cfg.Batching,
+		DrainGrace:    cfg.Server.ShutdownGrace,
+		StepMetrics:   stepMetrics,
+		BatchMetrics:  batchMetrics,
+		Registerer:    reg,
+		Logger:        logger,
 	})
 	if err != nil {
 		return err
