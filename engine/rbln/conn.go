@@ -10,28 +10,28 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 
 	"github.com/stepserve/stepserve/engine"
 )
 
-// conn is the control channel to one process.
+// conn is the control channel to one process. Its methods may be called
+// from several goroutines.
 type conn struct {
-	nc     net.Conn
-	logger *slog.Logger
+	nc net.Conn
 
 	wmu     sync.Mutex // one writer at a time
 	mu      sync.Mutex
 	next    uint64
 	pending map[uint64]chan *message
-	dead    chan struct{}
+	dead    chan struct{} // closed with err set once the connection fails
 	err     error
 }
 
-func newConn(nc net.Conn, logger *slog.Logger) *conn {
-	c := &conn{nc: nc, logger: logger, pending: map[uint64]chan *message{}, dead: make(chan struct{})}
+// newConn takes over nc and starts reading results from it.
+func newConn(nc net.Conn) *conn {
+	c := &conn{nc: nc, pending: map[uint64]chan *message{}, dead: make(chan struct{})}
 	go c.read()
 	return c
 }
@@ -60,7 +60,9 @@ func (c *conn) read() {
 	}
 }
 
-func (c *conn) call(ctx context.Context, req map[string]any) (*message, error) {
+// call sends req with a fresh id and waits for the message that answers
+// it, the connection's failure, or ctx. A request may be sent only once.
+func (c *conn) call(ctx context.Context, req request) (*message, error) {
 	ch := make(chan *message, 1)
 	c.mu.Lock()
 	if c.err != nil {
@@ -71,7 +73,7 @@ func (c *conn) call(ctx context.Context, req map[string]any) (*message, error) {
 	id := c.next
 	c.pending[id] = ch
 	c.mu.Unlock()
-	req["id"] = id
+	req.address(req.kind(), id)
 
 	c.wmu.Lock()
 	err := writeFrame(c.nc, req)

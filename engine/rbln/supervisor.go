@@ -7,7 +7,6 @@ package rbln
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -157,7 +156,7 @@ loop:
 			break loop
 		case <-pings.C:
 			ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
-			_, err := c.call(ctx, map[string]any{"type": "ping"})
+			_, err := c.call(ctx, &pingRequest{})
 			cancel()
 			if err != nil {
 				cause = fmt.Errorf("rbln worker for device %s stopped answering pings within %v: %v", w.device, w.e.opts.StallTimeout, err)
@@ -216,20 +215,34 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 		return nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
 	}
 
-	nc.SetReadDeadline(time.Now().Add(w.e.opts.StartTimeout))
-	hello, err := readFrame(nc)
-	nc.SetReadDeadline(time.Time{})
-	if err == nil && (hello.Type != "hello" || hello.Protocol != protocolVersion) {
-		err = fmt.Errorf("%w: worker greeted with %q protocol %d; want hello protocol %d", ErrProtocol, hello.Type, hello.Protocol, protocolVersion)
-	}
+	hi, err := w.greeting(nc)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		nc.Close()
 		return nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
 	}
-	w.logger.Info("rbln worker handshake", "pid", hello.PID, "torch", hello.Torch, "worker_device", hello.Device, "notes", hello.Notes)
-	return newConn(nc, w.logger), cmd, nil
+	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device, "notes", hi.Notes)
+	return newConn(nc), cmd, nil
+}
+
+// greeting reads the worker's hello, which must come within the start
+// timeout and speak this protocol version.
+func (w *worker) greeting(nc net.Conn) (*hello, error) {
+	nc.SetReadDeadline(time.Now().Add(w.e.opts.StartTimeout))
+	defer nc.SetReadDeadline(time.Time{})
+	m, err := readFrame(nc)
+	if err != nil {
+		return nil, err
+	}
+	var hi hello
+	if err := m.decode("hello", &hi); err != nil {
+		return nil, err
+	}
+	if m.Type != "hello" || hi.Protocol != protocolVersion {
+		return nil, fmt.Errorf("%w: worker greeted with %q protocol %d; want hello protocol %d", ErrProtocol, m.Type, hi.Protocol, protocolVersion)
+	}
+	return &hi, nil
 }
 
 // env is the worker's environment: the server's, the device selection and
@@ -271,16 +284,19 @@ func (w *worker) setDown(err error) {
 	w.e.metrics.up(w.device, false)
 }
 
-// call sends a request to the worker and waits for its result.
-func (w *worker) call(ctx context.Context, req map[string]any) (*message, error) {
+// call sends a request to the worker, waits for its result, and decodes
+// the result's fields into reply unless reply is nil. A worker that is down
+// or goes down meanwhile fails the call with an error wrapping
+// [engine.ErrUnavailable] that says why.
+func (w *worker) call(ctx context.Context, req request, reply any) error {
 	w.mu.Lock()
 	c, why := w.conn, w.lastErr
 	w.mu.Unlock()
 	if c == nil {
 		if why != "" {
-			return nil, fmt.Errorf("%w: %s", errWorkerDown, why)
+			return fmt.Errorf("%w: %s", errWorkerDown, why)
 		}
-		return nil, errWorkerDown
+		return errWorkerDown
 	}
 	m, err := c.call(ctx, req)
 	if errors.Is(err, engine.ErrUnavailable) {
@@ -301,12 +317,15 @@ func (w *worker) call(ctx context.Context, req map[string]any) (*message, error)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !m.OK {
-		return nil, fmt.Errorf("rbln worker for device %s: %s %s", w.device, req["type"], m.Error)
+		return fmt.Errorf("rbln worker for device %s: %s %s", w.device, req.kind(), m.Error)
 	}
-	return m, nil
+	if reply == nil {
+		return nil
+	}
+	return m.decode(req.kind()+" result", reply)
 }
 
 // pollMemory exports the device memory per chiplet, where the worker can
@@ -314,17 +333,8 @@ func (w *worker) call(ctx context.Context, req map[string]any) (*message, error)
 func (w *worker) pollMemory() {
 	ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
 	defer cancel()
-	m, err := w.call(ctx, map[string]any{"type": "memory"})
-	if err != nil {
-		return
-	}
-	var r struct {
-		Chiplets []struct {
-			NPU, Chiplet, Kind string
-			Bytes              float64
-		}
-	}
-	if json.Unmarshal(m.raw, &r) != nil {
+	var r memoryReply
+	if w.call(ctx, &memoryRequest{}, &r) != nil {
 		return
 	}
 	for _, c := range r.Chiplets {
