@@ -42,7 +42,7 @@ func FuzzReadFrame(f *testing.F) {
 			// or Unknown: never some other negative number.
 			var r stepReply
 			if m.decode("step result", &r) == nil {
-				x := r.Explain.explain()
+				x := r.Explain
 				for _, c := range []engine.Count{x.CPUFallbacks, x.Recompiles, x.HostBounces, x.HostBounceBytes, x.H2D, x.D2H, x.WallNS} {
 					if c < engine.Unknown {
 						t.Fatalf("count decoded as %d", c)

@@ -152,7 +152,7 @@ func (p *program) Compile(ctx context.Context, bucket int) error {
 }
 
 func (p *program) compile(ctx context.Context, bucket int) error {
-	var r compileReply
+	r := compileReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
 	if err := p.w.call(ctx, &compileRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
 		return fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
 	}
@@ -176,14 +176,14 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	if !p.healthy.Load() {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
-	var r stepReply
+	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
 	if err := p.w.call(ctx, &stepRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.mu.Unlock()
-	return r.Explain.explain(), nil
+	return r.Explain, nil
 }
 
 func (p *program) check(bucket int) error {
@@ -230,48 +230,4 @@ func (p *program) release() {
 		s.close()
 	}
 	p.in, p.out = nil, nil
-}
-
-// wireExplain is the worker's report; null counts are unknown.
-type wireExplain struct {
-	Measured         bool             `json:"measured"`
-	Clean            bool             `json:"clean"`
-	Reasons          []string         `json:"reasons"`
-	CPUFallbacks     *int64           `json:"cpu_fallbacks"`
-	Recompiles       *int64           `json:"recompiles"`
-	HostBounces      *int64           `json:"host_bounces"`
-	HostBounceBytes  *int64           `json:"host_bounce_bytes"`
-	H2D              *int64           `json:"h2d"`
-	D2H              *int64           `json:"d2h"`
-	WallNS           *int64           `json:"wall_ns"`
-	CPUFallbackByOp  map[string]int64 `json:"cpu_fallback_by_op"`
-	RecompileByOp    map[string]int64 `json:"recompile_by_op"`
-	HostBounceBySite map[string]int64 `json:"host_bounce_by_site"`
-	Report           string           `json:"report"`
-}
-
-func count(v *int64) engine.Count {
-	if v == nil || *v < 0 {
-		return engine.Unknown
-	}
-	return engine.Count(*v)
-}
-
-func (w wireExplain) explain() engine.Explain {
-	return engine.Explain{
-		Measured:         w.Measured,
-		Clean:            w.Clean,
-		Reasons:          w.Reasons,
-		CPUFallbacks:     count(w.CPUFallbacks),
-		Recompiles:       count(w.Recompiles),
-		HostBounces:      count(w.HostBounces),
-		HostBounceBytes:  count(w.HostBounceBytes),
-		H2D:              count(w.H2D),
-		D2H:              count(w.D2H),
-		WallNS:           count(w.WallNS),
-		CPUFallbackByOp:  w.CPUFallbackByOp,
-		RecompileByOp:    w.RecompileByOp,
-		HostBounceBySite: w.HostBounceBySite,
-		Report:           w.Report,
-	}
 }

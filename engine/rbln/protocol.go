@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/stepserve/stepserve/engine"
 )
 
 // protocolVersion is the control protocol both sides must speak; the
@@ -148,13 +150,13 @@ type loadReply struct {
 
 // compileReply reports a bucket's build and its second warm-up run.
 type compileReply struct {
-	CompileSeconds float64     `json:"compile_seconds"`
-	Explain        wireExplain `json:"explain"`
+	CompileSeconds float64        `json:"compile_seconds"`
+	Explain        engine.Explain `json:"explain"`
 }
 
 // stepReply reports one step.
 type stepReply struct {
-	Explain wireExplain `json:"explain"`
+	Explain engine.Explain `json:"explain"`
 }
 
 // memoryReply is the device memory per chiplet; empty where the worker

@@ -69,6 +69,37 @@ func TestLoadRequestOnTheWire(t *testing.T) {
 	}
 }
 
+// TestResultDecodesIntoExplain: the worker's report lands in engine.Explain
+// as it is, and a count the worker left out or sent as null is unknown,
+// never zero.
+func TestResultDecodesIntoExplain(t *testing.T) {
+	m, err := decodeMessage([]byte(`{"type":"result","id":3,"ok":true,"explain":{"measured":true,"clean":false,` +
+		`"reasons":["cpu_fallback: aten::nonzero"],"cpu_fallbacks":2,"recompiles":0,"h2d":1,"d2h":null,` +
+		`"cpu_fallback_by_op":{"aten::nonzero":2},"recompile_by_op":null,"report":"[overhead] x"}}`))
+	require.NoError(t, err)
+	r := stepReply{Explain: engine.Unmeasured()}
+	require.NoError(t, m.decode("step result", &r))
+	assert.Equal(t, engine.Explain{
+		Measured:        true,
+		Reasons:         []string{"cpu_fallback: aten::nonzero"},
+		CPUFallbacks:    2,
+		Recompiles:      0,
+		HostBounces:     engine.Unknown, // absent
+		HostBounceBytes: engine.Unknown, // absent
+		H2D:             1,
+		D2H:             engine.Unknown, // null
+		WallNS:          engine.Unknown, // absent
+		CPUFallbackByOp: map[string]int64{"aten::nonzero": 2},
+		Report:          "[overhead] x",
+	}, r.Explain)
+
+	m, err = decodeMessage([]byte(`{"type":"result","id":4,"ok":true}`))
+	require.NoError(t, err)
+	r = stepReply{Explain: engine.Unmeasured()}
+	require.NoError(t, m.decode("step result", &r))
+	assert.Equal(t, engine.Unmeasured(), r.Explain, "a result without a report measured nothing")
+}
+
 func TestMalformedReplyIsAProtocolError(t *testing.T) {
 	m, err := decodeMessage([]byte(`{"type":"result","id":3,"ok":true,"explain":{"h2d":"one"}}`))
 	require.NoError(t, err)
