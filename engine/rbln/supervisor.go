@@ -165,7 +165,7 @@ loop:
 		case <-memory.C:
 			go w.pollMemory() // not here: a call to a dying worker waits for this loop
 		case <-w.stop:
-			cause = errors.New("stopped")
+			cause = errClosed
 			break loop
 		}
 	}
