@@ -24,7 +24,7 @@ func (c Count) MarshalJSON() ([]byte, error) {
 	return strconv.AppendInt(nil, int64(c), 10), nil
 }
 
-// UnmarshalJSON reads null as Unknown.
+// UnmarshalJSON reads null, or any negative number, as Unknown.
 func (c *Count) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
 		*c = Unknown
@@ -34,7 +34,7 @@ func (c *Count) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &n); err != nil {
 		return err
 	}
-	*c = Count(n)
+	*c = max(Count(n), Unknown)
 	return nil
 }
 
@@ -68,4 +68,31 @@ type Explain struct {
 	// Report is the engine's human-readable report, kept for steps that are
 	// not clean.
 	Report string `json:"report,omitempty"`
+}
+
+// Unmeasured is the report of a step nobody observed: not measured, not
+// clean, and every count Unknown.
+func Unmeasured() Explain {
+	return Explain{
+		CPUFallbacks:    Unknown,
+		Recompiles:      Unknown,
+		HostBounces:     Unknown,
+		HostBounceBytes: Unknown,
+		H2D:             Unknown,
+		D2H:             Unknown,
+		WallNS:          Unknown,
+	}
+}
+
+// UnmarshalJSON reads a report in which an absent count is Unknown, as a
+// null one is: a count the engine did not send was not measured, and must
+// not read as zero.
+func (x *Explain) UnmarshalJSON(b []byte) error {
+	type fields Explain // the same fields, without this method
+	f := fields(Unmeasured())
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*x = Explain(f)
+	return nil
 }

@@ -3,10 +3,11 @@ package rbln
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"io"
 	"testing"
+
+	"github.com/stepserve/stepserve/engine"
 )
 
 // FuzzReadFrame feeds arbitrary bytes from a "worker": the supervisor must
@@ -37,12 +38,19 @@ func FuzzReadFrame(f *testing.F) {
 			default:
 				t.Fatalf("accepted type %q", m.Type)
 			}
-			var w struct {
-				Explain wireExplain `json:"explain"`
+			// Whatever a result holds, a decoded count is measured (>= 0)
+			// or Unknown: never some other negative number.
+			var r stepReply
+			if m.decode("step result", &r) == nil {
+				x := r.Explain
+				for _, c := range []engine.Count{x.CPUFallbacks, x.Recompiles, x.HostBounces, x.HostBounceBytes, x.H2D, x.D2H, x.WallNS} {
+					if c < engine.Unknown {
+						t.Fatalf("count decoded as %d", c)
+					}
+				}
 			}
-			if jsonErr := json.Unmarshal(m.raw, &w); jsonErr == nil {
-				_ = w.Explain.explain()
-			}
+			var hi hello
+			_ = m.decode("hello", &hi)
 		}
 	})
 }

@@ -2,7 +2,6 @@ package rbln
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -65,40 +64,39 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 	return p, nil
 }
 
-// loadRequest describes the model to the worker: the hyper-parameters, the
-// weights file it reads itself, and every bucket's staging paths.
-func (p *program) loadRequest() map[string]any {
+// loadRequest describes the model to the worker, with every bucket's
+// staging files.
+func (p *program) loadRequest() *loadRequest {
 	cfg := p.model.Config
-	buckets := make([]map[string]any, len(p.shapes))
+	buckets := make([]bucketSpec, len(p.shapes))
 	for i, s := range p.shapes {
-		buckets[i] = map[string]any{
-			"batch": s.Batch, "seq": s.Seq,
-			"in_path": p.in[i].path, "in_bytes": p.layouts[i].InBytes,
-			"out_path": p.out[i].path, "out_bytes": p.layouts[i].OutBytes,
+		buckets[i] = bucketSpec{
+			Batch: s.Batch, Seq: s.Seq,
+			InPath: p.in[i].path, InBytes: p.layouts[i].InBytes,
+			OutPath: p.out[i].path, OutBytes: p.layouts[i].OutBytes,
 		}
 	}
 	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
 	if err != nil {
 		weights = p.model.Weights.Path
 	}
-	req := map[string]any{
-		"type":              "load",
-		"model":             p.model.Name,
-		"weights":           weights,
-		"architecture":      cfg.Architecture,
-		"device_dtype":      cfg.DeviceDtype,
-		"input_dtype":       torchDtype(cfg.StepInputs()[0].Datatype),
-		"compile_cache_dir": p.w.e.opts.CompileCacheDir,
-		"buckets":           buckets,
+	req := &loadRequest{
+		Model:           p.model.Name,
+		Weights:         weights,
+		Architecture:    cfg.Architecture,
+		DeviceDtype:     cfg.DeviceDtype,
+		InputDtype:      torchDtype(cfg.StepInputs()[0].Datatype),
+		CompileCacheDir: p.w.e.opts.CompileCacheDir,
+		Buckets:         buckets,
 	}
-	if cfg.MLP != nil {
-		req["mlp"] = map[string]any{"sizes": cfg.MLP.Sizes, "activation": cfg.MLP.Activation, "output_activation": cfg.MLP.OutputActivation}
+	if m := cfg.MLP; m != nil {
+		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
 	}
 	if e := cfg.Encoder; e != nil {
-		req["encoder"] = map[string]any{
-			"vocab_size": e.VocabSize, "hidden": e.Hidden, "layers": e.Layers, "heads": e.Heads,
-			"intermediate": e.Intermediate, "max_position": e.MaxPosition, "type_vocab_size": e.TypeVocabSize,
-			"layer_norm_eps": e.LayerNormEps, "pooling": e.Pooling, "normalize": e.Normalize,
+		req.Encoder = &encoderSpec{
+			VocabSize: e.VocabSize, Hidden: e.Hidden, Layers: e.Layers, Heads: e.Heads,
+			Intermediate: e.Intermediate, MaxPosition: e.MaxPosition, TypeVocabSize: e.TypeVocabSize,
+			LayerNormEps: e.LayerNormEps, Pooling: e.Pooling, Normalize: e.Normalize,
 		}
 	}
 	return req
@@ -112,17 +110,10 @@ func torchDtype(d models.Datatype) string {
 }
 
 func (p *program) load(ctx context.Context) error {
-	m, err := p.w.call(ctx, p.loadRequest())
-	if err != nil {
+	var info loadReply
+	if err := p.w.call(ctx, p.loadRequest(), &info); err != nil {
 		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
 	}
-	var info struct {
-		Device       string
-		Compiled     bool
-		ComputeDtype string `json:"compute_dtype"`
-		Notes        []string
-	}
-	json.Unmarshal(m.raw, &info)
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
 		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
 	return nil
@@ -143,7 +134,7 @@ func (p *program) reload(ctx context.Context) error {
 	}
 	for b, ok := range compiled {
 		if ok {
-			if _, err := p.compile(ctx, b); err != nil {
+			if err := p.compile(ctx, b); err != nil {
 				return err
 			}
 		}
@@ -157,30 +148,24 @@ func (p *program) Compile(ctx context.Context, bucket int) error {
 	if err := p.check(bucket); err != nil {
 		return err
 	}
-	_, err := p.compile(ctx, bucket)
-	return err
+	return p.compile(ctx, bucket)
 }
 
-func (p *program) compile(ctx context.Context, bucket int) (*engine.Explain, error) {
-	m, err := p.w.call(ctx, map[string]any{"type": "compile", "model": p.model.Name, "bucket": bucket})
-	if err != nil {
-		return nil, fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
-	}
-	var r struct {
-		CompileSeconds float64     `json:"compile_seconds"`
-		Explain        wireExplain `json:"explain"`
-	}
-	if err := json.Unmarshal(m.raw, &r); err != nil {
-		return nil, fmt.Errorf("%w: compile result: %v", ErrProtocol, err)
+func (p *program) compile(ctx context.Context, bucket int) error {
+	r := compileReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
+	if err := p.w.call(ctx, &compileRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
+		return fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true
 	p.mu.Unlock()
+	// Only logged: the caller judges the warm-up from its own steps.
+	p.w.logger.Debug("bucket compiled on rbln worker", "model", p.model.Name, "bucket", p.shapes[bucket].Label(),
+		"seconds", r.CompileSeconds, "clean", r.Explain.Clean, "measured", r.Explain.Measured)
 	// Device memory is allocated lazily: it is worth reading after a
 	// bucket's warm-up, not before.
 	go p.w.pollMemory()
-	x := r.Explain.explain()
-	return &x, nil
+	return nil
 }
 
 // Step implements [engine.Program].
@@ -191,20 +176,14 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	if !p.healthy.Load() {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
-	m, err := p.w.call(ctx, map[string]any{"type": "step", "model": p.model.Name, "bucket": bucket})
-	if err != nil {
+	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
+	if err := p.w.call(ctx, &stepRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
-	}
-	var r struct {
-		Explain wireExplain `json:"explain"`
-	}
-	if err := json.Unmarshal(m.raw, &r); err != nil {
-		return engine.Explain{}, fmt.Errorf("%w: step result: %v", ErrProtocol, err)
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.mu.Unlock()
-	return r.Explain.explain(), nil
+	return r.Explain, nil
 }
 
 func (p *program) check(bucket int) error {
@@ -241,7 +220,7 @@ func (p *program) Close() error {
 	p.w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.StallTimeout)
 	defer cancel()
-	p.w.call(ctx, map[string]any{"type": "unload", "model": p.model.Name}) // best effort: the worker may be down
+	p.w.call(ctx, &unloadRequest{Model: p.model.Name}, nil) // best effort: the worker may be down
 	p.release()
 	return nil
 }
@@ -251,48 +230,4 @@ func (p *program) release() {
 		s.close()
 	}
 	p.in, p.out = nil, nil
-}
-
-// wireExplain is the worker's report; null counts are unknown.
-type wireExplain struct {
-	Measured         bool             `json:"measured"`
-	Clean            bool             `json:"clean"`
-	Reasons          []string         `json:"reasons"`
-	CPUFallbacks     *int64           `json:"cpu_fallbacks"`
-	Recompiles       *int64           `json:"recompiles"`
-	HostBounces      *int64           `json:"host_bounces"`
-	HostBounceBytes  *int64           `json:"host_bounce_bytes"`
-	H2D              *int64           `json:"h2d"`
-	D2H              *int64           `json:"d2h"`
-	WallNS           *int64           `json:"wall_ns"`
-	CPUFallbackByOp  map[string]int64 `json:"cpu_fallback_by_op"`
-	RecompileByOp    map[string]int64 `json:"recompile_by_op"`
-	HostBounceBySite map[string]int64 `json:"host_bounce_by_site"`
-	Report           string           `json:"report"`
-}
-
-func count(v *int64) engine.Count {
-	if v == nil || *v < 0 {
-		return engine.Unknown
-	}
-	return engine.Count(*v)
-}
-
-func (w wireExplain) explain() engine.Explain {
-	return engine.Explain{
-		Measured:         w.Measured,
-		Clean:            w.Clean,
-		Reasons:          w.Reasons,
-		CPUFallbacks:     count(w.CPUFallbacks),
-		Recompiles:       count(w.Recompiles),
-		HostBounces:      count(w.HostBounces),
-		HostBounceBytes:  count(w.HostBounceBytes),
-		H2D:              count(w.H2D),
-		D2H:              count(w.D2H),
-		WallNS:           count(w.WallNS),
-		CPUFallbackByOp:  w.CPUFallbackByOp,
-		RecompileByOp:    w.RecompileByOp,
-		HostBounceBySite: w.HostBounceBySite,
-		Report:           w.Report,
-	}
 }

@@ -1,3 +1,8 @@
+// The control protocol: the typed messages the supervisor and its worker
+// exchange, and their framing (a 4-byte big-endian length, then a JSON
+// object). The Python side is worker/stepserve_worker/protocol.py, and the
+// field names are those worker.py and nets.py read and write.
+
 package rbln
 
 import (
@@ -6,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/stepserve/stepserve/engine"
 )
 
 // protocolVersion is the control protocol both sides must speak; the
@@ -19,23 +26,150 @@ const maxFrame = 16 << 20
 // ErrProtocol is wrapped by errors about a malformed message from a worker.
 var ErrProtocol = errors.New("rbln: worker protocol error")
 
-// message is every control message: its type, its request id, and the
-// fields of its type.
-type message struct {
+// header opens every message: its kind, and the id that pairs a request
+// with its result (or a ping with its pong).
+type header struct {
 	Type string `json:"type"`
 	ID   uint64 `json:"id"`
+}
 
-	// hello
-	Protocol int      `json:"protocol,omitempty"`
-	PID      int      `json:"pid,omitempty"`
-	Torch    string   `json:"torch,omitempty"`
-	Device   string   `json:"device,omitempty"`
-	Notes    []string `json:"notes,omitempty"`
+// address is promoted to every request, which embeds header.
+func (h *header) address(kind string, id uint64) { h.Type, h.ID = kind, id }
 
-	// result
-	OK    bool   `json:"ok,omitempty"`
-	Error string `json:"error,omitempty"`
-	raw   []byte // the whole message, for typed decoding of results
+// A request is one kind of message the supervisor sends. On the wire its
+// fields sit beside the header's type and id, which [conn.call] fills in.
+type request interface {
+	kind() string
+	address(kind string, id uint64)
+}
+
+// pingRequest asks for a pong; the worker answers it at once, even during a
+// long compile, so an unanswered ping means a hung worker.
+type pingRequest struct{ header }
+
+// loadRequest describes a model to the worker: the hyper-parameters, the
+// weights file it reads itself, and every bucket's staging files.
+type loadRequest struct {
+	header
+	Model           string       `json:"model"`
+	Weights         string       `json:"weights"`
+	Architecture    string       `json:"architecture"`
+	DeviceDtype     string       `json:"device_dtype"`
+	InputDtype      string       `json:"input_dtype"`
+	CompileCacheDir string       `json:"compile_cache_dir"`
+	Buckets         []bucketSpec `json:"buckets"`
+	MLP             *mlpSpec     `json:"mlp,omitempty"`
+	Encoder         *encoderSpec `json:"encoder,omitempty"`
+}
+
+// bucketSpec is one bucket's shape and its shared-memory staging files.
+type bucketSpec struct {
+	Batch    int    `json:"batch"`
+	Seq      int    `json:"seq"`
+	InPath   string `json:"in_path"`
+	InBytes  int    `json:"in_bytes"`
+	OutPath  string `json:"out_path"`
+	OutBytes int    `json:"out_bytes"`
+}
+
+type mlpSpec struct {
+	Sizes            []int  `json:"sizes"`
+	Activation       string `json:"activation"`
+	OutputActivation string `json:"output_activation"`
+}
+
+type encoderSpec struct {
+	VocabSize     int     `json:"vocab_size"`
+	Hidden        int     `json:"hidden"`
+	Layers        int     `json:"layers"`
+	Heads         int     `json:"heads"`
+	Intermediate  int     `json:"intermediate"`
+	MaxPosition   int     `json:"max_position"`
+	TypeVocabSize int     `json:"type_vocab_size"`
+	LayerNormEps  float64 `json:"layer_norm_eps"`
+	Pooling       string  `json:"pooling"`
+	Normalize     bool    `json:"normalize"`
+}
+
+// compileRequest builds one bucket's graph and warms it up twice.
+type compileRequest struct {
+	header
+	Model  string `json:"model"`
+	Bucket int    `json:"bucket"`
+}
+
+// stepRequest runs one bucket's graph on its staging buffers.
+type stepRequest struct {
+	header
+	Model  string `json:"model"`
+	Bucket int    `json:"bucket"`
+}
+
+// unloadRequest frees a model's device memory and staging mappings.
+type unloadRequest struct {
+	header
+	Model string `json:"model"`
+}
+
+// memoryRequest asks for the device memory per chiplet.
+type memoryRequest struct{ header }
+
+func (*pingRequest) kind() string    { return "ping" }
+func (*loadRequest) kind() string    { return "load" }
+func (*compileRequest) kind() string { return "compile" }
+func (*stepRequest) kind() string    { return "step" }
+func (*unloadRequest) kind() string  { return "unload" }
+func (*memoryRequest) kind() string  { return "memory" }
+
+// message is what the worker sends: its hello, a pong, or the result of a
+// request. body keeps the whole frame, from which the caller decodes the
+// fields of the reply it expects.
+type message struct {
+	header
+	OK    bool   `json:"ok"`    // results only
+	Error string `json:"error"` // results that are not OK
+	body  []byte
+}
+
+// hello is the worker's greeting, its first message.
+type hello struct {
+	Protocol int      `json:"protocol"`
+	PID      int      `json:"pid"`
+	Torch    string   `json:"torch"`
+	Device   string   `json:"device"`
+	Notes    []string `json:"notes"`
+}
+
+// loadReply says where and how the worker placed a model.
+type loadReply struct {
+	Device       string   `json:"device"`
+	Compiled     bool     `json:"compiled"`
+	ComputeDtype string   `json:"compute_dtype"`
+	Notes        []string `json:"notes"`
+}
+
+// compileReply reports a bucket's build and its second warm-up run.
+type compileReply struct {
+	CompileSeconds float64        `json:"compile_seconds"`
+	Explain        engine.Explain `json:"explain"`
+}
+
+// stepReply reports one step.
+type stepReply struct {
+	Explain engine.Explain `json:"explain"`
+}
+
+// memoryReply is the device memory per chiplet; empty where the worker
+// cannot read it.
+type memoryReply struct {
+	Chiplets []chipletMemory `json:"chiplets"`
+}
+
+type chipletMemory struct {
+	NPU     string  `json:"npu"`
+	Chiplet string  `json:"chiplet"`
+	Kind    string  `json:"kind"` // allocated, reserved, allocated_peak or reserved_peak
+	Bytes   float64 `json:"bytes"`
 }
 
 // writeFrame writes one length-prefixed JSON message.
@@ -80,8 +214,17 @@ func decodeMessage(body []byte) (*message, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown message type %q", ErrProtocol, m.Type)
 	}
-	m.raw = body
+	m.body = body
 	return &m, nil
+}
+
+// decode reads from m the fields of the reply the caller expects; what
+// names that reply in the error.
+func (m *message) decode(what string, reply any) error {
+	if err := json.Unmarshal(m.body, reply); err != nil {
+		return fmt.Errorf("%w: %s: %v (frame %q)", ErrProtocol, what, err, clip(m.body))
+	}
+	return nil
 }
 
 func clip(b []byte) string {

@@ -1,15 +1,26 @@
 // Package rbln is the NPU engine: it supervises one Python device worker
 // per logical RBLN device (engine/rbln/worker), and gives each loaded model
-// a [engine.Program] whose steps run in the worker, inside
+// an [engine.Program] whose steps run in that worker, inside
 // torch.rbln.explain(), on staging buffers in shared memory.
 //
-// The Go process never touches the device. Each worker is started by exec
-// with the device's environment (RBLN_VISIBLE_DEVICES, TORCH_RBLN_DEPLOY=ON,
-// TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op), talks over a
-// socket inherited as a file descriptor, and is pinged with a stall
-// deadline. A worker that crashes or hangs fails its in-flight step at once
-// ([engine.ErrUnavailable]), is restarted with backoff, and reloads its
-// models; its programs report unhealthy until then.
+// The package owns the worker processes and everything about them:
+// starting each by exec with its device's environment
+// (RBLN_VISIBLE_DEVICES, TORCH_RBLN_DEPLOY=ON and
+// TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op), the typed
+// control protocol over a socket inherited as a file descriptor, health
+// pings with a stall deadline, restarts with backoff, copying their output
+// into the server log, the shared-memory staging buffers, the workers'
+// metrics, and the worker's Python source, which travels inside the
+// binary. The Go process never touches the device.
+//
+// A worker that crashes or hangs fails its in-flight calls at once with an
+// error wrapping [engine.ErrUnavailable], is restarted with backoff, and
+// reloads its models; their programs report unhealthy until then. What to
+// do meanwhile (wait, or serve from another engine) is the caller's choice.
+//
+// The package knows models, bucket shapes and the [engine] contract, and
+// nothing of HTTP, batching or the server: its callers see an
+// [engine.Engine] and its programs.
 //
 // Where torch_rbln is absent the worker runs on torch's CPU and reports its
 // steps unmeasured, which is how this package is tested without an NPU.
@@ -39,6 +50,10 @@ import (
 //
 //go:embed worker/stepserve_worker/*.py
 var workerSource embed.FS
+
+// errClosed is returned by Load after Close, and ends the calls in flight
+// when the engine closes.
+var errClosed = errors.New("rbln: engine is closed")
 
 // Options configure the engine. Zero fields take the defaults noted.
 type Options struct {
@@ -158,7 +173,7 @@ func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return nil, errors.New("rbln: engine is closed")
+		return nil, errClosed
 	}
 	if err := e.start(); err != nil {
 		e.mu.Unlock()

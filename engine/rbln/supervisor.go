@@ -1,17 +1,18 @@
+// The supervisor of one device worker: it starts the process by exec with
+// the device's environment and the control socket as fd 3, pings it with a
+// stall deadline, and when it dies or hangs fails the calls in flight,
+// restarts it with backoff and reloads its models.
+
 package rbln
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,10 +23,6 @@ import (
 // errWorkerDown is wrapped (with engine.ErrUnavailable) by calls to a worker
 // that died, hung or is restarting.
 var errWorkerDown = fmt.Errorf("%w: rbln worker is down", engine.ErrUnavailable)
-
-// stderrLines is how many of the worker's last stderr lines are kept for
-// error messages.
-const stderrLines = 20
 
 // worker supervises one device worker process: it starts it by exec with
 // the device's environment, talks to it over an inherited socket, pings it,
@@ -41,8 +38,8 @@ type worker struct {
 	life     chan struct{}     // closed when the current process's life ends
 	programs map[*program]bool // loaded here; reloaded after a restart
 	lastErr  string            // why the worker last died or failed to start
-	tail     *tail
-	started  chan struct{} // closed once the first start attempt ended
+	tail     *tail             // the process's last output lines, across restarts
+	started  chan struct{}     // closed once the first start attempt ended
 	once     sync.Once
 
 	stop chan struct{}
@@ -55,7 +52,7 @@ func newWorker(e *Engine, device string) *worker {
 		e:        e,
 		logger:   e.opts.Logger.With("device", device),
 		programs: map[*program]bool{},
-		tail:     &tail{max: stderrLines},
+		tail:     &tail{max: tailLines},
 		started:  make(chan struct{}),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -159,7 +156,7 @@ loop:
 			break loop
 		case <-pings.C:
 			ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
-			_, err := c.call(ctx, map[string]any{"type": "ping"})
+			_, err := c.call(ctx, &pingRequest{})
 			cancel()
 			if err != nil {
 				cause = fmt.Errorf("rbln worker for device %s stopped answering pings within %v: %v", w.device, w.e.opts.StallTimeout, err)
@@ -168,7 +165,7 @@ loop:
 		case <-memory.C:
 			go w.pollMemory() // not here: a call to a dying worker waits for this loop
 		case <-w.stop:
-			cause = errors.New("stopped")
+			cause = errClosed
 			break loop
 		}
 	}
@@ -218,20 +215,34 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 		return nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
 	}
 
-	nc.SetReadDeadline(time.Now().Add(w.e.opts.StartTimeout))
-	hello, err := readFrame(nc)
-	nc.SetReadDeadline(time.Time{})
-	if err == nil && (hello.Type != "hello" || hello.Protocol != protocolVersion) {
-		err = fmt.Errorf("%w: worker greeted with %q protocol %d; want hello protocol %d", ErrProtocol, hello.Type, hello.Protocol, protocolVersion)
-	}
+	hi, err := w.greeting(nc)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		nc.Close()
 		return nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
 	}
-	w.logger.Info("rbln worker handshake", "pid", hello.PID, "torch", hello.Torch, "worker_device", hello.Device, "notes", hello.Notes)
-	return newConn(nc, w.logger), cmd, nil
+	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device, "notes", hi.Notes)
+	return newConn(nc), cmd, nil
+}
+
+// greeting reads the worker's hello, which must come within the start
+// timeout and speak this protocol version.
+func (w *worker) greeting(nc net.Conn) (*hello, error) {
+	nc.SetReadDeadline(time.Now().Add(w.e.opts.StartTimeout))
+	defer nc.SetReadDeadline(time.Time{})
+	m, err := readFrame(nc)
+	if err != nil {
+		return nil, err
+	}
+	var hi hello
+	if err := m.decode("hello", &hi); err != nil {
+		return nil, err
+	}
+	if m.Type != "hello" || hi.Protocol != protocolVersion {
+		return nil, fmt.Errorf("%w: worker greeted with %q protocol %d; want hello protocol %d", ErrProtocol, m.Type, hi.Protocol, protocolVersion)
+	}
+	return &hi, nil
 }
 
 // env is the worker's environment: the server's, the device selection and
@@ -273,16 +284,19 @@ func (w *worker) setDown(err error) {
 	w.e.metrics.up(w.device, false)
 }
 
-// call sends a request to the worker and waits for its result.
-func (w *worker) call(ctx context.Context, req map[string]any) (*message, error) {
+// call sends a request to the worker, waits for its result, and decodes
+// the result's fields into reply unless reply is nil. A worker that is down
+// or goes down meanwhile fails the call with an error wrapping
+// [engine.ErrUnavailable] that says why.
+func (w *worker) call(ctx context.Context, req request, reply any) error {
 	w.mu.Lock()
 	c, why := w.conn, w.lastErr
 	w.mu.Unlock()
 	if c == nil {
 		if why != "" {
-			return nil, fmt.Errorf("%w: %s", errWorkerDown, why)
+			return fmt.Errorf("%w: %s", errWorkerDown, why)
 		}
-		return nil, errWorkerDown
+		return errWorkerDown
 	}
 	m, err := c.call(ctx, req)
 	if errors.Is(err, engine.ErrUnavailable) {
@@ -303,12 +317,15 @@ func (w *worker) call(ctx context.Context, req map[string]any) (*message, error)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !m.OK {
-		return nil, fmt.Errorf("rbln worker for device %s: %s %s", w.device, req["type"], m.Error)
+		return fmt.Errorf("rbln worker for device %s: %s %s", w.device, req.kind(), m.Error)
 	}
-	return m, nil
+	if reply == nil {
+		return nil
+	}
+	return m.decode(req.kind()+" result", reply)
 }
 
 // pollMemory exports the device memory per chiplet, where the worker can
@@ -316,17 +333,8 @@ func (w *worker) call(ctx context.Context, req map[string]any) (*message, error)
 func (w *worker) pollMemory() {
 	ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
 	defer cancel()
-	m, err := w.call(ctx, map[string]any{"type": "memory"})
-	if err != nil {
-		return
-	}
-	var r struct {
-		Chiplets []struct {
-			NPU, Chiplet, Kind string
-			Bytes              float64
-		}
-	}
-	if json.Unmarshal(m.raw, &r) != nil {
+	var r memoryReply
+	if w.call(ctx, &memoryRequest{}, &r) != nil {
 		return
 	}
 	for _, c := range r.Chiplets {
@@ -347,157 +355,4 @@ func (w *worker) kill() {
 func (w *worker) close() {
 	close(w.stop)
 	<-w.done
-}
-
-// conn is the control channel to one process.
-type conn struct {
-	nc     net.Conn
-	logger *slog.Logger
-
-	wmu     sync.Mutex // one writer at a time
-	mu      sync.Mutex
-	next    uint64
-	pending map[uint64]chan *message
-	dead    chan struct{}
-	err     error
-}
-
-func newConn(nc net.Conn, logger *slog.Logger) *conn {
-	c := &conn{nc: nc, logger: logger, pending: map[uint64]chan *message{}, dead: make(chan struct{})}
-	go c.read()
-	return c
-}
-
-// read delivers results to their callers until the stream ends or breaks.
-func (c *conn) read() {
-	r := bufio.NewReader(c.nc)
-	for {
-		m, err := readFrame(r)
-		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-				err = fmt.Errorf("%w: control socket closed", errWorkerDown)
-			}
-			c.close(err)
-			return
-		}
-		c.mu.Lock()
-		ch := c.pending[m.ID]
-		delete(c.pending, m.ID)
-		c.mu.Unlock()
-		if ch == nil {
-			c.close(fmt.Errorf("%w: result for unknown request %d", ErrProtocol, m.ID))
-			return
-		}
-		ch <- m
-	}
-}
-
-func (c *conn) call(ctx context.Context, req map[string]any) (*message, error) {
-	ch := make(chan *message, 1)
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
-		return nil, c.err
-	}
-	c.next++
-	id := c.next
-	c.pending[id] = ch
-	c.mu.Unlock()
-	req["id"] = id
-
-	c.wmu.Lock()
-	err := writeFrame(c.nc, req)
-	c.wmu.Unlock()
-	if err != nil {
-		c.close(fmt.Errorf("%w: writing to the control socket: %v", errWorkerDown, err))
-		return nil, c.err
-	}
-	select {
-	case m := <-ch:
-		return m, nil
-	case <-c.dead:
-		return nil, c.err
-	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, id)
-		c.mu.Unlock()
-		return nil, ctx.Err()
-	}
-}
-
-// close fails every call in flight with err (wrapped as unavailable) and
-// closes the socket.
-func (c *conn) close(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return
-	}
-	if !errors.Is(err, engine.ErrUnavailable) {
-		err = fmt.Errorf("%w: %w", errWorkerDown, err)
-	}
-	c.err = err
-	close(c.dead)
-	c.nc.Close()
-}
-
-// lineLogger writes a process's output to the log line by line and keeps
-// the last lines for error messages.
-type lineLogger struct {
-	logger *slog.Logger
-	tail   *tail
-	level  slog.Level
-	buf    []byte
-}
-
-func (l *lineLogger) Write(p []byte) (int, error) {
-	l.buf = append(l.buf, p...)
-	for {
-		i := strings.IndexByte(string(l.buf), '\n')
-		if i < 0 {
-			break
-		}
-		line := strings.TrimRight(string(l.buf[:i]), "\r")
-		l.buf = l.buf[i+1:]
-		if line == "" {
-			continue
-		}
-		l.tail.add(line)
-		l.logger.Log(context.Background(), l.level, "rbln worker", "line", line)
-	}
-	if len(l.buf) > 64<<10 { // a line without end: keep the log bounded
-		l.tail.add(string(l.buf))
-		l.buf = l.buf[:0]
-	}
-	return len(p), nil
-}
-
-// tail keeps the last max lines.
-type tail struct {
-	mu    sync.Mutex
-	max   int
-	lines []string
-}
-
-func (t *tail) add(line string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(line) > 1000 {
-		line = line[:1000] + "..."
-	}
-	t.lines = append(t.lines, line)
-	if len(t.lines) > t.max {
-		t.lines = t.lines[len(t.lines)-t.max:]
-	}
-}
-
-// suffix is ": <last lines>" for an error message, or "" when there are
-// none.
-func (t *tail) suffix() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.lines) == 0 {
-		return ""
-	}
-	return "; last worker output: " + strings.Join(t.lines, " | ")
 }
