@@ -88,9 +88,10 @@ func (c *conn) call(ctx context.Context, req request) (*message, error) {
 	case <-c.dead:
 		return nil, c.err
 	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, id)
-		c.mu.Unlock()
+		// The entry stays until the worker answers: a late answer to a
+		// call its caller gave up on is expected (a compile that outlived
+		// a load request's client), not a protocol error, and must never
+		// cost a restart. ch is buffered, so nobody waits on it.
 		return nil, ctx.Err()
 	}
 }

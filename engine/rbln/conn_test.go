@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -82,4 +83,35 @@ func TestConnFailsCallsInFlightWhenTheSocketCloses(t *testing.T) {
 	assert.ErrorContains(t, err, "control socket closed")
 	_, err = c.call(context.Background(), &pingRequest{})
 	assert.ErrorIs(t, err, engine.ErrUnavailable, "and every call after it")
+}
+
+// TestConnLateAnswerIsNotAProtocolError: the answer to a call whose caller
+// gave up arrives later; the connection takes it and goes on serving.
+func TestConnLateAnswerIsNotAProtocolError(t *testing.T) {
+	ours, theirs := net.Pipe()
+	c := newConn(ours)
+	defer c.close(fmt.Errorf("test over"))
+	late := make(chan map[string]any, 1)
+	go func() {
+		req, err := readRequest(theirs)
+		if !assert.NoError(t, err) {
+			return
+		}
+		late <- req
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-time.After(10 * time.Millisecond); cancel() }()
+	_, err := c.call(ctx, &memoryRequest{})
+	assert.ErrorIs(t, err, context.Canceled)
+
+	req := <-late
+	go func() {
+		writeFrame(theirs, map[string]any{"type": "result", "id": req["id"], "ok": true})
+		next, err := readRequest(theirs)
+		if assert.NoError(t, err) {
+			writeFrame(theirs, map[string]any{"type": "result", "id": next["id"], "ok": true})
+		}
+	}()
+	_, err = c.call(context.Background(), &pingRequest{})
+	assert.NoError(t, err, "the late answer did not break the connection")
 }

@@ -13,10 +13,17 @@ import (
 	"github.com/stepserve/stepserve/models"
 )
 
+// programs numbers the programs loaded, for their keys.
+var programs atomic.Uint64
+
 // program is one model loaded on one worker.
 type program struct {
-	w       *worker
-	model   *models.Model
+	w     *worker
+	model *models.Model
+	// key names the program to the worker and in staging file names: the
+	// model's name and a load number, because while a model reloads its
+	// old and new programs live side by side on the same worker.
+	key     string
 	shapes  []bucketing.Shape
 	layouts []engine.Layout
 	in, out []*staging
@@ -35,18 +42,18 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 			return nil, fmt.Errorf("rbln: model %s: step inputs of mixed datatypes (%s, %s) cannot share one device buffer", m.Name, inputs[0].Datatype, s.Datatype)
 		}
 	}
-	p := &program{w: w, model: m, shapes: shapes, compiled: make([]bool, len(shapes))}
+	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, programs.Add(1)), shapes: shapes, compiled: make([]bool, len(shapes))}
 	dir := shmDir()
 	for i, s := range shapes {
 		l := engine.NewLayout(m.Config, s)
 		p.layouts = append(p.layouts, l)
-		in, err := newStaging(dir, stagingName(m.Name, i, "in"), l.InBytes)
+		in, err := newStaging(dir, stagingName(p.key, i, "in"), l.InBytes)
 		if err != nil {
 			p.release()
 			return nil, err
 		}
 		p.in = append(p.in, in)
-		out, err := newStaging(dir, stagingName(m.Name, i, "out"), l.OutBytes)
+		out, err := newStaging(dir, stagingName(p.key, i, "out"), l.OutBytes)
 		if err != nil {
 			p.release()
 			return nil, err
@@ -54,6 +61,12 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 		p.out = append(p.out, out)
 	}
 	if err := p.load(ctx); err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up, but the worker goes on loading: unload
+			// what it will have loaded, after it (the worker answers in
+			// order).
+			go p.unload()
+		}
 		p.release()
 		return nil, err
 	}
@@ -81,7 +94,7 @@ func (p *program) loadRequest() *loadRequest {
 		weights = p.model.Weights.Path
 	}
 	req := &loadRequest{
-		Model:           p.model.Name,
+		Model:           p.key,
 		Weights:         weights,
 		Architecture:    cfg.Architecture,
 		DeviceDtype:     cfg.DeviceDtype,
@@ -153,7 +166,7 @@ func (p *program) Compile(ctx context.Context, bucket int) error {
 
 func (p *program) compile(ctx context.Context, bucket int) error {
 	r := compileReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
-	if err := p.w.call(ctx, &compileRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
+	if err := p.w.call(ctx, &compileRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
 		return fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
 	}
 	p.mu.Lock()
@@ -177,7 +190,7 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
-	if err := p.w.call(ctx, &stepRequest{Model: p.model.Name, Bucket: bucket}, &r); err != nil {
+	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 	}
 	p.mu.Lock()
@@ -218,11 +231,17 @@ func (p *program) Close() error {
 	p.w.mu.Lock()
 	delete(p.w.programs, p)
 	p.w.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.StallTimeout)
-	defer cancel()
-	p.w.call(ctx, &unloadRequest{Model: p.model.Name}, nil) // best effort: the worker may be down
+	p.unload()
 	p.release()
 	return nil
+}
+
+// unload asks the worker to drop the model; best effort, since the worker
+// may be down.
+func (p *program) unload() {
+	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.StallTimeout)
+	defer cancel()
+	p.w.call(ctx, &unloadRequest{Model: p.key}, nil)
 }
 
 func (p *program) release() {

@@ -71,7 +71,7 @@ buckets: {batch: [1, 4], seq: [32]}
 			require.NoError(t, err)
 			m := &models.Model{Name: tc.model, Config: cfg, Weights: &models.Weights{Path: "/models/" + tc.model + "/weights.safetensors"}}
 			shapes := []bucketing.Shape{{Batch: 1}, {Batch: 4, Seq: 32}}
-			p := &program{w: &worker{e: &Engine{opts: Options{CompileCacheDir: "/cache"}}}, model: m, shapes: shapes}
+			p := &program{w: &worker{e: &Engine{opts: Options{CompileCacheDir: "/cache"}}}, model: m, key: m.Name, shapes: shapes}
 			for i, s := range shapes {
 				p.layouts = append(p.layouts, engine.NewLayout(m.Config, s))
 				p.in = append(p.in, &staging{path: fmt.Sprintf("/dev/shm/in%d", i)})

@@ -296,3 +296,38 @@ buckets: {batch: [1]}
 		prog.Close()
 	}
 }
+
+// TestReloadKeepsBothVersionsApart: while a model reloads, its old and new
+// programs live on the same worker; each steps on its own buffers, and
+// closing the old one leaves the new one serving.
+func TestReloadKeepsBothVersionsApart(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{})
+	m := loadDigits(t)
+	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
+	require.NoError(t, err)
+	load := func() (engine.Program, *steps.Runner) {
+		prog, err := e.Load(context.Background(), m, grid.Shapes())
+		require.NoError(t, err)
+		r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name()})
+		require.NoError(t, err)
+		_, err = r.Warmup(context.Background())
+		require.NoError(t, err)
+		return prog, r
+	}
+	oldProg, old := load()
+	want := digitsRequest(2, 3)
+	require.NoError(t, old.Run(context.Background(), []*steps.Request{want}))
+
+	newProg, fresh := load()
+	defer newProg.Close()
+	got := digitsRequest(2, 3)
+	require.NoError(t, old.Run(context.Background(), []*steps.Request{got}), "the old version still serves after the new one loaded")
+	assert.InDeltaSlice(t, floats(want.Outputs[0]), floats(got.Outputs[0]), 1e-6)
+
+	require.NoError(t, oldProg.Close())
+	got = digitsRequest(2, 3)
+	require.NoError(t, fresh.Run(context.Background(), []*steps.Request{got}), "closing the old version leaves the new one loaded")
+	assert.InDeltaSlice(t, floats(want.Outputs[0]), floats(got.Outputs[0]), 1e-6)
+	assert.True(t, newProg.Healthy())
+}
