@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // tailLines is how many of the worker's last output lines are kept for
@@ -58,9 +60,7 @@ type tail struct {
 func (t *tail) add(line string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(line) > 1000 {
-		line = line[:1000] + "..."
-	}
+	line = clip.Clip(line, 1000)
 	t.lines = append(t.lines, line)
 	if len(t.lines) > t.max {
 		t.lines = t.lines[len(t.lines)-t.max:]

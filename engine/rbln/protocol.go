@@ -13,6 +13,8 @@ import (
 	"io"
 
 	"github.com/stepserve/stepserve/engine"
+
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // protocolVersion is the control protocol both sides must speak; the
@@ -207,7 +209,7 @@ func readFrame(r io.Reader) (*message, error) {
 func decodeMessage(body []byte) (*message, error) {
 	var m message
 	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("%w: %v (frame %q)", ErrProtocol, err, clip(body))
+		return nil, fmt.Errorf("%w: %v (frame %q)", ErrProtocol, err, clip.Clip(body, 64))
 	}
 	switch m.Type {
 	case "hello", "result", "pong":
@@ -222,14 +224,7 @@ func decodeMessage(body []byte) (*message, error) {
 // names that reply in the error.
 func (m *message) decode(what string, reply any) error {
 	if err := json.Unmarshal(m.body, reply); err != nil {
-		return fmt.Errorf("%w: %s: %v (frame %q)", ErrProtocol, what, err, clip(m.body))
+		return fmt.Errorf("%w: %s: %v (frame %q)", ErrProtocol, what, err, clip.Clip(m.body, 64))
 	}
 	return nil
-}
-
-func clip(b []byte) string {
-	if len(b) > 64 {
-		return string(b[:64]) + "..."
-	}
-	return string(b)
 }
