@@ -13,7 +13,6 @@ import (
 	"io"
 
 	"github.com/stepserve/stepserve/engine"
-
 	"github.com/stepserve/stepserve/internal/clip"
 )
 
