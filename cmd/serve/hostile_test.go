@@ -289,3 +289,16 @@ func TestHostileRequests(t *testing.T) {
 	assert.Less(t, after.heap, before.heap+64<<20, "the heap stays within the body limits")
 	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
 }
+
+// TestServesUnderTheHostileMemoryCap: the shipped models serve within the
+// address-space cap the hostile tests run the server under.
+func TestServesUnderTheHostileMemoryCap(t *testing.T) {
+	p := startCapped(t, hostileMemoryCap, "--model_repository", hostileRepo(t))
+	d := heldout(t)[0]
+	assert.Equal(t, d.label, classifyOne(t, p.base, d))
+	embed(t, p.base, "The water is warm.")
+	assert.True(t, p.alive())
+	rss := p.rss(t)
+	t.Logf("rss %.1f MiB under a %d MiB address-space cap", float64(rss)/(1<<20), hostileMemoryCap>>20)
+	assert.Less(t, rss, int64(hostileMemoryCap))
+}

@@ -89,7 +89,52 @@ func runBinary(args ...string) (string, error) {
 // reports ready.
 func start(t *testing.T, args ...string) *process {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)...)
+	return startCmd(t, exec.Command(binPath, append([]string{"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)...))
+}
+
+// hostileMemoryCap is the address space the hostile tests give the server:
+// an allocation the request bounds missed then kills it (Go's "fatal error:
+// out of memory") instead of slowing the machine.
+const hostileMemoryCap = 2 << 30
+
+// startCapped is start under an address-space cap of capBytes
+// (prlimit --as): the process is the server itself, exec'd by prlimit.
+func startCapped(t *testing.T, capBytes int64, args ...string) *process {
+	t.Helper()
+	argv := append([]string{"--as=" + strconv.FormatInt(capBytes, 10), "--", binPath,
+		"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)
+	return startCmd(t, exec.Command("prlimit", argv...))
+}
+
+// rss is the server's resident set size now.
+func (p *process) rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	require.NoError(t, err, "the server is gone")
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS in /proc status")
+	return 0
+}
+
+// alive reports whether the server process is still running.
+func (p *process) alive() bool {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return false
+	default:
+		return true
+	}
+}
+
+func startCmd(t *testing.T, cmd *exec.Cmd) *process {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
