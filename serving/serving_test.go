@@ -390,3 +390,77 @@ func TestStartupRefusesAnIncompleteRepository(t *testing.T) {
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// TestLazyWarmupCountsRecompiles: a lazy model is ready at once, and each
+// bucket's first step builds its program, counted as a recompile and kept
+// in the model's explain history.
+func TestLazyWarmupCountsRecompiles(t *testing.T) {
+	w := newWorld(t, nil)
+	require.NoError(t, os.MkdirAll(filepath.Join(w.repo, "a"), 0o755))
+	require.NoError(t, enginetest.WriteSumMax(filepath.Join(w.repo, "a")))
+	require.NoError(t, os.WriteFile(filepath.Join(w.repo, "a", "model.yaml"), []byte(enginetest.SumMaxYAML+"warmup: lazy\n"), 0o644))
+	ctx := context.Background()
+	require.NoError(t, w.set.LoadAll(ctx))
+	require.NoError(t, w.set.Warmup(ctx))
+	m, _ := w.set.Model("a")
+	assert.True(t, m.Ready(), "ready without compiling")
+	assert.Zero(t, w.dev.Last().Steps())
+
+	in3 := make([]byte, 36)
+	for range 2 {
+		_, err := infer(ctx, w.set, "a", 1, 2, 3)
+		require.NoError(t, err)
+		r := &steps.Request{Rows: 3, Inputs: [][]byte{in3}, Outputs: [][]byte{make([]byte, 24)}}
+		require.NoError(t, m.Infer(ctx, r, batching.Params{}))
+	}
+	for _, b := range []string{"b1", "b4"} {
+		for verdict, want := range map[string]float64{"overhead": 1, "clean": 1} {
+			got, err := gatherValue(w.reg, "stepserve_steps_total", map[string]string{"bucket": b, "verdict": verdict})
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "%s %s", b, verdict)
+		}
+		got, err := gatherValue(w.reg, "stepserve_step_signals_total", map[string]string{"bucket": b, "signal": "recompile"})
+		require.NoError(t, err)
+		assert.Equal(t, 1.0, got, b)
+	}
+	recs := m.Explains()
+	require.Len(t, recs, 2)
+	assert.Equal(t, "b4", recs[0].Bucket, "newest first")
+	assert.Equal(t, "b1", recs[1].Bucket)
+	for _, r := range recs {
+		assert.Equal(t, int64(1), r.Signals["recompile"])
+		assert.Contains(t, r.Explain.(engine.Explain).Reasons[0], "was not compiled at load")
+	}
+}
+
+// gatherValue sums the samples of a metric whose labels include want.
+func gatherValue(g prometheus.Gatherer, name string, want map[string]string) (float64, error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, err
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue metric
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			} else if g := m.GetGauge(); g != nil {
+				sum += g.GetValue()
+			}
+		}
+	}
+	return sum, nil
+}

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -155,58 +153,4 @@ func classifyOne(t *testing.T, base string, d digit) int {
 	var r inferResponse
 	require.NoError(t, json.Unmarshal(body, &r))
 	return argmax(r.Outputs[0].Data)
-}
-
-func TestLazyWarmupCountsRecompiles(t *testing.T) {
-	repo := t.TempDir()
-	dir := filepath.Join(repo, "digits")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	yaml, err := os.ReadFile("../../model_repository/digits/model.yaml")
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), append(yaml, "warmup: lazy\n"...), 0o644))
-	w, err := os.ReadFile("../../model_repository/digits/weights.safetensors")
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), w, 0o644))
-
-	p := start(t, "--model_repository", repo)
-	digits := heldout(t)
-	// One row (bucket b1), then three rows (b4), twice each.
-	for range 2 {
-		classifyOne(t, p.base, digits[0])
-		resp, body := post(t, p.base+"/v2/models/digits/infer", jsonRequest("x", digits[:3]))
-		require.Equal(t, 200, resp.StatusCode, string(body))
-	}
-	m := scrape(t, p.base)
-	for _, b := range []string{"b1", "b4"} {
-		l := `bucket="` + b + `"`
-		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", l, `verdict="overhead"`), b)
-		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", l, `verdict="clean"`), b)
-		assert.Equal(t, 1.0, metricSum(t, m, "stepserve_step_signals_total", l, `signal="recompile"`), b)
-	}
-	assert.Equal(t, 0.0, metricSum(t, m, "stepserve_steps_total", `bucket="b16"`))
-
-	resp, err := http.Get(p.base + "/v2/models/digits/explain")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var ex struct {
-		NonCleanSteps []struct {
-			Bucket  string
-			Signals map[string]int64
-			Explain struct {
-				Clean      bool
-				Recompiles int
-				Reasons    []string
-			}
-		} `json:"non_clean_steps"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ex))
-	require.Len(t, ex.NonCleanSteps, 2)
-	assert.Equal(t, "b4", ex.NonCleanSteps[0].Bucket, "newest first")
-	assert.Equal(t, "b1", ex.NonCleanSteps[1].Bucket)
-	for _, s := range ex.NonCleanSteps {
-		assert.Equal(t, int64(1), s.Signals["recompile"])
-		assert.False(t, s.Explain.Clean)
-		assert.Equal(t, 1, s.Explain.Recompiles)
-		assert.Contains(t, s.Explain.Reasons[0], "had no plan built at load")
-	}
 }

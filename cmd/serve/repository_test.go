@@ -97,11 +97,3 @@ func TestRepositoryAPILoadUnload(t *testing.T) {
 	assert.Equal(t, 404, resp.StatusCode)
 	assert.False(t, strings.Contains(string(body), "passwd"))
 }
-
-func TestRepositoryAPIDisabledByDefault(t *testing.T) {
-	p := start(t)
-	resp, body := post(t, p.base+"/v2/repository/models/digits/unload", nil)
-	assert.Equal(t, 403, resp.StatusCode)
-	assert.Contains(t, string(body), "model control is disabled")
-	assert.Equal(t, 200, status(t, "GET", p.base+"/v2/models/digits/ready"))
-}
