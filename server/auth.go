@@ -100,19 +100,17 @@ func bearerToken(h string) (string, bool) {
 
 // SetTokens puts new bearer tokens in force, for a rotation without a
 // restart (SIGHUP): requests that arrive from now on are checked against
-// them. It logs, per scope, how many tokens there are and how many were
-// added and removed; never a token. It is safe to call while serving.
+// them. It logs, per scope, how many tokens there are (0: no
+// authentication) and how many were added and removed; never a token. It
+// is safe to call while serving.
 func (s *Server) SetTokens(inference, repository []string) {
 	for _, u := range []struct {
 		t    *tokens
 		list []string
 	}{{s.inferenceTokens, inference}, {s.repositoryTokens, repository}} {
 		added, removed := u.t.set(u.list)
-		if len(u.list) == 0 && removed == 0 {
-			continue // no authentication before or after
-		}
 		level := slog.LevelInfo
-		if len(u.list) == 0 {
+		if len(u.list) == 0 && removed > 0 {
 			level = slog.LevelWarn // authentication turned off
 		}
 		s.logger.Log(context.Background(), level, "bearer tokens reloaded", "scope", u.t.scope, "tokens", len(u.list), "added", added, "removed", removed)

@@ -94,3 +94,14 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+func TestSetTokensTurningAuthenticationOff(t *testing.T) {
+	var log bytes.Buffer
+	s, err := New(Options{Models: newSumMax(t).set, InferenceTokens: []string{"token-0123456789abcdef"}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.NoError(t, err)
+	require.Equal(t, 401, do(t, s, "GET", "/v2/models/summax", nil).Code)
+	s.SetTokens(nil, nil)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax", nil).Code)
+	assert.Contains(t, log.String(), `level=WARN msg="bearer tokens reloaded" scope=auth.inference tokens=0 added=0 removed=1`)
+	assert.Contains(t, log.String(), `level=INFO msg="bearer tokens reloaded" scope=auth.repository tokens=0 added=0 removed=0`)
+}

@@ -211,12 +211,16 @@ func (l *ConnLimit) track(c net.Conn, state http.ConnState) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case state == http.StateIdle && lc.elem == nil && !lc.released:
-		lc.elem = l.waiting.PushBack(lc)
-	case state != http.StateIdle && state != http.StateNew && lc.elem != nil:
-		l.waiting.Remove(lc.elem)
-		lc.elem = nil
+	switch state {
+	case http.StateIdle: // between requests
+		if lc.elem == nil && !lc.released {
+			lc.elem = l.waiting.PushBack(lc)
+		}
+	case http.StateActive, http.StateHijacked, http.StateClosed:
+		if lc.elem != nil {
+			l.waiting.Remove(lc.elem)
+			lc.elem = nil
+		}
 	}
 }
 

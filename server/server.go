@@ -10,6 +10,10 @@
 // knows nothing of engines, of how a model turns its inputs into a step, or
 // of the shapes a step is compiled for.
 //
+// It also guards the listeners: bearer tokens per scope, replaceable while
+// serving ([Server.SetTokens]), and a bound on each listener's connections
+// ([ConnLimit]).
+//
 // # Endpoints
 //
 //	GET  /v2/health/live
