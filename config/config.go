@@ -66,6 +66,9 @@ type Server struct {
 	MetricsAddr string
 	// EnableModelControl turns on the repository API (load, unload).
 	EnableModelControl bool
+	// MaxConnections bounds the open connections on Addr; 0 leaves the
+	// bound to the descriptor limit (see server.ConnectionCap).
+	MaxConnections int
 }
 
 // Auth holds the bearer tokens; no token means no authentication.
@@ -74,6 +77,37 @@ type Auth struct {
 	InferenceTokens []string
 	// RepositoryTokens guard /v2/repository/...
 	RepositoryTokens []string
+	// RepositoryAnonymous leaves the repository API open on purpose while
+	// inference requires a token.
+	RepositoryAnonymous bool
+
+	// Where the tokens came from, for [Auth.Reload].
+	inference, repository tokenSource
+}
+
+// tokenSource is one scope's token key and token file.
+type tokenSource struct{ scope, token, file string }
+
+// Reload re-reads the token files, for a rotation without a restart. The
+// token keys keep the values they were started with. On error the tokens
+// in force should stay: the error names the file, never a token.
+func (a Auth) Reload() (Auth, error) {
+	var err error
+	if a.InferenceTokens, err = a.inference.read(); err != nil {
+		return a, err
+	}
+	if a.RepositoryTokens, err = a.repository.read(); err != nil {
+		return a, err
+	}
+	return a, nil
+}
+
+func (s tokenSource) read() ([]string, error) {
+	t, err := tokens(s.token, s.file)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, s.scope, err)
+	}
+	return t, nil
 }
 
 // Engine chooses engines.
@@ -141,14 +175,18 @@ var keys = []key{
 		value(func(c *Config) *int64 { return &c.Server.MaxHeaderBytes }, ParseBytes, between[int64](4096, 1<<30), "a size from 4KiB to 1GiB")},
 	{"server.max_request_elements", "16777216", "most tensor elements one request may declare across its inputs",
 		value(func(c *Config) *int64 { return &c.Server.MaxRequestElements }, parseInt64, atLeast[int64](1), "a positive integer")},
+	{"server.max_connections", "0", "most open connections on server.addr: the longest-idle one is closed to make room, and with none idle a new one gets 503 (0: the descriptor limit less a reserve)",
+		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)")},
 	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",
 		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr")},
 	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil},
-	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/...",
-		tokensOf("auth.inference", func(c *Config) *[]string { return &c.Auth.InferenceTokens })},
+	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/...; re-read on SIGHUP",
+		tokensOf("auth.inference", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.InferenceTokens, &c.Auth.inference })},
 	{"auth.repository.token", "", "bearer token required by the repository API", nil},
-	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API",
-		tokensOf("auth.repository", func(c *Config) *[]string { return &c.Auth.RepositoryTokens })},
+	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API; re-read on SIGHUP",
+		tokensOf("auth.repository", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.RepositoryTokens, &c.Auth.repository })},
+	{"auth.repository.allow_anonymous", "false", "with model control on and an inference token, leave the repository API without a token on purpose",
+		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false")},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
 		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false")},
 	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey},
@@ -254,7 +292,25 @@ func parse(v *viper.Viper) (*Config, error) {
 	if err := c.Batching.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if err := c.Auth.check(c.Server.EnableModelControl); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// check refuses a repository API left without a token by oversight: with
+// model control on, a token on inference says the server is not meant to be
+// open, and load and unload are the more dangerous of the two.
+func (a Auth) check(modelControl bool) error {
+	switch {
+	case len(a.RepositoryTokens) > 0 && a.RepositoryAnonymous:
+		return fmt.Errorf("%w: auth.repository.allow_anonymous is true but auth.repository.token or auth.repository.token_file sets a token; choose one", ErrInvalid)
+	case modelControl && len(a.InferenceTokens) > 0 && len(a.RepositoryTokens) == 0 && !a.RepositoryAnonymous:
+		return fmt.Errorf("%w: server.enable_model_control is on and auth.inference.token (or token_file) guards inference, "+
+			"but the repository API, which loads and unloads models, has no token: set auth.repository.token or auth.repository.token_file, "+
+			"or auth.repository.allow_anonymous: true to leave it open on purpose", ErrInvalid)
+	}
+	return nil
 }
 
 // text is a key's value as a string, trimmed.
@@ -290,14 +346,13 @@ func policyKey(c *Config, v *viper.Viper, key string) error {
 
 // tokensOf reads a scope's bearer tokens: its token key and its token_file,
 // the key read.
-func tokensOf(scope string, field func(*Config) *[]string) reader {
+func tokensOf(scope string, field func(*Config) (*[]string, *tokenSource)) reader {
 	return func(c *Config, v *viper.Viper, key string) error {
-		t, err := tokens(text(v, scope+".token"), text(v, key))
-		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrInvalid, scope, err)
-		}
-		*field(c) = t
-		return nil
+		list, src := field(c)
+		*src = tokenSource{scope: scope, token: text(v, scope+".token"), file: text(v, key)}
+		t, err := src.read()
+		*list = t
+		return err
 	}
 }
 
@@ -371,14 +426,15 @@ func invalid(key, value, want string) error {
 	return fmt.Errorf("%w: %s: %q; want %s", ErrInvalid, key, value, want)
 }
 
-// minTokenLength keeps trivially guessable tokens out.
-const minTokenLength = 16
-
 // tokens reads the bearer tokens of one scope: the token key, and every
-// non-empty, non-comment line of the token file.
+// non-empty, non-comment line of the token file. An error says where a bad
+// token is, never what it is.
 func tokens(token, file string) ([]string, error) {
 	var out []string
 	if token != "" {
+		if !goodToken(token) {
+			return nil, fmt.Errorf("token: %s", weakToken)
+		}
 		out = append(out, token)
 	}
 	if file != "" {
@@ -386,22 +442,28 @@ func tokens(token, file string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("token_file: %w", err)
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
-				out = append(out, line)
+		n := len(out)
+		for i, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+				continue
 			}
+			if !goodToken(line) {
+				return nil, fmt.Errorf("token_file %s, line %d: %s", file, i+1, weakToken)
+			}
+			out = append(out, line)
 		}
-		if len(out) == 0 {
+		if len(out) == n {
 			return nil, fmt.Errorf("token_file %s holds no token", file)
-		}
-	}
-	for _, t := range out {
-		if len(t) < minTokenLength || strings.ContainsAny(t, " \t") {
-			return nil, fmt.Errorf("a token must be at least %d characters without spaces", minTokenLength)
 		}
 	}
 	return out, nil
 }
+
+// weakToken is what a token must be: long enough (16 characters) that it is
+// not guessed.
+const weakToken = "a token must be at least 16 characters without spaces"
+
+func goodToken(t string) bool { return len(t) >= 16 && !strings.ContainsAny(t, " \t") }
 
 // stringList reads a list key: a YAML list, or a comma-separated string
 // from the environment or a flag.

@@ -207,3 +207,86 @@ func TestParseBytes(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+func TestConnectionAndAuthKeys(t *testing.T) {
+	dir := repo(t)
+	c, err := Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Zero(t, c.Server.MaxConnections, "0: from the descriptor limit")
+	assert.False(t, c.Auth.RepositoryAnonymous)
+
+	t.Setenv("STEPSERVE_SERVER_MAX_CONNECTIONS", "50")
+	t.Setenv("STEPSERVE_AUTH_REPOSITORY_ALLOW_ANONYMOUS", "true")
+	c, err = Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, 50, c.Server.MaxConnections)
+	assert.True(t, c.Auth.RepositoryAnonymous)
+
+	_, err = Load([]string{"--model_repository", dir, "--server.max_connections", "-1"})
+	assert.ErrorContains(t, err, `server.max_connections: "-1"; want an integer in 0..16777216`)
+}
+
+// TestRepositoryAPIWithoutTokenIsRefused: model control with a token on
+// inference only is refused unless anonymous access is chosen.
+func TestRepositoryAPIWithoutTokenIsRefused(t *testing.T) {
+	dir := repo(t)
+	const inf, rep = "inference-token-0123456789", "repository-token-0123456789"
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // "" when the combination is accepted
+	}{
+		{"control, inference token only", []string{"--server.enable_model_control", "--auth.inference.token", inf},
+			"server.enable_model_control is on and auth.inference.token (or token_file) guards inference, but the repository API, which loads and unloads models, has no token: " +
+				"set auth.repository.token or auth.repository.token_file, or auth.repository.allow_anonymous: true"},
+		{"control, both tokens", []string{"--server.enable_model_control", "--auth.inference.token", inf, "--auth.repository.token", rep}, ""},
+		{"control, anonymous on purpose", []string{"--server.enable_model_control", "--auth.inference.token", inf, "--auth.repository.allow_anonymous"}, ""},
+		{"control, no token anywhere", []string{"--server.enable_model_control"}, ""},
+		{"no control, inference token only", []string{"--auth.inference.token", inf}, ""},
+		{"anonymous and a token", []string{"--auth.repository.token", rep, "--auth.repository.allow_anonymous"}, "auth.repository.allow_anonymous is true but"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(append([]string{"--model_repository", dir}, tc.args...))
+			if tc.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalid)
+			assert.ErrorContains(t, err, tc.want)
+			assert.NotContains(t, err.Error(), inf, "a token is never echoed")
+		})
+	}
+}
+
+// TestTokenFileReload: Reload re-reads the files; a bad file is an error
+// that names the file and line, never the token, and leaves the caller's
+// tokens alone.
+func TestTokenFileReload(t *testing.T) {
+	dir := repo(t)
+	file := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(file, []byte("# v1\nold-token-0123456789\n"), 0o600))
+	c, err := Load([]string{"--model_repository", dir, "--auth.inference.token_file", file, "--auth.repository.token", "repository-token-0123456789"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"old-token-0123456789"}, c.Auth.InferenceTokens)
+
+	require.NoError(t, os.WriteFile(file, []byte("new-token-0123456789\nnext-token-0123456789\n"), 0o600))
+	a, err := c.Auth.Reload()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"new-token-0123456789", "next-token-0123456789"}, a.InferenceTokens)
+	assert.Equal(t, []string{"repository-token-0123456789"}, a.RepositoryTokens, "a token key keeps its value")
+	assert.Equal(t, []string{"old-token-0123456789"}, c.Auth.InferenceTokens, "the caller's copy is untouched")
+
+	for content, want := range map[string]string{
+		"new-token-0123456789\nshort-secret\n": "token_file " + file + ", line 2: a token must be at least 16 characters",
+		"# nothing\n\n":                        "token_file " + file + " holds no token",
+	} {
+		require.NoError(t, os.WriteFile(file, []byte(content), 0o600))
+		_, err = c.Auth.Reload()
+		require.ErrorIs(t, err, ErrInvalid)
+		assert.ErrorContains(t, err, "auth.inference: "+want)
+		assert.NotContains(t, err.Error(), "short-secret")
+	}
+	require.NoError(t, os.Remove(file))
+	_, err = c.Auth.Reload()
+	assert.ErrorContains(t, err, "no such file")
+}

@@ -1,27 +1,80 @@
 package server
 
 import (
+	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 )
 
-// bearer requires one of tokens as an "Authorization: Bearer" header; with
-// no tokens it lets everything through. Every token is compared, in
-// constant time, so that neither the match nor its position leaks through
-// timing.
-func bearer(tokens []string) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		if len(tokens) == 0 {
-			return next
-		}
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			match := 0
-			for _, t := range tokens {
-				match |= subtle.ConstantTimeCompare([]byte(given), []byte(t))
+// tokens are one scope's bearer tokens, replaced whole when the token
+// files are reloaded. They are kept as SHA-256 digests: every comparison is
+// then of 32 bytes, so that timing tells nothing of a token's length, and
+// the tokens themselves are kept nowhere in the server.
+type tokens struct {
+	scope   string // the configuration keys' prefix, for the log: auth.inference
+	digests atomic.Pointer[[][sha256.Size]byte]
+}
+
+func newTokens(scope string, list []string) *tokens {
+	t := &tokens{scope: scope}
+	t.set(list)
+	return t
+}
+
+// set puts list in force and says how many tokens it added and removed.
+func (t *tokens) set(list []string) (added, removed int) {
+	next := make([][sha256.Size]byte, len(list))
+	for i, tok := range list {
+		next[i] = sha256.Sum256([]byte(tok))
+	}
+	if prev := t.digests.Swap(&next); prev != nil {
+		added, removed = diff(*prev, next), diff(next, *prev)
+	}
+	return added, removed
+}
+
+// diff counts the digests of b that a lacks.
+func diff(a, b [][sha256.Size]byte) int {
+	n := 0
+outer:
+	for _, x := range b {
+		for _, y := range a {
+			if x == y {
+				continue outer
 			}
-			if !ok || match != 1 {
+		}
+		n++
+	}
+	return n
+}
+
+// match reports whether given is one of the tokens. Every token is
+// compared, in constant time, so that neither the match nor its position
+// leaks through timing.
+func (t *tokens) match(given string) bool {
+	d := sha256.Sum256([]byte(given))
+	match := 0
+	for _, x := range *t.digests.Load() {
+		match |= subtle.ConstantTimeCompare(d[:], x[:])
+	}
+	return match == 1
+}
+
+// bearer requires one of t's tokens as an "Authorization: Bearer" header;
+// while t holds no token it lets everything through.
+func bearer(t *tokens) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if len(*t.digests.Load()) == 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			given, ok := bearerToken(r.Header.Get("Authorization"))
+			if !ok || !t.match(given) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="stepserve"`)
 				msg := "missing bearer token: send Authorization: Bearer <token>"
 				if ok {
@@ -32,5 +85,34 @@ func bearer(tokens []string) func(http.Handler) http.Handler {
 			}
 			next.ServeHTTP(w, r)
 		})
+	}
+}
+
+// bearerToken is the token of an Authorization header of the Bearer scheme,
+// whose name is case-insensitive (RFC 9110, section 11.1).
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimLeft(token, " "), true
+}
+
+// SetTokens puts new bearer tokens in force, for a rotation without a
+// restart (SIGHUP): requests that arrive from now on are checked against
+// them. It logs, per scope, how many tokens there are (0: no
+// authentication) and how many were added and removed; never a token. It
+// is safe to call while serving.
+func (s *Server) SetTokens(inference, repository []string) {
+	for _, u := range []struct {
+		t    *tokens
+		list []string
+	}{{s.inferenceTokens, inference}, {s.repositoryTokens, repository}} {
+		added, removed := u.t.set(u.list)
+		level := slog.LevelInfo
+		if len(u.list) == 0 && removed > 0 {
+			level = slog.LevelWarn // authentication turned off
+		}
+		s.logger.Log(context.Background(), level, "bearer tokens reloaded", "scope", u.t.scope, "tokens", len(u.list), "added", added, "removed", removed)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -52,9 +53,15 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model) int {
 	fail := func(err error) int {
 		st := statusOf(err)
-		if st >= 500 && st != http.StatusServiceUnavailable {
-			s.logger.Error("inference failed", "model", m.Model().Name, "status", st, "err", err)
+		// Bad requests, timeouts the client asked for, cancellations and
+		// overload are counted in requests_total; a line each would let
+		// any client flood the log. Only the server's own failures are
+		// errors.
+		level := slog.LevelDebug
+		if st >= 500 && st != http.StatusServiceUnavailable && st != http.StatusGatewayTimeout {
+			level = slog.LevelError
 		}
+		s.logger.Log(r.Context(), level, "inference failed", "model", m.Model().Name, "status", st, "err", err)
 		writeError(w, st, err.Error())
 		return st
 	}

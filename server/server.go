@@ -10,6 +10,10 @@
 // knows nothing of engines, of how a model turns its inputs into a step, or
 // of the shapes a step is compiled for.
 //
+// It also guards the listeners: bearer tokens per scope, replaceable while
+// serving ([Server.SetTokens]), and a bound on each listener's connections
+// ([ConnLimit]).
+//
 // # Endpoints
 //
 //	GET  /v2/health/live
@@ -66,6 +70,7 @@ type Options struct {
 	MaxRequestElements int64
 	// InferenceTokens, when any, are the bearer tokens /v2/models/...
 	// requires; RepositoryTokens likewise for /v2/repository/....
+	// [Server.SetTokens] replaces them.
 	InferenceTokens  []string
 	RepositoryTokens []string
 }
@@ -79,6 +84,8 @@ type Server struct {
 	// inferDirect is the inference handler behind its middleware, for
 	// requests ServeHTTP routes without the router.
 	inferDirect http.Handler
+	// The bearer tokens in force, per scope.
+	inferenceTokens, repositoryTokens *tokens
 }
 
 // New builds the router for opts.
@@ -95,9 +102,16 @@ func New(opts Options) (*Server, error) {
 	if opts.Models == nil {
 		return nil, errors.New("server: Options.Models is required")
 	}
-	s := &Server{opts: opts, logger: opts.Logger}
+	s := &Server{opts: opts, logger: opts.Logger,
+		inferenceTokens:  newTokens("auth.inference", opts.InferenceTokens),
+		repositoryTokens: newTokens("auth.repository", opts.RepositoryTokens),
+	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
+		s.logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",
+			"inference_token", len(opts.InferenceTokens) > 0)
 	}
 	var err error
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
@@ -120,7 +134,7 @@ func New(opts Options) (*Server, error) {
 	// A group, not a mounted sub-router: the same routes, one tree walk
 	// per request instead of two.
 	r.Group(func(r chi.Router) {
-		r.Use(bearer(opts.InferenceTokens))
+		r.Use(bearer(s.inferenceTokens))
 		const m = "/v2/models/{model}"
 		for _, v := range []string{"", "/versions/{version}"} {
 			r.Get(m+v, api(s.modelMetadata))
@@ -132,7 +146,7 @@ func New(opts Options) (*Server, error) {
 		r.Get(m+"/", api(s.modelMetadata))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
-		r.Use(bearer(opts.RepositoryTokens))
+		r.Use(bearer(s.repositoryTokens))
 		r.Post("/index", api(s.repositoryIndex))
 		r.Post("/models/{model}/load", api(s.repositoryLoad))
 		r.Post("/models/{model}/unload", api(s.repositoryUnload))
@@ -141,7 +155,7 @@ func New(opts Options) (*Server, error) {
 		r.Handle("/metrics", s.metricsHandler())
 	}
 	s.router = r
-	s.inferDirect = bearer(opts.InferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.inferDirect = bearer(s.inferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name, _ := inferPath(r)
 		s.inferNamed(w, r, name, "")
 	}))

@@ -1,7 +1,8 @@
 // Command serve is the stepserve server: it reads the configuration, loads
 // the model repository onto its engine, serves the Open Inference Protocol
 // over HTTP, and on SIGTERM or SIGINT stops accepting, finishes what is in
-// flight within server.shutdown_grace, and exits 0.
+// flight within server.shutdown_grace, and exits 0. SIGHUP re-reads the
+// token files.
 //
 // It is the only place that reads configuration and wires the parts
 // together.
@@ -70,6 +71,9 @@ func newLogger(c config.Log, w io.Writer) *slog.Logger {
 func serve(cfg *config.Config, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1) // from the start: SIGHUP's default is to exit
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	cpuThreads := cpufallback.SetThreads(cfg.Engine.CPUThreads)
 	reg := prometheus.NewRegistry()
@@ -137,16 +141,25 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		}
 	}
+	maxConns := server.ConnectionCap(cfg.Server.MaxConnections, logger)
+	conns, err := server.NewConnLimit(server.ConnLimitOptions{Max: maxConns, Listener: "api", Key: "server.max_connections", Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	httpServer := newHTTPServer(api)
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- httpServer.Serve(ln) }()
+	go func() { serveErr <- conns.Serve(httpServer, ln) }()
 	if cfg.Server.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", cfg.Server.MetricsAddr)
 		if err != nil {
 			return err
 		}
+		mconns, err := server.NewConnLimit(server.ConnLimitOptions{Max: server.MetricsConns, Listener: "metrics", Logger: logger, Registerer: reg})
+		if err != nil {
+			return err
+		}
 		metricsServer := newHTTPServer(api.MetricsHandler())
-		go func() { serveErr <- metricsServer.Serve(mln) }()
+		go func() { serveErr <- mconns.Serve(metricsServer, mln) }()
 		// The metrics listener outlives the API's drain, so the drain
 		// itself can be watched; it closes when serve returns.
 		defer metricsServer.Close()
@@ -154,7 +167,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
 		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads,
-		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "config", cfg.File)
+		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.
@@ -170,6 +183,12 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 			}
 			logger.Info("ready")
 			warm = nil // warmed up: keep serving until a signal
+		case <-hup:
+			if a, err := cfg.Auth.Reload(); err != nil {
+				logger.Error("SIGHUP: token files not reloaded; the tokens in force stay", "err", err)
+			} else {
+				api.SetTokens(a.InferenceTokens, a.RepositoryTokens)
+			}
 		case <-ctx.Done():
 			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
 			return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, nil)

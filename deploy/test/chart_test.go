@@ -128,10 +128,19 @@ func TestDefaults(t *testing.T) {
 	c := pod.Containers[0]
 
 	// Probes: liveness and readiness on the OIP health endpoints, a startup
-	// probe long enough for compile-at-load.
+	// probe long enough for compile-at-load, all on the metrics listener,
+	// whose connections are its own: a full API port does not fail them.
 	assert.Equal(t, "/v2/health/live", c.LivenessProbe.HTTPGet.Path)
 	assert.Equal(t, "/v2/health/ready", c.ReadinessProbe.HTTPGet.Path)
 	assert.Equal(t, "/v2/health/ready", c.StartupProbe.HTTPGet.Path)
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+		assert.Equal(t, "metrics", p.HTTPGet.Port.StrVal)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	assert.Equal(t, map[string]int32{"http": 8000, "metrics": 9090}, ports)
 	assert.GreaterOrEqual(t, c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold, int32(300))
 
 	// NPUs through the device plugin's extended resource, on NPU nodes.
@@ -176,6 +185,7 @@ func TestDefaults(t *testing.T) {
 	cfg, err := config.Load([]string{"--config", path, "--model_repository", t.TempDir()})
 	require.NoError(t, err, "stepserve rejects the chart's config:\n%s", cm.Data["stepserve.yaml"])
 	assert.Equal(t, ":8000", cfg.Server.Addr)
+	assert.Equal(t, ":9090", cfg.Server.MetricsAddr, "the probes' port is the one the server serves health on")
 	assert.Equal(t, "rbln", cfg.Engine.Default)
 	assert.Equal(t, []string{"0"}, cfg.RBLN.Devices)
 
@@ -190,6 +200,7 @@ func TestEverythingEnabled(t *testing.T) {
 	require.NotNil(t, r.monitor)
 	assert.Equal(t, "kps", r.monitor.Labels["release"])
 	assert.Equal(t, "/metrics", r.monitor.Spec.Endpoints[0].Path)
+	assert.Equal(t, "metrics", r.monitor.Spec.Endpoints[0].Port, "/metrics is on the metrics listener")
 	assert.Equal(t, r.deployment.Spec.Selector.MatchLabels, r.monitor.Spec.Selector.MatchLabels)
 
 	require.NotNil(t, r.rule)
@@ -204,7 +215,7 @@ func TestEverythingEnabled(t *testing.T) {
 	}
 	for _, a := range []string{"StepserveCPUFallback", "StepserveRecompileInSteadyState", "StepserveNonCleanSteps",
 		"StepserveHostBounce", "StepserveFailoverToCPU", "StepserveWorkerRestarts", "StepserveQueueSaturated",
-		"StepserveHighLatencyP99", "StepserveModelNotReady"} {
+		"StepserveHighLatencyP99", "StepserveModelNotReady", "StepserveConnectionsRefused"} {
 		assert.True(t, alerts[a], a)
 	}
 
@@ -222,6 +233,20 @@ func TestEverythingEnabled(t *testing.T) {
 			assert.NotNil(t, v.EmptyDir, "models copied from the image into an emptyDir")
 		}
 	}
+}
+
+// TestWithoutMetricsPort: metricsPort 0 keeps /metrics and the probes on
+// the API port.
+func TestWithoutMetricsPort(t *testing.T) {
+	r := render(t, "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--set", "service.metricsPort=0,serviceMonitor.enabled=true")
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+		assert.Equal(t, "http", p.HTTPGet.Port.StrVal)
+	}
+	require.Len(t, c.Ports, 1)
+	require.Len(t, r.service.Spec.Ports, 1)
+	assert.Equal(t, "http", r.monitor.Spec.Endpoints[0].Port)
+	assert.NotContains(t, r.configMaps["rel-stepserve"].Data["stepserve.yaml"], "metrics_addr")
 }
 
 func TestOperatorObjectsNeedTheirCRDs(t *testing.T) {
@@ -244,7 +269,7 @@ func TestNPUResourceAndCPUOnly(t *testing.T) {
 }
 
 func TestValuesSchemaRejectsNonsense(t *testing.T) {
-	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0"} {
+	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1"} {
 		cmd := exec.Command(helmBin(), "template", "rel", chart, "--set", set)
 		out, err := cmd.CombinedOutput()
 		assert.Error(t, err, "%s should be refused", set)

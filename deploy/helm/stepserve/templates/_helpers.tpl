@@ -22,6 +22,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* The container port the probes use: the metrics listener's when there is one. */}}
+{{- define "stepserve.probePort" -}}
+{{- if gt (int .Values.service.metricsPort) 0 }}metrics{{ else }}http{{ end -}}
+{{- end -}}
+
 {{/* The drain grace in seconds, from config.server.shutdown_grace ("30s"). */}}
 {{- define "stepserve.graceSeconds" -}}
 {{- $g := .Values.config.server.shutdown_grace | default "30s" | toString -}}

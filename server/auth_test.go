@@ -1,0 +1,107 @@
+package server
+
+import (
+	"bytes"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBearerScheme(t *testing.T) {
+	const tok = "token-0123456789abcdef"
+	s, err := New(Options{Models: newSumMax(t).set, InferenceTokens: []string{tok, "other-token-0123456789"}})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		authorization string
+		status        int
+		msg           string
+	}{
+		{"Bearer " + tok, 200, ""},
+		{"bearer " + tok, 200, ""},
+		{"BEARER " + tok, 200, ""},
+		{"bEaReR " + tok, 200, ""},
+		{"Bearer   " + tok, 200, ""},
+		{"", 401, "missing bearer token"},
+		{"Basic " + tok, 401, "missing bearer token"},
+		{"Bearer" + tok, 401, "missing bearer token"},
+		{"Bearer", 401, "missing bearer token"},
+		{"Bearer ", 401, "invalid bearer token"},
+		{"Bearer " + tok[:len(tok)-1], 401, "invalid bearer token"},
+		{"Bearer " + tok + "x", 401, "invalid bearer token"},
+		{"Bearer " + tok + " ", 401, "invalid bearer token"},
+	} {
+		w := do(t, s, "GET", "/v2/models/summax", nil, "Authorization", tc.authorization)
+		assert.Equal(t, tc.status, w.Code, "%q", tc.authorization)
+		if tc.status == 401 {
+			assert.Contains(t, errorOf(t, w), tc.msg, "%q", tc.authorization)
+			assert.Equal(t, `Bearer realm="stepserve"`, w.Header().Get("WWW-Authenticate"))
+		}
+	}
+}
+
+// TestSetTokens: new tokens are in force for the next request, old ones are
+// not; the log says what changed and never shows a token; requests racing
+// a reload see one set or the other.
+func TestSetTokens(t *testing.T) {
+	const oldTok, keptTok, newTok, repoTok = "old-token-0123456789", "kept-token-0123456789", "new-token-0123456789", "repo-token-0123456789"
+	var log bytes.Buffer
+	var mu sync.Mutex
+	s, err := New(Options{Models: newSumMax(t).set, InferenceTokens: []string{oldTok, keptTok}, RepositoryTokens: []string{repoTok},
+		ModelControl: true, Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &log}, nil))})
+	require.NoError(t, err)
+	status := func(path, tok string) int {
+		return do(t, s, "GET", path, nil, "Authorization", "Bearer "+tok).Code
+	}
+	require.Equal(t, 200, status("/v2/models/summax", oldTok))
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				assert.Equal(t, 200, status("/v2/models/summax", keptTok), "a token in both sets is accepted throughout")
+			}
+		})
+	}
+	s.SetTokens([]string{keptTok, newTok}, []string{repoTok})
+	wg.Wait()
+
+	assert.Equal(t, 401, status("/v2/models/summax", oldTok))
+	assert.Equal(t, 200, status("/v2/models/summax", newTok))
+	assert.Equal(t, 200, status("/v2/models/summax", keptTok))
+	assert.Equal(t, 401, status("/v2/repository/index", newTok), "scopes stay apart")
+	assert.Equal(t, 200, do(t, s, "POST", "/v2/repository/index", nil, "Authorization", "Bearer "+repoTok).Code)
+
+	mu.Lock()
+	out := log.String()
+	mu.Unlock()
+	assert.Contains(t, out, `msg="bearer tokens reloaded" scope=auth.inference tokens=2 added=1 removed=1`)
+	assert.Contains(t, out, `msg="bearer tokens reloaded" scope=auth.repository tokens=1 added=0 removed=0`)
+	for _, tok := range []string{oldTok, keptTok, newTok, repoTok} {
+		assert.NotContains(t, out, tok)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func TestSetTokensTurningAuthenticationOff(t *testing.T) {
+	var log bytes.Buffer
+	s, err := New(Options{Models: newSumMax(t).set, InferenceTokens: []string{"token-0123456789abcdef"}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.NoError(t, err)
+	require.Equal(t, 401, do(t, s, "GET", "/v2/models/summax", nil).Code)
+	s.SetTokens(nil, nil)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax", nil).Code)
+	assert.Contains(t, log.String(), `level=WARN msg="bearer tokens reloaded" scope=auth.inference tokens=0 added=0 removed=1`)
+	assert.Contains(t, log.String(), `level=INFO msg="bearer tokens reloaded" scope=auth.repository tokens=0 added=0 removed=0`)
+}

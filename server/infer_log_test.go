@@ -1,0 +1,79 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// TestOnlyServerErrorsAreLogged: what a client causes (a bad request, its
+// own deadline) and overload are counted but leave no line at
+// the info level; a failure of the server's own is an error line.
+func TestOnlyServerErrorsAreLogged(t *testing.T) {
+	// A summax whose steps wait while gate is set, so that a request can
+	// be made to wait in the queue past its deadline.
+	var gate atomic.Pointer[chan struct{}]
+	eng := &enginetest.Engine{Func: func(l engine.Layout, in, out []byte) error {
+		if g := gate.Load(); g != nil {
+			<-*g
+		}
+		return enginetest.SumMax(l, in, out)
+	}}
+	repo := t.TempDir()
+	require.NoError(t, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
+	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake", Engines: map[string]serving.Engine{"fake": {Engine: eng}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { set.Close() })
+	require.NoError(t, set.LoadAll(context.Background()))
+	require.NoError(t, set.Warmup(context.Background()))
+
+	var mu sync.Mutex
+	var log bytes.Buffer
+	s, err := New(Options{Models: set, Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &log}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	require.NoError(t, err)
+	const row = `"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`
+	infer := func(body string) int { return do(t, s, "POST", "/v2/models/summax/infer", []byte(body)).Code }
+
+	assert.Equal(t, 400, infer(`{"inputs":[`))
+	assert.Equal(t, 400, infer(`{"parameters":{"priority":9},`+row))
+
+	// 504: a step holds the model while a request with a 1µs deadline
+	// waits in the queue.
+	g := make(chan struct{})
+	gate.Store(&g)
+	held := make(chan int)
+	go func() { held <- infer(`{` + row) }()
+	require.Eventually(t, func() bool { return eng.Last().Steps() > 4 }, 5*time.Second, time.Millisecond, "the held step started")
+	assert.Equal(t, 504, infer(`{"parameters":{"timeout":1},`+row))
+	gate.Store(nil)
+	close(g)
+	assert.Equal(t, 200, <-held)
+
+	mu.Lock()
+	quiet := log.String()
+	mu.Unlock()
+	assert.NotContains(t, quiet, "inference failed", "client-caused outcomes are not logged at info")
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "timeout")), "but counted")
+	assert.Equal(t, 2.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid")))
+
+	eng.Last().Fail(errors.New("device on fire"))
+	assert.Equal(t, 500, infer(`{`+row))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, strings.Count(log.String(), "level=ERROR msg=\"inference failed\" model=summax status=500"), log.String())
+}
