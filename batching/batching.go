@@ -15,11 +15,24 @@
 // # Lifetime of a request
 //
 // Submit enqueues and waits. The request is answered exactly once: with its
-// outputs after its batch ran, with [ErrDeadline] at its deadline if it was
-// still queued then, with the context's error if its client went away while
-// it was queued, or with [ErrDraining] if shutdown's grace ran out before its
-// batch could run. A request that has started running is always answered
-// with its batch's outcome.
+// outputs after its last step ran, with [ErrDeadline] at its deadline if it
+// was still queued then, with the context's error if its client went away
+// while it was queued, or with [ErrDraining] if shutdown's grace ran out
+// before its batch could run. A request whose last step has started is
+// always answered with that step's outcome.
+//
+// # Requests larger than a step
+//
+// A request with more rows than the largest bucket (MaxBatch) runs a part
+// at a time, so that it cannot hold the model for its whole run: each part
+// fills what room a batch has left, up to MaxBatch rows, and after each
+// step the rest of the request goes back to the end of its priority level's
+// queue, behind the requests that arrived meanwhile, which therefore get a
+// step before its next one. Between its steps it is checked like a queued
+// request: if its client went away or its deadline passed, it stops there,
+// its remaining rows never run, and it is answered with the context's error
+// or [ErrDeadline]; the other requests of the steps it shared are
+// unaffected. A request that fits one step is never split.
 package batching
 
 import (
@@ -37,11 +50,12 @@ import (
 var (
 	ErrQueueFull    = errors.New("batching: queue full")
 	ErrDraining     = errors.New("batching: shutting down")
-	ErrDeadline     = errors.New("batching: deadline passed while queued")
+	ErrDeadline     = errors.New("batching: deadline passed")
 	ErrBadParameter = errors.New("batching: bad request parameter")
 )
 
-// Runner runs batches; *steps.Runner is one.
+// Runner runs batches; *steps.Runner is one. The batcher hands it at most
+// MaxBatch rows at a time: one step.
 type Runner interface {
 	Run(ctx context.Context, reqs []*steps.Request) error
 	MaxBatch() int
@@ -70,7 +84,7 @@ type state int
 
 const (
 	queued    state = iota // waiting in the queue or in a formed batch
-	running                // its batch is running: it will get the batch's outcome
+	running                // in the running step: it gets the step's outcome, or goes back to the queue
 	abandoned              // answered at its deadline or dropped on cancel
 )
 
@@ -78,8 +92,26 @@ type item struct {
 	req      *steps.Request
 	ctx      context.Context
 	enqueued time.Time
-	state    state // guarded by Batcher.mu
+	level    int // its priority level's index in Batcher.levels
 	done     chan error
+
+	// Guarded by Batcher.mu.
+	state state
+	ran   int   // rows that have run, for a request that spans steps
+	rows  int   // rows in the batch it is in: all that are left, or a part
+	stop  error // set while it runs when its deadline passes or its client goes
+	part  *steps.Request
+}
+
+// split reports whether the batch it is in holds only a part of it.
+func (it *item) split() bool { return it.rows != it.req.Rows }
+
+// elements is the number of input elements of its rows in the batch.
+func (it *item) elements() int {
+	if !it.split() {
+		return it.req.Elements
+	}
+	return (it.req.Elements*it.rows + it.req.Rows - 1) / it.req.Rows
 }
 
 // Batcher queues one model's requests and runs them in batches.
@@ -89,13 +121,20 @@ type Batcher struct {
 	runner Runner
 	m      *modelMetrics
 
+	maxRows int // the runner's MaxBatch: the most rows of a step
+
 	mu       sync.Mutex
 	levels   [][]*item // FIFO per priority level; abandoned items are skipped
 	pending  []*item   // the batch being formed, not yet handed to the runner
 	next     []*item   // the batch the runner holds, waiting for the step token
 	live     int       // queued items not abandoned
-	draining bool
-	wake     chan struct{} // nudges the former; capacity 1
+	resuming int       // running items with rows left, to be queued again
+	// resumingAt counts them by priority level: while one runs, batches
+	// take nothing of a lower priority (open).
+	resumingAt []int
+	draining   bool
+	dropped    bool          // shutdown's grace ran out: nothing more runs
+	wake       chan struct{} // nudges the former; capacity 1
 
 	batches chan []*item
 	stopped chan struct{}
@@ -118,16 +157,18 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Batcher{
-		opts:     opts,
-		policy:   p,
-		runner:   runner,
-		m:        opts.Metrics.forModel(opts.Model),
-		levels:   make([][]*item, p.PriorityLevels),
-		wake:     make(chan struct{}, 1),
-		batches:  make(chan []*item),
-		stopped:  make(chan struct{}),
-		stepping: make(chan struct{}, 1),
-		started:  make(chan struct{}),
+		opts:       opts,
+		policy:     p,
+		runner:     runner,
+		maxRows:    runner.MaxBatch(),
+		m:          opts.Metrics.forModel(opts.Model),
+		levels:     make([][]*item, p.PriorityLevels),
+		resumingAt: make([]int, p.PriorityLevels),
+		wake:       make(chan struct{}, 1),
+		batches:    make(chan []*item),
+		stopped:    make(chan struct{}),
+		stepping:   make(chan struct{}, 1),
+		started:    make(chan struct{}),
 	}
 	go b.form()
 	go b.run()
@@ -160,11 +201,12 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 	case b.draining:
 		b.mu.Unlock()
 		return ErrDraining
-	case b.policy.MaxQueueDelay == 0 && b.live == 0 && b.tryStep():
+	case b.policy.MaxQueueDelay == 0 && b.live == 0 && r.Rows <= b.maxRows && b.tryStep():
 		// Nothing waits and nothing runs: there is no batch to join, so
 		// run at once on this goroutine instead of handing the request to
 		// the batcher's and back (two goroutine switches per request, the
-		// larger part of a small model's step).
+		// larger part of a small model's step). A request that spans steps
+		// queues, to run a part at a time.
 		b.mu.Unlock()
 		return b.runNow(ctx, r, enqueued)
 	case b.live >= b.policy.MaxQueueSize:
@@ -172,7 +214,7 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		b.mu.Unlock()
 		return fmt.Errorf("%w: %d requests are waiting for model %s (max_queue_size)", ErrQueueFull, n, b.opts.Model)
 	}
-	it := &item{req: r, ctx: ctx, enqueued: enqueued, done: make(chan error, 1)}
+	it := &item{req: r, ctx: ctx, enqueued: enqueued, level: prio - 1, done: make(chan error, 1)}
 	b.levels[prio-1] = append(b.levels[prio-1], it)
 	b.live++
 	b.m.depth(b.live)
@@ -185,19 +227,27 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		defer t.Stop()
 		deadline = t.C
 	}
-	select {
-	case err := <-it.done:
-		return err
-	case <-deadline:
-		if b.abandon(it) {
-			return fmt.Errorf("%w: waited %v (timeout)", ErrDeadline, timeout)
-		}
-	case <-ctx.Done():
-		if b.abandon(it) {
-			return ctx.Err()
+	// While it runs, a deadline or a cancel only marks it (abandon), and
+	// the wait goes on for the run goroutine's answer: the outcome of its
+	// step, or this error at the step's end if rows of it are left.
+	gone := ctx.Done()
+	for {
+		select {
+		case err := <-it.done:
+			return err
+		case <-deadline:
+			deadline = nil
+			err := fmt.Errorf("%w after %v (timeout)", ErrDeadline, timeout)
+			if b.abandon(it, err) {
+				return err
+			}
+		case <-gone:
+			gone = nil
+			if b.abandon(it, ctx.Err()) {
+				return ctx.Err()
+			}
 		}
 	}
-	return <-it.done // it was already running: its batch answers it
 }
 
 // tryStep takes the step token if no batch is running.
@@ -228,12 +278,18 @@ func (b *Batcher) runNow(ctx context.Context, r *steps.Request, enqueued time.Ti
 	return err
 }
 
-// abandon takes a queued item out of the running; it reports false when the
-// item's batch has already started.
-func (b *Batcher) abandon(it *item) bool {
+// abandon takes a queued item out of the running. It reports false when the
+// item is not queued: when it runs, err is kept for its next step boundary.
+func (b *Batcher) abandon(it *item, err error) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if it.state != queued {
+	switch it.state {
+	case running:
+		if it.stop == nil {
+			it.stop = err
+		}
+		return false
+	case abandoned:
 		return false
 	}
 	it.state = abandoned
@@ -262,10 +318,11 @@ func (b *Batcher) form() {
 		b.compact()
 		oldest, rows := b.scan()
 		draining := b.draining
+		resuming := b.resuming > 0 // the running step will queue rows again
 		b.mu.Unlock()
 
 		if oldest == nil {
-			if draining {
+			if draining && !resuming {
 				return
 			}
 			<-b.wake
@@ -321,14 +378,14 @@ func (b *Batcher) compact() {
 	}
 }
 
-// scan finds the oldest queued item and the queued rows.
+// scan finds the oldest queued item and the queued rows of the open levels.
 func (b *Batcher) scan() (oldest *item, rows int) {
-	for _, q := range b.levels {
+	for _, q := range b.levels[:b.open()] {
 		for _, it := range q {
 			if it.state != queued {
 				continue
 			}
-			rows += it.req.Rows
+			rows += it.req.Rows - it.ran
 			if oldest == nil || it.enqueued.Before(oldest.enqueued) {
 				oldest = it
 			}
@@ -339,42 +396,79 @@ func (b *Batcher) scan() (oldest *item, rows int) {
 
 // take removes a batch from the queue, or adds to batch: items in priority
 // then arrival order until the next would overflow maxRows (or
-// MaxBatchElements). A request larger than maxRows goes alone (the step
-// splits it).
+// MaxBatchElements). A request larger than maxRows is taken a part at a
+// time (fits).
 func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	rows, elements := 0, 0
 	for _, it := range batch {
-		rows += it.req.Rows
-		elements += it.req.Elements
+		rows += it.rows
+		elements += it.elements()
 	}
-	fits := func(it *item) bool {
-		if len(batch) == 0 {
-			return true
-		}
-		return rows+it.req.Rows <= maxRows &&
-			(b.policy.MaxBatchElements == 0 || elements+it.req.Elements <= b.policy.MaxBatchElements)
-	}
-	for l, q := range b.levels {
+	for l, q := range b.levels[:b.open()] {
 		kept := q[:0]
 		for _, it := range q {
-			switch {
-			case it.state != queued:
+			if it.state != queued {
 				continue
-			case rows < maxRows && fits(it):
-				batch = append(batch, it)
-				rows += it.req.Rows
-				elements += it.req.Elements
-			default:
-				kept = append(kept, it)
 			}
+			n := 0
+			if rows < maxRows {
+				n = b.fits(it, len(batch) == 0, maxRows-rows, elements)
+			}
+			if n == 0 {
+				kept = append(kept, it)
+				continue
+			}
+			it.rows = n
+			batch = append(batch, it)
+			rows += n
+			elements += it.elements()
 		}
 		clear(q[len(kept):])
 		b.levels[l] = kept
 	}
 	*slot = batch
 	return batch
+}
+
+// open is how many priority levels, from the highest, a batch may take
+// from: all of them, except while a request with rows left runs: then none
+// below its level, so that lower priorities do not fill the batch formed
+// meanwhile and pass its next part over.
+func (b *Batcher) open() int {
+	if b.resuming > 0 {
+		for l, n := range b.resumingAt {
+			if n > 0 {
+				return l + 1
+			}
+		}
+	}
+	return len(b.levels)
+}
+
+// fits is how many of it's rows left a batch takes, given the rows it has
+// room for and the elements it holds: all of them or none for a request that
+// fits a step, as many as there is room for (at most maxRows) for one that
+// does not. An empty batch takes a request whatever MaxBatchElements says.
+func (b *Batcher) fits(it *item, empty bool, room, elements int) int {
+	left := it.req.Rows - it.ran
+	if empty {
+		return min(left, room)
+	}
+	limit := b.policy.MaxBatchElements
+	if it.req.Rows <= b.maxRows {
+		if left > room || (limit > 0 && elements+it.req.Elements > limit) {
+			return 0
+		}
+		return left
+	}
+	n := min(left, room)
+	if limit > 0 {
+		perRow := max((it.req.Elements+it.req.Rows-1)/it.req.Rows, 1)
+		n = min(n, (limit-elements)/perRow)
+	}
+	return max(n, 0)
 }
 
 // run is the goroutine that runs formed batches, one at a time.
@@ -396,6 +490,7 @@ func (b *Batcher) run() {
 		b.mu.Lock()
 		b.next = nil
 		live := batch[:0]
+		resuming := 0
 		for _, it := range batch {
 			if it.state != queued {
 				continue
@@ -408,8 +503,13 @@ func (b *Batcher) run() {
 			}
 			it.state = running
 			b.live--
+			if it.ran+it.rows < it.req.Rows {
+				resuming++
+				b.resumingAt[it.level]++
+			}
 			live = append(live, it)
 		}
+		b.resuming += resuming
 		b.m.depth(b.live)
 		b.mu.Unlock()
 		if len(live) == 0 {
@@ -420,21 +520,74 @@ func (b *Batcher) run() {
 		start := time.Now()
 		reqs = reqs[:0]
 		for _, it := range live {
-			it.req.Queued = max(start.Sub(it.enqueued), time.Nanosecond) // nonzero: it was queued
-			b.m.queued(it.req.Queued)
-			reqs = append(reqs, it.req)
+			r := it.req
+			if it.ran == 0 {
+				r.Queued = max(start.Sub(it.enqueued), time.Nanosecond) // nonzero: it was queued
+				b.m.queued(r.Queued)
+			}
+			if it.split() {
+				it.part = r.Part(it.ran, it.ran+it.rows, it.part)
+				if it.ran > 0 {
+					it.part.Queued = 0 // counted with its first part
+				}
+				r = it.part
+			}
+			reqs = append(reqs, r)
 		}
-		// The batch runs to completion whatever its clients do: its
-		// results are shared, and the step cannot be interrupted.
+		// The step runs to completion whatever its clients do: its results
+		// are shared, and it cannot be interrupted.
 		err := b.runner.Run(context.Background(), reqs)
 		if err != nil {
 			b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", len(live), "err", err)
 		}
 		<-b.stepping
-		for _, it := range live {
-			it.done <- err
+		if resuming == 0 {
+			for _, it := range live {
+				it.done <- err
+			}
+			continue
 		}
+		b.afterPartialStep(live, err)
 	}
+}
+
+// afterPartialStep answers the requests of a step that held parts of
+// requests, and queues again those with rows left, at the end of their
+// level: behind what arrived while they ran.
+func (b *Batcher) afterPartialStep(live []*item, err error) {
+	b.mu.Lock()
+	for _, it := range live {
+		it.ran += it.rows
+		left := it.ran < it.req.Rows
+		if left {
+			b.resuming--
+			b.resumingAt[it.level]--
+		}
+		if !left || err != nil {
+			it.done <- err
+			continue
+		}
+		stop := it.stop
+		if stop == nil {
+			stop = it.ctx.Err() // gone, and its Submit has not marked it yet
+		}
+		if stop == nil && b.dropped {
+			stop = ErrDraining
+		}
+		if stop != nil {
+			it.state = abandoned
+			it.done <- stop
+			b.opts.Logger.Debug("request stopped between its steps", "model", b.opts.Model,
+				"rows_run", it.ran, "rows", it.req.Rows, "err", stop)
+			continue
+		}
+		it.state = queued
+		b.levels[it.level] = append(b.levels[it.level], it)
+		b.live++
+	}
+	b.m.depth(b.live)
+	b.mu.Unlock()
+	b.nudge()
 }
 
 // Shutdown stops accepting (Submit returns ErrDraining), runs every queued
@@ -457,6 +610,7 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
+	b.dropped = true
 	dropped := 0
 	drop := func(q []*item) {
 		for _, it := range q {

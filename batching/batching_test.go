@@ -18,8 +18,9 @@ import (
 	"github.com/stepserve/stepserve/steps"
 )
 
-// fakeRunner records which requests each batch held and when it started;
-// each batch takes stepTime.
+// fakeRunner records which requests each batch held, its rows and when it
+// started; each batch takes stepTime. It answers every row with its input
+// plus 100.
 type fakeRunner struct {
 	max      int
 	stepTime time.Duration
@@ -27,6 +28,7 @@ type fakeRunner struct {
 
 	mu      sync.Mutex
 	batches [][]byte // request ids per batch
+	rows    []int    // rows per batch
 	started []time.Time
 	inline  []bool // whether the batch ran on a Submit's goroutine
 }
@@ -35,12 +37,17 @@ func (f *fakeRunner) MaxBatch() int { return f.max }
 
 func (f *fakeRunner) Run(ctx context.Context, reqs []*steps.Request) error {
 	var ids []byte
+	rows := 0
 	for _, r := range reqs {
 		ids = append(ids, r.Inputs[0][0])
-		r.Outputs[0][0] = r.Inputs[0][0] + 100
+		for i, v := range r.Inputs[0] {
+			r.Outputs[0][i] = v + 100
+		}
+		rows += r.Rows
 	}
 	f.mu.Lock()
 	f.batches = append(f.batches, ids)
+	f.rows = append(f.rows, rows)
 	f.started = append(f.started, time.Now())
 	stack := make([]byte, 8<<10)
 	stack = stack[:runtime.Stack(stack, false)]
@@ -56,8 +63,9 @@ func (f *fakeRunner) seen() [][]byte {
 	return append([][]byte(nil), f.batches...)
 }
 
+// req is a request of rows rows, each one byte: id.
 func req(id byte, rows int) *steps.Request {
-	return &steps.Request{Rows: rows, Inputs: [][]byte{{id}}, Outputs: [][]byte{{0}}}
+	return &steps.Request{Rows: rows, Inputs: [][]byte{bytes.Repeat([]byte{id}, rows)}, Outputs: [][]byte{make([]byte, rows)}}
 }
 
 // result is one Submit's answer.
@@ -71,7 +79,7 @@ type result struct {
 func submit(ctx context.Context, b *Batcher, r *steps.Request, p Params, start time.Time, out chan<- result) {
 	go func() {
 		err := b.Submit(ctx, r, p)
-		if err == nil && r.Outputs[0][0] != r.Inputs[0][0]+100 {
+		if err == nil && !bytes.Equal(r.Outputs[0], bytes.Repeat([]byte{r.Inputs[0][0] + 100}, r.Rows)) {
 			err = errors.New("wrong output")
 		}
 		out <- result{r.Inputs[0][0], err, time.Since(start)}

@@ -46,6 +46,29 @@ type Request struct {
 	Queued time.Duration
 }
 
+// Part returns rows [from, to) of q as a request of their own that shares
+// q's buffers: running it fills those rows of q's outputs. A batcher runs a
+// request larger than a step this way, one part per step. Part reuses dst
+// when it is not nil (for the next part of the same request); Elements is
+// q's share for the rows, rounded up, and Queued is q's.
+func (q *Request) Part(from, to int, dst *Request) *Request {
+	if dst == nil {
+		dst = &Request{Inputs: make([][]byte, len(q.Inputs)), Outputs: make([][]byte, len(q.Outputs))}
+	}
+	rows := to - from
+	*dst = Request{Rows: rows, Seq: q.Seq, Inputs: dst.Inputs[:len(q.Inputs)], Outputs: dst.Outputs[:len(q.Outputs)],
+		Elements: (q.Elements*rows + q.Rows - 1) / q.Rows, Queued: q.Queued}
+	for i, b := range q.Inputs {
+		n := len(b) / q.Rows
+		dst.Inputs[i] = b[from*n : to*n : to*n]
+	}
+	for i, b := range q.Outputs {
+		n := len(b) / q.Rows
+		dst.Outputs[i] = b[from*n : to*n : to*n]
+	}
+	return dst
+}
+
 // Options configure a [Runner].
 type Options struct {
 	Model   *models.Model
@@ -129,7 +152,9 @@ type cursor struct {
 }
 
 // Run runs reqs through as many steps as their rows need: one when they fit
-// the largest bucket, more when they do not (a request may then span steps).
+// the largest bucket, more when they do not (a request may then span steps,
+// and holds the runner for all of them: package batching hands it one
+// step's rows at a time, and a large request a [Request.Part] per step).
 // On error no output is complete and every request in reqs has failed.
 func (r *Runner) Run(ctx context.Context, reqs []*Request) error {
 	total := 0

@@ -133,6 +133,31 @@ func TestRunSplitsALargeRequestAcrossSteps(t *testing.T) {
 	assert.Equal(t, []float32{2000, 2002, 2004, 2006, 2008, 2010, 2012, 2014}, decode(b.Outputs[0]))
 }
 
+// A request run a part per step, with another request sharing a step,
+// gets the same outputs as run whole, and the parts share its buffers.
+func TestRunALargeRequestAPartPerStep(t *testing.T) {
+	r, d, _ := newRunner(t, []int{1, 2, 4})
+	q, other := request(7, 0), request(1, 1000)
+	q.Elements = 14
+	var part *Request
+	for _, rows := range [][2]int{{0, 4}, {4, 5}} {
+		part = q.Part(rows[0], rows[1], part)
+		require.NoError(t, r.Run(context.Background(), []*Request{part}))
+	}
+	part = q.Part(5, 7, part)
+	assert.Equal(t, 4, part.Elements, "its share of the elements")
+	require.NoError(t, r.Run(context.Background(), []*Request{other, part}))
+
+	require.Len(t, d.seen, 3)
+	assert.Equal(t, []float32{1000, 1001, 10, 11, 12, 13, 0, 0}, d.seen[2].input, "the last part shares a step")
+	assert.Equal(t, []float32{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26}, decode(q.Outputs[0]))
+	assert.Equal(t, []float32{2000, 2002}, decode(other.Outputs[0]))
+
+	first := q.Part(0, 1, nil)
+	_ = append(first.Outputs[0], 0xFF)
+	assert.Equal(t, encode(4), q.Outputs[0][8:12], "a part cannot grow into the rows after it")
+}
+
 func TestRunRejectsMismatchedBuffers(t *testing.T) {
 	r, _, _ := newRunner(t, []int{1})
 	q := request(2, 0)
