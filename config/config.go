@@ -44,6 +44,7 @@ type Config struct {
 	Engine          Engine
 	RBLN            RBLN
 	ModelRepository string
+	Models          Models
 	Log             Log
 	// File is the configuration file read, or "" when none was.
 	File string
@@ -127,6 +128,15 @@ type RBLN struct {
 	CompileCacheDir string
 	StrictWarmup    bool
 	StallTimeout    time.Duration
+}
+
+// Models bounds what loading one model may take.
+type Models struct {
+	// MaxModelBytes refuses a model whose estimated memory is above it; 0
+	// (auto) leaves the choice to the model set: half the memory limit.
+	MaxModelBytes int64
+	// LoadTimeout bounds one model's load.
+	LoadTimeout time.Duration
 }
 
 // Log configures the server log.
@@ -213,6 +223,10 @@ var keys = []key{
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
 	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository},
+	{"models.max_model_bytes", "auto", "refuse a model whose estimated memory (weights, staging, the CPU engine's buffers for every bucket) is above this; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
+		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)")},
+	{"models.load_timeout", "10m", "how long one model's load (reading, loading, warm-up) may take before it fails",
+		value(func(c *Config) *time.Duration { return &c.Models.LoadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10m")},
 	{"log.level", "info", "log level: debug, info, warn or error",
 		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error")},
 	{"log.format", "text", "log format: text or json",
@@ -395,6 +409,14 @@ func modelRepository(c *Config, v *viper.Viper, key string) error {
 func asString(s string) (string, error) { return s, nil }
 
 func parseInt64(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+
+// parseAutoBytes reads a size, or auto (0).
+func parseAutoBytes(s string) (int64, error) {
+	if s == "auto" {
+		return 0, nil
+	}
+	return ParseBytes(s)
+}
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

@@ -34,6 +34,27 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, 1024, c.Batching.MaxQueueSize)
 	assert.Zero(t, c.Batching.DefaultTimeout)
 	assert.Equal(t, 1, c.Batching.PriorityLevels)
+	assert.Equal(t, Models{MaxModelBytes: 0, LoadTimeout: 10 * time.Minute}, c.Models, "auto: the model set takes half the memory limit")
+}
+
+func TestModelLimits(t *testing.T) {
+	dir := repo(t)
+	t.Setenv("STEPSERVE_MODELS_MAX_MODEL_BYTES", "4GiB")
+	c, err := Load([]string{"--model_repository", dir, "--models.load_timeout", "90s"})
+	require.NoError(t, err)
+	assert.Equal(t, Models{MaxModelBytes: 4 << 30, LoadTimeout: 90 * time.Second}, c.Models)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--models.max_model_bytes", "512KiB"}, `models.max_model_bytes: "512KiB"; want auto, or a size of at least 1MiB`},
+		{[]string{"--models.max_model_bytes", "lots"}, `models.max_model_bytes: "lots"; want auto`},
+		{[]string{"--models.load_timeout", "0s"}, `models.load_timeout: "0s"; want a positive duration`},
+	} {
+		_, err := Load(append([]string{"--model_repository", dir}, tc.args...))
+		assert.ErrorIs(t, err, ErrInvalid)
+		assert.ErrorContains(t, err, tc.want)
+	}
 }
 
 func TestPrecedenceFileEnvFlag(t *testing.T) {

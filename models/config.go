@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // Config is the schema of a model.yaml file.
@@ -148,17 +150,42 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // name can never step outside the repository directory.
 func ValidName(s string) bool { return nameRE.MatchString(s) && !strings.Contains(s, "..") }
 
+// The upper bounds of model.yaml's sizes. The weights bound a model
+// anyway (every tensor's shape is checked against these keys from the
+// file's header, before anything grows with them); these name a typo
+// before the weights are opened.
+const (
+	maxLayers    = 1024
+	maxWidth     = 1 << 18 // hidden, intermediate, an mlp's widths
+	maxVocab     = 1 << 22
+	maxPosition  = 1 << 17
+	maxTypeVocab = 1 << 16
+	// maxBuckets bounds the grid: every bucket is a compiled program and
+	// a pair of staging buffers.
+	maxBuckets = 1024
+)
+
 // ParseConfig decodes model.yaml strictly (an unknown key is an error, so a
 // misspelt key is never silently ignored), fills defaults and validates.
+// It reads at most 1 MiB. Its errors quote no more of the file than a key
+// name or a short value: a file that is not a model.yaml at all (a
+// password file, a binary) is not echoed back.
 func ParseConfig(r io.Reader) (*Config, error) {
-	dec := yaml.NewDecoder(r)
+	b, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if len(b) > maxConfigBytes {
+		return nil, fmt.Errorf("%w: larger than the %d-byte limit", ErrConfig, maxConfigBytes)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	var c Config
 	if err := dec.Decode(&c); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: the file is empty; want at least architecture, inputs, outputs and buckets", ErrConfig)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %s", ErrConfig, yamlError(err))
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -166,9 +193,15 @@ func ParseConfig(r io.Reader) (*Config, error) {
 	return &c, nil
 }
 
-// ReadConfig reads and validates a model.yaml file; errors name the file.
+// ReadConfig reads and validates a model.yaml file, a regular file of at
+// most 1 MiB; errors name the file.
 func ReadConfig(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
+	root, err := os.OpenRoot(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	defer root.Close()
+	b, err := readFile(root, filepath.Base(path), maxConfigBytes)
 	if err != nil {
 		return nil, fmt.Errorf("models: %w", err)
 	}
@@ -179,6 +212,107 @@ func ReadConfig(path string) (*Config, error) {
 	return c, nil
 }
 
+// The entries of a *yaml.TypeError: "line N:" and what went wrong, which
+// quotes the file.
+var (
+	yamlCannot = regexp.MustCompile(`^line (\d+): cannot unmarshal (!!\w+)( .*)? into (.+)$`)
+	// yamlWord is a value short and plain enough to quote: a typo such as
+	// "soon", not a line of some other file.
+	yamlWord    = regexp.MustCompile("^ `([A-Za-z0-9_.+-]{1,10})`$")
+	yamlUnknown = regexp.MustCompile(`^line (\d+): field (.*) not found in type .*$`)
+	yamlTwice   = regexp.MustCompile(`^line (\d+): (?:field .* already set in type .*|mapping key .* already defined at line \d+)$`)
+)
+
+// yamlError rewrites a YAML decoding error for a reader of model.yaml:
+// what was found and what is wanted, by line, quoting at most a key name
+// (clipped) or a short plain word, so that a file that is not a model.yaml
+// is not echoed back.
+func yamlError(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		// A syntax error: "yaml: line 3: did not find expected key". The
+		// few that quote the file (an anchor's name) lose the quote.
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		if i := strings.IndexAny(msg, "'\"`"); i >= 0 {
+			msg = strings.TrimSpace(msg[:i])
+		}
+		return msg
+	}
+	const most = 5
+	out := make([]string, 0, most+1)
+	for _, e := range te.Errors[:min(len(te.Errors), most)] {
+		if m := yamlCannot.FindStringSubmatch(e); m != nil {
+			found := yamlKind(m[2])
+			if w := yamlWord.FindStringSubmatch(m[3]); w != nil {
+				found += fmt.Sprintf(" (%q)", w[1])
+			}
+			out = append(out, fmt.Sprintf("line %s: want %s, found %s", m[1], yamlWant(m[4]), found))
+		} else if m := yamlUnknown.FindStringSubmatch(e); m != nil {
+			out = append(out, fmt.Sprintf("line %s: unknown key %q", m[1], clip.Clip(m[2], maxNameInError)))
+		} else if m := yamlTwice.FindStringSubmatch(e); m != nil {
+			out = append(out, fmt.Sprintf("line %s: a key appears twice", m[1]))
+		} else if i := strings.Index(e, ":"); i >= 0 {
+			out = append(out, e[:i]+": malformed value")
+		}
+	}
+	if len(te.Errors) > most {
+		out = append(out, fmt.Sprintf("and %d more", len(te.Errors)-most))
+	}
+	if len(out) == 0 {
+		return "malformed YAML"
+	}
+	return strings.Join(out, "; ")
+}
+
+// yamlKind names a YAML tag as a reader says it.
+func yamlKind(tag string) string {
+	switch tag {
+	case "!!str":
+		return "a string"
+	case "!!int":
+		return "an integer"
+	case "!!float":
+		return "a number"
+	case "!!bool":
+		return "a boolean"
+	case "!!seq":
+		return "a list"
+	case "!!map":
+		return "a mapping"
+	case "!!null":
+		return "nothing"
+	default:
+		return "a " + strings.TrimPrefix(tag, "!!")
+	}
+}
+
+// yamlWant names the Go type a value decodes into as model.yaml's reader
+// says it.
+func yamlWant(goType string) string {
+	switch goType {
+	case "models.Config":
+		return "a mapping of model.yaml's keys"
+	case "int", "*int":
+		return "an integer"
+	case "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "string", "models.Datatype":
+		return "a string"
+	case "time.Duration", "*time.Duration":
+		return "a duration such as 5ms"
+	case "[]int":
+		return "a list of integers"
+	case "[]models.TensorSpec":
+		return "a list of tensors ({name, datatype, shape})"
+	}
+	if strings.HasPrefix(goType, "*models.") || strings.HasPrefix(goType, "models.") {
+		return "a mapping"
+	}
+	return strings.TrimPrefix(goType, "*")
+}
+
 func (c *Config) validate() error {
 	bad := func(key string, format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrConfig, key, fmt.Sprintf(format, args...))
@@ -187,10 +321,10 @@ func (c *Config) validate() error {
 		c.Version = "1"
 	}
 	if !ValidName(c.Version) {
-		return bad("version", "%q is not a valid version; use letters, digits, '_', '.' or '-'", c.Version)
+		return bad("version", "%q is not a valid version; use letters, digits, '_', '.' or '-'", clip.Clip(c.Version, maxNameInError))
 	}
 	if c.Name != "" && !ValidName(c.Name) {
-		return bad("name", "%q is not a valid model name; use letters, digits, '_', '.' or '-'", c.Name)
+		return bad("name", "%q is not a valid model name; use letters, digits, '_', '.' or '-'", clip.Clip(c.Name, maxNameInError))
 	}
 	if c.Engine != "" {
 		if err := oneOf(bad, "engine", &c.Engine, "", "cpu", "rbln"); err != nil {
@@ -211,6 +345,10 @@ func (c *Config) validate() error {
 		return err
 	}
 
+	if n := len(c.Buckets.Batch) * max(len(c.Buckets.Seq), 1); n > maxBuckets {
+		return bad("buckets", "%d batch sizes and %d sequence lengths make %d buckets, above the limit of %d",
+			len(c.Buckets.Batch), len(c.Buckets.Seq), n, maxBuckets)
+	}
 	if err := bucketing.ValidateSeq(c.Buckets.Seq); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -229,7 +367,7 @@ func (c *Config) validate() error {
 	case "":
 		return bad("architecture", "is required; want mlp or encoder")
 	default:
-		return bad("architecture", "%q is not supported; want mlp or encoder", c.Architecture)
+		return bad("architecture", "%q is not supported; want mlp or encoder", clip.Clip(c.Architecture, maxNameInError))
 	}
 }
 
@@ -240,9 +378,18 @@ func oneOf(bad func(string, string, ...any) error, key string, v *string, def st
 		*v = def
 	}
 	if !slices.Contains(allowed, *v) {
-		return bad(key, "%q is not supported; want %s", *v, strings.Join(allowed, " or "))
+		return bad(key, "%q is not supported; want %s", clip.Clip(*v, maxNameInError), strings.Join(allowed, " or "))
 	}
 	return nil
+}
+
+// clipInts is a list as an error shows it: the first few values of a long
+// one.
+func clipInts(v []int) string {
+	if len(v) <= 8 {
+		return fmt.Sprint(v)
+	}
+	return strings.TrimSuffix(fmt.Sprint(v[:8]), "]") + fmt.Sprintf(" ... (%d values)]", len(v))
 }
 
 func validateSpecs(key string, specs []TensorSpec) error {
@@ -253,22 +400,22 @@ func validateSpecs(key string, specs []TensorSpec) error {
 	for i, s := range specs {
 		at := fmt.Sprintf("%s[%d]", key, i)
 		if !ValidName(s.Name) {
-			return fmt.Errorf("%w: %s.name: %q is not a valid tensor name", ErrConfig, at, s.Name)
+			return fmt.Errorf("%w: %s.name: %q is not a valid tensor name", ErrConfig, at, clip.Clip(s.Name, maxNameInError))
 		}
 		if seen[s.Name] {
 			return fmt.Errorf("%w: %s.name: %q appears twice", ErrConfig, at, s.Name)
 		}
 		seen[s.Name] = true
 		if !s.Datatype.Valid() {
-			_, err := ParseDatatype(string(s.Datatype))
+			_, err := ParseDatatype(clip.Clip(string(s.Datatype), maxNameInError))
 			return fmt.Errorf("%w: %s.datatype: %v", ErrConfig, at, err)
 		}
 		if len(s.Shape) < 1 || s.Shape[0] != -1 {
-			return fmt.Errorf("%w: %s.shape: %v must start with -1, the batch dimension", ErrConfig, at, s.Shape)
+			return fmt.Errorf("%w: %s.shape: %v must start with -1, the batch dimension", ErrConfig, at, clipInts(s.Shape))
 		}
 		for i, d := range s.Shape[1:] {
 			if d <= 0 && !(d == -1 && i == 0) {
-				return fmt.Errorf("%w: %s.shape: %v: after the batch, only the second dimension may be -1 (the sequence); the others must be positive", ErrConfig, at, s.Shape)
+				return fmt.Errorf("%w: %s.shape: %v: after the batch, only the second dimension may be -1 (the sequence); the others must be positive", ErrConfig, at, clipInts(s.Shape))
 			}
 		}
 	}
@@ -293,10 +440,19 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 		t := true
 		e.Lowercase = &t
 	}
-	for key, v := range map[string]int{"vocab_size": e.VocabSize, "hidden": e.Hidden, "layers": e.Layers, "heads": e.Heads,
-		"intermediate": e.Intermediate, "max_position": e.MaxPosition, "type_vocab_size": e.TypeVocabSize} {
-		if v <= 0 {
-			return bad("encoder."+key, "%d must be positive", v)
+	for _, k := range []struct {
+		key   string
+		v, hi int
+	}{
+		{"vocab_size", e.VocabSize, maxVocab}, {"hidden", e.Hidden, maxWidth}, {"layers", e.Layers, maxLayers},
+		{"heads", e.Heads, maxWidth}, {"intermediate", e.Intermediate, maxWidth},
+		{"max_position", e.MaxPosition, maxPosition}, {"type_vocab_size", e.TypeVocabSize, maxTypeVocab},
+	} {
+		if k.v <= 0 {
+			return bad("encoder."+k.key, "%d must be positive", k.v)
+		}
+		if k.v > k.hi {
+			return bad("encoder."+k.key, "%d is above the limit of %d", k.v, k.hi)
 		}
 	}
 	if e.Hidden%e.Heads != 0 {
@@ -337,9 +493,12 @@ func (c *Config) validateMLP(bad func(string, string, ...any) error) error {
 	if len(m.Sizes) < 2 {
 		return bad("mlp.sizes", "%v needs at least an input and an output width", m.Sizes)
 	}
+	if len(m.Sizes) > maxLayers+1 {
+		return bad("mlp.sizes", "%d widths are %d layers, above the limit of %d", len(m.Sizes), len(m.Sizes)-1, maxLayers)
+	}
 	for _, s := range m.Sizes {
-		if s <= 0 {
-			return bad("mlp.sizes", "%v: widths must be positive", m.Sizes)
+		if s <= 0 || s > maxWidth {
+			return bad("mlp.sizes", "%v: widths must be in 1..%d", clipInts(m.Sizes), maxWidth)
 		}
 	}
 	if err := oneOf(bad, "mlp.activation", &m.Activation, "relu", "relu", "gelu"); err != nil {
@@ -350,10 +509,10 @@ func (c *Config) validateMLP(bad func(string, string, ...any) error) error {
 	}
 	in, out := m.Sizes[0], m.Sizes[len(m.Sizes)-1]
 	if len(c.Inputs) != 1 || c.Inputs[0].Datatype != FP32 || !slices.Equal(c.Inputs[0].Shape, []int{-1, in}) {
-		return bad("inputs", "an mlp with mlp.sizes %v takes exactly one FP32 input of shape [-1, %d]", m.Sizes, in)
+		return bad("inputs", "an mlp with mlp.sizes %v takes exactly one FP32 input of shape [-1, %d]", clipInts(m.Sizes), in)
 	}
 	if len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, out}) {
-		return bad("outputs", "an mlp with mlp.sizes %v gives exactly one FP32 output of shape [-1, %d]", m.Sizes, out)
+		return bad("outputs", "an mlp with mlp.sizes %v gives exactly one FP32 output of shape [-1, %d]", clipInts(m.Sizes), out)
 	}
 	return nil
 }

@@ -54,12 +54,12 @@ func TestParseConfigErrors(t *testing.T) {
 	tests := []struct {
 		name, old, new, want string
 	}{
-		{"unknown key", "architecture: mlp", "architecture: mlp\nbatch_size: 4", "field batch_size not found"},
+		{"unknown key", "architecture: mlp", "architecture: mlp\nbatch_size: 4", `line 3: unknown key "batch_size"`},
 		{"no architecture", "architecture: mlp", "", "architecture: is required"},
 		{"bad architecture", "architecture: mlp", "architecture: cnn", `architecture: "cnn" is not supported`},
 		{"no mlp section", "mlp:\n  sizes: [4, 8, 3]", "", "mlp: is required"},
 		{"one size", "sizes: [4, 8, 3]", "sizes: [4]", "mlp.sizes: [4] needs at least"},
-		{"zero width", "sizes: [4, 8, 3]", "sizes: [4, 0, 3]", "widths must be positive"},
+		{"zero width", "sizes: [4, 8, 3]", "sizes: [4, 0, 3]", "widths must be in 1..262144"},
 		{"bad activation", "sizes: [4, 8, 3]", "sizes: [4, 8, 3]\n  activation: tanh", `mlp.activation: "tanh" is not supported; want relu or gelu`},
 		{"bad output activation", "sizes: [4, 8, 3]", "sizes: [4, 8, 3]\n  output_activation: sigmoid", `mlp.output_activation: "sigmoid"`},
 		{"input width", "shape: [-1, 4]", "shape: [-1, 5]", "inputs: an mlp with mlp.sizes [4 8 3] takes exactly one FP32 input of shape [-1, 4]"},
@@ -74,7 +74,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not supported; want cpu or rbln`},
 		{"bad dtype", "architecture: mlp", "architecture: mlp\ndevice_dtype: int8", `device_dtype: "int8" is not supported`},
 		{"bad warmup", "architecture: mlp", "architecture: mlp\nwarmup: sometimes", `warmup: "sometimes" is not supported; want eager or lazy`},
-		{"bad delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: soon}", "cannot unmarshal !!str `soon` into time.Duration"},
+		{"bad delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: soon}", `line 3: want a duration such as 5ms, found a string ("soon")`},
 		{"bad version", "architecture: mlp", "architecture: mlp\nversion: a/b", `version: "a/b" is not a valid version`},
 	}
 	for _, tt := range tests {
@@ -121,29 +121,35 @@ func mlpTensors() []*Tensor {
 	}
 }
 
-func TestLoadRepository(t *testing.T) {
+func TestListAndLoad(t *testing.T) {
 	root := t.TempDir()
 	writeModel(t, root, "b-model", validMLP, mlpTensors())
 	writeModel(t, root, "a-model", validMLP, mlpTensors())
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "not-a-model"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(root, "README"), []byte("x"), 0o644))
 
-	ms, err := LoadRepository(root)
+	names, err := List(root)
 	require.NoError(t, err)
-	require.Len(t, ms, 2)
-	assert.Equal(t, "a-model", ms[0].Name)
-	assert.Equal(t, "b-model", ms[1].Name)
-	require.NotNil(t, ms[0].MLP)
-	assert.Len(t, ms[0].MLP.Layers, 2)
-	assert.Equal(t, 8, ms[0].MLP.Layers[1].In)
+	assert.Equal(t, []string{"a-model", "b-model"}, names)
+	m, err := Load(filepath.Join(root, "a-model"))
+	require.NoError(t, err)
+	assert.Equal(t, "a-model", m.Name)
+	require.NotNil(t, m.MLP)
+	assert.Len(t, m.MLP.Layers, 2)
+	assert.Equal(t, 8, m.MLP.Layers[1].In)
+	assert.Equal(t, []float32{0, 0, 0}, m.MLP.Layers[1].Bias)
+
+	names, err = List(t.TempDir())
+	require.NoError(t, err)
+	assert.Empty(t, names)
 }
 
 func TestLoadErrorsNameTheProblem(t *testing.T) {
 	root := t.TempDir()
 	dir := writeModel(t, root, "m", validMLP, mlpTensors()[:3])
 	_, err := Load(dir)
-	assert.ErrorContains(t, err, `tensor "layers.1.bias" is missing (want shape [3])`)
-	assert.ErrorContains(t, err, filepath.Join(dir, WeightsFile))
+	assert.ErrorContains(t, err, `m/weights.safetensors: tensor "layers.1.bias" is missing (want shape [3])`)
+	assert.NotContains(t, err.Error(), root, "errors name files by their path in the repository")
 
 	bad := mlpTensors()
 	bad[2].Shape, bad[2].Data = []int{8, 3}, make([]float32, 24)
@@ -157,10 +163,11 @@ func TestLoadErrorsNameTheProblem(t *testing.T) {
 
 	dir = writeModel(t, root, "m4", "architecture: [\n", mlpTensors())
 	_, err = Load(dir)
-	assert.ErrorContains(t, err, filepath.Join(dir, ConfigFile))
+	assert.ErrorContains(t, err, "m4/model.yaml")
 
-	_, err = LoadRepository(t.TempDir())
-	assert.ErrorContains(t, err, "holds no model")
+	_, err = Open(root, "missing")
+	assert.ErrorIs(t, err, ErrNoModel)
+	assert.ErrorContains(t, err, "the repository has no missing/model.yaml")
 }
 
 func TestShippedDigitsModelLoads(t *testing.T) {

@@ -24,7 +24,10 @@ type EncoderLayer struct {
 type Norm struct{ Weight, Bias []float32 }
 
 // NewEncoder takes an encoder's tensors out of w, with or without the
-// "bert." prefix, checking every shape against cfg.
+// "bert." prefix, checking every shape against cfg. It stops at the first
+// tensor missing or of the wrong shape, so that a config asking for more
+// layers than the file holds costs no more than the file does. Run on
+// weights whose data is not read yet, it checks the shapes alone.
 func NewEncoder(cfg *EncoderConfig, w *Weights) (*Encoder, error) {
 	prefix := ""
 	if _, ok := w.Tensors["bert.embeddings.word_embeddings.weight"]; ok {
@@ -56,9 +59,13 @@ func NewEncoder(cfg *EncoderConfig, w *Weights) (*Encoder, error) {
 		TypeEmb: get("embeddings.token_type_embeddings.weight", cfg.TypeVocabSize, H),
 		EmbNorm: norm("embeddings.LayerNorm"),
 	}
+	if err != nil {
+		return nil, err
+	}
+	e.Layers = make([]EncoderLayer, 0, min(cfg.Layers, len(w.Tensors)))
 	for i := range cfg.Layers {
 		p := fmt.Sprintf("encoder.layer.%d.", i)
-		e.Layers = append(e.Layers, EncoderLayer{
+		l := EncoderLayer{
 			Query:    linear(p+"attention.self.query", H, H),
 			Key:      linear(p+"attention.self.key", H, H),
 			Value:    linear(p+"attention.self.value", H, H),
@@ -67,10 +74,11 @@ func NewEncoder(cfg *EncoderConfig, w *Weights) (*Encoder, error) {
 			Inter:    linear(p+"intermediate.dense", I, H),
 			Out:      linear(p+"output.dense", H, I),
 			OutNorm:  norm(p + "output.LayerNorm"),
-		})
-	}
-	if err != nil {
-		return nil, err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w (encoder.layers is %d)", err, cfg.Layers)
+		}
+		e.Layers = append(e.Layers, l)
 	}
 	return e, nil
 }

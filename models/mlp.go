@@ -18,9 +18,12 @@ type MLP struct {
 	OutputActivation string // none | softmax
 }
 
-// NewMLP takes the layers named by cfg out of w, checking every shape.
+// NewMLP takes the layers named by cfg out of w, checking every shape; it
+// stops at the first tensor missing or of the wrong shape. Run on weights
+// whose data is not read yet, it checks the shapes alone.
 func NewMLP(cfg *MLPConfig, w *Weights) (*MLP, error) {
-	m := &MLP{Activation: cfg.Activation, OutputActivation: cfg.OutputActivation}
+	m := &MLP{Activation: cfg.Activation, OutputActivation: cfg.OutputActivation,
+		Layers: make([]Linear, 0, len(cfg.Sizes)-1)}
 	for i := 0; i+1 < len(cfg.Sizes); i++ {
 		in, out := cfg.Sizes[i], cfg.Sizes[i+1]
 		wt, err := w.Tensor(fmt.Sprintf("layers.%d.weight", i), out, in)

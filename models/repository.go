@@ -1,11 +1,17 @@
 package models
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
-	"sort"
+	"strings"
+
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // The files of a model directory.
@@ -30,73 +36,172 @@ type Model struct {
 	Tokenizer *Tokenizer
 }
 
-// Load reads the model in dir, named after the directory.
+// Load reads the model in dir, named after the directory, as [Open] and
+// [Manifest.Load] do with dir's parent as the repository.
 func Load(dir string) (*Model, error) {
-	name := filepath.Base(dir)
-	if !ValidName(name) {
-		return nil, fmt.Errorf("%s: %q is not a valid model name; use letters, digits, '_', '.' or '-'", dir, name)
-	}
-	cfg, err := ReadConfig(filepath.Join(dir, ConfigFile))
+	dir = filepath.Clean(dir)
+	m, err := Open(filepath.Dir(dir), filepath.Base(dir))
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Name != "" && cfg.Name != name {
-		return nil, fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
-			filepath.Join(dir, ConfigFile), ErrConfig, cfg.Name, name)
-	}
-	w, err := ReadSafetensors(filepath.Join(dir, WeightsFile))
-	if err != nil {
-		return nil, err
-	}
-	m := &Model{Name: name, Version: cfg.Version, Dir: dir, Config: cfg, Weights: w}
-	switch cfg.Architecture {
-	case "mlp":
-		if m.MLP, err = NewMLP(cfg.MLP, w); err != nil {
-			return nil, err
-		}
-	case "encoder":
-		if m.Encoder, err = NewEncoder(cfg.Encoder, w); err != nil {
-			return nil, err
-		}
-		vocab := filepath.Join(dir, VocabFile)
-		if _, err := os.Stat(vocab); err == nil {
-			if m.Tokenizer, err = ReadTokenizer(vocab, *cfg.Encoder.Lowercase, cfg.Encoder.VocabSize); err != nil {
-				return nil, err
-			}
-		} else if cfg.TextInput() {
-			return nil, fmt.Errorf("%s: %w: inputs: a text input needs a WordPiece %s in the model directory", filepath.Join(dir, ConfigFile), ErrConfig, VocabFile)
-		}
-	}
-	return m, nil
+	return m.Load(context.Background())
 }
 
-// LoadRepository loads every model directory (a directory holding a
-// model.yaml) under root, in name order. Other entries are ignored. One bad
-// model fails the whole load, naming the model, so that a server never starts
-// with part of what it was asked to serve.
-func LoadRepository(root string) ([]*Model, error) {
-	entries, err := os.ReadDir(root)
+// List names the models of the repository at repo: its directories that
+// hold a model.yaml, in name order. Other entries are ignored.
+func List(repo string) ([]string, error) {
+	root, err := os.OpenRoot(repo)
 	if err != nil {
-		return nil, fmt.Errorf("models: repository: %w", err)
+		return nil, fmt.Errorf("models: repository: %w", unwrapPath(err))
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
-	var out []*Model
+	defer root.Close()
+	entries, err := fs.ReadDir(root.FS(), ".")
+	if err != nil {
+		return nil, fmt.Errorf("models: repository: %w", unwrapPath(err))
+	}
+	var out []string
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
-		dir := filepath.Join(root, e.Name())
-		if _, err := os.Stat(filepath.Join(dir, ConfigFile)); errors.Is(err, os.ErrNotExist) {
+		// Lstat: only whether it is there; Open says what is wrong with it.
+		if _, err := root.Lstat(path.Join(e.Name(), ConfigFile)); err != nil {
 			continue
 		}
-		m, err := Load(dir)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+		out = append(out, e.Name())
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("models: repository %s holds no model (no <name>/%s)", root, ConfigFile)
+	return out, nil // fs.ReadDir sorts by name
+}
+
+// Manifest is a model directory read up to its weights' values: the
+// validated model.yaml and the weights file's header, every tensor the
+// architecture takes present with the shape model.yaml implies. What the
+// model will take to hold is known from it ([Weights.ResidentBytes]);
+// nothing that grows with the weights is allocated until [Manifest.Load].
+// Close it when it is not loaded.
+type Manifest struct {
+	Name   string
+	Config *Config
+	// Weights lists the weights file's tensors, without their values.
+	Weights *Weights
+
+	dir     string
+	root    *os.Root
+	weights *repoFile
+	vocab   bool // whether the directory has a vocab.txt
+}
+
+// Open reads model name of the repository at repo up to its weights'
+// values: model.yaml, the weights' header and the shapes of the tensors
+// it names, and whether a vocab.txt is there. Every file is opened through
+// the repository (a symbolic link out of it is refused), must be a regular
+// file (a FIFO or a device is refused without blocking), and is read only
+// up to its limit. Errors name files by their path in the repository
+// (digits/model.yaml), never by the server's path, and quote no more of a
+// file than a key or a tensor name. A missing model wraps [ErrNoModel].
+func Open(repo, name string) (*Manifest, error) {
+	if !ValidName(name) {
+		return nil, fmt.Errorf("models: %q is not a valid model name; use letters, digits, '_', '.' or '-'", clip.Clip(name, maxNameInError))
+	}
+	root, err := os.OpenRoot(repo)
+	if err != nil {
+		return nil, fmt.Errorf("models: repository: %w", unwrapPath(err))
+	}
+	m := &Manifest{Name: name, dir: filepath.Join(repo, name), root: root}
+	if err := m.open(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Manifest) open() error {
+	file := path.Join(m.Name, ConfigFile)
+	b, err := readFile(m.root, file, maxConfigBytes)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: the repository has no %s", ErrNoModel, file)
+	}
+	if err != nil {
+		return err
+	}
+	if m.Config, err = ParseConfig(bytes.NewReader(b)); err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	if m.Config.Name != "" && m.Config.Name != m.Name {
+		return fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
+			file, ErrConfig, m.Config.Name, m.Name)
+	}
+	if m.weights, err = openFile(m.root, path.Join(m.Name, WeightsFile), 0); err != nil {
+		return err
+	}
+	if m.Weights, err = readHeader(m.weights); err != nil {
+		return err
+	}
+	m.Weights.Path = filepath.Join(m.dir, WeightsFile)
+	if _, err := m.layers(); err != nil {
+		return err
+	}
+	if m.Config.Architecture == "encoder" {
+		vocab := path.Join(m.Name, VocabFile)
+		if m.vocab, err = statFile(m.root, vocab, maxVocabBytes); err != nil {
+			return err
+		}
+		if !m.vocab && m.Config.TextInput() {
+			return fmt.Errorf("%s: %w: inputs: a text input needs a WordPiece %s in the model directory", file, ErrConfig, VocabFile)
+		}
+	}
+	return nil
+}
+
+// layers builds the architecture's layers from the weights: their shapes
+// alone before the values are read.
+func (m *Manifest) layers() (*Model, error) {
+	out := &Model{Name: m.Name, Version: m.Config.Version, Dir: m.dir, Config: m.Config, Weights: m.Weights}
+	var err error
+	switch m.Config.Architecture {
+	case "mlp":
+		out.MLP, err = NewMLP(m.Config.MLP, m.Weights)
+	case "encoder":
+		out.Encoder, err = NewEncoder(m.Config.Encoder, m.Weights)
+	}
+	return out, err
+}
+
+// Load reads the weights' values (and the vocabulary) and returns the
+// model; it honours ctx between chunks of the weights. It closes m.
+func (m *Manifest) Load(ctx context.Context) (*Model, error) {
+	defer m.Close()
+	if m.weights == nil {
+		return nil, fmt.Errorf("models: model %s: the manifest was loaded or closed already", m.Name)
+	}
+	if err := m.Weights.readData(ctx, m.weights); err != nil {
+		return nil, err
+	}
+	out, err := m.layers()
+	if err != nil {
+		return nil, err
+	}
+	if m.vocab {
+		// ReadTokenizer opens the file by its path; Open checked it through
+		// the repository. Its errors name the file as the repository does.
+		vocab := filepath.Join(m.dir, VocabFile)
+		if out.Tokenizer, err = ReadTokenizer(vocab, *m.Config.Encoder.Lowercase, m.Config.Encoder.VocabSize); err != nil {
+			return nil, errors.New(strings.ReplaceAll(err.Error(), vocab, path.Join(m.Name, VocabFile)))
+		}
 	}
 	return out, nil
+}
+
+// Close releases the files Open kept open. It is idempotent.
+func (m *Manifest) Close() error {
+	var errs []error
+	if m.weights != nil {
+		errs = append(errs, m.weights.Close())
+		m.weights = nil
+	}
+	if m.root != nil {
+		errs = append(errs, m.root.Close())
+		m.root = nil
+	}
+	return errors.Join(errs...)
 }

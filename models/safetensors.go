@@ -2,6 +2,8 @@ package models
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -9,8 +11,11 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
+
+	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // maxSafetensorsHeader bounds the JSON header, as the reference
@@ -28,7 +33,10 @@ type Tensor struct {
 	Name  string
 	Dtype string // the dtype stored in the file: F32, F16 or BF16
 	Shape []int
-	Data  []float32
+	// Data is nil until the file's data is read.
+	Data []float32
+
+	begin, end int64 // the tensor's bytes in the data section
 }
 
 // Numel is the number of elements the shape holds.
@@ -36,9 +44,16 @@ func (t *Tensor) Numel() int { return numel(t.Shape) }
 
 // Weights is the content of one safetensors file.
 type Weights struct {
+	// Path is where the file is on disk, for an engine that reads it
+	// itself. Name is how errors name it: its path in the model
+	// repository (digits/weights.safetensors), or Path when it was read
+	// from outside one.
 	Path     string
+	Name     string
 	Tensors  map[string]*Tensor
 	Metadata map[string]string
+
+	dataStart int64 // where the data section starts in the file
 }
 
 // Tensor returns the named tensor checked against the expected shape; the
@@ -46,13 +61,35 @@ type Weights struct {
 func (w *Weights) Tensor(name string, shape ...int) (*Tensor, error) {
 	t, ok := w.Tensors[name]
 	if !ok {
-		return nil, fmt.Errorf("%s: tensor %q is missing (want shape %v)", w.Path, name, shape)
+		return nil, fmt.Errorf("%s: tensor %q is missing (want shape %v)", w.name(), clip.Clip(name, maxNameInError), shape)
 	}
 	if !slices.Equal(t.Shape, shape) {
-		return nil, fmt.Errorf("%s: tensor %q has shape %v, want %v", w.Path, name, t.Shape, shape)
+		return nil, fmt.Errorf("%s: tensor %q has shape %v, want %v", w.name(), clip.Clip(name, maxNameInError), t.Shape, shape)
 	}
 	return t, nil
 }
+
+// name is how errors name the file.
+func (w *Weights) name() string {
+	if w.Name != "" {
+		return w.Name
+	}
+	return w.Path
+}
+
+// ResidentBytes is the memory the tensors take once read: every value a
+// float32, whatever the file stores. It is known from the header alone.
+func (w *Weights) ResidentBytes() int64 {
+	var n int64
+	for _, t := range w.Tensors {
+		n += int64(t.Numel()) * 4
+	}
+	return n
+}
+
+// maxNameInError bounds how much of a name read from a file an error
+// quotes: enough to recognise it, never a file's worth.
+const maxNameInError = 64
 
 var safetensorsDtypeSize = map[string]int{"F32": 4, "F16": 2, "BF16": 2}
 
@@ -64,18 +101,86 @@ type safetensorsEntry struct {
 
 // ReadSafetensors reads and checks a whole safetensors file. A truncated or
 // inconsistent file is an error naming the file and the tensor; it never
-// panics, whatever the bytes.
+// panics, whatever the bytes. Only a regular file is read; its header is
+// checked against the file's size before any tensor's data is read, and
+// the data is read a chunk at a time, never held whole.
 func ReadSafetensors(path string) (*Weights, error) {
-	b, err := os.ReadFile(path)
+	root, err := os.OpenRoot(filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("models: %w", err)
 	}
-	w, err := ParseSafetensors(b)
+	defer root.Close()
+	f, err := openFile(root, filepath.Base(path), 0)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	defer f.Close()
+	f.Name = path
+	w, err := readHeader(f)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.readData(context.Background(), f); err != nil {
+		return nil, err
 	}
 	w.Path = path
 	return w, nil
+}
+
+// readHeader reads and checks the header of an opened safetensors file:
+// every tensor's dtype, shape and place in the data section, which the
+// file's size must hold exactly. Nothing it allocates grows with the data.
+func readHeader(f *repoFile) (*Weights, error) {
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(f, lenBuf[:]); err != nil {
+		return nil, fmt.Errorf("%s: %w: file is %d bytes, shorter than the 8-byte header length", f.Name, ErrSafetensors, f.Size)
+	}
+	n, err := headerLength(lenBuf[:], f.Size)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name, err)
+	}
+	header := make([]byte, n)
+	if _, err := io.ReadFull(f, header); err != nil {
+		return nil, fmt.Errorf("%s: %w: reading the header: %v (truncated?)", f.Name, ErrSafetensors, unwrapPath(err))
+	}
+	w, err := parseHeader(header, f.Size-8-int64(n))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name, err)
+	}
+	w.Name, w.dataStart = f.Name, 8+int64(n)
+	return w, nil
+}
+
+// readChunk is how much of a tensor is read at a time: the file's bytes
+// are never held whole, only the float32 values they become.
+const readChunk = 1 << 20
+
+// readData reads every tensor's values from f, whose header w was read
+// from, in file order and a chunk at a time, checking ctx between chunks.
+func (w *Weights) readData(ctx context.Context, f *repoFile) error {
+	sorted := make([]*Tensor, 0, len(w.Tensors))
+	for _, t := range w.Tensors {
+		sorted = append(sorted, t)
+	}
+	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmp.Compare(a.begin, b.begin) })
+	buf := make([]byte, readChunk)
+	for _, t := range sorted {
+		size := int64(safetensorsDtypeSize[t.Dtype])
+		t.Data = make([]float32, t.Numel())
+		for done := int64(0); done < t.end-t.begin; {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%s: reading the weights: %w", w.name(), err)
+			}
+			chunk := buf[:min(int64(len(buf)), t.end-t.begin-done)]
+			if _, err := f.ReadAt(chunk, w.dataStart+t.begin+done); err != nil {
+				return fmt.Errorf("%s: %w: tensor %q: reading its data: %v (the file changed while it was read?)",
+					w.name(), ErrSafetensors, clip.Clip(t.Name, maxNameInError), unwrapPath(err))
+			}
+			decodeInto(t.Dtype, chunk, t.Data[done/size:])
+			done += int64(len(chunk))
+		}
+	}
+	return nil
 }
 
 // ParseSafetensors decodes a safetensors file held in memory. The returned
@@ -84,29 +189,50 @@ func ParseSafetensors(b []byte) (*Weights, error) {
 	if len(b) < 8 {
 		return nil, fmt.Errorf("%w: file is %d bytes, shorter than the 8-byte header length", ErrSafetensors, len(b))
 	}
-	n := binary.LittleEndian.Uint64(b[:8])
-	if n > maxSafetensorsHeader {
-		return nil, fmt.Errorf("%w: header length %d exceeds the %d-byte limit", ErrSafetensors, n, maxSafetensorsHeader)
-	}
-	if n > uint64(len(b)-8) {
-		return nil, fmt.Errorf("%w: header length %d runs past the end of the %d-byte file (truncated?)", ErrSafetensors, n, len(b))
+	n, err := headerLength(b[:8], int64(len(b)))
+	if err != nil {
+		return nil, err
 	}
 	header, data := b[8:8+n], b[8+n:]
+	w, err := parseHeader(header, int64(len(data)))
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range w.Tensors {
+		t.Data = make([]float32, t.Numel())
+		decodeInto(t.Dtype, data[t.begin:t.end], t.Data)
+	}
+	return w, nil
+}
 
+// headerLength reads the header's length from the file's first 8 bytes
+// and checks it against the limit and the file's size.
+func headerLength(b []byte, fileSize int64) (int, error) {
+	n := binary.LittleEndian.Uint64(b)
+	if n > maxSafetensorsHeader {
+		return 0, fmt.Errorf("%w: header length %d exceeds the %d-byte limit", ErrSafetensors, n, maxSafetensorsHeader)
+	}
+	if n > uint64(fileSize-8) {
+		return 0, fmt.Errorf("%w: header length %d runs past the end of the %d-byte file (truncated?)", ErrSafetensors, n, fileSize)
+	}
+	return int(n), nil
+}
+
+// parseHeader decodes a header for a data section of dataLen bytes: the
+// tensors, without their values. Names read from the file are quoted
+// clipped, and decoder errors are clipped, so that no error carries much
+// of the file.
+func parseHeader(header []byte, dataLen int64) (*Weights, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(header, &raw); err != nil {
-		return nil, fmt.Errorf("%w: header is not a JSON object: %v", ErrSafetensors, err)
+		return nil, fmt.Errorf("%w: header is not a JSON object: %s", ErrSafetensors, clip.Clip(err.Error(), maxNameInError))
 	}
 	w := &Weights{Tensors: make(map[string]*Tensor, len(raw))}
-	type span struct {
-		name       string
-		begin, end int
-	}
-	spans := make([]span, 0, len(raw))
 	for name, msg := range raw {
+		quoted := clip.Clip(name, maxNameInError)
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &w.Metadata); err != nil {
-				return nil, fmt.Errorf("%w: __metadata__ must map strings to strings: %v", ErrSafetensors, err)
+				return nil, fmt.Errorf("%w: __metadata__ must map strings to strings: %s", ErrSafetensors, clip.Clip(err.Error(), maxNameInError))
 			}
 			continue
 		}
@@ -114,77 +240,74 @@ func ParseSafetensors(b []byte) (*Weights, error) {
 		dec := json.NewDecoder(bytes.NewReader(msg))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&e); err != nil {
-			return nil, fmt.Errorf("%w: tensor %q: bad header entry: %v", ErrSafetensors, name, err)
+			return nil, fmt.Errorf("%w: tensor %q: bad header entry: %s", ErrSafetensors, quoted, clip.Clip(err.Error(), maxNameInError))
 		}
 		size, ok := safetensorsDtypeSize[e.Dtype]
 		if !ok {
-			return nil, fmt.Errorf("%w: tensor %q: dtype %q is not supported; want F32, F16 or BF16", ErrSafetensors, name, e.Dtype)
+			return nil, fmt.Errorf("%w: tensor %q: dtype %q is not supported; want F32, F16 or BF16", ErrSafetensors, quoted, clip.Clip(e.Dtype, maxNameInError))
 		}
 		count := 1
 		for _, d := range e.Shape {
 			if d < 0 {
-				return nil, fmt.Errorf("%w: tensor %q: negative dimension in shape %v", ErrSafetensors, name, e.Shape)
+				return nil, fmt.Errorf("%w: tensor %q: negative dimension in shape %v", ErrSafetensors, quoted, e.Shape)
 			}
 			if d != 0 && count > math.MaxInt32/d {
-				return nil, fmt.Errorf("%w: tensor %q: shape %v is too large", ErrSafetensors, name, e.Shape)
+				return nil, fmt.Errorf("%w: tensor %q: shape %v is too large", ErrSafetensors, quoted, e.Shape)
 			}
 			count *= d
 		}
 		if len(e.DataOffsets) != 2 {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets must be [begin, end], got %v", ErrSafetensors, name, e.DataOffsets)
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets must be [begin, end], got %v", ErrSafetensors, quoted, e.DataOffsets)
 		}
-		begin, end := e.DataOffsets[0], e.DataOffsets[1]
-		if begin < 0 || end < begin || end > len(data) {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] fall outside the %d-byte data section (truncated?)", ErrSafetensors, name, begin, end, len(data))
+		begin, end := int64(e.DataOffsets[0]), int64(e.DataOffsets[1])
+		if begin < 0 || end < begin || end > dataLen {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] fall outside the %d-byte data section (truncated?)", ErrSafetensors, quoted, begin, end, dataLen)
 		}
-		if end-begin != count*size {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets span %d bytes, but %s%v needs %d", ErrSafetensors, name, end-begin, e.Dtype, e.Shape, count*size)
+		if end-begin != int64(count*size) {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets span %d bytes, but %s%v needs %d", ErrSafetensors, quoted, end-begin, e.Dtype, e.Shape, count*size)
 		}
-		w.Tensors[name] = &Tensor{
-			Name:  name,
-			Dtype: e.Dtype,
-			Shape: e.Shape,
-			Data:  decodeFloats(e.Dtype, data[begin:end], count),
-		}
-		spans = append(spans, span{name, begin, end})
+		w.Tensors[name] = &Tensor{Name: name, Dtype: e.Dtype, Shape: e.Shape, begin: begin, end: end}
 	}
 
 	// The format requires the tensors to tile the data section exactly: an
 	// overlap or a hole means the header and the data disagree.
-	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
-	at, prev := 0, ""
+	spans := make([]*Tensor, 0, len(w.Tensors))
+	for _, t := range w.Tensors {
+		spans = append(spans, t)
+	}
+	slices.SortFunc(spans, func(a, b *Tensor) int { return cmp.Compare(a.begin, b.begin) })
+	at, prev := int64(0), ""
 	for _, s := range spans {
 		if s.begin < at {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] overlap tensor %q", ErrSafetensors, s.name, s.begin, s.end, prev)
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] overlap tensor %q", ErrSafetensors, clip.Clip(s.Name, maxNameInError), s.begin, s.end, clip.Clip(prev, maxNameInError))
 		}
 		if s.begin > at {
-			return nil, fmt.Errorf("%w: tensor %q: %d unclaimed bytes before its data at offset %d", ErrSafetensors, s.name, s.begin-at, s.begin)
+			return nil, fmt.Errorf("%w: tensor %q: %d unclaimed bytes before its data at offset %d", ErrSafetensors, clip.Clip(s.Name, maxNameInError), s.begin-at, s.begin)
 		}
-		at, prev = s.end, s.name
+		at, prev = s.end, s.Name
 	}
-	if at != len(data) {
-		return nil, fmt.Errorf("%w: %d bytes after the last tensor are claimed by none", ErrSafetensors, len(data)-at)
+	if at != dataLen {
+		return nil, fmt.Errorf("%w: %d bytes after the last tensor are claimed by none", ErrSafetensors, dataLen-at)
 	}
 	return w, nil
 }
 
-func decodeFloats(dtype string, b []byte, count int) []float32 {
-	out := make([]float32, count)
+// decodeInto converts b, values stored as dtype, into dst.
+func decodeInto(dtype string, b []byte, dst []float32) {
 	switch dtype {
 	case "F32":
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		for i := range len(b) / 4 {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		}
 	case "F16":
-		for i := range out {
-			out[i] = Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+		for i := range len(b) / 2 {
+			dst[i] = Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
 		}
 	case "BF16":
-		for i := range out {
-			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
+		for i := range len(b) / 2 {
+			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
 		}
 	}
-	return out
 }
 
 // Float16ToFloat32 converts an IEEE 754 half-precision value.

@@ -2,7 +2,10 @@
 // right now, each loaded on its engine, warmed up, behind its batcher.
 //
 // A [Set] loads models from the model repository directory with a context
-// that a load request or a shutdown can cancel, compiles and warms up every
+// that a load request, the load timeout or a shutdown can cancel, after
+// checking what each will take (model.yaml, the weights' shapes, its
+// estimated memory against a limit) before its weights are read; a panic
+// in a load is that load's error. It compiles and warms up every
 // bucket before a model counts as ready, reloads a model by warming up the
 // new one before it takes over, and unloads a model after its queue has
 // drained. It chooses each model's engine from an injected registry
@@ -16,7 +19,7 @@
 //
 // # Lifetime of a model
 //
-//	Add / Load    engine.Load: weights resident, staging allocated   LOADING
+//	LoadAll/Load  engine.Load: weights resident, staging allocated   LOADING
 //	Warmup        every bucket compiled and run twice                READY
 //	device down   not ready, or served by the failover engine
 //	Unload        no longer found by name; queue drained; closed     (gone)

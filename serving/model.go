@@ -37,19 +37,9 @@ type Model struct {
 
 // newModel loads m onto its engine (and the failover engine), with a
 // batcher in front; nothing is compiled yet.
-func (s *Set) newModel(ctx context.Context, m *models.Model) (*Model, error) {
-	name := m.Config.Engine
-	if name == "" {
-		name = s.opts.DefaultEngine
-	}
-	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
-	if err != nil {
-		return nil, fmt.Errorf("model %s: %w", m.Name, err)
-	}
-	batchOpts, err := s.batchingOptions(m)
-	if err != nil {
-		return nil, err
-	}
+func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Grid, batchOpts batching.Options) (*Model, error) {
+	name := s.enginesFor(m.Config)[0]
+	var err error
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
 		logger: s.logger.With("model", m.Name, "engine", name)}
 	if sm.program, sm.runner, err = s.load(ctx, m, name, grid); err != nil {

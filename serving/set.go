@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -45,6 +47,14 @@ type Options struct {
 	// DrainGrace bounds how long an unloaded or replaced model may take to
 	// run what it has queued; 0 means 30s.
 	DrainGrace time.Duration
+	// MaxModelBytes refuses a model whose estimated host memory (its
+	// weights, and what its engines allocate for its buckets) is above
+	// it, before its weights are read; 0 means half the process's memory
+	// limit (the smallest of the cgroup's, RLIMIT_AS and physical memory).
+	MaxModelBytes int64
+	// LoadTimeout bounds one model's load: reading, loading on its
+	// engines and, through [Set.Load], warming up. 0 means 10 minutes.
+	LoadTimeout time.Duration
 
 	// StepMetrics and BatchMetrics record every model's steps and queues;
 	// nil records nothing. The set deletes a model's series on unload.
@@ -63,11 +73,15 @@ type Set struct {
 	engines *engines
 	metrics *metrics
 
+	limit modelLimit
+
 	mu     sync.RWMutex
 	served map[string]*Model
 	failed map[string]string // why a model last failed to load
 
-	changing sync.Mutex // one load or unload at a time
+	// changing holds a token while a load or an unload runs: one at a
+	// time, and one waiting gives up when its context ends.
+	changing chan struct{}
 
 	// stopping ends when Drain starts: loads in progress are cancelled,
 	// since a stopping server will never serve what they load.
@@ -81,11 +95,15 @@ func New(opts Options) (*Set, error) {
 	if opts.DrainGrace == 0 {
 		opts.DrainGrace = 30 * time.Second
 	}
+	if opts.LoadTimeout == 0 {
+		opts.LoadTimeout = 10 * time.Minute
+	}
 	opts.Batching = opts.Batching.WithDefaults()
 	if err := opts.Batching.Validate(); err != nil {
 		return nil, fmt.Errorf("serving: batching defaults: %w", err)
 	}
-	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{}}
+	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{},
+		changing: make(chan struct{}, 1), limit: newModelLimit(opts.MaxModelBytes)}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -102,6 +120,7 @@ func New(opts Options) (*Set, error) {
 	if s.metrics, err = newMetrics(opts.Registerer, s); err != nil {
 		return nil, err
 	}
+	s.logger.Info("model limits", "max_model_bytes", s.limit.why, "load_timeout", opts.LoadTimeout)
 	return s, nil
 }
 
@@ -139,40 +158,47 @@ func (s *Set) Ready() (bool, string) {
 // LoadAll loads every model of the repository onto its engine, without
 // warming it up: a server answers liveness while [Set.Warmup] compiles.
 // One bad model fails the whole load, so that a server never starts with
-// part of what it was asked to serve. It honours ctx.
+// part of what it was asked to serve. Each model is checked and bounded as
+// [Set.Load] does. It honours ctx.
 func (s *Set) LoadAll(ctx context.Context) error {
-	loaded, err := models.LoadRepository(s.opts.Repository)
+	names, err := models.List(s.opts.Repository)
 	if err != nil {
 		return err
 	}
-	for _, m := range loaded {
-		if _, err := s.Add(ctx, m); err != nil {
-			return err
+	if len(names) == 0 {
+		return fmt.Errorf("models: repository %s holds no model (no <name>/%s)", s.opts.Repository, models.ConfigFile)
+	}
+	for _, name := range names {
+		if err := s.add(ctx, name); err != nil {
+			return fmt.Errorf("model repository %s: %w", s.opts.Repository, err)
 		}
 	}
 	return nil
 }
 
-// Add loads m onto its engine and serves it under its name, not yet
-// warmed up (not ready). It replaces nothing: a model of that name must
-// not be served already.
-func (s *Set) Add(ctx context.Context, m *models.Model) (*Model, error) {
-	ctx, cancel := s.untilStopping(ctx)
+// add reads name and serves it, not yet warmed up (not ready). It
+// replaces nothing: a model of that name must not be served already.
+func (s *Set) add(ctx context.Context, name string) error {
+	ctx, cancel := s.loadContext(ctx)
 	defer cancel()
-	s.changing.Lock()
-	defer s.changing.Unlock()
-	if _, ok := s.Model(m.Name); ok {
-		return nil, fmt.Errorf("serving: model %s is already served; Load replaces it", m.Name)
+	if err := s.lock(ctx, name); err != nil {
+		return err
 	}
-	sm, err := s.newModel(ctx, m)
-	if err != nil {
-		return nil, err
+	defer s.unlock()
+	if _, ok := s.Model(name); ok {
+		return fmt.Errorf("serving: model %s is already served; Load replaces it", name)
 	}
-	s.mu.Lock()
-	s.served[m.Name] = sm
-	delete(s.failed, m.Name)
-	s.mu.Unlock()
-	return sm, nil
+	return s.guard(ctx, name, func() error {
+		sm, err := s.read(ctx, name)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.served[name] = sm
+		delete(s.failed, name)
+		s.mu.Unlock()
+		return nil
+	})
 }
 
 // Warmup warms up every served model that is not warm yet, in name order,
@@ -236,25 +262,31 @@ func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
 // Load loads name from the repository, warms it up and serves it; it
 // returns when the model is ready. A model already served goes on serving
 // until the new one is ready, then drains its queue and is closed. A load
-// cancelled through ctx (its client went away, the server is stopping)
-// leaves the served model as it was. Errors wrap [ErrUnknownModel] (no such
-// directory) or [ErrBadModel].
+// cancelled through ctx (its client went away, the server is stopping) or
+// out of time (Options.LoadTimeout) leaves the served model as it was.
+// Errors wrap [ErrUnknownModel] (no such model directory) or
+// [ErrBadModel]; a load waiting for another past its context returns the
+// context's error.
 func (s *Set) Load(ctx context.Context, name string) error {
 	if !models.ValidName(name) {
 		return fmt.Errorf("%w: %q is not a valid model name", ErrUnknownModel, name)
 	}
-	dir := filepath.Join(s.opts.Repository, name)
-	if _, err := os.Stat(filepath.Join(dir, models.ConfigFile)); errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%w: the repository has no %s/%s", ErrUnknownModel, name, models.ConfigFile)
-	}
-	ctx, cancel := s.untilStopping(ctx)
+	ctx, cancel := s.loadContext(ctx)
 	defer cancel()
-	s.changing.Lock()
-	defer s.changing.Unlock()
+	if err := s.lock(ctx, name); err != nil {
+		return err
+	}
+	defer s.unlock()
 
-	m, err := models.Load(dir)
-	if err == nil {
-		err = s.replace(ctx, m)
+	err := s.guard(ctx, name, func() error {
+		sm, err := s.read(ctx, name)
+		if err != nil {
+			return err
+		}
+		return s.replace(ctx, sm)
+	})
+	if errors.Is(err, models.ErrNoModel) {
+		return fmt.Errorf("%w: the repository has no %s/%s", ErrUnknownModel, name, models.ConfigFile)
 	}
 	if err != nil {
 		s.mu.Lock()
@@ -265,21 +297,98 @@ func (s *Set) Load(ctx context.Context, name string) error {
 	return nil
 }
 
-// replace warms up a new version of a model before it takes over.
-func (s *Set) replace(ctx context.Context, m *models.Model) error {
-	sm, err := s.newModel(ctx, m)
-	if err != nil {
-		return err
+// loadContext is ctx bounded by the load timeout, and cancelled when the
+// set starts draining.
+func (s *Set) loadContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, stop := s.untilStopping(ctx)
+	d := s.opts.LoadTimeout
+	ctx, cancel := context.WithTimeoutCause(ctx, d,
+		fmt.Errorf("the load did not finish within models.load_timeout (%v): %w", d, context.DeadlineExceeded))
+	return ctx, func() { cancel(); stop() }
+}
+
+// lock waits for the load or unload in progress, if any, until ctx ends.
+func (s *Set) lock(ctx context.Context, name string) error {
+	select {
+	case s.changing <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("serving: %s: another load or unload is still running: %w", name, context.Cause(ctx))
 	}
+}
+
+func (s *Set) unlock() { <-s.changing }
+
+// guard runs one model's load, turning a panic in it (a bug in a loader
+// or an engine, met on a file nobody foresaw) into the load's error, so
+// that no model file takes the server down; the stack goes to the log. An
+// error after ctx ended says why it ended.
+func (s *Set) guard(ctx context.Context, name string, load func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("model load panicked", "model", name, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("model %s: the load failed on an internal error (logged)", name)
+		}
+		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
+	}()
+	return load()
+}
+
+// read reads name from the repository and loads it onto its engines, not
+// warmed up. What it will take is checked before its weights are read:
+// model.yaml and the tensors' shapes, its batching keys, and its
+// estimated memory against the limit.
+func (s *Set) read(ctx context.Context, name string) (*Model, error) {
+	man, err := models.Open(s.opts.Repository, name)
+	if err != nil {
+		return nil, err
+	}
+	defer man.Close()
+	grid, err := bucketing.NewGrid(man.Config.Buckets.Batch, man.Config.Buckets.Seq)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	batchOpts, err := s.batchingOptions(name, man.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.admit(man, s.enginesFor(man.Config), grid.Shapes()); err != nil {
+		return nil, err
+	}
+	m, err := man.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.newModel(ctx, m, grid, batchOpts)
+}
+
+// enginesFor names the engines a model loads on: its own, then the
+// failover engine when there is one.
+func (s *Set) enginesFor(cfg *models.Config) []string {
+	name := cfg.Engine
+	if name == "" {
+		name = s.opts.DefaultEngine
+	}
+	if fb := s.opts.Failover; fb != "" && fb != name {
+		return []string{name, fb}
+	}
+	return []string{name}
+}
+
+// replace warms up a new version of a model before it takes over.
+func (s *Set) replace(ctx context.Context, sm *Model) error {
 	if err := sm.Warmup(ctx); err != nil {
 		sm.drain(context.Background())
 		sm.Close()
 		return err
 	}
+	name := sm.model.Name
 	s.mu.Lock()
-	old := s.served[m.Name]
-	s.served[m.Name] = sm
-	delete(s.failed, m.Name)
+	old := s.served[name]
+	s.served[name] = sm
+	delete(s.failed, name)
 	s.mu.Unlock()
 	if old != nil {
 		s.retire(old, false)
@@ -290,8 +399,10 @@ func (s *Set) replace(ctx context.Context, m *models.Model) error {
 // Unload stops serving name: from now on it is not found, it runs what it
 // has queued within the drain grace, and its metric series are deleted.
 func (s *Set) Unload(ctx context.Context, name string) error {
-	s.changing.Lock()
-	defer s.changing.Unlock()
+	if err := s.lock(ctx, name); err != nil {
+		return err
+	}
+	defer s.unlock()
 	s.mu.Lock()
 	m, ok := s.served[name]
 	delete(s.served, name)
@@ -357,9 +468,9 @@ func (s *Set) Close() error {
 
 // batchingOptions merges model.yaml's batching keys over the defaults and
 // checks the result, before anything is loaded.
-func (s *Set) batchingOptions(m *models.Model) (batching.Options, error) {
-	o := batching.Options{Model: m.Name, Policy: s.opts.Batching, Metrics: s.opts.BatchMetrics, Logger: s.logger}
-	b := m.Config.Batching
+func (s *Set) batchingOptions(name string, cfg *models.Config) (batching.Options, error) {
+	o := batching.Options{Model: name, Policy: s.opts.Batching, Metrics: s.opts.BatchMetrics, Logger: s.logger}
+	b := cfg.Batching
 	if b.MaxQueueDelay != nil {
 		o.Policy.MaxQueueDelay = *b.MaxQueueDelay
 	}
@@ -376,7 +487,7 @@ func (s *Set) batchingOptions(m *models.Model) (batching.Options, error) {
 		o.Policy.DefaultTimeout = *b.DefaultTimeout
 	}
 	if err := o.Policy.Validate(); err != nil {
-		return o, fmt.Errorf("model %s: %s: %w", m.Name, models.ConfigFile, err)
+		return o, fmt.Errorf("model %s: %s: %w", name, models.ConfigFile, err)
 	}
 	return o, nil
 }

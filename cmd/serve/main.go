@@ -97,6 +97,8 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		Failover:      failoverEngine(cfg.Engine.Failover),
 		Batching:      cfg.Batching,
 		DrainGrace:    cfg.Server.ShutdownGrace,
+		MaxModelBytes: cfg.Models.MaxModelBytes,
+		LoadTimeout:   cfg.Models.LoadTimeout,
 		StepMetrics:   stepMetrics,
 		BatchMetrics:  batchMetrics,
 		Registerer:    reg,

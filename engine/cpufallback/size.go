@@ -1,0 +1,79 @@
+package cpufallback
+
+import (
+	"math"
+	"runtime"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// ResidentBytes is the host memory the engine allocates for a model of cfg
+// loaded with buckets, every bucket compiled: the Linear weights in the
+// engine's layout, and each bucket's staging pair and plan. The model's
+// own weights ([models.Weights]) are not counted. It reads model.yaml's
+// sizes alone, so that a model too large to serve is refused before its
+// weights are read; it saturates at math.MaxInt64 rather than overflow.
+func (Engine) ResidentBytes(cfg *models.Config, buckets []bucketing.Shape) int64 {
+	n := residentWeightBytes(cfg)
+	for _, s := range buckets {
+		l := engine.NewLayout(cfg, s)
+		n = addBytes(n, alignedSize(l.InBytes)+alignedSize(l.OutBytes)+planBytes(cfg, s))
+	}
+	return n
+}
+
+// residentWeightBytes is what newResidentWeights allocates: a transposed
+// copy of every Linear weight.
+func residentWeightBytes(cfg *models.Config) int64 {
+	var n int64
+	switch {
+	case cfg.MLP != nil:
+		for i := 0; i+1 < len(cfg.MLP.Sizes); i++ {
+			n += 4 * int64(cfg.MLP.Sizes[i]) * int64(cfg.MLP.Sizes[i+1])
+		}
+	case cfg.Encoder != nil:
+		H, I := int64(cfg.Encoder.Hidden), int64(cfg.Encoder.Intermediate)
+		n = int64(cfg.Encoder.Layers) * 4 * (4*H*H + 2*H*I)
+	}
+	return n
+}
+
+// planBytes is what newEncoderPlan or newMLPPlan allocates for bucket s.
+// model.yaml's bounds keep every term within int64.
+func planBytes(cfg *models.Config, s bucketing.Shape) int64 {
+	b := int64(s.Batch)
+	switch {
+	case cfg.MLP != nil:
+		n := 4 * b * int64(cfg.MLP.Sizes[0]) // input
+		for _, w := range cfg.MLP.Sizes[1:] {
+			n += 4 * b * int64(w) // each layer's activations
+		}
+		return n
+	case cfg.Encoder != nil:
+		c := cfg.Encoder
+		seq := int64(s.Seq)
+		t, H, I := b*seq, int64(c.Hidden), int64(c.Intermediate)
+		groups := min(b, int64(runtime.NumCPU()))
+		return 3*8*t + // ids, mask, types
+			4*t + 4*seq + // maskAdd, zeros
+			2*8*b + // seqOff, seqLen
+			6*4*t*H + // x, q, k, v, ctx, tmp
+			4*t*I + // inter
+			4*groups*seq*seq + // scores
+			8*(b+1) + // groups
+			4*b*H // pooled
+	}
+	return 0
+}
+
+// alignedSize is what alignedBytes(n) allocates.
+func alignedSize(n int) int64 { return 8 * ((int64(n) + 7) / 8) }
+
+func addBytes(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}

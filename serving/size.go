@@ -1,0 +1,99 @@
+package serving
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/memlimit"
+	"github.com/stepserve/stepserve/models"
+)
+
+// A sizer is an engine that can say, from model.yaml alone, how much host
+// memory loading a model on it takes (every bucket compiled), beyond the
+// weights the model itself holds. The CPU engine is one; for an engine
+// that is not, the set counts the staging buffers every engine keeps on
+// the host.
+type sizer interface {
+	ResidentBytes(cfg *models.Config, buckets []bucketing.Shape) int64
+}
+
+// modelLimit is the most host memory one model may take, and where the
+// number comes from, for the error that refuses a model.
+type modelLimit struct {
+	bytes int64
+	why   string
+}
+
+// newModelLimit is n, or half the process's memory limit when n is 0: a
+// model being replaced and its new version are resident side by side
+// while the new one warms up.
+func newModelLimit(n int64) modelLimit {
+	if n > 0 {
+		return modelLimit{n, formatBytes(n)}
+	}
+	l := memlimit.Read()
+	if l.Bytes == 0 {
+		return modelLimit{math.MaxInt64, "no memory limit could be read"}
+	}
+	return modelLimit{l.Bytes / 2, fmt.Sprintf("%s, half the %s of %s", formatBytes(l.Bytes/2), l.Source, formatBytes(l.Bytes))}
+}
+
+// admit refuses man before anything that grows with it is allocated when
+// what serving it takes is above the limit: its weights as models holds
+// them, and what each engine it loads on allocates for its buckets.
+func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) error {
+	weights := man.Weights.ResidentBytes()
+	need := weights
+	parts := []string{"weights " + formatBytes(weights)}
+	for _, name := range engines {
+		eng, err := s.engines.get(name)
+		if err != nil {
+			return fmt.Errorf("model %s: %w", man.Name, err)
+		}
+		n := engineBytes(eng, man.Config, shapes)
+		need = addBytes(need, n)
+		parts = append(parts, fmt.Sprintf("engine %s %s for %d buckets", name, formatBytes(n), len(shapes)))
+	}
+	if need > s.limit.bytes {
+		return fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
+			man.Name, formatBytes(need), strings.Join(parts, ", "), s.limit.why)
+	}
+	return nil
+}
+
+// engineBytes is what eng allocates on the host for a model of cfg.
+func engineBytes(eng engine.Engine, cfg *models.Config, shapes []bucketing.Shape) int64 {
+	if sz, ok := eng.(sizer); ok {
+		return sz.ResidentBytes(cfg, shapes)
+	}
+	var n int64
+	for _, s := range shapes {
+		l := engine.NewLayout(cfg, s)
+		n = addBytes(n, int64(l.InBytes)+int64(l.OutBytes))
+	}
+	return n
+}
+
+func addBytes(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// formatBytes writes n for a reader: 812 B, 8.4 MiB, 25.9 GiB.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n)/unit, 0
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
+}
