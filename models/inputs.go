@@ -126,22 +126,35 @@ func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error)
 	if m.Tokenizer == nil {
 		return dst, 0, fmt.Errorf("models: model %s takes text but has no %s", m.Name, VocabFile)
 	}
+	// Every row's ids in one slice, ends[i] the end of row i's, sized for
+	// a token per byte (more than text takes, but for the odd decomposed
+	// character): one allocation for a request of many texts.
 	maxSeq := cfg.maxSeq()
-	tokens := make([][]int64, len(texts))
+	size := 0
+	for _, text := range texts {
+		size += min(maxSeq, 2+len(text))
+	}
+	flat := make([]int64, 0, size)
+	ends := make([]int, len(texts))
 	seq := 0
 	for i, text := range texts {
+		start := len(flat)
 		var err error
-		if tokens[i], err = m.Tokenizer.Encode(text, maxSeq, cfg.Encoder.Truncate); err != nil {
+		if flat, err = m.Tokenizer.AppendEncode(flat, text, maxSeq, cfg.Encoder.Truncate); err != nil {
 			return dst, 0, &InputError{cfg.Inputs[0].Name,
 				fmt.Errorf("element %d: %w (the largest seq bucket); shorten it, or set encoder.truncate: true", i, err)}
 		}
-		seq = max(seq, len(tokens[i]))
+		ends[i] = len(flat)
+		seq = max(seq, len(flat)-start)
 	}
 	// The three tensors in one allocation; token types stay zero.
 	n := 8 * len(texts) * seq
 	buf := make([]byte, 3*n)
 	ids, mask, types := buf[:n:n], buf[n:2*n:2*n], buf[2*n:]
-	for i, toks := range tokens {
+	start := 0
+	for i, end := range ends {
+		toks := flat[start:end]
+		start = end
 		for j := range seq {
 			at := 8 * (i*seq + j)
 			id := m.Tokenizer.PAD

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -99,11 +100,11 @@ func ReadTokenizer(path string, lowercase bool, vocabSize int) (*Tokenizer, erro
 // Tokens splits text into WordPiece tokens, without [CLS] and [SEP]. It
 // keeps every token of text; [Tokenizer.Encode] is the bounded way.
 func (t *Tokenizer) Tokens(text string) []string {
+	ids, _, _ := t.encode(nil, text, math.MaxInt, false)
 	var out []string
-	t.scan(text, func(id int64) bool {
+	for _, id := range ids[1 : len(ids)-1] {
 		out = append(out, t.vocab[id])
-		return true
-	})
+	}
 	return out
 }
 
@@ -131,53 +132,46 @@ func (t *Tokenizer) AppendEncode(dst []int64, text string, maxLen int, truncate 
 func (t *Tokenizer) encode(dst []int64, text string, maxLen int, truncate bool) ([]int64, int, error) {
 	start := len(dst)
 	dst = append(dst, t.CLS)
-	sep := start + maxLen - 1 // where [SEP] goes at the latest
-	over := 0                 // tokens past maxLen, counted for the error
+	sep := start + maxLen - 1
 	if truncate && len(dst) >= sep {
 		return append(dst, t.SEP), 0, nil
 	}
-	read := t.scan(text, func(id int64) bool {
-		if len(dst) < sep {
-			dst = append(dst, id)
-			return !truncate || len(dst) < sep
-		}
-		over++
-		return true
-	})
+	s, _ := t.scanners.Get().(*scanner)
+	if s == nil {
+		s = &scanner{}
+		s.basic.word = s.pieces
+	}
+	s.basic.lowercase, s.wordPiece.t = t.lowercase, t
+	s.ids, s.sep, s.over, s.truncate = dst, sep, 0, truncate
+	read := s.scan(text)
+	dst, over := s.ids, s.over
+	s.ids = nil
+	t.scanners.Put(s)
 	if over > 0 {
 		return dst[:start], read, &tooLongError{maxLen + over, maxLen}
 	}
 	return append(dst, t.SEP), read, nil
 }
 
-// scanner is the buffers of one scan, pooled: a request of many short
-// texts would otherwise grow a set for each.
+// scanner is encode's state, pooled: the basic tokenizer's and WordPiece's
+// buffers, and where the ids go.
 type scanner struct {
 	basic
 	wordPiece
-	yield func(int64) bool
+	ids      []int64 // the ids so far, [CLS] first
+	sep      int     // the length of ids at which [SEP] is due
+	over     int     // ids past sep, counted for the error
+	truncate bool    // stop at sep
 }
 
-// scan runs BERT's basic tokenizer over text and WordPiece over each word,
-// handing yield the ids in order until it returns false. It returns how
-// many bytes of text it read.
-func (t *Tokenizer) scan(text string, yield func(int64) bool) int {
-	s, _ := t.scanners.Get().(*scanner)
-	if s == nil {
-		s = &scanner{}
-		s.basic.word = s.pieces
-	}
-	s.basic.lowercase, s.wordPiece.t, s.yield = t.lowercase, t, yield
-	read := s.basic.scan(text)
-	s.yield = nil
-	t.scanners.Put(s)
-	return read
-}
-
-// pieces hands on a word's ids.
+// pieces takes a word's ids.
 func (s *scanner) pieces(word []byte, runes int) bool {
 	for _, id := range s.split(word, runes) {
-		if !s.yield(id) {
+		if len(s.ids) == s.sep {
+			s.over++
+			continue
+		}
+		if s.ids = append(s.ids, id); s.truncate && len(s.ids) == s.sep {
 			return false
 		}
 	}
@@ -201,7 +195,7 @@ type basic struct {
 	stopped bool
 
 	seg   []byte // lowercased text since the last NFD segment boundary
-	nfd   []byte // seg decomposed
+	nfd   norm.Iter
 	buf   []byte // the word being read, up to maxWordChars runes
 	runes int    // its length in runes
 }
@@ -277,15 +271,17 @@ func (b *basic) flush() {
 	if len(b.seg) == 0 {
 		return
 	}
-	b.nfd = norm.NFD.Append(b.nfd[:0], b.seg...)
-	b.seg = b.seg[:0]
-	for rest := b.nfd; len(rest) > 0; {
-		r, size := utf8.DecodeRune(rest)
-		rest = rest[size:]
-		if !unicode.Is(unicode.Mn, r) {
-			b.add(r)
+	b.nfd.Init(norm.NFD, b.seg) // an Iter, unlike NFD.Append, allocates nothing
+	for !b.nfd.Done() {
+		for rest := b.nfd.Next(); len(rest) > 0; {
+			r, size := utf8.DecodeRune(rest)
+			rest = rest[size:]
+			if !unicode.Is(unicode.Mn, r) {
+				b.add(r)
+			}
 		}
 	}
+	b.seg = b.seg[:0]
 }
 
 // add takes a normalized rune: punctuation is a word of its own; anything
@@ -324,8 +320,12 @@ type wordPiece struct {
 // at most that many candidates, whatever the word's length.
 func (w *wordPiece) split(word []byte, runes int) []int64 {
 	t := w.t
+	unk := func() []int64 {
+		w.ids = append(w.ids[:0], t.UNK)
+		return w.ids
+	}
 	if runes > maxWordChars {
-		return append(w.ids[:0], t.UNK)
+		return unk()
 	}
 	w.ids = w.ids[:0]
 	for start := 0; start < len(word); {
@@ -350,7 +350,7 @@ func (w *wordPiece) split(word []byte, runes int) []int64 {
 			w.piece = w.piece[:len(w.piece)-size]
 		}
 		if !found {
-			return append(w.ids[:0], t.UNK)
+			return unk()
 		}
 		start = end
 	}
