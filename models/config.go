@@ -119,6 +119,10 @@ type EncoderConfig struct {
 	// Truncate cuts text longer than the largest seq bucket instead of
 	// rejecting it.
 	Truncate bool `yaml:"truncate"`
+	// MaxTextBytes is the longest text element accepted, in bytes: longer
+	// text is refused before it is tokenized. 0 takes the default
+	// ([Config.TextLimit]).
+	MaxTextBytes int `yaml:"max_text_bytes"`
 }
 
 // TextInput reports whether the model takes a text BYTES input, which
@@ -457,6 +461,9 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	}
 	if e.Hidden%e.Heads != 0 {
 		return bad("encoder.heads", "%d heads do not divide hidden %d", e.Heads, e.Hidden)
+	}
+	if e.MaxTextBytes < 0 {
+		return bad("encoder.max_text_bytes", "%d must not be negative; 0 takes the default", e.MaxTextBytes)
 	}
 	if e.LayerNormEps < 0 {
 		return bad("encoder.layer_norm_eps", "%v must be positive", e.LayerNormEps)

@@ -214,6 +214,7 @@ func TestEncoderConfig(t *testing.T) {
 	assert.True(t, *c.Encoder.Lowercase)
 	assert.Equal(t, 2, c.Encoder.TypeVocabSize)
 	assert.True(t, c.TextInput())
+	assert.Equal(t, 32*64, c.TextLimit(), "by default 32 bytes per token of the largest seq bucket")
 	assert.Equal(t, []string{"input_ids", "attention_mask", "token_type_ids"}, []string{c.StepInputs()[0].Name, c.StepInputs()[1].Name, c.StepInputs()[2].Name})
 	assert.Equal(t, 8*48, c.StepInputs()[0].RowBytes(48))
 
@@ -223,6 +224,7 @@ func TestEncoderConfig(t *testing.T) {
 		{", seq: [32, 64]", "", "buckets.seq: is required for an encoder"},
 		{"seq: [32, 64]", "seq: [32, 128]", "buckets.seq: 128 exceeds encoder.max_position 64"},
 		{"heads: 2", "heads: 3", "encoder.heads: 3 heads do not divide hidden 8"},
+		{"max_position: 64}", "max_position: 64, max_text_bytes: -1}", "encoder.max_text_bytes: -1 must not be negative; 0 takes the default"},
 		{"layers: 1", "layers: 0", "encoder.layers: 0 must be positive"},
 		{"max_position: 64}", "max_position: 64, pooling: max}", `encoder.pooling: "max" is not supported; want cls or mean`},
 		{"shape: [-1, 8]", "shape: [-1, 9]", "outputs: an encoder with hidden 8 gives exactly one FP32 output of shape [-1, 8]"},
@@ -234,6 +236,9 @@ func TestEncoderConfig(t *testing.T) {
 		_, err := ParseConfig(strings.NewReader(doc))
 		assert.ErrorContains(t, err, tc.want)
 	}
+	c, err = ParseConfig(strings.NewReader(strings.Replace(validEncoder, "max_position: 64}", "max_position: 64, max_text_bytes: 100}", 1)))
+	require.NoError(t, err)
+	assert.Equal(t, 100, c.TextLimit())
 	ids := strings.Replace(validEncoder, "  - {name: text, datatype: BYTES, shape: [-1]}", "  - {name: input_ids, datatype: INT64, shape: [-1, -1]}\n  - {name: attention_mask, datatype: INT64, shape: [-1, -1]}", 1)
 	c, err = ParseConfig(strings.NewReader(ids))
 	require.NoError(t, err)

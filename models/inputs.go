@@ -119,6 +119,30 @@ func (m *Model) PrepareInputs(dst [][]byte, in []Input) (inputs [][]byte, seq in
 // maxSeq is the longest sequence a step takes: the largest seq bucket.
 func (c *Config) maxSeq() int { return c.Buckets.Seq[len(c.Buckets.Seq)-1] }
 
+// textBytesPerToken sizes the default limit on a text element without
+// truncation: 32 bytes a token is several times what natural text takes
+// (English about 4 with its spaces, CJK 3), so text over the limit would
+// not have fit the largest bucket anyway, and tokenizing what is under it
+// costs microseconds.
+const textBytesPerToken = 32
+
+// TextLimit is the longest text element a text encoder accepts, in bytes,
+// or 0 for no limit: encoder.max_text_bytes, or by default
+// textBytesPerToken times the largest seq bucket. With encoder.truncate
+// the default is no limit: truncating, the tokenizer stops at the largest
+// bucket, so long text costs a scan of its bytes, as decoding the request
+// body did.
+func (c *Config) TextLimit() int {
+	switch e := c.Encoder; {
+	case e.MaxTextBytes > 0:
+		return e.MaxTextBytes
+	case e.Truncate:
+		return 0
+	default:
+		return textBytesPerToken * c.maxSeq()
+	}
+}
+
 // prepareText tokenizes every text and packs the token tensors, each row
 // padded to the longest text of the request.
 func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error) {
@@ -126,22 +150,42 @@ func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error)
 	if m.Tokenizer == nil {
 		return dst, 0, fmt.Errorf("models: model %s takes text but has no %s", m.Name, VocabFile)
 	}
+	if limit := cfg.TextLimit(); limit > 0 {
+		for i, text := range texts {
+			if len(text) > limit {
+				return dst, 0, &InputError{cfg.Inputs[0].Name, textTooLong(i, len(text), limit, cfg.Encoder)}
+			}
+		}
+	}
+	// Every row's ids in one slice, ends[i] the end of row i's, sized for
+	// a token per byte (more than text takes, but for the odd decomposed
+	// character): one allocation for a request of many texts.
 	maxSeq := cfg.maxSeq()
-	tokens := make([][]int64, len(texts))
+	size := 0
+	for _, text := range texts {
+		size += min(maxSeq, 2+len(text))
+	}
+	flat := make([]int64, 0, size)
+	ends := make([]int, len(texts))
 	seq := 0
 	for i, text := range texts {
+		start := len(flat)
 		var err error
-		if tokens[i], err = m.Tokenizer.Encode(text, maxSeq, cfg.Encoder.Truncate); err != nil {
+		if flat, err = m.Tokenizer.AppendEncode(flat, text, maxSeq, cfg.Encoder.Truncate); err != nil {
 			return dst, 0, &InputError{cfg.Inputs[0].Name,
 				fmt.Errorf("element %d: %w (the largest seq bucket); shorten it, or set encoder.truncate: true", i, err)}
 		}
-		seq = max(seq, len(tokens[i]))
+		ends[i] = len(flat)
+		seq = max(seq, len(flat)-start)
 	}
 	// The three tensors in one allocation; token types stay zero.
 	n := 8 * len(texts) * seq
 	buf := make([]byte, 3*n)
 	ids, mask, types := buf[:n:n], buf[n:2*n:2*n], buf[2*n:]
-	for i, toks := range tokens {
+	start := 0
+	for i, end := range ends {
+		toks := flat[start:end]
+		start = end
 		for j := range seq {
 			at := 8 * (i*seq + j)
 			id := m.Tokenizer.PAD
@@ -153,6 +197,19 @@ func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error)
 		}
 	}
 	return append(dst, ids, mask, types), seq, nil
+}
+
+// textTooLong says which text element is over the limit, and the ways
+// out.
+func textTooLong(i, n, limit int, e *EncoderConfig) error {
+	msg := fmt.Sprintf("element %d is %d bytes, more than the %d of encoder.max_text_bytes", i, n, limit)
+	if e.MaxTextBytes == 0 {
+		msg += fmt.Sprintf(" (by default %d bytes per token of the largest seq bucket)", textBytesPerToken)
+	}
+	if e.Truncate {
+		return errors.New(msg + "; shorten it or raise encoder.max_text_bytes")
+	}
+	return errors.New(msg + "; shorten it, raise encoder.max_text_bytes, or set encoder.truncate: true")
 }
 
 // prepareTokens checks token tensors sent as they are, and hands them on

@@ -129,6 +129,33 @@ func TestLongTextIsTruncatedOrRefused(t *testing.T) {
 	assert.Equal(t, 128, seq)
 }
 
+func TestTextBytesAreBoundedBeforeTokenizing(t *testing.T) {
+	m, err := Load("../model_repository/tiny-encoder")
+	require.NoError(t, err)
+	enc := m.Config.Encoder
+	over := strings.Repeat("a", 4097)
+	words := strings.Repeat("word ", 200) // 1000 bytes, 202 tokens
+
+	enc.Truncate = false
+	require.Equal(t, 4096, m.Config.TextLimit(), "32 bytes a token of the largest seq bucket, 128")
+	_, _, err = m.PrepareInputs(nil, []Input{{Shape: []int64{2}, Strings: []string{words, over}}})
+	assert.True(t, errors.Is(err, ErrInput))
+	assert.Equal(t, `input "text": element 1 is 4097 bytes, more than the 4096 of encoder.max_text_bytes (by default 32 bytes per token of the largest seq bucket); shorten it, raise encoder.max_text_bytes, or set encoder.truncate: true`,
+		err.Error(), "every element's length is checked before any is tokenized")
+	_, _, err = m.PrepareInputs(nil, []Input{{Shape: []int64{1}, Strings: []string{over[1:]}}})
+	assert.NoError(t, err, "4096 bytes are accepted")
+
+	enc.Truncate = true
+	assert.Zero(t, m.Config.TextLimit(), "truncating, the tokenizer reads only the tokens it keeps")
+	_, seq, err := m.PrepareInputs(nil, []Input{{Shape: []int64{1}, Strings: []string{strings.Repeat(words, 1000)}}})
+	require.NoError(t, err)
+	assert.Equal(t, 128, seq)
+
+	enc.MaxTextBytes = 999
+	_, _, err = m.PrepareInputs(nil, []Input{{Shape: []int64{1}, Strings: []string{words}}})
+	assert.Equal(t, `input "text": element 0 is 1000 bytes, more than the 999 of encoder.max_text_bytes; shorten it or raise encoder.max_text_bytes`, err.Error())
+}
+
 func TestTokenInputs(t *testing.T) {
 	m := tokenModel(t, 3)
 	ids, mask := packInt64s(5, 6, 7, 8, 9, 0), packInt64s(1, 1, 1, 1, 1, 0)
