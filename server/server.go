@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,13 @@ type Options struct {
 	// MaxRequestElements bounds the tensor elements a request may declare;
 	// 0 means 16Mi.
 	MaxRequestElements int64
+	// MaxResponseBytes bounds the response a request may ask for, as its
+	// shapes bound it before it runs; 0 means 64 MiB.
+	MaxResponseBytes int64
+	// MaxInflightBytes bounds the memory all requests in flight hold
+	// together (bodies, tensors, outputs, responses not yet written);
+	// 0 means half of [MemoryLimit].
+	MaxInflightBytes int64
 	// InferenceTokens, when any, are the bearer tokens /v2/models/...
 	// requires; RepositoryTokens likewise for /v2/repository/....
 	InferenceTokens  []string
@@ -76,6 +84,10 @@ type Server struct {
 	router  chi.Router
 	logger  *slog.Logger
 	metrics *metrics
+	budget  *budget
+	// budgetWait is how long a request waits for in-flight memory others
+	// hold: budgetWait, shorter in tests.
+	budgetWait time.Duration
 	// inferDirect is the inference handler behind its middleware, for
 	// requests ServeHTTP routes without the router.
 	inferDirect http.Handler
@@ -92,15 +104,25 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxRequestElements == 0 {
 		opts.MaxRequestElements = 1 << 24
 	}
+	if opts.MaxResponseBytes == 0 {
+		opts.MaxResponseBytes = 64 << 20
+	}
+	if opts.MaxInflightBytes == 0 {
+		limit, _ := MemoryLimit()
+		opts.MaxInflightBytes = limit / 2
+	}
+	if opts.MaxInflightBytes <= 0 {
+		return nil, errors.New("server: Options.MaxInflightBytes is unset and no memory limit could be read; set it")
+	}
 	if opts.Models == nil {
 		return nil, errors.New("server: Options.Models is required")
 	}
-	s := &Server{opts: opts, logger: opts.Logger}
+	s := &Server{opts: opts, logger: opts.Logger, budget: newBudget(opts.MaxInflightBytes), budgetWait: budgetWait}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
 	var err error
-	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s.budget); err != nil {
 		return nil, err
 	}
 	for _, m := range opts.Models.Models() {
