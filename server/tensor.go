@@ -180,10 +180,12 @@ func jsonValueBytes(dt models.Datatype) int {
 		return 16
 	case models.INT32:
 		return 12
+	case models.INT64:
+		return 21
 	case models.BOOL:
 		return 6
 	}
-	return 25 // FP64 ("-1.2345678901234567e-308"), INT64
+	return 25 // FP64: "-1.2345678901234567e-308"
 }
 
 // appendJSONData appends a packed tensor as a flat JSON array. Non-finite

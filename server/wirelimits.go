@@ -87,12 +87,13 @@ func (w *limitWalker) tensors(inputs bool) error {
 			return nil
 		}
 		for _, n := range names {
-			if n == name && inputs {
+			if n != name || name == "" {
+				continue
+			}
+			if inputs {
 				return badRequest(fmt.Sprintf("input %q appears more than once", name))
 			}
-			if n == name {
-				return badRequest(fmt.Sprintf("output %q is requested more than once", name))
-			}
+			return badRequest(fmt.Sprintf("output %q is requested more than once", name))
 		}
 		return badRequest(fmt.Sprintf("the request names more than %d %s; model %s %s %s",
 			limit, plural(limit, kind), w.m.Name, verb, signature(specs)))
