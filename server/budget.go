@@ -166,20 +166,27 @@ func (f footprint) response() int64 { return f.json + f.binary }
 func footprintOf(m *models.Model, req *inferRequest) footprint {
 	cfg := m.Config
 	f := footprint{rows: req.rows}
+	seq := 0 // the longest sequence the inputs declare
 	for i := range req.wire {
 		in := &req.wire[i]
-		if dt := cfg.Inputs[in.index].Datatype; dt != models.BYTES {
-			f.inputs += in.elems * int64(dt.Size())
+		spec := cfg.Inputs[specIndex(cfg.Inputs, in.Name)]
+		for d, want := range spec.Shape[1:] {
+			if want < 0 {
+				seq = max(seq, int(in.Shape[1+d]))
+			}
+		}
+		elems, binSize, hasBin := in.declared()
+		if spec.Datatype != models.BYTES {
+			f.inputs += elems * int64(spec.Datatype.Size())
 			continue
 		}
 		const stringHeader = 16
 		text := int64(len(in.Data))
-		if in.hasBin {
-			text = int64(in.binSize)
+		if hasBin {
+			text = int64(binSize)
 		}
-		f.inputs += stringHeader*in.elems + text
+		f.inputs += stringHeader*elems + text
 	}
-	seq := req.seq
 	if seq == 0 {
 		seq = cfg.MaxSeq() // text: its tokens may be as long as the longest bucket
 	}

@@ -32,12 +32,15 @@ type wireInput struct {
 	Parameters map[string]json.RawMessage `json:"parameters"`
 	Data       json.RawMessage            `json:"data"`
 	pairs      paramPairs
+}
 
-	// What checkInput found, for decodeValues.
-	index   int   // into the model's inputs
-	elems   int64 // the elements the shape declares
-	binSize int   // binary_data_size, when hasBin
-	hasBin  bool
+// declared is what a checked input declares: its elements, and its
+// binary_data_size when it has one. (Read again rather than kept, so that
+// a request stays the size it was.)
+func (in *wireInput) declared() (elems int64, binSize int, hasBin bool) {
+	elems, _ = declaredElements(in.Shape)
+	binSize, hasBin, _ = intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
+	return elems, binSize, hasBin
 }
 
 type wireOutput struct {
@@ -78,7 +81,6 @@ func (p wireParams) get(key string) (json.RawMessage, bool) {
 type inferRequest struct {
 	id      string
 	rows    int
-	seq     int            // the longest sequence the inputs declare; 0 when none has a sequence dimension
 	inputs  []models.Input // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
 	params  batching.Params
@@ -175,24 +177,16 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 				return nil, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
 		}
-		spec := cfg.Inputs[idx]
-		if err := checkInput(in, spec, len(body), binLeft); err != nil {
+		binSize, err := checkInput(in, cfg.Inputs[idx], len(body), binLeft)
+		if err != nil {
 			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
-		in.index = idx
-		if in.hasBin {
-			binLeft -= in.binSize
-		}
+		binLeft -= binSize
 		rows := int(in.Shape[0])
 		if req.rows >= 0 && rows != req.rows {
 			return nil, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
 		}
 		req.rows = rows
-		for d, want := range spec.Shape[1:] {
-			if want < 0 {
-				req.seq = max(req.seq, int(in.Shape[1+d]))
-			}
-		}
 		req.inputs[idx].Shape = in.Shape
 	}
 	for i, s := range cfg.Inputs {
@@ -250,66 +244,68 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 }
 
 // checkInput checks one input's datatype, shape and binary size against
-// its spec, and notes what decodeValues needs. bodyLen bounds the elements
-// a shape may claim, so that no declared shape can make the server
-// allocate more than the body justifies; binLeft is the binary data not
-// claimed by the inputs before it.
-func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) error {
+// its spec, and returns the binary data it claims. bodyLen bounds the
+// elements a shape may claim, so that no declared shape can make the
+// server allocate more than the body justifies; binLeft is the binary data
+// not claimed by the inputs before it.
+func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (int, error) {
 	if in.Datatype != string(spec.Datatype) {
 		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
-			return perr
+			return 0, perr
 		}
-		return fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
+		return 0, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
 	}
 	if len(in.Shape) != len(spec.Shape) {
-		return fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
+		return 0, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
 	}
 	elems := int64(1)
 	for i, d := range in.Shape {
 		want := int64(spec.Shape[i])
 		switch {
 		case d < 0:
-			return fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
+			return 0, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
 		case i == 0 && d == 0:
-			return fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+			return 0, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
 		case want < 0 && d == 0:
-			return fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
+			return 0, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
 		case want >= 0 && d != want:
-			return fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
+			return 0, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
 		}
 		if d > 0 && elems > math.MaxInt32/d {
-			return fmt.Errorf("shape %v holds too many elements", in.Shape)
+			return 0, fmt.Errorf("shape %v holds too many elements", in.Shape)
 		}
 		elems *= d
 	}
 	binSize, hasBin, err := intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	hasData := len(in.Data) > 0 && string(in.Data) != "null"
 	if !hasBin && !hasData {
-		return errors.New("has no data; send data or binary_data_size")
+		return 0, errors.New("has no data; send data or binary_data_size")
 	}
 	if elems > int64(bodyLen) {
 		// Every value takes at least a byte on the wire: no declared shape
 		// makes the server allocate more than the body justifies.
-		return fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
+		return 0, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
 	}
 	if hasBin {
 		if spec.Datatype != models.BYTES {
 			if hasData {
-				return errors.New("has both data and binary_data_size; send one")
+				return 0, errors.New("has both data and binary_data_size; send one")
 			}
 			if nbytes := elems * int64(spec.Datatype.Size()); int64(binSize) != nbytes {
-				return fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+				return 0, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
 			}
 		}
 		if binSize > binLeft {
-			return fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
+			return 0, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
 		}
 	}
-	in.elems, in.binSize, in.hasBin = elems, binSize, hasBin
-	return nil
+	if !hasBin {
+		return 0, nil
+	}
+	return binSize, nil
 }
 
 // decodeValues decodes the inputs' values into place, in the order they
@@ -318,9 +314,10 @@ func (req *inferRequest) decodeValues(m *models.Model) error {
 	rest := req.binaryPart
 	for i := range req.wire {
 		in := &req.wire[i]
-		t := &req.inputs[in.index]
+		idx := specIndex(m.Config.Inputs, in.Name)
+		t := &req.inputs[idx]
 		var err error
-		if t.Data, t.Strings, rest, err = decodeValues(in, m.Config.Inputs[in.index], rest); err != nil {
+		if t.Data, t.Strings, rest, err = decodeValues(in, m.Config.Inputs[idx], rest); err != nil {
 			return badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 	}
@@ -330,21 +327,22 @@ func (req *inferRequest) decodeValues(m *models.Model) error {
 // decodeValues decodes one checked input's values, taking its binary data
 // from the front of binaryPart.
 func decodeValues(in *wireInput, spec models.TensorSpec, binaryPart []byte) (data []byte, strs []string, rest []byte, err error) {
+	elems, binSize, hasBin := in.declared()
 	if spec.Datatype == models.BYTES {
-		strs, rest, err := decodeStrings(in, binaryPart)
+		strs, rest, err := decodeStrings(in, int(elems), binSize, hasBin, binaryPart)
 		return nil, strs, rest, err
 	}
-	data = make([]byte, int(in.elems)*spec.Datatype.Size())
-	if in.hasBin {
-		copy(data, binaryPart[:in.binSize])
-		rest = binaryPart[in.binSize:]
+	data = make([]byte, int(elems)*spec.Datatype.Size())
+	if hasBin {
+		copy(data, binaryPart[:binSize])
+		rest = binaryPart[binSize:]
 	} else {
 		n, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		if int64(n) != in.elems {
-			return nil, nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, in.elems, n)
+		if int64(n) != elems {
+			return nil, nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, elems, n)
 		}
 		rest = binaryPart
 	}
