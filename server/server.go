@@ -4,7 +4,11 @@
 //
 // It decodes and validates every request against the model's signature
 // before anything reaches a model, so that a model only ever sees
-// well-formed, finite, correctly shaped rows. It owns the protocol, not the
+// well-formed, finite, correctly shaped rows. What a request will cost (its
+// tensors, the model's step buffers, its outputs and its response) is
+// bounded from its declared shapes before any of it is built, and charged
+// to an in-flight budget that all requests share until their responses
+// are written. It owns the protocol, not the
 // models: the live model set ([serving.Set]) finds, loads and runs them,
 // and each model prepares its own step inputs from the decoded tensors. It
 // knows nothing of engines, of how a model turns its inputs into a step, or
