@@ -29,7 +29,7 @@ import (
 // startBounded is startCapped with glibc's malloc arenas limited to two.
 // The binary links libc (net's resolver), and glibc gives each new thread
 // an arena of its own, reserving 64 MiB of address space: under the cap,
-// every thread the Go runtime starts under load (7 at rest, 14 under 24
+// every thread the Go runtime starts under load (8 at rest, 14 under 24
 // large uploads) takes 64 MiB from what the heap can have, which no
 // in-flight budget computed at start-up can foresee.
 func startBounded(t *testing.T, args ...string) *process {
