@@ -15,10 +15,10 @@ import (
 // decodeStrings reads a checked BYTES input of n elements: a JSON array of
 // strings, or Triton's binary form (each element a 4-byte little-endian
 // length, then its bytes), taking binSize bytes of binary data from the
-// front of binaryPart when hasBin. Text
-// must be UTF-8. The elements are counted against the shape as they are
-// read: a body of many small strings is refused at the first one past the
-// shape's count, before it costs more.
+// front of binaryPart when hasBin. Text must be UTF-8. The elements are
+// counted against the shape as they are read: a body of many small strings
+// is refused at the first one past the shape's count, before it costs
+// more.
 func decodeStrings(in *wireInput, n, binSize int, hasBin bool, binaryPart []byte) ([]string, []byte, error) {
 	strs := make([]string, 0, n)
 	rest := binaryPart

@@ -8,9 +8,11 @@
 // tensors, the model's step buffers, its outputs and its response) is
 // bounded from its declared shapes before any of it is built, and charged
 // to an in-flight budget that all requests share until their responses
-// are written. It owns the protocol, not the
-// models: the live model set ([serving.Set]) finds, loads and runs them,
-// and each model prepares its own step inputs from the decoded tensors. It
+// are written.
+//
+// It owns the protocol, not the models: the live model set
+// ([serving.Set]) finds, loads and runs them, and each model prepares its
+// own step inputs from the decoded tensors. It
 // knows nothing of engines, of how a model turns its inputs into a step, or
 // of the shapes a step is compiled for.
 //
