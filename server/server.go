@@ -12,9 +12,9 @@
 //
 // It owns the protocol, not the models: the live model set
 // ([serving.Set]) finds, loads and runs them, and each model prepares its
-// own step inputs from the decoded tensors. It
-// knows nothing of engines, of how a model turns its inputs into a step, or
-// of the shapes a step is compiled for.
+// own step inputs from the decoded tensors. It knows nothing of engines,
+// of how a model turns its inputs into a step, or of the shapes a step is
+// compiled for.
 //
 // # Endpoints
 //
