@@ -152,52 +152,33 @@ func (f footprint) memory() int64 { return f.inputs + f.step + f.outputs + f.jso
 // response is the size of the response.
 func (f footprint) response() int64 { return f.json + f.binary }
 
-// footprintOf bounds what a parsed request will cost: its tensors as
-// decoded, the model's step inputs and every output at the longest
-// sequence the request may take, and its response at the longest JSON
-// each value may take.
-func footprintOf(m *models.Model, req *inferRequest) footprint {
+// footprintOf bounds what a parsed request will cost, given the bytes its
+// inputs take decoded and the longest sequence they declare (0: none): the
+// model's step inputs and every output at the longest sequence the request
+// may take, and its response at the longest JSON each value may take.
+func footprintOf(m *models.Model, req *inferRequest, inputs int64, seq int) footprint {
 	cfg := m.Config
-	f := footprint{rows: req.rows}
-	seq := 0 // the longest sequence the inputs declare
-	for i := range req.wire {
-		in := &req.wire[i]
-		spec := cfg.Inputs[specIndex(cfg.Inputs, in.Name)]
-		for d, want := range spec.Shape[1:] {
-			if want < 0 {
-				seq = max(seq, int(in.Shape[1+d]))
-			}
-		}
-		elems, binSize, hasBin := in.declared()
-		if spec.Datatype != models.BYTES {
-			f.inputs += elems * int64(spec.Datatype.Size())
-			continue
-		}
-		const stringHeader = 16
-		text := int64(len(in.Data))
-		if hasBin {
-			text = int64(binSize)
-		}
-		f.inputs += stringHeader*elems + text
-	}
+	f := footprint{rows: req.rows, inputs: inputs}
 	if seq == 0 {
 		seq = cfg.MaxSeq() // text: its tokens may be as long as the longest bucket
 	}
 	rows := int64(req.rows)
 	f.step = m.StepBytes(req.rows, seq)
-	for _, o := range cfg.Outputs {
-		f.outputs += rows * int64(o.RowBytes(seq))
-	}
 	// The JSON around the values: names, shapes and punctuation; an id may
 	// be escaped six bytes to one.
 	f.json = 64 + int64(len(m.Name)+len(m.Version)+6*len(req.id))
-	for _, c := range req.outputs {
-		o := cfg.Outputs[c.index]
-		f.json += 112 + int64(len(o.Name)+21*len(o.Shape))
-		if c.binary {
-			f.binary += rows * int64(o.RowBytes(seq))
-		} else {
-			f.json += rows * int64(o.RowElements(seq)) * int64(jsonValueBytes(o.Datatype))
+	for i, o := range cfg.Outputs {
+		rowBytes := rows * int64(o.RowBytes(seq))
+		f.outputs += rowBytes
+		for _, c := range req.outputs {
+			switch {
+			case c.index != i:
+			case c.binary:
+				f.json += 112 + int64(len(o.Name)+21*len(o.Shape))
+				f.binary += rowBytes
+			default:
+				f.json += 112 + int64(len(o.Name)+21*len(o.Shape)) + rows*int64(o.RowElements(seq)*jsonValueBytes(o.Datatype))
+			}
 		}
 	}
 	return f

@@ -122,26 +122,23 @@ func textModel(t *testing.T) *models.Model {
 
 func TestFootprintFromDeclaredShapes(t *testing.T) {
 	m := newSumMax(t).program().Model
-	req, err := parseRequest([]byte(`{"id":"a<b","inputs":[{"name":"x","datatype":"FP32","shape":[5,3],"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}]}`), -1, m, 1<<20)
+	_, f, err := parseRequest([]byte(`{"id":"a<b","inputs":[{"name":"x","datatype":"FP32","shape":[5,3],"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}]}`), -1, m, 1<<20)
 	require.NoError(t, err)
-	f := footprintOf(m, req)
 	assert.Equal(t, footprint{rows: 5, inputs: 5 * 3 * 4, outputs: 5 * 2 * 4,
 		json: 64 + int64(len("summax")+len("1")+6*3) + 112 + int64(len("y")+21*2) + 5*2*16}, f)
 
 	// Text: every row may take the longest seq bucket.
 	tm := textModel(t)
-	req, err = parseRequest([]byte(`{"inputs":[{"name":"text","datatype":"BYTES","shape":[2],"data":["a",""]}]}`), -1, tm, 1<<20)
+	_, f, err = parseRequest([]byte(`{"inputs":[{"name":"text","datatype":"BYTES","shape":[2],"data":["a",""]}]}`), -1, tm, 1<<20)
 	require.NoError(t, err)
-	f = footprintOf(tm, req)
 	assert.Equal(t, int64(2*16+len(`["a",""]`)), f.inputs, "string headers and the text")
 	assert.Equal(t, tm.StepBytes(2, 128), f.step)
 	assert.Equal(t, int64(2*128*4), f.outputs)
 	assert.Zero(t, f.binary)
 
 	hdr := `{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":7}}],"outputs":[{"name":"embedding","parameters":{"binary_data":true}}]}`
-	req, err = parseRequest([]byte(hdr+"\x03\x00\x00\x00abc"), len(hdr), tm, 1<<20)
+	_, f, err = parseRequest([]byte(hdr+"\x03\x00\x00\x00abc"), len(hdr), tm, 1<<20)
 	require.NoError(t, err)
-	f = footprintOf(tm, req)
 	assert.Equal(t, int64(16+7), f.inputs)
 	assert.Equal(t, int64(128*4), f.binary, "binary outputs are the output buffers, sent as they are")
 	assert.Less(t, f.json, int64(512))
@@ -152,11 +149,11 @@ func TestResponseFitsItsFootprint(t *testing.T) {
 	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
 	body := []byte(`{"id":"\u003c<>&","inputs":[{"name":"x","datatype":"FP32","shape":[4,3],"data":[-1.1754944e-38,2,3,4,5,6,7,8,9,10,11,-3.4028235e38]}]}`)
-	req, err := parseRequest(body, -1, f.program().Model, 1<<20)
+	_, fp, err := parseRequest(body, -1, f.program().Model, 1<<20)
 	require.NoError(t, err)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body)
 	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
-	assert.LessOrEqual(t, int64(w.Body.Len()), footprintOf(f.program().Model, req).json)
+	assert.LessOrEqual(t, int64(w.Body.Len()), fp.json)
 }
 
 // boundedServer serves summax with the given response and in-flight

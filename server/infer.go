@@ -80,11 +80,10 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		}
 		headerLen = n
 	}
-	req, err := parseRequest(body, headerLen, m.Model(), s.opts.MaxRequestElements)
+	req, f, err := parseRequest(body, headerLen, m.Model(), s.opts.MaxRequestElements)
 	if err != nil {
 		return fail(err)
 	}
-	f := footprintOf(m.Model(), req)
 	if err := s.admit(r, &ch, f); err != nil {
 		return fail(err)
 	}

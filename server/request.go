@@ -105,7 +105,7 @@ type outputChoice struct {
 // decodeRequest parses and decodes a whole request: parseRequest, then
 // decodeValues.
 func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, error) {
-	req, err := parseRequest(body, headerLen, m, maxElements)
+	req, _, err := parseRequest(body, headerLen, m, maxElements)
 	if err != nil {
 		return nil, err
 	}
@@ -117,15 +117,15 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 
 // parseRequest parses body as an inference request for m and checks
 // everything but the tensors' values: names, datatypes, shapes, binary
-// sizes, outputs and parameters, so that what the request will cost is
-// known before any tensor is built. headerLen is the value of
+// sizes, outputs and parameters; and bounds what the request will cost,
+// before any tensor is built. headerLen is the value of
 // Inference-Header-Content-Length, or -1 when the request has no binary
 // part. Every error is a 400 that names the input or field at fault.
-func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, error) {
+func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, footprint, error) {
 	header, binaryPart := body, []byte(nil)
 	if headerLen >= 0 {
 		if headerLen > len(body) {
-			return nil, badRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
 		}
 		header, binaryPart = body[:headerLen], body[headerLen:]
 	}
@@ -137,16 +137,16 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		// its errors say what is wrong, once the limits parseWire keeps
 		// are known to hold.
 		if err := checkLimits(header, m, lim); err != nil {
-			return nil, err
+			return nil, footprint{}, err
 		}
 		wr = wireRequest{}
 		if err := json.Unmarshal(header, &wr); err != nil {
-			return nil, badRequest(jsonErrorMessage(header, err))
+			return nil, footprint{}, badRequest(jsonErrorMessage(header, err))
 		}
 	}
 
 	if len(wr.Inputs) == 0 {
-		return nil, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
+		return nil, footprint{}, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
 	}
 	req := &inferRequest{id: wr.ID, rows: -1, wire: wr.Inputs, binaryPart: binaryPart}
 	req.inputs, req.outputs = req.inputsBuf[:0], req.outputsBuf[:0]
@@ -160,152 +160,172 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		seen = make([]bool, 0, len(cfg.Inputs))
 	}
 	seen = seen[:len(cfg.Inputs)]
-	var elements int64
+	var elements, decoded int64
+	seq := 0 // the longest sequence the inputs declare
 	binLeft := len(binaryPart)
 	for i := range wr.Inputs {
 		in := &wr.Inputs[i]
 		idx := specIndex(cfg.Inputs, in.Name)
 		if idx < 0 {
-			return nil, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
 		}
 		if seen[idx] {
-			return nil, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
 		if n, ok := declaredElements(in.Shape); ok {
 			if elements += n; elements > maxElements {
-				return nil, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
+				return nil, footprint{}, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
 		}
-		binSize, err := checkInput(in, cfg.Inputs[idx], len(body), binLeft)
+		spec := cfg.Inputs[idx]
+		size, binSize, err := checkInput(in, spec, len(body), binLeft)
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 		binLeft -= binSize
+		decoded += size
+		for d, want := range spec.Shape[1:] {
+			if want < 0 {
+				seq = max(seq, int(in.Shape[1+d]))
+			}
+		}
 		rows := int(in.Shape[0])
 		if req.rows >= 0 && rows != req.rows {
-			return nil, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
 		}
 		req.rows = rows
 		req.inputs[idx].Shape = in.Shape
 	}
 	for i, s := range cfg.Inputs {
 		if !seen[i] && !cfg.OptionalInput(s.Name) {
-			return nil, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
+			return nil, footprint{}, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}
 	if binLeft > 0 {
-		return nil, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
+		return nil, footprint{}, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
 	// Triton's request parameters: priority (1 is the highest) and timeout
 	// in microseconds, which may only lower the model's default.
 	prio, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "priority")
 	if err != nil {
-		return nil, badRequest(err.Error())
+		return nil, footprint{}, badRequest(err.Error())
 	}
 	timeout, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "timeout")
 	if err != nil {
-		return nil, badRequest(err.Error() + " (microseconds)")
+		return nil, footprint{}, badRequest(err.Error() + " (microseconds)")
 	}
 	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(wireParams{wr.Parameters, wr.pairs}, "binary_data_output")
 	if err != nil {
-		return nil, badRequest(err.Error())
+		return nil, footprint{}, badRequest(err.Error())
 	}
 	if len(wr.Outputs) == 0 {
 		for i := range cfg.Outputs {
 			req.outputs = append(req.outputs, outputChoice{index: i, binary: allBinary})
 		}
-		return req, nil
 	}
 	for _, o := range wr.Outputs {
 		idx := specIndex(cfg.Outputs, o.Name)
 		if idx < 0 {
-			return nil, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
 		}
 		for _, c := range req.outputs {
 			if c.index == idx {
-				return nil, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
+				return nil, footprint{}, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
 			}
 		}
 		params := wireParams{o.Parameters, o.pairs}
 		if _, ok := params.get("classification"); ok {
-			return nil, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
 		}
 		bin, err := boolParam(params, "binary_data")
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin || allBinary})
 	}
-	return req, nil
+	return req, footprintOf(m, req, decoded, seq), nil
 }
 
 // checkInput checks one input's datatype, shape and binary size against
-// its spec, and returns the binary data it claims. bodyLen bounds the
-// elements a shape may claim, so that no declared shape can make the
-// server allocate more than the body justifies; binLeft is the binary data
-// not claimed by the inputs before it.
-func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (int, error) {
+// its spec, and returns the bytes its values will take once decoded and
+// the binary data it claims. bodyLen bounds the elements a shape may
+// claim, so that no declared shape can make the server allocate more than
+// the body justifies; binLeft is the binary data not claimed by the inputs
+// before it.
+func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (decoded int64, binSize int, err error) {
 	if in.Datatype != string(spec.Datatype) {
 		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
-			return 0, perr
+			return 0, 0, perr
 		}
-		return 0, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
+		return 0, 0, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
 	}
 	if len(in.Shape) != len(spec.Shape) {
-		return 0, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
+		return 0, 0, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
 	}
 	elems := int64(1)
 	for i, d := range in.Shape {
 		want := int64(spec.Shape[i])
 		switch {
 		case d < 0:
-			return 0, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
+			return 0, 0, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
 		case i == 0 && d == 0:
-			return 0, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+			return 0, 0, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
 		case want < 0 && d == 0:
-			return 0, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
+			return 0, 0, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
 		case want >= 0 && d != want:
-			return 0, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
+			return 0, 0, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
 		}
 		if d > 0 && elems > math.MaxInt32/d {
-			return 0, fmt.Errorf("shape %v holds too many elements", in.Shape)
+			return 0, 0, fmt.Errorf("shape %v holds too many elements", in.Shape)
 		}
 		elems *= d
 	}
 	binSize, hasBin, err := intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	hasData := len(in.Data) > 0 && string(in.Data) != "null"
 	if !hasBin && !hasData {
-		return 0, errors.New("has no data; send data or binary_data_size")
+		return 0, 0, errors.New("has no data; send data or binary_data_size")
 	}
 	if elems > int64(bodyLen) {
 		// Every value takes at least a byte on the wire: no declared shape
 		// makes the server allocate more than the body justifies.
-		return 0, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
+		return 0, 0, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
 	}
 	if hasBin {
 		if spec.Datatype != models.BYTES {
 			if hasData {
-				return 0, errors.New("has both data and binary_data_size; send one")
+				return 0, 0, errors.New("has both data and binary_data_size; send one")
 			}
 			if nbytes := elems * int64(spec.Datatype.Size()); int64(binSize) != nbytes {
-				return 0, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+				return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
 			}
 		}
 		if binSize > binLeft {
-			return 0, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
+			return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
 		}
 	}
-	if !hasBin {
-		return 0, nil
+	if spec.Datatype == models.BYTES {
+		// A string header each, and the text, which unescaping only
+		// shortens.
+		const stringHeader = 16
+		text := int64(len(in.Data))
+		if hasBin {
+			text = int64(binSize)
+		}
+		decoded = stringHeader*elems + text
+	} else {
+		decoded = elems * int64(spec.Datatype.Size())
 	}
-	return binSize, nil
+	if !hasBin {
+		binSize = 0
+	}
+	return decoded, binSize, nil
 }
 
 // decodeValues decodes the inputs' values into place, in the order they
