@@ -62,6 +62,11 @@ type Server struct {
 	MaxHeaderBytes    int64
 	// MaxRequestElements bounds the tensor elements of one request.
 	MaxRequestElements int64
+	// MaxResponseBytes bounds the response one request may ask for.
+	MaxResponseBytes int64
+	// MaxInflightBytes bounds the memory all requests in flight may hold
+	// together; 0 means half the memory limit the server finds.
+	MaxInflightBytes int64
 	// MetricsAddr, when set, serves /metrics (and the health endpoints)
 	// on a listener of its own, and /metrics no longer on Addr.
 	MetricsAddr string
@@ -187,6 +192,10 @@ var keys = []key{
 		value(func(c *Config) *int64 { return &c.Server.MaxRequestElements }, parseInt64, atLeast[int64](1), "a positive integer")},
 	{"server.max_connections", "0", "most open connections on server.addr: the longest-idle one is closed to make room, and with none idle a new one gets 503 (0: the descriptor limit less a reserve)",
 		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)")},
+	{"server.max_response_bytes", "64MiB", "largest response one request may ask for, bounded from its shapes before it runs (413 above it)",
+		value(func(c *Config) *int64 { return &c.Server.MaxResponseBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")},
+	{"server.max_inflight_bytes", "0", "memory all requests in flight may hold together: bodies, tensors, outputs and responses not yet written (503 when spent); 0: half the memory limit (cgroup, RLIMIT_AS or RAM)",
+		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)")},
 	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",
 		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr")},
 	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil},

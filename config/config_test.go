@@ -25,6 +25,8 @@ func TestDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ":8000", c.Server.Addr)
 	assert.Equal(t, int64(64<<20), c.Server.MaxBodyBytes)
+	assert.Equal(t, int64(64<<20), c.Server.MaxResponseBytes)
+	assert.Zero(t, c.Server.MaxInflightBytes, "0: the server takes half the memory limit it finds")
 	assert.Equal(t, 30*time.Second, c.Server.ShutdownGrace)
 	assert.Equal(t, 10*time.Second, c.Server.ReadHeaderTimeout)
 	assert.Equal(t, dir, c.ModelRepository)
@@ -118,6 +120,8 @@ func TestInvalidValuesNameKeyValueAndWant(t *testing.T) {
 		{[]string{"--server.addr", "8000"}, `server.addr: "8000"; want host:port`},
 		{[]string{"--server.max_body_bytes", "lots"}, `server.max_body_bytes: "lots"; want a size`},
 		{[]string{"--server.max_body_bytes", "10"}, `server.max_body_bytes: "10"; want a size of at least 1KiB`},
+		{[]string{"--server.max_response_bytes", "100"}, `server.max_response_bytes: "100"; want a size of at least 1KiB`},
+		{[]string{"--server.max_inflight_bytes", "1KiB"}, `server.max_inflight_bytes: "1KiB"; want 0 (half the memory limit) or a size of at least 1MiB`},
 		{[]string{"--server.shutdown_grace", "soon"}, `server.shutdown_grace: "soon"; want a duration`},
 		{[]string{"--server.shutdown_grace", "-1s"}, `server.shutdown_grace: "-1s"`},
 		{[]string{"--server.read_header_timeout", "0s"}, `server.read_header_timeout: "0s"; want a positive duration`},
@@ -310,4 +314,13 @@ func TestTokenFileReload(t *testing.T) {
 	require.NoError(t, os.Remove(file))
 	_, err = c.Auth.Reload()
 	assert.ErrorContains(t, err, "no such file")
+}
+
+func TestMemoryBoundKeys(t *testing.T) {
+	dir := repo(t)
+	t.Setenv("STEPSERVE_SERVER_MAX_INFLIGHT_BYTES", "512MiB")
+	c, err := Load([]string{"--model_repository", dir, "--server.max_response_bytes", "1MiB"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(512<<20), c.Server.MaxInflightBytes, "from the environment")
+	assert.Equal(t, int64(1<<20), c.Server.MaxResponseBytes, "from a flag")
 }

@@ -200,3 +200,24 @@ func TestTokenInputs(t *testing.T) {
 	assert.ErrorContains(t, err, "shape [1 3] needs 24", "data that disagrees with its shape is the caller's mistake")
 	assert.False(t, errors.Is(err, ErrInput))
 }
+
+// StepBytes bounds what PrepareInputs builds, at the model's longest
+// sequence, for any text.
+func TestStepBytesBoundsPrepareInputs(t *testing.T) {
+	m, err := Load("../model_repository/tiny-encoder")
+	require.NoError(t, err)
+	maxSeq := m.Config.MaxSeq()
+	require.Equal(t, 128, maxSeq)
+	texts := []string{"The water is warm.", "", strings.Repeat("word ", 300)}
+	in, _, err := m.PrepareInputs(nil, []Input{{Shape: []int64{3}, Strings: texts}})
+	require.NoError(t, err)
+	packed := int64(len(in[0]) + len(in[1]) + len(in[2]))
+	ids := int64(3 * (24 + 8*maxSeq)) // each row's ids before packing
+	assert.GreaterOrEqual(t, m.StepBytes(3, maxSeq), packed+ids)
+
+	tokens := tokenModel(t, 2)
+	assert.Equal(t, int64(8*4*10), tokens.StepBytes(4, 10), "the zero token types of 4 rows of 10")
+	mlp := &Model{Config: &Config{Architecture: "mlp"}}
+	assert.Zero(t, mlp.StepBytes(1000, 0), "an mlp's inputs go to the step as they are")
+	assert.Zero(t, mlp.Config.MaxSeq())
+}

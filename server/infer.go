@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,7 +70,12 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		return fail(notReady(m.Model().Name))
 	}
 
-	body, err := s.readBody(w, r)
+	// Everything the request allocates from here on is charged to the
+	// in-flight budget first, and stays charged until its response is
+	// written: a client that reads its answer slowly holds it, not more.
+	ch := charge{b: s.budget, wait: s.budgetWait}
+	defer ch.release()
+	body, err := s.readBody(w, r, &ch)
 	if err != nil {
 		return fail(err)
 	}
@@ -81,11 +87,16 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		}
 		headerLen = n
 	}
-	req, err := decodeRequest(body, headerLen, m.Model(), s.opts.MaxRequestElements)
+	req, f, err := parseRequest(body, headerLen, m.Model(), s.opts.MaxRequestElements)
 	if err != nil {
 		return fail(err)
 	}
-
+	if err := s.admit(r, &ch, f); err != nil {
+		return fail(err)
+	}
+	if err := req.decodeValues(m.Model()); err != nil {
+		return fail(err)
+	}
 	sr, err := prepare(m.Model(), req)
 	if err != nil {
 		return fail(err)
@@ -93,14 +104,21 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err := m.Infer(r.Context(), sr, req.params); err != nil {
 		return fail(err)
 	}
-	if err := s.writeResponse(w, m.Model(), req, sr); err != nil {
+	if err := s.writeResponse(w, m.Model(), req, sr, f.json); err != nil {
 		return fail(err)
 	}
 	return http.StatusOK
 }
 
-// readBody reads the whole body within the configured limit.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// bodyStart is the most a body's buffer starts with, whatever its
+// Content-Length says: the buffer grows with what arrives, so a client
+// that declares a large body and sends little of it costs little.
+const bodyStart = 64 << 10
+
+// readBody reads the whole body within the configured limit, into a
+// buffer that grows with what arrives, each size charged to ch before it
+// is allocated.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([]byte, error) {
 	limit := s.opts.MaxBodyBytes
 	tooLarge := func() error {
 		return &apiError{http.StatusRequestEntityTooLarge,
@@ -109,16 +127,14 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	var body []byte
-	var err error
-	if r.ContentLength > 0 {
-		// net/http holds the body to its declared length: read exactly
-		// that, with no read past it to find the end.
-		body = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, body)
-	} else {
-		body, err = readAll(http.MaxBytesReader(w, r.Body, limit), make([]byte, 0, 513))
+	// net/http holds a body to its declared length: read up to exactly
+	// that, with no read past it to find the end. A body of unknown length
+	// is read to its end, at most one byte past the limit.
+	size, start, factor, src := r.ContentLength, min(r.ContentLength, bodyStart), int64(4), r.Body
+	if size <= 0 {
+		size, start, factor, src = limit+1, 512, 2, http.MaxBytesReader(w, r.Body, limit)
 	}
+	body, err := readGrowing(r, src, size, start, factor, ch)
 	if err != nil {
 		return nil, bodyError(err, tooLarge)
 	}
@@ -128,35 +144,64 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	return body, nil
 }
 
+// readGrowing reads src to its end, or to size bytes, into a buffer that
+// starts start bytes long and grows factor times as it fills. Each buffer
+// is charged to ch before it is allocated, and the ones it replaces stay
+// charged: they are garbage the collector has yet to free. A body of known
+// length grows four times at a step, so that this garbage is at most a
+// third of it and a client holds at most four times what it sent; one of
+// unknown length doubles, wasting less of its last buffer.
+func readGrowing(r *http.Request, src io.Reader, size, start, factor int64, ch *charge) ([]byte, error) {
+	grow := func(b []byte, n int64) ([]byte, error) {
+		if err := ch.take(r.Context(), n, "the request body"); err != nil {
+			return b, err
+		}
+		nb := make([]byte, len(b), n)
+		copy(nb, b)
+		return nb, nil
+	}
+	b, err := grow(nil, start)
+	if err != nil {
+		return nil, err
+	}
+	for int64(len(b)) < size {
+		if len(b) == cap(b) {
+			if b, err = grow(b, min(size, factor*int64(cap(b)))); err != nil {
+				return nil, err
+			}
+		}
+		n, err := src.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			if r.ContentLength > 0 && int64(len(b)) < r.ContentLength {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
 // bodyError says why a body could not be read (a function of its own so
 // that errors.As's targets are allocated only on the error path).
 func bodyError(err error, tooLarge func() error) error {
 	var mbe *http.MaxBytesError
 	var ne net.Error
+	var ae *apiError
 	switch {
+	case errors.As(err, &ae):
+		return err
 	case errors.As(err, &mbe):
 		return tooLarge()
 	case errors.As(err, &ne) && ne.Timeout():
 		return &apiError{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
+	case errors.Is(err, context.Canceled):
+		return err
 	}
 	return badRequest(fmt.Sprintf("reading the request body: %v", err))
-}
-
-// readAll is io.ReadAll into a buffer sized from Content-Length.
-func readAll(r io.Reader, b []byte) ([]byte, error) {
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-	}
 }
 
 type responseTensor struct {
@@ -169,8 +214,11 @@ type responseTensor struct {
 
 // writeResponse encodes the outputs: JSON data inline, and binary outputs
 // after the JSON header as Triton's extension lays them out.
-func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, sr *steps.Request) error {
-	b := make([]byte, 0, 256+len(req.outputs)*req.rows*64)
+//
+// jsonBound is the most the JSON may take (footprint.json), which the
+// buffer is sized to: it is charged already, and never grows.
+func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, sr *steps.Request, jsonBound int64) error {
+	b := make([]byte, 0, jsonBound)
 	b = append(b, `{"model_name":`...)
 	b = strconv.AppendQuote(b, m.Name)
 	b = append(b, `,"model_version":`...)

@@ -15,7 +15,7 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_requests_total",
@@ -27,8 +27,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"model"}),
 	}
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "stepserve_inflight_bytes",
+		Help: "Memory the requests in flight hold of the in-flight budget: bodies, tensors, outputs and responses not yet written, as bounded from their shapes.",
+	}, func() float64 { return float64(b.used.Load()) })
+	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "stepserve_inflight_bytes_limit",
+		Help: "The in-flight budget (server.max_inflight_bytes): requests that find it spent wait briefly, then get 503.",
+	}, func() float64 { return float64(b.limit) })
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.duration} {
+		for _, c := range []prometheus.Collector{m.requests, m.duration, inflight, limit} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,79 +12,105 @@ import (
 	"github.com/stepserve/stepserve/steps"
 )
 
-// decodeStrings reads a BYTES input: a JSON array of strings, or Triton's
-// binary form (each element a 4-byte little-endian length, then its bytes).
-// Text must be UTF-8.
-func decodeStrings(in *wireInput, binSize int, hasBin bool, binaryPart []byte, elems int) ([]string, []byte, error) {
-	var strs []string
+// decodeStrings reads a checked BYTES input of n elements: a JSON array of
+// strings, or Triton's binary form (each element a 4-byte little-endian
+// length, then its bytes), taking binSize bytes of binary data from the
+// front of binaryPart when hasBin. Text must be UTF-8. The elements are
+// counted against the shape as they are read: a body of many small strings
+// is refused at the first one past the shape's count, before it costs
+// more.
+func decodeStrings(in *wireInput, n, binSize int, hasBin bool, binaryPart []byte) ([]string, []byte, error) {
+	strs := make([]string, 0, n)
 	rest := binaryPart
+	tooMany := func() error { return fmt.Errorf("more strings than the shape holds (%d)", n) }
 	if hasBin {
-		if binSize > len(binaryPart) {
-			return nil, nil, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, len(binaryPart))
-		}
 		b := binaryPart[:binSize]
 		rest = binaryPart[binSize:]
 		for len(b) > 0 {
+			if len(strs) == n {
+				return nil, nil, tooMany()
+			}
 			if len(b) < 4 {
 				return nil, nil, fmt.Errorf("element %d: %d bytes left, too few for its 4-byte length", len(strs), len(b))
 			}
-			n := binary.LittleEndian.Uint32(b)
-			if uint64(n) > uint64(len(b)-4) {
-				return nil, nil, fmt.Errorf("element %d: length %d runs past the %d bytes of binary data left", len(strs), n, len(b)-4)
+			k := binary.LittleEndian.Uint32(b)
+			if uint64(k) > uint64(len(b)-4) {
+				return nil, nil, fmt.Errorf("element %d: length %d runs past the %d bytes of binary data left", len(strs), k, len(b)-4)
 			}
-			strs = append(strs, string(b[4:4+n]))
-			b = b[4+n:]
+			s := b[4 : 4+k]
+			if !utf8.Valid(s) {
+				return nil, nil, fmt.Errorf("element %d is not valid UTF-8", len(strs))
+			}
+			strs = append(strs, string(s))
+			b = b[4+k:]
 		}
 	} else {
-		if len(in.Data) == 0 || string(in.Data) == "null" {
-			return nil, nil, errors.New("has no data; send data or binary_data_size")
-		}
 		if !utf8.Valid(in.Data) {
 			return nil, nil, errors.New("data is not valid UTF-8")
 		}
 		var err error
-		if strs, err = flattenStrings(in.Data, len(in.Shape)); err != nil {
+		if strs, err = scanStrings(in.Data, len(in.Shape), strs); err != nil {
+			if err == errTooManyStrings {
+				err = tooMany()
+			}
 			return nil, nil, err
 		}
 	}
-	if len(strs) != elems {
-		return nil, nil, fmt.Errorf("shape %v needs %d strings, data has %d", in.Shape, elems, len(strs))
-	}
-	for i, s := range strs {
-		if !utf8.ValidString(s) {
-			return nil, nil, fmt.Errorf("element %d is not valid UTF-8", i)
-		}
+	if len(strs) != n {
+		return nil, nil, fmt.Errorf("shape %v needs %d strings, data has %d", in.Shape, n, len(strs))
 	}
 	return strs, rest, nil
 }
 
-// flattenStrings reads a flat or nested JSON array of strings, nested at
-// most depth deep.
-func flattenStrings(raw json.RawMessage, depth int) ([]string, error) {
-	if depth < 1 {
-		return nil, errors.New("data is nested deeper than its shape's dimensions")
+var errTooManyStrings = errors.New("more strings than the shape holds")
+
+// scanStrings appends the strings of a flat or nested JSON array, nested at
+// most rank deep, to out, and stops with errTooManyStrings at the first
+// past out's capacity. raw is known to be valid JSON.
+func scanStrings(raw []byte, rank int, out []string) ([]string, error) {
+	i := 0
+	for i < len(raw) && isSpace(raw[i]) {
+		i++
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	if i == len(raw) || raw[i] != '[' {
 		return nil, errors.New("data must be an array of strings")
 	}
-	var out []string
-	for i, it := range items {
-		switch {
-		case len(it) > 0 && it[0] == '"':
-			var s string
-			if err := json.Unmarshal(it, &s); err != nil {
-				return nil, fmt.Errorf("element %d: %v", i, err)
+	depth := 0
+	for i < len(raw) {
+		switch c := raw[i]; {
+		case c == '[':
+			if depth++; depth > rank {
+				return nil, fmt.Errorf("data is nested deeper than its shape's %d dimensions", rank)
 			}
-			out = append(out, s)
-		case len(it) > 0 && it[0] == '[':
-			inner, err := flattenStrings(it, depth-1)
-			if err != nil {
-				return nil, err
+			i++
+		case c == ']':
+			depth--
+			i++
+		case c == ',' || isSpace(c):
+			i++
+		case c == '"':
+			if len(out) == cap(out) {
+				return nil, errTooManyStrings
 			}
-			out = append(out, inner...)
+			p := wireParser{b: raw, i: i}
+			if !p.skipString() {
+				return nil, errors.New("data must be an array of strings")
+			}
+			quoted := raw[i:p.i]
+			if bytes.IndexByte(quoted, '\\') < 0 {
+				out = append(out, string(quoted[1:len(quoted)-1]))
+			} else {
+				var s string
+				if err := json.Unmarshal(quoted, &s); err != nil {
+					return nil, fmt.Errorf("element %d: %v", len(out), err)
+				}
+				out = append(out, s)
+			}
+			i = p.i
 		default:
-			return nil, fmt.Errorf("element %d is %s; want a string", i, excerpt(it))
+			p := wireParser{b: raw, i: i}
+			p.skip()
+			return nil, fmt.Errorf("element %d is %s; want a string", len(out), excerpt(raw[i:max(p.i, i+1)]))
 		}
 	}
 	return out, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -112,4 +113,51 @@ func TestVariableLengthInputs(t *testing.T) {
 		assert.Equal(t, 400, statusOf(err), tc.body)
 		assert.ErrorContains(t, err, tc.want)
 	}
+}
+
+func TestScanStringsCountsAsItGoes(t *testing.T) {
+	cases := []struct {
+		data string
+		rank int
+		n    int
+		want []string
+		err  string
+	}{
+		{data: `["a","b"]`, rank: 1, n: 2, want: []string{"a", "b"}},
+		{data: ` [ ["a"] , ["\u00e9\n"] ] `, rank: 2, n: 2, want: []string{"a", "é\n"}},
+		{data: `[]`, rank: 1, n: 0, want: []string{}},
+		{data: `["a","b","c"]`, rank: 1, n: 2, err: "more strings than the shape holds"},
+		{data: `[["a"]]`, rank: 1, n: 1, err: "data is nested deeper than its shape's 1 dimensions"},
+		{data: `["a",42]`, rank: 1, n: 2, err: "element 1 is 42; want a string"},
+		{data: `["a",{"b":1}]`, rank: 1, n: 2, err: `element 1 is {"b":1}; want a string`},
+		{data: `"a"`, rank: 1, n: 1, err: "data must be an array of strings"},
+	}
+	for _, c := range cases {
+		got, err := scanStrings([]byte(c.data), c.rank, make([]string, 0, c.n))
+		if c.err != "" {
+			assert.ErrorContains(t, err, c.err, c.data)
+			continue
+		}
+		require.NoError(t, err, c.data)
+		assert.Equal(t, c.want, got, c.data)
+	}
+}
+
+// Sixteen million strings for a shape of one are refused at the second.
+func TestManyStringsForAShapeOfOne(t *testing.T) {
+	m := stringsModel()
+	body := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"data":[` + strings.Repeat(`"",`, 1<<20) + `""]}]}`
+	allocs := testing.AllocsPerRun(1, func() {
+		_, err := decodeRequest([]byte(body), -1, m, 1<<30)
+		assert.ErrorContains(t, err, `input "s": more strings than the shape holds (1)`)
+	})
+	assert.Less(t, allocs, 20.0, "nothing is built past the first string")
+
+	var blob []byte
+	for range 3 {
+		blob = binary.LittleEndian.AppendUint32(blob, 0)
+	}
+	hdr := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"parameters":{"binary_data_size":12}}]}`
+	_, err := decodeRequest([]byte(hdr+string(blob)), len(hdr), m, 1<<20)
+	assert.ErrorContains(t, err, `input "s": more strings than the shape holds (2)`)
 }

@@ -34,6 +34,15 @@ type wireInput struct {
 	pairs      paramPairs
 }
 
+// declared is what a checked input declares: its elements, and its
+// binary_data_size when it has one. (Read again rather than kept, so that
+// a request stays the size it was.)
+func (in *wireInput) declared() (elems int64, binSize int, hasBin bool) {
+	elems, _ = declaredElements(in.Shape)
+	binSize, hasBin, _ = intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
+	return elems, binSize, hasBin
+}
+
 type wireOutput struct {
 	Name       string                     `json:"name"`
 	Parameters map[string]json.RawMessage `json:"parameters"`
@@ -76,6 +85,11 @@ type inferRequest struct {
 	outputs []outputChoice
 	params  batching.Params
 
+	// The inputs as sent, in order, and the binary part of the body, which
+	// decodeValues reads once the request is admitted.
+	wire       []wireInput
+	binaryPart []byte
+
 	// Room for the usual few inputs and outputs, so that a request is
 	// one allocation rather than three.
 	inputsBuf  [3]models.Input
@@ -88,32 +102,53 @@ type outputChoice struct {
 	binary bool
 }
 
-// decodeRequest parses body as an inference request for m. headerLen is the
-// value of Inference-Header-Content-Length, or -1 when the request has no
-// binary part. Every error is a 400 that names the input or field at fault.
+// decodeRequest parses and decodes a whole request: parseRequest, then
+// decodeValues.
 func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, error) {
+	req, _, err := parseRequest(body, headerLen, m, maxElements)
+	if err != nil {
+		return nil, err
+	}
+	if err := req.decodeValues(m); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// parseRequest parses body as an inference request for m and checks
+// everything but the tensors' values: names, datatypes, shapes, binary
+// sizes, outputs and parameters; and bounds what the request will cost,
+// before any tensor is built. headerLen is the value of
+// Inference-Header-Content-Length, or -1 when the request has no binary
+// part. Every error is a 400 that names the input or field at fault.
+func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, footprint, error) {
 	header, binaryPart := body, []byte(nil)
 	if headerLen >= 0 {
 		if headerLen > len(body) {
-			return nil, badRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
 		}
 		header, binaryPart = body[:headerLen], body[headerLen:]
 	}
+	cfg := m.Config
+	lim := limitsOf(cfg)
 	var wr wireRequest
-	if !parseWire(header, &wr) {
+	if !parseWire(header, &wr, lim) {
 		// Not the plain form parseWire reads: encoding/json decides, and
-		// its errors say what is wrong.
+		// its errors say what is wrong, once the limits parseWire keeps
+		// are known to hold.
+		if err := checkLimits(header, m, lim); err != nil {
+			return nil, footprint{}, err
+		}
 		wr = wireRequest{}
 		if err := json.Unmarshal(header, &wr); err != nil {
-			return nil, badRequest(jsonErrorMessage(header, err))
+			return nil, footprint{}, badRequest(jsonErrorMessage(header, err))
 		}
 	}
 
-	cfg := m.Config
 	if len(wr.Inputs) == 0 {
-		return nil, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
+		return nil, footprint{}, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
 	}
-	req := &inferRequest{id: wr.ID, rows: -1}
+	req := &inferRequest{id: wr.ID, rows: -1, wire: wr.Inputs, binaryPart: binaryPart}
 	req.inputs, req.outputs = req.inputsBuf[:0], req.outputsBuf[:0]
 	if len(cfg.Inputs) > len(req.inputsBuf) {
 		req.inputs = make([]models.Input, 0, len(cfg.Inputs))
@@ -125,158 +160,203 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 		seen = make([]bool, 0, len(cfg.Inputs))
 	}
 	seen = seen[:len(cfg.Inputs)]
-	var elements int64
-	for _, in := range wr.Inputs {
+	var elements, decoded int64
+	seq := 0 // the longest sequence the inputs declare
+	binLeft := len(binaryPart)
+	for i := range wr.Inputs {
+		in := &wr.Inputs[i]
 		idx := specIndex(cfg.Inputs, in.Name)
 		if idx < 0 {
-			return nil, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
 		}
 		if seen[idx] {
-			return nil, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
 		if n, ok := declaredElements(in.Shape); ok {
 			if elements += n; elements > maxElements {
-				return nil, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
+				return nil, footprint{}, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
 		}
-		t, rest, err := decodeInput(&in, cfg.Inputs[idx], binaryPart, len(body))
+		spec := cfg.Inputs[idx]
+		size, binSize, err := checkInput(in, spec, len(body), binLeft)
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
-		binaryPart = rest
+		binLeft -= binSize
+		decoded += size
+		for d, want := range spec.Shape[1:] {
+			if want < 0 {
+				seq = max(seq, int(in.Shape[1+d]))
+			}
+		}
 		rows := int(in.Shape[0])
 		if req.rows >= 0 && rows != req.rows {
-			return nil, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
 		}
 		req.rows = rows
-		req.inputs[idx] = t
+		req.inputs[idx].Shape = in.Shape
 	}
 	for i, s := range cfg.Inputs {
 		if !seen[i] && !cfg.OptionalInput(s.Name) {
-			return nil, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
+			return nil, footprint{}, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}
-	if len(binaryPart) > 0 {
-		return nil, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", len(binaryPart)))
+	if binLeft > 0 {
+		return nil, footprint{}, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
 	// Triton's request parameters: priority (1 is the highest) and timeout
 	// in microseconds, which may only lower the model's default.
 	prio, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "priority")
 	if err != nil {
-		return nil, badRequest(err.Error())
+		return nil, footprint{}, badRequest(err.Error())
 	}
 	timeout, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "timeout")
 	if err != nil {
-		return nil, badRequest(err.Error() + " (microseconds)")
+		return nil, footprint{}, badRequest(err.Error() + " (microseconds)")
 	}
 	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(wireParams{wr.Parameters, wr.pairs}, "binary_data_output")
 	if err != nil {
-		return nil, badRequest(err.Error())
+		return nil, footprint{}, badRequest(err.Error())
 	}
 	if len(wr.Outputs) == 0 {
 		for i := range cfg.Outputs {
 			req.outputs = append(req.outputs, outputChoice{index: i, binary: allBinary})
 		}
-		return req, nil
 	}
 	for _, o := range wr.Outputs {
 		idx := specIndex(cfg.Outputs, o.Name)
 		if idx < 0 {
-			return nil, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
+			return nil, footprint{}, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
 		}
 		for _, c := range req.outputs {
 			if c.index == idx {
-				return nil, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
+				return nil, footprint{}, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
 			}
 		}
 		params := wireParams{o.Parameters, o.pairs}
 		if _, ok := params.get("classification"); ok {
-			return nil, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
 		}
 		bin, err := boolParam(params, "binary_data")
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin || allBinary})
 	}
-	return req, nil
+	return req, footprintOf(m, req, decoded, seq), nil
 }
 
-// decodeInput checks one input against its spec and returns its packed
-// data, taking binary data from the front of binaryPart when the input says
-// binary_data_size. bodyLen bounds the elements a shape may claim, so that no
-// declared shape can make the server allocate more than the body justifies.
-func decodeInput(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (t models.Input, rest []byte, err error) {
-	t.Shape = in.Shape
-	t.Data, t.Strings, rest, err = decodeData(in, spec, binaryPart, bodyLen)
-	return t, rest, err
-}
-
-func decodeData(in *wireInput, spec models.TensorSpec, binaryPart []byte, bodyLen int) (data []byte, strs []string, rest []byte, err error) {
+// checkInput checks one input's datatype, shape and binary size against
+// its spec, and returns the bytes its values will take once decoded and
+// the binary data it claims. bodyLen bounds the elements a shape may
+// claim, so that no declared shape can make the server allocate more than
+// the body justifies; binLeft is the binary data not claimed by the inputs
+// before it.
+func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (decoded int64, binSize int, err error) {
 	if in.Datatype != string(spec.Datatype) {
 		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
-			return nil, nil, nil, perr
+			return 0, 0, perr
 		}
-		return nil, nil, nil, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
+		return 0, 0, fmt.Errorf("datatype %s, want %s", in.Datatype, spec.Datatype)
 	}
 	if len(in.Shape) != len(spec.Shape) {
-		return nil, nil, nil, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
+		return 0, 0, fmt.Errorf("shape %v has %d dimensions, want %d (%v)", in.Shape, len(in.Shape), len(spec.Shape), spec.Shape)
 	}
 	elems := int64(1)
 	for i, d := range in.Shape {
 		want := int64(spec.Shape[i])
 		switch {
 		case d < 0:
-			return nil, nil, nil, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
+			return 0, 0, fmt.Errorf("shape %v: dimension %d is negative", in.Shape, i)
 		case i == 0 && d == 0:
-			return nil, nil, nil, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
+			return 0, 0, fmt.Errorf("shape %v: the batch dimension must be at least 1", in.Shape)
 		case want < 0 && d == 0:
-			return nil, nil, nil, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
+			return 0, 0, fmt.Errorf("shape %v: dimension %d (the sequence) must be at least 1", in.Shape, i)
 		case want >= 0 && d != want:
-			return nil, nil, nil, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
+			return 0, 0, fmt.Errorf("shape %v, want %v: dimension %d must be %d", in.Shape, spec.Shape, i, want)
 		}
 		if d > 0 && elems > math.MaxInt32/d {
-			return nil, nil, nil, fmt.Errorf("shape %v holds too many elements", in.Shape)
+			return 0, 0, fmt.Errorf("shape %v holds too many elements", in.Shape)
 		}
 		elems *= d
 	}
 	binSize, hasBin, err := intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
 	if err != nil {
-		return nil, nil, nil, err
+		return 0, 0, err
 	}
-	if !hasBin && (len(in.Data) == 0 || string(in.Data) == "null") {
-		return nil, nil, nil, errors.New("has no data; send data or binary_data_size")
+	hasData := len(in.Data) > 0 && string(in.Data) != "null"
+	if !hasBin && !hasData {
+		return 0, 0, errors.New("has no data; send data or binary_data_size")
 	}
-	size := spec.Datatype.Size()
 	if elems > int64(bodyLen) {
 		// Every value takes at least a byte on the wire: no declared shape
 		// makes the server allocate more than the body justifies.
-		return nil, nil, nil, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
-	}
-	nbytes := int(elems) * size
-	if spec.Datatype == models.BYTES {
-		strs, rest, err := decodeStrings(in, binSize, hasBin, binaryPart, int(elems))
-		return nil, strs, rest, err
+		return 0, 0, fmt.Errorf("shape %v declares %d elements, more than a %d-byte body can carry", in.Shape, elems, bodyLen)
 	}
 	if hasBin {
-		if len(in.Data) > 0 && string(in.Data) != "null" {
-			return nil, nil, nil, errors.New("has both data and binary_data_size; send one")
+		if spec.Datatype != models.BYTES {
+			if hasData {
+				return 0, 0, errors.New("has both data and binary_data_size; send one")
+			}
+			if nbytes := elems * int64(spec.Datatype.Size()); int64(binSize) != nbytes {
+				return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+			}
 		}
-		if binSize != nbytes {
-			return nil, nil, nil, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+		if binSize > binLeft {
+			return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
 		}
-		if binSize > len(binaryPart) {
-			return nil, nil, nil, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, len(binaryPart))
+	}
+	if spec.Datatype == models.BYTES {
+		// A string header each, and the text, which unescaping only
+		// shortens.
+		const stringHeader = 16
+		text := int64(len(in.Data))
+		if hasBin {
+			text = int64(binSize)
 		}
-		data = make([]byte, nbytes)
+		decoded = stringHeader*elems + text
+	} else {
+		decoded = elems * int64(spec.Datatype.Size())
+	}
+	if !hasBin {
+		binSize = 0
+	}
+	return decoded, binSize, nil
+}
+
+// decodeValues decodes the inputs' values into place, in the order they
+// were sent, which is the order of their binary data.
+func (req *inferRequest) decodeValues(m *models.Model) error {
+	rest := req.binaryPart
+	for i := range req.wire {
+		in := &req.wire[i]
+		idx := specIndex(m.Config.Inputs, in.Name)
+		t := &req.inputs[idx]
+		var err error
+		if t.Data, t.Strings, rest, err = decodeValues(in, m.Config.Inputs[idx], rest); err != nil {
+			return badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+		}
+	}
+	return nil
+}
+
+// decodeValues decodes one checked input's values, taking its binary data
+// from the front of binaryPart.
+func decodeValues(in *wireInput, spec models.TensorSpec, binaryPart []byte) (data []byte, strs []string, rest []byte, err error) {
+	elems, binSize, hasBin := in.declared()
+	if spec.Datatype == models.BYTES {
+		strs, rest, err := decodeStrings(in, int(elems), binSize, hasBin, binaryPart)
+		return nil, strs, rest, err
+	}
+	data = make([]byte, int(elems)*spec.Datatype.Size())
+	if hasBin {
 		copy(data, binaryPart[:binSize])
 		rest = binaryPart[binSize:]
 	} else {
-		data = make([]byte, nbytes)
 		n, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
 		if err != nil {
 			return nil, nil, nil, err

@@ -4,11 +4,17 @@
 //
 // It decodes and validates every request against the model's signature
 // before anything reaches a model, so that a model only ever sees
-// well-formed, finite, correctly shaped rows. It owns the protocol, not the
-// models: the live model set ([serving.Set]) finds, loads and runs them,
-// and each model prepares its own step inputs from the decoded tensors. It
-// knows nothing of engines, of how a model turns its inputs into a step, or
-// of the shapes a step is compiled for.
+// well-formed, finite, correctly shaped rows. What a request will cost (its
+// tensors, the model's step buffers, its outputs and its response) is
+// bounded from its declared shapes before any of it is built, and charged
+// to an in-flight budget that all requests share until their responses
+// are written.
+//
+// It owns the protocol, not the models: the live model set
+// ([serving.Set]) finds, loads and runs them, and each model prepares its
+// own step inputs from the decoded tensors. It knows nothing of engines,
+// of how a model turns its inputs into a step, or of the shapes a step is
+// compiled for.
 //
 // It also guards the listeners: bearer tokens per scope, replaceable while
 // serving ([Server.SetTokens]), and a bound on each listener's connections
@@ -36,6 +42,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,6 +75,13 @@ type Options struct {
 	// MaxRequestElements bounds the tensor elements a request may declare;
 	// 0 means 16Mi.
 	MaxRequestElements int64
+	// MaxResponseBytes bounds the response a request may ask for, as its
+	// shapes bound it before it runs; 0 means 64 MiB.
+	MaxResponseBytes int64
+	// MaxInflightBytes bounds the memory all requests in flight hold
+	// together (bodies, tensors, outputs, responses not yet written);
+	// 0 means half of [MemoryLimit].
+	MaxInflightBytes int64
 	// InferenceTokens, when any, are the bearer tokens /v2/models/...
 	// requires; RepositoryTokens likewise for /v2/repository/....
 	// [Server.SetTokens] replaces them.
@@ -81,6 +95,10 @@ type Server struct {
 	router  chi.Router
 	logger  *slog.Logger
 	metrics *metrics
+	budget  *budget
+	// budgetWait is how long a request waits for in-flight memory others
+	// hold: budgetWait, shorter in tests.
+	budgetWait time.Duration
 	// inferDirect is the inference handler behind its middleware, for
 	// requests ServeHTTP routes without the router.
 	inferDirect http.Handler
@@ -99,12 +117,23 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxRequestElements == 0 {
 		opts.MaxRequestElements = 1 << 24
 	}
+	if opts.MaxResponseBytes == 0 {
+		opts.MaxResponseBytes = 64 << 20
+	}
+	if opts.MaxInflightBytes == 0 {
+		limit, _ := MemoryLimit()
+		opts.MaxInflightBytes = limit / 2
+	}
+	if opts.MaxInflightBytes <= 0 {
+		return nil, errors.New("server: Options.MaxInflightBytes is unset and no memory limit could be read; set it")
+	}
 	if opts.Models == nil {
 		return nil, errors.New("server: Options.Models is required")
 	}
 	s := &Server{opts: opts, logger: opts.Logger,
 		inferenceTokens:  newTokens("auth.inference", opts.InferenceTokens),
 		repositoryTokens: newTokens("auth.repository", opts.RepositoryTokens),
+		budget:           newBudget(opts.MaxInflightBytes), budgetWait: budgetWait,
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -114,7 +143,7 @@ func New(opts Options) (*Server, error) {
 			"inference_token", len(opts.InferenceTokens) > 0)
 	}
 	var err error
-	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s.budget); err != nil {
 		return nil, err
 	}
 	for _, m := range opts.Models.Models() {

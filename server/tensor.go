@@ -171,6 +171,23 @@ func checkFinite(data []byte, dt models.Datatype) error {
 	return nil
 }
 
+// jsonValueBytes is the most bytes appendJSONData writes for one value of
+// dt, with its comma: the longest shortest-form float ("-1.2345678e-38" for
+// FP32), integer or boolean.
+func jsonValueBytes(dt models.Datatype) int {
+	switch dt {
+	case models.FP32:
+		return 16
+	case models.INT32:
+		return 12
+	case models.INT64:
+		return 21
+	case models.BOOL:
+		return 6
+	}
+	return 25 // FP64: "-1.2345678901234567e-308"
+}
+
 // appendJSONData appends a packed tensor as a flat JSON array. Non-finite
 // float values (which a model should never produce) are an error rather
 // than invalid JSON.

@@ -16,8 +16,12 @@ import (
 // another case, wrong types, malformed JSON); the caller then decodes the
 // same bytes with encoding/json, whose errors say what is wrong. The two
 // agree on every input this accepts (FuzzParseWire).
-func parseWire(b []byte, wr *wireRequest) bool {
-	p := wireParser{b: b}
+//
+// It also reports false at the first input, output, dimension or parameter
+// past lim, so that no request builds more of them than a model can take;
+// checkLimits then says which limit the request broke.
+func parseWire(b []byte, wr *wireRequest, lim wireLimits) bool {
+	p := wireParser{b: b, lim: lim}
 	if !p.object() {
 		return false
 	}
@@ -63,6 +67,7 @@ type wireParser struct {
 	b     []byte
 	i     int
 	depth int
+	lim   wireLimits
 }
 
 // foldsTo reports whether key is one of names in another case, which
@@ -156,6 +161,9 @@ func (p *wireParser) params() (paramPairs, bool) {
 		if key == nil {
 			return pairs, true
 		}
+		if len(pairs) == maxParameters {
+			return nil, false
+		}
 		raw, ok := p.raw()
 		if !ok {
 			return nil, false
@@ -176,6 +184,9 @@ func (p *wireParser) inputs() ([]wireInput, bool) {
 		}
 		if !more {
 			return ins, true
+		}
+		if len(ins) == p.lim.inputs {
+			return nil, false
 		}
 		var in wireInput
 		if !p.input(&in) {
@@ -244,6 +255,9 @@ func (p *wireParser) outputs() ([]wireOutput, bool) {
 		if !more {
 			return outs, true
 		}
+		if len(outs) == p.lim.outputs {
+			return nil, false
+		}
 		var o wireOutput
 		if !p.object() {
 			return nil, false
@@ -294,6 +308,9 @@ func (p *wireParser) shape() ([]int64, bool) {
 		}
 		if !more {
 			return s, true
+		}
+		if len(s) == maxRank {
+			return nil, false
 		}
 		p.ws()
 		start := p.i

@@ -47,6 +47,9 @@ var wireCases = []struct {
 	{`{"x":` + deepArray(100) + `}`, false},                             // too deep to skip here
 }
 
+// testLimits are wide enough for every case above.
+var testLimits = wireLimits{inputs: 4, outputs: 4}
+
 func deepArray(n int) string {
 	b := make([]byte, 0, 2*n)
 	for range n {
@@ -63,7 +66,7 @@ func deepArray(n int) string {
 func TestParseWireAgreesWithEncodingJSON(t *testing.T) {
 	for _, c := range wireCases {
 		var fast wireRequest
-		ok := parseWire([]byte(c.body), &fast)
+		ok := parseWire([]byte(c.body), &fast, testLimits)
 		assert.Equal(t, c.fast, ok, "fast path for %s", c.body)
 		if ok {
 			var slow wireRequest
@@ -104,7 +107,7 @@ func FuzzParseWire(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var fast wireRequest
-		if !parseWire(body, &fast) {
+		if !parseWire(body, &fast, testLimits) {
 			return
 		}
 		var slow wireRequest

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -112,11 +113,23 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
+	memLimit, memSource := server.MemoryLimit()
+	inflight := cfg.Server.MaxInflightBytes
+	if inflight == 0 {
+		inflight = memLimit / 2
+	}
+	if os.Getenv("GOMEMLIMIT") == "" && memLimit > 0 {
+		// Near the limit the GC works harder, rather than let garbage
+		// grow the heap past what the process may use.
+		debug.SetMemoryLimit(memLimit * 3 / 4)
+	}
 	api, err := server.New(server.Options{
 		Models:             set,
 		ModelControl:       cfg.Server.EnableModelControl,
 		MaxBodyBytes:       cfg.Server.MaxBodyBytes,
 		MaxRequestElements: cfg.Server.MaxRequestElements,
+		MaxResponseBytes:   cfg.Server.MaxResponseBytes,
+		MaxInflightBytes:   inflight,
 		InferenceTokens:    cfg.Auth.InferenceTokens,
 		RepositoryTokens:   cfg.Auth.RepositoryTokens,
 		MetricsElsewhere:   cfg.Server.MetricsAddr != "",
@@ -169,7 +182,8 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
 		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads,
-		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File)
+		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File,
+		"max_inflight_bytes", inflight, "memory_limit", memLimit, "memory_limit_from", memSource)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.

@@ -103,7 +103,12 @@ func startCapped(t *testing.T, capBytes int64, args ...string) *process {
 	t.Helper()
 	argv := append([]string{"--as=" + strconv.FormatInt(capBytes, 10), "--", binPath,
 		"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)
-	return startCmd(t, exec.Command("prlimit", argv...))
+	cmd := exec.Command("prlimit", argv...)
+	// As the image runs it (Containerfile): glibc reserves 64 MiB of
+	// address space per thread arena, which under a cap is memory the heap
+	// cannot have.
+	cmd.Env = append(os.Environ(), "MALLOC_ARENA_MAX=2")
+	return startCmd(t, cmd)
 }
 
 // rss is the server's resident set size now.

@@ -1,0 +1,216 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+// budgetWait is how long a request waits for in-flight memory that others
+// hold before it is answered 503: long enough to ride out a burst, short
+// enough that a client retries rather than times out.
+const budgetWait = time.Second
+
+// A budget is the memory all requests in flight may hold together. A
+// request takes its bytes before it allocates them (its body as it grows,
+// then, from its declared shapes, its tensors, outputs and response) and
+// gives them back once its response is written, so that concurrency cannot
+// multiply one request's bound into more memory than the process has.
+//
+// Taking and giving are an atomic add each; only a request that finds the
+// budget spent waits, on a channel closed whenever bytes are given back.
+// It is safe for concurrent use.
+type budget struct {
+	limit   int64
+	used    atomic.Int64
+	waiting atomic.Int32
+	mu      sync.Mutex
+	freed   chan struct{} // closed, and replaced, when bytes are given back to a waiter
+}
+
+func newBudget(limit int64) *budget {
+	return &budget{limit: limit, freed: make(chan struct{})}
+}
+
+// tryTake takes n bytes if they are free.
+func (b *budget) tryTake(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+// wait takes n bytes, waiting up to wait for others to give them back:
+// errBudgetBusy if they do not in time.
+func (b *budget) wait(ctx context.Context, n int64, wait time.Duration) error {
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		freed := b.freed
+		b.mu.Unlock()
+		// Tried after freed is read: bytes given back since then are
+		// either seen here or close the channel read.
+		if b.tryTake(n) {
+			return nil
+		}
+		select {
+		case <-freed:
+		case <-timer.C:
+			return errBudgetBusy
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// give gives back n bytes taken before.
+func (b *budget) give(n int64) {
+	b.used.Add(-n)
+	if b.waiting.Load() > 0 {
+		b.mu.Lock()
+		close(b.freed)
+		b.freed = make(chan struct{})
+		b.mu.Unlock()
+	}
+}
+
+var errBudgetBusy = errors.New("server: the in-flight budget stayed spent")
+
+// A charge is what one request holds of the budget; release gives it all
+// back. It is used by one request's goroutine.
+type charge struct {
+	b    *budget
+	wait time.Duration // how long a take waits for others to give back
+	held int64
+}
+
+// take adds n bytes to the charge, waiting briefly when others hold the
+// budget. Its errors are the answers: 413 when the request alone would
+// need more than the whole budget, 503 (with Retry-After) when others hold
+// it. what names the request's part that needs the bytes.
+func (c *charge) take(ctx context.Context, n int64, what string) error {
+	if n <= 0 {
+		return nil
+	}
+	if c.held+n > c.b.limit {
+		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+			"%s would take about %s of memory, more than the server's whole in-flight budget of %s (server.max_inflight_bytes); send a smaller request",
+			what, formatBytes(c.held+n), formatBytes(c.b.limit))}
+	}
+	if !c.b.tryTake(n) {
+		if err := c.b.wait(ctx, n, c.wait); err != nil {
+			if err != errBudgetBusy {
+				return err
+			}
+			return &apiError{http.StatusServiceUnavailable, fmt.Sprintf(
+				"the server is busy: requests in flight hold %s of its %s in-flight budget (server.max_inflight_bytes), and %s needs %s more; retry",
+				formatBytes(c.b.used.Load()), formatBytes(c.b.limit), what, formatBytes(n))}
+		}
+	}
+	c.held += n
+	return nil
+}
+
+// release gives back the whole charge.
+func (c *charge) release() {
+	if c.held != 0 {
+		c.b.give(c.held)
+		c.held = 0
+	}
+}
+
+// A footprint is what a request will hold in memory until its response is
+// written, bounded from its declared shapes before any of it is built.
+type footprint struct {
+	rows    int
+	inputs  int64 // the decoded tensors
+	step    int64 // what the model builds for the step from them
+	outputs int64 // the output buffers
+	json    int64 // the response's JSON
+	binary  int64 // the binary outputs written after the JSON (the output buffers themselves)
+}
+
+// memory is what the request will take beyond its body.
+func (f footprint) memory() int64 { return f.inputs + f.step + f.outputs + f.json }
+
+// response is the size of the response.
+func (f footprint) response() int64 { return f.json + f.binary }
+
+// footprintOf bounds what a parsed request will cost, given the bytes its
+// inputs take decoded and the longest sequence they declare (0: none): the
+// model's step inputs and every output at the longest sequence the request
+// may take, and its response at the longest JSON each value may take.
+func footprintOf(m *models.Model, req *inferRequest, inputs int64, seq int) footprint {
+	cfg := m.Config
+	f := footprint{rows: req.rows, inputs: inputs}
+	if seq == 0 {
+		seq = cfg.MaxSeq() // text: its tokens may be as long as the longest bucket
+	}
+	rows := int64(req.rows)
+	f.step = m.StepBytes(req.rows, seq)
+	// The JSON around the values: names, shapes and punctuation; an id may
+	// be escaped six bytes to one.
+	f.json = 64 + int64(len(m.Name)+len(m.Version)+6*len(req.id))
+	for i, o := range cfg.Outputs {
+		rowBytes := rows * int64(o.RowBytes(seq))
+		f.outputs += rowBytes
+		for _, c := range req.outputs {
+			switch {
+			case c.index != i:
+			case c.binary:
+				f.json += 112 + int64(len(o.Name)+21*len(o.Shape))
+				f.binary += rowBytes
+			default:
+				f.json += 112 + int64(len(o.Name)+21*len(o.Shape)) + rows*int64(o.RowElements(seq)*jsonValueBytes(o.Datatype))
+			}
+		}
+	}
+	return f
+}
+
+// admit checks a parsed request's footprint against the response limit
+// and takes its memory from the in-flight budget, on top of its body's.
+func (s *Server) admit(r *http.Request, ch *charge, f footprint) error {
+	if f.response() > s.opts.MaxResponseBytes {
+		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
+		if f.json > f.binary {
+			of, advice = " of JSON", "send fewer rows or ask for binary outputs"
+		}
+		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
+			formatBytes(f.response()), f.rows, formatBytes(perRow), of, formatBytes(s.opts.MaxResponseBytes), advice)}
+	}
+	return ch.take(r.Context(), f.memory(), "the request")
+}
+
+// formatBytes writes a size for a message: 512 B, 64 KiB, 1.5 GiB.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	v, u := float64(n), 0
+	for v >= unit && u < 4 {
+		v /= unit
+		u++
+	}
+	s := strconv.FormatFloat(v, 'f', 1, 64)
+	s = strings.TrimSuffix(s, ".0")
+	return s + " " + [...]string{"B", "KiB", "MiB", "GiB", "TiB"}[u]
+}
