@@ -67,7 +67,7 @@ lint:
 
 FUZZTIME ?= 60s
 FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWire engine/rbln:FuzzReadFrame \
-	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer
+	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server:FuzzCheckLimits
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)
 fuzz:
