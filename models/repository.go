@@ -9,7 +9,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
 
 	"github.com/stepserve/stepserve/internal/clip"
 )
@@ -182,11 +181,15 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 		return nil, err
 	}
 	if m.vocab {
-		// ReadTokenizer opens the file by its path; Open checked it through
-		// the repository. Its errors name the file as the repository does.
-		vocab := filepath.Join(m.dir, VocabFile)
-		if out.Tokenizer, err = ReadTokenizer(vocab, *m.Config.Encoder.Lowercase, m.Config.Encoder.VocabSize); err != nil {
-			return nil, errors.New(strings.ReplaceAll(err.Error(), vocab, path.Join(m.Name, VocabFile)))
+		// Read through the repository, as Open checked it: a file swapped
+		// for a link or a FIFO since is refused here too.
+		vocab := path.Join(m.Name, VocabFile)
+		b, err := readFile(m.root, vocab, maxVocabBytes)
+		if err != nil {
+			return nil, err
+		}
+		if out.Tokenizer, err = ParseTokenizer(bytes.NewReader(b), vocab, *m.Config.Encoder.Lowercase, m.Config.Encoder.VocabSize); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

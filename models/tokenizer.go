@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strings"
@@ -65,8 +66,14 @@ func ReadTokenizer(path string, lowercase bool, vocabSize int) (*Tokenizer, erro
 		return nil, fmt.Errorf("models: %w", err)
 	}
 	defer f.Close()
+	return ParseTokenizer(f, path, lowercase, vocabSize)
+}
+
+// ParseTokenizer reads a vocabulary from r as [ReadTokenizer] does; path
+// names it in errors.
+func ParseTokenizer(r io.Reader, path string, lowercase bool, vocabSize int) (*Tokenizer, error) {
 	t := &Tokenizer{ids: map[string]int64{}, lowercase: lowercase}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		tok := strings.TrimRight(sc.Text(), "\r")
 		if !utf8.ValidString(tok) {
