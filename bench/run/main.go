@@ -214,7 +214,7 @@ func run() error {
 	r.line("")
 	r.line("| path | allocs/op | bytes/op |")
 	r.line("|---|---|---|")
-	r.line("| HTTP handler, single-row JSON inference (decode, validate, step stub, encode) | %d | %d |", alloc.allocs, alloc.bytes)
+	r.line("| HTTP handler, single-row JSON inference (decode, validate, batcher, step on a fake engine, encode) | %d | %d |", alloc.allocs, alloc.bytes)
 	r.line("| CPU engine step (every bucket above) | 0 | 0 |")
 	r.line("")
 	r.line("Reproduce: `make bench` (installs wrk, python3-fastapi, python3-uvicorn, python3-numpy, libopenblas0 where missing).")
