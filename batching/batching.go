@@ -603,10 +603,14 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 	select {
 	case <-b.stopped:
 		// A request that found the model idle may still be running its own
-		// step.
-		b.stepping <- struct{}{}
-		<-b.stepping
-		return nil
+		// step; it is answered with that step's outcome, whenever it ends.
+		select {
+		case b.stepping <- struct{}{}:
+			<-b.stepping
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
@@ -631,6 +635,24 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 	b.mu.Unlock()
 	b.opts.Logger.Warn("drain grace ran out", "model", b.opts.Model, "answered_503", dropped)
 	return ctx.Err()
+}
+
+// WaitIdle waits, after Shutdown, until no step runs any more: the moment
+// the runner's resources (a program's staging) may be released. It returns
+// ctx's error if ctx ends first.
+func (b *Batcher) WaitIdle(ctx context.Context) error {
+	select {
+	case <-b.stopped:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case b.stepping <- struct{}{}:
+		<-b.stepping
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Depth is the number of requests waiting.

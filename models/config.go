@@ -74,6 +74,11 @@ func (s TensorSpec) RowElements(seq int) int {
 // RowBytes is the packed size of one batch row of sequences seq long.
 func (s TensorSpec) RowBytes(seq int) int { return s.RowElements(seq) * s.Datatype.Size() }
 
+// Equal reports whether s and o describe the same tensor.
+func (s TensorSpec) Equal(o TensorSpec) bool {
+	return s.Name == o.Name && s.Datatype == o.Datatype && slices.Equal(s.Shape, o.Shape)
+}
+
 // HasSeq reports whether the tensor has a sequence dimension.
 func (s TensorSpec) HasSeq() bool { return slices.Contains(s.Shape[1:], -1) }
 

@@ -33,6 +33,11 @@ func limited(t *testing.T, max int, h http.Handler) (*ConnLimit, string) {
 
 func (l *ConnLimit) openNow() int { l.mu.Lock(); defer l.mu.Unlock(); return l.open }
 
+// idleNow counts the connections without a request in progress, as the
+// server has seen them go idle (it marks one idle just after writing its
+// response, so a client may read the answer first).
+func (l *ConnLimit) idleNow() int { l.mu.Lock(); defer l.mu.Unlock(); return l.waiting.Len() }
+
 func dial(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -81,11 +86,13 @@ func TestConnLimitClosesTheLongestIdle(t *testing.T) {
 	resp, _ := roundTrip(t, keepAlive, "/")
 	require.Equal(t, 200, resp.StatusCode)
 	require.Equal(t, 2, l.openNow())
+	require.Eventually(t, func() bool { return l.idleNow() == 2 }, 5*time.Second, time.Millisecond)
 
 	third := dial(t, addr)
 	resp, body := roundTrip(t, third, "/")
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, "ok", body)
+	require.Eventually(t, func() bool { return l.idleNow() == 2 }, 5*time.Second, time.Millisecond)
 	assert.True(t, closedByServer(silent, 5*time.Second), "the longest idle, which never sent a request, made room")
 	assert.False(t, closedByServer(keepAlive, 200*time.Millisecond))
 

@@ -36,6 +36,8 @@ func statusOf(err error) int {
 	switch {
 	case errors.As(err, &ae):
 		return ae.status
+	case errors.Is(err, serving.ErrStopping):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, serving.ErrUnknownModel):
 		return http.StatusNotFound
 	case errors.Is(err, serving.ErrBadModel), errors.Is(err, batching.ErrBadParameter):
@@ -56,20 +58,23 @@ func statusOf(err error) int {
 }
 
 // outcome is the requests_total label for a status code.
-func outcome(status int) string {
+func outcome(status int) string { return outcomeLabels[outcomeIndex(status)] }
+
+// outcomeIndex is the index of status's outcome in outcomeLabels.
+func outcomeIndex(status int) int {
 	switch {
 	case status < 300:
-		return "success"
+		return 0 // success
 	case status == statusClientClosed:
-		return "cancelled"
+		return 3 // cancelled
 	case status == http.StatusServiceUnavailable:
-		return "rejected"
+		return 1 // rejected
 	case status == http.StatusGatewayTimeout:
-		return "timeout"
+		return 2 // timeout
 	case status < 500:
-		return "invalid"
+		return 4 // invalid
 	default:
-		return "error"
+		return 5 // error
 	}
 }
 

@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -79,6 +81,9 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
+	// A reload may have replaced the model while the body arrived: the
+	// request goes to the version served now.
+	m = s.current(m)
 	headerLen := -1
 	if h := r.Header.Get(headerContentLength); h != "" {
 		n, perr := strconv.Atoi(h)
@@ -101,7 +106,16 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
-	if err := m.Infer(r.Context(), sr, req.params); err != nil {
+	err = m.Infer(r.Context(), sr, req.params)
+	if cur := s.current(m); errors.Is(err, batching.ErrDraining) && cur != m && sameSignature(cur.Model(), m.Model()) {
+		// Replaced between the lookup and the queue: the old version
+		// stopped taking requests, the new one takes this one.
+		m = cur
+		if sr, err = prepare(m.Model(), req); err == nil {
+			err = m.Infer(r.Context(), sr, req.params)
+		}
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if err := s.writeResponse(w, m.Model(), req, sr, f.json); err != nil {
@@ -114,6 +128,23 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 // Content-Length says: the buffer grows with what arrives, so a client
 // that declares a large body and sends little of it costs little.
 const bodyStart = 64 << 10
+
+// current is the model served now under m's name and version: m, unless a
+// reload replaced it.
+func (s *Server) current(m *serving.Model) *serving.Model {
+	cur, ok := s.opts.Models.Model(m.Model().Name)
+	if !ok || cur == m || cur.Model().Version != m.Model().Version {
+		return m
+	}
+	return cur
+}
+
+// sameSignature reports whether a request decoded for a's inputs and
+// outputs fits b.
+func sameSignature(a, b *models.Model) bool {
+	return slices.EqualFunc(a.Config.Inputs, b.Config.Inputs, models.TensorSpec.Equal) &&
+		slices.EqualFunc(a.Config.Outputs, b.Config.Outputs, models.TensorSpec.Equal)
+}
 
 // readBody reads the whole body within the configured limit, into a
 // buffer that grows with what arrives, each size charged to ch before it

@@ -1,22 +1,35 @@
 package server
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// outcomes are the requests_total outcome labels, created at zero for every
+// outcomeLabels are the requests_total outcome labels, created at zero for every
 // model so that rate() and alerts see them before the first event.
-var outcomes = []string{"success", "rejected", "timeout", "cancelled", "invalid", "error"}
+var outcomeLabels = [...]string{"success", "rejected", "timeout", "cancelled", "invalid", "error"}
 
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+
+	// models holds each served model's series, resolved when it is added:
+	// a request answered after its model was unloaded is not counted, so
+	// that it never brings the deleted series back.
+	mu     sync.RWMutex
+	models map[string]*modelMetrics
+}
+
+type modelMetrics struct {
+	outcomes [len(outcomeLabels)]prometheus.Counter
+	duration prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 	m := &metrics{
+		models: map[string]*modelMetrics{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_requests_total",
 			Help: "Inference requests answered, by model and outcome.",
@@ -46,18 +59,30 @@ func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 }
 
 func (m *metrics) addModel(name string) {
-	for _, o := range outcomes {
-		m.requests.WithLabelValues(name, o)
+	mm := &modelMetrics{duration: m.duration.WithLabelValues(name)}
+	for i, o := range outcomeLabels {
+		mm.outcomes[i] = m.requests.WithLabelValues(name, o)
 	}
-	m.duration.WithLabelValues(name)
+	m.mu.Lock()
+	m.models[name] = mm
+	m.mu.Unlock()
 }
 
 func (m *metrics) forget(name string) {
+	m.mu.Lock()
+	delete(m.models, name)
+	m.mu.Unlock()
 	m.requests.DeletePartialMatch(prometheus.Labels{"model": name})
 	m.duration.DeleteLabelValues(name)
 }
 
 func (m *metrics) observe(model string, status int, d time.Duration) {
-	m.requests.WithLabelValues(model, outcome(status)).Inc()
-	m.duration.WithLabelValues(model).Observe(d.Seconds())
+	m.mu.RLock()
+	mm := m.models[model]
+	m.mu.RUnlock()
+	if mm == nil {
+		return // unloaded meanwhile
+	}
+	mm.outcomes[outcomeIndex(status)].Inc()
+	mm.duration.Observe(d.Seconds())
 }

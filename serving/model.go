@@ -87,6 +87,9 @@ func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *buck
 // compiles and runs every bucket twice, on the failover engine too; with
 // lazy, buckets compile on first use. It honours ctx.
 func (m *Model) Warmup(ctx context.Context) error {
+	if m.closed.Load() {
+		return fmt.Errorf("serving: model %s was unloaded before its warm-up", m.model.Name)
+	}
 	buckets := 0
 	if m.model.Config.Warmup != "lazy" {
 		for _, r := range []*steps.Runner{m.runner, m.fallback} {
@@ -140,6 +143,29 @@ func (m *Model) drain(ctx context.Context) error {
 		return nil
 	}
 	return m.batcher.Shutdown(ctx)
+}
+
+// closeWhenIdle closes the model once no step runs on it any more. A step
+// that outlived the drain (a long compile, a hung device the supervisor
+// has yet to restart) keeps the programs open until it ends: releasing
+// staging under a running step would crash the server.
+func (m *Model) closeWhenIdle(wait time.Duration) {
+	if m.batcher == nil {
+		m.Close()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	m.drain(ctx) // at once when drained already
+	if m.batcher.WaitIdle(ctx) == nil {
+		m.Close()
+		return
+	}
+	m.logger.Warn("a step outlived the drain; the model's programs close when it ends")
+	go func() {
+		m.batcher.WaitIdle(context.Background())
+		m.Close()
+	}()
 }
 
 // Close releases the model's programs. It is idempotent.

@@ -464,3 +464,88 @@ func gatherValue(g prometheus.Gatherer, name string, want map[string]string) (fl
 	}
 	return sum, nil
 }
+
+// TestRetireWaitsForTheRunningStep: a step that outlives the drain grace
+// keeps its program open until it ends; the unload itself returns.
+func TestRetireWaitsForTheRunningStep(t *testing.T) {
+	w := newWorld(t, []string{"a"})
+	ctx := context.Background()
+	require.NoError(t, w.set.LoadAll(ctx))
+	require.NoError(t, w.set.Warmup(ctx))
+	gate := make(chan struct{})
+	w.dev.Func = func(l engine.Layout, in, out []byte) error { <-gate; return enginetest.SumMax(l, in, out) }
+	prog := w.dev.Last()
+	answered := make(chan error, 1)
+	go func() { _, err := infer(ctx, w.set, "a", 1, 2, 3); answered <- err }()
+	require.Eventually(t, func() bool { return prog.Steps() > 4 }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, w.set.Unload(ctx, "a"), "the unload returns after the grace")
+	assert.False(t, prog.Closed(), "the program stays open under its running step")
+	close(gate)
+	require.NoError(t, <-answered, "the running request is answered with its step's outcome")
+	assert.Eventually(t, prog.Closed, 5*time.Second, time.Millisecond, "and closes when the step ends")
+}
+
+// TestUnloadDuringStartupWarmup: a model unloaded while the start-up
+// warm-up runs is skipped, not warmed closed, and the warm-up succeeds.
+func TestUnloadDuringStartupWarmup(t *testing.T) {
+	w := newWorld(t, []string{"a", "b"})
+	ctx := context.Background()
+	require.NoError(t, w.set.LoadAll(ctx))
+	w.dev.CompileGate = make(chan struct{})
+	warm := make(chan error, 1)
+	go func() { warm <- w.set.Warmup(ctx) }()
+	unloaded := make(chan error, 1)
+	go func() { unloaded <- w.set.Unload(ctx, "b") }()
+	time.Sleep(10 * time.Millisecond)
+	close(w.dev.CompileGate)
+	require.NoError(t, <-unloaded)
+	require.NoError(t, <-warm)
+	_, ok := w.set.Model("b")
+	assert.False(t, ok)
+	ready, _ := w.set.Ready()
+	assert.True(t, ready)
+}
+
+// TestLoadsDuringDrainAreRefusedAsStopping: a load waiting for the lock
+// when the set starts draining, and one that comes after, get ErrStopping.
+func TestLoadsDuringDrainAreRefusedAsStopping(t *testing.T) {
+	w := newWorld(t, []string{"a", "b"})
+	ctx := context.Background()
+	w.dev.CompileGate = make(chan struct{})
+	first := make(chan error, 1)
+	go func() { first <- w.set.Load(ctx, "a") }()
+	require.Eventually(t, func() bool { return w.dev.Loads() == 1 }, 5*time.Second, time.Millisecond)
+	second := make(chan error, 1)
+	go func() { second <- w.set.Load(ctx, "b") }()
+	time.Sleep(10 * time.Millisecond)
+	w.set.Drain(ctx)
+	assert.ErrorIs(t, <-first, ErrStopping)
+	assert.ErrorIs(t, <-second, ErrStopping)
+	assert.ErrorIs(t, w.set.Load(ctx, "b"), ErrStopping)
+	assert.Empty(t, w.set.Models())
+	for _, p := range w.dev.Programs() {
+		assert.True(t, p.Closed(), "a cancelled load releases its program")
+	}
+}
+
+// TestPanicInWarmupReleasesTheNewModel: a load whose warm-up panics fails,
+// and leaves neither its program nor its series behind.
+func TestPanicInWarmupReleasesTheNewModel(t *testing.T) {
+	w := newWorld(t, []string{"a"})
+	w.dev.Func = func(engine.Layout, []byte, []byte) error { panic("a bug in an engine") }
+	err := w.set.Load(context.Background(), "a")
+	require.ErrorIs(t, err, ErrBadModel)
+	assert.ErrorContains(t, err, "internal error (logged)")
+	require.Len(t, w.dev.Programs(), 1)
+	assert.True(t, w.dev.Last().Closed())
+	mfs, err := w.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				assert.False(t, l.GetName() == "model" && l.GetValue() == "a", "%s still has a series for the model that failed to load", mf.GetName())
+			}
+		}
+	}
+}

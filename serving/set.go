@@ -26,6 +26,9 @@ import (
 var (
 	ErrUnknownModel = errors.New("serving: unknown model")
 	ErrBadModel     = errors.New("serving: model failed to load")
+	// ErrStopping: the set is draining; loads and unloads are refused or
+	// cancelled (the server answers 503).
+	ErrStopping = errors.New("serving: shutting down")
 )
 
 // Options configure a [Set].
@@ -207,14 +210,24 @@ func (s *Set) Warmup(ctx context.Context) error {
 	ctx, cancel := s.untilStopping(ctx)
 	defer cancel()
 	for _, m := range s.Models() {
-		if m.warmed.Load() {
-			continue
-		}
-		if err := m.Warmup(ctx); err != nil {
+		if err := s.warmup(ctx, m); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// warmup warms m while no load or unload runs, unless it is warm already
+// or no longer served (unloaded or replaced meanwhile).
+func (s *Set) warmup(ctx context.Context, m *Model) error {
+	if err := s.lock(ctx, m.model.Name); err != nil {
+		return err
+	}
+	defer s.unlock()
+	if cur, ok := s.Model(m.model.Name); !ok || cur != m || m.warmed.Load() {
+		return nil
+	}
+	return m.Warmup(ctx)
 }
 
 // IndexEntry is one model directory of the repository, served or not.
@@ -234,9 +247,9 @@ func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serving: model repository: %w", err)
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []IndexEntry
+	// The directory is read outside the lock, so that slow storage never
+	// holds up lookups.
+	var names []string
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
@@ -244,14 +257,20 @@ func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
 		if _, err := os.Stat(filepath.Join(s.opts.Repository, e.Name(), models.ConfigFile)); err != nil {
 			continue
 		}
-		ie := IndexEntry{Name: e.Name(), State: "UNAVAILABLE", Reason: "unloaded"}
-		if m, ok := s.served[e.Name()]; ok {
+		names = append(names, e.Name())
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []IndexEntry
+	for _, name := range names {
+		ie := IndexEntry{Name: name, State: "UNAVAILABLE", Reason: "unloaded"}
+		if m, ok := s.served[name]; ok {
 			ie.Version = m.model.Version
 			ie.State, ie.Reason = "LOADING", ""
 			if m.Ready() {
 				ie.State = "READY"
 			}
-		} else if why, ok := s.failed[e.Name()]; ok {
+		} else if why, ok := s.failed[name]; ok {
 			ie.Reason = why
 		}
 		out = append(out, ie)
@@ -283,15 +302,33 @@ func (s *Set) Load(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		return s.replace(ctx, sm)
+		installed := false
+		defer func() { // on every failure, a panic included
+			if !installed {
+				sm.drain(context.Background())
+				sm.Close()
+			}
+		}()
+		if err := s.replace(ctx, sm); err != nil {
+			return err
+		}
+		installed = true
+		return nil
 	})
 	if errors.Is(err, models.ErrNoModel) {
 		return fmt.Errorf("%w: the repository has no %s/%s", ErrUnknownModel, name, models.ConfigFile)
 	}
+	if err != nil && s.stopping.Err() != nil {
+		return fmt.Errorf("%w: the load of %s was cancelled: %w", ErrStopping, name, err)
+	}
 	if err != nil {
 		s.mu.Lock()
 		s.failed[name] = err.Error()
+		_, served := s.served[name]
 		s.mu.Unlock()
+		if !served {
+			s.forget(name) // the series its runners created
+		}
 		return fmt.Errorf("%w: %w", ErrBadModel, err)
 	}
 	return nil
@@ -309,10 +346,16 @@ func (s *Set) loadContext(ctx context.Context) (context.Context, context.CancelF
 
 // lock waits for the load or unload in progress, if any, until ctx ends.
 func (s *Set) lock(ctx context.Context, name string) error {
+	if s.stopping.Err() != nil {
+		return fmt.Errorf("%w: %s is neither loaded nor unloaded now", ErrStopping, name)
+	}
 	select {
 	case s.changing <- struct{}{}:
 		return nil
 	case <-ctx.Done():
+		if s.stopping.Err() != nil {
+			return fmt.Errorf("%w: %s is neither loaded nor unloaded now", ErrStopping, name)
+		}
 		return fmt.Errorf("serving: %s: another load or unload is still running: %w", name, context.Cause(ctx))
 	}
 }
@@ -380,12 +423,14 @@ func (s *Set) enginesFor(cfg *models.Config) []string {
 // replace warms up a new version of a model before it takes over.
 func (s *Set) replace(ctx context.Context, sm *Model) error {
 	if err := sm.Warmup(ctx); err != nil {
-		sm.drain(context.Background())
-		sm.Close()
 		return err
 	}
 	name := sm.model.Name
 	s.mu.Lock()
+	if s.stopping.Err() != nil { // Drain has taken its list of models
+		s.mu.Unlock()
+		return ErrStopping
+	}
 	old := s.served[name]
 	s.served[name] = sm
 	delete(s.failed, name)
@@ -422,13 +467,18 @@ func (s *Set) retire(m *Model, forget bool) {
 	if err := m.drain(ctx); err != nil {
 		s.logger.Warn("unload: drain incomplete", "model", m.model.Name, "err", err)
 	}
-	m.Close()
+	m.closeWhenIdle(time.Second)
 	if forget {
-		s.opts.StepMetrics.Forget(m.model.Name)
-		s.opts.BatchMetrics.Forget(m.model.Name)
-		s.metrics.forget(m.model.Name)
+		s.forget(m.model.Name)
 	}
 	s.logger.Info("model unloaded", "model", m.model.Name, "replaced", !forget)
+}
+
+// forget deletes every series of a model no longer served.
+func (s *Set) forget(name string) {
+	s.opts.StepMetrics.Forget(name)
+	s.opts.BatchMetrics.Forget(name)
+	s.metrics.forget(name)
 }
 
 // untilStopping is ctx, cancelled also when the set starts draining.
@@ -444,6 +494,13 @@ func (s *Set) untilStopping(ctx context.Context) (context.Context, context.Cance
 // time answer what is left with [batching.ErrDraining].
 func (s *Set) Drain(ctx context.Context) {
 	s.stop()
+	// Wait out a load or unload in progress (cancelled by stop), so that
+	// no model is installed after the list below is taken.
+	select {
+	case s.changing <- struct{}{}:
+		defer s.unlock()
+	case <-ctx.Done():
+	}
 	var wg sync.WaitGroup
 	for _, m := range s.Models() {
 		wg.Go(func() {
@@ -460,8 +517,11 @@ func (s *Set) Drain(ctx context.Context) {
 func (s *Set) Close() error {
 	var errs []error
 	for _, m := range s.Models() {
-		errs = append(errs, m.Close())
+		m.closeWhenIdle(time.Second)
 	}
+	s.mu.Lock()
+	clear(s.served)
+	s.mu.Unlock()
 	errs = append(errs, s.engines.close())
 	return errors.Join(errs...)
 }
