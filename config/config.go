@@ -232,7 +232,7 @@ var keys = []key{
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
 	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository},
-	{"models.max_model_bytes", "auto", "refuse a model whose estimated memory (weights, staging, the CPU engine's buffers for every bucket) is above this; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
+	{"models.max_model_bytes", "auto", "host memory all served models may hold together, each estimated from its files (weights, staging, the CPU engine's buffers for every bucket) before it loads; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
 		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)")},
 	{"models.load_timeout", "10m", "how long one model's load (reading, loading, warm-up) may take before it fails",
 		value(func(c *Config) *time.Duration { return &c.Models.LoadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10m")},

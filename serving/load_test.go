@@ -164,3 +164,20 @@ func TestHostileFilesAreLoadErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnknownModel)
 	assert.ErrorContains(t, err, "the repository has no missing/model.yaml")
 }
+
+// TestModelsTogetherStayWithinTheLimit: the limit bounds every served
+// model together; a reload counts the old version until it is replaced.
+func TestModelsTogetherStayWithinTheLimit(t *testing.T) {
+	// Each summax holds about 132 B.
+	w := newWorld(t, []string{"a", "b", "c"}, func(o *Options) { o.MaxModelBytes = 300 })
+	err := w.set.LoadAll(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "model c: needs about 132 B resident, and the 2 models served hold about 264 B: 396 B together, above models.max_model_bytes (300 B)")
+
+	w = newWorld(t, []string{"a", "b"}, func(o *Options) { o.MaxModelBytes = 300 })
+	require.NoError(t, w.set.LoadAll(context.Background()))
+	require.NoError(t, w.set.Warmup(context.Background()))
+	assert.ErrorContains(t, w.set.Load(context.Background(), "a"), "396 B together", "a reload needs room for both versions")
+	require.NoError(t, w.set.Unload(context.Background(), "b"))
+	require.NoError(t, w.set.Load(context.Background(), "a"), "room enough once b is gone")
+}

@@ -30,6 +30,7 @@ type Model struct {
 	fallback *steps.Runner
 	batcher  *batching.Batcher
 	loaded   time.Time
+	resident int64 // the host memory estimated before it was loaded
 
 	warmed atomic.Bool
 	closed atomic.Bool

@@ -397,14 +397,20 @@ func (s *Set) read(ctx context.Context, name string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.admit(man, s.enginesFor(man.Config), grid.Shapes()); err != nil {
+	need, err := s.admit(man, s.enginesFor(man.Config), grid.Shapes())
+	if err != nil {
 		return nil, err
 	}
 	m, err := man.Load(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.newModel(ctx, m, grid, batchOpts)
+	sm, err := s.newModel(ctx, m, grid, batchOpts)
+	if err != nil {
+		return nil, err
+	}
+	sm.resident = need
+	return sm, nil
 }
 
 // enginesFor names the engines a model loads on: its own, then the

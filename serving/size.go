@@ -42,26 +42,38 @@ func newModelLimit(n int64) modelLimit {
 }
 
 // admit refuses man before anything that grows with it is allocated when
-// what serving it takes is above the limit: its weights as models holds
-// them, and what each engine it loads on allocates for its buckets.
-func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) error {
+// what serving it takes, with what the models served already hold, is
+// above the limit: its weights as models holds them, and what each engine
+// it loads on allocates for its buckets. A model being reloaded counts
+// twice, since both versions are resident while the new one warms up. It
+// returns the model's own estimate.
+func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) (int64, error) {
 	weights := man.Weights.ResidentBytes()
 	need := weights
 	parts := []string{"weights " + formatBytes(weights)}
 	for _, name := range engines {
 		eng, err := s.engines.get(name)
 		if err != nil {
-			return fmt.Errorf("model %s: %w", man.Name, err)
+			return 0, fmt.Errorf("model %s: %w", man.Name, err)
 		}
 		n := engineBytes(eng, man.Config, shapes)
 		need = addBytes(need, n)
 		parts = append(parts, fmt.Sprintf("engine %s %s for %d buckets", name, formatBytes(n), len(shapes)))
 	}
 	if need > s.limit.bytes {
-		return fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
+		return 0, fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
 			man.Name, formatBytes(need), strings.Join(parts, ", "), s.limit.why)
 	}
-	return nil
+	var held int64
+	served := s.Models()
+	for _, m := range served {
+		held = addBytes(held, m.resident)
+	}
+	if total := addBytes(held, need); total > s.limit.bytes {
+		return 0, fmt.Errorf("model %s: needs about %s resident, and the %d models served hold about %s: %s together, above models.max_model_bytes (%s), the memory all models may hold; unload a model first, or raise the limit",
+			man.Name, formatBytes(need), len(served), formatBytes(held), formatBytes(total), s.limit.why)
+	}
+	return need, nil
 }
 
 // engineBytes is what eng allocates on the host for a model of cfg.
