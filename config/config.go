@@ -133,6 +133,7 @@ type RBLN struct {
 	CompileCacheDir string
 	StrictWarmup    bool
 	StallTimeout    time.Duration
+	CompileTimeout  time.Duration
 }
 
 // Models bounds what loading one model may take.
@@ -229,8 +230,10 @@ var keys = []key{
 		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, "")},
 	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean",
 		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false")},
-	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted",
+	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long, while it builds no graph, is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
+	{"rbln.compile_timeout", "30m", "one graph build (a load, a compile, a bucket's first step) running longer kills the worker; while it builds, pings go unanswered and the process is watched instead",
+		value(func(c *Config) *time.Duration { return &c.RBLN.CompileTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 30m")},
 	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository},
 	{"models.max_model_bytes", "auto", "host memory all served models may hold together, each estimated from its files (weights, staging, the CPU engine's buffers for every bucket) before it loads; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
 		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)")},

@@ -153,6 +153,7 @@ func TestEngineAndRBLN(t *testing.T) {
 	assert.Equal(t, []string{"0"}, c.RBLN.Devices)
 	assert.Empty(t, c.RBLN.Env)
 	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
+	assert.Equal(t, 30*time.Minute, c.RBLN.CompileTimeout)
 
 	file := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(file, []byte(`
@@ -162,6 +163,7 @@ rbln:
   env: {RBLN_DEVICE_MAP: "0:0,1", RBLN_NPUS_PER_DEVICE: 2}
   strict_warmup: true
   compile_cache_dir: /var/cache/rbln
+  compile_timeout: 2h
 `), 0o644))
 	c, err = Load([]string{"--config", file, "--model_repository", dir})
 	require.NoError(t, err)
@@ -170,6 +172,7 @@ rbln:
 	assert.Equal(t, map[string]string{"RBLN_DEVICE_MAP": "0:0,1", "RBLN_NPUS_PER_DEVICE": "2"}, c.RBLN.Env)
 	assert.True(t, c.RBLN.StrictWarmup)
 	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
+	assert.Equal(t, 2*time.Hour, c.RBLN.CompileTimeout)
 
 	t.Setenv("STEPSERVE_RBLN_DEVICES", "2, 3")
 	t.Setenv("STEPSERVE_RBLN_ENV", "A=1,B=x=y")
@@ -188,6 +191,7 @@ rbln:
 		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
 		{[]string{"--rbln.stall_timeout", "0s"}, `rbln.stall_timeout: "0s"; want a positive duration`},
+		{[]string{"--rbln.compile_timeout", "-1m"}, `rbln.compile_timeout: "-1m"; want a positive duration`},
 	} {
 		t.Setenv("STEPSERVE_RBLN_DEVICES", "")
 		_, err := Load(append([]string{"--model_repository", dir}, tc.args...))

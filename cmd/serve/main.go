@@ -221,7 +221,7 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 		"rbln": {StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
 			return rbln.New(rbln.Options{
 				Python: r.Python, Devices: r.Devices, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
-				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4,
+				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
 				LogLevel: torchLogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})
 		}},

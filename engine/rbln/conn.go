@@ -1,6 +1,7 @@
 // The control connection to one worker process: requests written over the
-// inherited socket, results matched to their callers by id, and every call
-// in flight failed at once when the socket breaks.
+// inherited socket, results matched to their callers by id, what the worker
+// was last heard saying (for the liveness rule), and every call in flight
+// failed at once when the socket breaks.
 
 package rbln
 
@@ -11,7 +12,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/stepserve/stepserve/engine"
 )
@@ -20,18 +24,35 @@ import (
 // from several goroutines.
 type conn struct {
 	nc net.Conn
+	// late is told the kind of each result that came after its caller had
+	// given up; nil to ignore them.
+	late func(kind string)
 
 	wmu     sync.Mutex // one writer at a time
 	mu      sync.Mutex
 	next    uint64
-	pending map[uint64]chan *message
-	dead    chan struct{} // closed with err set once the connection fails
-	err     error
+	pending map[uint64]*pendingCall
+	heard   time.Time // when the worker last sent anything
+	pingID  uint64    // the unanswered ping's id; 0 when none
+	pinged  time.Time // when it was sent
+	// building is the request the worker said it is building a graph for;
+	// nil when none.
+	building *pendingCall
+	dead     chan struct{} // closed with err set once the connection fails
+	err      error
+}
+
+// pendingCall is a request that awaits its result.
+type pendingCall struct {
+	req       request
+	ch        chan *message // buffered; nil for pings, which nobody waits on
+	abandoned bool          // its caller gave up: the result is late
+	since     time.Time     // when the worker started building for it
 }
 
 // newConn takes over nc and starts reading results from it.
-func newConn(nc net.Conn) *conn {
-	c := &conn{nc: nc, pending: map[uint64]chan *message{}, dead: make(chan struct{})}
+func newConn(nc net.Conn, late func(kind string)) *conn {
+	c := &conn{nc: nc, late: late, pending: map[uint64]*pendingCall{}, heard: time.Now(), dead: make(chan struct{})}
 	go c.read()
 	return c
 }
@@ -48,52 +69,198 @@ func (c *conn) read() {
 			c.close(err)
 			return
 		}
+		now := time.Now()
 		c.mu.Lock()
-		ch := c.pending[m.ID]
-		delete(c.pending, m.ID)
-		c.mu.Unlock()
-		if ch == nil {
-			c.close(fmt.Errorf("%w: result for unknown request %d", ErrProtocol, m.ID))
-			return
+		c.heard = now
+		pc := c.pending[m.ID]
+		if pc != nil && m.Type == "building" {
+			pc.since = now
+			c.building = pc
+			c.mu.Unlock()
+			continue
 		}
-		ch <- m
+		delete(c.pending, m.ID)
+		if c.building == pc {
+			c.building = nil
+		}
+		if m.ID == c.pingID {
+			c.pingID = 0
+		}
+		abandoned := pc != nil && pc.abandoned
+		c.mu.Unlock()
+		switch {
+		case pc == nil:
+			c.close(fmt.Errorf("%w: %s for unknown request %d", ErrProtocol, m.Type, m.ID))
+			return
+		case abandoned:
+			// Expected (a compile outlived a load request's client, a
+			// memory poll waited behind a compile holding the
+			// interpreter), counted, and never worth a restart.
+			if c.late != nil {
+				c.late(pc.req.kind())
+			}
+		case pc.ch != nil:
+			pc.ch <- m
+		}
 	}
 }
 
 // call sends req with a fresh id and waits for the message that answers
 // it, the connection's failure, or ctx. A request may be sent only once.
+// A caller that gives up on a device request the worker has not started
+// makes the worker skip it.
 func (c *conn) call(ctx context.Context, req request) (*message, error) {
-	ch := make(chan *message, 1)
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
-		return nil, c.err
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	c.next++
-	id := c.next
-	c.pending[id] = ch
-	c.mu.Unlock()
-	req.address(req.kind(), id)
-
-	c.wmu.Lock()
-	err := writeFrame(c.nc, req)
-	c.wmu.Unlock()
+	pc := &pendingCall{req: req, ch: make(chan *message, 1)}
+	id, err := c.send(req, pc)
 	if err != nil {
-		c.close(fmt.Errorf("%w: writing to the control socket: %v", errWorkerDown, err))
-		return nil, c.err
+		return nil, err
 	}
 	select {
-	case m := <-ch:
+	case m := <-pc.ch:
 		return m, nil
 	case <-c.dead:
 		return nil, c.err
 	case <-ctx.Done():
-		// The entry stays until the worker answers: a late answer to a
-		// call its caller gave up on is expected (a compile that outlived
-		// a load request's client), not a protocol error, and must never
-		// cost a restart. ch is buffered, so nobody waits on it.
-		return nil, ctx.Err()
 	}
+	c.mu.Lock()
+	_, waiting := c.pending[id]
+	pc.abandoned = waiting
+	c.mu.Unlock()
+	if !waiting { // answered meanwhile
+		select {
+		case m := <-pc.ch:
+			return m, nil
+		case <-c.dead:
+			return nil, c.err
+		}
+	}
+	// The entry stays until the worker answers, so that the answer is
+	// known for a late one and not taken for a protocol error.
+	if queued(req) {
+		go c.notify(&cancelRequest{Target: id}) // not to wait on a full socket
+	}
+	return nil, ctx.Err()
+}
+
+// send registers pc under a fresh id and writes req with it.
+func (c *conn) send(req request, pc *pendingCall) (uint64, error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return 0, c.err
+	}
+	c.next++
+	id := c.next
+	c.pending[id] = pc
+	c.mu.Unlock()
+	req.address(req.kind(), id)
+	if err := c.write(req); err != nil {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+		return 0, err
+	}
+	return id, nil
+}
+
+// ping sends a ping unless one is unanswered; the pong is read, not waited
+// for (see health).
+func (c *conn) ping() {
+	c.mu.Lock()
+	if c.err != nil || c.pingID != 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.next++
+	c.pingID, c.pinged = c.next, time.Now()
+	req := &pingRequest{}
+	req.address(req.kind(), c.pingID)
+	c.pending[c.pingID] = &pendingCall{req: req}
+	c.mu.Unlock()
+	c.write(req)
+}
+
+// notify sends a request that has no answer (cancel, shutdown).
+func (c *conn) notify(req request) {
+	req.address(req.kind(), 0)
+	c.write(req)
+}
+
+// write sends one frame, with its request's descriptors if it has any. A
+// request that cannot be encoded, or whose descriptors are gone, fails
+// alone; a socket that fails to write fails the connection.
+func (c *conn) write(req request) error {
+	frame, err := encodeFrame(req)
+	if err != nil {
+		return err
+	}
+	var files []*os.File
+	if r, ok := req.(interface{ files() []*os.File }); ok {
+		files = r.files()
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	err = withFDs(files, nil, func(fds []int) error {
+		if len(fds) == 0 {
+			_, err := c.nc.Write(frame)
+			return err
+		}
+		uc, ok := c.nc.(*net.UnixConn)
+		if !ok {
+			return fmt.Errorf("rbln: descriptors need a unix socket, not %T", c.nc)
+		}
+		_, _, err := uc.WriteMsgUnix(frame, syscall.UnixRights(fds...), nil)
+		return err
+	})
+	var unusable *fdError
+	if errors.As(err, &unusable) {
+		return err
+	}
+	if err != nil {
+		c.close(fmt.Errorf("%w: writing to the control socket: %v", errWorkerDown, err))
+		return c.err
+	}
+	return nil
+}
+
+// fdError says a descriptor to send could not be had (its file is closed).
+type fdError struct{ err error }
+
+func (e *fdError) Error() string { return "rbln: staging descriptor: " + e.err.Error() }
+
+// withFDs runs fn with the descriptors of files, each held open until fn
+// returns.
+func withFDs(files []*os.File, fds []int, fn func([]int) error) error {
+	if len(files) == 0 {
+		return fn(fds)
+	}
+	rc, err := files[0].SyscallConn()
+	if err != nil {
+		return &fdError{err}
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = withFDs(files[1:], append(fds, int(fd)), fn) }); err != nil {
+		return &fdError{err}
+	}
+	return ferr
+}
+
+// health is what the connection has seen of its worker, for the liveness
+// rule ([health.verdict]).
+func (c *conn) health() health {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := health{heard: c.heard}
+	if c.pingID != 0 {
+		h.pinged = c.pinged
+	}
+	if c.building != nil {
+		h.building, h.buildingSince = describe(c.building.req), c.building.since
+	}
+	return h
 }
 
 // close fails every call in flight with err (wrapped as unavailable) and

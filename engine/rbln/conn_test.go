@@ -34,7 +34,7 @@ func readRequest(r io.Reader) (map[string]any, error) {
 // in reverse order: each caller gets the result of its own request.
 func TestConnMatchesResultsToCalls(t *testing.T) {
 	ours, theirs := net.Pipe()
-	c := newConn(ours)
+	c := newConn(ours, nil)
 	defer c.close(fmt.Errorf("test over"))
 
 	const n = 5
@@ -73,7 +73,7 @@ func TestConnMatchesResultsToCalls(t *testing.T) {
 // fails the call waiting on it at once, as unavailable.
 func TestConnFailsCallsInFlightWhenTheSocketCloses(t *testing.T) {
 	ours, theirs := net.Pipe()
-	c := newConn(ours)
+	c := newConn(ours, nil)
 	go func() {
 		readRequest(theirs)
 		theirs.Close()
@@ -86,10 +86,11 @@ func TestConnFailsCallsInFlightWhenTheSocketCloses(t *testing.T) {
 }
 
 // TestConnLateAnswerIsNotAProtocolError: the answer to a call whose caller
-// gave up arrives later; the connection takes it and goes on serving.
+// gave up arrives later; the connection counts it and goes on serving.
 func TestConnLateAnswerIsNotAProtocolError(t *testing.T) {
 	ours, theirs := net.Pipe()
-	c := newConn(ours)
+	counted := make(chan string, 1)
+	c := newConn(ours, func(kind string) { counted <- kind })
 	defer c.close(fmt.Errorf("test over"))
 	late := make(chan map[string]any, 1)
 	go func() {
@@ -114,4 +115,65 @@ func TestConnLateAnswerIsNotAProtocolError(t *testing.T) {
 	}()
 	_, err = c.call(context.Background(), &pingRequest{})
 	assert.NoError(t, err, "the late answer did not break the connection")
+	assert.Equal(t, "memory", <-counted, "and was counted")
+}
+
+// TestConnCancelsAbandonedDeviceRequests: a caller that gives up on a step
+// tells the worker, which can then skip it; the worker's answer that it
+// did is a late one.
+func TestConnCancelsAbandonedDeviceRequests(t *testing.T) {
+	ours, theirs := net.Pipe()
+	late := make(chan string, 1)
+	c := newConn(ours, func(kind string) { late <- kind })
+	defer c.close(fmt.Errorf("test over"))
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		step, err := readRequest(theirs)
+		if !assert.NoError(t, err) {
+			return
+		}
+		cancel()
+		next, err := readRequest(theirs)
+		if assert.NoError(t, err) {
+			assert.Equal(t, "cancel", next["type"])
+			assert.Equal(t, step["id"], next["target"])
+		}
+		writeFrame(theirs, map[string]any{"type": "result", "id": step["id"], "ok": false, "error": "cancelled"})
+	}()
+	_, err := c.call(ctx, &stepRequest{Model: "m"})
+	assert.ErrorIs(t, err, context.Canceled)
+	select {
+	case kind := <-late:
+		assert.Equal(t, "step", kind)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the skipped step's answer never came")
+	}
+}
+
+// TestConnKnowsWhatTheWorkerBuilds: between its "building" word and the
+// result, a request is what the liveness rule sees being built.
+func TestConnKnowsWhatTheWorkerBuilds(t *testing.T) {
+	ours, theirs := net.Pipe()
+	c := newConn(ours, nil)
+	defer c.close(fmt.Errorf("test over"))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := readRequest(theirs)
+		if !assert.NoError(t, err) {
+			return
+		}
+		writeFrame(theirs, map[string]any{"type": "building", "id": req["id"]})
+		assert.Eventually(t, func() bool { return c.health().building == "compile of m.1 bucket 2" }, 5*time.Second, time.Millisecond)
+		go c.ping()
+		ping, err := readRequest(theirs)
+		assert.NoError(t, err)
+		assert.Equal(t, "ping", ping["type"])
+		assert.False(t, c.health().pinged.IsZero(), "a ping is out")
+		writeFrame(theirs, map[string]any{"type": "result", "id": req["id"], "ok": true})
+	}()
+	_, err := c.call(context.Background(), &compileRequest{Model: "m.1", Bucket: 2})
+	assert.NoError(t, err)
+	<-done
+	assert.Empty(t, c.health().building, "built")
 }

@@ -1,8 +1,10 @@
 package rbln
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -147,4 +149,135 @@ func TestMalformedMessageFromWorker(t *testing.T) {
 	assert.ErrorIs(t, err, ErrProtocol)
 	assert.ErrorContains(t, err, `frame "this is not json"`)
 	assert.ErrorIs(t, err, engine.ErrUnavailable, "a worker that breaks the protocol is treated as down")
+}
+
+// compileSleep makes the worker's compiles sleep (releasing the Python
+// interpreter) or hold the interpreter ("<seconds>:gil"), as a long native
+// compile would.
+func compileSleep(v string) map[string]string {
+	return map[string]string{"STEPSERVE_WORKER_TEST_COMPILE_SLEEP": v}
+}
+
+// TestCompileHoldingTheInterpreterIsNotAStall: a compile that holds the
+// Python interpreter four stall timeouts long leaves pings and a memory
+// poll unanswered; the worker is not killed, the compile completes, and
+// the poll's late answer is counted and dropped.
+func TestCompileHoldingTheInterpreterIsNotAStall(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{StallTimeout: 500 * time.Millisecond, Env: compileSleep("2:gil")})
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), loadDigits(t), grid.Shapes())
+	require.NoError(t, err)
+	w := e.workers[0]
+
+	compiled := make(chan error, 1)
+	start := time.Now()
+	go func() { compiled <- prog.Compile(context.Background(), 0) }()
+	time.Sleep(300 * time.Millisecond) // into the compile
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err = w.call(ctx, &memoryRequest{}, nil)
+	cancel()
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the poll waited behind the interpreter")
+	require.NoError(t, <-compiled)
+	t.Logf("compile holding the interpreter: %v with a %v stall timeout", time.Since(start).Round(time.Millisecond), e.opts.StallTimeout)
+
+	late := e.metrics.lateReplies.WithLabelValues("0", "memory")
+	assert.Eventually(t, func() bool { return testutil.ToFloat64(late) == 1 }, 5*time.Second, 10*time.Millisecond, "the late answer is counted")
+	time.Sleep(3 * e.opts.StallTimeout) // time for a wrong kill to show
+	assert.Zero(t, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")), "not killed")
+	_, err = prog.Step(context.Background(), 0)
+	assert.NoError(t, err)
+}
+
+// TestMemoryPollsDoNotWaitForACompile: while a compile sleeps, a memory
+// poll is answered at once, from the worker's last reading.
+func TestMemoryPollsDoNotWaitForACompile(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{Env: compileSleep("2")})
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), loadDigits(t), grid.Shapes())
+	require.NoError(t, err)
+	compiled := make(chan error, 1)
+	go func() { compiled <- prog.Compile(context.Background(), 0) }()
+	time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	var r memoryReply
+	require.NoError(t, e.workers[0].call(ctx, &memoryRequest{}, &r))
+	t.Logf("memory poll during a compile: answered in %v", time.Since(start))
+	assert.True(t, r.Cached, "the last reading, not a read beside the compile")
+	require.NoError(t, <-compiled)
+}
+
+// TestCompileDeadline: a compile that outlives rbln.compile_timeout kills
+// the worker, and says so.
+func TestCompileDeadline(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{CompileTimeout: time.Second, Env: compileSleep("30"), RestartBackoff: time.Hour})
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), loadDigits(t), grid.Shapes())
+	require.NoError(t, err)
+	start := time.Now()
+	err = prog.Compile(context.Background(), 0)
+	assert.ErrorIs(t, err, engine.ErrUnavailable)
+	assert.ErrorContains(t, err, "past the compile deadline (rbln.compile_timeout 1s)")
+	assert.Less(t, time.Since(start), 10*time.Second)
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")))
+}
+
+// TestWorkerStopsInOrder: the worker leads its own process group (a
+// terminal's Ctrl-C to the server does not reach it); closing the engine
+// asks it to shut down, and it exits by itself, at once and cleanly; a
+// SIGTERM ends it cleanly too.
+func TestWorkerStopsInOrder(t *testing.T) {
+	requireTorch(t)
+	var logs syncBuffer
+	e, _ := newEngine(t, Options{})
+	e.opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	_, err := e.Load(context.Background(), loadDigits(t), grid.Shapes())
+	require.NoError(t, err)
+	w := e.workers[0]
+	w.logger = e.opts.Logger
+	pid := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.pid
+	}
+	pgid, err := syscall.Getpgid(pid())
+	require.NoError(t, err)
+	assert.Equal(t, pid(), pgid, "the worker leads a process group of its own")
+
+	first := pid()
+	require.NoError(t, syscall.Kill(first, syscall.SIGTERM))
+	require.Eventually(t, func() bool { return pid() != first && testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")) == 1 }, 60*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs.String(), "exited (<nil>)", "SIGTERM: a clean exit")
+
+	start := time.Now()
+	require.NoError(t, e.Close())
+	took := time.Since(start)
+	t.Logf("engine close, worker stopping by itself: %v", took)
+	assert.Less(t, took, e.opts.StopTimeout, "no SIGTERM was needed")
+	assert.Contains(t, logs.String(), `msg="rbln worker stopped"`)
+	assert.Contains(t, logs.String(), `exit="status 0"`)
+	assert.NotContains(t, logs.String(), "Traceback")
+}
+
+// syncBuffer is a log destination the test reads while the engine writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

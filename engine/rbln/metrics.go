@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	workerUp       *prometheus.GaugeVec
 	workerRestarts *prometheus.CounterVec
+	lateReplies    *prometheus.CounterVec
 	deviceMemory   *prometheus.GaugeVec
 }
 
@@ -18,6 +19,10 @@ func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
 			Name: "stepserve_worker_restarts_total",
 			Help: "Times the device's rbln worker died or hung and was restarted.",
 		}, []string{"device"}),
+		lateReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_worker_late_replies_total",
+			Help: "Results from the device's rbln worker that came after their caller had given up (a memory poll or load that waited behind a compile), by request kind; dropped, never a restart.",
+		}, []string{"device", "kind"}),
 		deviceMemory: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stepserve_device_memory_bytes",
 			Help: "Device memory per NPU and chiplet from torch.rbln.memory_stats_per_chiplet(), read after warm-up and periodically.",
@@ -26,9 +31,12 @@ func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
 	for _, d := range devices {
 		m.workerUp.WithLabelValues(d)
 		m.workerRestarts.WithLabelValues(d)
+		for _, kind := range []string{"load", "compile", "step", "unload", "memory"} {
+			m.lateReplies.WithLabelValues(d, kind)
+		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.deviceMemory} {
+		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.lateReplies, m.deviceMemory} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -46,6 +54,8 @@ func (m *metrics) up(device string, up bool) {
 }
 
 func (m *metrics) restarted(device string) { m.workerRestarts.WithLabelValues(device).Inc() }
+
+func (m *metrics) lateReply(device, kind string) { m.lateReplies.WithLabelValues(device, kind).Inc() }
 
 func (m *metrics) memory(device, npu, chiplet, kind string, bytes float64) {
 	m.deviceMemory.WithLabelValues(device, npu, chiplet, kind).Set(bytes)

@@ -26,7 +26,8 @@ type program struct {
 	key     string
 	shapes  []bucketing.Shape
 	layouts []engine.Layout
-	in, out []*staging
+	staging *staging // every bucket's buffers
+	in, out []region
 
 	healthy atomic.Bool
 
@@ -43,28 +44,25 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 		}
 	}
 	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, programs.Add(1)), shapes: shapes, compiled: make([]bool, len(shapes))}
-	dir := shmDir()
-	for i, s := range shapes {
+	var sizes []int
+	for _, s := range shapes {
 		l := engine.NewLayout(m.Config, s)
 		p.layouts = append(p.layouts, l)
-		in, err := newStaging(dir, stagingName(p.key, i, "in"), l.InBytes)
-		if err != nil {
-			p.release()
-			return nil, err
-		}
-		p.in = append(p.in, in)
-		out, err := newStaging(dir, stagingName(p.key, i, "out"), l.OutBytes)
-		if err != nil {
-			p.release()
-			return nil, err
-		}
-		p.out = append(p.out, out)
+		sizes = append(sizes, l.InBytes, l.OutBytes)
+	}
+	regions, total := layoutStaging(sizes)
+	for i := range shapes {
+		p.in, p.out = append(p.in, regions[2*i]), append(p.out, regions[2*i+1])
+	}
+	var err error
+	if p.staging, err = newStaging("stepserve-"+p.key, total); err != nil {
+		return nil, err
 	}
 	if err := p.load(ctx); err != nil {
 		if ctx.Err() != nil {
-			// The caller gave up, but the worker goes on loading: unload
-			// what it will have loaded, after it (the worker answers in
-			// order).
+			// The caller gave up. The worker skips the load if it has
+			// not started it, or goes on loading: unload what it will
+			// have loaded, after it (it runs device requests in order).
 			go p.unload()
 		}
 		p.release()
@@ -85,8 +83,8 @@ func (p *program) loadRequest() *loadRequest {
 	for i, s := range p.shapes {
 		buckets[i] = bucketSpec{
 			Batch: s.Batch, Seq: s.Seq,
-			InPath: p.in[i].path, InBytes: p.layouts[i].InBytes,
-			OutPath: p.out[i].path, OutBytes: p.layouts[i].OutBytes,
+			InOffset: p.in[i].offset, InBytes: p.layouts[i].InBytes,
+			OutOffset: p.out[i].offset, OutBytes: p.layouts[i].OutBytes,
 		}
 	}
 	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
@@ -101,6 +99,7 @@ func (p *program) loadRequest() *loadRequest {
 		InputDtype:      torchDtype(cfg.StepInputs()[0].Datatype),
 		CompileCacheDir: p.w.e.opts.CompileCacheDir,
 		Buckets:         buckets,
+		staging:         p.staging.f,
 	}
 	if m := cfg.MLP; m != nil {
 		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
@@ -212,13 +211,16 @@ func (p *program) check(bucket int) error {
 }
 
 // Staging implements [engine.Program]: the shared-memory buffers.
-func (p *program) Staging(bucket int) (in, out []byte) { return p.in[bucket].data, p.out[bucket].data }
+func (p *program) Staging(bucket int) (in, out []byte) {
+	return p.staging.buffer(p.in[bucket]), p.staging.buffer(p.out[bucket])
+}
 
 // Healthy implements [engine.Program].
 func (p *program) Healthy() bool { return p.healthy.Load() }
 
-// Close implements [engine.Program]: the worker unloads the model and the
-// staging buffers are unmapped and removed.
+// Close implements [engine.Program]: the worker is told to unload the model
+// (it does so after its current request, which may be a compile, so Close
+// does not wait) and the staging memory is unmapped here.
 func (p *program) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -231,22 +233,19 @@ func (p *program) Close() error {
 	p.w.mu.Lock()
 	delete(p.w.programs, p)
 	p.w.mu.Unlock()
-	p.unload()
+	go p.unload()
 	p.release()
 	return nil
 }
 
 // unload asks the worker to drop the model; best effort, since the worker
-// may be down.
+// may be down. It may wait behind a compile: it has the compile deadline.
 func (p *program) unload() {
-	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.StallTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.CompileTimeout)
 	defer cancel()
 	p.w.call(ctx, &unloadRequest{Model: p.key}, nil)
 }
 
-func (p *program) release() {
-	for _, s := range append(p.in, p.out...) {
-		s.close()
-	}
-	p.in, p.out = nil, nil
-}
+// release unmaps the staging memory; the worker's mapping, if any, stays
+// valid until it unloads the model.
+func (p *program) release() { p.staging.close() }

@@ -1,7 +1,14 @@
 // The control protocol: the typed messages the supervisor and its worker
 // exchange, and their framing (a 4-byte big-endian length, then a JSON
-// object). The Python side is worker/stepserve_worker/protocol.py, and the
-// field names are those worker.py and nets.py read and write.
+// object; a load's staging memory travels beside it as a descriptor). The
+// Python side is worker/stepserve_worker/protocol.py, and the field names
+// are those worker.py and nets.py read and write.
+//
+// The worker answers ping, memory, cancel and shutdown at once, on its main
+// thread; load, compile, step and unload run one at a time, in the order
+// sent, on its device thread. Before a device request that builds a graph
+// (load, compile, a bucket's first step) the worker sends "building": it
+// may then hold the interpreter for minutes and answer nothing.
 
 package rbln
 
@@ -11,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/internal/clip"
@@ -18,7 +26,7 @@ import (
 
 // protocolVersion is the control protocol both sides must speak; the
 // worker announces its own in its hello.
-const protocolVersion = 1
+const protocolVersion = 2
 
 // maxFrame bounds a control message; a longer length prefix means a corrupt
 // stream.
@@ -44,12 +52,14 @@ type request interface {
 	address(kind string, id uint64)
 }
 
-// pingRequest asks for a pong; the worker answers it at once, even during a
-// long compile, so an unanswered ping means a hung worker.
+// pingRequest asks for a pong; the worker answers it at once, unless a
+// graph it builds holds the interpreter, so an unanswered ping means a hung
+// worker only while it builds nothing.
 type pingRequest struct{ header }
 
 // loadRequest describes a model to the worker: the hyper-parameters, the
-// weights file it reads itself, and every bucket's staging files.
+// weights file it reads itself, and where every bucket's buffers lie in the
+// staging memory sent with it.
 type loadRequest struct {
 	header
 	Model           string       `json:"model"`
@@ -61,16 +71,21 @@ type loadRequest struct {
 	Buckets         []bucketSpec `json:"buckets"`
 	MLP             *mlpSpec     `json:"mlp,omitempty"`
 	Encoder         *encoderSpec `json:"encoder,omitempty"`
+
+	staging *os.File // sent with the message, as its descriptor 0
 }
 
-// bucketSpec is one bucket's shape and its shared-memory staging files.
+// bucketSpec is one bucket's shape and its buffers: a descriptor sent with
+// the load (an index into them), an offset in it and a length.
 type bucketSpec struct {
-	Batch    int    `json:"batch"`
-	Seq      int    `json:"seq"`
-	InPath   string `json:"in_path"`
-	InBytes  int    `json:"in_bytes"`
-	OutPath  string `json:"out_path"`
-	OutBytes int    `json:"out_bytes"`
+	Batch     int `json:"batch"`
+	Seq       int `json:"seq"`
+	InFD      int `json:"in_fd"`
+	InOffset  int `json:"in_offset"`
+	InBytes   int `json:"in_bytes"`
+	OutFD     int `json:"out_fd"`
+	OutOffset int `json:"out_offset"`
+	OutBytes  int `json:"out_bytes"`
 }
 
 type mlpSpec struct {
@@ -115,6 +130,18 @@ type unloadRequest struct {
 // memoryRequest asks for the device memory per chiplet.
 type memoryRequest struct{ header }
 
+// cancelRequest tells the worker that the caller of a device request gave
+// up: if it has not started, the worker skips it (and answers that it did).
+// It has no answer of its own.
+type cancelRequest struct {
+	header
+	Target uint64 `json:"target"`
+}
+
+// shutdownRequest asks the worker to exit once its current device request
+// is done. It has no answer.
+type shutdownRequest struct{ header }
+
 func (*pingRequest) kind() string    { return "ping" }
 func (*loadRequest) kind() string    { return "load" }
 func (*compileRequest) kind() string { return "compile" }
@@ -122,8 +149,38 @@ func (*stepRequest) kind() string    { return "step" }
 func (*unloadRequest) kind() string  { return "unload" }
 func (*memoryRequest) kind() string  { return "memory" }
 
-// message is what the worker sends: its hello, a pong, or the result of a
-// request. body keeps the whole frame, from which the caller decodes the
+func (*cancelRequest) kind() string   { return "cancel" }
+func (*shutdownRequest) kind() string { return "shutdown" }
+
+// files are the descriptors that travel with a request.
+func (r *loadRequest) files() []*os.File { return []*os.File{r.staging} }
+
+// queued reports whether the worker runs req on its device thread, in
+// order, where a cancel can still skip it. An unload is never skipped: the
+// model's memory must go.
+func queued(req request) bool {
+	switch req.(type) {
+	case *loadRequest, *compileRequest, *stepRequest:
+		return true
+	}
+	return false
+}
+
+// describe names a request in error messages.
+func describe(req request) string {
+	switch r := req.(type) {
+	case *loadRequest:
+		return fmt.Sprintf("load of %s", r.Model)
+	case *compileRequest:
+		return fmt.Sprintf("compile of %s bucket %d", r.Model, r.Bucket)
+	case *stepRequest:
+		return fmt.Sprintf("step of %s bucket %d", r.Model, r.Bucket)
+	}
+	return req.kind()
+}
+
+// message is what the worker sends: its hello, a pong, the result of a
+// request, or word that it is building a graph for one. body keeps the whole frame, from which the caller decodes the
 // fields of the reply it expects.
 type message struct {
 	header
@@ -161,9 +218,11 @@ type stepReply struct {
 }
 
 // memoryReply is the device memory per chiplet; empty where the worker
-// cannot read it.
+// cannot read it. Cached is true for the worker's last reading, which it
+// gives while a device request runs.
 type memoryReply struct {
 	Chiplets []chipletMemory `json:"chiplets"`
+	Cached   bool            `json:"cached"`
 }
 
 type chipletMemory struct {
@@ -175,16 +234,25 @@ type chipletMemory struct {
 
 // writeFrame writes one length-prefixed JSON message.
 func writeFrame(w io.Writer, v any) error {
-	body, err := json.Marshal(v)
+	frame, err := encodeFrame(v)
 	if err != nil {
 		return err
 	}
+	_, err = w.Write(frame)
+	return err
+}
+
+// encodeFrame is one length-prefixed JSON message.
+func encodeFrame(v any) ([]byte, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
 	if len(body) > maxFrame {
-		return fmt.Errorf("%w: message of %d bytes exceeds the %d-byte frame limit", ErrProtocol, len(body), maxFrame)
+		return nil, fmt.Errorf("%w: message of %d bytes exceeds the %d-byte frame limit", ErrProtocol, len(body), maxFrame)
 	}
 	frame := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(body)), uint32(len(body)))
-	_, err = w.Write(append(frame, body...))
-	return err
+	return append(frame, body...), nil
 }
 
 // readFrame reads one message. A short read is io.ErrUnexpectedEOF or
@@ -211,7 +279,7 @@ func decodeMessage(body []byte) (*message, error) {
 		return nil, fmt.Errorf("%w: %v (frame %q)", ErrProtocol, err, clip.Clip(body, 64))
 	}
 	switch m.Type {
-	case "hello", "result", "pong":
+	case "hello", "result", "pong", "building":
 	default:
 		return nil, fmt.Errorf("%w: unknown message type %q", ErrProtocol, m.Type)
 	}

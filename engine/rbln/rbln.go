@@ -79,6 +79,13 @@ type Options struct {
 	MaxRestartBackoff time.Duration // default 10s
 	MemoryInterval    time.Duration // device memory poll; default 30s
 
+	// CompileTimeout bounds one graph build (a load, a compile, a bucket's
+	// first step), during which pings go unanswered; default 30m.
+	CompileTimeout time.Duration
+	// StopTimeout is how long a worker asked to shut down has before
+	// SIGTERM, and after it before SIGKILL; default 5s.
+	StopTimeout time.Duration
+
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -114,6 +121,8 @@ func New(opts Options) (*Engine, error) {
 	def(&opts.StartTimeout, 120*time.Second)
 	def(&opts.PingInterval, time.Second)
 	def(&opts.StallTimeout, 10*time.Second)
+	def(&opts.CompileTimeout, 30*time.Minute)
+	def(&opts.StopTimeout, 5*time.Second)
 	def(&opts.RestartBackoff, 100*time.Millisecond)
 	def(&opts.MaxRestartBackoff, 10*time.Second)
 	def(&opts.MemoryInterval, 30*time.Second)

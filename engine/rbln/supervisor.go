@@ -1,7 +1,10 @@
-// The supervisor of one device worker: it starts the process by exec with
-// the device's environment and the control socket as fd 3, pings it with a
-// stall deadline, and when it dies or hangs fails the calls in flight,
-// restarts it with backoff and reloads its models.
+// The supervisor of one device worker: it starts the process by exec, in
+// a process group of its own, with the device's environment and the
+// control socket as fd 3; judges its liveness (pings with a stall deadline,
+// or the process and the compile deadline while it builds a graph); when
+// it dies or hangs fails the calls in flight, restarts it with backoff and
+// reloads its models; and stops it with a shutdown message, then SIGTERM,
+// then SIGKILL.
 
 package rbln
 
@@ -42,8 +45,9 @@ type worker struct {
 	started  chan struct{}     // closed once the first start attempt ended
 	once     sync.Once
 
-	stop chan struct{}
-	done chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 }
 
 func newWorker(e *Engine, device string) *worker {
@@ -94,26 +98,28 @@ func (w *worker) supervise() {
 // runOnce runs one life of the worker process and returns why it ended.
 // ready is called once the worker is up and its models are reloaded.
 func (w *worker) runOnce(ready func()) error {
-	c, cmd, err := w.spawn()
+	c, cmd, terminate, err := w.spawn()
 	if err != nil {
 		w.setDown(err)
 		ready()
 		return err
 	}
+	defer terminate()
+	pid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
 	life := make(chan struct{})
 	defer close(life)
 	w.mu.Lock()
-	w.conn, w.pid, w.life = c, cmd.Process.Pid, life
+	w.conn, w.pid, w.life = c, pid, life
 	programs := make([]*program, 0, len(w.programs))
 	for p := range w.programs {
 		programs = append(programs, p)
 	}
 	w.mu.Unlock()
 	w.e.metrics.up(w.device, true)
-	w.logger.Info("rbln worker up", "pid", cmd.Process.Pid)
+	w.logger.Info("rbln worker up", "pid", pid)
 
 	// Reload what the previous life had loaded, then serve again. This runs
 	// beside the loop below, which must keep watching the process: calls
@@ -128,8 +134,8 @@ func (w *worker) runOnce(ready func()) error {
 	}()
 	ready()
 
-	pings := time.NewTicker(w.e.opts.PingInterval)
-	defer pings.Stop()
+	ticks := time.NewTicker(w.e.opts.PingInterval)
+	defer ticks.Stop()
 	memory := time.NewTicker(w.e.opts.MemoryInterval)
 	defer memory.Stop()
 	var cause error
@@ -154,14 +160,12 @@ loop:
 				cause = c.err
 			}
 			break loop
-		case <-pings.C:
-			ctx, cancel := context.WithTimeout(context.Background(), w.e.opts.StallTimeout)
-			_, err := c.call(ctx, &pingRequest{})
-			cancel()
-			if err != nil {
-				cause = fmt.Errorf("rbln worker for device %s stopped answering pings within %v: %v", w.device, w.e.opts.StallTimeout, err)
+		case <-ticks.C:
+			if err := c.health().verdict(time.Now(), w.e.opts.StallTimeout, w.e.opts.CompileTimeout); err != nil {
+				cause = fmt.Errorf("rbln worker for device %s killed: %v", w.device, err)
 				break loop
 			}
+			c.ping()
 		case <-memory.C:
 			go w.pollMemory() // not here: a call to a dying worker waits for this loop
 		case <-w.stop:
@@ -172,58 +176,108 @@ loop:
 	// Whatever ended this life: the process goes, every call in flight
 	// fails at once, and the programs stop taking steps.
 	w.setDown(cause)
+	switch {
+	case hasExited:
+	case errors.Is(cause, errClosed):
+		// Asked to exit, the worker finishes its current request; one that
+		// takes too long is ended by SIGTERM, and StopTimeout after that by
+		// SIGKILL (exec's WaitDelay).
+		c.notify(&shutdownRequest{})
+		select {
+		case err := <-exited:
+			hasExited = true
+			w.logger.Info("rbln worker stopped", "pid", pid, "exit", exitStatus(err))
+		case <-time.After(w.e.opts.StopTimeout):
+			w.logger.Warn("rbln worker did not stop when asked; terminating it", "pid", pid, "after", w.e.opts.StopTimeout)
+			terminate()
+		}
+	default:
+		// Hung, or broke the protocol: nothing it would do on request
+		// can be trusted.
+		killGroup(pid)
+	}
 	c.close(cause)
-	cmd.Process.Kill()
 	if !hasExited {
 		select {
 		case <-exited:
-		case <-time.After(5 * time.Second):
+		case <-time.After(2*w.e.opts.StopTimeout + time.Second):
 		}
 	}
 	return cause
 }
 
-// spawn starts the process and completes the handshake.
-func (w *worker) spawn() (*conn, *exec.Cmd, error) {
+// exitStatus words a process's exit for the log.
+func exitStatus(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
+}
+
+// killGroup SIGKILLs the worker and whatever it started: a worker is the
+// leader of its own process group.
+func killGroup(pid int) { syscall.Kill(-pid, syscall.SIGKILL) }
+
+// spawn starts the process and completes the handshake. terminate ends
+// the process (SIGTERM to its group, then SIGKILL after StopTimeout); call
+// it once the process has exited, too, to release it.
+func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("rbln: control socket: %w", err)
+		return nil, nil, nil, fmt.Errorf("rbln: control socket: %w", err)
 	}
 	parent := os.NewFile(uintptr(fds[0]), "stepserve-control")
 	child := os.NewFile(uintptr(fds[1]), "stepserve-worker-control")
 	nc, err := net.FileConn(parent)
 	parent.Close()
 	if err != nil {
-		return nil, nil, fmt.Errorf("rbln: control socket: %w", err)
+		child.Close()
+		return nil, nil, nil, fmt.Errorf("rbln: control socket: %w", err)
 	}
 
 	// exec, never fork-and-continue: a process that used the device must
-	// not be forked. The child's end of the socket is its fd 3.
-	cmd := exec.Command(w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3")
+	// not be forked. The child's end of the socket is its fd 3. Its own
+	// process group keeps a terminal's Ctrl-C (meant for the server, which
+	// stops it in order) from reaching it.
+	ctx, terminate := context.WithCancel(context.Background())
+	cmd = exec.CommandContext(ctx, w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3")
 	cmd.Dir = w.e.workerDir
 	cmd.Env = w.env()
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo}
 	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn}
-	cmd.WaitDelay = 2 * time.Second
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error {
+		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM); err != nil {
+			return os.ErrProcessDone
+		}
+		return nil
+	}
+	cmd.WaitDelay = w.e.opts.StopTimeout
 	err = cmd.Start()
 	// The child has its copy now; ours must go, or a child that dies would
 	// never be seen to close the socket.
 	child.Close()
 	if err != nil {
+		terminate()
 		nc.Close()
-		return nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
+		return nil, nil, nil, fmt.Errorf("rbln: starting worker %s: %w", w.e.opts.Python, err)
 	}
 
 	hi, err := w.greeting(nc)
 	if err != nil {
-		cmd.Process.Kill()
+		killGroup(cmd.Process.Pid)
 		cmd.Wait()
+		terminate()
 		nc.Close()
-		return nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
+		return nil, nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
 	}
 	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device, "notes", hi.Notes)
-	return newConn(nc), cmd, nil
+	late := func(kind string) {
+		w.e.metrics.lateReply(w.device, kind)
+		w.logger.Debug("rbln worker answered a request its caller had given up on", "kind", kind)
+	}
+	return newConn(nc, late), cmd, terminate, nil
 }
 
 // greeting reads the worker's hello, which must come within the start
@@ -352,7 +406,8 @@ func (w *worker) kill() {
 	}
 }
 
+// close stops the worker and its supervision; a second call only waits.
 func (w *worker) close() {
-	close(w.stop)
+	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
 }

@@ -1,10 +1,13 @@
 """The control channel: length-prefixed JSON messages over the socket the
 supervisor passes as a file descriptor. Tensor data never crosses it; it
-lives in shared-memory staging buffers."""
+lives in shared-memory staging buffers, whose descriptors travel beside a
+load message (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
+import array
 import json
+import os
 import socket
 import struct
 import threading
@@ -14,7 +17,12 @@ from typing import Any
 #: stream is corrupt.
 MAX_FRAME = 16 << 20
 
+#: The most descriptors one message may carry; the supervisor sends one per
+#: load (the program's staging memory).
+MAX_FDS = 16
+
 _HEADER = struct.Struct(">I")
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 class ProtocolError(Exception):
@@ -44,10 +52,16 @@ def decode(body: bytes) -> dict[str, Any]:
     return msg
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes:
+def _read_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes:
+    """n bytes, and into fds any descriptors that came with them."""
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        chunk, ancillary, flags, _ = sock.recvmsg(n - len(buf), _ANCILLARY)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", data[: len(data) - len(data) % array.array("i").itemsize]))
+        if flags & socket.MSG_CTRUNC:
+            raise ProtocolError(f"a message carried more than {MAX_FDS} file descriptors")
         if not chunk:
             raise EOFError("supervisor closed the control socket")
         buf += chunk
@@ -55,16 +69,27 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def read_message(sock: socket.socket) -> dict[str, Any]:
-    """Block for the next message; EOFError when the supervisor is gone."""
-    (n,) = _HEADER.unpack(_read_exact(sock, _HEADER.size))
-    if n > MAX_FRAME:
-        raise ProtocolError(f"frame length {n} exceeds the {MAX_FRAME}-byte limit")
-    return decode(_read_exact(sock, n))
+    """Block for the next message; EOFError when the supervisor is gone.
+    Descriptors sent with it are under "fds" (the receiver closes them)."""
+    fds: list[int] = []
+    try:
+        (n,) = _HEADER.unpack(_read_exact(sock, _HEADER.size, fds))
+        if n > MAX_FRAME:
+            raise ProtocolError(f"frame length {n} exceeds the {MAX_FRAME}-byte limit")
+        msg = decode(_read_exact(sock, n, fds))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    msg.pop("fds", None)  # only the socket puts descriptors in a message
+    if fds:
+        msg["fds"] = fds
+    return msg
 
 
 class Writer:
-    """Writes whole frames; safe from several threads (the ping thread and
-    the step thread answer independently)."""
+    """Writes whole frames; safe from several threads (the control thread
+    and the device thread answer independently)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock

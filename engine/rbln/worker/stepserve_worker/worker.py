@@ -7,9 +7,11 @@ Go created."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import mmap
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -64,22 +66,33 @@ class Runtime:
         return self.rbln.explain()
 
 
-class Staging:
-    """A shared-memory staging file Go created, mapped as a flat tensor."""
+class StagingMap:
+    """Shared memory the supervisor created (a memfd) and passed over the
+    control socket, mapped whole; each bucket's buffers are views of it."""
 
-    def __init__(self, path: str, nbytes: int, dtype: torch.dtype) -> None:
-        self._file = open(path, "r+b")
-        self._map = mmap.mmap(self._file.fileno(), nbytes)
-        count = nbytes // torch.empty(0, dtype=dtype).element_size()
-        self.tensor = torch.frombuffer(self._map, dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
+    def __init__(self, fd: int) -> None:
+        self._map = mmap.mmap(fd, 0)  # the mapping keeps its own descriptor
+
+    def view(self, offset: int, nbytes: int, dtype: torch.dtype) -> "Staging":
+        return Staging(self._map, offset, nbytes, dtype)
 
     def close(self) -> None:
-        del self.tensor
         try:
             self._map.close()
         except BufferError:
             pass  # a view is still alive; the mapping goes with the process
-        self._file.close()
+
+
+class Staging:
+    """One staging buffer: a flat tensor over part of a StagingMap."""
+
+    def __init__(self, mapping: mmap.mmap, offset: int, nbytes: int, dtype: torch.dtype) -> None:
+        count = nbytes // torch.empty(0, dtype=dtype).element_size()
+        self.tensor = (torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset) if count
+                       else torch.empty(0, dtype=dtype))
+
+    def close(self) -> None:
+        del self.tensor
 
 
 @dataclass
@@ -100,10 +113,12 @@ class Model:
     in_features: int
     compute_dtype: torch.dtype
     cache_dir: str
+    staging: list[StagingMap] = field(default_factory=list)
 
 
 class Worker:
-    """Handles the supervisor's requests, one at a time."""
+    """Handles the supervisor's device requests, one at a time, and reads
+    the device memory."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -122,13 +137,15 @@ class Worker:
         with torch.inference_mode():
             module = module.to(device=self.rt.device, dtype=compute)  # weights move once
         in_dtype = _DTYPES[msg["input_dtype"]]
+        maps = [StagingMap(fd) for fd in msg.get("fds", [])]
         buckets = [
             Bucket(nets.Shape(b["batch"], b.get("seq", 0)),
-                   Staging(b["in_path"], b["in_bytes"], in_dtype),
-                   Staging(b["out_path"], b["out_bytes"], torch.float32))
+                   maps[b["in_fd"]].view(b["in_offset"], b["in_bytes"], in_dtype),
+                   maps[b["out_fd"]].view(b["out_offset"], b["out_bytes"], torch.float32))
             for b in msg["buckets"]]
         in_features = msg["mlp"]["sizes"][0] if msg.get("architecture") == "mlp" else 0
-        self.models[name] = Model(name, module, buckets, in_dtype, in_features, compute, msg.get("compile_cache_dir", ""))
+        self.models[name] = Model(name, module, buckets, in_dtype, in_features, compute, msg.get("compile_cache_dir", ""),
+                                  maps)
         return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
                 "compute_dtype": str(compute).replace("torch.", "")}
 
@@ -170,6 +187,8 @@ class Worker:
             for b in m.buckets:
                 b.staging_in.close()
                 b.staging_out.close()
+            for sm in m.staging:
+                sm.close()
         return {}
 
     def memory(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -222,16 +241,44 @@ class Worker:
             return ex.normalize(verdict, dump, text)
 
 
+#: The requests the device thread runs, one at a time and in the order they
+#: came; the others (ping, memory, cancel) are control requests, answered at
+#: once by the main thread.
+DEVICE_REQUESTS = ("load", "compile", "step", "unload")
+
+#: TEST ONLY (the supervisor's fault tests): "<seconds>" makes every compile
+#: request sleep that long before it starts, "<seconds>:gil" holding the
+#: interpreter lock throughout, as a compile stuck in native code would.
+TEST_COMPILE_SLEEP_ENV = "STEPSERVE_WORKER_TEST_COMPILE_SLEEP"
+
+
 class Server:
-    """The control loop: a reader thread answers pings at once (so a long
-    compile never looks like a hang) and queues everything else for the
-    main thread, which runs one request at a time."""
+    """The control loop. The main thread reads the supervisor's messages and
+    answers the control requests itself; the device requests go, in order,
+    to one device thread, which runs them one at a time, so that explain
+    regions never overlap and a compile never delays a pong or a memory
+    reading.
+
+    A device request that builds a graph (load, compile, a bucket's first
+    step) is announced with a "building" message before it starts: it may
+    hold the interpreter lock for minutes, during which this process answers
+    nothing, and the supervisor then watches the process and the compile
+    deadline instead of pings."""
 
     def __init__(self, sock: socket.socket, worker: Worker) -> None:
         self.sock = sock
         self.out = Writer(sock)
         self.worker = worker
-        self.requests: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self._requests: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self._lock = threading.Lock()  # guards _queued and _cancelled
+        self._queued: set[int] = set()  # ids of the device requests waiting to run
+        self._cancelled: set[int] = set()  # of those, the ones the supervisor gave up on
+        self._busy = threading.Lock()  # held by the device thread while it runs a request
+        self._memory: dict[str, Any] = {"chiplets": []}  # the last reading, for while it is busy
+        self._ran: set[tuple[str, int]] = set()  # (model, bucket) whose graph has run
+        self._stopping = threading.Event()
+        self._terminated = False
+        self._device = threading.Thread(target=self._device_loop, name="device", daemon=True)
 
     def hello(self) -> None:
         rt = self.worker.rt
@@ -239,43 +286,176 @@ class Server:
                        "torch": torch.__version__, "device": str(rt.device),
                        "rbln": rt.rbln is not None, "notes": rt.notes})
 
-    def read_loop(self) -> None:
+    def terminate(self, signum: int, frame: Any) -> None:
+        """The SIGTERM (and SIGINT) handler: stop as the supervisor's exit
+        would, without a traceback. It runs on the main thread, which then
+        reads the end of the stream."""
+        self._terminated = True
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    def serve(self) -> int:
+        """Answer requests until shutdown, SIGTERM or the supervisor's exit;
+        returns the exit status."""
+        self._device.start()
+        why = "the supervisor closed the control socket"
         try:
             while True:
                 msg = read_message(self.sock)
-                if msg["type"] == "ping":
-                    self.out.send({"type": "pong", "id": msg.get("id", 0)})
-                elif msg["type"] == "shutdown":
+                if msg["type"] == "shutdown":
+                    why = "shutdown requested"
                     break
+                if msg["type"] in DEVICE_REQUESTS:
+                    with self._lock:
+                        self._queued.add(msg.get("id", 0))
+                    self._requests.put(msg)
                 else:
-                    self.requests.put(msg)
+                    _close_fds(msg)
+                    self._control(msg)
         except EOFError:
             pass
         except ProtocolError as e:
-            print(f"stepserve_worker: protocol error from the supervisor: {e}", file=sys.stderr, flush=True)
-        finally:
-            self.requests.put(None)
+            why = f"protocol error from the supervisor: {e}"
+            print(f"stepserve_worker: {why}", file=sys.stderr, flush=True)
+        if self._terminated:
+            why = "terminated by a signal"
+        return self._stop(why, wait=why == "shutdown requested")
 
-    def serve(self) -> None:
+    def _control(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "ping":
+            self.out.send({"type": "pong", "id": msg.get("id", 0)})
+        elif kind == "cancel":
+            with self._lock:
+                if msg.get("target") in self._queued:
+                    self._cancelled.add(msg["target"])
+        elif kind == "memory":
+            self._answer(msg, self._memory_now)
+        else:
+            self._answer(msg, None)
+
+    def _memory_now(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The device memory, read now while the device thread is idle
+        (never inside a step's explain region, whose counters are
+        process-wide), else the last reading."""
+        if not self._busy.acquire(blocking=False):
+            return dict(self._memory, cached=True)
+        try:
+            self._memory = self.worker.memory(msg)
+        finally:
+            self._busy.release()
+        return dict(self._memory, cached=False)
+
+    def _remember_memory(self) -> None:
+        try:
+            self._memory = self.worker.memory({})
+        except Exception as e:
+            print(f"stepserve_worker: reading device memory failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    def _answer(self, msg: dict[str, Any], handler: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> bool:
+        """Run handler and send its result (or its error); whether it succeeded."""
+        reply: dict[str, Any] = {"type": "result", "id": msg.get("id", 0)}
+        try:
+            if handler is None:
+                raise ValueError(f"unknown request type {msg['type']!r}")
+            reply |= {"ok": True, **handler(msg)}
+        except Exception as e:
+            print(f"stepserve_worker: {msg['type']} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            reply |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            _close_fds(msg)  # what the handler keeps, it has mapped
+        self.out.send(reply)
+        return reply["ok"]
+
+    def _device_loop(self) -> None:
         handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "load": self.worker.load, "compile": self.worker.compile, "step": self.worker.step,
-            "unload": self.worker.unload, "memory": self.worker.memory,
+            "unload": self.worker.unload,
         }
-        threading.Thread(target=self.read_loop, name="reader", daemon=True).start()
-        while (msg := self.requests.get()) is not None:
-            reply: dict[str, Any] = {"type": "result", "id": msg.get("id", 0)}
-            handler = handlers.get(msg["type"])
+        while (msg := self._requests.get()) is not None:
+            rid = msg.get("id", 0)
+            with self._lock:
+                self._queued.discard(rid)
+                cancelled = rid in self._cancelled
+                self._cancelled.discard(rid)
             try:
-                if handler is None:
-                    raise ValueError(f"unknown request type {msg['type']!r}")
-                reply |= {"ok": True, **handler(msg)}
-            except Exception as e:
-                print(f"stepserve_worker: {msg['type']} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-                reply |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
-            self.out.send(reply)
+                if self._stopping.is_set():
+                    continue  # nobody waits for it any more
+                if cancelled:
+                    self.out.send({"type": "result", "id": rid, "ok": False,
+                                   "error": "cancelled: the supervisor gave up on it before it ran"})
+                    continue
+                with self._busy:
+                    if self._builds(msg):
+                        self.out.send({"type": "building", "id": rid})
+                    if msg["type"] == "compile":
+                        _test_compile_sleep()
+                    ok = self._answer(msg, handlers[msg["type"]])
+                    self._ran_after(msg, ok)
+                    if msg["type"] != "step":  # device memory changed; steps allocate none
+                        self._remember_memory()
+            except OSError:
+                return  # the socket is gone: the main thread is stopping
+            finally:
+                _close_fds(msg)
+
+    def _builds(self, msg: dict[str, Any]) -> bool:
+        kind = msg["type"]
+        return kind in ("load", "compile") or (kind == "step" and (msg["model"], msg["bucket"]) not in self._ran)
+
+    def _ran_after(self, msg: dict[str, Any], ok: bool) -> None:
+        """Keep track of which buckets' graphs have run, so that a bucket's
+        first step (which builds its graph: torch.compile is lazy) is known
+        to build."""
+        kind, model = msg["type"], msg.get("model")
+        if kind == "step" and ok:
+            self._ran.add((model, msg["bucket"]))
+        elif kind == "compile":
+            self._ran.discard((model, msg["bucket"]))
+        elif kind in ("load", "unload"):
+            self._ran = {r for r in self._ran if r[0] != model}
+
+    def _stop(self, why: str, wait: bool) -> int:
+        """Stop the device thread: after its current request on shutdown
+        (until a signal says not to wait), at once otherwise."""
+        print(f"stepserve_worker: stopping: {why}", flush=True)
+        self._stopping.set()
+        self._requests.put(None)
+        self._device.join(1.0)
+        while wait and self._device.is_alive() and not self._terminated:
+            self._device.join(0.1)
+        if self._device.is_alive():
+            # A request cannot be interrupted: the process ends under it, as
+            # it would under SIGKILL.
+            print("stepserve_worker: exiting with a device request still running", flush=True)
+            os._exit(0)
+        return 0
+
+
+def _close_fds(msg: dict[str, Any]) -> None:
+    for fd in msg.pop("fds", []):
+        os.close(fd)
+
+
+def _test_compile_sleep() -> None:
+    value = os.environ.get(TEST_COMPILE_SLEEP_ENV)
+    if not value:
+        return
+    seconds, _, how = value.partition(":")
+    if how == "gil":
+        # A foreign call through PyDLL keeps the interpreter lock.
+        ctypes.PyDLL(None).usleep(ctypes.c_uint(int(float(seconds) * 1e6)))
+    else:
+        time.sleep(float(seconds))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    # Until the server takes over: a signal while torch imports ends the
+    # process quietly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     ap = argparse.ArgumentParser(prog="stepserve_worker")
     ap.add_argument("--fd", type=int, required=True, help="the control socket's file descriptor")
     args = ap.parse_args(argv)
@@ -284,6 +464,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for note in rt.notes:
         print(f"stepserve_worker: {note}", file=sys.stderr, flush=True)
     server = Server(sock, Worker(rt))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.terminate)
     server.hello()
-    server.serve()
-    return 0
+    return server.serve()

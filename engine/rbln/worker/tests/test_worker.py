@@ -35,16 +35,21 @@ class WorkerTest(unittest.TestCase):
         self.w2, self.b2 = torch.randn(3, 8), torch.randn(3)
         write_safetensors(self.dir / "w.safetensors", {
             "layers.0.weight": self.w1, "layers.0.bias": self.b1, "layers.1.weight": self.w2, "layers.1.bias": self.b2})
-        self.buckets = []
+        # Each staging buffer in a file of its own, passed by descriptor as
+        # the supervisor passes its memfd; in_path and out_path are the
+        # tests' own handles on them.
+        self.buckets, self.fds = [], []
         for batch in (1, 2):
             inp, out = self.dir / f"in{batch}", self.dir / f"out{batch}"
             inp.write_bytes(bytes(batch * 4 * 4))
             out.write_bytes(bytes(batch * 3 * 4))
-            self.buckets.append({"batch": batch, "seq": 0, "in_path": str(inp), "in_bytes": batch * 16,
-                                 "out_path": str(out), "out_bytes": batch * 12})
+            self.fds += [os.open(inp, os.O_RDWR), os.open(out, os.O_RDWR)]
+            self.buckets.append({"batch": batch, "seq": 0, "in_path": str(inp), "in_fd": len(self.fds) - 2,
+                                 "in_offset": 0, "in_bytes": batch * 16, "out_path": str(out),
+                                 "out_fd": len(self.fds) - 1, "out_offset": 0, "out_bytes": batch * 12})
         self.load = {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
                      "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
-                     "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets}
+                     "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets, "fds": self.fds}
         os.environ.pop("STEPSERVE_FAKE_RBLN_SCENARIO", None)
         self.workers: list[Worker] = []
 
@@ -52,6 +57,8 @@ class WorkerTest(unittest.TestCase):
         for w in self.workers:
             for name in list(w.models):
                 w.unload({"model": name})
+        for fd in self.fds:
+            os.close(fd)
 
     def worker(self) -> Worker:
         w = Worker(Runtime.detect())
