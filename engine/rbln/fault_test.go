@@ -78,7 +78,7 @@ func TestWorkerKilledUnderLoad(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	killed := time.Now()
-	e.KillWorker("0")
+	e.KillWorker("cpu")
 	assert.Eventually(t, func() bool { return !prog.Healthy() }, 5*time.Second, time.Millisecond, "the program is unhealthy while its worker is down")
 	waitHealthy(t, prog, 60*time.Second)
 	recovery := time.Since(killed)
@@ -88,8 +88,8 @@ func TestWorkerKilledUnderLoad(t *testing.T) {
 	t.Logf("restart after SIGKILL: healthy again %v after the kill; steps ok %d, unavailable %d", recovery+killed.Sub(killed), ok, unavailable)
 	assert.Greater(t, ok, 0)
 	assert.Zero(t, other)
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")))
 	require.NoError(t, r.Run(context.Background(), []*steps.Request{digitsRequest(2, 5)}), "serves after the restart")
 }
 

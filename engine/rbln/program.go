@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -126,6 +127,12 @@ func (p *program) load(ctx context.Context) error {
 	var info loadReply
 	if err := p.w.call(ctx, p.loadRequest(), &info); err != nil {
 		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
+	}
+	// The worker refuses a model it cannot place on its engine's device;
+	// this holds a worker that did not to the same rule.
+	if want := p.w.e.opts.Device; !strings.HasPrefix(info.Device, want) {
+		go p.unload()
+		return fmt.Errorf("rbln: loading model %s: the worker placed it on %q, but engine %s computes on %s only", p.model.Name, info.Device, p.w.e.Name(), want)
 	}
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
 		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)

@@ -139,6 +139,15 @@ type hello struct {
 	Torch    string   `json:"torch"`
 	Device   string   `json:"device"`
 	Notes    []string `json:"notes"`
+
+	// Where the worker computes (the --device it was given: rbln or cpu),
+	// and, on rbln, why it cannot (empty when it can) and what torch.rbln
+	// says of the devices (nil or empty when unknown).
+	DeviceKind          string `json:"device_kind"`
+	Unusable            string `json:"unusable"`
+	DeviceCount         *int   `json:"device_count"`
+	PhysicalDeviceCount *int   `json:"physical_device_count"`
+	DeviceSummary       string `json:"device_summary"`
 }
 
 // loadReply says where and how the worker placed a model.

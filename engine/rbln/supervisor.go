@@ -199,7 +199,7 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 
 	// exec, never fork-and-continue: a process that used the device must
 	// not be forked. The child's end of the socket is its fd 3.
-	cmd := exec.Command(w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3")
+	cmd := exec.Command(w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3", "--device", w.e.opts.Device)
 	cmd.Dir = w.e.workerDir
 	cmd.Env = w.env()
 	cmd.ExtraFiles = []*os.File{child}
@@ -216,13 +216,15 @@ func (w *worker) spawn() (*conn, *exec.Cmd, error) {
 	}
 
 	hi, err := w.greeting(nc)
+	if err == nil {
+		err = w.checkHello(hi)
+	}
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		nc.Close()
 		return nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
 	}
-	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device, "notes", hi.Notes)
 	return newConn(nc), cmd, nil
 }
 
@@ -249,8 +251,10 @@ func (w *worker) greeting(nc net.Conn) (*hello, error) {
 // torch-rbln settings the design requires, then the configured extras.
 func (w *worker) env() []string {
 	env := os.Environ()
+	if w.e.opts.Device == DeviceRBLN {
+		env = append(env, visibleDevices+"="+w.device)
+	}
 	env = append(env,
-		"RBLN_VISIBLE_DEVICES="+w.device,
 		"TORCH_RBLN_DEPLOY=ON",
 		"TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op",
 		"TORCH_RBLN_LOG_LEVEL="+w.e.opts.LogLevel,
