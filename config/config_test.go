@@ -150,7 +150,7 @@ func TestEngineAndRBLN(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Engine{Default: "cpu", Failover: "none"}, c.Engine)
 	assert.Equal(t, "/usr/bin/python3", c.RBLN.Python)
-	assert.Equal(t, []string{"0"}, c.RBLN.Devices)
+	assert.Nil(t, c.RBLN.Devices, "left to the engine: the server's RBLN_VISIBLE_DEVICES, else 0")
 	assert.Empty(t, c.RBLN.Env)
 	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
 
@@ -171,6 +171,12 @@ rbln:
 	assert.True(t, c.RBLN.StrictWarmup)
 	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
 
+	require.NoError(t, os.WriteFile(file, []byte("engine: {default: torch, failover: torch}\nrbln: {devices: []}\n"), 0o644))
+	c, err = Load([]string{"--config", file, "--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, Engine{Default: "torch", Failover: "torch"}, c.Engine)
+	assert.Nil(t, c.RBLN.Devices, "an empty list leaves the devices to the engine")
+
 	t.Setenv("STEPSERVE_RBLN_DEVICES", "2, 3")
 	t.Setenv("STEPSERVE_RBLN_ENV", "A=1,B=x=y")
 	c, err = Load([]string{"--model_repository", dir})
@@ -182,8 +188,8 @@ rbln:
 		args []string
 		want string
 	}{
-		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or rbln`},
-		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback`},
+		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or torch or rbln`},
+		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback or torch`},
 		{[]string{"--engine.cpu_threads", "-1"}, `engine.cpu_threads: "-1"; want an integer in 0..1024`},
 		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
