@@ -319,7 +319,7 @@ class Server:
     def hello(self) -> None:
         rt = self.worker.rt
         self.out.send({"type": "hello", "protocol": PROTOCOL_VERSION, "pid": os.getpid(),
-                       "torch": torch.__version__, "device": str(rt.device),
+                       "torch": torch.__version__, "device": "none" if rt.unusable else str(rt.device),
                        "rbln": rt.rbln is not None, "notes": rt.notes,
                        "device_kind": rt.kind, "unusable": rt.unusable, "device_count": rt.device_count,
                        "physical_device_count": rt.physical_device_count, "device_summary": rt.device_summary})
