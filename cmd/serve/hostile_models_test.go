@@ -228,14 +228,14 @@ func TestModelOverTheMemoryLimit(t *testing.T) {
 	out, err := runBinary("--model_repository", repo, "--server.addr", "127.0.0.1:0", "--models.max_model_bytes", "1MiB")
 	require.Error(t, err, out)
 	assert.Contains(t, out, "tiny-encoder: needs about")
-	assert.Contains(t, out, "above models.max_model_bytes (1.0 MiB)")
+	assert.Contains(t, out, "above models.max_model_bytes (1 MiB)")
 
 	require.NoError(t, os.RemoveAll(filepath.Join(repo, "tiny-encoder")))
 	p := startCapped(t, hostileMemoryCap, "--model_repository", repo, "--server.enable_model_control", "--models.max_model_bytes", "1MiB")
 	makeHostileModel(t, repo, "tiny-encoder", hostileModel{base: "tiny-encoder", make: func(*testing.T, string) {}})
 	resp, body := post(t, p.base+"/v2/repository/models/tiny-encoder/load", nil)
 	assert.Equal(t, 400, resp.StatusCode, string(body))
-	assert.Contains(t, string(body), "above models.max_model_bytes (1.0 MiB)")
+	assert.Contains(t, string(body), "above models.max_model_bytes (1 MiB)")
 	assertNoLeak(t, string(body), repo, "over the limit")
 	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
 }
