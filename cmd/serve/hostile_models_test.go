@@ -239,18 +239,3 @@ func TestModelOverTheMemoryLimit(t *testing.T) {
 	assertNoLeak(t, string(body), repo, "over the limit")
 	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
 }
-
-// peakRSS is the server's peak resident set size so far (VmHWM).
-func (p *process) peakRSS(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	require.NoError(t, err, "the server is gone")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	return 0
-}
