@@ -30,6 +30,11 @@ from .protocol import ProtocolError, Writer, read_message
 
 _DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+#: Set to "device" to compute on torch's CPU in the model's device_dtype, as
+#: the tests of half-precision numerics do; otherwise the CPU computes in
+#: float32 (torch 1.13's CPU has bfloat16 kernels but no float16 matmul).
+CPU_DTYPE_ENV = "STEPSERVE_WORKER_CPU_DTYPE"
+
 
 @dataclass
 class Runtime:
@@ -118,7 +123,9 @@ class Worker:
         tensors = safetensors.load(Path(msg["weights"]))
         module = nets.build(msg, tensors).eval()
         on_cpu = self.rt.device.type == "cpu"
-        compute = torch.float32 if on_cpu else _DTYPES[msg.get("device_dtype", "float16")]
+        compute = _DTYPES[msg.get("device_dtype", "float16")]
+        if on_cpu and os.environ.get(CPU_DTYPE_ENV) != "device":
+            compute = torch.float32
         with torch.inference_mode():
             module = module.to(device=self.rt.device, dtype=compute)  # weights move once
         in_dtype = _DTYPES[msg["input_dtype"]]
