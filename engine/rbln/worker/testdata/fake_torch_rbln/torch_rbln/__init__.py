@@ -9,6 +9,10 @@ at every explain region so that a test can change it between requests:
      "raise_on_enter": false, "memory": {"npu.0.chiplet.0.allocated.current": 1024}}
 
 Without the variable, every region is clean with one transfer each way.
+
+Where $STEPSERVE_FAKE_RBLN_REGIONS names a file, every region entered
+appends a line to it, so that a test can count the steps the worker ran.
+
 is_available() is False, so the worker computes on torch's CPU.
 """
 
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 
 SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
+REGIONS_ENV = "STEPSERVE_FAKE_RBLN_REGIONS"
 
 CLEAN: dict[str, Any] = {
     "verdict": {"clean": True, "reasons": [], "hidden_host_bounces": 0, "hidden_host_bounce_bytes": 0,
@@ -50,6 +55,9 @@ class FakeExplain:
         self._s = scenario()
 
     def __enter__(self) -> "FakeExplain":
+        if path := os.environ.get(REGIONS_ENV):
+            with open(path, "a") as f:
+                f.write("region\n")
         if self._s.get("raise_on_enter"):
             raise RuntimeError("explain regions must not overlap (fake)")
         return self
