@@ -230,7 +230,7 @@ var keys = []key{
 		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)")},
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",
 		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, "")},
-	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean",
+	{"rbln.strict_warmup", "true", "refuse readiness unless every bucket's second warm-up run is clean (false: log it and serve)",
 		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false")},
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},

@@ -153,6 +153,7 @@ func TestEngineAndRBLN(t *testing.T) {
 	assert.Nil(t, c.RBLN.Devices, "left to the engine: the server's RBLN_VISIBLE_DEVICES, else 0")
 	assert.Empty(t, c.RBLN.Env)
 	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
+	assert.True(t, c.RBLN.StrictWarmup, "a warm-up that is not clean refuses readiness by default")
 
 	file := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(file, []byte(`
@@ -160,7 +161,7 @@ engine: {default: rbln, failover: cpufallback}
 rbln:
   devices: [0, 1]
   env: {RBLN_DEVICE_MAP: "0:0,1", RBLN_NPUS_PER_DEVICE: 2}
-  strict_warmup: true
+  strict_warmup: false
   compile_cache_dir: /var/cache/rbln
 `), 0o644))
 	c, err = Load([]string{"--config", file, "--model_repository", dir})
@@ -168,7 +169,7 @@ rbln:
 	assert.Equal(t, Engine{Default: "rbln", Failover: "cpufallback"}, c.Engine)
 	assert.Equal(t, []string{"0", "1"}, c.RBLN.Devices)
 	assert.Equal(t, map[string]string{"RBLN_DEVICE_MAP": "0:0,1", "RBLN_NPUS_PER_DEVICE": "2"}, c.RBLN.Env)
-	assert.True(t, c.RBLN.StrictWarmup)
+	assert.False(t, c.RBLN.StrictWarmup)
 	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
 
 	require.NoError(t, os.WriteFile(file, []byte("engine: {default: torch, failover: torch}\nrbln: {devices: []}\n"), 0o644))

@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, append(bucketLabels, "direction")),
 		compileDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stepserve_bucket_compile_duration_seconds",
-			Help: "How long the bucket's program took to compile at load.",
+			Help: "How long the bucket's program took to compile at load, its first warm-up run included (torch.compile builds the graph then).",
 		}, bucketLabels),
 	}
 	if reg != nil {

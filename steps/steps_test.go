@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -263,6 +264,36 @@ func TestWarmupRunsEveryBucketTwice(t *testing.T) {
 	d.explain.D2H = 2
 	_, err = r.Warmup(context.Background())
 	assert.ErrorContains(t, err, "not clean on its second run")
+}
+
+// slowDoubler is a doubler whose Compile and Step each take a fixed time.
+type slowDoubler struct {
+	*doubler
+	compile, step time.Duration
+}
+
+func (d *slowDoubler) Compile(context.Context, int) error { time.Sleep(d.compile); return nil }
+func (d *slowDoubler) Step(ctx context.Context, b int) (engine.Explain, error) {
+	time.Sleep(d.step)
+	return d.doubler.Step(ctx, b)
+}
+
+// TestWarmupCompileTimeIncludesTheFirstRun: torch.compile builds a graph
+// on its first call, so a bucket's compile time is its Compile and its
+// first run, not its second.
+func TestWarmupCompileTimeIncludesTheFirstRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := testModel()
+		grid, err := bucketing.NewGrid([]int{1, 4}, nil)
+		require.NoError(t, err)
+		d := &slowDoubler{doubler: newDoubler(m.Config, grid), compile: time.Second, step: 3 * time.Second}
+		r, err := New(Options{Model: m, Program: d, Engine: "fake", Grid: grid})
+		require.NoError(t, err)
+		compile, err := r.Warmup(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, []time.Duration{4 * time.Second, 4 * time.Second}, compile)
+		assert.Len(t, d.seen, 4, "two runs per bucket")
+	})
 }
 
 func TestStatsPerBucket(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/rbln"
+	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -113,7 +114,8 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
-	memLimit, memSource := server.MemoryLimit()
+	mem := memlimit.Read()
+	memLimit, memSource := mem.Bytes, mem.Source
 	inflight := cfg.Server.MaxInflightBytes
 	if inflight == 0 {
 		inflight = memLimit / 2

@@ -92,7 +92,7 @@ type encoderSpec struct {
 	Normalize     bool    `json:"normalize"`
 }
 
-// compileRequest builds one bucket's graph and warms it up twice.
+// compileRequest builds one bucket's graph and binds its input buffer.
 type compileRequest struct {
 	header
 	Model  string `json:"model"`
@@ -158,10 +158,9 @@ type loadReply struct {
 	Notes        []string `json:"notes"`
 }
 
-// compileReply reports a bucket's build and its second warm-up run.
+// compileReply reports a bucket's build; nothing has run on it yet.
 type compileReply struct {
-	CompileSeconds float64        `json:"compile_seconds"`
-	Explain        engine.Explain `json:"explain"`
+	CompileSeconds float64 `json:"compile_seconds"`
 }
 
 // stepReply reports one step.

@@ -15,7 +15,7 @@ import torch_rbln  # the test double: installs torch.rbln  # noqa: E402,F401
 
 from stepserve_worker import nets, safetensors  # noqa: E402
 from stepserve_worker.protocol import read_message  # noqa: E402
-from stepserve_worker.worker import DeviceError, Runtime, Server, Worker  # noqa: E402
+from stepserve_worker.worker import CPU_DTYPE_ENV, DeviceError, Runtime, Server, Worker  # noqa: E402
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -27,6 +27,12 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         off += len(data)
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
+def clear_env() -> None:
+    """Unset what tests set to script the test double and the worker."""
+    for env in (torch_rbln.SCENARIO_ENV, torch_rbln.REGIONS_ENV, CPU_DTYPE_ENV):
+        os.environ.pop(env, None)
 
 
 class Fixture(unittest.TestCase):
@@ -50,10 +56,11 @@ class Fixture(unittest.TestCase):
         self.load = {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
                      "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
                      "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets}
-        os.environ.pop("STEPSERVE_FAKE_RBLN_SCENARIO", None)
+        clear_env()
         self.workers: list[Worker] = []
 
     def tearDown(self) -> None:
+        clear_env()
         for w in self.workers:
             for name in list(w.models):
                 w.unload({"model": name})
@@ -75,8 +82,7 @@ class WorkerTest(Fixture):
         info = w.load(self.load)
         self.assertEqual("cpu", info["device"])
         self.assertEqual("float32", info["compute_dtype"], "torch's CPU computes in float32")
-        rep = w.compile({"model": "m", "bucket": 1})["explain"]
-        self.assertTrue(rep["measured"] and rep["clean"])
+        w.compile({"model": "m", "bucket": 1})
         x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
         Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
         rep = w.step({"model": "m", "bucket": 1})["explain"]
@@ -84,6 +90,41 @@ class WorkerTest(Fixture):
         got = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32).view(2, 3)
         want = torch.softmax(torch.relu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2, -1)
         self.assertLess((got - want).abs().max().item(), 1e-6)
+
+    def regions(self) -> int:
+        path = self.dir / "regions"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def test_compile_runs_nothing(self) -> None:
+        # The supervisor's warm-up runs each bucket twice, and those are the
+        # only runs: the first release's compile ran two more.
+        os.environ[torch_rbln.REGIONS_ENV] = str(self.dir / "regions")
+        w = self.worker()
+        w.load(self.load)
+        reply = w.compile({"model": "m", "bucket": 1})
+        self.assertEqual(["compile_seconds"], list(reply))
+        self.assertEqual(0, self.regions())
+        for run in (1, 2):
+            w.step({"model": "m", "bucket": 1})
+            self.assertEqual(run, self.regions())
+
+    def test_cpu_computes_in_the_device_dtype_when_asked(self) -> None:
+        x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
+        out = {}
+        for dtype, env in (("float32", None), ("bfloat16", "device")):
+            if env:
+                os.environ[CPU_DTYPE_ENV] = env
+            w = self.worker()
+            info = w.load(dict(self.load, device_dtype="bfloat16"))
+            self.assertEqual(dtype, info["compute_dtype"])
+            w.compile({"model": "m", "bucket": 1})
+            Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
+            w.step({"model": "m", "bucket": 1})
+            out[dtype] = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32)
+            w.unload({"model": "m"})
+        diff = (out["bfloat16"] - out["float32"]).abs().max().item()
+        self.assertGreater(diff, 0, "bfloat16 rounds: the two runs differ")
+        self.assertLess(diff, 2e-2)
 
     def test_lazy_bucket_is_a_recompile(self) -> None:
         w = self.worker()
@@ -145,7 +186,8 @@ class DeviceTest(Fixture):
         w = Worker(host)
         self.workers.append(w)
         self.assertEqual("cpu", w.load(self.load)["device"])
-        self.assertFalse(w.compile({"model": "m", "bucket": 0})["explain"]["measured"], "no explain: unmeasured")
+        w.compile({"model": "m", "bucket": 0})
+        self.assertFalse(w.step({"model": "m", "bucket": 0})["explain"]["measured"], "no explain: unmeasured")
 
     def test_no_device_visible(self) -> None:
         os.environ["RBLN_VISIBLE_DEVICES"] = "3"
@@ -179,7 +221,8 @@ class DeviceTest(Fixture):
         self.assertEqual("cpu", w.rt.kind)
         self.assertIsNone(w.rt.device_count, "the torch engine's worker never queries an NPU")
         w.load(self.load)
-        self.assertTrue(w.compile({"model": "m", "bucket": 0})["explain"]["measured"])
+        w.compile({"model": "m", "bucket": 0})
+        self.assertTrue(w.step({"model": "m", "bucket": 0})["explain"]["measured"])
 
     def test_hello_carries_the_device_view(self) -> None:
         self.scenario({"available": True, "device_count": 2, "device_summary": "table"})

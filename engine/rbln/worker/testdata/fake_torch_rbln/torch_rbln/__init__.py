@@ -11,6 +11,10 @@ at every explain region so that a test can change it between requests:
      "device_summary": "..."}
 
 Without the variable, every region is clean with one transfer each way.
+
+Where $STEPSERVE_FAKE_RBLN_REGIONS names a file, every region entered
+appends a line to it, so that a test can count the steps the worker ran.
+
 is_available() is False unless the scenario says "available": true; this
 torch has no rbln device type, so a worker told it is available still cannot
 place tensors on rbln:0 (which is how tests reach that refusal).
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 
 SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
+REGIONS_ENV = "STEPSERVE_FAKE_RBLN_REGIONS"
 
 CLEAN: dict[str, Any] = {
     "verdict": {"clean": True, "reasons": [], "hidden_host_bounces": 0, "hidden_host_bounce_bytes": 0,
@@ -57,6 +62,9 @@ class FakeExplain:
         self._s = scenario()
 
     def __enter__(self) -> "FakeExplain":
+        if path := os.environ.get(REGIONS_ENV):
+            with open(path, "a") as f:
+                f.write("region\n")
         if self._s.get("raise_on_enter"):
             raise RuntimeError("explain regions must not overlap (fake)")
         return self
