@@ -604,13 +604,7 @@ func (b *Batcher) Shutdown(ctx context.Context) error {
 	case <-b.stopped:
 		// A request that found the model idle may still be running its own
 		// step; it is answered with that step's outcome, whenever it ends.
-		select {
-		case b.stepping <- struct{}{}:
-			<-b.stepping
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return b.WaitIdle(ctx)
 	case <-ctx.Done():
 	}
 	b.mu.Lock()

@@ -118,16 +118,19 @@ func (s tokenSource) read() ([]string, error) {
 
 // Engine chooses engines.
 type Engine struct {
-	Default  string // cpu | rbln
-	Failover string // none | cpufallback
+	Default  string // cpu | torch | rbln
+	Failover string // none | cpufallback | torch
 	// CPUThreads bounds the CPUs one CPU-engine step uses; 0 means every
 	// CPU.
 	CPUThreads int
 }
 
-// RBLN configures the NPU engine's device workers.
+// RBLN configures the Python worker engines: rbln's device workers, and
+// torch's worker on the host CPU.
 type RBLN struct {
-	Python          string
+	Python string
+	// Devices are the rbln engine's devices, one worker each; empty leaves
+	// the choice to the engine (the server's RBLN_VISIBLE_DEVICES, else 0).
 	Devices         []string
 	Env             map[string]string
 	CompileCacheDir string
@@ -214,21 +217,21 @@ var keys = []key{
 	{"batching.max_queue_size", strconv.Itoa(defaultPolicy.MaxQueueSize), "default for models: queued requests before new ones get 503", policyKey},
 	{"batching.default_timeout", defaultPolicy.DefaultTimeout.String(), "default for models: how long a request may wait in the queue (0: no limit)", policyKey},
 	{"batching.priority_levels", strconv.Itoa(defaultPolicy.PriorityLevels), "default for models: number of priority levels (1 is the highest)", policyKey},
-	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu or rbln",
-		oneOf(func(c *Config) *string { return &c.Engine.Default }, "cpu", "rbln")},
-	{"engine.failover", "none", "when an rbln worker is down: none (the model is not ready) or cpufallback (serve on the CPU engine)",
-		oneOf(func(c *Config) *string { return &c.Engine.Failover }, "none", "cpufallback")},
+	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu (Go, in process), torch (the Python worker on the host CPU) or rbln (the Python worker on an RBLN NPU)",
+		oneOf(func(c *Config) *string { return &c.Engine.Default }, "cpu", "torch", "rbln")},
+	{"engine.failover", "none", "when a worker is down: none (the model is not ready), cpufallback (serve on the CPU engine) or torch (serve on the torch engine)",
+		oneOf(func(c *Config) *string { return &c.Engine.Failover }, "none", "cpufallback", "torch")},
 	{"engine.cpu_threads", "0", "CPUs one CPU-engine step may use, by running groups of a batch's sequences side by side; 0: every CPU",
 		value(func(c *Config) *int { return &c.Engine.CPUThreads }, strconv.Atoi, between(0, 1024), "an integer in 0..1024 (0: every CPU)")},
 	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers",
 		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter")},
-	{"rbln.devices", "0", "logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values",
-		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML)")},
+	{"rbln.devices", "", "the rbln engine's logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values; empty: one worker per device in the server's RBLN_VISIBLE_DEVICES (the pod's), else 0",
+		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML), or empty for the server's RBLN_VISIBLE_DEVICES")},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
 		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)")},
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",
 		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, "")},
-	{"rbln.strict_warmup", "false", "refuse readiness unless every bucket's second warm-up run is clean",
+	{"rbln.strict_warmup", "true", "refuse readiness unless every bucket's second warm-up run is clean (false: log it and serve)",
 		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false")},
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long, while it builds no graph, is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
@@ -382,9 +385,22 @@ func tokensOf(scope string, field func(*Config) (*[]string, *tokenSource)) reade
 	}
 }
 
-// listOf reads a non-empty list key.
+// listOf reads a list key: empty (nil) when left unset or blank, else a
+// list of one or more entries.
 func listOf(field func(*Config) *[]string, want string) reader {
 	return func(c *Config, v *viper.Viper, key string) error {
+		switch x := v.Get(key).(type) {
+		case string:
+			if strings.TrimSpace(x) == "" {
+				*field(c) = nil
+				return nil
+			}
+		case []any:
+			if len(x) == 0 {
+				*field(c) = nil
+				return nil
+			}
+		}
 		l, err := stringList(v.Get(key))
 		if err != nil || len(l) == 0 {
 			return invalid(key, fmt.Sprint(v.Get(key)), want)

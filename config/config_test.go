@@ -150,10 +150,11 @@ func TestEngineAndRBLN(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Engine{Default: "cpu", Failover: "none"}, c.Engine)
 	assert.Equal(t, "/usr/bin/python3", c.RBLN.Python)
-	assert.Equal(t, []string{"0"}, c.RBLN.Devices)
+	assert.Nil(t, c.RBLN.Devices, "left to the engine: the server's RBLN_VISIBLE_DEVICES, else 0")
 	assert.Empty(t, c.RBLN.Env)
 	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
 	assert.Equal(t, 30*time.Minute, c.RBLN.CompileTimeout)
+	assert.True(t, c.RBLN.StrictWarmup, "a warm-up that is not clean refuses readiness by default")
 
 	file := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(file, []byte(`
@@ -161,7 +162,7 @@ engine: {default: rbln, failover: cpufallback}
 rbln:
   devices: [0, 1]
   env: {RBLN_DEVICE_MAP: "0:0,1", RBLN_NPUS_PER_DEVICE: 2}
-  strict_warmup: true
+  strict_warmup: false
   compile_cache_dir: /var/cache/rbln
   compile_timeout: 2h
 `), 0o644))
@@ -170,9 +171,15 @@ rbln:
 	assert.Equal(t, Engine{Default: "rbln", Failover: "cpufallback"}, c.Engine)
 	assert.Equal(t, []string{"0", "1"}, c.RBLN.Devices)
 	assert.Equal(t, map[string]string{"RBLN_DEVICE_MAP": "0:0,1", "RBLN_NPUS_PER_DEVICE": "2"}, c.RBLN.Env)
-	assert.True(t, c.RBLN.StrictWarmup)
+	assert.False(t, c.RBLN.StrictWarmup)
 	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
 	assert.Equal(t, 2*time.Hour, c.RBLN.CompileTimeout)
+
+	require.NoError(t, os.WriteFile(file, []byte("engine: {default: torch, failover: torch}\nrbln: {devices: []}\n"), 0o644))
+	c, err = Load([]string{"--config", file, "--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, Engine{Default: "torch", Failover: "torch"}, c.Engine)
+	assert.Nil(t, c.RBLN.Devices, "an empty list leaves the devices to the engine")
 
 	t.Setenv("STEPSERVE_RBLN_DEVICES", "2, 3")
 	t.Setenv("STEPSERVE_RBLN_ENV", "A=1,B=x=y")
@@ -185,8 +192,8 @@ rbln:
 		args []string
 		want string
 	}{
-		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or rbln`},
-		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback`},
+		{[]string{"--engine.default", "gpu"}, `engine.default: "gpu"; want cpu or torch or rbln`},
+		{[]string{"--engine.failover", "yes"}, `engine.failover: "yes"; want none or cpufallback or torch`},
 		{[]string{"--engine.cpu_threads", "-1"}, `engine.cpu_threads: "-1"; want an integer in 0..1024`},
 		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},

@@ -18,7 +18,7 @@ import (
 
 // Engine loads models onto one kind of device.
 type Engine interface {
-	// Name is the engine's metric label: "cpu" or "rbln".
+	// Name is the engine's metric label: "cpu", "torch" or "rbln".
 	Name() string
 	// Load makes m's weights resident and allocates a staging pair for each
 	// bucket. It compiles nothing: the caller compiles each bucket (eager

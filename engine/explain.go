@@ -46,8 +46,8 @@ type Explain struct {
 	// overhead, and every count is Unknown.
 	Measured bool `json:"measured"`
 	// Clean is the engine's own verdict: no hidden signal fired. The step
-	// checker also marks a step not clean when it moved more data than one
-	// copy each way.
+	// checker also marks a step not clean unless it made exactly one copy
+	// each way.
 	Clean   bool     `json:"clean"`
 	Reasons []string `json:"reasons,omitempty"`
 
@@ -58,12 +58,25 @@ type Explain struct {
 	H2D             Count `json:"h2d"`
 	D2H             Count `json:"d2h"`
 	WallNS          Count `json:"wall_ns"`
+	// H2DNS and D2HNS are the time the runtime spent in those transfers.
+	H2DNS Count `json:"h2d_ns"`
+	D2HNS Count `json:"d2h_ns"`
+	// V2V counts device-to-device copies through the runtime; V2VSlow those
+	// of them that fell to a host path (torch-rbln's v2v_slow signal).
+	V2V     Count `json:"v2v"`
+	V2VSlow Count `json:"v2v_slow"`
 
 	// Which operator fell back or recompiled, and where data crossed the
 	// host; nil where the engine has nothing to say.
 	CPUFallbackByOp  map[string]int64 `json:"cpu_fallback_by_op,omitempty"`
 	RecompileByOp    map[string]int64 `json:"recompile_by_op,omitempty"`
 	HostBounceBySite map[string]int64 `json:"host_bounce_by_site,omitempty"`
+	// CPUFallbackReasons says why operators fell back (torch-rbln's
+	// cpu_fallback_reasons: dtype-not-fp16, nan/inf input, ...), by count.
+	CPUFallbackReasons map[string]int64 `json:"cpu_fallback_reasons,omitempty"`
+	// Notes are the engine's remedies for the signals that fired
+	// (torch-rbln's verdict notes).
+	Notes []string `json:"notes,omitempty"`
 
 	// Report is the engine's human-readable report, kept for steps that are
 	// not clean.
@@ -81,6 +94,10 @@ func Unmeasured() Explain {
 		H2D:             Unknown,
 		D2H:             Unknown,
 		WallNS:          Unknown,
+		H2DNS:           Unknown,
+		D2HNS:           Unknown,
+		V2V:             Unknown,
+		V2VSlow:         Unknown,
 	}
 }
 

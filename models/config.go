@@ -42,7 +42,7 @@ type Config struct {
 	// the model is ready) or lazy (a bucket is compiled on first use).
 	Warmup string `yaml:"warmup"`
 
-	// Engine is "cpu" or "rbln"; empty means the server's default engine.
+	// Engine is "cpu", "torch" or "rbln"; empty means the server's default engine.
 	Engine string `yaml:"engine"`
 	// DeviceDtype is the dtype the rbln engine computes in: float16 or
 	// bfloat16. The CPU engine always computes in float32.
@@ -336,7 +336,7 @@ func (c *Config) validate() error {
 		return bad("name", "%q is not a valid model name; use letters, digits, '_', '.' or '-'", clip.Clip(c.Name, maxNameInError))
 	}
 	if c.Engine != "" {
-		if err := oneOf(bad, "engine", &c.Engine, "", "cpu", "rbln"); err != nil {
+		if err := oneOf(bad, "engine", &c.Engine, "", "cpu", "torch", "rbln"); err != nil {
 			return err
 		}
 	}

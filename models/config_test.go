@@ -71,7 +71,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"no buckets", "batch: [1, 2, 8]", "batch: []", "buckets.batch: is required"},
 		{"unsorted buckets", "batch: [1, 2, 8]", "batch: [1, 8, 2]", "must be strictly increasing"},
 		{"zero bucket", "batch: [1, 2, 8]", "batch: [0, 2]", "buckets.batch: 0 is not a valid batch size"},
-		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not supported; want cpu or rbln`},
+		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not supported; want cpu or torch or rbln`},
 		{"bad dtype", "architecture: mlp", "architecture: mlp\ndevice_dtype: int8", `device_dtype: "int8" is not supported`},
 		{"bad warmup", "architecture: mlp", "architecture: mlp\nwarmup: sometimes", `warmup: "sometimes" is not supported; want eager or lazy`},
 		{"bad delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: soon}", `line 3: want a duration such as 5ms, found a string ("soon")`},

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/stepserve/stepserve/internal/bytesize"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -111,7 +110,7 @@ func (c *charge) take(ctx context.Context, n int64, what string) error {
 	if c.held+n > c.b.limit {
 		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
 			"%s would take about %s of memory, more than the server's whole in-flight budget of %s (server.max_inflight_bytes); send a smaller request",
-			what, formatBytes(c.held+n), formatBytes(c.b.limit))}
+			what, bytesize.Format(c.held+n), bytesize.Format(c.b.limit))}
 	}
 	if !c.b.tryTake(n) {
 		if err := c.b.wait(ctx, n, c.wait); err != nil {
@@ -120,7 +119,7 @@ func (c *charge) take(ctx context.Context, n int64, what string) error {
 			}
 			return &apiError{http.StatusServiceUnavailable, fmt.Sprintf(
 				"the server is busy: requests in flight hold %s of its %s in-flight budget (server.max_inflight_bytes), and %s needs %s more; retry",
-				formatBytes(c.b.used.Load()), formatBytes(c.b.limit), what, formatBytes(n))}
+				bytesize.Format(c.b.used.Load()), bytesize.Format(c.b.limit), what, bytesize.Format(n))}
 		}
 	}
 	c.held += n
@@ -194,23 +193,7 @@ func (s *Server) admit(r *http.Request, ch *charge, f footprint) error {
 		}
 		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
 			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
-			formatBytes(f.response()), f.rows, formatBytes(perRow), of, formatBytes(s.opts.MaxResponseBytes), advice)}
+			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(s.opts.MaxResponseBytes), advice)}
 	}
 	return ch.take(r.Context(), f.memory(), "the request")
-}
-
-// formatBytes writes a size for a message: 512 B, 64 KiB, 1.5 GiB.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return strconv.FormatInt(n, 10) + " B"
-	}
-	v, u := float64(n), 0
-	for v >= unit && u < 4 {
-		v /= unit
-		u++
-	}
-	s := strconv.FormatFloat(v, 'f', 1, 64)
-	s = strings.TrimSuffix(s, ".0")
-	return s + " " + [...]string{"B", "KiB", "MiB", "GiB", "TiB"}[u]
 }

@@ -76,12 +76,6 @@ func TestChargeAnswers413Or503(t *testing.T) {
 	})
 }
 
-func TestFormatBytes(t *testing.T) {
-	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1 KiB", 1536: "1.5 KiB", 64 << 20: "64 MiB", 3 << 29: "1.5 GiB"} {
-		assert.Equal(t, want, formatBytes(n), n)
-	}
-}
-
 // jsonValueBytes bounds what appendJSONData writes for any value.
 func TestJSONValueBytesBoundsAppendJSONData(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -48,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -121,8 +122,7 @@ func New(opts Options) (*Server, error) {
 		opts.MaxResponseBytes = 64 << 20
 	}
 	if opts.MaxInflightBytes == 0 {
-		limit, _ := MemoryLimit()
-		opts.MaxInflightBytes = limit / 2
+		opts.MaxInflightBytes = memlimit.Read().Bytes / 2
 	}
 	if opts.MaxInflightBytes <= 0 {
 		return nil, errors.New("server: Options.MaxInflightBytes is unset and no memory limit could be read; set it")

@@ -57,14 +57,14 @@ func TestEngineEstimateIsUsedWhenItHasOne(t *testing.T) {
 		o.Engines["dev"] = Engine{Engine: sized{&enginetest.Engine{Label: "dev"}, 2 << 20}}
 	})
 	err := w.set.LoadAll(context.Background())
-	assert.ErrorContains(t, err, "engine dev 2.0 MiB for 2 buckets), above models.max_model_bytes (1.0 MiB)")
+	assert.ErrorContains(t, err, "engine dev 2 MiB for 2 buckets), above models.max_model_bytes (1 MiB)")
 }
 
 func TestDefaultLimitIsHalfTheMemoryLimit(t *testing.T) {
 	l := newModelLimit(0)
 	assert.Positive(t, l.bytes)
 	assert.Contains(t, l.why, "half the ")
-	assert.Equal(t, modelLimit{3 << 30, "3.0 GiB"}, newModelLimit(3<<30))
+	assert.Equal(t, modelLimit{3 << 30, "3 GiB"}, newModelLimit(3<<30))
 }
 
 // TestLoadTimeoutBoundsALoad: a load that does not finish in time is a

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/bytesize"
 	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/models"
 )
@@ -32,13 +33,13 @@ type modelLimit struct {
 // while the new one warms up.
 func newModelLimit(n int64) modelLimit {
 	if n > 0 {
-		return modelLimit{n, formatBytes(n)}
+		return modelLimit{n, bytesize.Format(n)}
 	}
 	l := memlimit.Read()
 	if l.Bytes == 0 {
 		return modelLimit{math.MaxInt64, "no memory limit could be read"}
 	}
-	return modelLimit{l.Bytes / 2, fmt.Sprintf("%s, half the %s of %s", formatBytes(l.Bytes/2), l.Source, formatBytes(l.Bytes))}
+	return modelLimit{l.Bytes / 2, fmt.Sprintf("%s, half the %s of %s", bytesize.Format(l.Bytes/2), l.Source, bytesize.Format(l.Bytes))}
 }
 
 // admit refuses man before anything that grows with it is allocated when
@@ -50,7 +51,7 @@ func newModelLimit(n int64) modelLimit {
 func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) (int64, error) {
 	weights := man.Weights.ResidentBytes()
 	need := weights
-	parts := []string{"weights " + formatBytes(weights)}
+	parts := []string{"weights " + bytesize.Format(weights)}
 	for _, name := range engines {
 		eng, err := s.engines.get(name)
 		if err != nil {
@@ -58,11 +59,11 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 		}
 		n := engineBytes(eng, man.Config, shapes)
 		need = addBytes(need, n)
-		parts = append(parts, fmt.Sprintf("engine %s %s for %d buckets", name, formatBytes(n), len(shapes)))
+		parts = append(parts, fmt.Sprintf("engine %s %s for %d buckets", name, bytesize.Format(n), len(shapes)))
 	}
 	if need > s.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
-			man.Name, formatBytes(need), strings.Join(parts, ", "), s.limit.why)
+			man.Name, bytesize.Format(need), strings.Join(parts, ", "), s.limit.why)
 	}
 	var held int64
 	served := s.Models()
@@ -71,7 +72,7 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 	}
 	if total := addBytes(held, need); total > s.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident, and the %d models served hold about %s: %s together, above models.max_model_bytes (%s), the memory all models may hold; unload a model first, or raise the limit",
-			man.Name, formatBytes(need), len(served), formatBytes(held), formatBytes(total), s.limit.why)
+			man.Name, bytesize.Format(need), len(served), bytesize.Format(held), bytesize.Format(total), s.limit.why)
 	}
 	return need, nil
 }
@@ -94,18 +95,4 @@ func addBytes(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// formatBytes writes n for a reader: 812 B, 8.4 MiB, 25.9 GiB.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, i := float64(n)/unit, 0
-	for v >= unit && i < 5 {
-		v /= unit
-		i++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
 }

@@ -42,11 +42,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, bucketLabels),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_steps_total",
-			Help: "Steps run, by explain verdict: clean; overhead when any signal fired; unmeasured when the engine could not run explain.",
+			Help: "Steps run, by explain verdict: clean (no signal, exactly one copy each way); overhead when any signal fired; unmeasured when the engine could not run explain or count the step's copies.",
 		}, append(bucketLabels, "verdict")),
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_step_signals_total",
-			Help: "Explain signals seen in steps: cpu_fallback, recompile, host_bounce, extra_h2d, extra_d2h.",
+			Help: "Explain signals seen in steps: cpu_fallback, recompile, host_bounce, v2v_slow, extra_h2d, extra_d2h, missing_h2d, missing_d2h.",
 		}, append(bucketLabels, "signal")),
 		hostBounceBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_host_bounce_bytes_total",
@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, append(bucketLabels, "direction")),
 		compileDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stepserve_bucket_compile_duration_seconds",
-			Help: "How long the bucket's program took to compile at load.",
+			Help: "How long the bucket's program took to compile at load, its first warm-up run included (torch.compile builds the graph then).",
 		}, bucketLabels),
 	}
 	if reg != nil {

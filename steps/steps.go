@@ -302,7 +302,9 @@ func (r *Runner) Explains() []Record { return r.explain.list() }
 
 // Warmup compiles every bucket and runs it twice on zeroed staging, as the
 // device needs (the first run on a new input buffer re-lays it out), and
-// returns how long each bucket took to compile. It fails if a bucket's
+// returns how long each bucket took to compile, its first run included
+// (torch.compile builds a graph on its first call). These two runs are the
+// only ones: a program's Compile runs nothing. It fails if a bucket's
 // floating-point outputs after its second run hold a NaN or an infinity
 // (zeros in must give finite values out: anything else is broken weights or
 // a broken program), and, with StrictWarmup, if that run is not clean;
@@ -316,18 +318,20 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 		if err := r.opts.Program.Compile(ctx, b); err != nil {
 			return nil, fmt.Errorf("steps: model %s: compile bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
 		}
-		compile[b] = time.Since(start)
-		if r.metrics != nil {
-			r.metrics.buckets[b].compile.Set(compile[b].Seconds())
-		}
 		in, out := r.opts.Program.Staging(b)
 		clear(in)
 		var x engine.Explain
-		for range 2 {
+		for run := range 2 {
 			var err error
 			if x, err = r.opts.Program.Step(ctx, b); err != nil {
 				return nil, fmt.Errorf("steps: model %s: warm-up of bucket %s: %w", r.opts.Model.Name, l.Bucket.Label(), err)
 			}
+			if run == 0 {
+				compile[b] = time.Since(start)
+			}
+		}
+		if r.metrics != nil {
+			r.metrics.buckets[b].compile.Set(compile[b].Seconds())
 		}
 		for _, tl := range l.Outputs {
 			if i, what, ok := nonFinite(tl.Datatype, out[tl.Offset:tl.Offset+tl.Bytes]); ok {

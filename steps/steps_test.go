@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -193,9 +194,12 @@ func TestCheck(t *testing.T) {
 		fired map[Signal]int64
 	}{
 		{"clean", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1}, true, nil},
-		{"unmeasured is not clean", engine.Explain{Clean: true, H2D: engine.Unknown, D2H: engine.Unknown}, false, nil},
-		{"unknown counters fire nothing", engine.Explain{Measured: true, Clean: true, H2D: engine.Unknown, D2H: engine.Unknown, CPUFallbacks: engine.Unknown, Recompiles: engine.Unknown, HostBounces: engine.Unknown}, true, nil},
+		{"unknown counters fire nothing", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1, CPUFallbacks: engine.Unknown, Recompiles: engine.Unknown, HostBounces: engine.Unknown, V2VSlow: engine.Unknown}, true, nil},
 		{"extra copies make a clean verdict dirty", engine.Explain{Measured: true, Clean: true, H2D: 2, D2H: 4}, false, map[Signal]int64{ExtraH2D: 1, ExtraD2H: 3}},
+		{"no copy in is not clean", engine.Explain{Measured: true, Clean: true, H2D: 0, D2H: 1}, false, map[Signal]int64{MissingH2D: 1}},
+		{"no copy at all is not clean", engine.Explain{Measured: true, Clean: true}, false, map[Signal]int64{MissingH2D: 1, MissingD2H: 1}},
+		{"a slow device copy", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1, V2V: 3, V2VSlow: 2}, false, map[Signal]int64{V2VSlow: 2}},
+		{"unknown copies with a signal are overhead", engine.Explain{Measured: true, Clean: false, H2D: engine.Unknown, D2H: engine.Unknown, CPUFallbacks: 1}, false, map[Signal]int64{CPUFallback: 1}},
 		{"recompile", engine.Explain{Measured: true, Clean: false, H2D: 1, D2H: 1, Recompiles: 1}, false, map[Signal]int64{Recompile: 1}},
 		{"host bounce the engine missed", engine.Explain{Measured: true, Clean: true, H2D: 1, D2H: 1, HostBounces: 2}, false, map[Signal]int64{HostBounce: 2}},
 	}
@@ -205,6 +209,7 @@ func TestCheck(t *testing.T) {
 			v := Check(&x)
 			assert.Equal(t, tt.clean, v.Clean)
 			assert.Equal(t, tt.clean, x.Clean)
+			assert.False(t, v.Unmeasured)
 			for _, s := range Signals() {
 				assert.Equal(t, tt.fired[s], v.Fired[s], s.String())
 			}
@@ -213,6 +218,38 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckUnmeasured: a step nobody observed, or one whose copies nobody
+// counted, is neither clean nor overhead, and says why.
+func TestCheckUnmeasured(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		in     engine.Explain
+		reason string
+	}{
+		{"not observed", engine.Explain{Clean: true, H2D: engine.Unknown, D2H: engine.Unknown}, "unmeasured"},
+		{"copies not counted", engine.Explain{Measured: true, Clean: true, H2D: engine.Unknown, D2H: 1}, "unverified transfers: the engine could not count the step's copies (h2d unknown, d2h 1)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x := tt.in
+			v := Check(&x)
+			assert.True(t, v.Unmeasured)
+			assert.False(t, v.Clean)
+			assert.False(t, x.Clean)
+			assert.Equal(t, [numSignals]int64{}, v.Fired)
+			require.NotEmpty(t, x.Reasons)
+			assert.Contains(t, x.Reasons[len(x.Reasons)-1], tt.reason)
+		})
+	}
+}
+
+func TestSignalLabels(t *testing.T) {
+	var names []string
+	for _, s := range Signals() {
+		names = append(names, s.String())
+	}
+	assert.Equal(t, []string{"cpu_fallback", "recompile", "host_bounce", "v2v_slow", "extra_h2d", "extra_d2h", "missing_h2d", "missing_d2h"}, names)
 }
 
 func TestWarmupRunsEveryBucketTwice(t *testing.T) {
@@ -227,6 +264,36 @@ func TestWarmupRunsEveryBucketTwice(t *testing.T) {
 	d.explain.D2H = 2
 	_, err = r.Warmup(context.Background())
 	assert.ErrorContains(t, err, "not clean on its second run")
+}
+
+// slowDoubler is a doubler whose Compile and Step each take a fixed time.
+type slowDoubler struct {
+	*doubler
+	compile, step time.Duration
+}
+
+func (d *slowDoubler) Compile(context.Context, int) error { time.Sleep(d.compile); return nil }
+func (d *slowDoubler) Step(ctx context.Context, b int) (engine.Explain, error) {
+	time.Sleep(d.step)
+	return d.doubler.Step(ctx, b)
+}
+
+// TestWarmupCompileTimeIncludesTheFirstRun: torch.compile builds a graph
+// on its first call, so a bucket's compile time is its Compile and its
+// first run, not its second.
+func TestWarmupCompileTimeIncludesTheFirstRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := testModel()
+		grid, err := bucketing.NewGrid([]int{1, 4}, nil)
+		require.NoError(t, err)
+		d := &slowDoubler{doubler: newDoubler(m.Config, grid), compile: time.Second, step: 3 * time.Second}
+		r, err := New(Options{Model: m, Program: d, Engine: "fake", Grid: grid})
+		require.NoError(t, err)
+		compile, err := r.Warmup(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, []time.Duration{4 * time.Second, 4 * time.Second}, compile)
+		assert.Len(t, d.seen, 4, "two runs per bucket")
+	})
 }
 
 func TestStatsPerBucket(t *testing.T) {

@@ -228,29 +228,14 @@ func TestModelOverTheMemoryLimit(t *testing.T) {
 	out, err := runBinary("--model_repository", repo, "--server.addr", "127.0.0.1:0", "--models.max_model_bytes", "1MiB")
 	require.Error(t, err, out)
 	assert.Contains(t, out, "tiny-encoder: needs about")
-	assert.Contains(t, out, "above models.max_model_bytes (1.0 MiB)")
+	assert.Contains(t, out, "above models.max_model_bytes (1 MiB)")
 
 	require.NoError(t, os.RemoveAll(filepath.Join(repo, "tiny-encoder")))
 	p := startCapped(t, hostileMemoryCap, "--model_repository", repo, "--server.enable_model_control", "--models.max_model_bytes", "1MiB")
 	makeHostileModel(t, repo, "tiny-encoder", hostileModel{base: "tiny-encoder", make: func(*testing.T, string) {}})
 	resp, body := post(t, p.base+"/v2/repository/models/tiny-encoder/load", nil)
 	assert.Equal(t, 400, resp.StatusCode, string(body))
-	assert.Contains(t, string(body), "above models.max_model_bytes (1.0 MiB)")
+	assert.Contains(t, string(body), "above models.max_model_bytes (1 MiB)")
 	assertNoLeak(t, string(body), repo, "over the limit")
 	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
-}
-
-// peakRSS is the server's peak resident set size so far (VmHWM).
-func (p *process) peakRSS(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	require.NoError(t, err, "the server is gone")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	return 0
 }

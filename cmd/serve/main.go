@@ -32,6 +32,7 @@ import (
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/rbln"
+	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -113,7 +114,8 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
-	memLimit, memSource := server.MemoryLimit()
+	mem := memlimit.Read()
+	memLimit, memSource := mem.Bytes, mem.Source
 	inflight := cfg.Server.MaxInflightBytes
 	if inflight == 0 {
 		inflight = memLimit / 2
@@ -213,40 +215,35 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 }
 
 // engines are the engines a model may name: the CPU engine in process, and
-// the rbln engine, whose device workers start when a model first needs one.
+// the Python worker engines, rbln (on an NPU) and torch (on the host CPU),
+// whose workers start when a model first needs one.
 func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) map[string]serving.Engine {
 	r := cfg.RBLN
-	return map[string]serving.Engine{
-		"cpu": {Engine: cpufallback.Engine{}, StrictWarmup: true},
-		"rbln": {StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
+	workers := func(device string, devices []string) serving.Engine {
+		return serving.Engine{StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
 			return rbln.New(rbln.Options{
-				Python: r.Python, Devices: r.Devices, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
+				Device: device, Python: r.Python, Devices: devices, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
-				LogLevel: torchLogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
+				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})
-		}},
+		}}
+	}
+	return map[string]serving.Engine{
+		"cpu":   {Engine: cpufallback.Engine{}, StrictWarmup: true},
+		"rbln":  workers(rbln.DeviceRBLN, r.Devices),
+		"torch": workers(rbln.DeviceCPU, nil),
 	}
 }
 
 // failoverEngine maps engine.failover to the engine that takes over.
 func failoverEngine(f string) string {
-	if f == "cpufallback" {
+	switch f {
+	case "cpufallback":
 		return "cpu"
+	case "torch":
+		return "torch"
 	}
 	return ""
-}
-
-func torchLogLevel(l slog.Level) string {
-	switch {
-	case l <= slog.LevelDebug:
-		return "debug"
-	case l <= slog.LevelInfo:
-		return "info"
-	case l <= slog.LevelWarn:
-		return "warning"
-	default:
-		return "error"
-	}
 }
 
 // shutdown drains within grace: the listener stops accepting, every model's

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,14 +20,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rblnRepo is a repository with the digits model on the rbln engine.
-func rblnRepo(t *testing.T, extra string) string {
+// torchRepo is a repository with the digits model on the torch engine:
+// the Python worker on the host CPU, which is what these tests have.
+func torchRepo(t *testing.T, extra string) string { return workerRepo(t, "torch", extra) }
+
+// workerRepo is a repository with the digits model on engine.
+func workerRepo(t *testing.T, engine, extra string) string {
 	repo := t.TempDir()
 	copyDigits(t, repo, "digits", "")
 	path := filepath.Join(repo, "digits", "model.yaml")
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(b), "engine: cpu", "engine: rbln", 1)+extra), 0o644))
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(b), "engine: cpu", "engine: "+engine, 1)+extra), 0o644))
 	return repo
 }
 
@@ -36,7 +41,7 @@ func fakeRBLNPath(t *testing.T) string {
 	return p
 }
 
-var workerPID = regexp.MustCompile(`msg="rbln worker up" device=0 pid=(\d+)`)
+var workerPID = regexp.MustCompile(`msg="rbln worker up" engine=torch device=cpu pid=(\d+)`)
 
 // latestWorkerPID is the pid of the newest worker the server logged.
 func latestWorkerPID(t *testing.T, p *process) int {
@@ -54,18 +59,18 @@ func probabilities(t *testing.T, base string, rows []digit) []float32 {
 	return r.Outputs[0].Data
 }
 
-// TestDigitsOnTheRBLNEngine serves digits through a real worker process
-// (torch on the CPU here) and compares every probability with the CPU
-// engine's, through the HTTP API.
-func TestDigitsOnTheRBLNEngine(t *testing.T) {
-	onRBLN := start(t, "--model_repository", rblnRepo(t, ""))
+// TestDigitsOnTheTorchEngine serves digits through a real worker process
+// on the host CPU (engine torch) and compares every probability with the
+// CPU engine's, through the HTTP API.
+func TestDigitsOnTheTorchEngine(t *testing.T) {
+	onTorch := start(t, "--model_repository", torchRepo(t, ""))
 	onCPU := start(t)
 	digits := heldout(t)[:120]
 	worst := 0.0
 	correct := 0
 	for i := 0; i < len(digits); i += 40 {
 		rows := digits[i : i+40]
-		a, b := probabilities(t, onRBLN.base, rows), probabilities(t, onCPU.base, rows)
+		a, b := probabilities(t, onTorch.base, rows), probabilities(t, onCPU.base, rows)
 		for j := range a {
 			worst = math.Max(worst, math.Abs(float64(a[j]-b[j])))
 		}
@@ -75,14 +80,44 @@ func TestDigitsOnTheRBLNEngine(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("rbln worker vs CPU engine: max abs difference %.2e; accuracy %d/%d", worst, correct, len(digits))
+	t.Logf("torch worker vs CPU engine: max abs difference %.2e; accuracy %d/%d", worst, correct, len(digits))
 	assert.Less(t, worst, 1e-4)
-	m := scrape(t, onRBLN.base)
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_up", `device="0"`))
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_model_ready", `model="digits"`, `engine="rbln"`))
-	assert.Greater(t, metricSum(t, m, "stepserve_steps_total", `engine="rbln"`, `verdict="unmeasured"`), 0.0,
+	m := scrape(t, onTorch.base)
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_up", `engine="torch"`, `device="cpu"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_model_ready", `model="digits"`, `engine="torch"`))
+	assert.Greater(t, metricSum(t, m, "stepserve_steps_total", `engine="torch"`, `verdict="unmeasured"`), 0.0,
 		"without torch_rbln the worker cannot run explain: its steps are unmeasured, not clean")
-	assert.Zero(t, metricSum(t, m, "stepserve_steps_total", `engine="rbln"`, `verdict="clean"`))
+	assert.Zero(t, metricSum(t, m, "stepserve_steps_total", `verdict="clean"`))
+	assert.Zero(t, metricSum(t, m, "stepserve_steps_total", `engine="rbln"`), "nothing ran under the rbln name")
+}
+
+// TestTheRBLNEngineRefusesTheHost: a model on engine rbln where the worker
+// has no RBLN device is refused, and the server says why, rather than
+// serving it from the host CPU under the rbln name.
+func TestTheRBLNEngineRefusesTheHost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"without torch_rbln", nil, "torch_rbln is not importable"},
+		{"torch_rbln sees no device", []string{"--rbln.devices", "3", "--rbln.env", "PYTHONPATH=" + fakeRBLNPath(t)},
+			"torch.rbln.is_available() is False: no RBLN device visible to this process (RBLN_VISIBLE_DEVICES=3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := runBinary(append([]string{"--server.addr", "127.0.0.1:0", "--model_repository", workerRepo(t, "rbln", "")}, tc.args...)...)
+			require.Error(t, err, out)
+			assert.Equal(t, 1, err.(*exec.ExitError).ExitCode())
+			assert.Contains(t, out, "engine rbln computes only on an RBLN device, and this worker has none")
+			assert.Contains(t, out, tc.want)
+		})
+	}
+}
+
+func TestFailoverEngineNames(t *testing.T) {
+	assert.Equal(t, "", failoverEngine("none"))
+	assert.Equal(t, "cpu", failoverEngine("cpufallback"))
+	assert.Equal(t, "torch", failoverEngine("torch"))
 }
 
 // TestExplainSignalsThroughTheServer scripts torch.rbln with the test double
@@ -95,14 +130,15 @@ func TestExplainSignalsThroughTheServer(t *testing.T) {
 		"runtime":{"by_primitive":{"h2v":{"calls":1},"v2h":{"calls":1}}}},
 		"memory":{"npu.0.chiplet.0.allocated.current":1048576,"npu.0.chiplet.0.reserved.current":2097152}}`
 	write(clean)
-	p := start(t, "--model_repository", rblnRepo(t, ""),
+	p := start(t, "--model_repository", torchRepo(t, ""),
 		"--rbln.env", "PYTHONPATH="+fakeRBLNPath(t)+",STEPSERVE_FAKE_RBLN_SCENARIO="+scenarioPath)
 	digit := heldout(t)[:1]
 
 	probabilities(t, p.base, digit)
 	m := scrape(t, p.base)
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", `verdict="clean"`, `bucket="b1"`))
-	assert.Equal(t, 1048576.0, metricSum(t, m, "stepserve_device_memory_bytes", `device="0"`, `npu="0"`, `chiplet="0"`, `kind="allocated"`), "memory after warm-up")
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", `verdict="clean"`, `bucket="b1"`, `engine="torch"`),
+		"where torch_rbln offers explain, the torch engine's steps are measured")
+	assert.Zero(t, metricSum(t, m, "stepserve_device_memory_bytes"), "a worker on the host CPU reads no NPU's memory")
 
 	for _, tc := range []struct {
 		name, scenario, signal string
@@ -112,6 +148,7 @@ func TestExplainSignalsThroughTheServer(t *testing.T) {
 		{"recompile", `{"verdict":{"clean":false,"reasons":["recompile"]},"dump":{"dispatch":{"cpu_fallback":0,"recompile_miss":1},"runtime":{"by_primitive":{"h2v":{"calls":1},"v2h":{"calls":1}}}},"report":"[overhead: 1 signal] recompile"}`, "recompile", 1, 0},
 		{"host bounce, older keys", `{"verdict":{"clean":false,"reasons":["host_bounce"]},"dump":{"hidden_host_bounce":{"total_count":2,"total_bytes":8192,"by_site":{"m.py:1":2}},"rebel_runtime":{"by_primitive":{"h2v":{"calls":1},"v2h":{"calls":1}}}},"report":"[overhead: 1 signal] host_bounce"}`, "host_bounce", 2, 8192},
 		{"extra h2d", `{"verdict":{"clean":true,"reasons":[]},"dump":{"runtime":{"by_primitive":{"h2v":{"calls":1},"h2v_multi":{"calls":2},"v2h":{"calls":1}}}}}`, "extra_h2d", 2, 0},
+		{"missing d2h", `{"verdict":{"clean":true,"reasons":[]},"dump":{"runtime":{"by_primitive":{"h2v":{"calls":1},"v2h":{"calls":0}}}}}`, "missing_d2h", 1, 0},
 	} {
 		write(tc.scenario)
 		probabilities(t, p.base, digit)
@@ -135,21 +172,24 @@ func TestExplainSignalsThroughTheServer(t *testing.T) {
 		resp.Body.Close()
 		require.NotEmpty(t, ex.NonCleanSteps, tc.name)
 		assert.Equal(t, int64(tc.count), ex.NonCleanSteps[0].Signals[tc.signal], tc.name)
-		if tc.signal != "extra_h2d" {
+		if !strings.Contains(tc.signal, "_d2h") && !strings.Contains(tc.signal, "_h2d") {
 			assert.Contains(t, ex.NonCleanSteps[0].Explain.Report, tc.signal, "the report text reaches the explain endpoint")
 		}
 	}
 	m = scrape(t, p.base)
-	assert.Equal(t, 4.0, metricSum(t, m, "stepserve_steps_total", `verdict="overhead"`))
+	assert.Equal(t, 5.0, metricSum(t, m, "stepserve_steps_total", `verdict="overhead"`))
 
-	// Unknown fields: measured, nothing known fired.
+	// Unknown fields: nothing known fired, but nobody counted the copies:
+	// unmeasured, not clean.
 	write(`{"verdict":{"clean":true},"dump":{"dispatch":"?"}}`)
 	probabilities(t, p.base, digit)
-	assert.Equal(t, 2.0, metricSum(t, scrape(t, p.base), "stepserve_steps_total", `verdict="clean"`))
+	m = scrape(t, p.base)
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", `verdict="clean"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_steps_total", `verdict="unmeasured"`))
 	// An explain region that raises: the step is served, unmeasured.
 	write(`{"raise_on_enter":true}`)
 	probabilities(t, p.base, digit)
-	assert.Equal(t, 1.0, metricSum(t, scrape(t, p.base), "stepserve_steps_total", `verdict="unmeasured"`))
+	assert.Equal(t, 2.0, metricSum(t, scrape(t, p.base), "stepserve_steps_total", `verdict="unmeasured"`))
 }
 
 // hammerDigits sends single-row requests from clients until stop, and
@@ -193,17 +233,17 @@ func hammerDigits(t *testing.T, base string, clients int, stop <-chan struct{}) 
 // requests: every request is answered (200, or 503 while the device is
 // down), none hangs, and the model is ready again after the restart.
 func TestWorkerKilledMidLoad(t *testing.T) {
-	p := start(t, "--model_repository", rblnRepo(t, ""))
+	p := start(t, "--model_repository", torchRepo(t, ""))
 	codes, unready, ready := workerFaultUnderLoad(t, p, 8, syscall.SIGKILL)
 	t.Logf("SIGKILL mid-load: not ready after %v, ready again after %v; answers %v", unready, ready, codes)
 	assert.Greater(t, codes[200], 0)
 	m := scrape(t, p.base)
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_restarts_total", `device="0"`))
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_up", `device="0"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_restarts_total", `engine="torch"`, `device="cpu"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_worker_up", `engine="torch"`, `device="cpu"`))
 	assert.Equal(t, float64(codes[503]), metricSum(t, m, "stepserve_requests_total", `model="digits"`, `outcome="rejected"`))
 }
 
-// workerFaultUnderLoad sends sig to the rbln worker while clients send
+// workerFaultUnderLoad sends sig to the worker while clients send
 // single-row requests, waits for the server to report not ready and then
 // ready again, and returns the clients' answers (each checked to be 200 or
 // 503, none missing) and how long after the signal each change came.
@@ -230,7 +270,7 @@ func workerFaultUnderLoad(t *testing.T, p *process, clients int, sig syscall.Sig
 // TestFailoverToTheCPUEngine: with engine.failover: cpufallback, a dead
 // worker costs no request and no readiness; the failover is counted.
 func TestFailoverToTheCPUEngine(t *testing.T) {
-	p := start(t, "--model_repository", rblnRepo(t, ""), "--engine.failover", "cpufallback")
+	p := start(t, "--model_repository", torchRepo(t, ""), "--engine.failover", "cpufallback")
 	want := probabilities(t, p.base, heldout(t)[:3])
 	stop := make(chan struct{})
 	var codes map[int]int
@@ -253,6 +293,6 @@ func TestFailoverToTheCPUEngine(t *testing.T) {
 		assert.InDelta(t, want[i], got[i], 1e-4)
 	}
 	m := scrape(t, p.base)
-	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_engine_failovers_total", `model="digits"`, `from="rbln"`, `to="cpu"`))
+	assert.Equal(t, 1.0, metricSum(t, m, "stepserve_engine_failovers_total", `model="digits"`, `from="torch"`, `to="cpu"`))
 	assert.Greater(t, metricSum(t, m, "stepserve_steps_total", `engine="cpu"`, `model="digits"`), 0.0)
 }

@@ -332,11 +332,11 @@ func TestRepositoryChangesUnderLoad(t *testing.T) {
 	assert.Equal(t, heldout(t)[0].label, classifyOne(t, p.base, heldout(t)[0]))
 }
 
-// TestHungWorkerUnderLoad stops the rbln worker (SIGSTOP) while clients
+// TestHungWorkerUnderLoad stops the torch engine's worker (SIGSTOP) while clients
 // send: requests are answered 503 once the stall is detected, none hangs,
 // and the model is ready again after the restart.
 func TestHungWorkerUnderLoad(t *testing.T) {
-	p := start(t, "--model_repository", rblnRepo(t, ""), "--rbln.stall_timeout", "1s")
+	p := start(t, "--model_repository", torchRepo(t, ""), "--rbln.stall_timeout", "1s")
 	codes, detected, recovered := workerFaultUnderLoad(t, p, 4, syscall.SIGSTOP)
 	t.Logf("hung worker: detected after %v, ready again after %v; answers %v", detected, recovered, codes)
 	assert.Equal(t, 1.0, metricSum(t, scrape(t, p.base), "stepserve_worker_restarts_total"))

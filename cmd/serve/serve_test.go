@@ -112,18 +112,24 @@ func startCapped(t *testing.T, capBytes int64, args ...string) *process {
 }
 
 // rss is the server's resident set size now.
-func (p *process) rss(t *testing.T) int64 {
+func (p *process) rss(t *testing.T) int64 { return p.status(t, "VmRSS") }
+
+// peakRSS is the server's peak resident set size so far (VmHWM).
+func (p *process) peakRSS(t *testing.T) int64 { return p.status(t, "VmHWM") }
+
+// status reads a size in kB from the server's /proc status, in bytes.
+func (p *process) status(t *testing.T, key string) int64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	require.NoError(t, err, "the server is gone")
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			require.NoError(t, err)
 			return kb << 10
 		}
 	}
-	t.Fatal("no VmRSS in /proc status")
+	t.Fatalf("no %s in /proc status", key)
 	return 0
 }
 

@@ -44,7 +44,7 @@ func running(pid int) bool {
 // (a memfd dies with the processes that map it), and the worker, whose
 // control socket closed, exits by itself.
 func TestServerKilledLeavesNothingBehind(t *testing.T) {
-	p := start(t, "--model_repository", rblnRepo(t, ""))
+	p := start(t, "--model_repository", torchRepo(t, ""))
 	probabilities(t, p.base, heldout(t)[:1])
 	server, worker := p.cmd.Process.Pid, latestWorkerPID(t, p)
 	assert.Empty(t, shmFiles(t, server), "staging files in /dev/shm while serving")
@@ -60,7 +60,7 @@ func TestServerKilledLeavesNothingBehind(t *testing.T) {
 // leads a group of its own), and the server stops the worker in order: the
 // worker exits by itself, status 0, without a traceback.
 func TestCtrlCStopsTheWorkerInOrder(t *testing.T) {
-	cmd := exec.Command(binPath, "--server.addr", "127.0.0.1:0", "--model_repository", rblnRepo(t, ""))
+	cmd := exec.Command(binPath, "--server.addr", "127.0.0.1:0", "--model_repository", torchRepo(t, ""))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // as a shell runs a job
 	p := startCmd(t, cmd)
 	worker := latestWorkerPID(t, p)
@@ -73,8 +73,7 @@ func TestCtrlCStopsTheWorkerInOrder(t *testing.T) {
 		t.Fatal("the server did not stop on SIGINT")
 	}
 	logs := p.logs.String()
-	assert.Contains(t, logs, `msg="rbln worker stopped" device=0 pid=`+fmt.Sprint(worker))
-	assert.Contains(t, logs, `exit="status 0"`)
+	assert.Contains(t, logs, fmt.Sprintf(`msg="rbln worker stopped" engine=torch device=cpu pid=%d exit="status 0"`, worker))
 	assert.Contains(t, logs, "stepserve_worker: stopping: shutdown requested", "stopped by its server, not by the signal")
 	assert.NotContains(t, logs, "terminated by a signal")
 	assert.NotContains(t, logs, "Traceback")

@@ -187,7 +187,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, ":8000", cfg.Server.Addr)
 	assert.Equal(t, ":9090", cfg.Server.MetricsAddr, "the probes' port is the one the server serves health on")
 	assert.Equal(t, "rbln", cfg.Engine.Default)
-	assert.Equal(t, []string{"0"}, cfg.RBLN.Devices)
+	assert.Nil(t, cfg.RBLN.Devices, "the workers take the pod's RBLN_VISIBLE_DEVICES, one each")
 
 	dash := r.configMaps["rel-stepserve-dashboard"]
 	require.NotNil(t, dash)

@@ -131,6 +131,12 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 		H2D:             1,
 		D2H:             1,
 		WallNS:          engine.Count(time.Since(start)),
+		// Its copies are part of the step's wall time, not timed apart;
+		// it has no device to copy within.
+		H2DNS:   engine.Unknown,
+		D2HNS:   engine.Unknown,
+		V2V:     0,
+		V2VSlow: 0,
 	}
 	if built {
 		x.Recompiles = 1

@@ -1,7 +1,6 @@
 package rbln
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -80,7 +79,7 @@ func TestWorkerKilledUnderLoad(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	killed := time.Now()
-	e.KillWorker("0")
+	e.KillWorker("cpu")
 	assert.Eventually(t, func() bool { return !prog.Healthy() }, 5*time.Second, time.Millisecond, "the program is unhealthy while its worker is down")
 	waitHealthy(t, prog, 60*time.Second)
 	recovery := time.Since(killed)
@@ -90,8 +89,8 @@ func TestWorkerKilledUnderLoad(t *testing.T) {
 	t.Logf("restart after SIGKILL: healthy again %v after the kill; steps ok %d, unavailable %d", recovery+killed.Sub(killed), ok, unavailable)
 	assert.Greater(t, ok, 0)
 	assert.Zero(t, other)
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")))
 	require.NoError(t, r.Run(context.Background(), []*steps.Request{digitsRequest(2, 5)}), "serves after the restart")
 }
 
@@ -181,10 +180,10 @@ func TestCompileHoldingTheInterpreterIsNotAStall(t *testing.T) {
 	require.NoError(t, <-compiled)
 	t.Logf("compile holding the interpreter: %v with a %v stall timeout", time.Since(start).Round(time.Millisecond), e.opts.StallTimeout)
 
-	late := e.metrics.lateReplies.WithLabelValues("0", "memory")
+	late := e.metrics.lateReplies.WithLabelValues("cpu", "memory")
 	assert.Eventually(t, func() bool { return testutil.ToFloat64(late) == 1 }, 5*time.Second, 10*time.Millisecond, "the late answer is counted")
 	time.Sleep(3 * e.opts.StallTimeout) // time for a wrong kill to show
-	assert.Zero(t, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")), "not killed")
+	assert.Zero(t, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")), "not killed")
 	_, err = prog.Step(context.Background(), 0)
 	assert.NoError(t, err)
 }
@@ -223,7 +222,7 @@ func TestCompileDeadline(t *testing.T) {
 	assert.ErrorIs(t, err, engine.ErrUnavailable)
 	assert.ErrorContains(t, err, "past the compile deadline (rbln.compile_timeout 1s)")
 	assert.Less(t, time.Since(start), 10*time.Second)
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("0")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")))
 }
 
 // TestWorkerStopsInOrder: the worker leads its own process group (a
@@ -251,7 +250,9 @@ func TestWorkerStopsInOrder(t *testing.T) {
 
 	first := pid()
 	require.NoError(t, syscall.Kill(first, syscall.SIGTERM))
-	require.Eventually(t, func() bool { return pid() != first && testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")) == 1 }, 60*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return pid() != first && testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")) == 1
+	}, 60*time.Second, 10*time.Millisecond)
 	assert.Contains(t, logs.String(), "exited (<nil>)", "SIGTERM: a clean exit")
 
 	start := time.Now()
@@ -262,22 +263,4 @@ func TestWorkerStopsInOrder(t *testing.T) {
 	assert.Contains(t, logs.String(), `msg="rbln worker stopped"`)
 	assert.Contains(t, logs.String(), `exit="status 0"`)
 	assert.NotContains(t, logs.String(), "Traceback")
-}
-
-// syncBuffer is a log destination the test reads while the engine writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -126,13 +127,19 @@ func (p *program) load(ctx context.Context) error {
 	if err := p.w.call(ctx, p.loadRequest(), &info); err != nil {
 		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
 	}
+	// The worker refuses a model it cannot place on its engine's device;
+	// this holds a worker that did not to the same rule.
+	if want := p.w.e.opts.Device; !strings.HasPrefix(info.Device, want) {
+		go p.unload()
+		return fmt.Errorf("rbln: loading model %s: the worker placed it on %q, but engine %s computes on %s only", p.model.Name, info.Device, p.w.e.Name(), want)
+	}
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
 		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
 	return nil
 }
 
 // reload puts the model back on a restarted worker, with every bucket that
-// was compiled before.
+// was compiled before warmed up again.
 func (p *program) reload(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed {
@@ -146,7 +153,7 @@ func (p *program) reload(ctx context.Context) error {
 	}
 	for b, ok := range compiled {
 		if ok {
-			if err := p.compile(ctx, b); err != nil {
+			if err := p.warm(ctx, b); err != nil {
 				return err
 			}
 		}
@@ -164,19 +171,34 @@ func (p *program) Compile(ctx context.Context, bucket int) error {
 }
 
 func (p *program) compile(ctx context.Context, bucket int) error {
-	r := compileReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
+	var r compileReply
 	if err := p.w.call(ctx, &compileRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
 		return fmt.Errorf("rbln: model %s: compiling bucket %s: %w", p.model.Name, p.shapes[bucket].Label(), err)
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true
 	p.mu.Unlock()
-	// Only logged: the caller judges the warm-up from its own steps.
 	p.w.logger.Debug("bucket compiled on rbln worker", "model", p.model.Name, "bucket", p.shapes[bucket].Label(),
-		"seconds", r.CompileSeconds, "clean", r.Explain.Clean, "measured", r.Explain.Measured)
+		"seconds", r.CompileSeconds)
 	// Device memory is allocated lazily: it is worth reading after a
 	// bucket's warm-up, not before.
 	go p.w.pollMemory()
+	return nil
+}
+
+// warm compiles a bucket and runs it twice, as [steps.Runner.Warmup] does
+// at load, so that a restarted worker builds its graphs (torch.compile is
+// lazy) before the model is healthy again rather than on a client's step.
+// The runs read whatever staging holds; nobody reads their outputs.
+func (p *program) warm(ctx context.Context, bucket int) error {
+	if err := p.compile(ctx, bucket); err != nil {
+		return err
+	}
+	for range 2 {
+		if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, nil); err != nil {
+			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", p.model.Name, p.shapes[bucket].Label(), err)
+		}
+	}
 	return nil
 }
 

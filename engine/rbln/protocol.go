@@ -107,7 +107,7 @@ type encoderSpec struct {
 	Normalize     bool    `json:"normalize"`
 }
 
-// compileRequest builds one bucket's graph and warms it up twice.
+// compileRequest builds one bucket's graph and binds its input buffer.
 type compileRequest struct {
 	header
 	Model  string `json:"model"`
@@ -196,6 +196,15 @@ type hello struct {
 	Torch    string   `json:"torch"`
 	Device   string   `json:"device"`
 	Notes    []string `json:"notes"`
+
+	// Where the worker computes (the --device it was given: rbln or cpu),
+	// and, on rbln, why it cannot (empty when it can) and what torch.rbln
+	// says of the devices (nil or empty when unknown).
+	DeviceKind          string `json:"device_kind"`
+	Unusable            string `json:"unusable"`
+	DeviceCount         *int   `json:"device_count"`
+	PhysicalDeviceCount *int   `json:"physical_device_count"`
+	DeviceSummary       string `json:"device_summary"`
 }
 
 // loadReply says where and how the worker placed a model.
@@ -206,10 +215,9 @@ type loadReply struct {
 	Notes        []string `json:"notes"`
 }
 
-// compileReply reports a bucket's build and its second warm-up run.
+// compileReply reports a bucket's build; nothing has run on it yet.
 type compileReply struct {
-	CompileSeconds float64        `json:"compile_seconds"`
-	Explain        engine.Explain `json:"explain"`
+	CompileSeconds float64 `json:"compile_seconds"`
 }
 
 // stepReply reports one step.

@@ -88,22 +88,29 @@ buckets: {batch: [1, 4], seq: [32]}
 func TestResultDecodesIntoExplain(t *testing.T) {
 	m, err := decodeMessage([]byte(`{"type":"result","id":3,"ok":true,"explain":{"measured":true,"clean":false,` +
 		`"reasons":["cpu_fallback: aten::nonzero"],"cpu_fallbacks":2,"recompiles":0,"h2d":1,"d2h":null,` +
+		`"v2v_slow":0,"h2d_ns":450,"cpu_fallback_reasons":{"dtype-not-fp16":2},"notes":["dispatch/cpu_fallback: graph mode"],` +
 		`"cpu_fallback_by_op":{"aten::nonzero":2},"recompile_by_op":null,"report":"[overhead] x"}}`))
 	require.NoError(t, err)
 	r := stepReply{Explain: engine.Unmeasured()}
 	require.NoError(t, m.decode("step result", &r))
 	assert.Equal(t, engine.Explain{
-		Measured:        true,
-		Reasons:         []string{"cpu_fallback: aten::nonzero"},
-		CPUFallbacks:    2,
-		Recompiles:      0,
-		HostBounces:     engine.Unknown, // absent
-		HostBounceBytes: engine.Unknown, // absent
-		H2D:             1,
-		D2H:             engine.Unknown, // null
-		WallNS:          engine.Unknown, // absent
-		CPUFallbackByOp: map[string]int64{"aten::nonzero": 2},
-		Report:          "[overhead] x",
+		Measured:           true,
+		Reasons:            []string{"cpu_fallback: aten::nonzero"},
+		CPUFallbacks:       2,
+		Recompiles:         0,
+		HostBounces:        engine.Unknown, // absent
+		HostBounceBytes:    engine.Unknown, // absent
+		H2D:                1,
+		D2H:                engine.Unknown, // null
+		WallNS:             engine.Unknown, // absent
+		H2DNS:              450,
+		D2HNS:              engine.Unknown, // absent
+		V2V:                engine.Unknown, // absent
+		V2VSlow:            0,
+		CPUFallbackByOp:    map[string]int64{"aten::nonzero": 2},
+		CPUFallbackReasons: map[string]int64{"dtype-not-fp16": 2},
+		Notes:              []string{"dispatch/cpu_fallback: graph mode"},
+		Report:             "[overhead] x",
 	}, r.Explain)
 
 	m, err = decodeMessage([]byte(`{"type":"result","id":4,"ok":true}`))

@@ -22,8 +22,13 @@
 // nothing of HTTP, batching or the server: its callers see an
 // [engine.Engine] and its programs.
 //
-// Where torch_rbln is absent the worker runs on torch's CPU and reports its
-// steps unmeasured, which is how this package is tested without an NPU.
+// The same package makes two engines, by [Options.Device]: "rbln", whose
+// workers compute on an RBLN NPU and only there (a worker that sees no
+// device refuses to load a model, rather than serve from the host under the
+// rbln name), and "torch", whose workers compute on the host's CPU
+// (development, CI, models the Go engine cannot run) and whose steps are
+// unmeasured unless torch.rbln.explain is importable. The torch engine is
+// how this package is tested without an NPU.
 package rbln
 
 import (
@@ -55,13 +60,32 @@ var workerSource embed.FS
 // when the engine closes.
 var errClosed = errors.New("rbln: engine is closed")
 
+// The device kinds a worker computes on, for [Options.Device].
+const (
+	// DeviceRBLN: an RBLN NPU, and nothing else; the engine is "rbln".
+	DeviceRBLN = "rbln"
+	// DeviceCPU: the host's CPU; the engine is "torch".
+	DeviceCPU = "cpu"
+)
+
+// visibleDevices is the runtime's device selection, which the pod's
+// environment may set.
+const visibleDevices = "RBLN_VISIBLE_DEVICES"
+
 // Options configure the engine. Zero fields take the defaults noted.
 type Options struct {
+	// Device is where the workers compute: [DeviceRBLN] (the default) or
+	// [DeviceCPU]. It names the engine: "rbln" or "torch".
+	Device string
 	// Python is the interpreter that has torch (and torch_rbln);
 	// default /usr/bin/python3.
 	Python string
 	// Devices are the logical devices, one worker each, as
-	// RBLN_VISIBLE_DEVICES values; default ["0"].
+	// RBLN_VISIBLE_DEVICES values, each worker started with its own.
+	// Default: one worker per device listed in the server's own
+	// RBLN_VISIBLE_DEVICES (the pod's) where it is set, else ["0"]. The
+	// torch engine takes none: it runs one worker, "cpu", and leaves
+	// RBLN_VISIBLE_DEVICES as the server has it.
 	Devices []string
 	// Env is extra environment for the workers (RBLN_DEVICE_MAP,
 	// RBLN_NPUS_PER_DEVICE, ...). PYTHONPATH entries are appended to the
@@ -69,7 +93,8 @@ type Options struct {
 	Env map[string]string
 	// CompileCacheDir is passed to torch.compile as its cache_dir option.
 	CompileCacheDir string
-	// LogLevel is TORCH_RBLN_LOG_LEVEL; default "warning".
+	// LogLevel is TORCH_RBLN_LOG_LEVEL (DEBUG, INFO, WARNING or ERROR, see
+	// [LogLevel]); default "WARNING".
 	LogLevel string
 
 	StartTimeout      time.Duration // hello after exec; default 120s (torch imports slowly)
@@ -107,11 +132,18 @@ func New(opts Options) (*Engine, error) {
 	if opts.Python == "" {
 		opts.Python = "/usr/bin/python3"
 	}
-	if len(opts.Devices) == 0 {
-		opts.Devices = []string{"0"}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	devices, err := workerDevices(&opts)
+	if err != nil {
+		return nil, err
+	}
+	opts.Devices = devices
+	name := engineName(opts.Device)
+	opts.Logger = opts.Logger.With("engine", name)
 	if opts.LogLevel == "" {
-		opts.LogLevel = "warning"
+		opts.LogLevel = "WARNING"
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -126,18 +158,28 @@ func New(opts Options) (*Engine, error) {
 	def(&opts.RestartBackoff, 100*time.Millisecond)
 	def(&opts.MaxRestartBackoff, 10*time.Second)
 	def(&opts.MemoryInterval, 30*time.Second)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+	reg := opts.Registerer
+	if reg != nil {
+		// Both engines export the worker metrics: each labels its own.
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"engine": name}, reg)
 	}
-	m, err := newMetrics(opts.Registerer, opts.Devices)
+	m, err := newMetrics(reg, opts.Devices)
 	if err != nil {
 		return nil, err
 	}
 	return &Engine{opts: opts, metrics: m}, nil
 }
 
-// Name implements [engine.Engine].
-func (e *Engine) Name() string { return "rbln" }
+// Name implements [engine.Engine]: "rbln" for workers on an RBLN device,
+// "torch" for workers on the host CPU.
+func (e *Engine) Name() string { return engineName(e.opts.Device) }
+
+func engineName(device string) string {
+	if device == DeviceCPU {
+		return "torch"
+	}
+	return "rbln"
+}
 
 // start extracts the worker source and starts one worker per device, once.
 func (e *Engine) start() error {

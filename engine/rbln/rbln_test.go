@@ -47,8 +47,13 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// newEngine makes an engine for a test: the torch engine (workers on
+// torch's CPU, which is what this machine has) unless opts asks for rbln.
 func newEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
+	if opts.Device == "" {
+		opts.Device = DeviceCPU
+	}
 	if opts.Python == "" {
 		opts.Python = python
 	}
@@ -124,9 +129,10 @@ func TestWorkerMatchesTheCPUEngine(t *testing.T) {
 		}
 		assert.Less(t, worst, 1e-4, "%d rows", rows)
 	}
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("0")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")))
 	n, _ := testutil.GatherAndCount(reg, "stepserve_device_memory_bytes")
 	assert.Zero(t, n, "torch's CPU has no per-chiplet memory: no series, not zeros")
+	assert.Equal(t, "torch", e.Name())
 }
 
 func TestStepsWithoutExplainAreUnmeasured(t *testing.T) {
@@ -165,9 +171,9 @@ func TestExplainScenarios(t *testing.T) {
 			"hidden_host_bounce": map[string]any{"by_site": map[string]any{}, "total_count": 0, "total_bytes": 0},
 			"dispatch":           map[string]any{"total": 3, "cpu_fallback": 0, "recompile_miss": 0, "warm_hit": 3},
 			"wall_ns":            12345,
-			"runtime":            map[string]any{"by_primitive": map[string]any{"h2v": map[string]any{"calls": 1}, "v2h": map[string]any{"calls": 1}}},
+			"runtime":            map[string]any{"by_primitive": map[string]any{"h2v": map[string]any{"calls": 1, "ns": 700}, "v2h": map[string]any{"calls": 1, "ns": 900}}},
+			"runtime_residency":  map[string]any{"available": true, "total_count": 0},
 		},
-		"memory": map[string]any{"npu.0.chiplet.0.allocated.current": 2048, "npu.0.chiplet.1.reserved.peak": 4096},
 		"report": "[overhead: 1 signal] fake report",
 	}
 	scenario(t, path, clean)
@@ -193,6 +199,9 @@ func TestExplainScenarios(t *testing.T) {
 			assert.True(t, v.Clean)
 			assert.Equal(t, engine.Count(1), x.H2D)
 			assert.Equal(t, engine.Count(12345), x.WallNS)
+			assert.Equal(t, [2]engine.Count{700, 900}, [2]engine.Count{x.H2DNS, x.D2HNS})
+			assert.Equal(t, engine.Count(0), x.V2VSlow)
+			assert.Equal(t, engine.Unknown, x.V2V, "a primitive the runtime's table leaves out is unknown")
 			assert.Empty(t, x.Report, "report text is kept only for steps that are not clean")
 		}},
 		{"cpu fallback", with(func(d, v map[string]any) {
@@ -229,11 +238,28 @@ func TestExplainScenarios(t *testing.T) {
 			assert.False(t, v.Clean)
 			assert.Equal(t, int64(2), v.Fired[steps.ExtraH2D])
 		}},
+		{"no copy out", with(func(d, v map[string]any) {
+			d["runtime"].(map[string]any)["by_primitive"].(map[string]any)["v2h"] = map[string]any{"calls": 0}
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.False(t, v.Clean, "zero copies out is not the one a clean step makes")
+			assert.Equal(t, int64(1), v.Fired[steps.MissingD2H])
+		}},
+		{"slow device copies", with(func(d, v map[string]any) {
+			v["clean"], v["reasons"] = false, []string{"runtime hidden d2h [src_not_on_device]: 2x"}
+			v["notes"] = []any{map[string]any{"signal": "runtime/v2v_slow:src_not_on_device", "fix": "establish device residency"}}
+			d["runtime_residency"] = map[string]any{"available": true, "total_count": 2}
+			d["cpu_fallback_reasons"] = map[string]any{"dtype-not-fp16": 1}
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.Equal(t, int64(2), v.Fired[steps.V2VSlow])
+			assert.Equal(t, []string{"runtime/v2v_slow:src_not_on_device: establish device residency"}, x.Notes)
+			assert.Equal(t, map[string]int64{"dtype-not-fp16": 1}, x.CPUFallbackReasons)
+		}},
 		{"unknown fields", map[string]any{"verdict": map[string]any{"clean": true}, "dump": map[string]any{"dispatch": "?"}}, func(t *testing.T, x engine.Explain, v steps.Verdict) {
 			assert.True(t, x.Measured)
 			assert.Equal(t, engine.Unknown, x.H2D)
 			assert.Equal(t, engine.Unknown, x.CPUFallbacks)
-			assert.True(t, v.Clean, "nothing known fired")
+			assert.False(t, v.Clean, "nothing known fired, but nobody counted the copies either")
+			assert.True(t, v.Unmeasured)
 		}},
 		{"explain raises", map[string]any{"raise_on_enter": true}, func(t *testing.T, x engine.Explain, v steps.Verdict) {
 			assert.True(t, v.Unmeasured)
@@ -248,10 +274,8 @@ func TestExplainScenarios(t *testing.T) {
 			tc.check(t, x, v)
 		})
 	}
-	e.workers[0].pollMemory()
-	assert.Equal(t, 2048.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "0", "allocated")))
-	assert.Equal(t, 4096.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "1", "reserved_peak")))
-	_ = reg
+	n, _ := testutil.GatherAndCount(reg, "stepserve_device_memory_bytes")
+	assert.Zero(t, n, "a worker on the host CPU reads no NPU's memory, even where torch.rbln could")
 }
 
 // BenchmarkStepRoundTrip measures one step of a trivial model (a 64 -> 64
@@ -279,7 +303,7 @@ buckets: {batch: [1]}
 `), 0o644))
 	m, err := models.Load(dir)
 	require.NoError(b, err)
-	e, err := New(Options{Python: python})
+	e, err := New(Options{Device: DeviceCPU, Python: python})
 	require.NoError(b, err)
 	defer e.Close()
 	for _, eng := range []engine.Engine{e, cpufallback.Engine{}} {

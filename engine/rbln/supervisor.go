@@ -240,7 +240,7 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	// process group keeps a terminal's Ctrl-C (meant for the server, which
 	// stops it in order) from reaching it.
 	ctx, terminate := context.WithCancel(context.Background())
-	cmd = exec.CommandContext(ctx, w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3")
+	cmd = exec.CommandContext(ctx, w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3", "--device", w.e.opts.Device)
 	cmd.Dir = w.e.workerDir
 	cmd.Env = w.env()
 	cmd.ExtraFiles = []*os.File{child}
@@ -265,6 +265,9 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	}
 
 	hi, err := w.greeting(nc)
+	if err == nil {
+		err = w.checkHello(hi)
+	}
 	if err != nil {
 		killGroup(cmd.Process.Pid)
 		cmd.Wait()
@@ -272,7 +275,6 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 		nc.Close()
 		return nil, nil, nil, fmt.Errorf("rbln worker for device %s failed to start: %v%s", w.device, err, w.tail.suffix())
 	}
-	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device, "notes", hi.Notes)
 	late := func(kind string) {
 		w.e.metrics.lateReply(w.device, kind)
 		w.logger.Debug("rbln worker answered a request its caller had given up on", "kind", kind)
@@ -303,8 +305,10 @@ func (w *worker) greeting(nc net.Conn) (*hello, error) {
 // torch-rbln settings the design requires, then the configured extras.
 func (w *worker) env() []string {
 	env := os.Environ()
+	if w.e.opts.Device == DeviceRBLN {
+		env = append(env, visibleDevices+"="+w.device)
+	}
 	env = append(env,
-		"RBLN_VISIBLE_DEVICES="+w.device,
 		"TORCH_RBLN_DEPLOY=ON",
 		"TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op",
 		"TORCH_RBLN_LOG_LEVEL="+w.e.opts.LogLevel,

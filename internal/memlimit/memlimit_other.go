@@ -2,6 +2,4 @@
 
 package memlimit
 
-func addressSpaceLimit() int64 { return 0 }
-
-func physicalMemory() int64 { return 0 }
+func addressSpaceLimit() uint64 { return 0 }

@@ -23,9 +23,15 @@ class Report:
     h2d: Optional[int] = None
     d2h: Optional[int] = None
     wall_ns: Optional[int] = None
+    h2d_ns: Optional[int] = None
+    d2h_ns: Optional[int] = None
+    v2v: Optional[int] = None
+    v2v_slow: Optional[int] = None
     cpu_fallback_by_op: Optional[dict[str, int]] = None
     recompile_by_op: Optional[dict[str, int]] = None
     host_bounce_by_site: Optional[dict[str, int]] = None
+    cpu_fallback_reasons: Optional[dict[str, int]] = None
+    notes: list[str] = field(default_factory=list)
     report: str = ""
 
     def to_wire(self) -> dict[str, Any]:
@@ -67,20 +73,46 @@ def _counts(d: Any) -> Optional[dict[str, int]]:
     return out
 
 
-def _calls(by_primitive: Any, name: str) -> Optional[int]:
-    """Calls of a runtime primitive and its _multi form."""
+def _primitive(by_primitive: Any, name: str, what: str) -> Optional[int]:
+    """A runtime primitive's `what` (calls or ns), its _multi form added.
+    Unknown when the table names neither: a release may leave a primitive
+    out of its table, and then nobody counted it."""
     if not isinstance(by_primitive, dict):
         return None
+    entries = [by_primitive[k] for k in (name, name + "_multi") if k in by_primitive]
+    if not entries:
+        return None
     total = 0
-    for key in (name, name + "_multi"):
-        entry = by_primitive.get(key)
-        if entry is None:
-            continue  # absent from the runtime's table: not called
-        n = _int(_get(entry, "calls")) if isinstance(entry, dict) else _int(entry)
+    for entry in entries:
+        n = _int(_get(entry, what)) if isinstance(entry, dict) else (_int(entry) if what == "calls" else None)
         if n is None:
             return None
         total += n
     return total
+
+
+def _v2v_slow(verdict: Any, dump: Any) -> Optional[int]:
+    """Device-to-device copies that fell to a host path: the runtime's
+    residency count where the runtime exposes it, else the verdict's."""
+    residency = _get(dump, "runtime_residency")
+    if isinstance(residency, dict):
+        if residency.get("available") is not True:
+            return None
+        return _int(residency.get("total_count"))
+    return _int(_get(verdict, "runtime_hidden_d2h"))
+
+
+def _notes(v: Any) -> list[str]:
+    """Notes as text: a string, or a {signal, fix} remedy."""
+    if not isinstance(v, list):
+        return []
+    out: list[str] = []
+    for n in v:
+        if isinstance(n, dict) and "fix" in n:
+            out.append(f"{n.get('signal', '?')}: {n['fix']}")
+        elif isinstance(n, str):
+            out.append(n)
+    return out
 
 
 def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
@@ -111,13 +143,19 @@ def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
     if runtime is None:
         runtime = _get(dump, "rebel_runtime")  # older releases
     by_primitive = _get(runtime, "by_primitive")
-    r.h2d = _calls(by_primitive, "h2v")
-    r.d2h = _calls(by_primitive, "v2h")
+    r.h2d = _primitive(by_primitive, "h2v", "calls")
+    r.d2h = _primitive(by_primitive, "v2h", "calls")
+    r.h2d_ns = _primitive(by_primitive, "h2v", "ns")
+    r.d2h_ns = _primitive(by_primitive, "v2h", "ns")
+    r.v2v = _primitive(by_primitive, "v2v", "calls")
+    r.v2v_slow = _v2v_slow(verdict, dump)
     r.wall_ns = _int(_get(dump, "wall_ns"))
 
     r.cpu_fallback_by_op = _counts(_get(dump, "cpu_fallback_by_op"))
     r.recompile_by_op = _counts(_get(dump, "recompile_by_op"))
     r.host_bounce_by_site = _counts(_get(dump, "hidden_host_bounce", "by_site"))
+    r.cpu_fallback_reasons = _counts(_get(dump, "cpu_fallback_reasons"))
+    r.notes = _notes(_get(verdict, "notes")) or _notes(_get(dump, "notes"))
     if not r.clean and report_text:
         r.report = report_text
     return r

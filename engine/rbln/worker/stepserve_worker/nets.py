@@ -12,9 +12,38 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-#: Added to the attention score of a padded key: zero weight after softmax,
-#: finite so that an all-padding row stays free of NaN (as in Go).
-MASKED_SCORE = -1e9
+
+
+def masked_scores(scores: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """The attention scores with every padded key's score replaced by the
+    dtype's lowest finite value: zero weight after softmax, and an
+    all-padding row (warm-up's zeroed rows) gets equal finite scores, hence
+    finite weights. Replaced, not added: in float16 an additive -1e9 is
+    -inf, and 0 x -inf (a real key's share of it) is NaN; an added lowest
+    value can still overflow to -inf beside a negative score."""
+    return scores.masked_fill(pad, torch.finfo(scores.dtype).min)
+
+
+def safe_eps(eps: float, dtype: torch.dtype) -> float:
+    """eps raised to the smallest normal number of dtype: a model's 1e-12
+    rounds to zero in float16, and 1/sqrt(0 + 0) on a constant row is inf."""
+    return max(eps, torch.finfo(dtype).tiny)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose eps never rounds to zero in the dtype it runs in."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, safe_eps(self.eps, x.dtype))
+
+
+def normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Unit L2 rows, in x's dtype. Rows are first divided by their largest
+    magnitude, so the sum of squares is at most the row length: in float16
+    a 768-wide row of values near 10 would otherwise sum to inf."""
+    tiny = safe_eps(eps, x.dtype)
+    x = x / x.abs().amax(dim=-1, keepdim=True).clamp(min=tiny)
+    return F.normalize(x, dim=-1, eps=tiny)
 
 
 class LoadError(ValueError):
@@ -38,8 +67,8 @@ def _linear(tensors: dict[str, torch.Tensor], name: str, out: int, inp: int) -> 
     return lin
 
 
-def _norm(tensors: dict[str, torch.Tensor], name: str, hidden: int, eps: float) -> nn.LayerNorm:
-    ln = nn.LayerNorm(hidden, eps=eps)
+def _norm(tensors: dict[str, torch.Tensor], name: str, hidden: int, eps: float) -> LayerNorm:
+    ln = LayerNorm(hidden, eps=eps)
     with torch.no_grad():
         ln.weight.copy_(_take(tensors, name + ".weight", (hidden,)))
         ln.bias.copy_(_take(tensors, name + ".bias", (hidden,)))
@@ -80,14 +109,19 @@ class EncoderLayer(nn.Module):
         self.out = _linear(t, p + "output.dense", h, i)
         self.out_norm = _norm(t, p + "output.LayerNorm", h, eps)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """pad is True at padded keys, shaped [batch, 1, 1, seq]."""
         b, s, h = x.shape
 
         def split(y: torch.Tensor) -> torch.Tensor:
             return y.view(b, s, self.heads, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + key_mask
+        # Scaled before the product, so that half-precision scores overflow
+        # no sooner than the model's own do. softmax subtracts the row's
+        # maximum first, so it is safe in float16 and bfloat16 as long as
+        # its input is finite, which masked_scores keeps it.
+        scores = masked_scores((q / math.sqrt(self.head_dim)) @ k.transpose(-1, -2), pad)
         ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, h)
         x = self.attn_norm(x + self.attn_out(ctx))
         return self.out_norm(x + self.out(F.gelu(self.inter(x))))
@@ -115,15 +149,15 @@ class Encoder(nn.Module):
         s = ids.shape[1]
         x = self.norm(self.word[ids] + self.pos[:s].unsqueeze(0) + self.types[types])
         maskf = mask.to(x.dtype)
-        key_mask = ((1 - maskf) * MASKED_SCORE)[:, None, None, :]
+        pad = (mask == 0)[:, None, None, :]
         for layer in self.layers:
-            x = layer(x, key_mask)
+            x = layer(x, pad)
         if self.mean:
             pooled = (x * maskf.unsqueeze(-1)).sum(1) / maskf.sum(1, keepdim=True).clamp(min=1)
         else:
             pooled = x[:, 0]
         if self.normalize:
-            pooled = F.normalize(pooled, dim=-1, eps=1e-12)
+            pooled = normalize(pooled)
         return pooled
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import mmap
 import os
 import queue
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -32,6 +33,21 @@ from .protocol import ProtocolError, Writer, read_message
 
 _DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+#: Set to "device" to compute on torch's CPU in the model's device_dtype, as
+#: the tests of half-precision numerics do; otherwise the CPU computes in
+#: float32 (torch 1.13's CPU has bfloat16 kernels but no float16 matmul).
+CPU_DTYPE_ENV = "STEPSERVE_WORKER_CPU_DTYPE"
+
+
+# The device kinds a worker may be told to compute on: "rbln" for the rbln
+# engine (an RBLN NPU and nothing else), "cpu" for the torch engine (the
+# host's CPU, explain where torch_rbln offers it).
+DEVICE_KINDS = ("rbln", "cpu")
+
+
+class DeviceError(RuntimeError):
+    """The worker cannot compute where its engine requires."""
+
 
 @dataclass
 class Runtime:
@@ -40,30 +56,98 @@ class Runtime:
     device: torch.device
     rbln: Any  # the torch.rbln module, or None
     compile_available: bool
+    kind: str = "cpu"  # the device kind this worker must compute on
+    # Why the required device is not there; loads are refused with it.
+    unusable: str = ""
+    # torch.rbln's view of the devices (rbln kind only; None when unknown).
+    device_count: Optional[int] = None
+    physical_device_count: Optional[int] = None
+    device_summary: Optional[str] = None
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def detect(cls) -> "Runtime":
+    def detect(cls, kind: str = "cpu") -> "Runtime":
+        if kind not in DEVICE_KINDS:
+            raise ValueError(f"device kind {kind!r}; want one of {', '.join(DEVICE_KINDS)}")
         notes: list[str] = []
+        missing = ""
         try:
             import torch_rbln  # noqa: F401  (registers torch.rbln)
-        except ImportError as e:
-            notes.append(f"torch_rbln unavailable ({e}): running on torch's CPU, explain fields unknown")
+        except Exception as e:  # ImportError, or a runtime that rejects its device list at import
+            missing = f"torch_rbln is not importable ({type(e).__name__}: {e})"
         rbln = getattr(torch, "rbln", None)
-        on_npu = bool(rbln is not None and getattr(rbln, "is_available", lambda: False)())
-        device = torch.device("rbln:0" if on_npu else "cpu")
-        if rbln is not None and not on_npu:
-            notes.append("torch.rbln present but no NPU is available: running on torch's CPU")
-        compile_available = hasattr(torch, "compile") and on_npu
-        if not compile_available:
-            notes.append("torch.compile with the rbln backend unavailable: step bodies run eagerly")
-        return cls(device=device, rbln=rbln, compile_available=compile_available, notes=notes)
+        if rbln is None and not missing:
+            missing = "torch_rbln imported but registered no torch.rbln"
+        rt = cls(device=torch.device("cpu"), rbln=rbln, compile_available=False, kind=kind, notes=notes)
+        if kind == "cpu":
+            # The host's CPU by design: never query or claim an NPU here.
+            notes.append("computing on the host CPU (engine torch)")
+            if not hasattr(rbln, "explain"):
+                notes.append(f"explain unavailable ({missing or 'torch.rbln has no explain'}): steps are unmeasured")
+            return rt
+        if missing:
+            rt.unusable = missing
+            return rt
+        rt.device_count = _query(rbln, "device_count")
+        rt.physical_device_count = _query(rbln, "physical_device_count")
+        rt.device_summary = _summary(rbln)
+        available = _query(rbln, "is_available")
+        visible = os.environ.get("RBLN_VISIBLE_DEVICES", "(unset)")
+        if available is not True:
+            rt.unusable = (f"torch.rbln.is_available() is {available}: no RBLN device visible to this process "
+                           f"(RBLN_VISIBLE_DEVICES={visible}; check the driver and the device plugin's allocation)")
+            return rt
+        try:
+            rt.device = torch.device("rbln:0")
+        except RuntimeError as e:
+            rt.unusable = f"torch has no rbln device type ({e})"
+            return rt
+        rt.compile_available = hasattr(torch, "compile")
+        if not rt.compile_available:
+            notes.append("torch.compile unavailable: step bodies run eagerly")
+        return rt
+
+    def require_device(self, what: str, tensors: Any) -> None:
+        """Raise DeviceError unless the runtime is usable and every tensor
+        lies on its device kind."""
+        if self.unusable:
+            raise DeviceError(f"engine rbln computes only on an RBLN device, and this worker has none: {self.unusable}")
+        for t in tensors:
+            if t.device.type != self.kind:
+                raise DeviceError(f"{what} are on {t.device}, not {self.kind}:*: the engine requires the {self.kind} device")
 
     def explain(self) -> Any:
         """A fresh explain region, or None where explain is unavailable."""
         if self.rbln is None or not hasattr(self.rbln, "explain"):
             return None
         return self.rbln.explain()
+
+
+def _query(rbln: Any, name: str) -> Any:
+    """A torch.rbln device query, or None where it is missing or fails."""
+    fn = getattr(rbln, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _summary(rbln: Any) -> Optional[str]:
+    """torch.rbln.device_summary(), which prints its table: what it printed
+    (or returned), or None."""
+    fn = getattr(rbln, "device_summary", None)
+    if fn is None:
+        return None
+    buf = io.StringIO()
+    try:
+        with redirect_stdout(buf):
+            ret = fn()
+    except Exception as e:
+        return f"device_summary() failed: {type(e).__name__}: {e}"
+    text = ret if isinstance(ret, str) else buf.getvalue()
+    return text.strip() or None
 
 
 class StagingMap:
@@ -130,12 +214,16 @@ class Worker:
         name = msg["model"]
         if name in self.models:
             self.unload({"model": name})
+        self.rt.require_device("loads", [])
         tensors = safetensors.load(Path(msg["weights"]))
         module = nets.build(msg, tensors).eval()
         on_cpu = self.rt.device.type == "cpu"
-        compute = torch.float32 if on_cpu else _DTYPES[msg.get("device_dtype", "float16")]
+        compute = _DTYPES[msg.get("device_dtype", "float16")]
+        if on_cpu and os.environ.get(CPU_DTYPE_ENV) != "device":
+            compute = torch.float32
         with torch.inference_mode():
             module = module.to(device=self.rt.device, dtype=compute)  # weights move once
+        self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
         in_dtype = _DTYPES[msg["input_dtype"]]
         maps = [StagingMap(fd) for fd in msg.get("fds", [])]
         buckets = [
@@ -150,8 +238,10 @@ class Worker:
                 "compute_dtype": str(compute).replace("torch.", "")}
 
     def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Build one bucket's graph and bound input buffer, warm up twice,
-        and report the second run."""
+        """Build one bucket's graph and bound input buffer. Nothing runs
+        here: the supervisor's warm-up runs each bucket twice (the first run
+        builds the graph, since torch.compile is lazy, and re-lays out the
+        new buffer) and judges the second."""
         m, b = self._bucket(msg)
         start = time.monotonic()
         body = nets.step_body(m.module, b.shape, m.in_features, m.compute_dtype)
@@ -162,11 +252,7 @@ class Worker:
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=m.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
             self.rt.rbln.bind_device_memory(b.device_in)
-        report = None
-        for _ in range(2):  # the first run attaches the buffer to the graph
-            report = self._run(b)
-        assert report is not None
-        return {"compile_seconds": time.monotonic() - start, "explain": report.to_wire()}
+        return {"compile_seconds": time.monotonic() - start}
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         _, b = self._bucket(msg)
@@ -192,7 +278,9 @@ class Worker:
         return {}
 
     def memory(self, msg: dict[str, Any]) -> dict[str, Any]:
-        fn = getattr(self.rt.rbln, "memory_stats_per_chiplet", None) if self.rt.rbln is not None else None
+        # A worker on the host CPU has no device memory, and must not query
+        # (or wake) an NPU that another worker may own.
+        fn = getattr(self.rt.rbln, "memory_stats_per_chiplet", None) if self.rt.kind == "rbln" else None
         if fn is None:
             return {"chiplets": []}
         return {"chiplets": ex.chiplet_memory(fn())}
@@ -283,8 +371,10 @@ class Server:
     def hello(self) -> None:
         rt = self.worker.rt
         self.out.send({"type": "hello", "protocol": PROTOCOL_VERSION, "pid": os.getpid(),
-                       "torch": torch.__version__, "device": str(rt.device),
-                       "rbln": rt.rbln is not None, "notes": rt.notes})
+                       "torch": torch.__version__, "device": "none" if rt.unusable else str(rt.device),
+                       "rbln": rt.rbln is not None, "notes": rt.notes,
+                       "device_kind": rt.kind, "unusable": rt.unusable, "device_count": rt.device_count,
+                       "physical_device_count": rt.physical_device_count, "device_summary": rt.device_summary})
 
     def terminate(self, signum: int, frame: Any) -> None:
         """The SIGTERM (and SIGINT) handler: stop as the supervisor's exit
@@ -354,8 +444,11 @@ class Server:
         except Exception as e:
             print(f"stepserve_worker: reading device memory failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
-    def _answer(self, msg: dict[str, Any], handler: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> bool:
-        """Run handler and send its result (or its error); whether it succeeded."""
+    def _answer(self, msg: dict[str, Any], handler: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+        self.out.send(self._result(msg, handler))
+
+    def _result(self, msg: dict[str, Any], handler: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> dict[str, Any]:
+        """Run handler: its result, or its error."""
         reply: dict[str, Any] = {"type": "result", "id": msg.get("id", 0)}
         try:
             if handler is None:
@@ -366,8 +459,7 @@ class Server:
             reply |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             _close_fds(msg)  # what the handler keeps, it has mapped
-        self.out.send(reply)
-        return reply["ok"]
+        return reply
 
     def _device_loop(self) -> None:
         handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -392,10 +484,12 @@ class Server:
                         self.out.send({"type": "building", "id": rid})
                     if msg["type"] == "compile":
                         _test_compile_sleep()
-                    ok = self._answer(msg, handlers[msg["type"]])
-                    self._ran_after(msg, ok)
+                    reply = self._result(msg, handlers[msg["type"]])
+                    self._ran_after(msg, reply["ok"])
                     if msg["type"] != "step":  # device memory changed; steps allocate none
                         self._remember_memory()
+                # Answered once idle: a memory poll that follows reads live.
+                self.out.send(reply)
             except OSError:
                 return  # the socket is gone: the main thread is stopping
             finally:
@@ -458,9 +552,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         signal.signal(sig, lambda *_: sys.exit(0))
     ap = argparse.ArgumentParser(prog="stepserve_worker")
     ap.add_argument("--fd", type=int, required=True, help="the control socket's file descriptor")
+    ap.add_argument("--device", choices=DEVICE_KINDS, default="rbln",
+                    help="where the engine requires this worker to compute: rbln (an RBLN NPU only) or cpu")
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    rt = Runtime.detect()
+    rt = Runtime.detect(args.device)
     for note in rt.notes:
         print(f"stepserve_worker: {note}", file=sys.stderr, flush=True)
     server = Server(sock, Worker(rt))

@@ -28,6 +28,44 @@ class NormalizeTest(unittest.TestCase):
                                                       r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns))
         self.assertEqual("", r.report, "report text is kept only for steps that are not clean")
 
+    def test_clean_newer_fields(self) -> None:
+        r = normalize(CLEAN["verdict"], CLEAN["dump"], None)
+        self.assertEqual((1000, 2000), (r.h2d_ns, r.d2h_ns), "transfer time from runtime.by_primitive")
+        self.assertEqual(0, r.v2v_slow, "the runtime observed no slow device copy")
+        self.assertIsNone(r.v2v, "v2v is not in the runtime's table: unknown, not 0")
+        self.assertEqual({}, r.cpu_fallback_reasons)
+        self.assertEqual([], r.notes)
+
+    def test_missing_primitive_is_unknown(self) -> None:
+        d = copy.deepcopy(CLEAN["dump"])
+        del d["runtime"]["by_primitive"]["v2h"]
+        d["runtime"]["by_primitive"]["v2v_multi"] = {"ns": 30, "calls": 3}
+        r = normalize(CLEAN["verdict"], d, None)
+        self.assertEqual(1, r.h2d)
+        self.assertIsNone(r.d2h, "a primitive the table leaves out was not counted: unknown, never 0")
+        self.assertIsNone(r.d2h_ns)
+        self.assertEqual(3, r.v2v, "the _multi form alone counts")
+        self.assertIsNone(r.to_wire()["d2h"])
+
+    def test_v2v_slow_and_fallback_reasons_and_notes(self) -> None:
+        v = {"clean": False, "reasons": ["runtime hidden d2h [src_not_on_device]: 2x"], "runtime_hidden_d2h": 2,
+             "notes": [{"signal": "runtime/v2v_slow:src_not_on_device", "fix": "establish device residency"}, "plain note"]}
+        d = copy.deepcopy(CLEAN["dump"])
+        d["runtime_residency"] = {"available": True, "total_count": 2, "by_reason": {"src_not_on_device": {"count": 2, "bytes": 64}}}
+        d["cpu_fallback_reasons"] = {"dtype-not-fp16": 3}
+        r = normalize(v, d, "[overhead: 1 signal]")
+        self.assertEqual(2, r.v2v_slow)
+        self.assertEqual({"dtype-not-fp16": 3}, r.cpu_fallback_reasons)
+        self.assertEqual(["runtime/v2v_slow:src_not_on_device: establish device residency", "plain note"], r.notes)
+
+    def test_v2v_slow_unknown_where_the_runtime_cannot_see(self) -> None:
+        d = copy.deepcopy(CLEAN["dump"])
+        d["runtime_residency"] = {"available": False}
+        self.assertIsNone(normalize(CLEAN["verdict"], d, None).v2v_slow)
+        del d["runtime_residency"]
+        self.assertEqual(0, normalize(CLEAN["verdict"], d, None).v2v_slow, "the verdict's runtime_hidden_d2h")
+        self.assertIsNone(normalize({"clean": True}, d, None).v2v_slow)
+
     def test_clean_older_keys(self) -> None:
         r = normalize(CLEAN["verdict"], older(CLEAN), None)
         self.assertEqual((1, 1), (r.h2d, r.d2h), "rebel_runtime is read like runtime")
@@ -61,7 +99,8 @@ class NormalizeTest(unittest.TestCase):
         self.assertTrue(r.measured)
         self.assertFalse(r.clean, "no boolean clean is not clean")
         self.assertIn("verdict has no boolean 'clean'", r.reasons)
-        for v in (r.cpu_fallbacks, r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns):
+        for v in (r.cpu_fallbacks, r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns,
+                  r.h2d_ns, r.d2h_ns, r.v2v, r.v2v_slow):
             self.assertIsNone(v)
         r = normalize(None, None, None)
         self.assertIsNone(r.h2d)

@@ -66,6 +66,7 @@ class ServerTest(unittest.TestCase):
         self.worker.release.set()
         self.sock.close()
         self.thread.join(5)
+        self.server.sock.close()
         os.environ.pop(TEST_COMPILE_SLEEP_ENV, None)
 
     def send(self, msg: dict[str, Any]) -> None:

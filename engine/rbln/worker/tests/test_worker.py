@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 import struct
 import sys
 import tempfile
@@ -13,7 +14,8 @@ sys.path.insert(0, str(HERE.parent / "testdata" / "fake_torch_rbln"))
 import torch_rbln  # the test double: installs torch.rbln  # noqa: E402,F401
 
 from stepserve_worker import nets, safetensors  # noqa: E402
-from stepserve_worker.worker import Runtime, Worker  # noqa: E402
+from stepserve_worker.protocol import read_message  # noqa: E402
+from stepserve_worker.worker import CPU_DTYPE_ENV, DeviceError, Runtime, Server, Worker  # noqa: E402
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -27,7 +29,16 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
 
 
-class WorkerTest(unittest.TestCase):
+def clear_env() -> None:
+    """Unset what tests set to script the test double and the worker."""
+    for env in (torch_rbln.SCENARIO_ENV, torch_rbln.REGIONS_ENV, CPU_DTYPE_ENV):
+        os.environ.pop(env, None)
+
+
+class Fixture(unittest.TestCase):
+    """The mlp model of sizes 4, 8, 3 in two buckets, and workers that are
+    cleaned up."""
+
     def setUp(self) -> None:
         self.dir = Path(tempfile.mkdtemp())
         torch.manual_seed(0)
@@ -50,10 +61,11 @@ class WorkerTest(unittest.TestCase):
         self.load = {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
                      "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
                      "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets, "fds": self.fds}
-        os.environ.pop("STEPSERVE_FAKE_RBLN_SCENARIO", None)
+        clear_env()
         self.workers: list[Worker] = []
 
     def tearDown(self) -> None:
+        clear_env()
         for w in self.workers:
             for name in list(w.models):
                 w.unload({"model": name})
@@ -70,13 +82,14 @@ class WorkerTest(unittest.TestCase):
         path.write_text(json.dumps(s))
         os.environ["STEPSERVE_FAKE_RBLN_SCENARIO"] = str(path)
 
+
+class WorkerTest(Fixture):
     def test_step_computes_the_mlp_through_shared_staging(self) -> None:
         w = self.worker()
         info = w.load(self.load)
         self.assertEqual("cpu", info["device"])
         self.assertEqual("float32", info["compute_dtype"], "torch's CPU computes in float32")
-        rep = w.compile({"model": "m", "bucket": 1})["explain"]
-        self.assertTrue(rep["measured"] and rep["clean"])
+        w.compile({"model": "m", "bucket": 1})
         x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
         Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
         rep = w.step({"model": "m", "bucket": 1})["explain"]
@@ -84,6 +97,41 @@ class WorkerTest(unittest.TestCase):
         got = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32).view(2, 3)
         want = torch.softmax(torch.relu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2, -1)
         self.assertLess((got - want).abs().max().item(), 1e-6)
+
+    def regions(self) -> int:
+        path = self.dir / "regions"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def test_compile_runs_nothing(self) -> None:
+        # The supervisor's warm-up runs each bucket twice, and those are the
+        # only runs: the first release's compile ran two more.
+        os.environ[torch_rbln.REGIONS_ENV] = str(self.dir / "regions")
+        w = self.worker()
+        w.load(self.load)
+        reply = w.compile({"model": "m", "bucket": 1})
+        self.assertEqual(["compile_seconds"], list(reply))
+        self.assertEqual(0, self.regions())
+        for run in (1, 2):
+            w.step({"model": "m", "bucket": 1})
+            self.assertEqual(run, self.regions())
+
+    def test_cpu_computes_in_the_device_dtype_when_asked(self) -> None:
+        x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
+        out = {}
+        for dtype, env in (("float32", None), ("bfloat16", "device")):
+            if env:
+                os.environ[CPU_DTYPE_ENV] = env
+            w = self.worker()
+            info = w.load(dict(self.load, device_dtype="bfloat16"))
+            self.assertEqual(dtype, info["compute_dtype"])
+            w.compile({"model": "m", "bucket": 1})
+            Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
+            w.step({"model": "m", "bucket": 1})
+            out[dtype] = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32)
+            w.unload({"model": "m"})
+        diff = (out["bfloat16"] - out["float32"]).abs().max().item()
+        self.assertGreater(diff, 0, "bfloat16 rounds: the two runs differ")
+        self.assertLess(diff, 2e-2)
 
     def test_lazy_bucket_is_a_recompile(self) -> None:
         w = self.worker()
@@ -119,8 +167,81 @@ class WorkerTest(unittest.TestCase):
 
     def test_memory(self) -> None:
         self.scenario({"memory": {"npu.0.chiplet.0.allocated.current": 4096}})
+        npu = Worker(Runtime(device=torch.device("cpu"), rbln=torch.rbln, compile_available=False, kind="rbln"))
+        self.assertEqual([{"npu": "0", "chiplet": "0", "kind": "allocated", "bytes": 4096}], npu.memory({})["chiplets"])
+        self.assertEqual([], self.worker().memory({})["chiplets"], "a worker on the host CPU reads no NPU's memory")
+
+
+class DeviceTest(Fixture):
+    """Engine rbln computes on an RBLN device or refuses to load; engine
+    torch computes on the host CPU."""
+
+    def test_without_torch_rbln(self) -> None:
+        saved = sys.modules.get("torch_rbln"), torch.rbln
+        sys.modules["torch_rbln"] = None  # type: ignore[assignment]  # import torch_rbln raises ImportError
+        del torch.rbln
+        try:
+            npu, host = Runtime.detect("rbln"), Runtime.detect("cpu")
+        finally:
+            sys.modules["torch_rbln"], torch.rbln = saved
+        self.assertIn("torch_rbln is not importable (", npu.unusable)
+        self.assertIsNone(npu.device_count)
+        with self.assertRaisesRegex(DeviceError, "engine rbln computes only on an RBLN device, and this worker has none: torch_rbln is not importable"):
+            Worker(npu).load(self.load)
+        self.assertEqual("", host.unusable)
+        self.assertIn("explain unavailable", " ".join(host.notes))
+        w = Worker(host)
+        self.workers.append(w)
+        self.assertEqual("cpu", w.load(self.load)["device"])
+        w.compile({"model": "m", "bucket": 0})
+        self.assertFalse(w.step({"model": "m", "bucket": 0})["explain"]["measured"], "no explain: unmeasured")
+
+    def test_no_device_visible(self) -> None:
+        os.environ["RBLN_VISIBLE_DEVICES"] = "3"
+        self.addCleanup(os.environ.pop, "RBLN_VISIBLE_DEVICES")
+        rt = Runtime.detect("rbln")
+        self.assertEqual(0, rt.device_count)
+        self.assertIn("torch.rbln.is_available() is False", rt.unusable)
+        self.assertIn("RBLN_VISIBLE_DEVICES=3", rt.unusable)
+        with self.assertRaisesRegex(DeviceError, r"is_available\(\) is False"):
+            Worker(rt).load(self.load)
+
+    def test_device_queries_and_a_torch_without_the_rbln_type(self) -> None:
+        self.scenario({"available": True, "device_count": 1, "physical_device_count": 2,
+                       "device_summary": "| rbln:0 | [ 0, 1 ] | Active (Aggregated) |"})
+        rt = Runtime.detect("rbln")
+        self.assertEqual((1, 2), (rt.device_count, rt.physical_device_count))
+        self.assertEqual("| rbln:0 | [ 0, 1 ] | Active (Aggregated) |", rt.device_summary, "the printed table is captured")
+        self.assertIn("torch has no rbln device type", rt.unusable, "this torch cannot place tensors on rbln:0")
+        with self.assertRaises(DeviceError):
+            Worker(rt).load(self.load)
+
+    def test_weights_that_stay_on_the_host_are_refused(self) -> None:
+        # A runtime that believes it has an NPU, but whose weights land on
+        # the host: the load says so instead of serving on the CPU.
+        rt = Runtime(device=torch.device("cpu"), rbln=torch.rbln, compile_available=False, kind="rbln")
+        with self.assertRaisesRegex(DeviceError, r"model 'm''s weights are on cpu, not rbln:\*"):
+            Worker(rt).load(self.load)
+
+    def test_host_cpu_worker_with_explain_is_measured(self) -> None:
         w = self.worker()
-        self.assertEqual([{"npu": "0", "chiplet": "0", "kind": "allocated", "bytes": 4096}], w.memory({})["chiplets"])
+        self.assertEqual("cpu", w.rt.kind)
+        self.assertIsNone(w.rt.device_count, "the torch engine's worker never queries an NPU")
+        w.load(self.load)
+        w.compile({"model": "m", "bucket": 0})
+        self.assertTrue(w.step({"model": "m", "bucket": 0})["explain"]["measured"])
+
+    def test_hello_carries_the_device_view(self) -> None:
+        self.scenario({"available": True, "device_count": 2, "device_summary": "table"})
+        a, b = socket.socketpair()
+        with a, b:
+            Server(a, Worker(Runtime.detect("rbln"))).hello()
+            hi = read_message(b)
+        self.assertEqual("hello", hi["type"])
+        self.assertEqual(("rbln", 2, 2, "table"), (hi["device_kind"], hi["device_count"], hi["physical_device_count"], hi["device_summary"]))
+        self.assertIn("rbln device type", hi["unusable"])
+        with self.assertRaisesRegex(ValueError, "device kind 'gpu'"):
+            Runtime.detect("gpu")
 
 
 class EncoderTest(unittest.TestCase):

@@ -6,10 +6,20 @@ The scenario is a JSON file named by $STEPSERVE_FAKE_RBLN_SCENARIO, re-read
 at every explain region so that a test can change it between requests:
 
     {"verdict": {...}, "dump": {...}, "report": "...",
-     "raise_on_enter": false, "memory": {"npu.0.chiplet.0.allocated.current": 1024}}
+     "raise_on_enter": false, "memory": {"npu.0.chiplet.0.allocated.current": 1024},
+     "available": false, "device_count": 0, "physical_device_count": 0,
+     "device_summary": "..."}
 
 Without the variable, every region is clean with one transfer each way.
-is_available() is False, so the worker computes on torch's CPU.
+
+Where $STEPSERVE_FAKE_RBLN_REGIONS names a file, every region entered
+appends a line to it, so that a test can count the steps the worker ran.
+
+is_available() is False unless the scenario says "available": true; this
+torch has no rbln device type, so a worker told it is available still cannot
+place tensors on rbln:0 (which is how tests reach that refusal).
+device_count() defaults to 1 when available, else 0; device_summary()
+prints, as torch-rbln's does.
 """
 
 from __future__ import annotations
@@ -22,15 +32,17 @@ from typing import Any
 import torch
 
 SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
+REGIONS_ENV = "STEPSERVE_FAKE_RBLN_REGIONS"
 
 CLEAN: dict[str, Any] = {
     "verdict": {"clean": True, "reasons": [], "hidden_host_bounces": 0, "hidden_host_bounce_bytes": 0,
-                "cpu_fallbacks": 0, "recompiles": 0, "notes": []},
+                "cpu_fallbacks": 0, "recompiles": 0, "runtime_hidden_d2h": 0, "notes": []},
     "dump": {"hidden_host_bounce": {"by_site": {}, "total_count": 0, "total_bytes": 0},
              "dispatch": {"total": 3, "cpu_fallback": 0, "cpu_fallback_ns": 0, "warm_hit": 3, "recompile_miss": 0},
              "wall_ns": 50000, "cpu_fallback_by_op": {}, "recompile_by_op": {}, "cpu_fallback_reasons": {},
+             "runtime_residency": {"available": True, "total_count": 0, "by_reason": {}},
              "runtime": {"total_ns": 40000, "by_primitive": {"h2v": {"ns": 1000, "calls": 1},
-                                                             "v2h": {"ns": 1000, "calls": 1}}}},
+                                                             "v2h": {"ns": 2000, "calls": 1}}}},
     "report": "[clean]  RBLN EXPLAIN (fake)",
 }
 
@@ -50,6 +62,9 @@ class FakeExplain:
         self._s = scenario()
 
     def __enter__(self) -> "FakeExplain":
+        if path := os.environ.get(REGIONS_ENV):
+            with open(path, "a") as f:
+                f.write("region\n")
         if self._s.get("raise_on_enter"):
             raise RuntimeError("explain regions must not overlap (fake)")
         return self
@@ -71,9 +86,28 @@ def _memory_stats_per_chiplet() -> dict[str, int]:
     return scenario().get("memory", {})
 
 
+def _is_available() -> bool:
+    return bool(scenario().get("available", False))
+
+
+def _device_count() -> int:
+    return int(scenario().get("device_count", 1 if _is_available() else 0))
+
+
+def _physical_device_count() -> int:
+    return int(scenario().get("physical_device_count", _device_count()))
+
+
+def _device_summary() -> None:
+    print(scenario().get("device_summary", f"[RBLN] Device Topology Initialized (fake): {_device_count()} logical device(s)"))
+
+
 rbln = types.SimpleNamespace(
     explain=FakeExplain,
-    is_available=lambda: False,
+    is_available=_is_available,
+    device_count=_device_count,
+    physical_device_count=_physical_device_count,
+    device_summary=_device_summary,
     bind_device_memory=lambda t: t,
     memory_stats_per_chiplet=_memory_stats_per_chiplet,
 )

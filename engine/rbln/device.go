@@ -1,0 +1,113 @@
+// Where the workers compute: which devices they are given, and what each
+// must find there before it serves.
+
+package rbln
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+)
+
+// workerDevices is the worker list for opts. For the rbln engine, devices
+// configured explicitly win; left empty, the workers take the devices the
+// server's own RBLN_VISIBLE_DEVICES lists (the pod's), one each, and "0"
+// where it is unset. The torch engine runs one worker, "cpu".
+func workerDevices(opts *Options) ([]string, error) {
+	switch opts.Device {
+	case "":
+		opts.Device = DeviceRBLN
+	case DeviceRBLN, DeviceCPU:
+	default:
+		return nil, fmt.Errorf("rbln: device %q; want %s (an RBLN NPU) or %s (the host CPU)", opts.Device, DeviceRBLN, DeviceCPU)
+	}
+	if opts.Device == DeviceCPU {
+		if len(opts.Devices) > 0 {
+			return nil, fmt.Errorf("rbln: the torch engine computes on the host CPU and takes no RBLN devices (got %q)", opts.Devices)
+		}
+		return []string{"cpu"}, nil
+	}
+	pod := splitDevices(os.Getenv(visibleDevices))
+	switch {
+	case len(opts.Devices) > 0:
+		if len(pod) > 0 && !slices.Equal(pod, opts.Devices) {
+			opts.Logger.Warn("rbln.devices overrides the server's "+visibleDevices+": each worker is given its configured device",
+				"devices", opts.Devices, visibleDevices, strings.Join(pod, ","))
+		}
+		return opts.Devices, nil
+	case len(pod) > 0:
+		opts.Logger.Info("rbln workers take their devices from the server's "+visibleDevices+", one each", "devices", pod)
+		return pod, nil
+	default:
+		return []string{"0"}, nil
+	}
+}
+
+// splitDevices reads a comma-separated device list; empty entries do not
+// count.
+func splitDevices(s string) []string {
+	var out []string
+	for _, d := range strings.Split(s, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// LogLevel is the TORCH_RBLN_LOG_LEVEL that matches the server's log
+// level, in torch-rbln's names: DEBUG, INFO, WARNING or ERROR.
+func LogLevel(l slog.Level) string {
+	switch {
+	case l <= slog.LevelDebug:
+		return "DEBUG"
+	case l <= slog.LevelInfo:
+		return "INFO"
+	case l <= slog.LevelWarn:
+		return "WARNING"
+	default:
+		return "ERROR"
+	}
+}
+
+// checkHello logs a worker's view of its device and holds it to the device
+// the worker was started for. A worker that computes elsewhere than its
+// engine requires, or an rbln worker that sees other than one logical
+// device (it drives rbln:0 alone), fails its start. An rbln worker that
+// sees no device at all starts, and refuses every load with the reason it
+// gives, so that the model's error says it.
+func (w *worker) checkHello(hi *hello) error {
+	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device,
+		"device_kind", hi.DeviceKind, "device_count", count(hi.DeviceCount), "physical_device_count", count(hi.PhysicalDeviceCount),
+		"device_summary", hi.DeviceSummary, "notes", hi.Notes)
+	want := w.e.opts.Device
+	if hi.DeviceKind != want {
+		return fmt.Errorf("the worker computes on %q, but engine %s requires %q", hi.DeviceKind, w.e.Name(), want)
+	}
+	if want != DeviceRBLN {
+		return nil
+	}
+	// A worker that sees devices must see exactly one; one that sees none
+	// must say why, and refuses its loads with that.
+	n := hi.DeviceCount
+	if (n != nil && *n > 0 && *n != 1) || (hi.Unusable == "" && (n == nil || *n != 1)) {
+		return fmt.Errorf("the worker for %s=%s sees %s logical RBLN devices (torch.rbln.device_count()), want 1: "+
+			"each worker drives one logical device; list one device per worker in rbln.devices (or in the pod's %s), "+
+			"or group NPUs into one logical device with RBLN_NPUS_PER_DEVICE or RBLN_DEVICE_MAP in rbln.env",
+			visibleDevices, w.device, count(n), visibleDevices)
+	}
+	if hi.Unusable != "" {
+		w.logger.Error("rbln worker cannot compute on an RBLN device: every load on it will be refused", "reason", hi.Unusable)
+	}
+	return nil
+}
+
+// count is a device count for logs and errors: a number, or "unknown".
+func count(n *int) string {
+	if n == nil {
+		return "unknown"
+	}
+	return fmt.Sprint(*n)
+}
