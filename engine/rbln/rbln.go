@@ -8,10 +8,11 @@
 // (RBLN_VISIBLE_DEVICES, TORCH_RBLN_DEPLOY=ON and
 // TORCH_RBLN_DISABLE_FALLBACK=compile_error,unsupported_op), the typed
 // control protocol over a socket inherited as a file descriptor, health
-// pings with a stall deadline, restarts with backoff, copying their output
-// into the server log, the shared-memory staging buffers, the workers'
-// metrics, and the worker's Python source, which travels inside the
-// binary. The Go process never touches the device.
+// pings with a stall deadline (a compile deadline while a worker builds a
+// graph), restarts with backoff, stopping them in order, copying their
+// output into the server log, the shared-memory (memfd) staging buffers,
+// the workers' metrics, and the worker's Python source, which travels
+// inside the binary. The Go process never touches the device.
 //
 // A worker that crashes or hangs fails its in-flight calls at once with an
 // error wrapping [engine.ErrUnavailable], is restarted with backoff, and
