@@ -56,7 +56,10 @@ def _read_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes:
     """n bytes, and into fds any descriptors that came with them."""
     buf = bytearray()
     while len(buf) < n:
-        chunk, ancillary, flags, _ = sock.recvmsg(n - len(buf), _ANCILLARY)
+        try:
+            chunk, ancillary, flags, _ = sock.recvmsg(n - len(buf), _ANCILLARY)
+        except ConnectionResetError as e:  # the supervisor died mid-message
+            raise EOFError("supervisor reset the control socket") from e
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[: len(data) - len(data) % array.array("i").itemsize]))
