@@ -14,7 +14,8 @@
 // and stepserve_model_ready.
 //
 // It knows nothing of HTTP: the server asks it for models by name and maps
-// its errors ([ErrUnknownModel], [ErrBadModel]) to status codes. It never
+// its errors ([ErrUnknownModel], [ErrBadModel], [ErrStopping]) to status
+// codes. It never
 // reads the server's configuration; the caller passes [Options].
 //
 // # Lifetime of a model
@@ -23,4 +24,5 @@
 //	Warmup        every bucket compiled and run twice                READY
 //	device down   not ready, or served by the failover engine
 //	Unload        no longer found by name; queue drained; closed     (gone)
+//	              once no step runs on it
 package serving

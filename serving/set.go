@@ -21,8 +21,8 @@ import (
 	"github.com/stepserve/stepserve/steps"
 )
 
-// Errors of the set's lookups and loads; the server answers them with 404
-// and 400.
+// Errors of the set's lookups and loads; the server answers them with 404,
+// 400 and 503.
 var (
 	ErrUnknownModel = errors.New("serving: unknown model")
 	ErrBadModel     = errors.New("serving: model failed to load")
@@ -36,7 +36,8 @@ type Options struct {
 	// Repository is the model repository directory: one directory per
 	// model, each holding a model.yaml.
 	Repository string
-	// Engines are the engines models may name, by name ("cpu", "rbln").
+	// Engines are the engines models may name, by name ("cpu", "torch",
+	// "rbln").
 	Engines map[string]Engine
 	// DefaultEngine runs models whose model.yaml names none.
 	DefaultEngine string
@@ -50,10 +51,11 @@ type Options struct {
 	// DrainGrace bounds how long an unloaded or replaced model may take to
 	// run what it has queued; 0 means 30s.
 	DrainGrace time.Duration
-	// MaxModelBytes refuses a model whose estimated host memory (its
-	// weights, and what its engines allocate for its buckets) is above
-	// it, before its weights are read; 0 means half the process's memory
-	// limit (the smallest of the cgroup's, RLIMIT_AS and physical memory).
+	// MaxModelBytes bounds the host memory all served models hold
+	// together: a model whose estimate (its weights, and what its engines
+	// allocate for its buckets), with what the served ones hold, is above
+	// it is refused before its weights are read. 0 means half the
+	// process's memory limit ([memlimit.Read]).
 	MaxModelBytes int64
 	// LoadTimeout bounds one model's load: reading, loading on its
 	// engines and, through [Set.Load], warming up. 0 means 10 minutes.
