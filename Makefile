@@ -25,6 +25,7 @@ run: build
 ## for the rbln worker (run on torch's CPU here); installs with apt as root
 deps:
 	$(GO) mod download
+	cd deploy/test && $(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
 	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
