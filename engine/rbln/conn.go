@@ -212,7 +212,12 @@ func (c *conn) write(req request) error {
 		if !ok {
 			return fmt.Errorf("rbln: descriptors need a unix socket, not %T", c.nc)
 		}
-		_, _, err := uc.WriteMsgUnix(frame, syscall.UnixRights(fds...), nil)
+		n, _, err := uc.WriteMsgUnix(frame, syscall.UnixRights(fds...), nil)
+		if err == nil && n < len(frame) {
+			// sendmsg may take part of a large frame; the descriptors went
+			// with its first byte, the rest follows as plain data.
+			_, err = c.nc.Write(frame[n:])
+		}
 		return err
 	})
 	var unusable *fdError

@@ -406,7 +406,10 @@ func (w *worker) kill() {
 	pid := w.pid
 	w.mu.Unlock()
 	if pid > 0 {
-		syscall.Kill(pid, syscall.SIGKILL)
+		// The whole group: compiler processes the worker started go with
+		// it. Safe while the leader is not reaped (its pid, and so the
+		// group's id, cannot be reused before then).
+		killGroup(pid)
 	}
 }
 

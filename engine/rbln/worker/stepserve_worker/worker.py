@@ -489,11 +489,27 @@ class Server:
                     if msg["type"] != "step":  # device memory changed; steps allocate none
                         self._remember_memory()
                 # Answered once idle: a memory poll that follows reads live.
-                self.out.send(reply)
+                self._reply(rid, reply)
             except OSError:
                 return  # the socket is gone: the main thread is stopping
+            except Exception:  # noqa: BLE001 - a bug here must not leave callers waiting
+                # The thread that answers pings would go on while nobody
+                # answers device requests: end the process instead, and the
+                # supervisor restarts it.
+                traceback.print_exc(file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(1)
             finally:
                 _close_fds(msg)
+
+    def _reply(self, rid: int, reply: dict[str, Any]) -> None:
+        """Send reply; one that cannot be encoded (too large, not JSON) is
+        answered as an error instead, so its caller never waits forever."""
+        try:
+            self.out.send(reply)
+        except (ProtocolError, TypeError, ValueError) as e:
+            self.out.send({"type": "result", "id": rid, "ok": False,
+                           "error": f"the worker could not encode its reply: {e}"})
 
     def _builds(self, msg: dict[str, Any]) -> bool:
         kind = msg["type"]
