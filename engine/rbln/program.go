@@ -31,6 +31,9 @@ type program struct {
 	in, out []region
 
 	healthy atomic.Bool
+	// reloadFailures counts the worker's lives in a row that failed to
+	// reload this program.
+	reloadFailures atomic.Int32
 
 	mu       sync.Mutex // guards compiled and closed
 	compiled []bool     // buckets compiled, recompiled after a restart

@@ -95,6 +95,10 @@ func (w *worker) supervise() {
 	}
 }
 
+// maxReloadFailures is how many lives in a row may fail to reload a model
+// before the supervisor stops reloading it.
+const maxReloadFailures = 3
+
 // runOnce runs one life of the worker process and returns why it ended.
 // ready is called once the worker is up and its models are reloaded.
 func (w *worker) runOnce(ready func()) error {
@@ -126,8 +130,22 @@ func (w *worker) runOnce(ready func()) error {
 	// that fail wait for this life to end to say why.
 	go func() {
 		for _, p := range programs {
-			if err := p.reload(context.Background()); err != nil {
-				w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err)
+			err := p.reload(context.Background())
+			if err == nil {
+				p.reloadFailures.Store(0)
+				continue
+			}
+			// A model whose reload fails (or kills the worker) every time
+			// would take the device down again with each restart, and its
+			// neighbours with it: after a few tries it is left unloaded,
+			// not ready, until it is loaded anew.
+			n := p.reloadFailures.Add(1)
+			w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err, "attempt", n)
+			if n >= maxReloadFailures {
+				w.logger.Error("giving up reloading model after restarts; load it again to retry", "model", p.model.Name, "attempts", n)
+				w.mu.Lock()
+				delete(w.programs, p)
+				w.mu.Unlock()
 			}
 		}
 		w.pollMemory()
