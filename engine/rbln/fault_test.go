@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -238,6 +239,36 @@ func TestCompileDeadline(t *testing.T) {
 	assert.ErrorContains(t, err, "past the compile deadline (rbln.compile_timeout 1s)")
 	assert.Less(t, time.Since(start), 10*time.Second)
 	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")))
+}
+
+// TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker: a model whose
+// reload kills the worker every time is reloaded three times, then left
+// unloaded (not healthy); the worker stays up and is not restarted again,
+// and the model can be loaded anew.
+func TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker(t *testing.T) {
+	requireTorch(t)
+	crash := filepath.Join(t.TempDir(), "crash")
+	e, _ := newEngine(t, Options{RestartBackoff: 10 * time.Millisecond, MaxRestartBackoff: 50 * time.Millisecond,
+		Env: map[string]string{"STEPSERVE_WORKER_TEST_CRASH_ON_LOAD": crash}})
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	m := loadDigits(t)
+	prog, err := e.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(crash, nil, 0o644))
+	e.KillWorker("cpu")
+	restarts := func() float64 { return testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")) }
+	require.Eventually(t, func() bool { return restarts() >= 1+maxReloadFailures }, 30*time.Second, 10*time.Millisecond)
+	settled := restarts()
+	time.Sleep(time.Second) // a loop would go on restarting
+	assert.Equal(t, settled, restarts(), "no restart once the model is given up")
+	assert.Equal(t, 1.0+maxReloadFailures, settled)
+	assert.False(t, prog.Healthy())
+
+	require.NoError(t, os.Remove(crash))
+	again, err := e.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err, "the model loads anew")
+	defer again.Close()
+	assert.True(t, again.Healthy())
 }
 
 // TestWorkerStopsInOrder: the worker leads its own process group (a

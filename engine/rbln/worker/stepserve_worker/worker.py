@@ -211,6 +211,7 @@ class Worker:
     # -- requests ---------------------------------------------------------
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        _test_crash_on_load()
         name = msg["model"]
         if name in self.models:
             self.unload({"model": name})
@@ -338,6 +339,9 @@ DEVICE_REQUESTS = ("load", "compile", "step", "unload")
 #: request sleep that long before it starts, "<seconds>:gil" holding the
 #: interpreter lock throughout, as a compile stuck in native code would.
 TEST_COMPILE_SLEEP_ENV = "STEPSERVE_WORKER_TEST_COMPILE_SLEEP"
+# For the supervisor's fault tests: while the file this names exists, a load
+# kills the process, as a model that crashes the device would.
+TEST_CRASH_ON_LOAD_ENV = "STEPSERVE_WORKER_TEST_CRASH_ON_LOAD"
 
 
 class Server:
@@ -547,6 +551,12 @@ class Server:
 def _close_fds(msg: dict[str, Any]) -> None:
     for fd in msg.pop("fds", []):
         os.close(fd)
+
+
+def _test_crash_on_load() -> None:
+    path = os.environ.get(TEST_CRASH_ON_LOAD_ENV)
+    if path and os.path.exists(path):
+        os._exit(3)
 
 
 def _test_compile_sleep() -> None:
