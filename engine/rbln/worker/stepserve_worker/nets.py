@@ -5,6 +5,7 @@ step body that reads one flat input buffer and returns one packed output."""
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -179,17 +180,35 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
     raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
 
 
-def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dtype,
+              name: str = "step") -> Callable[[torch.Tensor], torch.Tensor]:
     """The function compiled per bucket: the flat input buffer in, every
-    output packed into one flat float32 tensor out (one download)."""
+    output packed into one flat float32 tensor out (one download).
+
+    Each call returns a function with a code object of its own, named name:
+    Dynamo keys its cache on the code object and keeps a few entries per
+    code object (8 by default), so bodies that shared one, as closures over
+    one def do, would let a model's later buckets fall back to eager code.
+    Its own code object also means a recompile is that bucket's alone, and
+    dropping the function drops its compiled graph."""
     if isinstance(model, Encoder):
         def encoder_body(flat: torch.Tensor) -> torch.Tensor:
             # The token tensors in the order Go packs them, stated once in
             # models/inputs.go (encoderStepInputs).
             ids, mask, types = flat.view(3, shape.batch, shape.seq)
             return model(ids, mask, types).float().reshape(-1)
-        return encoder_body
+        return own_code(encoder_body, name)
 
     def mlp_body(flat: torch.Tensor) -> torch.Tensor:
         return model(flat.view(shape.batch, in_features).to(dtype)).float().reshape(-1)
-    return mlp_body
+    return own_code(mlp_body, name)
+
+
+def own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """fn, with a fresh code object named name (same body, same closure)."""
+    code = fn.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):  # Python 3.11+
+        code = code.replace(co_qualname=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__doc__ = fn.__doc__
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import io
 import mmap
 import os
@@ -191,7 +192,7 @@ class Bucket:
 @dataclass
 class Model:
     name: str
-    module: torch.nn.Module
+    module: Optional[torch.nn.Module]  # None once unloaded
     buckets: list[Bucket]
     in_dtype: torch.dtype
     in_features: int
@@ -245,10 +246,14 @@ class Worker:
         new buffer) and judges the second."""
         m, b = self._bucket(msg)
         start = time.monotonic()
-        body = nets.step_body(m.module, b.shape, m.in_features, m.compute_dtype)
+        bucket = msg["bucket"]
+        body = nets.step_body(m.module, b.shape, m.in_features, m.compute_dtype,
+                              name=_code_name(m.name, bucket))
         if self.rt.compile_available:
             opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
-            body = torch.compile(body, backend="rbln", dynamic=False, options=opts)
+            # fullgraph: a graph break would split the step into several
+            # programs with eager code between them; refuse it at load.
+            body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
         b.graph = body
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=m.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
@@ -272,10 +277,21 @@ class Worker:
         m = self.models.pop(msg["model"], None)
         if m is not None:
             for b in m.buckets:
+                # The compiled graph (its code object's cache) and the bound
+                # buffer go with the bucket's references to them.
+                b.graph, b.device_in = None, None
                 b.staging_in.close()
                 b.staging_out.close()
             for sm in m.staging:
                 sm.close()
+            m.buckets.clear()
+            m.module = None
+            del m
+            gc.collect()
+            # Freed tensors stay in the caching allocator until emptied.
+            empty = getattr(self.rt.rbln, "empty_cache", None) if self.rt.kind == "rbln" else None
+            if empty is not None:
+                empty()
         return {}
 
     def memory(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -551,6 +567,13 @@ class Server:
 def _close_fds(msg: dict[str, Any]) -> None:
     for fd in msg.pop("fds", []):
         os.close(fd)
+
+
+def _code_name(model: str, bucket: int) -> str:
+    """A Python identifier naming one model's bucket, for its step's code
+    object (and in Dynamo's logs)."""
+    safe = "".join(c if c.isalnum() else "_" for c in model)
+    return f"step_{safe}_b{bucket}"
 
 
 def _test_crash_on_load() -> None:

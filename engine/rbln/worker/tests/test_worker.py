@@ -270,3 +270,48 @@ class EncoderTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class StepStructureTest(Fixture):
+    def test_each_bucket_has_a_code_object_of_its_own(self) -> None:
+        # Dynamo keeps a few cache entries per code object: bodies sharing
+        # one would push a model's later buckets to eager code.
+        w = self.worker()
+        w.load(self.load)
+        for b in (0, 1):
+            w.compile({"model": "m", "bucket": b})
+        graphs = [bk.graph for bk in w.models["m"].buckets]
+        self.assertIsNot(graphs[0].__code__, graphs[1].__code__)
+        self.assertEqual(["step_m_b0", "step_m_b1"], [g.__code__.co_name for g in graphs])
+        rep = w.step({"model": "m", "bucket": 1})["explain"]
+        self.assertEqual((1, 1), (rep["h2d"], rep["d2h"]), "the renamed body still steps")
+
+    def test_compile_asks_for_one_whole_graph(self) -> None:
+        w = self.worker()
+        w.load(self.load)
+        calls = []
+        real = getattr(torch, "compile", None)
+        torch.compile = lambda fn, **kw: calls.append(kw) or fn  # type: ignore[attr-defined]
+        w.rt.compile_available = True
+        try:
+            w.compile({"model": "m", "bucket": 0})
+        finally:
+            if real is None:
+                del torch.compile
+            else:
+                torch.compile = real
+        self.assertEqual([{"backend": "rbln", "dynamic": False, "fullgraph": True, "options": {}}], calls)
+
+    def test_unload_drops_the_module_and_graphs(self) -> None:
+        import weakref
+        w = self.worker()
+        w.load(self.load)
+        w.compile({"model": "m", "bucket": 0})
+        module = weakref.ref(w.models["m"].module)
+        graph = weakref.ref(w.models["m"].buckets[0].graph)
+        emptied = []
+        w.rt.kind, w.rt.rbln = "rbln", type("R", (), {"empty_cache": staticmethod(lambda: emptied.append(1))})
+        w.unload({"model": "m"})
+        self.assertIsNone(module(), "the module is freed on unload")
+        self.assertIsNone(graph(), "and the bucket's compiled body")
+        self.assertEqual([1], emptied, "and the device allocator's cache is emptied")
