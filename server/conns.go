@@ -1,7 +1,6 @@
 package server
 
 import (
-	"container/list"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,7 +53,7 @@ type ConnLimit struct {
 	open int
 	// waiting holds the open connections with no request in progress,
 	// longest-waiting first.
-	waiting  list.List
+	waiting  idleList
 	lastWarn time.Time
 
 	closedIdle, refused prometheus.Counter
@@ -141,10 +140,51 @@ func (ln *limitListener) Accept() (net.Conn, error) {
 type limitedConn struct {
 	net.Conn
 	limit *ConnLimit
-	// Under limit.mu: its place in limit.waiting, nil while a request is
-	// in progress; and whether its slot is free.
-	elem     *list.Element
-	released bool
+	// Under limit.mu: its links in limit.waiting and whether it is in it
+	// (not while a request is in progress); and whether its slot is free.
+	prev, next *limitedConn
+	idle       bool
+	released   bool
+}
+
+// idleList is the connections without a request in progress, longest
+// idle first, linked through the connections themselves: a connection
+// goes in and out of it with every request, so it must not allocate.
+type idleList struct {
+	head, tail *limitedConn
+	n          int
+}
+
+func (q *idleList) push(c *limitedConn) {
+	if c.idle {
+		return
+	}
+	c.idle, c.prev, c.next = true, q.tail, nil
+	if q.tail != nil {
+		q.tail.next = c
+	} else {
+		q.head = c
+	}
+	q.tail = c
+	q.n++
+}
+
+func (q *idleList) remove(c *limitedConn) {
+	if !c.idle {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		q.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		q.tail = c.prev
+	}
+	c.idle, c.prev, c.next = false, nil, nil
+	q.n--
 }
 
 func (c *limitedConn) Close() error {
@@ -158,13 +198,12 @@ func (c *limitedConn) Close() error {
 func (l *ConnLimit) admit(c net.Conn) *limitedConn {
 	l.mu.Lock()
 	if l.open >= l.opts.Max {
-		e := l.waiting.Front()
-		if e == nil {
+		victim := l.waiting.head
+		if victim == nil {
 			l.mu.Unlock()
 			return nil
 		}
-		victim := l.waiting.Remove(e).(*limitedConn)
-		victim.elem = nil
+		l.waiting.remove(victim)
 		l.mu.Unlock()
 		victim.Close() // frees its slot: open < Max from here
 		l.closedIdle.Inc()
@@ -173,7 +212,7 @@ func (l *ConnLimit) admit(c net.Conn) *limitedConn {
 	}
 	l.open++
 	lc := &limitedConn{Conn: c, limit: l}
-	lc.elem = l.waiting.PushBack(lc) // no request yet
+	l.waiting.push(lc) // no request yet
 	l.mu.Unlock()
 	return lc
 }
@@ -197,10 +236,7 @@ func (l *ConnLimit) release(c *limitedConn) {
 	}
 	c.released = true
 	l.open--
-	if c.elem != nil {
-		l.waiting.Remove(c.elem)
-		c.elem = nil
-	}
+	l.waiting.remove(c)
 }
 
 // track keeps l.waiting to the connections without a request in progress.
@@ -213,14 +249,11 @@ func (l *ConnLimit) track(c net.Conn, state http.ConnState) {
 	defer l.mu.Unlock()
 	switch state {
 	case http.StateIdle: // between requests
-		if lc.elem == nil && !lc.released {
-			lc.elem = l.waiting.PushBack(lc)
+		if !lc.released {
+			l.waiting.push(lc)
 		}
 	case http.StateActive, http.StateHijacked, http.StateClosed:
-		if lc.elem != nil {
-			l.waiting.Remove(lc.elem)
-			lc.elem = nil
-		}
+		l.waiting.remove(lc)
 	}
 }
 

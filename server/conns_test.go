@@ -36,7 +36,7 @@ func (l *ConnLimit) openNow() int { l.mu.Lock(); defer l.mu.Unlock(); return l.o
 // idleNow counts the connections without a request in progress, as the
 // server has seen them go idle (it marks one idle just after writing its
 // response, so a client may read the answer first).
-func (l *ConnLimit) idleNow() int { l.mu.Lock(); defer l.mu.Unlock(); return l.waiting.Len() }
+func (l *ConnLimit) idleNow() int { l.mu.Lock(); defer l.mu.Unlock(); return l.waiting.n }
 
 func dial(t *testing.T, addr string) net.Conn {
 	t.Helper()
@@ -175,7 +175,7 @@ func TestConnLimitCountsEveryClose(t *testing.T) {
 	}
 	client.CloseIdleConnections()
 	assert.Eventually(t, func() bool { return l.openNow() == 0 }, 5*time.Second, 5*time.Millisecond)
-	assert.Zero(t, l.waiting.Len())
+	assert.Zero(t, l.waiting.n)
 }
 
 func TestConnectionCap(t *testing.T) {
@@ -193,4 +193,24 @@ func TestConnectionCap(t *testing.T) {
 
 	_, err := NewConnLimit(ConnLimitOptions{})
 	assert.ErrorContains(t, err, "ConnLimitOptions.Max is 0; want at least 1")
+}
+
+// TestConnStateChangesDoNotAllocate: a connection goes in and out of the
+// idle list with every request it serves; that costs no allocation.
+func TestConnStateChangesDoNotAllocate(t *testing.T) {
+	l, err := NewConnLimit(ConnLimitOptions{Max: 4, Listener: "api"})
+	require.NoError(t, err)
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	lc := l.admit(a)
+	require.NotNil(t, lc)
+	allocs := testing.AllocsPerRun(100, func() {
+		l.track(lc, http.StateActive)
+		l.track(lc, http.StateIdle)
+	})
+	assert.Zero(t, allocs)
+	assert.Equal(t, 1, l.idleNow())
+	l.track(lc, http.StateActive)
+	assert.Zero(t, l.idleNow())
 }

@@ -64,7 +64,9 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		if st >= 500 && st != http.StatusServiceUnavailable && st != http.StatusGatewayTimeout {
 			level = slog.LevelError
 		}
-		s.logger.Log(r.Context(), level, "inference failed", "model", m.Model().Name, "status", st, "err", err)
+		if s.logger.Enabled(r.Context(), level) { // no arguments boxed for a line nobody logs
+			s.logger.Log(r.Context(), level, "inference failed", "model", m.Model().Name, "status", st, "err", err)
+		}
 		writeError(w, st, err.Error())
 		return st
 	}
@@ -107,12 +109,14 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		return fail(err)
 	}
 	err = m.Infer(r.Context(), sr, req.params)
-	if cur := s.current(m); errors.Is(err, batching.ErrDraining) && cur != m && sameSignature(cur.Model(), m.Model()) {
+	if errors.Is(err, batching.ErrDraining) {
 		// Replaced between the lookup and the queue: the old version
 		// stopped taking requests, the new one takes this one.
-		m = cur
-		if sr, err = prepare(m.Model(), req); err == nil {
-			err = m.Infer(r.Context(), sr, req.params)
+		if cur := s.current(m); cur != m && sameSignature(cur.Model(), m.Model()) {
+			m = cur
+			if sr, err = prepare(m.Model(), req); err == nil {
+				err = m.Infer(r.Context(), sr, req.params)
+			}
 		}
 	}
 	if err != nil {
