@@ -39,7 +39,7 @@ func newModelLimit(n int64) modelLimit {
 	if l.Bytes == 0 {
 		return modelLimit{math.MaxInt64, "no memory limit could be read"}
 	}
-	return modelLimit{l.Bytes / 2, fmt.Sprintf("%s, half the %s of %s", bytesize.Format(l.Bytes/2), l.Source, bytesize.Format(l.Bytes))}
+	return modelLimit{l.Bytes / 2, fmt.Sprintf("%s, half the memory limit of %s: %s", bytesize.Format(l.Bytes/2), bytesize.Format(l.Bytes), l.Source)}
 }
 
 // admit refuses man before anything that grows with it is allocated when

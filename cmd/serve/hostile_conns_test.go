@@ -29,9 +29,7 @@ var patient = &http.Client{Timeout: 10 * time.Second}
 // (prlimit --nofile sets the soft and hard limits to files).
 func startCappedFiles(t *testing.T, files int, args ...string) *process {
 	t.Helper()
-	argv := append([]string{"--as=" + strconv.FormatInt(hostileMemoryCap, 10), "--nofile=" + strconv.Itoa(files), "--", binPath,
-		"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)
-	return startCmd(t, exec.Command("prlimit", argv...))
+	return startCmd(t, cappedCmd([]string{"--as=" + strconv.FormatInt(hostileMemoryCap, 10), "--nofile=" + strconv.Itoa(files)}, args))
 }
 
 // metricsBase is the address of the server's separate metrics listener.
@@ -210,14 +208,7 @@ func TestConnectionCap(t *testing.T) {
 	mbase := p.metricsBase(t)
 	rss0 := p.rss(t)
 
-	conns, answered := idleConns(t, strings.TrimPrefix(p.base, "http://"), 200)
-	t.Logf("opened %d idle connections; %d of %d keep-alive requests answered", len(conns), answered, (len(conns)+1)/2)
-	require.True(t, p.alive())
-	for _, path := range []string{"/v2/health/live", "/v2/health/ready"} {
-		st, took := probe(mbase + path)
-		t.Logf("metrics listener %s: %d after %v", path, st, took.Round(time.Millisecond))
-		assert.Equal(t, 200, st, path)
-	}
+	conns := idleAndProbed(t, p, mbase, 200)
 	m := scrape(t, mbase)
 	open := metricSum(t, m, "stepserve_connections_open", `listener="api"`)
 	t.Logf("open API connections %v (cap 50); closed idle %v; refused %v", open,
@@ -225,15 +216,7 @@ func TestConnectionCap(t *testing.T) {
 	assert.LessOrEqual(t, open, 50.0)
 	assert.Positive(t, metricSum(t, m, "stepserve_connections_closed_idle_total", `listener="api"`), "idle connections made room")
 
-	// Inference gets through while the idle connections are still open.
-	d := heldout(t)[0]
-	st, took := inferStatus(p.base, jsonRequest("x", []digit{d}))
-	t.Logf("inference with 200 idle connections open: %d after %v", st, took.Round(time.Millisecond))
-	assert.Equal(t, 200, st)
-
-	closeAll(conns)
-	assert.Equal(t, d.label, classifyOne(t, p.base, d))
-	assert.True(t, p.alive())
+	servesBesideThenClose(t, p, conns)
 	rss := p.rss(t)
 	t.Logf("rss %.1f MiB -> %.1f MiB", float64(rss0)/(1<<20), float64(rss)/(1<<20))
 	assert.Less(t, rss, rss0+64<<20)
@@ -247,7 +230,16 @@ func TestDescriptorExhaustion(t *testing.T) {
 	mbase := p.metricsBase(t)
 	rss0 := p.rss(t)
 
-	conns, answered := idleConns(t, strings.TrimPrefix(p.base, "http://"), 600)
+	conns := idleAndProbed(t, p, mbase, 600)
+	servesBesideThenClose(t, p, conns)
+	assert.Less(t, p.rss(t), rss0+64<<20)
+}
+
+// idleAndProbed opens n idle connections to the API and checks that the
+// server lives and its metrics listener answers the health probes.
+func idleAndProbed(t *testing.T, p *process, mbase string, n int) []net.Conn {
+	t.Helper()
+	conns, answered := idleConns(t, strings.TrimPrefix(p.base, "http://"), n)
 	t.Logf("opened %d idle connections; %d of %d keep-alive requests answered", len(conns), answered, (len(conns)+1)/2)
 	require.True(t, p.alive())
 	for _, path := range []string{"/v2/health/live", "/v2/health/ready"} {
@@ -255,15 +247,20 @@ func TestDescriptorExhaustion(t *testing.T) {
 		t.Logf("metrics listener %s: %d after %v", path, st, took.Round(time.Millisecond))
 		assert.Equal(t, 200, st, path)
 	}
+	return conns
+}
+
+// servesBesideThenClose checks that an inference gets through while conns
+// are open, closes them, and checks the server still answers correctly.
+func servesBesideThenClose(t *testing.T, p *process, conns []net.Conn) {
+	t.Helper()
 	d := heldout(t)[0]
 	st, took := inferStatus(p.base, jsonRequest("x", []digit{d}))
-	t.Logf("inference with 600 idle connections open: %d after %v", st, took.Round(time.Millisecond))
+	t.Logf("inference with %d idle connections open: %d after %v", len(conns), st, took.Round(time.Millisecond))
 	assert.Equal(t, 200, st)
-
 	closeAll(conns)
 	assert.Equal(t, d.label, classifyOne(t, p.base, d))
 	assert.True(t, p.alive())
-	assert.Less(t, p.rss(t), rss0+64<<20)
 }
 
 // inferStatus posts one inference request and returns its status (0: no

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,23 +29,6 @@ func hundredLetterWords(n int) string {
 		b.WriteByte(' ')
 	}
 	return b.String()
-}
-
-// vmStatus reads a kB field of the server's /proc status (VmRSS, VmHWM),
-// in bytes.
-func vmStatus(t *testing.T, p *process, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	require.NoError(t, err, "the server is gone")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	t.Fatalf("no %s in /proc status", field)
-	return 0
 }
 
 // encoderVariant copies tiny-encoder in repo to a model named name, with its
@@ -104,11 +86,11 @@ func TestHostileTokenizerText(t *testing.T) {
 		resp, out := post(t, p.base+"/v2/models/"+tc.model+"/infer", body)
 		took := time.Since(began)
 		cpu = metricSum(t, scrape(t, p.base), "process_cpu_seconds_total") - cpu
-		t.Logf("%s: %d in %v, %.2f CPU-seconds, peak RSS %.0f MiB", tc.model, resp.StatusCode, took.Round(time.Millisecond), cpu, float64(vmStatus(t, p, "VmHWM"))/(1<<20))
+		t.Logf("%s: %d in %v, %.2f CPU-seconds, peak RSS %.0f MiB", tc.model, resp.StatusCode, took.Round(time.Millisecond), cpu, float64(p.peakRSS(t))/(1<<20))
 		assert.Equal(t, tc.status, resp.StatusCode, "%s: %.300s", tc.model, out)
 		assert.Contains(t, string(out), tc.want, tc.model)
 		require.True(t, p.alive())
-		assert.Less(t, vmStatus(t, p, "VmHWM"), int64(256<<20), "peak RSS: the text is tokenized up to the largest bucket, not kept as tokens")
+		assert.Less(t, p.peakRSS(t), int64(256<<20), "peak RSS: the text is tokenized up to the largest bucket, not kept as tokens")
 	}
 
 	assert.Equal(t, want, embed(t, p.base, normal)[0], "normal text embeds as before")

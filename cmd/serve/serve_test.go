@@ -101,14 +101,18 @@ const hostileMemoryCap = 2 << 30
 // (prlimit --as): the process is the server itself, exec'd by prlimit.
 func startCapped(t *testing.T, capBytes int64, args ...string) *process {
 	t.Helper()
-	argv := append([]string{"--as=" + strconv.FormatInt(capBytes, 10), "--", binPath,
-		"--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"}, args...)
+	return startCmd(t, cappedCmd([]string{"--as=" + strconv.FormatInt(capBytes, 10)}, args))
+}
+
+// cappedCmd runs the server under prlimit with limits, as the image runs
+// it: glibc reserves 64 MiB of address space per thread arena, which under
+// a cap is memory the heap (and the memory budgets read from the cap)
+// cannot have, so arenas are limited to two (Containerfile).
+func cappedCmd(limits, args []string) *exec.Cmd {
+	argv := append(append(limits, "--", binPath, "--server.addr", "127.0.0.1:0", "--model_repository", "../../model_repository"), args...)
 	cmd := exec.Command("prlimit", argv...)
-	// As the image runs it (Containerfile): glibc reserves 64 MiB of
-	// address space per thread arena, which under a cap is memory the heap
-	// cannot have.
 	cmd.Env = append(os.Environ(), "MALLOC_ARENA_MAX=2")
-	return startCmd(t, cmd)
+	return cmd
 }
 
 // rss is the server's resident set size now.
