@@ -58,6 +58,13 @@ func newWorld(t *testing.T, names []string, opts ...option) *world {
 	return w
 }
 
+// ready loads and warms up the world's repository.
+func (w *world) ready(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.set.LoadAll(context.Background()))
+	require.NoError(t, w.set.Warmup(context.Background()))
+}
+
 // infer runs one row through the named model and returns y.
 func infer(ctx context.Context, s *Set, name string, x ...float32) ([]float32, error) {
 	m, ok := s.Model(name)
@@ -162,8 +169,7 @@ stepserve_model_ready{engine="dev",model="a"} 0
 func TestLoadCancelledLeavesTheServedModel(t *testing.T) {
 	w := newWorld(t, []string{"a"})
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	old, _ := w.set.Model("a")
 
 	// A reload whose client goes away while the engine loads.
@@ -218,8 +224,7 @@ func TestDrainCancelsALoadInProgress(t *testing.T) {
 func TestReloadSwapsOnlyWhenTheNewModelIsReady(t *testing.T) {
 	w := newWorld(t, []string{"a"})
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	old, _ := w.set.Model("a")
 
 	// While the new one compiles, the old one serves.
@@ -278,8 +283,7 @@ func TestLoadErrors(t *testing.T) {
 func TestUnloadDrainsTheQueue(t *testing.T) {
 	w := newWorld(t, []string{"a"})
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	m, _ := w.set.Model("a")
 
 	// Requests in flight when the unload starts are answered.
@@ -309,8 +313,7 @@ func TestUnloadDrainsTheQueue(t *testing.T) {
 func TestFailoverServesWhileTheDeviceIsDown(t *testing.T) {
 	w := newWorld(t, []string{"a"}, withFailover)
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	m, _ := w.set.Model("a")
 	assert.Equal(t, 4, w.cpu.Last().Steps(), "the failover engine is warmed up too")
 	failovers := func() float64 {
@@ -400,8 +403,7 @@ func TestLazyWarmupCountsRecompiles(t *testing.T) {
 	require.NoError(t, enginetest.WriteSumMax(filepath.Join(w.repo, "a")))
 	require.NoError(t, os.WriteFile(filepath.Join(w.repo, "a", "model.yaml"), []byte(enginetest.SumMaxYAML+"warmup: lazy\n"), 0o644))
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	m, _ := w.set.Model("a")
 	assert.True(t, m.Ready(), "ready without compiling")
 	assert.Zero(t, w.dev.Last().Steps())
@@ -470,8 +472,7 @@ func gatherValue(g prometheus.Gatherer, name string, want map[string]string) (fl
 func TestRetireWaitsForTheRunningStep(t *testing.T) {
 	w := newWorld(t, []string{"a"})
 	ctx := context.Background()
-	require.NoError(t, w.set.LoadAll(ctx))
-	require.NoError(t, w.set.Warmup(ctx))
+	w.ready(t)
 	gate := make(chan struct{})
 	w.dev.Func = func(l engine.Layout, in, out []byte) error { <-gate; return enginetest.SumMax(l, in, out) }
 	prog := w.dev.Last()
