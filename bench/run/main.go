@@ -90,6 +90,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	trip, err := workerRoundTrip()
+	if err != nil {
+		return err
+	}
 
 	// The servers.
 	nobatch, err := noBatchRepository(tmp)
@@ -210,7 +214,18 @@ func run() error {
 	r.line("")
 
 	// 4. Allocations on the handler path.
-	r.line("## 4. Allocations")
+	r.line("## 4. Worker step round trip")
+	r.line("")
+	r.line("One step of a 64 -> 64 linear layer (one row) through the torch engine's worker (Go -> step doorbell -> Python worker on torch's CPU -> shared memory -> Go), with the torch.rbln.explain test double on (every step measured and clean), beside the same step on the CPU engine, in one run. Host overhead is the round trip less the time the worker spent inside the step body (copy in, graph, copy out): what stepserve adds to every step on an NPU.")
+	r.line("")
+	r.line("| path | per step |")
+	r.line("|---|---|")
+	r.line("| worker round trip (mean) | %.1f µs |", trip.roundTripUS)
+	r.line("| worker host overhead (median / p90) | %.1f / %.1f µs |", trip.hostUS, trip.hostP90US)
+	r.line("| CPU engine step, same model | %.2f µs |", trip.cpuUS)
+	r.line("")
+
+	r.line("## 5. Allocations")
 	r.line("")
 	r.line("| path | allocs/op | bytes/op |")
 	r.line("|---|---|---|")
@@ -418,6 +433,25 @@ func numpyBenchmarks() (map[string]float64, error) {
 		}
 	}
 	return res, nil
+}
+
+// roundTrip is BenchmarkStepRoundTrip's figures.
+type roundTrip struct{ roundTripUS, hostUS, hostP90US, cpuUS float64 }
+
+func workerRoundTrip() (roundTrip, error) {
+	out, err := exec.Command("go", "test", "./engine/rbln", "-run", "^$", "-bench", "^BenchmarkStepRoundTrip$", "-benchtime", "5000x").CombinedOutput()
+	if err != nil {
+		return roundTrip{}, fmt.Errorf("go test -bench: %v\n%s", err, out)
+	}
+	var t roundTrip
+	torch := regexp.MustCompile(`BenchmarkStepRoundTrip/torch-\d+\s+\d+\s+([0-9.]+) ns/op\s+([0-9.]+) host-p90-µs/step\s+([0-9.]+) host-µs/step`).FindSubmatch(out)
+	cpu := regexp.MustCompile(`BenchmarkStepRoundTrip/cpu-\d+\s+\d+\s+([0-9.]+) ns/op`).FindSubmatch(out)
+	if torch == nil || cpu == nil {
+		return roundTrip{}, fmt.Errorf("no round-trip figures in:\n%s", out)
+	}
+	f := func(b []byte) float64 { v, _ := strconv.ParseFloat(string(b), 64); return v }
+	t.roundTripUS, t.hostP90US, t.hostUS, t.cpuUS = f(torch[1])/1e3, f(torch[2]), f(torch[3]), f(cpu[1])/1e3
+	return t, nil
 }
 
 type allocs struct{ allocs, bytes int }

@@ -27,6 +27,9 @@ type conn struct {
 	// late is told the kind of each result that came after its caller had
 	// given up; nil to ignore them.
 	late func(kind string)
+	// bell is the life's binary step path; nil in tests of the socket
+	// alone.
+	bell *doorbell
 
 	wmu     sync.Mutex // one writer at a time
 	mu      sync.Mutex
@@ -282,4 +285,17 @@ func (c *conn) close(err error) {
 	c.err = err
 	close(c.dead)
 	c.nc.Close()
+	if c.bell != nil {
+		c.bell.kill()
+	}
+}
+
+// errOr is the connection's failure, or err while it has none.
+func (c *conn) errOr(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	return err
 }

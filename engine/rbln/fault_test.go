@@ -3,9 +3,11 @@ package rbln
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -111,7 +113,7 @@ func TestHungWorkerIsKilledAndRestarted(t *testing.T) {
 	w.mu.Lock()
 	pid := w.pid
 	w.mu.Unlock()
-	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	stop(t, pid)
 	start := time.Now()
 	_, err = prog.Step(context.Background(), 0)
 	assert.ErrorIs(t, err, engine.ErrUnavailable)
@@ -238,7 +240,9 @@ func TestCompileDeadline(t *testing.T) {
 	assert.ErrorIs(t, err, engine.ErrUnavailable)
 	assert.ErrorContains(t, err, "past the compile deadline (rbln.compile_timeout 1s)")
 	assert.Less(t, time.Since(start), 10*time.Second)
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")))
+	// Counted once the supervisor is through with the life, just after.
+	assert.Eventually(t, func() bool { return testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")) == 1 },
+		10*time.Second, 10*time.Millisecond)
 }
 
 // TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker: a model whose
@@ -265,6 +269,8 @@ func TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker(t *testing.T) {
 	assert.False(t, prog.Healthy())
 
 	require.NoError(t, os.Remove(crash))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")) == 1 },
+		30*time.Second, 10*time.Millisecond, "the worker comes back up, without the model")
 	again, err := e.Load(context.Background(), m, grid.Shapes())
 	require.NoError(t, err, "the model loads anew")
 	defer again.Close()
@@ -309,4 +315,101 @@ func TestWorkerStopsInOrder(t *testing.T) {
 	assert.Contains(t, logs.String(), `msg="rbln worker stopped"`)
 	assert.Contains(t, logs.String(), `exit="status 0"`)
 	assert.NotContains(t, logs.String(), "Traceback")
+}
+
+// doorbellProgram loads digits with one bucket and steps it twice, so that
+// its next steps ring the doorbell; it returns the program and the worker's
+// pid.
+func doorbellProgram(t *testing.T, e *Engine) (*program, int) {
+	t.Helper()
+	grid, _ := bucketing.NewGrid([]int{1}, nil)
+	prog, err := e.Load(context.Background(), loadDigits(t), grid.Shapes())
+	require.NoError(t, err)
+	t.Cleanup(func() { prog.Close() })
+	require.NoError(t, prog.Compile(context.Background(), 0))
+	for range 2 {
+		_, err := prog.Step(context.Background(), 0)
+		require.NoError(t, err)
+	}
+	w := e.workers[0]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return prog.(*program), w.pid
+}
+
+// stop sends SIGSTOP and waits until the process has stopped: a worker
+// polling its doorbell would otherwise answer a step before it stops.
+func stop(t *testing.T, pid int) {
+	t.Helper()
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		return i > 0 && i+2 < len(s) && s[i+2] == 'T'
+	}, 10*time.Second, time.Millisecond)
+}
+
+// TestHungDoorbellStepFailsAtTheStallDeadline: a worker stopped (SIGSTOP)
+// while a doorbell step waits fails that step with ErrUnavailable at the
+// stall deadline, not never, and a fresh worker serves again.
+func TestHungDoorbellStepFailsAtTheStallDeadline(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{StallTimeout: time.Second})
+	prog, pid := doorbellProgram(t, e)
+	stop(t, pid)
+	start := time.Now()
+	_, err := prog.Step(context.Background(), 0)
+	assert.ErrorIs(t, err, engine.ErrUnavailable)
+	assert.Less(t, time.Since(start), 10*time.Second, "the step failed at the stall deadline")
+	waitHealthy(t, prog, 60*time.Second)
+	for range 3 { // the first builds the graph anew, the next ring the new life's doorbell
+		_, err = prog.Step(context.Background(), 0)
+		require.NoError(t, err)
+	}
+}
+
+// TestAbandonedDoorbellStepIsLateNotFatal: a step whose caller gives up
+// returns the caller's error at once; the worker's answer, when it comes,
+// is counted as late and dropped; the worker is not restarted, and the
+// next step waits its turn and succeeds.
+func TestAbandonedDoorbellStepIsLateNotFatal(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{StallTimeout: 10 * time.Second})
+	prog, pid := doorbellProgram(t, e)
+	stop(t, pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := prog.Step(ctx, 0)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+	_, err = prog.Step(context.Background(), 0)
+	require.NoError(t, err, "the next step ran after the abandoned one")
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.lateReplies.WithLabelValues("cpu", "step")))
+	assert.Zero(t, testutil.ToFloat64(e.metrics.workerRestarts.WithLabelValues("cpu")), "an abandoned step is no reason to restart")
+}
+
+// TestDoorbellStepOfAKilledWorker: SIGKILL while a doorbell step waits
+// fails it at once with ErrUnavailable.
+func TestDoorbellStepOfAKilledWorker(t *testing.T) {
+	requireTorch(t)
+	e, _ := newEngine(t, Options{StallTimeout: time.Minute})
+	prog, pid := doorbellProgram(t, e)
+	stop(t, pid) // the step waits
+	errc := make(chan error, 1)
+	go func() {
+		_, err := prog.Step(context.Background(), 0)
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	e.KillWorker("cpu")
+	select {
+	case err := <-errc:
+		assert.ErrorIs(t, err, engine.ErrUnavailable)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the step of a killed worker never returned")
+	}
 }

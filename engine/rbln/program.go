@@ -25,6 +25,7 @@ type program struct {
 	// model's name and a load number, because while a model reloads its
 	// old and new programs live side by side on the same worker.
 	key     string
+	slot    uint32 // the key's number: the doorbell names the program by it
 	shapes  []bucketing.Shape
 	layouts []engine.Layout
 	staging *staging // every bucket's buffers
@@ -35,9 +36,17 @@ type program struct {
 	// reload this program.
 	reloadFailures atomic.Int32
 
-	mu       sync.Mutex // guards compiled and closed
+	mu       sync.Mutex // guards compiled, ran and closed
 	compiled []bool     // buckets compiled, recompiled after a restart
-	closed   bool
+	// ran marks the buckets stepped in the worker's current life: a
+	// bucket's first step builds its graph (torch.compile is lazy) and goes
+	// as a message, announced; the others ring the doorbell.
+	ran    []bool
+	closed bool
+
+	// bodyNS adds up the time the worker spent inside the step bodies of
+	// doorbell steps: the rest of a step's round trip is host overhead.
+	bodyNS atomic.Int64
 }
 
 func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucketing.Shape) (*program, error) {
@@ -47,7 +56,9 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 			return nil, fmt.Errorf("rbln: model %s: step inputs of mixed datatypes (%s, %s) cannot share one device buffer", m.Name, inputs[0].Datatype, s.Datatype)
 		}
 	}
-	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, programs.Add(1)), shapes: shapes, compiled: make([]bool, len(shapes))}
+	n := programs.Add(1)
+	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, n), slot: uint32(n), shapes: shapes,
+		compiled: make([]bool, len(shapes)), ran: make([]bool, len(shapes))}
 	var sizes []int
 	for _, s := range shapes {
 		l := engine.NewLayout(m.Config, s)
@@ -97,6 +108,7 @@ func (p *program) loadRequest() *loadRequest {
 	}
 	req := &loadRequest{
 		Model:           p.key,
+		Slot:            p.slot,
 		Weights:         weights,
 		Architecture:    cfg.Architecture,
 		DeviceDtype:     cfg.DeviceDtype,
@@ -150,6 +162,7 @@ func (p *program) reload(ctx context.Context) error {
 		return nil
 	}
 	compiled := append([]bool(nil), p.compiled...)
+	clear(p.ran) // a new life: every graph is built anew
 	p.mu.Unlock()
 	if err := p.load(ctx); err != nil {
 		return err
@@ -180,6 +193,7 @@ func (p *program) compile(ctx context.Context, bucket int) error {
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true
+	p.ran[bucket] = false // the worker built a new graph: its first run builds it
 	p.mu.Unlock()
 	p.w.logger.Debug("bucket compiled on rbln worker", "model", p.model.Name, "bucket", p.shapes[bucket].Label(),
 		"seconds", r.CompileSeconds)
@@ -198,7 +212,7 @@ func (p *program) warm(ctx context.Context, bucket int) error {
 		return err
 	}
 	for range 2 {
-		if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, nil); err != nil {
+		if _, err := p.step(ctx, bucket); err != nil {
 			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", p.model.Name, p.shapes[bucket].Label(), err)
 		}
 	}
@@ -213,12 +227,35 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	if !p.healthy.Load() {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
+	x, err := p.step(ctx, bucket)
+	if err != nil {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+	}
+	return x, nil
+}
+
+// step runs one step: over the doorbell once the bucket's graph has run in
+// this life of the worker, else as a message (its first run builds the
+// graph, which the worker announces).
+func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) {
+	p.mu.Lock()
+	ran := p.ran[bucket]
+	p.mu.Unlock()
+	if ran {
+		x, body, err := p.w.step(ctx, p.slot, bucket, 0)
+		if err != nil {
+			return x, err
+		}
+		p.bodyNS.Add(body)
+		return x, nil
+	}
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
 	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
-		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+		return engine.Explain{}, err
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
+	p.ran[bucket] = true
 	p.mu.Unlock()
 	return r.Explain, nil
 }

@@ -26,7 +26,7 @@ import (
 
 // protocolVersion is the control protocol both sides must speak; the
 // worker announces its own in its hello.
-const protocolVersion = 2
+const protocolVersion = 3
 
 // maxFrame bounds a control message; a longer length prefix means a corrupt
 // stream.
@@ -63,6 +63,7 @@ type pingRequest struct{ header }
 type loadRequest struct {
 	header
 	Model           string       `json:"model"`
+	Slot            uint32       `json:"slot"` // the program's number on the step doorbell
 	Weights         string       `json:"weights"`
 	Architecture    string       `json:"architecture"`
 	DeviceDtype     string       `json:"device_dtype"`
@@ -205,6 +206,8 @@ type hello struct {
 	DeviceCount         *int   `json:"device_count"`
 	PhysicalDeviceCount *int   `json:"physical_device_count"`
 	DeviceSummary       string `json:"device_summary"`
+	// Doorbell says the worker took the binary step path's descriptors.
+	Doorbell bool `json:"doorbell"`
 }
 
 // loadReply says where and how the worker placed a model.

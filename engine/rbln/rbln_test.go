@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -268,8 +269,19 @@ func TestExplainScenarios(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			scenario(t, path, tc.s)
+			// A bucket's first step after its compile goes as a message;
+			// the next ones ring the doorbell and report in binary. Both
+			// must say the same.
+			require.NoError(t, prog.Compile(context.Background(), 0))
+			viaMessage, err := prog.Step(context.Background(), 0)
+			require.NoError(t, err)
+			body := prog.(*program).bodyNS.Load()
 			x, err := prog.Step(context.Background(), 0)
 			require.NoError(t, err)
+			assert.Greater(t, prog.(*program).bodyNS.Load(), body, "the second step went over the doorbell")
+			want, _ := json.Marshal(viaMessage)
+			got, _ := json.Marshal(x)
+			assert.JSONEq(t, string(want), string(got), "the binary report says what the message said")
 			v := steps.Check(&x)
 			tc.check(t, x, v)
 		})
@@ -279,8 +291,12 @@ func TestExplainScenarios(t *testing.T) {
 }
 
 // BenchmarkStepRoundTrip measures one step of a trivial model (a 64 -> 64
-// linear layer, one row) through the worker (Go -> socket -> worker ->
-// shared memory -> Go) and on the CPU engine, in the same run.
+// linear layer, one row) through the worker (Go -> doorbell -> worker ->
+// shared memory -> Go), with the explain test double on (every step is
+// measured and clean), and on the CPU engine, in the same run. The torch
+// engine's host-µs/step is the round trip less the time the worker spent
+// inside the step body (copy in, graph, copy out): what stepserve adds to
+// a step.
 func BenchmarkStepRoundTrip(b *testing.B) {
 	dir := b.TempDir()
 	w := make([]float32, 64*64)
@@ -303,18 +319,44 @@ buckets: {batch: [1]}
 `), 0o644))
 	m, err := models.Load(dir)
 	require.NoError(b, err)
-	e, err := New(Options{Device: DeviceCPU, Python: python})
+	e, err := New(Options{Device: DeviceCPU, Python: python, Env: map[string]string{"PYTHONPATH": fakeRBLN()}})
 	require.NoError(b, err)
 	defer e.Close()
 	for _, eng := range []engine.Engine{e, cpufallback.Engine{}} {
 		prog, err := eng.Load(context.Background(), m, []bucketing.Shape{{Batch: 1}})
 		require.NoError(b, err)
 		require.NoError(b, prog.Compile(context.Background(), 0))
+		for range 2 { // warm-up: the first run builds the graph
+			_, err := prog.Step(context.Background(), 0)
+			require.NoError(b, err)
+		}
 		b.Run(eng.Name(), func(b *testing.B) {
+			p, _ := prog.(*program)
+			var body0 int64
+			if p != nil {
+				body0 = p.bodyNS.Load()
+			}
+			// Each step's round trip less its body, for the median.
+			var host []float64
 			for b.Loop() {
-				if _, err := prog.Step(context.Background(), 0); err != nil {
+				start := time.Now()
+				x, err := prog.Step(context.Background(), 0)
+				if err != nil {
 					b.Fatal(err)
 				}
+				if p != nil {
+					body := p.bodyNS.Load()
+					host = append(host, float64(time.Since(start).Nanoseconds()-(body-body0))/1e3)
+					body0 = body
+					if !x.Clean {
+						b.Fatalf("step not clean under the explain double: %+v", x)
+					}
+				}
+			}
+			if len(host) > 0 {
+				slices.Sort(host)
+				b.ReportMetric(host[len(host)/2], "host-µs/step")
+				b.ReportMetric(host[len(host)*9/10], "host-p90-µs/step")
 			}
 		})
 		prog.Close()

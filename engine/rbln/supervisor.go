@@ -40,7 +40,7 @@ type worker struct {
 	pid      int
 	life     chan struct{}     // closed when the current process's life ends
 	programs map[*program]bool // loaded here; reloaded after a restart
-	lastErr  string            // why the worker last died or failed to start
+	lastErr  error             // why the worker last died or failed to start
 	tail     *tail             // the process's last output lines, across restarts
 	started  chan struct{}     // closed once the first start attempt ended
 	once     sync.Once
@@ -169,8 +169,10 @@ loop:
 			cause = exitCause(err)
 			break loop
 		case <-c.dead:
-			// The socket broke: if the process is exiting, its status and
-			// last words say more than the socket does.
+			// The socket broke, or a step stalled. If the process is
+			// exiting, its status and last words say more than the
+			// connection's error does.
+			w.lost(c)
 			select {
 			case err := <-exited:
 				cause = exitCause(err)
@@ -257,11 +259,19 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	// not be forked. The child's end of the socket is its fd 3. Its own
 	// process group keeps a terminal's Ctrl-C (meant for the server, which
 	// stops it in order) from reaching it.
-	ctx, terminate := context.WithCancel(context.Background())
-	cmd = exec.CommandContext(ctx, w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3", "--device", w.e.opts.Device)
+	bell, err := newDoorbell()
+	if err != nil {
+		child.Close()
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	terminate = func() { cancel(); bell.close() }
+	cmd = exec.CommandContext(ctx, w.e.opts.Python, "-m", "stepserve_worker", "--fd", "3", "--device", w.e.opts.Device,
+		"--doorbell", bell.childArg(4))
 	cmd.Dir = w.e.workerDir
 	cmd.Env = w.env()
-	cmd.ExtraFiles = []*os.File{child}
+	cmd.ExtraFiles = append([]*os.File{child}, bell.files...)
 	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo}
 	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -276,6 +286,7 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	// The child has its copy now; ours must go, or a child that dies would
 	// never be seen to close the socket.
 	child.Close()
+	bell.started()
 	if err != nil {
 		terminate()
 		nc.Close()
@@ -297,7 +308,16 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 		w.e.metrics.lateReply(w.device, kind)
 		w.logger.Debug("rbln worker answered a request its caller had given up on", "kind", kind)
 	}
-	return newConn(nc, late), cmd, terminate, nil
+	if !hi.Doorbell {
+		killGroup(cmd.Process.Pid)
+		cmd.Wait()
+		terminate()
+		nc.Close()
+		return nil, nil, nil, fmt.Errorf("rbln worker for device %s took no step doorbell%s", w.device, w.tail.suffix())
+	}
+	c = newConn(nc, late)
+	c.bell = bell
+	return c, cmd, terminate, nil
 }
 
 // greeting reads the worker's hello, which must come within the start
@@ -343,11 +363,23 @@ func (w *worker) env() []string {
 	return append(env, "PYTHONPATH="+pythonPath)
 }
 
+// lost takes the worker down at once when c, its current connection, has
+// failed: its programs take no more steps from now, not from when the
+// supervisor is through with the process.
+func (w *worker) lost(c *conn) {
+	w.mu.Lock()
+	current := w.conn == c
+	w.mu.Unlock()
+	if current {
+		w.setDown(c.errOr(errWorkerDown))
+	}
+}
+
 func (w *worker) setDown(err error) {
 	w.mu.Lock()
 	w.conn = nil
 	if err != nil {
-		w.lastErr = err.Error()
+		w.lastErr = err
 	}
 	programs := make([]*program, 0, len(w.programs))
 	for p := range w.programs {
@@ -365,14 +397,9 @@ func (w *worker) setDown(err error) {
 // or goes down meanwhile fails the call with an error wrapping
 // [engine.ErrUnavailable] that says why.
 func (w *worker) call(ctx context.Context, req request, reply any) error {
-	w.mu.Lock()
-	c, why := w.conn, w.lastErr
-	w.mu.Unlock()
-	if c == nil {
-		if why != "" {
-			return fmt.Errorf("%w: %s", errWorkerDown, why)
-		}
-		return errWorkerDown
+	c, err := w.current()
+	if err != nil {
+		return err
 	}
 	m, err := c.call(ctx, req)
 	if errors.Is(err, engine.ErrUnavailable) {
@@ -388,7 +415,7 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 		w.mu.Lock()
 		why := w.lastErr
 		w.mu.Unlock()
-		if why != "" {
+		if why != nil && why.Error() != err.Error() {
 			err = fmt.Errorf("%w (%s)", err, why)
 		}
 	}
@@ -402,6 +429,39 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 		return nil
 	}
 	return m.decode(req.kind()+" result", reply)
+}
+
+// current is the worker's connection, or, while it is down, an error that
+// wraps [engine.ErrUnavailable] and why it went down.
+func (w *worker) current() (*conn, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.conn != nil:
+		return w.conn, nil
+	case w.lastErr == nil:
+		return nil, errWorkerDown
+	case errors.Is(w.lastErr, engine.ErrUnavailable):
+		return nil, w.lastErr
+	default:
+		return nil, fmt.Errorf("%w: %w", errWorkerDown, w.lastErr)
+	}
+}
+
+// step runs a step over the current life's doorbell.
+func (w *worker) step(ctx context.Context, slot uint32, bucket, lane int) (engine.Explain, int64, error) {
+	c, err := w.current()
+	if err != nil {
+		return engine.Explain{}, 0, err
+	}
+	x, body, err := c.bell.step(ctx, c, slot, bucket, lane, w.e.opts.StallTimeout)
+	if errors.Is(err, engine.ErrUnavailable) {
+		w.lost(c)
+	}
+	if err != nil && !errors.Is(err, engine.ErrUnavailable) && ctx.Err() == nil {
+		err = fmt.Errorf("rbln worker for device %s: step %w", w.device, err)
+	}
+	return x, body, err
 }
 
 // pollMemory exports the device memory per chiplet, where the worker can

@@ -17,7 +17,7 @@ def send(body: bytes) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-send(b'{"type":"hello","protocol":2,"pid":%d,"torch":"none","device":"cpu","device_kind":"cpu"}' % os.getpid())
+send(b'{"type":"hello","protocol":3,"pid":%d,"torch":"none","device":"cpu","device_kind":"cpu","doorbell":true}' % os.getpid())
 n = struct.unpack(">I", sock.recv(4))[0]
 sock.recv(n)  # the first request, whatever it is
 mode = os.environ.get("BAD_WORKER_MODE", "garbage")

@@ -5,4 +5,4 @@ torch.rbln.explain(), for the Go supervisor in engine/rbln.
 Dependencies: torch and the standard library only.
 """
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3

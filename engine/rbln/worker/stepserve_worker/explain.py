@@ -37,6 +37,10 @@ class Report:
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "Report":
+        return cls(**d)
+
 
 def unmeasured(reason: str) -> Report:
     """A step nobody observed."""
@@ -44,16 +48,22 @@ def unmeasured(reason: str) -> Report:
 
 
 def _int(v: Any) -> Optional[int]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    t = type(v)
+    if t is int:
+        return v
+    if t is bool or not isinstance(v, (int, float)):
         return None
     return int(v)
 
 
 def _get(d: Any, *path: str) -> Any:
     for key in path:
-        if not isinstance(d, dict) or key not in d:
+        if type(d) is not dict:
+            if not isinstance(d, dict):
+                return None
+        d = d.get(key)
+        if d is None:
             return None
-        d = d[key]
     return d
 
 
@@ -79,9 +89,14 @@ def _primitive(by_primitive: Any, name: str, what: str) -> Optional[int]:
     out of its table, and then nobody counted it."""
     if not isinstance(by_primitive, dict):
         return None
-    entries = [by_primitive[k] for k in (name, name + "_multi") if k in by_primitive]
-    if not entries:
-        return None
+    entry = by_primitive.get(name)
+    multi = by_primitive.get(name + "_multi")
+    if multi is None:
+        if entry is None:
+            return None
+        if type(entry) is dict:  # the usual shape, read directly
+            return _int(entry.get(what))
+    entries = [e for e in (entry, multi) if e is not None]
     total = 0
     for entry in entries:
         n = _int(_get(entry, what)) if isinstance(entry, dict) else (_int(entry) if what == "calls" else None)
@@ -115,6 +130,36 @@ def _notes(v: Any) -> list[str]:
     return out
 
 
+def counters(verdict: Any, dump: Any) -> tuple[Optional[int], ...]:
+    """The report's counters, in doorbell.COUNTERS order (cpu_fallbacks,
+    recompiles, host_bounces, host_bounce_bytes, h2d, d2h, wall_ns, h2d_ns,
+    d2h_ns, v2v, v2v_slow): what normalize reads, and all the binary step
+    path sends for a clean step."""
+    dispatch = _get(dump, "dispatch")
+    bounce = _get(dump, "hidden_host_bounce")
+    cpu_fallbacks = _int(_get(dispatch, "cpu_fallback"))
+    if cpu_fallbacks is None:
+        cpu_fallbacks = _int(_get(verdict, "cpu_fallbacks"))
+    recompiles = _int(_get(dispatch, "recompile_miss"))
+    if recompiles is None:
+        recompiles = _int(_get(verdict, "recompiles"))
+    host_bounces = _int(_get(bounce, "total_count"))
+    if host_bounces is None:
+        host_bounces = _int(_get(verdict, "hidden_host_bounces"))
+    host_bounce_bytes = _int(_get(bounce, "total_bytes"))
+    if host_bounce_bytes is None:
+        host_bounce_bytes = _int(_get(verdict, "hidden_host_bounce_bytes"))
+    runtime = _get(dump, "runtime")
+    if runtime is None:
+        runtime = _get(dump, "rebel_runtime")  # older releases
+    by_primitive = _get(runtime, "by_primitive")
+    return (cpu_fallbacks, recompiles, host_bounces, host_bounce_bytes,
+            _primitive(by_primitive, "h2v", "calls"), _primitive(by_primitive, "v2h", "calls"),
+            _int(_get(dump, "wall_ns")),
+            _primitive(by_primitive, "h2v", "ns"), _primitive(by_primitive, "v2h", "ns"),
+            _primitive(by_primitive, "v2v", "calls"), _v2v_slow(verdict, dump))
+
+
 def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
     """Map verdict() and dump() (any release's keys) into a Report."""
     r = Report(measured=True)
@@ -125,32 +170,8 @@ def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
         r.reasons = [str(x) for x in reasons]
     if not isinstance(clean, bool):
         r.reasons.append("verdict has no boolean 'clean'")
-
-    r.cpu_fallbacks = _int(_get(dump, "dispatch", "cpu_fallback"))
-    if r.cpu_fallbacks is None:
-        r.cpu_fallbacks = _int(_get(verdict, "cpu_fallbacks"))
-    r.recompiles = _int(_get(dump, "dispatch", "recompile_miss"))
-    if r.recompiles is None:
-        r.recompiles = _int(_get(verdict, "recompiles"))
-    r.host_bounces = _int(_get(dump, "hidden_host_bounce", "total_count"))
-    if r.host_bounces is None:
-        r.host_bounces = _int(_get(verdict, "hidden_host_bounces"))
-    r.host_bounce_bytes = _int(_get(dump, "hidden_host_bounce", "total_bytes"))
-    if r.host_bounce_bytes is None:
-        r.host_bounce_bytes = _int(_get(verdict, "hidden_host_bounce_bytes"))
-
-    runtime = _get(dump, "runtime")
-    if runtime is None:
-        runtime = _get(dump, "rebel_runtime")  # older releases
-    by_primitive = _get(runtime, "by_primitive")
-    r.h2d = _primitive(by_primitive, "h2v", "calls")
-    r.d2h = _primitive(by_primitive, "v2h", "calls")
-    r.h2d_ns = _primitive(by_primitive, "h2v", "ns")
-    r.d2h_ns = _primitive(by_primitive, "v2h", "ns")
-    r.v2v = _primitive(by_primitive, "v2v", "calls")
-    r.v2v_slow = _v2v_slow(verdict, dump)
-    r.wall_ns = _int(_get(dump, "wall_ns"))
-
+    (r.cpu_fallbacks, r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns,
+     r.h2d_ns, r.d2h_ns, r.v2v, r.v2v_slow) = counters(verdict, dump)
     r.cpu_fallback_by_op = _counts(_get(dump, "cpu_fallback_by_op"))
     r.recompile_by_op = _counts(_get(dump, "recompile_by_op"))
     r.host_bounce_by_site = _counts(_get(dump, "hidden_host_bounce", "by_site"))

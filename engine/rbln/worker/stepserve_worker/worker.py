@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import PROTOCOL_VERSION
+from . import doorbell as bell
 from . import explain as ex
 from . import nets
 from . import safetensors
@@ -208,6 +209,7 @@ class Worker:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.models: dict[str, Model] = {}
+        self.slots: dict[int, str] = {}  # the doorbell's model numbers
 
     # -- requests ---------------------------------------------------------
 
@@ -236,6 +238,8 @@ class Worker:
         in_features = msg["mlp"]["sizes"][0] if msg.get("architecture") == "mlp" else 0
         self.models[name] = Model(name, module, buckets, in_dtype, in_features, compute, msg.get("compile_cache_dir", ""),
                                   maps)
+        if isinstance(msg.get("slot"), int):
+            self.slots[msg["slot"]] = name
         return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
                 "compute_dtype": str(compute).replace("torch.", "")}
 
@@ -275,6 +279,7 @@ class Worker:
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)
+        self.slots = {k: v for k, v in self.slots.items() if v != msg["model"]}
         if m is not None:
             for b in m.buckets:
                 # The compiled graph (its code object's cache) and the bound
@@ -313,37 +318,83 @@ class Worker:
             raise IndexError(f"model {m.name!r} has no bucket {i}")
         return m, m.buckets[i]
 
-    def _body(self, b: Bucket) -> None:
-        """One copy in, the graph, one copy out."""
+    def _body(self, b: Bucket) -> int:
+        """One copy in, the graph, one copy out; returns the ns it took."""
         assert b.device_in is not None and b.graph is not None
+        start = time.perf_counter_ns()
         b.device_in.copy_(b.staging_in.tensor)
         out = b.graph(b.device_in)
         b.staging_out.tensor[: out.numel()].copy_(out)
+        return time.perf_counter_ns() - start
 
     def _run(self, b: Bucket) -> ex.Report:
+        kind, value, _ = self._measure(b)
+        if kind == "clean":
+            verdict, dump = value
+            return ex.normalize(verdict, dump, None)
+        return value
+
+    def _measure(self, b: Bucket) -> tuple[str, Any, int]:
+        """Run the step inside an explain region: ("clean", (verdict, dump),
+        ns) for a clean step, whose report the caller builds as it needs;
+        ("report", Report, ns) for any other."""
         with torch.inference_mode():
             region = self.rt.explain()
             if region is None:
-                self._body(b)
-                return ex.unmeasured("torch.rbln.explain is unavailable")
+                ns = self._body(b)
+                return "report", ex.unmeasured("torch.rbln.explain is unavailable"), ns
             try:
                 p = region.__enter__()
             except Exception as e:  # e.g. RuntimeError: regions overlap
-                self._body(b)
-                return ex.unmeasured(f"explain region failed to open: {type(e).__name__}: {e}")
+                ns = self._body(b)
+                return "report", ex.unmeasured(f"explain region failed to open: {type(e).__name__}: {e}"), ns
             try:
-                self._body(b)
+                ns = self._body(b)
             except BaseException:
                 region.__exit__(*sys.exc_info())
                 raise
             try:
                 region.__exit__(None, None, None)
-                verdict, dump = p.verdict(), p.dump()
+                verdict = p.verdict()
+                if type(verdict) is dict and verdict.get("clean") is True:
+                    return "clean", (verdict, p.dump()), ns
+                dump = p.dump()
                 clean = verdict.get("clean") if isinstance(verdict, dict) else None
                 text = p.report() if clean is not True else None
             except Exception as e:
-                return ex.unmeasured(f"explain region failed to close or report: {type(e).__name__}: {e}")
-            return ex.normalize(verdict, dump, text)
+                return "report", ex.unmeasured(f"explain region failed to close or report: {type(e).__name__}: {e}"), ns
+            return "report", ex.normalize(verdict, dump, text), ns
+
+    def step_binary(self, slot: int, bucket: int) -> tuple[int, tuple[int, ...], int, bytes]:
+        """A step asked for over the doorbell: (flags, counters, body ns,
+        text) for its binary report. A clean step's report is its counters
+        alone, read straight from the region."""
+        name = self.slots.get(slot)
+        if name is None:
+            raise KeyError(f"model slot {slot} is not loaded on this worker")
+        msg = {"model": name, "bucket": bucket}
+        m, b = self._bucket(msg)
+        if b.graph is None:
+            # The supervisor sends a bucket's first step as a message (it
+            # builds the graph, announced); this one was compiled anew.
+            r = ex.Report.from_wire(self.step(msg)["explain"])
+            return _flags(r), _wire_counts(r), 0, bell.extras(r)
+        kind, value, ns = self._measure(b)
+        if kind == "clean":
+            verdict, dump = value
+            counts = ex.counters(verdict, dump)
+            if None in counts:
+                counts = tuple(-1 if c is None else c for c in counts)
+            return bell.FLAG_MEASURED | bell.FLAG_CLEAN, counts, ns, b""
+        return _flags(value), _wire_counts(value), ns, bell.extras(value)
+
+
+def _flags(r: ex.Report) -> int:
+    return (bell.FLAG_MEASURED if r.measured else 0) | (bell.FLAG_CLEAN if r.clean else 0) | bell.FLAG_EXTRAS
+
+
+def _wire_counts(r: ex.Report) -> tuple[int, ...]:
+    return tuple(-1 if (v := getattr(r, k)) is None else v for k in bell.COUNTERS)
 
 
 #: The requests the device thread runs, one at a time and in the order they
@@ -373,10 +424,13 @@ class Server:
     nothing, and the supervisor then watches the process and the compile
     deadline instead of pings."""
 
-    def __init__(self, sock: socket.socket, worker: Worker) -> None:
+    def __init__(self, sock: socket.socket, worker: Worker, doorbell: Optional[bell.Doorbell] = None) -> None:
         self.sock = sock
         self.out = Writer(sock)
         self.worker = worker
+        # The device thread sleeps on the bell: the supervisor rings it for
+        # a step, the main thread for a queued device request.
+        self.bell = doorbell if doorbell is not None else bell.Doorbell()
         self._requests: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
         self._lock = threading.Lock()  # guards _queued and _cancelled
         self._queued: set[int] = set()  # ids of the device requests waiting to run
@@ -394,7 +448,8 @@ class Server:
                        "torch": torch.__version__, "device": "none" if rt.unusable else str(rt.device),
                        "rbln": rt.rbln is not None, "notes": rt.notes,
                        "device_kind": rt.kind, "unusable": rt.unusable, "device_count": rt.device_count,
-                       "physical_device_count": rt.physical_device_count, "device_summary": rt.device_summary})
+                       "physical_device_count": rt.physical_device_count, "device_summary": rt.device_summary,
+                       "doorbell": self.bell.block is not None})
 
     def terminate(self, signum: int, frame: Any) -> None:
         """The SIGTERM (and SIGINT) handler: stop as the supervisor's exit
@@ -421,6 +476,7 @@ class Server:
                     with self._lock:
                         self._queued.add(msg.get("id", 0))
                     self._requests.put(msg)
+                    self.bell.wake()
                 else:
                     _close_fds(msg)
                     self._control(msg)
@@ -482,45 +538,73 @@ class Server:
         return reply
 
     def _device_loop(self) -> None:
+        """Sleep on the bell; when rung, run the queued device requests in
+        order, then the step the supervisor asked for, if any."""
         handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "load": self.worker.load, "compile": self.worker.compile, "step": self.worker.step,
             "unload": self.worker.unload,
         }
-        while (msg := self._requests.get()) is not None:
-            rid = msg.get("id", 0)
-            with self._lock:
-                self._queued.discard(rid)
-                cancelled = rid in self._cancelled
-                self._cancelled.discard(rid)
-            try:
-                if self._stopping.is_set():
-                    continue  # nobody waits for it any more
-                if cancelled:
-                    self.out.send({"type": "result", "id": rid, "ok": False,
-                                   "error": "cancelled: the supervisor gave up on it before it ran"})
-                    continue
-                with self._busy:
-                    if self._builds(msg):
-                        self.out.send({"type": "building", "id": rid})
-                    if msg["type"] == "compile":
-                        _test_compile_sleep()
-                    reply = self._result(msg, handlers[msg["type"]])
-                    self._ran_after(msg, reply["ok"])
-                    if msg["type"] != "step":  # device memory changed; steps allocate none
-                        self._remember_memory()
-                # Answered once idle: a memory poll that follows reads live.
-                self._reply(rid, reply)
-            except OSError:
-                return  # the socket is gone: the main thread is stopping
-            except Exception:  # noqa: BLE001 - a bug here must not leave callers waiting
-                # The thread that answers pings would go on while nobody
-                # answers device requests: end the process instead, and the
-                # supervisor restarts it.
-                traceback.print_exc(file=sys.stderr)
-                sys.stderr.flush()
-                os._exit(1)
-            finally:
-                _close_fds(msg)
+        try:
+            while True:
+                self.bell.wait()
+                while True:
+                    try:
+                        msg = self._requests.get_nowait()
+                    except queue.Empty:
+                        break
+                    if msg is None:
+                        return
+                    self._device_request(msg, handlers)
+                if (req := self.bell.request()) is not None and not self._stopping.is_set():
+                    self._bell_step(*req)
+        except OSError:
+            return  # the socket is gone: the main thread is stopping
+        except Exception:  # noqa: BLE001 - a bug here must not leave callers waiting
+            # The thread that answers pings would go on while nobody
+            # answers device requests: end the process instead, and the
+            # supervisor restarts it.
+            traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+
+    def _device_request(self, msg: dict[str, Any], handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+        rid = msg.get("id", 0)
+        with self._lock:
+            self._queued.discard(rid)
+            cancelled = rid in self._cancelled
+            self._cancelled.discard(rid)
+        try:
+            if self._stopping.is_set():
+                return  # nobody waits for it any more
+            if cancelled:
+                self.out.send({"type": "result", "id": rid, "ok": False,
+                               "error": "cancelled: the supervisor gave up on it before it ran"})
+                return
+            with self._busy:
+                if self._builds(msg):
+                    self.out.send({"type": "building", "id": rid})
+                if msg["type"] == "compile":
+                    _test_compile_sleep()
+                reply = self._result(msg, handlers[msg["type"]])
+                self._ran_after(msg, reply["ok"])
+                if msg["type"] != "step":  # device memory changed; steps allocate none
+                    self._remember_memory()
+            # Answered once idle: a memory poll that follows reads live.
+            self._reply(rid, reply)
+        finally:
+            _close_fds(msg)
+
+    def _bell_step(self, seq: int, slot: int, bucket: int, lane: int) -> None:
+        """Run a step the supervisor rang for and write its binary report;
+        a step that fails reports its error, as a step message's would."""
+        try:
+            with self._busy:
+                flags, counts, ns, text = self.worker.step_binary(slot, bucket)
+        except Exception as e:
+            print(f"stepserve_worker: step failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self.bell.fail(seq, f"{type(e).__name__}: {e}")
+            return
+        self.bell.report(seq, bell.STATUS_DONE, flags, counts, ns, text)
 
     def _reply(self, rid: int, reply: dict[str, Any]) -> None:
         """Send reply; one that cannot be encoded (too large, not JSON) is
@@ -553,6 +637,7 @@ class Server:
         print(f"stepserve_worker: stopping: {why}", flush=True)
         self._stopping.set()
         self._requests.put(None)
+        self.bell.wake()
         self._device.join(1.0)
         while wait and self._device.is_alive() and not self._terminated:
             self._device.join(0.1)
@@ -603,12 +688,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fd", type=int, required=True, help="the control socket's file descriptor")
     ap.add_argument("--device", choices=DEVICE_KINDS, default="rbln",
                     help="where the engine requires this worker to compute: rbln (an RBLN NPU only) or cpu")
+    ap.add_argument("--doorbell", help="the binary step path's control block, ring and done eventfds: block,ring,done")
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
+    doorbell = bell.Doorbell.from_arg(args.doorbell) if args.doorbell else None
     rt = Runtime.detect(args.device)
     for note in rt.notes:
         print(f"stepserve_worker: {note}", file=sys.stderr, flush=True)
-    server = Server(sock, Worker(rt))
+    server = Server(sock, Worker(rt), doorbell)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.terminate)
     server.hello()

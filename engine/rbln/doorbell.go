@@ -1,0 +1,321 @@
+// The binary step path. A step is not a control message: the supervisor
+// writes the program's slot and the bucket into a control block it shares
+// with the worker (a memfd both map), publishes the request's number, and
+// rings an eventfd; the worker's device thread, asleep on that eventfd,
+// runs the step on that same thread and writes a fixed binary report into
+// the block (counters as integers, -1 unknown; text only for a step that is
+// not clean), publishes the number it answered, and rings back. A waiting
+// caller spins on the block for a short while before it sleeps on the
+// eventfd, so that a short step on an idle machine costs no wake-up.
+//
+// The layout is worker/stepserve_worker/doorbell.py's; the two change
+// together, with the protocol version.
+
+package rbln
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stepserve/stepserve/engine"
+)
+
+const (
+	blockSize  = 64 << 10
+	textOffset = 256
+	maxText    = blockSize - textOffset
+
+	offReqSeq  = 0
+	offSlot    = 8
+	offBucket  = 12
+	offLane    = 16
+	offDoneSeq = 64
+	offStatus  = 72
+	offFlags   = 76
+	offCounts  = 80
+	offBodyNS  = 168
+	offTextLen = 176
+)
+
+// The report's status and flags.
+const (
+	statusDone   = 0
+	statusFailed = 1
+
+	flagMeasured = 1
+	flagClean    = 2
+	flagExtras   = 4 // the text holds the report's other fields, as JSON
+)
+
+// spinFor is how long a caller polls the block before it sleeps on the
+// eventfd. A small model's step (and its report) takes tens of µs; a
+// sleeping caller's wake-up costs about as much again.
+const spinFor = 50 * time.Microsecond
+
+// canSpin: the worker writes its report with plain stores, the done number
+// last, and only a machine that keeps stores in order (x86's TSO) lets the
+// block be read once the number is seen without the eventfd's barrier.
+
+var canSpin = runtime.GOARCH == "amd64" || runtime.GOARCH == "386"
+
+// doorbell is the supervisor's end of one worker life's step path.
+type doorbell struct {
+	block []byte
+	// files are the worker's ends: the block's memfd, ring and done; they
+	// go to the child as fds 4, 5 and 6 and are closed here once it runs.
+	files      []*os.File
+	ring, done int // eventfds: ours to ring, the worker's to ring back
+	abort      int // eventfd rung once the life ends, to wake a waiter
+
+	mu    sync.Mutex // one step at a time: the block holds one request
+	seq   uint64
+	dead  atomic.Bool
+	extra explainExtras // the last extras decoded, with their text
+	text  []byte
+}
+
+// explainExtras are the fields of [engine.Explain] a non-clean step's
+// report carries as text.
+type explainExtras struct {
+	Reasons            []string         `json:"reasons"`
+	CPUFallbackByOp    map[string]int64 `json:"cpu_fallback_by_op"`
+	RecompileByOp      map[string]int64 `json:"recompile_by_op"`
+	HostBounceBySite   map[string]int64 `json:"host_bounce_by_site"`
+	CPUFallbackReasons map[string]int64 `json:"cpu_fallback_reasons"`
+	Notes              []string         `json:"notes"`
+	Report             string           `json:"report"`
+}
+
+func newDoorbell() (_ *doorbell, err error) {
+	d := &doorbell{ring: -1, done: -1, abort: -1}
+	defer func() {
+		if err != nil {
+			d.close()
+			err = fmt.Errorf("rbln: step doorbell: %w", err)
+		}
+	}()
+	fd, err := unix.MemfdCreate("stepserve-doorbell", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	block := os.NewFile(uintptr(fd), "memfd:stepserve-doorbell")
+	d.files = append(d.files, block)
+	if err := block.Truncate(blockSize); err != nil {
+		return nil, err
+	}
+	if d.block, err = unix.Mmap(fd, 0, blockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return nil, err
+	}
+	// The worker blocks reading ring; done is read here only once poll
+	// says it is ready, and never blocks.
+	if d.ring, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
+		return nil, err
+	}
+	if d.done, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return nil, err
+	}
+	if d.abort, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return nil, err
+	}
+	// The child's copies: exec dups these to its fds 4, 5, 6.
+	for _, p := range []struct {
+		fd   int
+		name string
+	}{{d.ring, "stepserve-ring"}, {d.done, "stepserve-done"}} {
+		dup, err := unix.FcntlInt(uintptr(p.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		d.files = append(d.files, os.NewFile(uintptr(dup), p.name))
+	}
+	return d, nil
+}
+
+// childArg is the worker's --doorbell argument for ExtraFiles starting at
+// fd first.
+func (d *doorbell) childArg(first int) string {
+	return fmt.Sprintf("%d,%d,%d", first, first+1, first+2)
+}
+
+// started closes the worker's ends here, once the child has its own.
+func (d *doorbell) started() {
+	for _, f := range d.files {
+		f.Close()
+	}
+	d.files = nil
+}
+
+func (d *doorbell) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&d.block[off])) }
+
+// step runs one step of the program in slot on the worker and returns its
+// report. stall bounds the wait; past it the connection is failed (the
+// supervisor then kills the worker), as for a step that hangs. A caller
+// whose ctx ends first gets ctx's error; the step's report is then read
+// and dropped by a goroutine that holds the block until it comes.
+func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane int, stall time.Duration) (x engine.Explain, bodyNS int64, err error) {
+	d.mu.Lock()
+	if d.dead.Load() {
+		d.mu.Unlock()
+		return x, 0, c.errOr(errWorkerDown)
+	}
+	d.seq++
+	seq := d.seq
+	binary.LittleEndian.PutUint32(d.block[offSlot:], slot)
+	binary.LittleEndian.PutUint32(d.block[offBucket:], uint32(bucket))
+	binary.LittleEndian.PutUint32(d.block[offLane:], uint32(lane))
+	atomic.StoreUint64(d.word(offReqSeq), seq) // after the fields: the worker reads them once it sees it
+	if err := ring(d.ring); err != nil {
+		d.mu.Unlock()
+		c.close(fmt.Errorf("%w: ringing the step doorbell: %v", errWorkerDown, err))
+		return x, 0, c.err
+	}
+	if err := d.wait(ctx, c, seq, stall); err != nil {
+		if ctx.Err() != nil && !d.dead.Load() {
+			// Nobody reads this step's answer, but the next step must not
+			// take the block before it comes.
+			go func() {
+				d.wait(context.Background(), c, seq, stall)
+				if c.late != nil {
+					c.late("step")
+				}
+				d.mu.Unlock()
+			}()
+			return x, 0, err
+		}
+		d.mu.Unlock()
+		return x, 0, err
+	}
+	x, bodyNS, err = d.report()
+	d.mu.Unlock()
+	return x, bodyNS, err
+}
+
+// wait returns once the worker has answered step seq, the connection
+// fails, the stall deadline passes, or ctx ends.
+func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Duration) error {
+	doneSeq := d.word(offDoneSeq)
+	if canSpin {
+		deadline := time.Now().Add(spinFor)
+		for i := 0; ; i++ {
+			if atomic.LoadUint64(doneSeq) == seq {
+				return nil
+			}
+			if i%64 == 63 && time.Now().After(deadline) {
+				break
+			}
+		}
+	}
+	start := time.Now()
+	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
+	var buf [8]byte
+	for {
+		if atomic.LoadUint64(doneSeq) == seq {
+			return nil
+		}
+		if d.dead.Load() {
+			return c.errOr(errWorkerDown)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Since(start) > stall {
+			err := fmt.Errorf("%w: a step got no answer in %v (stall timeout)", errWorkerDown, stall)
+			c.close(err)
+			return c.errOr(err)
+		}
+		// Short sleeps: ctx is looked at between them.
+		_, err := unix.Poll(fds, 50)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			c.close(fmt.Errorf("%w: waiting on the step doorbell: %v", errWorkerDown, err))
+			return c.err
+		}
+		if fds[0].Revents&unix.POLLIN != 0 {
+			unix.Read(d.done, buf[:]) // resets the count; the number says which step
+		}
+	}
+}
+
+// report reads the block's report into an Explain.
+func (d *doorbell) report() (engine.Explain, int64, error) {
+	b := d.block
+	status := int32(binary.LittleEndian.Uint32(b[offStatus:]))
+	flags := binary.LittleEndian.Uint32(b[offFlags:])
+	n := min(int(binary.LittleEndian.Uint32(b[offTextLen:])), maxText)
+	text := b[textOffset : textOffset+n]
+	if status == statusFailed {
+		return engine.Explain{}, 0, errors.New(string(text))
+	}
+	if status != statusDone {
+		return engine.Explain{}, 0, fmt.Errorf("%w: step report with status %d", ErrProtocol, status)
+	}
+	x := engine.Explain{Measured: flags&flagMeasured != 0, Clean: flags&flagClean != 0}
+	counts := [...]*engine.Count{&x.CPUFallbacks, &x.Recompiles, &x.HostBounces, &x.HostBounceBytes, &x.H2D, &x.D2H,
+		&x.WallNS, &x.H2DNS, &x.D2HNS, &x.V2V, &x.V2VSlow}
+	for i, c := range counts {
+		*c = max(engine.Count(int64(binary.LittleEndian.Uint64(b[offCounts+8*i:]))), engine.Unknown)
+	}
+	if flags&flagExtras != 0 {
+		// The same text as the last step's (an engine without explain says
+		// the same every step) is not decoded again.
+		if !slices.Equal(text, d.text) {
+			var e explainExtras
+			if err := json.Unmarshal(text, &e); err != nil {
+				return engine.Explain{}, 0, fmt.Errorf("%w: step report extras: %v", ErrProtocol, err)
+			}
+			d.extra, d.text = e, append(d.text[:0], text...)
+		}
+		e := &d.extra
+		// Clipped: a caller that appends a reason gets its own array.
+		x.Reasons, x.Notes = slices.Clip(e.Reasons), slices.Clip(e.Notes)
+		x.CPUFallbackByOp, x.RecompileByOp, x.HostBounceBySite = e.CPUFallbackByOp, e.RecompileByOp, e.HostBounceBySite
+		x.CPUFallbackReasons, x.Report = e.CPUFallbackReasons, e.Report
+	}
+	return x, int64(binary.LittleEndian.Uint64(b[offBodyNS:])), nil
+}
+
+// kill wakes a waiter for good: the life has ended.
+func (d *doorbell) kill() {
+	if d.dead.Swap(true) {
+		return
+	}
+	ring(d.abort)
+}
+
+// close releases the block and the eventfds; the life must be over (kill
+// first) and the worker gone.
+func (d *doorbell) close() {
+	d.kill()
+	d.mu.Lock() // a waiter, woken by kill, lets go first
+	defer d.mu.Unlock()
+	d.started()
+	if d.block != nil {
+		unix.Munmap(d.block)
+		d.block = nil
+	}
+	for _, fd := range []*int{&d.ring, &d.done, &d.abort} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// ring adds one to an eventfd's count.
+func ring(fd int) error {
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, err := unix.Write(fd, one[:])
+	return err
+}
