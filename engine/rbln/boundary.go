@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
 )
@@ -151,6 +152,28 @@ func (p *program) pack(bucket int) {
 func (p *program) unpack(bucket int) {
 	b := &p.bounds[bucket]
 	b.out.unpack(p.hostOut[bucket], p.staging.buffer(p.out[bucket]), b.batch)
+}
+
+// ResidentBytes is the host memory a model of cfg takes on the engine,
+// beyond its weights, for the server's budget: every bucket's buffers in
+// the host layout, which callers fill and read, and in the device layout,
+// in the shared memory the worker maps.
+func (e *Engine) ResidentBytes(cfg *models.Config, shapes []bucketing.Shape) int64 {
+	floats, ferr := computeDtype(&e.opts, cfg)
+	var host int64
+	var sizes []int
+	for _, s := range shapes {
+		l := engine.NewLayout(cfg, s)
+		host += int64(l.InBytes + l.OutBytes)
+		if b, err := newBoundary(l, floats); ferr == nil && err == nil {
+			sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
+		} else {
+			// The load will refuse the model; count the host layout again.
+			sizes = append(sizes, l.InBytes, l.OutBytes)
+		}
+	}
+	_, shared := layoutStaging(sizes)
+	return host + int64(shared)
 }
 
 // checkMapped holds the worker's view of each bucket's staging (its load

@@ -156,6 +156,26 @@ func TestPackAndUnpackAllocateNothing(t *testing.T) {
 	}))
 }
 
+// TestResidentBytesIsWhatLoadAllocates: the server's budget counts the
+// host buffers and the shared staging a load allocates.
+func TestResidentBytesIsWhatLoadAllocates(t *testing.T) {
+	m := loadEncoder(t)
+	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
+	require.NoError(t, err)
+	for _, opts := range []Options{{Device: DeviceRBLN}, {Device: DeviceCPU}, {Device: DeviceCPU, Env: map[string]string{cpuDtypeEnv: "device"}}} {
+		e := &Engine{opts: opts}
+		floats, err := computeDtype(&e.opts, m.Config)
+		require.NoError(t, err)
+		p := testProgram(t, m, floats, grid.Shapes()...)
+		host := 0
+		for i := range p.shapes {
+			in, out := p.Staging(i)
+			host += len(in) + len(out)
+		}
+		assert.Equal(t, int64(host+len(p.staging.data)), e.ResidentBytes(m.Config, grid.Shapes()), "%s computing in %s", e.Name(), floats)
+	}
+}
+
 // BenchmarkPackUnpack is the conversion a step adds, per bucket, in
 // bfloat16.
 func BenchmarkPackUnpack(b *testing.B) {
