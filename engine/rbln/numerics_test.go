@@ -36,6 +36,39 @@ func warmRunner(t *testing.T, m *models.Model, e engine.Engine, grid *bucketing.
 	return r
 }
 
+// onlyProgram is the one program loaded on e.
+func onlyProgram(t *testing.T, e *Engine) *program {
+	t.Helper()
+	w := e.workers[0]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	require.Len(t, w.programs, 1)
+	for p := range w.programs {
+		return p
+	}
+	return nil
+}
+
+// stagedAs asserts that the worker reads and writes p's staging as it
+// says (its load reply): floats in bfloat16, 2 bytes each, token ids in
+// int32, rows padded to 64; and logs the bytes a step moves each way.
+func stagedAs(t *testing.T, p *program, in string) {
+	t.Helper()
+	p.mu.Lock()
+	mapped := p.mapped
+	p.mu.Unlock()
+	require.Len(t, mapped, len(p.shapes))
+	for i, v := range mapped {
+		b, l := &p.bounds[i], &p.layouts[i]
+		size := map[string]int{"bfloat16": 2, "int32": 4}[in]
+		assert.Equal(t, tensorView{Dtype: in, Shape: []int{b.batch, b.in.row}, ElementBytes: size}, v.In, "bucket %s", p.shapes[i].Label())
+		assert.Equal(t, tensorView{Dtype: "bfloat16", Shape: []int{b.batch, b.out.row}, ElementBytes: 2}, v.Out, "bucket %s", p.shapes[i].Label())
+		assert.Zero(t, b.in.row%64+b.out.row%64)
+		t.Logf("bucket %s: a step moves %d bytes in, %d out (in the host layout %d and %d)", p.shapes[i].Label(),
+			b.in.bytes(b.batch), b.out.bytes(b.batch), l.InBytes, l.OutBytes)
+	}
+}
+
 func argmax(v []float64) int {
 	best := 0
 	for i, x := range v {
@@ -64,6 +97,7 @@ func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
 	require.NoError(t, err)
 	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, m, cpufallback.Engine{}, grid)
+	stagedAs(t, onlyProgram(t, e), "bfloat16")
 	worst, rows := 0.0, 0
 	for _, n := range []int{1, 3, 17, 40} {
 		a, b := digitsRequest(n, float32(n)), digitsRequest(n, float32(n))
@@ -97,6 +131,7 @@ func TestBFloat16EncoderMatchesTheCPUEngine(t *testing.T) {
 	grid, err := bucketing.NewGrid([]int{1, 4}, []int{32, 64})
 	require.NoError(t, err)
 	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, m, cpufallback.Engine{}, grid)
+	stagedAs(t, onlyProgram(t, e), "int32")
 	hidden := m.Config.Encoder.Hidden
 	batches := [][]string{
 		{"hello"},

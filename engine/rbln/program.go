@@ -28,15 +28,22 @@ type program struct {
 	slot    uint32 // the key's number: the doorbell names the program by it
 	shapes  []bucketing.Shape
 	layouts []engine.Layout
-	staging *staging // every bucket's buffers
-	in, out []region
+	// hostIn and hostOut are every bucket's buffers in the host layout,
+	// which Staging gives callers; pack and unpack convert them to and
+	// from the device staging, laid out as bounds say.
+	hostIn, hostOut [][]byte
+	bounds          []boundary
+	floats          dtype    // the compute dtype: floats in device staging
+	staging         *staging // every bucket's device staging, shared with the worker
+	in, out         []region
+	mapped          []stagingView // how the worker mapped each bucket's staging (its load reply); guarded by mu
 
 	healthy atomic.Bool
 	// reloadFailures counts the worker's lives in a row that failed to
 	// reload this program.
 	reloadFailures atomic.Int32
 
-	mu       sync.Mutex // guards compiled, ran and closed
+	mu       sync.Mutex // guards compiled, ran, closed and mapped
 	compiled []bool     // buckets compiled, recompiled after a restart
 	// ran marks the buckets stepped in the worker's current life: a
 	// bucket's first step builds its graph (torch.compile is lazy) and goes
@@ -56,21 +63,14 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 			return nil, fmt.Errorf("rbln: model %s: step inputs of mixed datatypes (%s, %s) cannot share one device buffer", m.Name, inputs[0].Datatype, s.Datatype)
 		}
 	}
+	floats, err := computeDtype(&w.e.opts, m.Config)
+	if err != nil {
+		return nil, fmt.Errorf("rbln: model %s: %w", m.Name, err)
+	}
 	n := programs.Add(1)
-	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, n), slot: uint32(n), shapes: shapes,
+	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, n), slot: uint32(n), shapes: shapes, floats: floats,
 		compiled: make([]bool, len(shapes)), ran: make([]bool, len(shapes))}
-	var sizes []int
-	for _, s := range shapes {
-		l := engine.NewLayout(m.Config, s)
-		p.layouts = append(p.layouts, l)
-		sizes = append(sizes, l.InBytes, l.OutBytes)
-	}
-	regions, total := layoutStaging(sizes)
-	for i := range shapes {
-		p.in, p.out = append(p.in, regions[2*i]), append(p.out, regions[2*i+1])
-	}
-	var err error
-	if p.staging, err = newStaging("stepserve-"+p.key, total); err != nil {
+	if err := p.allocate(); err != nil {
 		return nil, err
 	}
 	if err := p.load(ctx); err != nil {
@@ -90,16 +90,50 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 	return p, nil
 }
 
+// allocate lays out every bucket's buffers, in the host layout and in the
+// device staging (floats in p.floats), and allocates them.
+func (p *program) allocate() error {
+	var sizes []int
+	hostBytes := 0
+	for _, s := range p.shapes {
+		l := engine.NewLayout(p.model.Config, s)
+		b, err := newBoundary(l, p.floats)
+		if err != nil {
+			return fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+		}
+		p.layouts, p.bounds = append(p.layouts, l), append(p.bounds, b)
+		sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
+		hostBytes += l.InBytes + l.OutBytes
+	}
+	// The host buffers in one allocation, each capped at its length.
+	host := make([]byte, hostBytes)
+	for _, l := range p.layouts {
+		p.hostIn, host = append(p.hostIn, host[:l.InBytes:l.InBytes]), host[l.InBytes:]
+		p.hostOut, host = append(p.hostOut, host[:l.OutBytes:l.OutBytes]), host[l.OutBytes:]
+	}
+	regions, total := layoutStaging(sizes)
+	for i := range p.shapes {
+		p.in, p.out = append(p.in, regions[2*i]), append(p.out, regions[2*i+1])
+	}
+	var err error
+	p.staging, err = newStaging("stepserve-"+p.key, total)
+	return err
+}
+
 // loadRequest describes the model to the worker, with every bucket's
-// staging files.
+// device staging: where it lies in the memory sent with the request, and
+// the graph boundary it holds.
 func (p *program) loadRequest() *loadRequest {
 	cfg := p.model.Config
 	buckets := make([]bucketSpec, len(p.shapes))
 	for i, s := range p.shapes {
+		b := &p.bounds[i]
 		buckets[i] = bucketSpec{
 			Batch: s.Batch, Seq: s.Seq,
-			InOffset: p.in[i].offset, InBytes: p.layouts[i].InBytes,
-			OutOffset: p.out[i].offset, OutBytes: p.layouts[i].OutBytes,
+			InOffset: p.in[i].offset, InBytes: b.in.bytes(b.batch),
+			InDtype: b.in.dt.String(), InCols: b.in.cols, InRow: b.in.row,
+			OutOffset: p.out[i].offset, OutBytes: b.out.bytes(b.batch),
+			OutDtype: b.out.dt.String(), OutCols: b.out.cols, OutRow: b.out.row,
 		}
 	}
 	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
@@ -112,7 +146,7 @@ func (p *program) loadRequest() *loadRequest {
 		Weights:         weights,
 		Architecture:    cfg.Architecture,
 		DeviceDtype:     cfg.DeviceDtype,
-		InputDtype:      torchDtype(cfg.StepInputs()[0].Datatype),
+		ComputeDtype:    p.floats.String(),
 		CompileCacheDir: p.w.e.opts.CompileCacheDir,
 		Buckets:         buckets,
 		staging:         p.staging.f,
@@ -130,13 +164,6 @@ func (p *program) loadRequest() *loadRequest {
 	return req
 }
 
-func torchDtype(d models.Datatype) string {
-	if d == models.INT64 {
-		return "int64"
-	}
-	return "float32"
-}
-
 func (p *program) load(ctx context.Context) error {
 	var info loadReply
 	if err := p.w.call(ctx, p.loadRequest(), &info); err != nil {
@@ -148,6 +175,13 @@ func (p *program) load(ctx context.Context) error {
 		go p.unload()
 		return fmt.Errorf("rbln: loading model %s: the worker placed it on %q, but engine %s computes on %s only", p.model.Name, info.Device, p.w.e.Name(), want)
 	}
+	if err := p.checkMapped(info.Staging); err != nil {
+		go p.unload()
+		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
+	}
+	p.mu.Lock()
+	p.mapped = info.Staging
+	p.mu.Unlock()
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
 		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
 	return nil
@@ -227,10 +261,12 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	if !p.healthy.Load() {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
+	p.pack(bucket)
 	x, err := p.step(ctx, bucket)
 	if err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 	}
+	p.unpack(bucket)
 	return x, nil
 }
 
@@ -250,9 +286,11 @@ func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) 
 		return x, nil
 	}
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
+	p.pack(bucket)
 	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
 		return engine.Explain{}, err
 	}
+	p.unpack(bucket)
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.ran[bucket] = true
@@ -272,9 +310,11 @@ func (p *program) check(bucket int) error {
 	return nil
 }
 
-// Staging implements [engine.Program]: the shared-memory buffers.
+// Staging implements [engine.Program]: the buffers in the host layout,
+// which each step converts to and from the device staging in shared
+// memory.
 func (p *program) Staging(bucket int) (in, out []byte) {
-	return p.staging.buffer(p.in[bucket]), p.staging.buffer(p.out[bucket])
+	return p.hostIn[bucket], p.hostOut[bucket]
 }
 
 // Healthy implements [engine.Program].

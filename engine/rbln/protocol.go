@@ -58,8 +58,8 @@ type request interface {
 type pingRequest struct{ header }
 
 // loadRequest describes a model to the worker: the hyper-parameters, the
-// weights file it reads itself, and where every bucket's buffers lie in the
-// staging memory sent with it.
+// weights file it reads itself, the dtype it must compute in, and where
+// every bucket's buffers lie in the staging memory sent with it.
 type loadRequest struct {
 	header
 	Model           string       `json:"model"`
@@ -67,7 +67,7 @@ type loadRequest struct {
 	Weights         string       `json:"weights"`
 	Architecture    string       `json:"architecture"`
 	DeviceDtype     string       `json:"device_dtype"`
-	InputDtype      string       `json:"input_dtype"`
+	ComputeDtype    string       `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
 	CompileCacheDir string       `json:"compile_cache_dir"`
 	Buckets         []bucketSpec `json:"buckets"`
 	MLP             *mlpSpec     `json:"mlp,omitempty"`
@@ -77,16 +77,24 @@ type loadRequest struct {
 }
 
 // bucketSpec is one bucket's shape and its buffers: a descriptor sent with
-// the load (an index into them), an offset in it and a length.
+// the load (an index into them), an offset in it and a length, and the
+// graph boundary each holds: [batch, row] elements of a dtype, the first
+// cols of each row data and the rest zeros (see boundary).
 type bucketSpec struct {
-	Batch     int `json:"batch"`
-	Seq       int `json:"seq"`
-	InFD      int `json:"in_fd"`
-	InOffset  int `json:"in_offset"`
-	InBytes   int `json:"in_bytes"`
-	OutFD     int `json:"out_fd"`
-	OutOffset int `json:"out_offset"`
-	OutBytes  int `json:"out_bytes"`
+	Batch     int    `json:"batch"`
+	Seq       int    `json:"seq"`
+	InFD      int    `json:"in_fd"`
+	InOffset  int    `json:"in_offset"`
+	InBytes   int    `json:"in_bytes"`
+	InDtype   string `json:"in_dtype"`
+	InCols    int    `json:"in_cols"`
+	InRow     int    `json:"in_row"`
+	OutFD     int    `json:"out_fd"`
+	OutOffset int    `json:"out_offset"`
+	OutBytes  int    `json:"out_bytes"`
+	OutDtype  string `json:"out_dtype"`
+	OutCols   int    `json:"out_cols"`
+	OutRow    int    `json:"out_row"`
 }
 
 type mlpSpec struct {
@@ -216,6 +224,21 @@ type loadReply struct {
 	Compiled     bool     `json:"compiled"`
 	ComputeDtype string   `json:"compute_dtype"`
 	Notes        []string `json:"notes"`
+	// Staging is every bucket's staging as the worker mapped it.
+	Staging []stagingView `json:"staging"`
+}
+
+// stagingView is one bucket's input and output staging as the worker's
+// tensors over it are.
+type stagingView struct {
+	In  tensorView `json:"in"`
+	Out tensorView `json:"out"`
+}
+
+type tensorView struct {
+	Dtype        string `json:"dtype"`
+	Shape        []int  `json:"shape"`
+	ElementBytes int    `json:"element_bytes"`
 }
 
 // compileReply reports a bucket's build; nothing has run on it yet.

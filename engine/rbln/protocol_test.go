@@ -43,10 +43,13 @@ func TestRequestsOnTheWire(t *testing.T) {
 }
 
 // TestLoadRequestOnTheWire holds the load request to what the supervisor
-// sent when it built it as a map, for both architectures.
+// sent when it built it as a map, for both architectures, in float16: every
+// row of staging padded to 64 elements, floats in 2 bytes, token ids in 4.
 func TestLoadRequestOnTheWire(t *testing.T) {
 	for _, tc := range []struct {
-		model, yaml, want string
+		model, yaml string
+		shapes      []bucketing.Shape
+		want        string
 	}{
 		{"digits", `
 architecture: mlp
@@ -54,14 +57,22 @@ mlp: {sizes: [64, 128, 10], activation: relu, output_activation: softmax}
 inputs: [{name: pixels, datatype: FP32, shape: [-1, 64]}]
 outputs: [{name: probabilities, datatype: FP32, shape: [-1, 10]}]
 buckets: {batch: [1, 4]}
-`, `{"architecture":"mlp","buckets":[{"batch":1,"in_bytes":256,"in_fd":0,"in_offset":0,"out_bytes":40,"out_fd":0,"out_offset":4096,"seq":0},{"batch":4,"in_bytes":1024,"in_fd":0,"in_offset":8192,"out_bytes":160,"out_fd":0,"out_offset":12288,"seq":32}],"compile_cache_dir":"/cache","device_dtype":"float16","id":9,"input_dtype":"float32","mlp":{"activation":"relu","output_activation":"softmax","sizes":[64,128,10]},"model":"digits","slot":3,"type":"load","weights":"/models/digits/weights.safetensors"}`},
+`, []bucketing.Shape{{Batch: 1}, {Batch: 4}},
+			`{"architecture":"mlp","buckets":[` +
+				`{"batch":1,"seq":0,"in_fd":0,"in_offset":0,"in_bytes":128,"in_dtype":"float16","in_cols":64,"in_row":64,"out_fd":0,"out_offset":4096,"out_bytes":128,"out_dtype":"float16","out_cols":10,"out_row":64},` +
+				`{"batch":4,"seq":0,"in_fd":0,"in_offset":8192,"in_bytes":512,"in_dtype":"float16","in_cols":64,"in_row":64,"out_fd":0,"out_offset":12288,"out_bytes":512,"out_dtype":"float16","out_cols":10,"out_row":64}],` +
+				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","id":9,"mlp":{"activation":"relu","output_activation":"softmax","sizes":[64,128,10]},"model":"digits","slot":3,"type":"load","weights":"/models/digits/weights.safetensors"}`},
 		{"tiny-encoder", `
 architecture: encoder
 encoder: {vocab_size: 1024, hidden: 128, layers: 2, heads: 4, intermediate: 512, max_position: 128, pooling: mean, normalize: true, lowercase: true, truncate: true}
 inputs: [{name: text, datatype: BYTES, shape: [-1]}]
 outputs: [{name: embedding, datatype: FP32, shape: [-1, 128]}]
 buckets: {batch: [1, 4], seq: [32]}
-`, `{"architecture":"encoder","buckets":[{"batch":1,"in_bytes":0,"in_fd":0,"in_offset":0,"out_bytes":512,"out_fd":0,"out_offset":4096,"seq":0},{"batch":4,"in_bytes":3072,"in_fd":0,"in_offset":8192,"out_bytes":2048,"out_fd":0,"out_offset":12288,"seq":32}],"compile_cache_dir":"/cache","device_dtype":"float16","encoder":{"heads":4,"hidden":128,"intermediate":512,"layer_norm_eps":1e-12,"layers":2,"max_position":128,"normalize":true,"pooling":"mean","type_vocab_size":2,"vocab_size":1024},"id":9,"input_dtype":"int64","model":"tiny-encoder","slot":3,"type":"load","weights":"/models/tiny-encoder/weights.safetensors"}`},
+`, []bucketing.Shape{{Batch: 1, Seq: 32}, {Batch: 4, Seq: 32}},
+			`{"architecture":"encoder","buckets":[` +
+				`{"batch":1,"seq":32,"in_fd":0,"in_offset":0,"in_bytes":512,"in_dtype":"int32","in_cols":96,"in_row":128,"out_fd":0,"out_offset":4096,"out_bytes":256,"out_dtype":"float16","out_cols":128,"out_row":128},` +
+				`{"batch":4,"seq":32,"in_fd":0,"in_offset":8192,"in_bytes":2048,"in_dtype":"int32","in_cols":96,"in_row":128,"out_fd":0,"out_offset":12288,"out_bytes":1024,"out_dtype":"float16","out_cols":128,"out_row":128}],` +
+				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","encoder":{"heads":4,"hidden":128,"intermediate":512,"layer_norm_eps":1e-12,"layers":2,"max_position":128,"normalize":true,"pooling":"mean","type_vocab_size":2,"vocab_size":1024},"id":9,"model":"tiny-encoder","slot":3,"type":"load","weights":"/models/tiny-encoder/weights.safetensors"}`},
 	} {
 		t.Run(tc.model, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), models.ConfigFile)
@@ -69,11 +80,13 @@ buckets: {batch: [1, 4], seq: [32]}
 			cfg, err := models.ReadConfig(path)
 			require.NoError(t, err)
 			m := &models.Model{Name: tc.model, Config: cfg, Weights: &models.Weights{Path: "/models/" + tc.model + "/weights.safetensors"}}
-			shapes := []bucketing.Shape{{Batch: 1}, {Batch: 4, Seq: 32}}
-			p := &program{w: &worker{e: &Engine{opts: Options{CompileCacheDir: "/cache"}}}, model: m, key: m.Name, slot: 3, shapes: shapes}
+			p := &program{w: &worker{e: &Engine{opts: Options{CompileCacheDir: "/cache"}}}, model: m, key: m.Name, slot: 3, shapes: tc.shapes, floats: dtFloat16}
 			p.staging = &staging{}
-			for i, s := range shapes {
-				p.layouts = append(p.layouts, engine.NewLayout(m.Config, s))
+			for i, s := range tc.shapes {
+				l := engine.NewLayout(m.Config, s)
+				b, err := newBoundary(l, dtFloat16)
+				require.NoError(t, err)
+				p.layouts, p.bounds = append(p.layouts, l), append(p.bounds, b)
 				p.in = append(p.in, region{offset: 8192 * i})
 				p.out = append(p.out, region{offset: 8192*i + 4096})
 			}

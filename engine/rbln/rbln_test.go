@@ -75,7 +75,7 @@ func fakeRBLN() string {
 	return p
 }
 
-func loadDigits(t *testing.T) *models.Model {
+func loadDigits(t testing.TB) *models.Model {
 	m, err := models.Load("../../model_repository/digits")
 	require.NoError(t, err)
 	return m

@@ -148,7 +148,9 @@ class Encoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         s = ids.shape[1]
-        x = self.norm(self.word[ids] + self.pos[:s].unsqueeze(0) + self.types[types])
+        # F.embedding, not indexing: ids arrive as int32 (the staging's
+        # narrowest integer type), which torch indexes only as embeddings.
+        x = self.norm(F.embedding(ids, self.word) + self.pos[:s].unsqueeze(0) + F.embedding(types, self.types))
         maskf = mask.to(x.dtype)
         pad = (mask == 0)[:, None, None, :]
         for layer in self.layers:
@@ -169,6 +171,61 @@ class Shape:
     batch: int
     seq: int
 
+    def label(self) -> str:
+        """As the supervisor names buckets: b4, or b4xs32."""
+        return f"b{self.batch}xs{self.seq}" if self.seq else f"b{self.batch}"
+
+
+#: The device's rule for last dimensions: eager operators on tensors whose
+#: last dimension is not a multiple of 64 fall back to the CPU, and the
+#: step structure asks the same of the graph's inputs and output.
+ALIGN = 64
+
+
+def padded(n: int) -> int:
+    """n rounded up to a multiple of ALIGN."""
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One bucket's graph boundary. The step graph takes one [batch, in_row]
+    tensor of in_dtype and returns one [batch, out_row] tensor of
+    out_dtype; the first in_cols (out_cols) elements of each row are data,
+    the rest zeros up to a multiple of ALIGN. The supervisor lays the
+    staging out the same way (engine/rbln/boundary.go) and converts to and
+    from its own host layout."""
+
+    in_dtype: torch.dtype
+    in_cols: int
+    out_dtype: torch.dtype
+    out_cols: int
+
+    @property
+    def in_row(self) -> int:
+        return padded(self.in_cols)
+
+    @property
+    def out_row(self) -> int:
+        return padded(self.out_cols)
+
+
+def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Boundary:
+    """The boundary of the step graph of the model spec describes, for
+    shape, computing in compute: an mlp's row is its input features; an
+    encoder's is the token ids, attention mask and token type ids of one
+    sequence side by side, as int32 (the ids index tables of at most 2^22
+    rows); the output row is the model's output features."""
+    arch = spec.get("architecture")
+    if arch == "mlp":
+        sizes = spec["mlp"]["sizes"]
+        return Boundary(compute, sizes[0], compute, sizes[-1])
+    if arch == "encoder":
+        # The order Go packs the token tensors in, stated once in
+        # models/inputs.go (encoderStepInputs).
+        return Boundary(torch.int32, 3 * shape.seq, compute, spec["encoder"]["hidden"])
+    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
+
 
 def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
     """The model a load message describes."""
@@ -180,10 +237,14 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
     raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
 
 
-def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dtype,
+def step_body(model: nn.Module, shape: Shape, bound: Boundary,
               name: str = "step") -> Callable[[torch.Tensor], torch.Tensor]:
-    """The function compiled per bucket: the flat input buffer in, every
-    output packed into one flat float32 tensor out (one download).
+    """The function compiled per bucket: the staged input, [batch,
+    bound.in_row], in; every output packed into one [batch, bound.out_row]
+    tensor out (one download), in the compute dtype. The row padding is
+    sliced off the input and put back on the output inside the graph, so
+    that the graph's boundary tensors have last dimensions that are
+    multiples of ALIGN and nothing outside it reshapes or converts.
 
     Each call returns a function with a code object of its own, named name:
     Dynamo keys its cache on the code object and keeps a few entries per
@@ -191,16 +252,22 @@ def step_body(model: nn.Module, shape: Shape, in_features: int, dtype: torch.dty
     one def do, would let a model's later buckets fall back to eager code.
     Its own code object also means a recompile is that bucket's alone, and
     dropping the function drops its compiled graph."""
+    out_pad = bound.out_row - bound.out_cols
+
+    def pad(y: torch.Tensor) -> torch.Tensor:
+        return F.pad(y, (0, out_pad)) if out_pad else y
+
     if isinstance(model, Encoder):
-        def encoder_body(flat: torch.Tensor) -> torch.Tensor:
-            # The token tensors in the order Go packs them, stated once in
-            # models/inputs.go (encoderStepInputs).
-            ids, mask, types = flat.view(3, shape.batch, shape.seq)
-            return model(ids, mask, types).float().reshape(-1)
+        s = shape.seq
+
+        def encoder_body(x: torch.Tensor) -> torch.Tensor:
+            return pad(model(x[:, :s], x[:, s:2 * s], x[:, 2 * s:3 * s]))
         return own_code(encoder_body, name)
 
-    def mlp_body(flat: torch.Tensor) -> torch.Tensor:
-        return model(flat.view(shape.batch, in_features).to(dtype)).float().reshape(-1)
+    cols, whole = bound.in_cols, bound.in_cols == bound.in_row
+
+    def mlp_body(x: torch.Tensor) -> torch.Tensor:
+        return pad(model(x if whole else x[:, :cols]))
     return own_code(mlp_body, name)
 
 

@@ -33,7 +33,7 @@ from . import nets
 from . import safetensors
 from .protocol import ProtocolError, Writer, read_message
 
-_DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 #: Set to "device" to compute on torch's CPU in the model's device_dtype, as
 #: the tests of half-precision numerics do; otherwise the CPU computes in
@@ -49,6 +49,12 @@ DEVICE_KINDS = ("rbln", "cpu")
 
 class DeviceError(RuntimeError):
     """The worker cannot compute where its engine requires."""
+
+
+class StagingError(ValueError):
+    """The supervisor laid the staging out for another step graph than
+    the one this worker builds; the message names the model, the bucket
+    and what was expected."""
 
 
 @dataclass
@@ -159,8 +165,8 @@ class StagingMap:
     def __init__(self, fd: int) -> None:
         self._map = mmap.mmap(fd, 0)  # the mapping keeps its own descriptor
 
-    def view(self, offset: int, nbytes: int, dtype: torch.dtype) -> "Staging":
-        return Staging(self._map, offset, nbytes, dtype)
+    def view(self, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> "Staging":
+        return Staging(self._map, offset, shape, dtype)
 
     def close(self) -> None:
         try:
@@ -170,12 +176,17 @@ class StagingMap:
 
 
 class Staging:
-    """One staging buffer: a flat tensor over part of a StagingMap."""
+    """One staging buffer: a [batch, row] tensor over part of a StagingMap."""
 
-    def __init__(self, mapping: mmap.mmap, offset: int, nbytes: int, dtype: torch.dtype) -> None:
-        count = nbytes // torch.empty(0, dtype=dtype).element_size()
-        self.tensor = (torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset) if count
-                       else torch.empty(0, dtype=dtype))
+    def __init__(self, mapping: mmap.mmap, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> None:
+        count = shape[0] * shape[1]
+        self.tensor = (torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset).view(shape) if count
+                       else torch.empty(shape, dtype=dtype))
+
+    def view(self) -> dict[str, Any]:
+        """The buffer as this worker reads it, for the load reply."""
+        t = self.tensor
+        return {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "element_bytes": t.element_size()}
 
     def close(self) -> None:
         del self.tensor
@@ -184,6 +195,7 @@ class Staging:
 @dataclass
 class Bucket:
     shape: nets.Shape
+    bound: nets.Boundary
     staging_in: Staging
     staging_out: Staging
     device_in: Optional[torch.Tensor] = None
@@ -195,8 +207,6 @@ class Model:
     name: str
     module: Optional[torch.nn.Module]  # None once unloaded
     buckets: list[Bucket]
-    in_dtype: torch.dtype
-    in_features: int
     compute_dtype: torch.dtype
     cache_dir: str
     staging: list[StagingMap] = field(default_factory=list)
@@ -219,29 +229,38 @@ class Worker:
         if name in self.models:
             self.unload({"model": name})
         self.rt.require_device("loads", [])
+        compute = self._compute_dtype(name, msg)
+        maps = [StagingMap(fd) for fd in msg.get("fds", [])]
+        try:
+            buckets = [_staged_bucket(msg, i, compute, maps) for i in range(len(msg["buckets"]))]
+        except BaseException:
+            for sm in maps:
+                sm.close()
+            raise
         tensors = safetensors.load(Path(msg["weights"]))
         module = nets.build(msg, tensors).eval()
-        on_cpu = self.rt.device.type == "cpu"
-        compute = _DTYPES[msg.get("device_dtype", "float16")]
-        if on_cpu and os.environ.get(CPU_DTYPE_ENV) != "device":
-            compute = torch.float32
         with torch.inference_mode():
             module = module.to(device=self.rt.device, dtype=compute)  # weights move once
         self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
-        in_dtype = _DTYPES[msg["input_dtype"]]
-        maps = [StagingMap(fd) for fd in msg.get("fds", [])]
-        buckets = [
-            Bucket(nets.Shape(b["batch"], b.get("seq", 0)),
-                   maps[b["in_fd"]].view(b["in_offset"], b["in_bytes"], in_dtype),
-                   maps[b["out_fd"]].view(b["out_offset"], b["out_bytes"], torch.float32))
-            for b in msg["buckets"]]
-        in_features = msg["mlp"]["sizes"][0] if msg.get("architecture") == "mlp" else 0
-        self.models[name] = Model(name, module, buckets, in_dtype, in_features, compute, msg.get("compile_cache_dir", ""),
-                                  maps)
+        self.models[name] = Model(name, module, buckets, compute, msg.get("compile_cache_dir", ""), maps)
         if isinstance(msg.get("slot"), int):
             self.slots[msg["slot"]] = name
         return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
-                "compute_dtype": str(compute).replace("torch.", "")}
+                "compute_dtype": _dtype_name(compute),
+                "staging": [{"in": b.staging_in.view(), "out": b.staging_out.view()} for b in buckets]}
+
+    def _compute_dtype(self, name: str, msg: dict[str, Any]) -> torch.dtype:
+        """The dtype to compute the model in, which must be the one the
+        supervisor staged its floats in: the model's device_dtype, except
+        on the host CPU, whose torch has no float16 matmul, float32 unless
+        CPU_DTYPE_ENV says "device"."""
+        compute, why = _DTYPES[msg.get("device_dtype", "float16")], "the model's device_dtype"
+        if self.rt.device.type == "cpu" and os.environ.get(CPU_DTYPE_ENV) != "device":
+            compute, why = torch.float32, f"on the host CPU unless {CPU_DTYPE_ENV}=device"
+        if msg.get("compute_dtype") != _dtype_name(compute):
+            raise StagingError(f"model {name!r}: the supervisor staged its floats as {msg.get('compute_dtype')}, "
+                               f"but this worker computes it in {_dtype_name(compute)} ({why})")
+        return compute
 
     def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Build one bucket's graph and bound input buffer. Nothing runs
@@ -251,15 +270,14 @@ class Worker:
         m, b = self._bucket(msg)
         start = time.monotonic()
         bucket = msg["bucket"]
-        body = nets.step_body(m.module, b.shape, m.in_features, m.compute_dtype,
-                              name=_code_name(m.name, bucket))
+        body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
         if self.rt.compile_available:
             opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
             # fullgraph: a graph break would split the step into several
             # programs with eager code between them; refuse it at load.
             body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
         b.graph = body
-        b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=m.in_dtype, device=self.rt.device)
+        b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=b.bound.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
             self.rt.rbln.bind_device_memory(b.device_in)
         return {"compile_seconds": time.monotonic() - start}
@@ -319,12 +337,13 @@ class Worker:
         return m, m.buckets[i]
 
     def _body(self, b: Bucket) -> int:
-        """One copy in, the graph, one copy out; returns the ns it took."""
+        """One copy in, the graph, one copy out: the staging holds the
+        graph's boundary tensors as they are (dtype and padded shape).
+        Returns the ns it took."""
         assert b.device_in is not None and b.graph is not None
         start = time.perf_counter_ns()
         b.device_in.copy_(b.staging_in.tensor)
-        out = b.graph(b.device_in)
-        b.staging_out.tensor[: out.numel()].copy_(out)
+        b.staging_out.tensor.copy_(b.graph(b.device_in))
         return time.perf_counter_ns() - start
 
     def _run(self, b: Bucket) -> ex.Report:
@@ -647,6 +666,32 @@ class Server:
             print("stepserve_worker: exiting with a device request still running", flush=True)
             os._exit(0)
         return 0
+
+
+def _staged_bucket(msg: dict[str, Any], i: int, compute: torch.dtype, maps: list[StagingMap]) -> Bucket:
+    """Bucket i of the model msg loads, over its staging, once the
+    supervisor's layout of it is shown to be the step graph's boundary."""
+    spec = msg["buckets"][i]
+    shape = nets.Shape(spec["batch"], spec.get("seq", 0))
+    bound = nets.boundary(msg, shape, compute)
+    problems = []
+    for side, dtype, cols in (("in", bound.in_dtype, bound.in_cols), ("out", bound.out_dtype, bound.out_cols)):
+        row = nets.padded(cols)
+        nbytes = shape.batch * row * torch.empty(0, dtype=dtype).element_size()
+        got = tuple(spec.get(f"{side}_{k}") for k in ("dtype", "cols", "row", "bytes"))
+        if got != (_dtype_name(dtype), cols, row, nbytes):
+            problems.append(f"{side}put {got[0]}[{shape.batch}, {got[2]}] of {got[1]} data columns in {got[3]} bytes, "
+                            f"want {_dtype_name(dtype)}[{shape.batch}, {row}] of {cols} in {nbytes}")
+    if problems:
+        raise StagingError(f"model {msg['model']!r} bucket {i} ({shape.label()}): the staging is laid out for another step graph: "
+                           + "; ".join(problems))
+    return Bucket(shape, bound,
+                  maps[spec["in_fd"]].view(spec["in_offset"], (shape.batch, bound.in_row), bound.in_dtype),
+                  maps[spec["out_fd"]].view(spec["out_offset"], (shape.batch, bound.out_row), bound.out_dtype))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _close_fds(msg: dict[str, Any]) -> None:

@@ -105,5 +105,55 @@ class EncoderDtypeTest(unittest.TestCase):
             self.assertGreaterEqual(cos.min().item(), 0.999, f"{pooling}: cosine per row {cos.tolist()}")
 
 
+class StepBodyTest(unittest.TestCase):
+    """The step graph's boundary: [batch, in_row] in, [batch, out_row] out,
+    rows padded to multiples of 64, in the dtypes the staging holds."""
+
+    def test_mlp_slices_its_input_and_pads_its_output(self) -> None:
+        torch.manual_seed(0)
+        tensors = {"layers.0.weight": torch.randn(8, 4), "layers.0.bias": torch.randn(8),
+                   "layers.1.weight": torch.randn(3, 8), "layers.1.bias": torch.randn(3)}
+        spec = {"architecture": "mlp", "mlp": {"sizes": [4, 8, 3]}}
+        model = nets.build(spec, tensors).eval().to(torch.bfloat16)
+        bound = nets.boundary(spec, nets.Shape(2, 0), torch.bfloat16)
+        self.assertEqual((torch.bfloat16, 4, 64, torch.bfloat16, 3, 64),
+                         (bound.in_dtype, bound.in_cols, bound.in_row, bound.out_dtype, bound.out_cols, bound.out_row))
+        x = torch.randn(2, 4).to(torch.bfloat16)
+        # Go zeroes the padding; anything there must be ignored anyway.
+        staged = torch.cat([x, torch.full((2, 60), 1e3, dtype=torch.bfloat16)], 1)
+        with torch.no_grad():
+            y = nets.step_body(model, nets.Shape(2, 0), bound)(staged)
+            want = model(x)
+        self.assertEqual((torch.bfloat16, (2, 64)), (y.dtype, tuple(y.shape)))
+        self.assertTrue(torch.equal(want, y[:, :3]))
+        self.assertTrue(torch.equal(torch.zeros(2, 61, dtype=torch.bfloat16), y[:, 3:]), "the padding is zeros")
+
+    def test_encoder_reads_int32_token_rows(self) -> None:
+        tensors = safetensors.load(REF_DIR / "weights.safetensors")
+        cfg = {"vocab_size": 100, "hidden": 64, "layers": 2, "heads": 4, "intermediate": 128,
+               "max_position": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pooling": "mean"}
+        spec = {"architecture": "encoder", "encoder": cfg}
+        shape = nets.Shape(2, 32)
+        bound = nets.boundary(spec, shape, torch.bfloat16)
+        self.assertEqual((torch.int32, 96, 128, 64, 64),
+                         (bound.in_dtype, bound.in_cols, bound.in_row, bound.out_cols, bound.out_row))
+        torch.manual_seed(1)
+        ids = torch.randint(1, 100, (2, 32))
+        mask = torch.ones(2, 32, dtype=torch.int64)
+        mask[1, 20:] = 0
+        types = torch.zeros(2, 32, dtype=torch.int64)
+        types[0, 10:] = 1
+        # One row per sequence: its ids, mask and type ids side by side,
+        # then zeros to 128, as Go packs them.
+        staged = torch.zeros(2, 128, dtype=torch.int32)
+        staged[:, :96] = torch.cat([ids, mask, types], 1)
+        model = nets.build(spec, tensors).eval().to(torch.bfloat16)
+        with torch.no_grad():
+            got = nets.step_body(model, shape, bound)(staged)
+            want = model(ids, mask, types)
+        self.assertEqual((torch.bfloat16, (2, 64)), (got.dtype, tuple(got.shape)))
+        self.assertTrue(torch.equal(want, got), "int32 ids embed as int64 ones do")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -6,8 +6,10 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.nn import functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "testdata" / "fake_torch_rbln"))
@@ -15,7 +17,7 @@ import torch_rbln  # the test double: installs torch.rbln  # noqa: E402,F401
 
 from stepserve_worker import nets, safetensors  # noqa: E402
 from stepserve_worker.protocol import read_message  # noqa: E402
-from stepserve_worker.worker import CPU_DTYPE_ENV, DeviceError, Runtime, Server, Worker  # noqa: E402
+from stepserve_worker.worker import CPU_DTYPE_ENV, DeviceError, Runtime, Server, StagingError, Worker  # noqa: E402
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -47,22 +49,48 @@ class Fixture(unittest.TestCase):
         write_safetensors(self.dir / "w.safetensors", {
             "layers.0.weight": self.w1, "layers.0.bias": self.b1, "layers.1.weight": self.w2, "layers.1.bias": self.b2})
         # Each staging buffer in a file of its own, passed by descriptor as
-        # the supervisor passes its memfd; in_path and out_path are the
-        # tests' own handles on them.
-        self.buckets, self.fds = [], []
+        # the supervisor passes its memfd; paths are the tests' own handles
+        # on them. Rows are padded to 64 elements (4 and 3 of them data),
+        # and the files hold them in float32, the widest dtype: a load in
+        # another lays the same files out for it.
+        self.fds = []
+        self.paths: list[tuple[Path, Path]] = []
         for batch in (1, 2):
             inp, out = self.dir / f"in{batch}", self.dir / f"out{batch}"
-            inp.write_bytes(bytes(batch * 4 * 4))
-            out.write_bytes(bytes(batch * 3 * 4))
+            inp.write_bytes(bytes(batch * 64 * 4))
+            out.write_bytes(bytes(batch * 64 * 4))
             self.fds += [os.open(inp, os.O_RDWR), os.open(out, os.O_RDWR)]
-            self.buckets.append({"batch": batch, "seq": 0, "in_path": str(inp), "in_fd": len(self.fds) - 2,
-                                 "in_offset": 0, "in_bytes": batch * 16, "out_path": str(out),
-                                 "out_fd": len(self.fds) - 1, "out_offset": 0, "out_bytes": batch * 12})
-        self.load = {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
-                     "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
-                     "input_dtype": "float32", "device_dtype": "float16", "buckets": self.buckets, "fds": self.fds}
+            self.paths.append((inp, out))
+        self.load = self.staged("float32")
         clear_env()
         self.workers: list[Worker] = []
+
+    def staged(self, dtype: str, **load: Any) -> dict[str, Any]:
+        """The mlp's load message, its staging laid out in dtype as the
+        supervisor lays it out (engine/rbln/boundary.go)."""
+        size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        buckets = [{"batch": batch, "seq": 0,
+                    "in_fd": 2 * i, "in_offset": 0, "in_bytes": batch * 64 * size,
+                    "in_dtype": dtype, "in_cols": 4, "in_row": 64,
+                    "out_fd": 2 * i + 1, "out_offset": 0, "out_bytes": batch * 64 * size,
+                    "out_dtype": dtype, "out_cols": 3, "out_row": 64}
+                   for i, batch in enumerate((1, 2))]
+        return {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
+                "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
+                "device_dtype": "float16", "compute_dtype": dtype, "buckets": buckets, "fds": self.fds, **load}
+
+    def put(self, bucket: int, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        """Stage x's rows in bucket's input, padded to 64 as Go pads them."""
+        raw = F.pad(x, (0, 64 - x.shape[1])).to(dtype)
+        if raw.element_size() == 2:
+            raw = raw.view(torch.int16)  # numpy has no bfloat16
+        self.paths[bucket][0].write_bytes(raw.numpy().tobytes())
+
+    def got(self, bucket: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Bucket's staged output rows, all 64 elements of each, as float32."""
+        batch = bucket + 1
+        raw = bytearray(self.paths[bucket][1].read_bytes())
+        return torch.frombuffer(raw, dtype=dtype, count=batch * 64).view(batch, 64).float()
 
     def tearDown(self) -> None:
         clear_env()
@@ -89,14 +117,18 @@ class WorkerTest(Fixture):
         info = w.load(self.load)
         self.assertEqual("cpu", info["device"])
         self.assertEqual("float32", info["compute_dtype"], "torch's CPU computes in float32")
+        self.assertEqual([{"in": {"dtype": "float32", "shape": [b, 64], "element_bytes": 4},
+                           "out": {"dtype": "float32", "shape": [b, 64], "element_bytes": 4}} for b in (1, 2)],
+                         info["staging"], "the worker says how it reads the staging")
         w.compile({"model": "m", "bucket": 1})
         x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
-        Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
+        self.put(1, x)
         rep = w.step({"model": "m", "bucket": 1})["explain"]
         self.assertEqual((1, 1), (rep["h2d"], rep["d2h"]))
-        got = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32).view(2, 3)
+        got = self.got(1)
         want = torch.softmax(torch.relu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2, -1)
-        self.assertLess((got - want).abs().max().item(), 1e-6)
+        self.assertLess((got[:, :3] - want).abs().max().item(), 1e-6)
+        self.assertTrue(torch.equal(got[:, 3:], torch.zeros(2, 61)), "the output's row padding is zeros")
 
     def regions(self) -> int:
         path = self.dir / "regions"
@@ -118,20 +150,48 @@ class WorkerTest(Fixture):
     def test_cpu_computes_in_the_device_dtype_when_asked(self) -> None:
         x = torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]])
         out = {}
-        for dtype, env in (("float32", None), ("bfloat16", "device")):
+        for dtype, env, size in ((torch.float32, None, 4), (torch.bfloat16, "device", 2)):
+            name = str(dtype).removeprefix("torch.")
             if env:
                 os.environ[CPU_DTYPE_ENV] = env
             w = self.worker()
-            info = w.load(dict(self.load, device_dtype="bfloat16"))
-            self.assertEqual(dtype, info["compute_dtype"])
+            info = w.load(self.staged(name, device_dtype="bfloat16"))
+            self.assertEqual(name, info["compute_dtype"])
+            self.assertEqual({"dtype": name, "shape": [2, 64], "element_bytes": size}, info["staging"][1]["in"],
+                             "the staging holds the compute dtype")
             w.compile({"model": "m", "bucket": 1})
-            Path(self.buckets[1]["in_path"]).write_bytes(x.numpy().tobytes())
+            self.put(1, x, dtype)
             w.step({"model": "m", "bucket": 1})
-            out[dtype] = torch.frombuffer(bytearray(Path(self.buckets[1]["out_path"]).read_bytes()), dtype=torch.float32)
+            out[name] = self.got(1, dtype)
             w.unload({"model": "m"})
         diff = (out["bfloat16"] - out["float32"]).abs().max().item()
         self.assertGreater(diff, 0, "bfloat16 rounds: the two runs differ")
         self.assertLess(diff, 2e-2)
+
+    def test_staging_laid_out_for_another_graph_is_refused(self) -> None:
+        w = self.worker()
+        for name, load, want in [
+            ("compute dtype", self.staged("bfloat16"),
+             r"model 'm': the supervisor staged its floats as bfloat16, but this worker computes it in float32 "
+             r"\(on the host CPU unless STEPSERVE_WORKER_CPU_DTYPE=device\)"),
+            ("unpadded row", self.edit(1, in_row=4, in_bytes=2 * 4 * 4),
+             r"model 'm' bucket 1 \(b2\): the staging is laid out for another step graph: "
+             r"input float32\[2, 4\] of 4 data columns in 32 bytes, want float32\[2, 64\] of 4 in 512$"),
+            ("output dtype", self.edit(0, out_dtype="float16", out_bytes=64 * 2),
+             r"model 'm' bucket 0 \(b1\): .*output float16\[1, 64\] of 3 data columns in 128 bytes, "
+             r"want float32\[1, 64\] of 3 in 256"),
+            ("another model's width", self.edit(0, in_cols=8),
+             r"bucket 0 \(b1\): .*input float32\[1, 64\] of 8 data columns in 256 bytes, want float32\[1, 64\] of 4 in 256"),
+        ]:
+            with self.subTest(name), self.assertRaisesRegex(StagingError, want):
+                w.load(load)
+        self.assertEqual({}, w.models, "nothing is loaded")
+
+    def edit(self, bucket: int, **spec: Any) -> dict[str, Any]:
+        """The float32 load with bucket's spec changed."""
+        load = self.staged("float32")
+        load["buckets"][bucket].update(spec)
+        return load
 
     def test_lazy_bucket_is_a_recompile(self) -> None:
         w = self.worker()

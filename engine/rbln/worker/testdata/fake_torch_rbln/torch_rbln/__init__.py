@@ -20,6 +20,13 @@ torch has no rbln device type, so a worker told it is available still cannot
 place tensors on rbln:0 (which is how tests reach that refusal).
 device_count() defaults to 1 when available, else 0; device_summary()
 prints, as torch-rbln's does.
+
+With "track_memory": true, memory_stats_per_chiplet() reports an emulated
+caching allocator instead of the scenario's "memory": tensors handed to
+place() (engine/rbln/testdata/emulated_rbln.py hands it what the worker put
+on its emulated device) are allocated while they live; what they free stays
+reserved, as the real allocator keeps it cached, until empty_cache(). The
+scenario's "memory_baseline" is what the runtime itself holds, in both.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from __future__ import annotations
 import json
 import os
 import types
-from typing import Any
+import weakref
+from typing import Any, Iterable
 
 import torch
 
@@ -82,8 +90,41 @@ class FakeExplain:
         return self._s.get("report", "")
 
 
+class Allocator:
+    """An emulated device allocator, for tests that check what loading and
+    unloading a model does to device memory."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.reserved = 0
+
+    def place(self, tensors: Iterable[Any]) -> None:
+        """Count tensors as allocated on the device until they are freed."""
+        for t in tensors:
+            n = t.element_size() * t.nelement()
+            self.allocated += n
+            weakref.finalize(t, self._free, n)
+        self.reserved = max(self.reserved, self.allocated)
+
+    def _free(self, n: int) -> None:
+        self.allocated -= n  # the memory stays reserved
+
+    def empty_cache(self) -> None:
+        self.reserved = self.allocated
+
+    def stats(self, baseline: int) -> dict[str, int]:
+        return {"npu.0.chiplet.0.allocated.current": baseline + self.allocated,
+                "npu.0.chiplet.0.reserved.current": baseline + self.reserved}
+
+
+ALLOCATOR = Allocator()
+
+
 def _memory_stats_per_chiplet() -> dict[str, int]:
-    return scenario().get("memory", {})
+    s = scenario()
+    if s.get("track_memory"):
+        return ALLOCATOR.stats(int(s.get("memory_baseline", 0)))
+    return s.get("memory", {})
 
 
 def _is_available() -> bool:
@@ -110,5 +151,7 @@ rbln = types.SimpleNamespace(
     device_summary=_device_summary,
     bind_device_memory=lambda t: t,
     memory_stats_per_chiplet=_memory_stats_per_chiplet,
+    empty_cache=ALLOCATOR.empty_cache,
+    place=ALLOCATOR.place,  # the test double's own, not torch-rbln's
 )
 torch.rbln = rbln  # type: ignore[attr-defined]

@@ -1,0 +1,201 @@
+// The graph boundary: how a bucket's inputs and outputs lie in the device
+// staging the worker maps, and the conversion, on every step, between it
+// and the host layout ([engine.NewLayout]) that callers of
+// [engine.Program.Staging] fill and read.
+
+package rbln
+
+import (
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// boundaryAlign is the device's rule for last dimensions: a multiple of 64
+// elements (the reference's alignment rules and step structure).
+const boundaryAlign = 64
+
+// cpuDtypeEnv is worker.py's CPU_DTYPE_ENV: "device" makes a worker on the
+// host CPU compute in the model's device_dtype.
+const cpuDtypeEnv = "STEPSERVE_WORKER_CPU_DTYPE"
+
+// computeDtype is the dtype a worker of opts computes cfg's model in, and
+// so the one its staging carries floats in: the model's device_dtype, but
+// float32 on the torch engine (the host CPU, whose torch has no float16
+// matmul) unless the worker's environment sets cpuDtypeEnv=device. The
+// worker keeps the same rule and refuses a load that says otherwise.
+func computeDtype(opts *Options, cfg *models.Config) (dtype, error) {
+	if opts.Device == DeviceCPU && workerEnv(opts, cpuDtypeEnv) != "device" {
+		return dtFloat32, nil
+	}
+	return parseFloatDtype(cfg.DeviceDtype)
+}
+
+// workerEnv is a variable as the workers see it: Options.Env over the
+// server's own environment.
+func workerEnv(opts *Options, key string) string {
+	if v, ok := opts.Env[key]; ok {
+		return v
+	}
+	return os.Getenv(key)
+}
+
+// boundary is one bucket's graph boundary. The step graph takes one
+// [batch, in.row] tensor and returns one [batch, out.row] tensor. Each row
+// holds the host tensors' rows side by side (for an encoder: input_ids,
+// attention_mask, token_type_ids), then zeros up to a multiple of
+// boundaryAlign elements, which the graph slices off its input and pads
+// its output with.
+type boundary struct {
+	batch   int
+	in, out side
+}
+
+// side is one of a boundary's two staging buffers.
+type side struct {
+	dt      dtype // its element type
+	cols    int   // elements of each row that hold data
+	row     int   // elements in each row: cols rounded up to boundaryAlign
+	tensors []column
+}
+
+// column is one host tensor's place in a side's rows.
+type column struct {
+	from   dtype // its element type in the host layout
+	offset int   // where the tensor starts in the host buffer, in bytes
+	width  int   // its elements per row
+	at     int   // its first element in a device row
+}
+
+// newBoundary lays out bucket l's device staging: floats in floats, int64
+// inputs as int32 (token ids, masks and type ids: models.PrepareInputs
+// keeps every id below vocab_size, at most 2^22, so none is narrowed; one
+// that were would saturate, never wrap).
+func newBoundary(l engine.Layout, floats dtype) (boundary, error) {
+	in, err := newSide(l.Inputs, floats)
+	if err != nil {
+		return boundary{}, fmt.Errorf("bucket %s inputs: %w", l.Bucket.Label(), err)
+	}
+	out, err := newSide(l.Outputs, floats)
+	if err != nil {
+		return boundary{}, fmt.Errorf("bucket %s outputs: %w", l.Bucket.Label(), err)
+	}
+	return boundary{batch: l.Bucket.Batch, in: in, out: out}, nil
+}
+
+func newSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
+	var s side
+	for i, t := range tensors {
+		var from, to dtype
+		switch t.Datatype {
+		case models.FP32:
+			from, to = dtFloat32, floats
+		case models.INT64:
+			from, to = dtInt64, dtInt32
+		default:
+			return side{}, fmt.Errorf("tensor %q is %s; the worker stages FP32 and INT64 tensors only", t.Name, t.Datatype)
+		}
+		if i > 0 && to != s.dt {
+			return side{}, fmt.Errorf("tensors %q and %q would share one device tensor as %s and %s", tensors[0].Name, t.Name, s.dt, to)
+		}
+		width := t.RowBytes / t.Datatype.Size()
+		s.dt = to
+		s.tensors = append(s.tensors, column{from: from, offset: t.Offset, width: width, at: s.cols})
+		s.cols += width
+	}
+	s.row = (s.cols + boundaryAlign - 1) / boundaryAlign * boundaryAlign
+	return s, nil
+}
+
+// bytes is the size of the side's staging for batch rows.
+func (s *side) bytes(batch int) int { return batch * s.row * s.dt.size() }
+
+// pack fills dev, the device staging, from host, the host layout: every
+// row converted, and its padding zeroed.
+func (s *side) pack(dev, host []byte, batch int) {
+	es := s.dt.size()
+	for r := range batch {
+		row := dev[r*s.row*es : (r+1)*s.row*es]
+		for _, c := range s.tensors {
+			hs := c.from.size()
+			convert(row[c.at*es:(c.at+c.width)*es], s.dt, host[c.offset+r*c.width*hs:c.offset+(r+1)*c.width*hs], c.from)
+		}
+		clear(row[s.cols*es:])
+	}
+}
+
+// unpack fills host from dev, leaving the padding behind.
+func (s *side) unpack(host, dev []byte, batch int) {
+	es := s.dt.size()
+	for r := range batch {
+		row := dev[r*s.row*es : (r+1)*s.row*es]
+		for _, c := range s.tensors {
+			hs := c.from.size()
+			convert(host[c.offset+r*c.width*hs:c.offset+(r+1)*c.width*hs], c.from, row[c.at*es:(c.at+c.width)*es], s.dt)
+		}
+	}
+}
+
+// pack converts a bucket's inputs from the host layout, where the caller
+// put them, into the device staging the worker reads; before each step.
+func (p *program) pack(bucket int) {
+	b := &p.bounds[bucket]
+	b.in.pack(p.staging.buffer(p.in[bucket]), p.hostIn[bucket], b.batch)
+}
+
+// unpack converts a bucket's outputs from the device staging the worker
+// wrote into the host layout the caller reads; after each step.
+func (p *program) unpack(bucket int) {
+	b := &p.bounds[bucket]
+	b.out.unpack(p.hostOut[bucket], p.staging.buffer(p.out[bucket]), b.batch)
+}
+
+// ResidentBytes is the host memory a model of cfg takes on the engine,
+// beyond its weights, for the server's budget: every bucket's buffers in
+// the host layout, which callers fill and read, and in the device layout,
+// in the shared memory the worker maps.
+func (e *Engine) ResidentBytes(cfg *models.Config, shapes []bucketing.Shape) int64 {
+	floats, ferr := computeDtype(&e.opts, cfg)
+	var host int64
+	var sizes []int
+	for _, s := range shapes {
+		l := engine.NewLayout(cfg, s)
+		host += int64(l.InBytes + l.OutBytes)
+		if b, err := newBoundary(l, floats); ferr == nil && err == nil {
+			sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
+		} else {
+			// The load will refuse the model; count the host layout again.
+			sizes = append(sizes, l.InBytes, l.OutBytes)
+		}
+	}
+	_, shared := layoutStaging(sizes)
+	return host + int64(shared)
+}
+
+// checkMapped holds the worker's view of each bucket's staging (its load
+// reply) to the boundary laid out here: a worker that maps other dtypes or
+// shapes would read and write other bytes than pack and unpack do.
+func (p *program) checkMapped(views []stagingView) error {
+	if len(views) != len(p.bounds) {
+		return fmt.Errorf("the worker mapped staging for %d buckets, want %d", len(views), len(p.bounds))
+	}
+	for i, v := range views {
+		b := &p.bounds[i]
+		for _, c := range []struct {
+			what string
+			got  tensorView
+			want *side
+		}{{"input", v.In, &b.in}, {"output", v.Out, &b.out}} {
+			want := tensorView{Dtype: c.want.dt.String(), Shape: []int{b.batch, c.want.row}, ElementBytes: c.want.dt.size()}
+			if c.got.Dtype != want.Dtype || !slices.Equal(c.got.Shape, want.Shape) || c.got.ElementBytes != want.ElementBytes {
+				return fmt.Errorf("bucket %s: the worker maps its %s staging as %s%v of %d-byte elements, want %s%v of %d",
+					p.shapes[i].Label(), c.what, c.got.Dtype, c.got.Shape, c.got.ElementBytes, want.Dtype, want.Shape, want.ElementBytes)
+			}
+		}
+	}
+	return nil
+}
