@@ -270,9 +270,11 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	return x, nil
 }
 
-// step runs one step: over the doorbell once the bucket's graph has run in
-// this life of the worker, else as a message (its first run builds the
-// graph, which the worker announces).
+// step runs one step on the device staging as it is (Step packs it first
+// and unpacks after; a restarted worker's warm-up runs on whatever it
+// holds): over the doorbell once the bucket's graph has run in this life of
+// the worker, else as a message (its first run builds the graph, which the
+// worker announces).
 func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) {
 	p.mu.Lock()
 	ran := p.ran[bucket]
@@ -286,11 +288,9 @@ func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) 
 		return x, nil
 	}
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
-	p.pack(bucket)
 	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
 		return engine.Explain{}, err
 	}
-	p.unpack(bucket)
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.ran[bucket] = true
