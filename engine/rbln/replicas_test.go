@@ -2,6 +2,7 @@ package rbln
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,7 @@ import (
 
 // digitsRepo is a repository holding the shipped digits model on the
 // torch engine, with extra appended to its model.yaml.
-func digitsRepo(t *testing.T, extra string) string {
+func digitsRepo(t testing.TB, extra string) string {
 	repo := t.TempDir()
 	dir := filepath.Join(repo, "digits")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
@@ -131,4 +132,36 @@ func TestReplicasOnTwoWorkers(t *testing.T) {
 	require.Eventually(t, func() bool { _, h := m.Replicas(); return h == 2 }, 60*time.Second, 10*time.Millisecond,
 		"the killed worker comes back with its replica")
 	check(3, 20)
+}
+
+// BenchmarkReplicasOnWorkers serves digits from 16 concurrent callers on
+// the torch engine as one replica (one worker) and as two (two workers,
+// devices: all), in the same run, and reports requests per second.
+func BenchmarkReplicasOnWorkers(b *testing.B) {
+	for _, workers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			e, err := New(Options{Device: DeviceCPU, Python: python, Workers: workers})
+			require.NoError(b, err)
+			defer e.Close()
+			set, err := serving.New(serving.Options{Repository: digitsRepo(b, "instances: {devices: all}\n"), DefaultEngine: "torch",
+				Engines: map[string]serving.Engine{"torch": {Engine: e}}})
+			require.NoError(b, err)
+			defer set.Close()
+			require.NoError(b, set.LoadAll(context.Background()))
+			require.NoError(b, set.Warmup(context.Background()))
+			m, _ := set.Model("digits")
+			b.SetParallelism(8)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := m.Infer(context.Background(), digitsRequest(1, 3), batching.Params{}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+		})
+	}
 }
