@@ -265,6 +265,10 @@ func TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker(t *testing.T) {
 	assert.False(t, prog.Healthy())
 
 	require.NoError(t, os.Remove(crash))
+	// The last restart's worker may still be importing torch: a load
+	// sent before it is up is refused as unavailable.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")) == 1 },
+		30*time.Second, 10*time.Millisecond)
 	again, err := e.Load(context.Background(), m, grid.Shapes())
 	require.NoError(t, err, "the model loads anew")
 	defer again.Close()
