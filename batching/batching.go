@@ -1,8 +1,9 @@
 // Package batching owns the dynamic batcher: one [Batcher] per model that
 // queues requests, forms batches of up to the largest bucket's rows, and
-// runs them one at a time, with Triton's semantics: a bounded queue that
-// rejects at once when full, a maximum queue delay, priority levels, and
-// per-request timeouts that are answered at their deadline.
+// runs them one at a time (or, for a model loaded several times, one per
+// replica at a time: [Parallel]), with Triton's semantics: a bounded queue
+// that rejects at once when full, a maximum queue delay, priority levels,
+// and per-request timeouts that are answered at their deadline.
 //
 // It also owns the batching [Policy] and its rules: the server's
 // configuration and a model's model.yaml both give a Policy, and
@@ -28,11 +29,13 @@
 // fills what room a batch has left, up to MaxBatch rows, and after each
 // step the rest of the request goes back to the end of its priority level's
 // queue, behind the requests that arrived meanwhile, which therefore get a
-// step before its next one. Between its steps it is checked like a queued
-// request: if its client went away or its deadline passed, it stops there,
-// its remaining rows never run, and it is answered with the context's error
-// or [ErrDeadline]; the other requests of the steps it shared are
-// unaffected. A request that fits one step is never split.
+// step before its next one. Its parts never run at the same time, even
+// with several batches in flight ([Parallel]): its rest is queued again
+// only once its part's step has ended. Between its steps it is checked
+// like a queued request: if its client went away or its deadline passed,
+// it stops there, its remaining rows never run, and it is answered with
+// the context's error or [ErrDeadline]; the other requests of the steps it
+// shared are unaffected. A request that fits one step is never split.
 package batching
 
 import (
@@ -59,6 +62,15 @@ var (
 type Runner interface {
 	Run(ctx context.Context, reqs []*steps.Request) error
 	MaxBatch() int
+}
+
+// Parallel is a Runner that runs several batches at once: a model loaded
+// as several replicas. The batcher keeps up to Parallelism batches in
+// flight, each handed to Run as soon as it is formed; Run must be safe for
+// that many concurrent calls.
+type Parallel interface {
+	Runner
+	Parallelism() int
 }
 
 // Options configure a [Batcher]. The zero value batches with no delay, a
@@ -139,10 +151,11 @@ type Batcher struct {
 	batches chan []*item
 	stopped chan struct{}
 
-	// stepping holds a token while a batch runs, on the run goroutine or
-	// on a Submit that found the model idle and runs its request itself:
-	// one step at a time. (A channel, not a mutex, so that a wait on it is
-	// a durable block for synctest.)
+	// stepping holds a token while a batch runs, on the run goroutine (or
+	// one it started) or on a Submit that found the model idle and runs
+	// its request itself: as many steps at a time as the runner's
+	// Parallelism, one for a plain Runner. (A channel, not a mutex, so
+	// that a wait on it is a durable block for synctest.)
 	stepping chan struct{}
 	started  chan struct{} // the runner took the token for the batch it was handed
 }
@@ -152,6 +165,10 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 	p := opts.Policy.WithDefaults()
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("batching: model %s: %w", opts.Model, err)
+	}
+	inFlight := 1
+	if par, ok := runner.(Parallel); ok {
+		inFlight = max(par.Parallelism(), 1)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -167,7 +184,7 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 		wake:       make(chan struct{}, 1),
 		batches:    make(chan []*item),
 		stopped:    make(chan struct{}),
-		stepping:   make(chan struct{}, 1),
+		stepping:   make(chan struct{}, inFlight),
 		started:    make(chan struct{}),
 	}
 	go b.form()
@@ -202,11 +219,11 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 		b.mu.Unlock()
 		return ErrDraining
 	case b.policy.MaxQueueDelay == 0 && b.live == 0 && r.Rows <= b.maxRows && b.tryStep():
-		// Nothing waits and nothing runs: there is no batch to join, so
-		// run at once on this goroutine instead of handing the request to
-		// the batcher's and back (two goroutine switches per request, the
-		// larger part of a small model's step). A request that spans steps
-		// queues, to run a part at a time.
+		// Nothing waits and a runner is free: there is no batch to join,
+		// so run at once on this goroutine instead of handing the request
+		// to the batcher's and back (two goroutine switches per request,
+		// the larger part of a small model's step). A request that spans
+		// steps queues, to run a part at a time.
 		b.mu.Unlock()
 		return b.runNow(ctx, r, enqueued)
 	case b.live >= b.policy.MaxQueueSize:
@@ -250,7 +267,7 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 	}
 }
 
-// tryStep takes the step token if no batch is running.
+// tryStep takes a step token if fewer batches run than may.
 func (b *Batcher) tryStep() bool {
 	select {
 	case b.stepping <- struct{}{}:
@@ -471,10 +488,14 @@ func (b *Batcher) fits(it *item, empty bool, room, elements int) int {
 	return max(n, 0)
 }
 
-// run is the goroutine that runs formed batches, one at a time.
+// run is the goroutine that runs formed batches: one at a time on its own
+// goroutine, or, for a [Parallel] runner, each on a goroutine of its own,
+// up to Parallelism at once. It returns, closing stopped, once the former
+// has closed batches; steps it started may still run then (WaitIdle).
 func (b *Batcher) run() {
 	defer close(b.stopped)
 	maxRows := b.runner.MaxBatch()
+	parallel := cap(b.stepping) > 1
 	reqs := make([]*steps.Request, 0, 64)
 	for batch := range b.batches {
 		// Wait out a step a Submit runs itself, then take in what queued
@@ -518,6 +539,9 @@ func (b *Batcher) run() {
 		}
 
 		start := time.Now()
+		if parallel {
+			reqs = make([]*steps.Request, 0, len(live))
+		}
 		reqs = reqs[:0]
 		for _, it := range live {
 			r := it.req
@@ -534,21 +558,31 @@ func (b *Batcher) run() {
 			}
 			reqs = append(reqs, r)
 		}
-		// The step runs to completion whatever its clients do: its results
-		// are shared, and it cannot be interrupted.
-		err := b.runner.Run(context.Background(), reqs)
-		if err != nil {
-			b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", len(live), "err", err)
-		}
-		<-b.stepping
-		if resuming == 0 {
-			for _, it := range live {
-				it.done <- err
-			}
+		if parallel {
+			go b.step(live, reqs, resuming)
 			continue
 		}
-		b.afterPartialStep(live, err)
+		b.step(live, reqs, resuming)
 	}
+}
+
+// step runs one formed batch, which holds a step token, releases the token
+// and answers its requests (or queues again those with rows left).
+func (b *Batcher) step(live []*item, reqs []*steps.Request, resuming int) {
+	// The step runs to completion whatever its clients do: its results
+	// are shared, and it cannot be interrupted.
+	err := b.runner.Run(context.Background(), reqs)
+	if err != nil {
+		b.opts.Logger.Error("batch failed", "model", b.opts.Model, "requests", len(live), "err", err)
+	}
+	<-b.stepping
+	if resuming == 0 {
+		for _, it := range live {
+			it.done <- err
+		}
+		return
+	}
+	b.afterPartialStep(live, err)
 }
 
 // afterPartialStep answers the requests of a step that held parts of
@@ -640,13 +674,22 @@ func (b *Batcher) WaitIdle(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	select {
-	case b.stepping <- struct{}{}:
-		<-b.stepping
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	// Every token taken is every step ended.
+	taken := 0
+	defer func() {
+		for range taken {
+			<-b.stepping
+		}
+	}()
+	for taken < cap(b.stepping) {
+		select {
+		case b.stepping <- struct{}{}:
+			taken++
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	return nil
 }
 
 // Depth is the number of requests waiting.

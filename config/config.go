@@ -131,7 +131,10 @@ type RBLN struct {
 	Python string
 	// Devices are the rbln engine's devices, one worker each; empty leaves
 	// the choice to the engine (the server's RBLN_VISIBLE_DEVICES, else 0).
-	Devices         []string
+	Devices []string
+	// TorchWorkers is the torch engine's worker count: devices cpu, or
+	// cpu0.. with more than one, which model.yaml's instances may name.
+	TorchWorkers    int
 	Env             map[string]string
 	CompileCacheDir string
 	StrictWarmup    bool
@@ -227,6 +230,8 @@ var keys = []key{
 		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter")},
 	{"rbln.devices", "", "the rbln engine's logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values; empty: one worker per device in the server's RBLN_VISIBLE_DEVICES (the pod's), else 0",
 		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML), or empty for the server's RBLN_VISIBLE_DEVICES")},
+	{"rbln.torch_workers", "1", "the torch engine's workers (Python processes on the host CPU): 1 is device cpu; more are devices cpu0, cpu1, ..., which a model's instances may name (devices: all loads it on each)",
+		value(func(c *Config) *int { return &c.RBLN.TorchWorkers }, strconv.Atoi, between(1, 64), "an integer in 1..64")},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
 		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)")},
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",

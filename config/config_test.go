@@ -155,6 +155,7 @@ func TestEngineAndRBLN(t *testing.T) {
 	assert.Equal(t, 10*time.Second, c.RBLN.StallTimeout)
 	assert.Equal(t, 30*time.Minute, c.RBLN.CompileTimeout)
 	assert.True(t, c.RBLN.StrictWarmup, "a warm-up that is not clean refuses readiness by default")
+	assert.Equal(t, 1, c.RBLN.TorchWorkers)
 
 	file := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(file, []byte(`
@@ -165,6 +166,7 @@ rbln:
   strict_warmup: false
   compile_cache_dir: /var/cache/rbln
   compile_timeout: 2h
+  torch_workers: 3
 `), 0o644))
 	c, err = Load([]string{"--config", file, "--model_repository", dir})
 	require.NoError(t, err)
@@ -174,6 +176,7 @@ rbln:
 	assert.False(t, c.RBLN.StrictWarmup)
 	assert.Equal(t, "/var/cache/rbln", c.RBLN.CompileCacheDir)
 	assert.Equal(t, 2*time.Hour, c.RBLN.CompileTimeout)
+	assert.Equal(t, 3, c.RBLN.TorchWorkers)
 
 	require.NoError(t, os.WriteFile(file, []byte("engine: {default: torch, failover: torch}\nrbln: {devices: []}\n"), 0o644))
 	c, err = Load([]string{"--config", file, "--model_repository", dir})
@@ -199,6 +202,7 @@ rbln:
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
 		{[]string{"--rbln.stall_timeout", "0s"}, `rbln.stall_timeout: "0s"; want a positive duration`},
 		{[]string{"--rbln.compile_timeout", "-1m"}, `rbln.compile_timeout: "-1m"; want a positive duration`},
+		{[]string{"--rbln.torch_workers", "0"}, `rbln.torch_workers: "0"; want an integer in 1..64`},
 	} {
 		t.Setenv("STEPSERVE_RBLN_DEVICES", "")
 		_, err := Load(append([]string{"--model_repository", dir}, tc.args...))

@@ -22,27 +22,19 @@ type Engine interface {
 	Name() string
 	// Load makes m's weights resident and allocates a staging pair for each
 	// bucket. It compiles nothing: the caller compiles each bucket (eager
-	// warm-up) or lets Step compile on first use (lazy).
+	// warm-up) or lets Step compile on first use (lazy). It places the
+	// model as m.Config.Instances says ([Placement]): more than one
+	// replica makes a [Replicated] Program.
 	Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (Program, error)
 }
 
 // Program is one model loaded on an engine. Its methods may be called from
 // several goroutines, but at most one Step per Program runs at a time: the
-// caller serializes steps, because they share staging buffers.
+// caller serializes steps, because they share staging buffers. A model
+// loaded several times (model.yaml's instances) is a [Replicated] Program,
+// each of whose [Replica]s steps on its own.
 type Program interface {
-	// Compile builds bucket's graph if it is not built yet.
-	Compile(ctx context.Context, bucket int) error
-	// Step runs bucket's graph: one copy of the input staging onto the
-	// device, the graph, one copy of the packed outputs back to the output
-	// staging. A bucket not compiled before is compiled first, and the
-	// report counts that as a recompile.
-	Step(ctx context.Context, bucket int) (Explain, error)
-	// Staging returns bucket's input and output buffers, laid out as
-	// [NewLayout] says. They live as long as the Program.
-	Staging(bucket int) (in, out []byte)
-	// Healthy reports whether steps can run now; false while the device
-	// behind the program is down or being restarted.
-	Healthy() bool
+	Stepper
 	// Close releases the device memory and staging buffers.
 	Close() error
 }

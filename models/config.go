@@ -47,6 +47,9 @@ type Config struct {
 	// DeviceDtype is the dtype the rbln engine computes in: float16 or
 	// bfloat16. The CPU engine always computes in float32.
 	DeviceDtype string `yaml:"device_dtype"`
+	// Instances places the model on its engine's devices: which, how many
+	// replicas each, and how many must be healthy for it to be ready.
+	Instances Instances `yaml:"instances"`
 }
 
 // TensorSpec is one input or output of the model's signature. A -1 in the
@@ -344,6 +347,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := oneOf(bad, "warmup", &c.Warmup, "eager", "eager", "lazy"); err != nil {
+		return err
+	}
+	if err := c.Instances.validate(bad); err != nil {
 		return err
 	}
 

@@ -9,9 +9,13 @@
 // bucket before a model counts as ready, reloads a model by warming up the
 // new one before it takes over, and unloads a model after its queue has
 // drained. It chooses each model's engine from an injected registry
-// ([Engine]), so tests run it on fakes, and composes failover to a second
-// engine while a device is down. It exports the load and failover metrics
-// and stepserve_model_ready.
+// ([Engine]), so tests run it on fakes; runs a model loaded as several
+// replicas (model.yaml's instances) with a runner per replica, each batch
+// on the least-loaded healthy one, as many batches at once as replicas,
+// and a batch whose replica's device went away once more on another; and
+// composes failover to a second engine while no replica's device is up.
+// It exports the load and failover metrics, stepserve_model_ready and the
+// replica gauges (stepserve_model_replicas, ..._healthy).
 //
 // It knows nothing of HTTP: the server asks it for models by name and maps
 // its errors ([ErrUnknownModel], [ErrBadModel], [ErrStopping]) to status
@@ -21,8 +25,11 @@
 // # Lifetime of a model
 //
 //	LoadAll/Load  engine.Load: weights resident, staging allocated   LOADING
-//	Warmup        every bucket compiled and run twice                READY
-//	device down   not ready, or served by the failover engine
+//	Warmup        every bucket compiled and run twice, on every       READY
+//	              replica
+//	device down   served by the other replicas; not ready below
+//	              instances.min_ready healthy ones, unless the
+//	              failover engine serves it
 //	Unload        no longer found by name; queue drained; closed     (gone)
 //	              once no step runs on it
 package serving

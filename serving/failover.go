@@ -6,26 +6,37 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/steps"
 )
 
-// failover runs a model's steps on its primary runner while that runner's
-// device is healthy, and on a fallback runner while it is not or when a
-// step fails because the primary's device went away. Requests that were in
+// failover runs a model's steps on its primary runner (its replicas) while
+// a replica's device is healthy, and on a fallback runner while none is or
+// when a step fails because the primary's devices went away. Requests that were in
 // such a step run again on the fallback, so they are answered instead of
 // failing. Each switch to the fallback is counted.
 type failover struct {
-	primary, fallback *steps.Runner
-	primaryHealthy    func() bool
-	model, from, to   string
-	switched          func() // counts a switch to the fallback
-	logger            *slog.Logger
-	onFallback        atomic.Bool
+	primary         batching.Runner // the model's replicas
+	fallback        *steps.Runner
+	primaryHealthy  func() bool // a replica of the primary is healthy
+	model, from, to string
+	switched        func() // counts a switch to the fallback
+	logger          *slog.Logger
+	onFallback      atomic.Bool
 }
 
 // MaxBatch implements [batching.Runner].
 func (f *failover) MaxBatch() int { return min(f.primary.MaxBatch(), f.fallback.MaxBatch()) }
+
+// Parallelism implements [batching.Parallel]: as many batches in flight as
+// the primary takes (on the fallback they wait for its one runner).
+func (f *failover) Parallelism() int {
+	if p, ok := f.primary.(batching.Parallel); ok {
+		return p.Parallelism()
+	}
+	return 1
+}
 
 // Run implements [batching.Runner].
 func (f *failover) Run(ctx context.Context, reqs []*steps.Request) error {

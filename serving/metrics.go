@@ -25,7 +25,8 @@ func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
 		}, []string{"model", "from", "to"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc}} {
+		for _, c := range []prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc},
+			&replicasCollector{set: set}} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -71,5 +72,31 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, m.model.Name, m.engine)
+	}
+}
+
+var (
+	replicasDesc = prometheus.NewDesc("stepserve_model_replicas",
+		"Replicas the model is loaded as on its engine (model.yaml's instances: devices x per_device).",
+		[]string{"model", "engine"}, nil)
+	replicasHealthyDesc = prometheus.NewDesc("stepserve_model_replicas_healthy",
+		"Replicas of the model whose device is up now; the model is ready with at least instances.min_ready of them (or a failover engine).",
+		[]string{"model", "engine"}, nil)
+)
+
+// replicasCollector exports every served model's replicas and how many are
+// healthy, at scrape time, as readyCollector does readiness.
+type replicasCollector struct{ set *Set }
+
+func (c *replicasCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- replicasDesc
+	ch <- replicasHealthyDesc
+}
+
+func (c *replicasCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.set.Models() {
+		total, healthy := m.Replicas()
+		ch <- prometheus.MustNewConstMetric(replicasDesc, prometheus.GaugeValue, float64(total), m.model.Name, m.engine)
+		ch <- prometheus.MustNewConstMetric(replicasHealthyDesc, prometheus.GaugeValue, float64(healthy), m.model.Name, m.engine)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,9 +17,10 @@ import (
 	"github.com/stepserve/stepserve/steps"
 )
 
-// Model is one model being served: loaded on its engine, behind its
-// batcher, ready once warmed up and while its device is up (or a failover
-// engine serves it). Its methods are safe for concurrent use.
+// Model is one model being served: loaded on its engine (once per replica
+// that model.yaml's instances place), behind its batcher, ready once warmed
+// up and while at least instances.min_ready replicas are healthy (or a
+// failover engine serves it). Its methods are safe for concurrent use.
 type Model struct {
 	model  *models.Model
 	engine string
@@ -25,7 +28,9 @@ type Model struct {
 	logger *slog.Logger
 
 	program  engine.Program
-	runner   *steps.Runner
+	runners  []*steps.Runner // one per replica; they share stats and explains
+	replicas *replicas
+	minReady int
 	fbProg   engine.Program // the failover engine's, when there is one
 	fallback *steps.Runner
 	batcher  *batching.Batcher
@@ -43,16 +48,25 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 	var err error
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
 		logger: s.logger.With("model", m.Name, "engine", name)}
-	if sm.program, sm.runner, err = s.load(ctx, m, name, grid); err != nil {
+	if sm.program, sm.runners, err = s.load(ctx, m, name, grid); err != nil {
 		return nil, err
 	}
-	var runner batching.Runner = sm.runner
+	sm.minReady = m.Config.Instances.MinReadyCount()
+	sm.replicas = newReplicas(m.Name, sm.runners, sm.logger)
+	var runner batching.Runner = sm.replicas
+	if len(sm.runners) == 1 {
+		runner = sm.runners[0] // nothing to choose between
+	}
 	if fb := s.opts.Failover; fb != "" && fb != name {
-		if sm.fbProg, sm.fallback, err = s.load(ctx, m, fb, grid); err != nil {
+		// The failover engine holds one replica: instances place the
+		// model on its own engine's devices.
+		var fallbacks []*steps.Runner
+		if sm.fbProg, fallbacks, err = s.load(ctx, oneReplica(m), fb, grid); err != nil {
 			sm.Close()
 			return nil, err
 		}
-		runner = &failover{primary: sm.runner, fallback: sm.fallback, primaryHealthy: sm.program.Healthy,
+		sm.fallback = fallbacks[0]
+		runner = &failover{primary: runner, fallback: sm.fallback, primaryHealthy: sm.replicas.anyHealthy,
 			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
 	}
 	if sm.batcher, err = batching.New(runner, batchOpts); err != nil {
@@ -62,8 +76,9 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 	return sm, nil
 }
 
-// load makes a program and its runner for m on the named engine.
-func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *bucketing.Grid) (engine.Program, *steps.Runner, error) {
+// load makes a program for m on the named engine, and a runner for each
+// of its replicas.
+func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *bucketing.Grid) (engine.Program, []*steps.Runner, error) {
 	eng, err := s.engines.get(name)
 	if err != nil {
 		return nil, nil, fmt.Errorf("model %s: %w", m.Name, err)
@@ -75,13 +90,38 @@ func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *buck
 		}
 		return nil, nil, fmt.Errorf("model %s: load on engine %s: %w", m.Name, name, err)
 	}
-	runner, err := steps.New(steps.Options{Model: m, Program: prog, Engine: eng.Name(), Grid: grid,
+	reps := engine.ReplicasOf(prog)
+	if need := m.Config.Instances.MinReadyCount(); need > len(reps) {
+		prog.Close()
+		return nil, nil, fmt.Errorf("model %s: %s: instances.min_ready: %d is more than the %d replicas engine %s loaded",
+			m.Name, models.ConfigFile, need, len(reps), name)
+	}
+	first, err := steps.New(steps.Options{Model: m, Program: reps[0], Engine: eng.Name(), Device: reps[0].Device(), Grid: grid,
 		Logger: s.logger, Metrics: s.opts.StepMetrics, StrictWarmup: s.engines.strictWarmup(name)})
 	if err != nil {
 		prog.Close()
 		return nil, nil, err
 	}
-	return prog, runner, nil
+	runners := []*steps.Runner{first}
+	for _, r := range reps[1:] {
+		runners = append(runners, first.Sibling(r, r.Device()))
+	}
+	return prog, runners, nil
+}
+
+// oneReplica is m placed as one replica on its engine's choice of device,
+// whatever its instances say: how a failover engine, whose devices are not
+// the ones model.yaml names, holds it.
+func oneReplica(m *models.Model) *models.Model {
+	one := *m
+	one.Config = oneReplicaConfig(m.Config)
+	return &one
+}
+
+func oneReplicaConfig(cfg *models.Config) *models.Config {
+	one := *cfg
+	one.Instances = models.Instances{}
+	return &one
 }
 
 // Warmup makes the model ready: with warmup: eager (the default) it first
@@ -93,21 +133,48 @@ func (m *Model) Warmup(ctx context.Context) error {
 	}
 	buckets := 0
 	if m.model.Config.Warmup != "lazy" {
-		for _, r := range []*steps.Runner{m.runner, m.fallback} {
-			if r == nil {
-				continue
+		// Every replica is warmed, side by side: their devices compile
+		// at once.
+		errs := make([]error, len(m.runners))
+		panics := make([]any, len(m.runners))
+		var wg sync.WaitGroup
+		for i, r := range m.runners {
+			wg.Go(func() {
+				// A panic (an engine's bug) goes back to the loading
+				// goroutine, whose guard makes it the load's error.
+				defer func() {
+					if p := recover(); p != nil {
+						panics[i] = fmt.Sprintf("%v [in the warm-up of replica %d]\n%s", p, i+1, debug.Stack())
+					}
+				}()
+				_, err := r.Warmup(ctx)
+				if err != nil && len(m.runners) > 1 {
+					err = fmt.Errorf("replica %d of %d (device %q): %w", i+1, len(m.runners), r.Device(), err)
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for _, p := range panics {
+			if p != nil {
+				panic(p)
 			}
-			compile, err := r.Warmup(ctx)
-			if err != nil {
+		}
+		buckets = m.runners[0].Buckets()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if m.fallback != nil {
+			if _, err := m.fallback.Warmup(ctx); err != nil {
 				return err
 			}
-			buckets = len(compile)
 		}
 	}
 	took := time.Since(m.loaded)
 	m.set.metrics.loaded(m.model.Name, took)
 	m.warmed.Store(true)
 	m.logger.Info("model ready", "warmup", m.model.Config.Warmup, "buckets_compiled", buckets,
+		"replicas", len(m.runners), "healthy_replicas", m.replicas.Healthy(), "min_ready", m.minReady,
 		"failover", m.fallback != nil, "load_seconds", took.Seconds())
 	return nil
 }
@@ -119,10 +186,15 @@ func (m *Model) Model() *models.Model { return m.model }
 func (m *Model) Engine() string { return m.engine }
 
 // Ready reports whether requests can be served now: warmed up, not
-// draining, and the engine's device up (or a failover engine to serve on).
+// draining, and at least instances.min_ready replicas healthy (or a
+// failover engine to serve on).
 func (m *Model) Ready() bool {
-	return m.warmed.Load() && (m.program.Healthy() || m.fallback != nil)
+	return m.warmed.Load() && (m.fallback != nil || m.replicas.Healthy() >= m.minReady)
 }
+
+// Replicas counts the model's replicas on its engine, and those healthy
+// now.
+func (m *Model) Replicas() (total, healthy int) { return len(m.runners), m.replicas.Healthy() }
 
 // Infer queues r for the model's next batch and waits for its outputs.
 // It returns the batcher's errors ([batching.ErrQueueFull], ...), an
@@ -131,11 +203,13 @@ func (m *Model) Infer(ctx context.Context, r *steps.Request, p batching.Params) 
 	return m.batcher.Submit(ctx, r, p)
 }
 
-// Explains lists the model's last non-clean steps, newest first.
-func (m *Model) Explains() []steps.Record { return m.runner.Explains() }
+// Explains lists the model's last non-clean steps, newest first, on any
+// replica.
+func (m *Model) Explains() []steps.Record { return m.runners[0].Explains() }
 
-// Stats summarises the model's steps per bucket since load.
-func (m *Model) Stats() []steps.BucketStats { return m.runner.Stats() }
+// Stats summarises the model's steps per bucket since load, every
+// replica's.
+func (m *Model) Stats() []steps.BucketStats { return m.runners[0].Stats() }
 
 // drain stops taking requests and runs what is queued, within ctx.
 func (m *Model) drain(ctx context.Context) error {

@@ -294,7 +294,9 @@ func TestUnloadDrainsTheQueue(t *testing.T) {
 	for range 8 {
 		wg.Go(func() { _, err := infer(ctx, w.set, "a", 1, 1, 1); errs <- err })
 	}
-	require.Eventually(t, func() bool { return w.dev.Last().Steps() > 4 }, 5*time.Second, time.Millisecond)
+	// One runs, the other seven wait: every one was accepted before the
+	// unload begins.
+	require.Eventually(t, func() bool { return w.dev.Last().Steps() > 4 && m.batcher.Depth() == 7 }, 5*time.Second, time.Millisecond)
 	unloaded := make(chan error, 1)
 	go func() { unloaded <- w.set.Unload(ctx, "a") }()
 	require.Eventually(t, func() bool { _, ok := w.set.Model("a"); return !ok }, 5*time.Second, time.Millisecond)

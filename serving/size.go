@@ -52,14 +52,22 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 	weights := man.Weights.ResidentBytes()
 	need := weights
 	parts := []string{"weights " + bytesize.Format(weights)}
-	for _, name := range engines {
+	for i, name := range engines {
 		eng, err := s.engines.get(name)
 		if err != nil {
 			return 0, fmt.Errorf("model %s: %w", man.Name, err)
 		}
-		n := engineBytes(eng, man.Config, shapes)
+		cfg := man.Config
+		if i > 0 { // the failover engine holds one replica
+			cfg = oneReplicaConfig(cfg)
+		}
+		n := engineBytes(eng, cfg, shapes)
 		need = addBytes(need, n)
-		parts = append(parts, fmt.Sprintf("engine %s %s for %d buckets", name, bytesize.Format(n), len(shapes)))
+		part := fmt.Sprintf("engine %s %s for %d buckets", name, bytesize.Format(n), len(shapes))
+		if r := replicaCount(eng, cfg); r > 1 {
+			part += fmt.Sprintf(" on %d replicas", r)
+		}
+		parts = append(parts, part)
 	}
 	if need > s.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
@@ -77,17 +85,31 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 	return need, nil
 }
 
-// engineBytes is what eng allocates on the host for a model of cfg.
+// engineBytes is what eng allocates on the host for a model of cfg, every
+// replica that cfg's instances place counted (a sizer counts its own).
 func engineBytes(eng engine.Engine, cfg *models.Config, shapes []bucketing.Shape) int64 {
 	if sz, ok := eng.(sizer); ok {
 		return sz.ResidentBytes(cfg, shapes)
 	}
-	var n int64
+	var one int64
 	for _, s := range shapes {
 		l := engine.NewLayout(cfg, s)
-		n = addBytes(n, int64(l.InBytes)+int64(l.OutBytes))
+		one = addBytes(one, int64(l.InBytes)+int64(l.OutBytes))
+	}
+	var n int64
+	for range replicaCount(eng, cfg) {
+		n = addBytes(n, one)
 	}
 	return n
+}
+
+// replicaCount is how many replicas cfg's instances place on eng.
+func replicaCount(eng engine.Engine, cfg *models.Config) int {
+	devices := 1
+	if p, ok := eng.(engine.Placer); ok {
+		devices = max(len(p.DeviceNames()), 1)
+	}
+	return cfg.Instances.Replicas(devices)
 }
 
 func addBytes(a, b int64) int64 {

@@ -19,6 +19,7 @@ type Metrics struct {
 	hostBounceBytes *prometheus.CounterVec
 	transfers       *prometheus.CounterVec
 	compileDuration *prometheus.GaugeVec
+	deviceSteps     *prometheus.CounterVec
 }
 
 // NewMetrics registers the step metrics on reg (nil registers none).
@@ -60,6 +61,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "stepserve_bucket_compile_duration_seconds",
 			Help: "How long the bucket's program took to compile at load, its first warm-up run included (torch.compile builds the graph then).",
 		}, bucketLabels),
+		deviceSteps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_device_steps_total",
+			Help: "Steps run per device the model is loaded on (model.yaml's instances): how the batches spread over its replicas.",
+		}, []string{"model", "engine", "device"}),
 	}
 	if reg != nil {
 		for _, c := range m.collectors() {
@@ -73,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.batchSize, m.padding, m.stepDuration, m.steps, m.signals,
-		m.hostBounceBytes, m.transfers, m.compileDuration}
+		m.hostBounceBytes, m.transfers, m.compileDuration, m.deviceSteps}
 }
 
 // Forget deletes every series of model, when it is unloaded.
@@ -103,13 +108,19 @@ type bucketMetrics struct {
 type runnerMetrics struct {
 	batchSize prometheus.Observer
 	buckets   []bucketMetrics
+	// device counts the steps on the runner's device; nil when it has
+	// none.
+	device prometheus.Counter
 }
 
-func (m *Metrics) forRunner(model, engine string, shapes []bucketing.Shape) *runnerMetrics {
+func (m *Metrics) forRunner(model, engine, device string, shapes []bucketing.Shape) *runnerMetrics {
 	if m == nil {
 		return nil
 	}
 	r := &runnerMetrics{batchSize: m.batchSize.WithLabelValues(model)}
+	if device != "" {
+		r.device = m.deviceSteps.WithLabelValues(model, engine, device)
+	}
 	for _, s := range shapes {
 		l := s.Label()
 		b := bucketMetrics{
@@ -131,12 +142,29 @@ func (m *Metrics) forRunner(model, engine string, shapes []bucketing.Shape) *run
 	return r
 }
 
+// forDevice is r for a sibling runner on device: the same series, but its
+// own device's step count.
+func (r *runnerMetrics) forDevice(m *Metrics, model, engine, device string) *runnerMetrics {
+	if r == nil {
+		return nil
+	}
+	s := *r
+	s.device = nil
+	if device != "" {
+		s.device = m.deviceSteps.WithLabelValues(model, engine, device)
+	}
+	return &s
+}
+
 func (r *runnerMetrics) observe(bucket int, o *Observation) {
 	if r == nil {
 		return
 	}
 	b := &r.buckets[bucket]
 	r.batchSize.Observe(float64(o.Rows))
+	if r.device != nil {
+		r.device.Inc()
+	}
 	b.padding.Observe(o.Padding)
 	b.duration.Observe(o.Duration.Seconds())
 	switch {

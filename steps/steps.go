@@ -5,7 +5,10 @@
 // twice, its outputs checked to be finite.
 //
 // A [Runner] runs one step at a time for its program, because the staging
-// buffers and, on an NPU, the explain counters are shared. It knows requests
+// buffers and, on an NPU, the explain counters are shared. A model loaded
+// several times has one Runner per replica ([Runner.Sibling]), each with
+// its own staging and lock, that share the model's stats, explain history
+// and metrics. It knows requests
 // only as rows of packed bytes; it knows nothing of HTTP or JSON, nor of
 // queues and batching policy (package batching decides which requests share
 // a step), nor of how an engine computes.
@@ -17,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepserve/stepserve/bucketing"
@@ -71,11 +75,15 @@ func (q *Request) Part(from, to int, dst *Request) *Request {
 
 // Options configure a [Runner].
 type Options struct {
-	Model   *models.Model
-	Program engine.Program
+	Model *models.Model
+	// Program steps the model: a program, or one replica of one.
+	Program engine.Stepper
 	Engine  string // the engine's name, for logs and metrics
-	Grid    *bucketing.Grid
-	Logger  *slog.Logger // nil discards
+	// Device names the device the program steps on, for the per-device
+	// step count; empty counts nothing there.
+	Device string
+	Grid   *bucketing.Grid
+	Logger *slog.Logger // nil discards
 	// Metrics records every step; nil records nothing.
 	Metrics *Metrics
 	// StrictWarmup refuses a warm-up whose second run of a bucket is not
@@ -108,7 +116,7 @@ type Runner struct {
 	metrics *runnerMetrics
 	explain *explainLog
 	stats   *stats
-	warned  []bool // per bucket: its first non-clean step was logged
+	warned  []atomic.Bool // per bucket: its first non-clean step was logged
 
 	mu sync.Mutex // one step at a time: the staging buffers are shared
 }
@@ -135,13 +143,33 @@ func New(opts Options) (*Runner, error) {
 	}
 	r.explain = &explainLog{size: opts.ExplainHistory}
 	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts))}
-	r.warned = make([]bool, len(r.layouts))
+	r.warned = make([]atomic.Bool, len(r.layouts))
 	for _, l := range r.layouts {
 		r.stats.labels = append(r.stats.labels, l.Bucket.Label())
 	}
-	r.metrics = opts.Metrics.forRunner(opts.Model.Name, opts.Engine, opts.Grid.Shapes())
+	r.metrics = opts.Metrics.forRunner(opts.Model.Name, opts.Engine, opts.Device, opts.Grid.Shapes())
 	return r, nil
 }
+
+// Sibling returns a Runner for another replica of r's model, on device:
+// its own program (staging buffers) and lock, so that its steps run beside
+// r's, and r's stats, explain history and metrics, so that the model's
+// figures count every replica's steps.
+func (r *Runner) Sibling(p engine.Stepper, device string) *Runner {
+	s := &Runner{opts: r.opts, layouts: r.layouts, logger: r.logger, explain: r.explain, stats: r.stats, warned: r.warned}
+	s.opts.Program, s.opts.Device = p, device
+	s.metrics = r.metrics.forDevice(r.opts.Metrics, r.opts.Model.Name, r.opts.Engine, device)
+	return s
+}
+
+// Buckets is how many buckets the model has.
+func (r *Runner) Buckets() int { return len(r.layouts) }
+
+// Device is the device the runner's program steps on, as Options said.
+func (r *Runner) Device() string { return r.opts.Device }
+
+// Healthy reports whether the runner's program can step now.
+func (r *Runner) Healthy() bool { return r.opts.Program.Healthy() }
 
 // MaxBatch is the most rows one step holds.
 func (r *Runner) MaxBatch() int { return r.opts.Grid.MaxBatch() }
@@ -258,11 +286,11 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 		// once per bucket at warning level, so that a bucket that is never
 		// clean cannot flood it.
 		level := slog.LevelDebug
-		if !r.warned[bucket] {
-			r.warned[bucket], level = true, slog.LevelWarn
+		if r.warned[bucket].CompareAndSwap(false, true) {
+			level = slog.LevelWarn
 		}
 		r.logger.Log(ctx, level, "step not clean", "model", r.opts.Model.Name, "bucket", layout.Bucket.Label(),
-			"engine", r.opts.Engine, "reasons", x.Reasons)
+			"engine", r.opts.Engine, "device", r.opts.Device, "reasons", x.Reasons)
 	}
 	if r.opts.Observe != nil {
 		r.opts.Observe(o)

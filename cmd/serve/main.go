@@ -219,10 +219,10 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 // whose workers start when a model first needs one.
 func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) map[string]serving.Engine {
 	r := cfg.RBLN
-	workers := func(device string, devices []string) serving.Engine {
+	workers := func(device string, devices []string, n int) serving.Engine {
 		return serving.Engine{StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
 			return rbln.New(rbln.Options{
-				Device: device, Python: r.Python, Devices: devices, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
+				Device: device, Python: r.Python, Devices: devices, Workers: n, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
 				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})
@@ -230,8 +230,8 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 	}
 	return map[string]serving.Engine{
 		"cpu":   {Engine: cpufallback.Engine{}, StrictWarmup: true},
-		"rbln":  workers(rbln.DeviceRBLN, r.Devices),
-		"torch": workers(rbln.DeviceCPU, nil),
+		"rbln":  workers(rbln.DeviceRBLN, r.Devices, 0),
+		"torch": workers(rbln.DeviceCPU, nil, r.TorchWorkers),
 	}
 }
 

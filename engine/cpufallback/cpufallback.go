@@ -28,24 +28,45 @@ type Engine struct{}
 // Name implements [engine.Engine].
 func (Engine) Name() string { return "cpu" }
 
+// Device is the CPU engine's one device, the name model.yaml's instances
+// may give it.
+const Device = "cpu"
+
+// DeviceNames implements [engine.Placer]: the engine has one device, cpu.
+func (Engine) DeviceNames() []string { return []string{Device} }
+
 // Load implements [engine.Engine]. It checks that the model's architecture
 // is one this engine runs and allocates every bucket's staging buffers;
 // plans are built by Compile, or by the first Step that needs one.
+//
+// model.yaml's instances may name the engine's one device, cpu (or all);
+// per_device N loads N replicas that share the model's resident weights,
+// each with its own staging buffers and plans, so that N steps run side by
+// side on the host's cores (each on up to engine.cpu_threads of them).
 func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
 	if m.MLP == nil && m.Encoder == nil {
 		return nil, fmt.Errorf("cpufallback: model %s: architecture %q is not supported by the CPU engine", m.Name, m.Config.Architecture)
 	}
-	p := &program{model: m, weights: newResidentWeights(m), buckets: make([]bucketState, len(buckets))}
-	for i, s := range buckets {
-		l := engine.NewLayout(m.Config, s)
-		p.buckets[i] = bucketState{
-			shape:  s,
-			layout: l,
-			in:     alignedBytes(l.InBytes),
-			out:    alignedBytes(l.OutBytes),
-		}
+	placed, err := engine.Placement("cpu", m.Config.Instances, []string{Device}, Device)
+	if err != nil {
+		return nil, fmt.Errorf("cpufallback: model %s: %w", m.Name, err)
 	}
-	return p, nil
+	weights := newResidentWeights(m)
+	ps := make([]*program, len(placed))
+	for r := range ps {
+		p := &program{model: m, weights: weights, buckets: make([]bucketState, len(buckets))}
+		for i, s := range buckets {
+			l := engine.NewLayout(m.Config, s)
+			p.buckets[i] = bucketState{
+				shape:  s,
+				layout: l,
+				in:     alignedBytes(l.InBytes),
+				out:    alignedBytes(l.OutBytes),
+			}
+		}
+		ps[r] = p
+	}
+	return engine.Replicate(ps), nil
 }
 
 type program struct {
@@ -145,6 +166,9 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	}
 	return x, nil
 }
+
+// Device implements [engine.Replica]: every replica is on the host's CPU.
+func (p *program) Device() string { return Device }
 
 // Healthy implements [engine.Program]: the CPU is always there.
 func (p *program) Healthy() bool {

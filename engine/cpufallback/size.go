@@ -11,15 +11,20 @@ import (
 
 // ResidentBytes is the host memory the engine allocates for a model of cfg
 // loaded with buckets, every bucket compiled: the Linear weights in the
-// engine's layout, and each bucket's staging pair and plan. The model's
-// own weights ([models.Weights]) are not counted. It reads model.yaml's
-// sizes alone, so that a model too large to serve is refused before its
-// weights are read; it saturates at math.MaxInt64 rather than overflow.
+// engine's layout (shared by its replicas), and each replica's staging
+// pair and plan for every bucket. The model's own weights
+// ([models.Weights]) are not counted. It reads model.yaml's sizes alone,
+// so that a model too large to serve is refused before its weights are
+// read; it saturates at math.MaxInt64 rather than overflow.
 func (Engine) ResidentBytes(cfg *models.Config, buckets []bucketing.Shape) int64 {
-	n := residentWeightBytes(cfg)
+	var replica int64
 	for _, s := range buckets {
 		l := engine.NewLayout(cfg, s)
-		n = addBytes(n, alignedSize(l.InBytes)+alignedSize(l.OutBytes)+planBytes(cfg, s))
+		replica = addBytes(replica, alignedSize(l.InBytes)+alignedSize(l.OutBytes)+planBytes(cfg, s))
+	}
+	n := residentWeightBytes(cfg)
+	for range cfg.Instances.Replicas(1) {
+		n = addBytes(n, replica)
 	}
 	return n
 }

@@ -36,10 +36,26 @@ type Engine struct {
 	LoadGate, CompileGate chan struct{}
 	// LoadErr, when set, fails every Load.
 	LoadErr error
+	// Devices are the engine's devices, which model.yaml's instances may
+	// name; nil means one, "0". A model that names none goes to each in
+	// turn.
+	Devices []string
+	// BeforeStep, when set, is called at the start of every step (warm-up
+	// included), on the stepping goroutine: a test can hold a step there,
+	// or see which replicas step at the same time.
+	BeforeStep func(p *Program, bucket int)
 
 	mu       sync.Mutex
 	programs []*Program
+	next     int // the device of the next model that names none
 	loads    atomic.Int32
+}
+
+func (e *Engine) devices() []string {
+	if len(e.Devices) == 0 {
+		return []string{"0"}
+	}
+	return e.Devices
 }
 
 // Name implements [engine.Engine].
@@ -53,7 +69,8 @@ func (e *Engine) Name() string {
 // Loads counts the Load calls, finished or not.
 func (e *Engine) Loads() int { return int(e.loads.Load()) }
 
-// Programs returns the programs loaded so far, oldest first.
+// Programs returns the programs loaded so far, oldest first: one per
+// replica.
 func (e *Engine) Programs() []*Program {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -69,7 +86,13 @@ func (e *Engine) Last() *Program {
 	return ps[len(ps)-1]
 }
 
-// Load implements [engine.Engine].
+// DeviceNames implements [engine.Placer]: the devices model.yaml's instances
+// may name.
+func (e *Engine) DeviceNames() []string { return e.devices() }
+
+// Load implements [engine.Engine]: one fake program per replica that
+// model.yaml's instances place ([engine.Placement]), each with its own
+// staging; more than one make a [engine.Replicated] program.
 func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
 	e.loads.Add(1)
 	if err := wait(ctx, e.LoadGate); err != nil {
@@ -78,19 +101,32 @@ func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.
 	if e.LoadErr != nil {
 		return nil, e.LoadErr
 	}
-	p := &Program{e: e, Model: m}
-	p.healthy.Store(true)
-	for _, s := range buckets {
-		l := engine.NewLayout(m.Config, s)
-		p.layouts = append(p.layouts, l)
-		p.in = append(p.in, make([]byte, l.InBytes))
-		p.out = append(p.out, make([]byte, l.OutBytes))
-	}
-	p.compiled = make([]bool, len(buckets))
+	devices := e.devices()
 	e.mu.Lock()
-	e.programs = append(e.programs, p)
+	next := devices[e.next%len(devices)]
+	e.next++
 	e.mu.Unlock()
-	return p, nil
+	placed, err := engine.Placement(e.Name(), m.Config.Instances, devices, next)
+	if err != nil {
+		return nil, fmt.Errorf("enginetest: model %s: %w", m.Name, err)
+	}
+	var ps []*Program
+	for _, d := range placed {
+		p := &Program{e: e, Model: m, device: d}
+		p.healthy.Store(true)
+		for _, s := range buckets {
+			l := engine.NewLayout(m.Config, s)
+			p.layouts = append(p.layouts, l)
+			p.in = append(p.in, make([]byte, l.InBytes))
+			p.out = append(p.out, make([]byte, l.OutBytes))
+		}
+		p.compiled = make([]bool, len(buckets))
+		ps = append(ps, p)
+	}
+	e.mu.Lock()
+	e.programs = append(e.programs, ps...)
+	e.mu.Unlock()
+	return engine.Replicate(ps), nil
 }
 
 func wait(ctx context.Context, gate chan struct{}) error {
@@ -110,11 +146,13 @@ type Program struct {
 	Model *models.Model
 
 	e        *Engine
+	device   string
 	layouts  []engine.Layout
 	in, out  [][]byte
 	healthy  atomic.Bool
 	closed   atomic.Bool
 	steps    atomic.Int64
+	failed   atomic.Int64
 	failWith atomic.Pointer[error]
 
 	mu       sync.Mutex
@@ -136,6 +174,10 @@ func (p *Program) Fail(err error) {
 
 // Steps counts the steps run, warm-up included.
 func (p *Program) Steps() int { return int(p.steps.Load()) }
+
+// Failed counts the steps refused because the device was down or Fail
+// was set.
+func (p *Program) Failed() int { return int(p.failed.Load()) }
 
 // Closed reports whether Close was called.
 func (p *Program) Closed() bool { return p.closed.Load() }
@@ -163,10 +205,15 @@ func (p *Program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 	case p.closed.Load():
 		return engine.Explain{}, errors.New("enginetest: step on a closed program")
 	case !p.healthy.Load():
+		p.failed.Add(1)
 		return engine.Explain{}, fmt.Errorf("enginetest: %w", engine.ErrUnavailable)
 	}
 	if err := p.failWith.Load(); err != nil {
+		p.failed.Add(1)
 		return engine.Explain{}, *err
+	}
+	if p.e.BeforeStep != nil {
+		p.e.BeforeStep(p, bucket)
 	}
 	p.steps.Add(1)
 	p.mu.Lock()
@@ -191,6 +238,9 @@ func (p *Program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 
 // Staging implements [engine.Program].
 func (p *Program) Staging(bucket int) (in, out []byte) { return p.in[bucket], p.out[bucket] }
+
+// Device implements [engine.Replica]: the device the program was placed on.
+func (p *Program) Device() string { return p.device }
 
 // Healthy implements [engine.Program].
 func (p *Program) Healthy() bool { return p.healthy.Load() && !p.closed.Load() }

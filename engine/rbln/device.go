@@ -14,7 +14,8 @@ import (
 // workerDevices is the worker list for opts. For the rbln engine, devices
 // configured explicitly win; left empty, the workers take the devices the
 // server's own RBLN_VISIBLE_DEVICES lists (the pod's), one each, and "0"
-// where it is unset. The torch engine runs one worker, "cpu".
+// where it is unset. The torch engine runs one worker, "cpu", or with
+// Workers n > 1, "cpu0" .. "cpu<n-1>".
 func workerDevices(opts *Options) ([]string, error) {
 	switch opts.Device {
 	case "":
@@ -27,7 +28,21 @@ func workerDevices(opts *Options) ([]string, error) {
 		if len(opts.Devices) > 0 {
 			return nil, fmt.Errorf("rbln: the torch engine computes on the host CPU and takes no RBLN devices (got %q)", opts.Devices)
 		}
-		return []string{"cpu"}, nil
+		switch n := opts.Workers; {
+		case n < 0 || n > maxTorchWorkers:
+			return nil, fmt.Errorf("rbln: the torch engine's workers: %d; want 1..%d", n, maxTorchWorkers)
+		case n <= 1:
+			return []string{"cpu"}, nil
+		default:
+			devices := make([]string, n)
+			for i := range devices {
+				devices[i] = fmt.Sprintf("cpu%d", i)
+			}
+			return devices, nil
+		}
+	}
+	if opts.Workers != 0 {
+		return nil, fmt.Errorf("rbln: the rbln engine runs a worker per device (rbln.devices); Workers is the torch engine's")
 	}
 	pod := splitDevices(os.Getenv(visibleDevices))
 	switch {
@@ -44,6 +59,10 @@ func workerDevices(opts *Options) ([]string, error) {
 		return []string{"0"}, nil
 	}
 }
+
+// maxTorchWorkers bounds the torch engine's workers: each is a Python
+// process with torch loaded (hundreds of MiB).
+const maxTorchWorkers = 64
 
 // splitDevices reads a comma-separated device list; empty entries do not
 // count.

@@ -125,7 +125,8 @@ func TestRBLNHelloIsLoggedAndMemoryRead(t *testing.T) {
 
 // TestWorkerDevices: the rbln engine takes its devices from configuration,
 // else from the server's RBLN_VISIBLE_DEVICES (the pod's, one worker per
-// device), else device 0; the torch engine runs one worker on the CPU.
+// device), else device 0; the torch engine runs one worker on the CPU, or
+// as many as it is given.
 func TestWorkerDevices(t *testing.T) {
 	for _, tc := range []struct {
 		name, env string
@@ -137,6 +138,10 @@ func TestWorkerDevices(t *testing.T) {
 		{"from the pod", " 2, 3 ", Options{}, []string{"2", "3"}, ""},
 		{"configured wins", "2,3", Options{Devices: []string{"1"}}, []string{"1"}, ""},
 		{"torch", "2,3", Options{Device: DeviceCPU}, []string{"cpu"}, ""},
+		{"torch, one worker", "", Options{Device: DeviceCPU, Workers: 1}, []string{"cpu"}, ""},
+		{"torch, three workers", "", Options{Device: DeviceCPU, Workers: 3}, []string{"cpu0", "cpu1", "cpu2"}, ""},
+		{"torch, too many workers", "", Options{Device: DeviceCPU, Workers: 65}, nil, "the torch engine's workers: 65; want 1..64"},
+		{"rbln takes no worker count", "", Options{Workers: 2}, nil, "the rbln engine runs a worker per device (rbln.devices)"},
 		{"torch takes no devices", "", Options{Device: DeviceCPU, Devices: []string{"0"}}, nil, "the torch engine computes on the host CPU and takes no RBLN devices"},
 		{"unknown device kind", "", Options{Device: "gpu"}, nil, `rbln: device "gpu"; want rbln (an RBLN NPU) or cpu (the host CPU)`},
 	} {

@@ -85,9 +85,16 @@ type Options struct {
 	// RBLN_VISIBLE_DEVICES values, each worker started with its own.
 	// Default: one worker per device listed in the server's own
 	// RBLN_VISIBLE_DEVICES (the pod's) where it is set, else ["0"]. The
-	// torch engine takes none: it runs one worker, "cpu", and leaves
+	// torch engine takes none (see Workers), and leaves
 	// RBLN_VISIBLE_DEVICES as the server has it.
 	Devices []string
+	// Workers is the torch engine's worker count, default 1: one worker,
+	// device "cpu"; n > 1 workers are devices "cpu0" .. "cpu<n-1>", which
+	// model.yaml's instances may name (devices: all loads a model on
+	// every one), for more steps at once on a many-core host and for
+	// tests of replicas. The rbln engine takes none: it has a worker per
+	// device.
+	Workers int
 	// Env is extra environment for the workers (RBLN_DEVICE_MAP,
 	// RBLN_NPUS_PER_DEVICE, ...). PYTHONPATH entries are appended to the
 	// worker's own.
@@ -124,7 +131,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	workers []*worker
-	next    int // round-robin placement of models on devices
+	next    int // round-robin placement of models that name no device
 	closed  bool
 }
 
@@ -218,9 +225,11 @@ func (e *Engine) start() error {
 	return nil
 }
 
-// Load implements [engine.Engine]: the model goes to the next device in
-// turn, its staging buffers are created in shared memory, and the worker
-// builds it and moves its weights to the device.
+// Load implements [engine.Engine]: the model goes to the devices its
+// instances name (every device for all; the next device in turn when it
+// names none), per_device programs on each, each with its staging buffers
+// in shared memory; each worker builds it and moves its weights to its
+// device. More than one replica make an [engine.Replicated] program.
 func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
 	e.mu.Lock()
 	if e.closed {
@@ -231,10 +240,12 @@ func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.
 		e.mu.Unlock()
 		return nil, err
 	}
-	w := e.workers[e.next%len(e.workers)]
-	e.next++
+	workers, err := e.place(m)
 	e.mu.Unlock()
-	return newProgram(ctx, w, m, buckets)
+	if err != nil {
+		return nil, err
+	}
+	return loadReplicas(ctx, workers, m, buckets)
 }
 
 // KillWorker kills the worker of a device with SIGKILL, as a crash would;

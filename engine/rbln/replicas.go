@@ -1,0 +1,80 @@
+// Replicas: where a model's copies go (model.yaml's instances), one
+// program per replica, each on its worker's device with staging of its
+// own.
+
+package rbln
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+)
+
+// Device implements [engine.Replica]: the device of the program's worker.
+// Programs of one model on one worker are lanes of that device: the worker
+// runs their steps one at a time, and while one steps the next is packed
+// into another's staging.
+func (p *program) Device() string { return p.w.device }
+
+// DeviceNames implements [engine.Placer]: the workers' devices, which
+// model.yaml's instances may name.
+func (e *Engine) DeviceNames() []string { return append([]string(nil), e.opts.Devices...) }
+
+// place chooses the workers of a model's replicas, as its instances say:
+// the listed devices (every worker's for all), per_device programs each;
+// a model that lists none goes to the next worker in turn. Call it with
+// e.mu held and the workers started.
+func (e *Engine) place(m *models.Model) ([]*worker, error) {
+	next := e.workers[e.next%len(e.workers)]
+	placed, err := engine.Placement(e.Name(), m.Config.Instances, e.opts.Devices, next.device)
+	if err != nil {
+		return nil, fmt.Errorf("rbln: model %s: %w", m.Name, err)
+	}
+	if len(m.Config.Instances.Devices) == 0 && !m.Config.Instances.All {
+		e.next++
+	}
+	out := make([]*worker, len(placed))
+	for i, d := range placed {
+		for _, w := range e.workers {
+			if w.device == d {
+				out[i] = w
+			}
+		}
+	}
+	return out, nil
+}
+
+// loadReplicas loads one program per replica, on all their workers at once
+// (each worker loads its own in turn); if any fails, those loaded are
+// closed and the first error is returned.
+func loadReplicas(ctx context.Context, workers []*worker, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
+	if len(workers) == 1 {
+		return newProgram(ctx, workers[0], m, buckets)
+	}
+	ps := make([]*program, len(workers))
+	errs := make([]error, len(workers))
+	var wg sync.WaitGroup
+	for i, w := range workers {
+		wg.Go(func() {
+			ps[i], errs[i] = newProgram(ctx, w, m, buckets)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("replica %d of %d (device %s): %w", i+1, len(workers), w.device, errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range ps {
+			if p != nil {
+				p.Close()
+			}
+		}
+		return nil, err
+	}
+	return engine.Replicate(ps), nil
+}
