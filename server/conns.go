@@ -221,10 +221,10 @@ func (l *ConnLimit) admit(c net.Conn) *limitedConn {
 // empty send buffer, so it does not wait; the deadline is a safeguard for
 // the accept loop it runs on.
 func (l *ConnLimit) refuse(c net.Conn) {
+	l.refused.Inc() // first: counted by the time the client reads the answer
 	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	io.WriteString(c, l.refusal)
 	c.Close()
-	l.refused.Inc()
 	l.warn("connection limit reached with every connection busy: refusing new connections with 503")
 }
 
