@@ -43,6 +43,15 @@ type Replica interface {
 	Device() string
 }
 
+// Follower is a Replica that shares its device graphs with an earlier
+// replica of the same program (another staging lane of it): warming that
+// one up warms this one, whose own warm-up then runs nothing.
+type Follower interface {
+	Replica
+	// Follows is the replica this one shares graphs with; nil when none.
+	Follows() Replica
+}
+
 // Replicated is a Program loaded several times: on several devices, or as
 // several lanes of one (model.yaml's instances). Its own Compile, Step,
 // Staging and Healthy are those of its first replica, so that a caller

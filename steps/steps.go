@@ -341,6 +341,11 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	compile := make([]time.Duration, len(r.layouts))
+	if f, ok := r.opts.Program.(engine.Follower); ok && f.Follows() != nil {
+		// Another lane of the same program: its graphs are warmed with
+		// the first lane's, and running them again would be no warm-up.
+		return compile, nil
+	}
 	for b, l := range r.layouts {
 		start := time.Now()
 		if err := r.opts.Program.Compile(ctx, b); err != nil {

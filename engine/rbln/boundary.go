@@ -142,16 +142,16 @@ func (s *side) unpack(host, dev []byte, batch int) {
 
 // pack converts a bucket's inputs from the host layout, where the caller
 // put them, into the device staging the worker reads; before each step.
-func (p *program) pack(bucket int) {
-	b := &p.bounds[bucket]
-	b.in.pack(p.staging.buffer(p.in[bucket]), p.hostIn[bucket], b.batch)
+func (l *lane) pack(bucket int) {
+	b := &l.p.bounds[bucket]
+	b.in.pack(l.p.staging.buffer(l.in[bucket]), l.hostIn[bucket], b.batch)
 }
 
 // unpack converts a bucket's outputs from the device staging the worker
 // wrote into the host layout the caller reads; after each step.
-func (p *program) unpack(bucket int) {
-	b := &p.bounds[bucket]
-	b.out.unpack(p.hostOut[bucket], p.staging.buffer(p.out[bucket]), b.batch)
+func (l *lane) unpack(bucket int) {
+	b := &l.p.bounds[bucket]
+	b.out.unpack(l.hostOut[bucket], l.p.staging.buffer(l.out[bucket]), b.batch)
 }
 
 // ResidentBytes is the host memory a model of cfg takes on the engine,
@@ -160,6 +160,7 @@ func (p *program) unpack(bucket int) {
 // in the shared memory the worker maps.
 func (e *Engine) ResidentBytes(cfg *models.Config, shapes []bucketing.Shape) int64 {
 	floats, ferr := computeDtype(&e.opts, cfg)
+	lanes := int64(max(e.opts.Lanes, 1))
 	var host int64
 	var sizes []int
 	for _, s := range shapes {
@@ -173,7 +174,7 @@ func (e *Engine) ResidentBytes(cfg *models.Config, shapes []bucketing.Shape) int
 		}
 	}
 	_, shared := layoutStaging(sizes)
-	return host + int64(shared)
+	return lanes * (host + int64(shared))
 }
 
 // checkMapped holds the worker's view of each bucket's staging (its load

@@ -89,12 +89,12 @@ func TestPackAndUnpack(t *testing.T) {
 		le.PutUint64(in[512+8*i:], 1)
 		le.PutUint64(in[1024+8*i:], uint64(i%2))
 	}
-	dev := p.staging.buffer(p.in[0])
+	dev := p.staging.buffer(p.lanes[0].in[0])
 	require.Len(t, dev, 2*128*4, "two rows of 128 int32")
 	for i := range dev {
 		dev[i] = 0xff // whatever a previous step or a stray write left
 	}
-	p.pack(0)
+	p.lanes[0].pack(0)
 	for r := range 2 {
 		for j := range 128 {
 			got := int32(le.Uint32(dev[4*(128*r+j):]))
@@ -111,12 +111,12 @@ func TestPackAndUnpack(t *testing.T) {
 		}
 	}
 
-	devOut := p.staging.buffer(p.out[0])
+	devOut := p.staging.buffer(p.lanes[0].out[0])
 	require.Len(t, devOut, 2*128*2, "two rows of 128 bfloat16")
 	for i := range 2 * 128 {
 		le.PutUint16(devOut[2*i:], float32ToBFloat16(float32(i)+0.5))
 	}
-	p.unpack(0)
+	p.lanes[0].unpack(0)
 	for i := range 2 * 128 {
 		assert.Equal(t, bfloat16ToFloat32(float32ToBFloat16(float32(i)+0.5)), math.Float32frombits(le.Uint32(out[4*i:])), "element %d", i)
 	}
@@ -128,7 +128,7 @@ func TestUnpackSlicesThePadding(t *testing.T) {
 	p := testProgram(t, loadDigits(t), dtFloat16, bucketing.Shape{Batch: 3})
 	_, out := p.Staging(0)
 	require.Len(t, out, 3*10*4)
-	dev := p.staging.buffer(p.out[0])
+	dev := p.staging.buffer(p.lanes[0].out[0])
 	le := binary.LittleEndian
 	for r := range 3 {
 		for j := range 64 {
@@ -139,7 +139,7 @@ func TestUnpackSlicesThePadding(t *testing.T) {
 			le.PutUint16(dev[2*(64*r+j):], float32ToFloat16(v))
 		}
 	}
-	p.unpack(0)
+	p.lanes[0].unpack(0)
 	for r := range 3 {
 		for j := range 10 {
 			assert.Equal(t, float32(r)+float32(j)/16, math.Float32frombits(le.Uint32(out[4*(10*r+j):])), "row %d class %d", r, j)
@@ -151,8 +151,8 @@ func TestUnpackSlicesThePadding(t *testing.T) {
 func TestPackAndUnpackAllocateNothing(t *testing.T) {
 	p := testProgram(t, loadEncoder(t), dtFloat16, bucketing.Shape{Batch: 4, Seq: 64})
 	assert.Zero(t, testing.AllocsPerRun(100, func() {
-		p.pack(0)
-		p.unpack(0)
+		p.lanes[0].pack(0)
+		p.lanes[0].unpack(0)
 	}))
 }
 
@@ -192,8 +192,8 @@ func BenchmarkPackUnpack(b *testing.B) {
 		b.Run(tc.m.Name+"/"+tc.shape.Label(), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				p.pack(0)
-				p.unpack(0)
+				p.lanes[0].pack(0)
+				p.lanes[0].unpack(0)
 			}
 		})
 	}

@@ -28,15 +28,17 @@ type program struct {
 	slot    uint32 // the key's number: the doorbell names the program by it
 	shapes  []bucketing.Shape
 	layouts []engine.Layout
-	// hostIn and hostOut are every bucket's buffers in the host layout,
-	// which Staging gives callers; pack and unpack convert them to and
-	// from the device staging, laid out as bounds say.
-	hostIn, hostOut [][]byte
-	bounds          []boundary
-	floats          dtype    // the compute dtype: floats in device staging
-	staging         *staging // every bucket's device staging, shared with the worker
-	in, out         []region
-	mapped          []stagingView // how the worker mapped each bucket's staging (its load reply); guarded by mu
+	// lanes are the program's staging sets: each has every bucket's
+	// buffers in the host layout and in the device staging. The worker
+	// steps one lane at a time (they share the bucket's graph and bound
+	// device buffer), and while one steps, the next batch is packed into
+	// another's buffers.
+	lanes   []*lane
+	nlanes  int // how many allocate makes (Options.Lanes; at least 1)
+	bounds  []boundary
+	floats  dtype         // the compute dtype: floats in device staging
+	staging *staging      // every lane's and bucket's device staging, shared with the worker
+	mapped  []stagingView // how the worker mapped each bucket's staging (its load reply); guarded by mu
 
 	healthy atomic.Bool
 	// reloadFailures counts the worker's lives in a row that failed to
@@ -69,6 +71,7 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 	}
 	n := programs.Add(1)
 	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, n), slot: uint32(n), shapes: shapes, floats: floats,
+		nlanes:   w.e.opts.Lanes,
 		compiled: make([]bool, len(shapes)), ran: make([]bool, len(shapes))}
 	if err := p.allocate(); err != nil {
 		return nil, err
@@ -102,18 +105,27 @@ func (p *program) allocate() error {
 			return fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 		}
 		p.layouts, p.bounds = append(p.layouts, l), append(p.bounds, b)
-		sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
 		hostBytes += l.InBytes + l.OutBytes
 	}
-	// The host buffers in one allocation, each capped at its length.
-	host := make([]byte, hostBytes)
-	for _, l := range p.layouts {
-		p.hostIn, host = append(p.hostIn, host[:l.InBytes:l.InBytes]), host[l.InBytes:]
-		p.hostOut, host = append(p.hostOut, host[:l.OutBytes:l.OutBytes]), host[l.OutBytes:]
+	lanes := max(p.nlanes, 1)
+	for range lanes {
+		for _, b := range p.bounds {
+			sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
+		}
 	}
+	// Every lane's host buffers in one allocation, each capped at its
+	// length.
+	host := make([]byte, lanes*hostBytes)
 	regions, total := layoutStaging(sizes)
-	for i := range p.shapes {
-		p.in, p.out = append(p.in, regions[2*i]), append(p.out, regions[2*i+1])
+	for n := range lanes {
+		ln := &lane{p: p, n: n}
+		for i, l := range p.layouts {
+			ln.hostIn, host = append(ln.hostIn, host[:l.InBytes:l.InBytes]), host[l.InBytes:]
+			ln.hostOut, host = append(ln.hostOut, host[:l.OutBytes:l.OutBytes]), host[l.OutBytes:]
+			r := regions[2*(n*len(p.layouts)+i):]
+			ln.in, ln.out = append(ln.in, r[0]), append(ln.out, r[1])
+		}
+		p.lanes = append(p.lanes, ln)
 	}
 	var err error
 	p.staging, err = newStaging("stepserve-"+p.key, total)
@@ -126,14 +138,18 @@ func (p *program) allocate() error {
 func (p *program) loadRequest() *loadRequest {
 	cfg := p.model.Config
 	buckets := make([]bucketSpec, len(p.shapes))
+	lane0 := p.lanes[0]
 	for i, s := range p.shapes {
 		b := &p.bounds[i]
 		buckets[i] = bucketSpec{
 			Batch: s.Batch, Seq: s.Seq,
-			InOffset: p.in[i].offset, InBytes: b.in.bytes(b.batch),
+			InOffset: lane0.in[i].offset, InBytes: b.in.bytes(b.batch),
 			InDtype: b.in.dt.String(), InCols: b.in.cols, InRow: b.in.row,
-			OutOffset: p.out[i].offset, OutBytes: b.out.bytes(b.batch),
+			OutOffset: lane0.out[i].offset, OutBytes: b.out.bytes(b.batch),
 			OutDtype: b.out.dt.String(), OutCols: b.out.cols, OutRow: b.out.row,
+		}
+		for _, ln := range p.lanes[1:] {
+			buckets[i].Lanes = append(buckets[i].Lanes, laneSpec{InOffset: ln.in[i].offset, OutOffset: ln.out[i].offset})
 		}
 	}
 	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
@@ -246,28 +262,16 @@ func (p *program) warm(ctx context.Context, bucket int) error {
 		return err
 	}
 	for range 2 {
-		if _, err := p.step(ctx, bucket); err != nil {
+		if _, err := p.step(ctx, bucket, 0); err != nil {
 			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", p.model.Name, p.shapes[bucket].Label(), err)
 		}
 	}
 	return nil
 }
 
-// Step implements [engine.Program].
+// Step implements [engine.Program]: a step on the first lane.
 func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) {
-	if err := p.check(bucket); err != nil {
-		return engine.Explain{}, err
-	}
-	if !p.healthy.Load() {
-		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
-	}
-	p.pack(bucket)
-	x, err := p.step(ctx, bucket)
-	if err != nil {
-		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
-	}
-	p.unpack(bucket)
-	return x, nil
+	return p.lanes[0].Step(ctx, bucket)
 }
 
 // step runs one step on the device staging as it is (Step packs it first
@@ -275,12 +279,12 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 // holds): over the doorbell once the bucket's graph has run in this life of
 // the worker, else as a message (its first run builds the graph, which the
 // worker announces).
-func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) {
+func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, error) {
 	p.mu.Lock()
 	ran := p.ran[bucket]
 	p.mu.Unlock()
 	if ran {
-		x, body, err := p.w.step(ctx, p.slot, bucket, 0)
+		x, body, err := p.w.step(ctx, p.slot, bucket, lane)
 		if err != nil {
 			return x, err
 		}
@@ -288,7 +292,7 @@ func (p *program) step(ctx context.Context, bucket int) (engine.Explain, error) 
 		return x, nil
 	}
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
-	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket}, &r); err != nil {
+	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket, Lane: lane}, &r); err != nil {
 		return engine.Explain{}, err
 	}
 	p.mu.Lock()
@@ -313,9 +317,7 @@ func (p *program) check(bucket int) error {
 // Staging implements [engine.Program]: the buffers in the host layout,
 // which each step converts to and from the device staging in shared
 // memory.
-func (p *program) Staging(bucket int) (in, out []byte) {
-	return p.hostIn[bucket], p.hostOut[bucket]
-}
+func (p *program) Staging(bucket int) (in, out []byte) { return p.lanes[0].Staging(bucket) }
 
 // Healthy implements [engine.Program].
 func (p *program) Healthy() bool { return p.healthy.Load() }

@@ -95,6 +95,15 @@ type bucketSpec struct {
 	OutDtype  string `json:"out_dtype"`
 	OutCols   int    `json:"out_cols"`
 	OutRow    int    `json:"out_row"`
+	// Lanes are the bucket's other staging lanes (the first is the
+	// offsets above): the same layout, elsewhere in the memory sent.
+	Lanes []laneSpec `json:"lanes,omitempty"`
+}
+
+// laneSpec is where one more lane's buffers of a bucket lie.
+type laneSpec struct {
+	InOffset  int `json:"in_offset"`
+	OutOffset int `json:"out_offset"`
 }
 
 type mlpSpec struct {
@@ -128,6 +137,7 @@ type stepRequest struct {
 	header
 	Model  string `json:"model"`
 	Bucket int    `json:"bucket"`
+	Lane   int    `json:"lane,omitempty"` // the staging lane; 0 when absent
 }
 
 // unloadRequest frees a model's device memory and staging mappings.

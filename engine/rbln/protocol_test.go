@@ -87,8 +87,11 @@ buckets: {batch: [1, 4], seq: [32]}
 				b, err := newBoundary(l, dtFloat16)
 				require.NoError(t, err)
 				p.layouts, p.bounds = append(p.layouts, l), append(p.bounds, b)
-				p.in = append(p.in, region{offset: 8192 * i})
-				p.out = append(p.out, region{offset: 8192*i + 4096})
+				if i == 0 {
+					p.lanes = []*lane{{p: p}}
+				}
+				p.lanes[0].in = append(p.lanes[0].in, region{offset: 8192 * i})
+				p.lanes[0].out = append(p.lanes[0].out, region{offset: 8192*i + 4096})
 			}
 			assert.JSONEq(t, tc.want, wire(t, p.loadRequest(), 9))
 		})

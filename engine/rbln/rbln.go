@@ -99,6 +99,11 @@ type Options struct {
 	// RBLN_NPUS_PER_DEVICE, ...). PYTHONPATH entries are appended to the
 	// worker's own.
 	Env map[string]string
+	// Lanes is the number of staging sets of each program (double
+	// buffering): while the worker steps one, the next batch is packed
+	// into another. Default 2 on rbln, 1 on torch (whose worker computes
+	// on the same host cores the packing would use).
+	Lanes int
 	// CompileCacheDir is passed to torch.compile as its cache_dir option.
 	CompileCacheDir string
 	// LogLevel is TORCH_RBLN_LOG_LEVEL (DEBUG, INFO, WARNING or ERROR, see
@@ -161,6 +166,12 @@ func New(opts Options) (*Engine, error) {
 	def(&opts.StartTimeout, 120*time.Second)
 	def(&opts.PingInterval, time.Second)
 	def(&opts.StallTimeout, 10*time.Second)
+	if opts.Lanes <= 0 {
+		opts.Lanes = 1
+		if opts.Device == DeviceRBLN {
+			opts.Lanes = 2
+		}
+	}
 	def(&opts.CompileTimeout, 30*time.Minute)
 	def(&opts.StopTimeout, 5*time.Second)
 	def(&opts.RestartBackoff, 100*time.Millisecond)

@@ -78,3 +78,79 @@ func loadReplicas(ctx context.Context, workers []*worker, m *models.Model, bucke
 	}
 	return engine.Replicate(ps), nil
 }
+
+// lane is one staging set of a program, stepped as a replica of its own on
+// the program's device: its buffers in the host layout, which its caller
+// fills and reads, and where its device staging lies. Lanes share the
+// program's graphs (and its worker, which steps them one at a time), so
+// only the first is warmed up.
+type lane struct {
+	p               *program
+	n               int
+	hostIn, hostOut [][]byte
+	in, out         []region
+}
+
+// Replicas implements [engine.Replicated]: the program's lanes.
+func (p *program) Replicas() []engine.Replica {
+	out := make([]engine.Replica, len(p.lanes))
+	for i, l := range p.lanes {
+		out[i] = l
+	}
+	return out
+}
+
+// Compile implements [engine.Replica]: the program's graph, built once for
+// every lane.
+func (l *lane) Compile(ctx context.Context, bucket int) error {
+	if l.n > 0 {
+		if err := l.p.check(bucket); err != nil {
+			return err
+		}
+		l.p.mu.Lock()
+		done := l.p.compiled[bucket]
+		l.p.mu.Unlock()
+		if done {
+			return nil
+		}
+	}
+	return l.p.Compile(ctx, bucket)
+}
+
+// Step implements [engine.Replica]: the lane's inputs converted into its
+// device staging, the step on them, its outputs converted back.
+func (l *lane) Step(ctx context.Context, bucket int) (engine.Explain, error) {
+	p := l.p
+	if err := p.check(bucket); err != nil {
+		return engine.Explain{}, err
+	}
+	if !p.healthy.Load() {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
+	}
+	l.pack(bucket)
+	x, err := p.step(ctx, bucket, l.n)
+	if err != nil {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+	}
+	l.unpack(bucket)
+	return x, nil
+}
+
+// Staging implements [engine.Replica]: the lane's buffers in the host
+// layout.
+func (l *lane) Staging(bucket int) (in, out []byte) { return l.hostIn[bucket], l.hostOut[bucket] }
+
+// Healthy implements [engine.Replica].
+func (l *lane) Healthy() bool { return l.p.Healthy() }
+
+// Device implements [engine.Replica].
+func (l *lane) Device() string { return l.p.Device() }
+
+// Follows implements [engine.Follower]: a lane after the first shares the
+// first's graphs, so warming that one up warms it.
+func (l *lane) Follows() engine.Replica {
+	if l.n == 0 {
+		return nil
+	}
+	return l.p.lanes[0]
+}

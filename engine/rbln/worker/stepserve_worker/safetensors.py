@@ -1,4 +1,6 @@
-"""A reader for the safetensors format (the library is not in Debian)."""
+"""A reader and writer for the safetensors format (the library is not in
+Debian): an 8-byte little-endian header length, a JSON header naming each
+tensor's dtype, shape and byte range, then the data."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ from pathlib import Path
 
 import torch
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_NAMES = {v: k for k, v in _DTYPES.items()}
 _MAX_HEADER = 100 << 20
 
 
@@ -17,8 +22,9 @@ class SafetensorsError(ValueError):
     """The file is malformed; the message names the file and the tensor."""
 
 
-def load(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, as float32 CPU tensors."""
+def load(path: Path, keep_dtype: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the file, as CPU tensors: floating ones as float32
+    unless keep_dtype, integer and boolean ones as stored."""
     raw = Path(path).read_bytes()
     if len(raw) < 8:
         raise SafetensorsError(f"{path}: {len(raw)} bytes, shorter than the 8-byte header length")
@@ -41,12 +47,38 @@ def load(path: Path) -> dict[str, torch.Tensor]:
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(f"{path}: tensor {name!r}: bad header entry") from None
         if dtype not in _DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r}: dtype {dtype!r} is not supported; want F32, F16 or BF16")
+            raise SafetensorsError(f"{path}: tensor {name!r}: dtype {dtype!r} is not supported; want one of {', '.join(_DTYPES)}")
         count = 1
         for d in shape:
             count *= d
         if not (0 <= begin <= end <= len(data)) or end - begin != count * _SIZES[dtype]:
             raise SafetensorsError(f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] do not hold {dtype}{shape}")
         t = torch.frombuffer(bytearray(data[begin:end]), dtype=_DTYPES[dtype]) if count else torch.empty(0, dtype=_DTYPES[dtype])
-        out[name] = t.reshape(shape).float()
+        t = t.reshape(shape)
+        out[name] = t.float() if t.is_floating_point() and not keep_dtype else t
     return out
+
+
+def save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (a state_dict) as safetensors, names sorted, the same
+    bytes for the same tensors every time."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    blobs: list[bytes] = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        if t.dtype not in _NAMES:
+            raise SafetensorsError(f"tensor {name!r}: dtype {t.dtype} cannot be written")
+        blob = bytes(t.view(-1).view(torch.uint8)) if t.dtype != torch.bool else bytes(t.view(-1).to(torch.uint8).tolist())
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for b in blobs:
+            f.write(b)

@@ -198,6 +198,9 @@ class Bucket:
     bound: nets.Boundary
     staging_in: Staging
     staging_out: Staging
+    # The staging lanes after the first (double buffering): (in, out)
+    # each, the same layout as the first's.
+    lanes: list[tuple[Staging, Staging]] = field(default_factory=list)
     device_in: Optional[torch.Tensor] = None
     graph: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
@@ -284,16 +287,17 @@ class Worker:
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         _, b = self._bucket(msg)
+        lane = msg.get("lane", 0)
         if b.graph is None:
             # Lazy warm-up: the graph is built now, which is a recompile
             # whatever explain saw (the build happens outside its region).
             self.compile(msg)
-            report = self._run(b)
+            report = self._run(b, lane)
             report.recompiles = (report.recompiles or 0) + 1
             report.clean = False
             report.reasons.append("recompile: the bucket's graph was built on first use, not at load")
             return {"explain": report.to_wire()}
-        return {"explain": self._run(b).to_wire()}
+        return {"explain": self._run(b, lane).to_wire()}
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)
@@ -305,6 +309,10 @@ class Worker:
                 b.graph, b.device_in = None, None
                 b.staging_in.close()
                 b.staging_out.close()
+                for sin, sout in b.lanes:
+                    sin.close()
+                    sout.close()
+                b.lanes.clear()
             for sm in m.staging:
                 sm.close()
             m.buckets.clear()
@@ -334,41 +342,45 @@ class Worker:
         i = msg["bucket"]
         if not 0 <= i < len(m.buckets):
             raise IndexError(f"model {m.name!r} has no bucket {i}")
+        lane = msg.get("lane", 0)
+        if not 0 <= lane <= len(m.buckets[i].lanes):
+            raise IndexError(f"model {m.name!r} bucket {i} has no staging lane {lane}")
         return m, m.buckets[i]
 
-    def _body(self, b: Bucket) -> int:
-        """One copy in, the graph, one copy out: the staging holds the
-        graph's boundary tensors as they are (dtype and padded shape).
-        Returns the ns it took."""
+    def _body(self, b: Bucket, lane: int = 0) -> int:
+        """One copy in, the graph, one copy out, on staging lane lane: the
+        staging holds the graph's boundary tensors as they are (dtype and
+        padded shape). Returns the ns it took."""
         assert b.device_in is not None and b.graph is not None
+        sin, sout = (b.staging_in, b.staging_out) if lane == 0 else b.lanes[lane - 1]
         start = time.perf_counter_ns()
-        b.device_in.copy_(b.staging_in.tensor)
-        b.staging_out.tensor.copy_(b.graph(b.device_in))
+        b.device_in.copy_(sin.tensor)
+        sout.tensor.copy_(b.graph(b.device_in))
         return time.perf_counter_ns() - start
 
-    def _run(self, b: Bucket) -> ex.Report:
-        kind, value, _ = self._measure(b)
+    def _run(self, b: Bucket, lane: int = 0) -> ex.Report:
+        kind, value, _ = self._measure(b, lane)
         if kind == "clean":
             verdict, dump = value
             return ex.normalize(verdict, dump, None)
         return value
 
-    def _measure(self, b: Bucket) -> tuple[str, Any, int]:
+    def _measure(self, b: Bucket, lane: int = 0) -> tuple[str, Any, int]:
         """Run the step inside an explain region: ("clean", (verdict, dump),
         ns) for a clean step, whose report the caller builds as it needs;
         ("report", Report, ns) for any other."""
         with torch.inference_mode():
             region = self.rt.explain()
             if region is None:
-                ns = self._body(b)
+                ns = self._body(b, lane)
                 return "report", ex.unmeasured("torch.rbln.explain is unavailable"), ns
             try:
                 p = region.__enter__()
             except Exception as e:  # e.g. RuntimeError: regions overlap
-                ns = self._body(b)
+                ns = self._body(b, lane)
                 return "report", ex.unmeasured(f"explain region failed to open: {type(e).__name__}: {e}"), ns
             try:
-                ns = self._body(b)
+                ns = self._body(b, lane)
             except BaseException:
                 region.__exit__(*sys.exc_info())
                 raise
@@ -384,21 +396,21 @@ class Worker:
                 return "report", ex.unmeasured(f"explain region failed to close or report: {type(e).__name__}: {e}"), ns
             return "report", ex.normalize(verdict, dump, text), ns
 
-    def step_binary(self, slot: int, bucket: int) -> tuple[int, tuple[int, ...], int, bytes]:
+    def step_binary(self, slot: int, bucket: int, lane: int = 0) -> tuple[int, tuple[int, ...], int, bytes]:
         """A step asked for over the doorbell: (flags, counters, body ns,
         text) for its binary report. A clean step's report is its counters
         alone, read straight from the region."""
         name = self.slots.get(slot)
         if name is None:
             raise KeyError(f"model slot {slot} is not loaded on this worker")
-        msg = {"model": name, "bucket": bucket}
+        msg = {"model": name, "bucket": bucket, "lane": lane}
         m, b = self._bucket(msg)
         if b.graph is None:
             # The supervisor sends a bucket's first step as a message (it
             # builds the graph, announced); this one was compiled anew.
             r = ex.Report.from_wire(self.step(msg)["explain"])
             return _flags(r), _wire_counts(r), 0, bell.extras(r)
-        kind, value, ns = self._measure(b)
+        kind, value, ns = self._measure(b, lane)
         if kind == "clean":
             verdict, dump = value
             counts = ex.counters(verdict, dump)
@@ -618,7 +630,7 @@ class Server:
         a step that fails reports its error, as a step message's would."""
         try:
             with self._busy:
-                flags, counts, ns, text = self.worker.step_binary(slot, bucket)
+                flags, counts, ns, text = self.worker.step_binary(slot, bucket, lane)
         except Exception as e:
             print(f"stepserve_worker: step failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             self.bell.fail(seq, f"{type(e).__name__}: {e}")
@@ -685,9 +697,11 @@ def _staged_bucket(msg: dict[str, Any], i: int, compute: torch.dtype, maps: list
     if problems:
         raise StagingError(f"model {msg['model']!r} bucket {i} ({shape.label()}): the staging is laid out for another step graph: "
                            + "; ".join(problems))
-    return Bucket(shape, bound,
-                  maps[spec["in_fd"]].view(spec["in_offset"], (shape.batch, bound.in_row), bound.in_dtype),
-                  maps[spec["out_fd"]].view(spec["out_offset"], (shape.batch, bound.out_row), bound.out_dtype))
+    def views(in_offset: int, out_offset: int) -> tuple[Staging, Staging]:
+        return (maps[spec["in_fd"]].view(in_offset, (shape.batch, bound.in_row), bound.in_dtype),
+                maps[spec["out_fd"]].view(out_offset, (shape.batch, bound.out_row), bound.out_dtype))
+    sin, sout = views(spec["in_offset"], spec["out_offset"])
+    return Bucket(shape, bound, sin, sout, lanes=[views(ln["in_offset"], ln["out_offset"]) for ln in spec.get("lanes", [])])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

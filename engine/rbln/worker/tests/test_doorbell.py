@@ -29,9 +29,9 @@ class Supervisor:
         os.close(fd)
         self.seq = 0
 
-    def step(self, slot: int, bucket: int) -> tuple[int, int, tuple[int, ...], int, bytes]:
+    def step(self, slot: int, bucket: int, lane: int = 0) -> tuple[int, int, tuple[int, ...], int, bytes]:
         self.seq += 1
-        struct.pack_into("<III", self.block, 8, slot, bucket, 0)
+        struct.pack_into("<III", self.block, 8, slot, bucket, lane)
         struct.pack_into("<Q", self.block, 0, self.seq)
         os.eventfd_write(self.ring, 1)
         deadline = time.monotonic() + 5
@@ -49,8 +49,8 @@ class StubWorker:
         self.rt = None
         self.calls: list[str] = []
 
-    def step_binary(self, slot: int, bucket: int) -> tuple[int, tuple[int, ...], int, bytes]:
-        self.calls.append(f"bell {slot}/{bucket}")
+    def step_binary(self, slot: int, bucket: int, lane: int) -> tuple[int, tuple[int, ...], int, bytes]:
+        self.calls.append(f"bell {slot}/{bucket}" + (f" lane {lane}" if lane else ""))
         if slot == 9:
             raise KeyError("model slot 9 is not loaded on this worker")
         return bell.FLAG_MEASURED | bell.FLAG_CLEAN, (0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0), 4321, b""
@@ -88,8 +88,8 @@ class DoorbellTest(unittest.TestCase):
         self.assertEqual((0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0), counters)
         self.assertEqual(4321, body)
         self.assertEqual(b"", text, "a clean step's report has no text")
-        self.sup.step(3, 2)
-        self.assertEqual(["bell 3/1", "bell 3/2"], self.worker.calls, "each request runs once")
+        self.sup.step(3, 2, lane=1)
+        self.assertEqual(["bell 3/1", "bell 3/2 lane 1"], self.worker.calls, "each request runs once, on its lane")
 
     def test_a_failing_step_reports_its_error(self) -> None:
         status, _, counters, _, text = self.sup.step(9, 0)

@@ -1,0 +1,221 @@
+"""Models of architecture `torch`: the user's own torch.nn.Module, built by a
+factory in a file of the model's directory, served under the same step
+structure as the built-in architectures.
+
+The staging row of such a model is bytes: every input's row sits in it at an
+offset aligned to ALIGN_BYTES, in its device type (floating inputs in the
+compute dtype, integer and boolean ones as declared), and the step body
+views each out of the one bound buffer inside the graph. The outputs come
+back the same way: each output's row, in its device type, packed into one
+byte row per batch row, so that one copy brings them all back."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from . import safetensors
+
+#: Every tensor's row starts at a multiple of this many bytes (the device's
+#: 64-element alignment for one-byte types; a multiple of every element
+#: size).
+ALIGN_BYTES = 64
+
+#: The device types of the protocol's datatypes; floating ones are replaced
+#: by the compute dtype.
+_DTYPES = {
+    "FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16,
+    "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
+    "UINT8": torch.uint8, "BOOL": torch.bool,
+}
+_FLOATING = {"FP32", "FP16", "BF16"}
+
+
+class UserModelError(ValueError):
+    """The model cannot be built or does not match its model.yaml; the
+    message names the file, the key or the tensor."""
+
+
+@dataclass
+class Field:
+    """One input or output as the step sees it: its per-row shape (the
+    batch dimension left out, every other dimension at the bucket's size),
+    its device dtype, and where its row sits in the staging row."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int  # bytes into the row
+    nbytes: int  # the row's bytes, unpadded
+
+    @property
+    def count(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def device_dtype(datatype: str, compute: torch.dtype) -> torch.dtype:
+    if datatype in _FLOATING:
+        return compute
+    dt = _DTYPES.get(datatype)
+    if dt is None:
+        raise UserModelError(f"datatype {datatype!r} is not supported by architecture torch")
+    return dt
+
+
+def fields(specs: list[dict[str, Any]], compute: torch.dtype) -> tuple[list[Field], int]:
+    """The fields of a staging row described by the load request (name,
+    datatype, shape per row), and the row's padded length in bytes."""
+    out: list[Field] = []
+    offset = 0
+    for s in specs:
+        dt = device_dtype(s["datatype"], compute)
+        shape = tuple(int(d) for d in s["shape"])
+        size = torch.empty(0, dtype=dt).element_size()
+        f = Field(s["name"], shape, dt, offset, 0)
+        f.nbytes = f.count * size
+        if "offset" in s and int(s["offset"]) != offset:
+            raise UserModelError(f"{s['name']}: the supervisor placed it at byte {s['offset']}, the worker at {offset}")
+        out.append(f)
+        offset += -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+    return out, max(offset, ALIGN_BYTES)
+
+
+def import_file(path: Path, unique: str) -> types.ModuleType:
+    """Import path under a module name of its own, so that two models may
+    both ship a model.py (and a reload gets the file's new contents)."""
+    name = "stepserve_user_" + "".join(c if c.isalnum() else "_" for c in unique)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserModelError(f"{path}: not importable as a Python module")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise UserModelError(f"{path}: import failed: {type(e).__name__}: {e}") from e
+    return mod
+
+
+def forget(unique: str) -> None:
+    """Drop an imported model file's module."""
+    sys.modules.pop("stepserve_user_" + "".join(c if c.isalnum() else "_" for c in unique), None)
+
+
+def build(msg: dict[str, Any]) -> nn.Module:
+    """The user's module: model file imported, factory called with the
+    config, weights loaded strictly."""
+    spec = msg.get("torch") or {}
+    path = Path(spec.get("module", ""))
+    if not path.is_file():
+        raise UserModelError(f"torch.module: {path} is not a file")
+    mod = import_file(path, msg["model"])
+    factory_name = spec.get("factory") or "build"
+    factory = getattr(mod, factory_name, None)
+    if not callable(factory):
+        raise UserModelError(f"torch.factory: {path} has no callable {factory_name!r}")
+    try:
+        module = factory(dict(spec.get("config") or {}))
+    except Exception as e:
+        raise UserModelError(f"torch.factory: {path}: {factory_name}(config) failed: {type(e).__name__}: {e}") from e
+    if not isinstance(module, nn.Module):
+        raise UserModelError(f"torch.factory: {path}: {factory_name}(config) returned {type(module).__name__}, not a torch.nn.Module")
+    weights = spec.get("weights")
+    if weights:
+        load_weights(module, Path(weights))
+    return module.eval()
+
+
+def load_weights(module: nn.Module, path: Path) -> None:
+    """load_state_dict(strict=True), its complaints named."""
+    try:
+        state = safetensors.load(path, keep_dtype=True)
+    except safetensors.SafetensorsError as e:
+        raise UserModelError(f"torch.weights: {e}") from e
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing from the file: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"not in the module: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
+        raise UserModelError(f"torch.weights: {path.name} does not match the module's state_dict: {'; '.join(parts)}")
+    for k, t in own.items():
+        if tuple(state[k].shape) != tuple(t.shape):
+            raise UserModelError(f"torch.weights: {path.name}: tensor {k!r} has shape {list(state[k].shape)}, "
+                                 f"the module's has {list(t.shape)}")
+    module.load_state_dict(state, strict=True)
+
+
+def check_outputs(outs: Any, want: list[Field], batch: int) -> list[torch.Tensor]:
+    """forward's result as a list of outputs, held to the declared count and
+    per-row shapes."""
+    if isinstance(outs, torch.Tensor):
+        outs = [outs]
+    elif isinstance(outs, (tuple, list)):
+        outs = list(outs)
+    else:
+        raise UserModelError(f"forward returned {type(outs).__name__}; want a tensor or a tuple of {len(want)}")
+    if len(outs) != len(want):
+        raise UserModelError(f"forward returned {len(outs)} outputs; model.yaml declares {len(want)} "
+                             f"({', '.join(f.name for f in want)})")
+    for o, f in zip(outs, want):
+        if not isinstance(o, torch.Tensor):
+            raise UserModelError(f"output {f.name!r} is a {type(o).__name__}, not a tensor")
+        if tuple(o.shape) != (batch, *f.shape):
+            raise UserModelError(f"output {f.name!r} has shape {list(o.shape)}; model.yaml declares {[batch, *f.shape]}")
+    return outs
+
+
+def step_body(module: nn.Module, batch: int, ins: list[Field], in_row: int, outs: list[Field], out_row: int,
+              name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function compiled per bucket: the bound byte buffer [batch,
+    in_row] in, each input viewed out of it in its device type; forward;
+    every output packed, as bytes, into one [batch, out_row] tensor out."""
+    from .nets import own_code  # the built-in architectures' helper
+
+    def user_body(x: torch.Tensor) -> torch.Tensor:
+        args = [x[:, f.offset:f.offset + f.nbytes].view(f.dtype).reshape(batch, *f.shape) for f in ins]
+        ys = module(*args)
+        if isinstance(ys, torch.Tensor):
+            ys = (ys,)
+        parts = []
+        end = 0
+        for y, f in zip(ys, outs):
+            if f.offset > end:
+                parts.append(x.new_zeros((batch, f.offset - end)))
+            parts.append(y.to(f.dtype).reshape(batch, -1).contiguous().view(torch.uint8))
+            end = f.offset + f.nbytes
+        if out_row > end:
+            parts.append(x.new_zeros((batch, out_row - end)))
+        return torch.cat(parts, dim=1)
+    return own_code(user_body, name)
+
+
+def probe(module: nn.Module, batch: int, ins: list[Field], outs: list[Field]) -> Optional[str]:
+    """Run forward once on zeros, eagerly, to check the outputs' count,
+    shapes and types before any graph is built; the error, or None."""
+    args = [torch.zeros((batch, *f.shape), dtype=f.dtype, device=next(iter(module.parameters()), torch.empty(0)).device)
+            for f in ins]
+    with torch.inference_mode():
+        try:
+            ys = module(*args)
+        except Exception as e:
+            return f"forward on zeros of the declared inputs failed: {type(e).__name__}: {e}"
+    try:
+        check_outputs(ys, outs, batch)
+    except UserModelError as e:
+        return str(e)
+    return None
