@@ -26,10 +26,12 @@ type Config struct {
 	Version     string `yaml:"version"`
 	Description string `yaml:"description"`
 	// Architecture selects the layer stack the weights fill and how
-	// requests are prepared for it: "mlp" or "encoder".
+	// requests are prepared for it: "mlp" or "encoder", built in; or
+	// "torch", the user's own torch.nn.Module (Torch says where).
 	Architecture string         `yaml:"architecture"`
 	MLP          *MLPConfig     `yaml:"mlp"`
 	Encoder      *EncoderConfig `yaml:"encoder"`
+	Torch        *TorchConfig   `yaml:"torch"`
 
 	Inputs  []TensorSpec `yaml:"inputs"`
 	Outputs []TensorSpec `yaml:"outputs"`
@@ -58,6 +60,20 @@ type TensorSpec struct {
 	Name     string   `yaml:"name" json:"name"`
 	Datatype Datatype `yaml:"datatype" json:"datatype"`
 	Shape    []int    `yaml:"shape" json:"shape"`
+	// Pad is the value a shorter request's variable dimension is padded
+	// with up to its bucket (architecture torch inputs); 0 when unset.
+	Pad *float64 `yaml:"pad" json:"-"`
+}
+
+// TorchConfig says where an architecture torch model's module comes from:
+// Factory in the Python file Module of the model's directory, called with
+// Config, returns the torch.nn.Module, whose state_dict Weights (a
+// safetensors file in the directory, optional) then fills strictly.
+type TorchConfig struct {
+	Module  string         `yaml:"module"`
+	Factory string         `yaml:"factory"` // default "build"
+	Config  map[string]any `yaml:"config"`
+	Weights string         `yaml:"weights"`
 }
 
 // RowElements is the number of elements in one batch row of sequences seq
@@ -379,10 +395,12 @@ func (c *Config) validate() error {
 		return c.validateMLP(bad)
 	case "encoder":
 		return c.validateEncoder(bad)
+	case "torch":
+		return c.validateTorch(bad)
 	case "":
-		return bad("architecture", "is required; want mlp or encoder")
+		return bad("architecture", "is required; want mlp, encoder or torch")
 	default:
-		return bad("architecture", "%q is not supported; want mlp or encoder", clip.Clip(c.Architecture, maxNameInError))
+		return bad("architecture", "%q is not supported; want mlp, encoder or torch", clip.Clip(c.Architecture, maxNameInError))
 	}
 }
 

@@ -80,7 +80,12 @@ func (c *Config) OptionalInput(name string) bool {
 
 // Platform names the runtime that serves the model, for the platform field
 // of a protocol's model metadata: "stepserve_" and the architecture.
-func (m *Model) Platform() string { return "stepserve_" + m.Config.Architecture }
+func (m *Model) Platform() string {
+	if m.Config.Architecture == "torch" {
+		return "pytorch_libtorch" // Triton's name for a PyTorch model
+	}
+	return "stepserve_" + m.Config.Architecture
+}
 
 // PrepareInputs turns a request's decoded inputs into the model's step
 // inputs ([Config.StepInputs], in order), appended to dst, and returns them
@@ -105,7 +110,11 @@ func (m *Model) PrepareInputs(dst [][]byte, in []Input) (inputs [][]byte, seq in
 		for _, t := range in {
 			dst = append(dst, t.Data)
 		}
-		return dst, 0, nil
+		if len(cfg.Buckets.Seq) == 0 {
+			return dst, 0, nil
+		}
+		seq, err := m.variableLength(in)
+		return dst, seq, err
 	}
 	if cfg.Encoder == nil || len(cfg.Buckets.Seq) == 0 {
 		return dst, 0, fmt.Errorf("models: model %s: an encoder needs its encoder config and seq buckets", m.Name)
@@ -114,6 +123,27 @@ func (m *Model) PrepareInputs(dst [][]byte, in []Input) (inputs [][]byte, seq in
 		return m.prepareText(dst, in[0].Strings)
 	}
 	return m.prepareTokens(dst, in)
+}
+
+// variableLength is the length of the variable (second) dimension the
+// inputs that have one share (architecture torch), checked against the
+// largest bucket.
+func (m *Model) variableLength(in []Input) (int, error) {
+	seq, from := 0, ""
+	for i, s := range m.Config.Inputs {
+		if !s.HasSeq() || len(in[i].Shape) < 2 {
+			continue
+		}
+		n := int(in[i].Shape[1])
+		if from != "" && n != seq {
+			return 0, &InputError{Err: fmt.Errorf("inputs %q and %q have variable dimensions of %d and %d; they must be equal", from, s.Name, seq, n)}
+		}
+		seq, from = n, s.Name
+	}
+	if max := m.Config.maxSeq(); seq > max {
+		return 0, &InputError{Input: from, Err: fmt.Errorf("variable dimension %d is longer than the largest bucket, %d (buckets.seq)", seq, max)}
+	}
+	return seq, nil
 }
 
 // maxSeq is the longest sequence a step takes: the largest seq bucket.

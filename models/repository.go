@@ -130,6 +130,9 @@ func (m *Manifest) open() error {
 		return fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
 			file, ErrConfig, m.Config.Name, m.Name)
 	}
+	if m.Config.Architecture == "torch" {
+		return m.openTorch()
+	}
 	if m.weights, err = openFile(m.root, path.Join(m.Name, WeightsFile), 0); err != nil {
 		return err
 	}
@@ -152,6 +155,45 @@ func (m *Manifest) open() error {
 	return nil
 }
 
+// openTorch checks an architecture torch model's files: the module a
+// regular file of at most maxModuleBytes, the weights (if named) a
+// safetensors file whose header parses. The worker reads both; Go reads
+// no tensor values.
+func (m *Manifest) openTorch() error {
+	t := m.Config.Torch
+	ok, err := statFile(m.root, path.Join(m.Name, t.Module), maxModuleBytes)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%s: %w: torch.module: %s is not in the model directory", path.Join(m.Name, ConfigFile), ErrConfig, path.Join(m.Name, t.Module))
+	}
+	m.Weights = &Weights{Tensors: map[string]*Tensor{}}
+	if t.Weights == "" {
+		return nil
+	}
+	if m.weights, err = openFile(m.root, path.Join(m.Name, t.Weights), 0); err != nil {
+		return err
+	}
+	if m.Weights, err = readHeader(m.weights); err != nil {
+		return err
+	}
+	m.Weights.Path = filepath.Join(m.dir, t.Weights)
+	return nil
+}
+
+// maxModuleBytes bounds an architecture torch model's Python file.
+const maxModuleBytes = 16 << 20
+
+// ModulePath is where an architecture torch model's Python file is on
+// disk, for the worker that imports it.
+func (m *Model) ModulePath() string {
+	if m.Config.Torch == nil {
+		return ""
+	}
+	return filepath.Join(m.Dir, filepath.FromSlash(m.Config.Torch.Module))
+}
+
 // layers builds the architecture's layers from the weights: their shapes
 // alone before the values are read.
 func (m *Manifest) layers() (*Model, error) {
@@ -170,6 +212,10 @@ func (m *Manifest) layers() (*Model, error) {
 // model; it honours ctx between chunks of the weights. It closes m.
 func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 	defer m.Close()
+	if m.Config.Architecture == "torch" {
+		// The worker reads the module and its weights; nothing to hold here.
+		return m.layers()
+	}
 	if m.weights == nil {
 		return nil, fmt.Errorf("models: model %s: the manifest was loaded or closed already", m.Name)
 	}

@@ -91,7 +91,13 @@ func (w *Weights) ResidentBytes() int64 {
 // quotes: enough to recognise it, never a file's worth.
 const maxNameInError = 64
 
-var safetensorsDtypeSize = map[string]int{"F32": 4, "F16": 2, "BF16": 2}
+var safetensorsDtypeSize = map[string]int{"F32": 4, "F16": 2, "BF16": 2,
+	// Read by the worker for architecture torch (a state_dict's integer
+	// buffers, say); the built-in architectures refuse them (readData).
+	"F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+// floatDtypes are the stored dtypes the built-in architectures read.
+var floatDtypes = map[string]bool{"F32": true, "F16": true, "BF16": true}
 
 type safetensorsEntry struct {
 	Dtype       string `json:"dtype"`
@@ -163,6 +169,12 @@ func (w *Weights) readData(ctx context.Context, f *repoFile) error {
 		sorted = append(sorted, t)
 	}
 	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmp.Compare(a.begin, b.begin) })
+	for _, t := range sorted {
+		if !floatDtypes[t.Dtype] {
+			return fmt.Errorf("%s: tensor %q is %s; the mlp and encoder architectures read F32, F16 or BF16 tensors",
+				w.name(), clip.Clip(t.Name, maxNameInError), t.Dtype)
+		}
+	}
 	buf := make([]byte, readChunk)
 	for _, t := range sorted {
 		size := int64(safetensorsDtypeSize[t.Dtype])
@@ -199,6 +211,9 @@ func ParseSafetensors(b []byte) (*Weights, error) {
 		return nil, err
 	}
 	for _, t := range w.Tensors {
+		if !floatDtypes[t.Dtype] {
+			continue // values of other dtypes are the worker's to read; Data stays nil
+		}
 		t.Data = make([]float32, t.Numel())
 		decodeInto(t.Dtype, data[t.begin:t.end], t.Data)
 	}
@@ -244,7 +259,7 @@ func parseHeader(header []byte, dataLen int64) (*Weights, error) {
 		}
 		size, ok := safetensorsDtypeSize[e.Dtype]
 		if !ok {
-			return nil, fmt.Errorf("%w: tensor %q: dtype %q is not supported; want F32, F16 or BF16", ErrSafetensors, quoted, clip.Clip(e.Dtype, maxNameInError))
+			return nil, fmt.Errorf("%w: tensor %q: dtype %q is not supported; want F32, F16, BF16, F64, I64, I32, I16, I8, U8 or BOOL", ErrSafetensors, quoted, clip.Clip(e.Dtype, maxNameInError))
 		}
 		count := 1
 		for _, d := range e.Shape {

@@ -71,7 +71,7 @@ func TestSafetensorsMalformed(t *testing.T) {
 		{"header past end", binary.LittleEndian.AppendUint64(nil, 100), "runs past the end"},
 		{"header not JSON", build(`{"a":`, nil), "header is not a JSON object"},
 		{"header a list", build(`[1,2]`, nil), "header is not a JSON object"},
-		{"unsupported dtype", build(`{"t":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}`, eight), `tensor "t": dtype "I64" is not supported`},
+		{"unsupported dtype", build(`{"t":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}`, eight), `tensor "t": dtype "C64" is not supported`},
 		{"negative dim", build(`{"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}`, eight), `tensor "t": negative dimension`},
 		{"huge shape", build(`{"t":{"dtype":"F32","shape":[65536,65536,65536],"data_offsets":[0,8]}}`, eight), `tensor "t": shape [65536 65536 65536] is too large`},
 		{"one offset", build(`{"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}}`, eight), `data_offsets must be [begin, end]`},

@@ -295,7 +295,7 @@ func (s *Server) modelMetadata(r *http.Request) (any, error) {
 	tensors := func(specs []models.TensorSpec) []metadataTensor {
 		out := make([]metadataTensor, len(specs))
 		for i, sp := range specs {
-			out[i] = metadataTensor(sp)
+			out[i] = metadataTensor{Name: sp.Name, Datatype: sp.Datatype, Shape: sp.Shape}
 		}
 		return out
 	}

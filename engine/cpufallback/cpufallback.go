@@ -13,6 +13,7 @@ package cpufallback
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -45,6 +46,10 @@ func (Engine) DeviceNames() []string { return []string{Device} }
 // side on the host's cores (each on up to engine.cpu_threads of them).
 func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
 	if m.MLP == nil && m.Encoder == nil {
+		if m.Config.Architecture == "torch" {
+			return nil, fmt.Errorf("cpufallback: model %s: the CPU engine cannot run architecture torch (a PyTorch module); set engine: %s in its model.yaml",
+				m.Name, strings.Join(models.TorchEngines, " or "))
+		}
 		return nil, fmt.Errorf("cpufallback: model %s: architecture %q is not supported by the CPU engine", m.Name, m.Config.Architecture)
 	}
 	placed, err := engine.Placement("cpu", m.Config.Instances, []string{Device}, Device)

@@ -44,6 +44,28 @@ func workerEnv(opts *Options, key string) string {
 	return os.Getenv(key)
 }
 
+// hostDtype is the element type of a host-layout tensor of datatype d, and
+// whether the worker stages it (architecture torch's datatypes).
+func hostDtype(d models.Datatype) (dtype, bool) {
+	switch d {
+	case models.FP32:
+		return dtFloat32, true
+	case models.FP16:
+		return dtFloat16, true
+	case models.BF16:
+		return dtBFloat16, true
+	case models.INT64:
+		return dtInt64, true
+	case models.INT32:
+		return dtInt32, true
+	case models.UINT8:
+		return dtUint8, true
+	case models.BOOL:
+		return dtBool, true
+	}
+	return 0, false
+}
+
 // boundary is one bucket's graph boundary. The step graph takes one
 // [batch, in.row] tensor and returns one [batch, out.row] tensor. Each row
 // holds the host tensors' rows side by side (for an encoder: input_ids,
@@ -57,25 +79,36 @@ type boundary struct {
 
 // side is one of a boundary's two staging buffers.
 type side struct {
-	dt      dtype // its element type
+	dt      dtype // its element type (uint8 for a byte row)
 	cols    int   // elements of each row that hold data
 	row     int   // elements in each row: cols rounded up to boundaryAlign
 	tensors []column
+	// byteRow: a byte row, whose tensors each have their own device type
+	// (column.to) and start at column.at bytes, with gaps between them.
+	byteRow bool
 }
 
 // column is one host tensor's place in a side's rows.
 type column struct {
 	from   dtype // its element type in the host layout
+	to     dtype // its element type in a byte row (else the side's)
 	offset int   // where the tensor starts in the host buffer, in bytes
 	width  int   // its elements per row
-	at     int   // its first element in a device row
+	at     int   // its first element in a device row (its first byte in a byte row)
 }
 
 // newBoundary lays out bucket l's device staging: floats in floats, int64
 // inputs as int32 (token ids, masks and type ids: models.PrepareInputs
 // keeps every id below vocab_size, at most 2^22, so none is narrowed; one
-// that were would saturate, never wrap).
-func newBoundary(l engine.Layout, floats dtype) (boundary, error) {
+// that were would saturate, never wrap). A model of architecture torch
+// (bytes) has rows of bytes instead: each tensor's row in its own device
+// type (floats in floats, the others as declared) at a multiple of 64
+// bytes, which the user's step body views out of the one buffer.
+func newBoundary(l engine.Layout, floats dtype, bytes bool) (boundary, error) {
+	newSide := newSide
+	if bytes {
+		newSide = newByteSide
+	}
 	in, err := newSide(l.Inputs, floats)
 	if err != nil {
 		return boundary{}, fmt.Errorf("bucket %s inputs: %w", l.Bucket.Label(), err)
@@ -111,12 +144,46 @@ func newSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 	return s, nil
 }
 
+// newByteSide lays out a byte row: every tensor in its device type at a
+// multiple of boundaryAlign bytes (the device's 64-element rule for a
+// uint8 row, and a multiple of every element size).
+func newByteSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
+	s := side{dt: dtUint8, byteRow: true}
+	for _, t := range tensors {
+		from, ok := hostDtype(t.Datatype)
+		if !ok {
+			return side{}, fmt.Errorf("tensor %q is %s, which the worker does not stage", t.Name, t.Datatype)
+		}
+		to := from
+		if from == dtFloat32 || from == dtFloat16 || from == dtBFloat16 {
+			to = floats
+		}
+		width := t.RowBytes / t.Datatype.Size()
+		s.tensors = append(s.tensors, column{from: from, to: to, offset: t.Offset, width: width, at: s.row})
+		s.cols = s.row + width*to.size()
+		s.row += (width*to.size() + boundaryAlign - 1) / boundaryAlign * boundaryAlign
+	}
+	s.row = max(s.row, boundaryAlign)
+	return s, nil
+}
+
 // bytes is the size of the side's staging for batch rows.
 func (s *side) bytes(batch int) int { return batch * s.row * s.dt.size() }
 
 // pack fills dev, the device staging, from host, the host layout: every
 // row converted, and its padding zeroed.
 func (s *side) pack(dev, host []byte, batch int) {
+	if s.byteRow {
+		for r := range batch {
+			row := dev[r*s.row : (r+1)*s.row]
+			clear(row) // the gaps, the padding
+			for _, c := range s.tensors {
+				hs := c.from.size()
+				convert(row[c.at:c.at+c.width*c.to.size()], c.to, host[c.offset+r*c.width*hs:c.offset+(r+1)*c.width*hs], c.from)
+			}
+		}
+		return
+	}
 	es := s.dt.size()
 	for r := range batch {
 		row := dev[r*s.row*es : (r+1)*s.row*es]
@@ -130,6 +197,16 @@ func (s *side) pack(dev, host []byte, batch int) {
 
 // unpack fills host from dev, leaving the padding behind.
 func (s *side) unpack(host, dev []byte, batch int) {
+	if s.byteRow {
+		for r := range batch {
+			row := dev[r*s.row : (r+1)*s.row]
+			for _, c := range s.tensors {
+				hs := c.from.size()
+				convert(host[c.offset+r*c.width*hs:c.offset+(r+1)*c.width*hs], c.from, row[c.at:c.at+c.width*c.to.size()], c.to)
+			}
+		}
+		return
+	}
 	es := s.dt.size()
 	for r := range batch {
 		row := dev[r*s.row*es : (r+1)*s.row*es]
@@ -166,7 +243,7 @@ func (e *Engine) ResidentBytes(cfg *models.Config, shapes []bucketing.Shape) int
 	for _, s := range shapes {
 		l := engine.NewLayout(cfg, s)
 		host += int64(l.InBytes + l.OutBytes)
-		if b, err := newBoundary(l, floats); ferr == nil && err == nil {
+		if b, err := newBoundary(l, floats, cfg.Architecture == "torch"); ferr == nil && err == nil {
 			sizes = append(sizes, b.in.bytes(b.batch), b.out.bytes(b.batch))
 		} else {
 			// The load will refuse the model; count the host layout again.

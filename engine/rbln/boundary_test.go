@@ -54,7 +54,7 @@ func TestBoundaryLayouts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := engine.NewLayout(tc.m.Config, tc.shape)
-			b, err := newBoundary(l, tc.floats)
+			b, err := newBoundary(l, tc.floats, false)
 			require.NoError(t, err)
 			for _, s := range []struct{ got, want side }{{b.in, tc.in}, {b.out, tc.out}} {
 				assert.Equal(t, [3]any{s.want.dt, s.want.cols, s.want.row}, [3]any{s.got.dt, s.got.cols, s.got.row})
@@ -72,7 +72,7 @@ func TestBoundaryRefusesWhatItCannotStage(t *testing.T) {
 	m := loadDigits(t)
 	cfg := *m.Config
 	cfg.Outputs = []models.TensorSpec{{Name: "y", Datatype: models.FP16, Shape: []int{-1, 10}}}
-	_, err := newBoundary(engine.NewLayout(&cfg, bucketing.Shape{Batch: 1}), dtFloat16)
+	_, err := newBoundary(engine.NewLayout(&cfg, bucketing.Shape{Batch: 1}), dtFloat16, false)
 	assert.EqualError(t, err, `bucket b1 outputs: tensor "y" is FP16; the worker stages FP32 and INT64 tensors only`)
 }
 

@@ -23,6 +23,8 @@ const (
 	dtBFloat16
 	dtInt32
 	dtInt64
+	dtUint8
+	dtBool
 )
 
 func (d dtype) String() string {
@@ -37,6 +39,10 @@ func (d dtype) String() string {
 		return "int32"
 	case dtInt64:
 		return "int64"
+	case dtUint8:
+		return "uint8"
+	case dtBool:
+		return "bool"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
@@ -50,6 +56,8 @@ func (d dtype) size() int {
 		return 4
 	case dtInt64:
 		return 8
+	case dtUint8, dtBool:
+		return 1
 	}
 	return 0
 }
@@ -205,6 +213,14 @@ func convert(dst []byte, to dtype, src []byte, from dtype) {
 	case from == dtBFloat16 && to == dtFloat32:
 		for i := range min(len(src)/2, len(dst)/4) {
 			le.PutUint32(dst[4*i:4*i+4], uint32(le.Uint16(src[2*i:2*i+2]))<<16)
+		}
+	case from == dtFloat16 && to == dtBFloat16:
+		for i := range min(len(src)/2, len(dst)/2) {
+			le.PutUint16(dst[2*i:2*i+2], float32ToBFloat16(float16ToFloat32(le.Uint16(src[2*i:2*i+2]))))
+		}
+	case from == dtBFloat16 && to == dtFloat16:
+		for i := range min(len(src)/2, len(dst)/2) {
+			le.PutUint16(dst[2*i:2*i+2], float32ToFloat16(bfloat16ToFloat32(le.Uint16(src[2*i:2*i+2]))))
 		}
 	case from == dtInt64 && to == dtInt32:
 		for i := range min(len(src)/8, len(dst)/4) {

@@ -61,7 +61,7 @@ type program struct {
 func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucketing.Shape) (*program, error) {
 	inputs := m.Config.StepInputs()
 	for _, s := range inputs[1:] {
-		if s.Datatype != inputs[0].Datatype {
+		if s.Datatype != inputs[0].Datatype && m.Config.Architecture != "torch" { // torch stages a byte row
 			return nil, fmt.Errorf("rbln: model %s: step inputs of mixed datatypes (%s, %s) cannot share one device buffer", m.Name, inputs[0].Datatype, s.Datatype)
 		}
 	}
@@ -100,7 +100,7 @@ func (p *program) allocate() error {
 	hostBytes := 0
 	for _, s := range p.shapes {
 		l := engine.NewLayout(p.model.Config, s)
-		b, err := newBoundary(l, p.floats)
+		b, err := newBoundary(l, p.floats, p.model.Config.Architecture == "torch")
 		if err != nil {
 			return fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 		}
@@ -152,10 +152,7 @@ func (p *program) loadRequest() *loadRequest {
 			buckets[i].Lanes = append(buckets[i].Lanes, laneSpec{InOffset: ln.in[i].offset, OutOffset: ln.out[i].offset})
 		}
 	}
-	weights, err := filepath.Abs(p.model.Weights.Path) // the worker runs in another directory
-	if err != nil {
-		weights = p.model.Weights.Path
-	}
+	weights := absPath(p.model.Weights.Path)
 	req := &loadRequest{
 		Model:           p.key,
 		Slot:            p.slot,
@@ -170,6 +167,16 @@ func (p *program) loadRequest() *loadRequest {
 	if m := cfg.MLP; m != nil {
 		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
 	}
+	if t := cfg.Torch; t != nil {
+		req.Torch = &torchSpec{Module: absPath(p.model.ModulePath()), Factory: t.Factory, Config: t.Config,
+			Inputs: tensorSpecs(cfg.Inputs), Outputs: tensorSpecs(cfg.Outputs)}
+		if t.Weights != "" {
+			req.Torch.Weights = weights
+		}
+		if req.Torch.Config == nil {
+			req.Torch.Config = map[string]any{}
+		}
+	}
 	if e := cfg.Encoder; e != nil {
 		req.Encoder = &encoderSpec{
 			VocabSize: e.VocabSize, Hidden: e.Hidden, Layers: e.Layers, Heads: e.Heads,
@@ -178,6 +185,27 @@ func (p *program) loadRequest() *loadRequest {
 		}
 	}
 	return req
+}
+
+// absPath is p made absolute: the worker runs in another directory.
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
+// tensorSpecs are a signature's tensors as the worker reads them: the
+// shape after the batch, -1 for the variable dimension (the bucket's seq).
+func tensorSpecs(specs []models.TensorSpec) []tensorSpec {
+	out := make([]tensorSpec, len(specs))
+	for i, s := range specs {
+		out[i] = tensorSpec{Name: s.Name, Datatype: string(s.Datatype), Shape: s.Shape[1:]}
+	}
+	return out
 }
 
 func (p *program) load(ctx context.Context) error {

@@ -72,6 +72,7 @@ type loadRequest struct {
 	Buckets         []bucketSpec `json:"buckets"`
 	MLP             *mlpSpec     `json:"mlp,omitempty"`
 	Encoder         *encoderSpec `json:"encoder,omitempty"`
+	Torch           *torchSpec   `json:"torch,omitempty"`
 
 	staging *os.File // sent with the message, as its descriptor 0
 }
@@ -110,6 +111,25 @@ type mlpSpec struct {
 	Sizes            []int  `json:"sizes"`
 	Activation       string `json:"activation"`
 	OutputActivation string `json:"output_activation"`
+}
+
+// torchSpec is an architecture torch model: the user's module file,
+// factory and its config, the weights (optional), and the signature.
+type torchSpec struct {
+	Module  string         `json:"module"`
+	Factory string         `json:"factory"`
+	Config  map[string]any `json:"config"`
+	Weights string         `json:"weights,omitempty"`
+	Inputs  []tensorSpec   `json:"inputs"`
+	Outputs []tensorSpec   `json:"outputs"`
+}
+
+// tensorSpec is one input or output of a torch model: its shape after the
+// batch, -1 for the variable dimension.
+type tensorSpec struct {
+	Name     string `json:"name"`
+	Datatype string `json:"datatype"`
+	Shape    []int  `json:"shape"`
 }
 
 type encoderSpec struct {

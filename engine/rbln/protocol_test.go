@@ -84,7 +84,7 @@ buckets: {batch: [1, 4], seq: [32]}
 			p.staging = &staging{}
 			for i, s := range tc.shapes {
 				l := engine.NewLayout(m.Config, s)
-				b, err := newBoundary(l, dtFloat16)
+				b, err := newBoundary(l, dtFloat16, false)
 				require.NoError(t, err)
 				p.layouts, p.bounds = append(p.layouts, l), append(p.bounds, b)
 				if i == 0 {

@@ -224,7 +224,13 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
         # The order Go packs the token tensors in, stated once in
         # models/inputs.go (encoderStepInputs).
         return Boundary(torch.int32, 3 * shape.seq, compute, spec["encoder"]["hidden"])
-    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
+    if arch == "torch":
+        # A byte row: every input (output) in its device type at a multiple
+        # of 64 bytes (usermodel.fields), viewed out of it in the graph.
+        from . import usermodel
+        ins, outs = usermodel.signature(spec, shape.seq, compute)
+        return Boundary(torch.uint8, ins[-1].offset + ins[-1].nbytes, torch.uint8, outs[-1].offset + outs[-1].nbytes)
+    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder or torch")
 
 
 def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:

@@ -90,6 +90,16 @@ def fields(specs: list[dict[str, Any]], compute: torch.dtype) -> tuple[list[Fiel
     return out, max(offset, ALIGN_BYTES)
 
 
+def signature(msg: dict[str, Any], seq: int, compute: torch.dtype) -> tuple[list[Field], list[Field]]:
+    """The input and output fields of the torch model msg loads, for a
+    bucket whose variable dimension is seq."""
+    spec = msg["torch"]
+
+    def resolve(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(s, shape=[seq if d == -1 else d for d in s["shape"]]) for s in specs]
+    return fields(resolve(spec["inputs"]), compute)[0], fields(resolve(spec["outputs"]), compute)[0]
+
+
 def import_file(path: Path, unique: str) -> types.ModuleType:
     """Import path under a module name of its own, so that two models may
     both ship a model.py (and a reload gets the file's new contents)."""

@@ -30,7 +30,7 @@ from . import PROTOCOL_VERSION
 from . import doorbell as bell
 from . import explain as ex
 from . import nets
-from . import safetensors
+from . import safetensors, usermodel
 from .protocol import ProtocolError, Writer, read_message
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -213,6 +213,9 @@ class Model:
     compute_dtype: torch.dtype
     cache_dir: str
     staging: list[StagingMap] = field(default_factory=list)
+    # The load message of an architecture torch model (its signature);
+    # None for the built-in architectures.
+    user: Optional[dict[str, Any]] = None
 
 
 class Worker:
@@ -240,12 +243,29 @@ class Worker:
             for sm in maps:
                 sm.close()
             raise
-        tensors = safetensors.load(Path(msg["weights"]))
-        module = nets.build(msg, tensors).eval()
-        with torch.inference_mode():
-            module = module.to(device=self.rt.device, dtype=compute)  # weights move once
-        self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
-        self.models[name] = Model(name, module, buckets, compute, msg.get("compile_cache_dir", ""), maps)
+        user = msg.get("architecture") == "torch"
+        try:
+            if user:
+                module = usermodel.build(msg)
+            else:
+                module = nets.build(msg, safetensors.load(Path(msg["weights"]))).eval()
+            with torch.inference_mode():
+                module = module.to(device=self.rt.device, dtype=compute)  # weights move once
+            self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
+            if user:
+                # The declared signature, checked once on zeros before any
+                # graph is built: a wrong output count or shape fails the
+                # load, naming the output.
+                ins, outs = usermodel.signature(msg, buckets[0].shape.seq, compute)
+                if problem := usermodel.probe(module, buckets[0].shape.batch, ins, outs):
+                    raise usermodel.UserModelError(f"model {msg['torch']['module']}: {problem}")
+        except BaseException:
+            usermodel.forget(name)
+            for sm in maps:
+                sm.close()
+            raise
+        self.models[name] = Model(name, module, buckets, compute, msg.get("compile_cache_dir", ""), maps,
+                                  msg if user else None)
         if isinstance(msg.get("slot"), int):
             self.slots[msg["slot"]] = name
         return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
@@ -273,7 +293,12 @@ class Worker:
         m, b = self._bucket(msg)
         start = time.monotonic()
         bucket = msg["bucket"]
-        body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
+        if m.user is not None:
+            ins, outs = usermodel.signature(m.user, b.shape.seq, m.compute_dtype)
+            body = usermodel.step_body(m.module, b.shape.batch, ins, b.bound.in_row, outs, b.bound.out_row,
+                                       name=_code_name(m.name, bucket))
+        else:
+            body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
         if self.rt.compile_available:
             opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
             # fullgraph: a graph break would split the step into several
@@ -301,6 +326,7 @@ class Worker:
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)
+        usermodel.forget(msg["model"])
         self.slots = {k: v for k, v in self.slots.items() if v != msg["model"]}
         if m is not None:
             for b in m.buckets:
