@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -551,4 +552,28 @@ func TestPanicInWarmupReleasesTheNewModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestModelOfAnUnavailableEngineIsSkippedAtStart: a model whose engine this
+// machine cannot run (the torch engine without torch) is skipped by
+// LoadAll, its reason in the index; the others are served.
+func TestModelOfAnUnavailableEngineIsSkippedAtStart(t *testing.T) {
+	w := newWorld(t, []string{"a", "b"}, func(o *Options) {
+		o.Engines["torch"] = Engine{Start: func() (engine.Engine, error) {
+			return nil, fmt.Errorf("%w: /usr/bin/python3 cannot import torch", ErrEngineUnavailable)
+		}}
+	})
+	path := filepath.Join(w.repo, "b", "model.yaml")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, append(b, []byte("\nengine: torch\n")...), 0o644))
+	w.ready(t)
+	_, err = infer(context.Background(), w.set, "a", 1, 2, 3)
+	assert.NoError(t, err, "the other model serves")
+	_, ok := w.set.Model("b")
+	assert.False(t, ok)
+	e := state(t, w.set, "b")
+	assert.Contains(t, e.Reason, "cannot import torch")
+	ready, _ := w.set.Ready()
+	assert.True(t, ready, "a skipped model does not hold readiness back")
 }

@@ -26,6 +26,10 @@ import (
 var (
 	ErrUnknownModel = errors.New("serving: unknown model")
 	ErrBadModel     = errors.New("serving: model failed to load")
+	// ErrEngineUnavailable is wrapped by the start errors of an engine this
+	// machine cannot run (the torch engine without torch): LoadAll skips
+	// its models, with a log line, instead of failing.
+	ErrEngineUnavailable = errors.New("serving: engine unavailable on this machine")
 	// ErrStopping: the set is draining; loads and unloads are refused or
 	// cancelled (the server answers 503).
 	ErrStopping = errors.New("serving: shutting down")
@@ -174,7 +178,15 @@ func (s *Set) LoadAll(ctx context.Context) error {
 		return fmt.Errorf("models: repository %s holds no model (no <name>/%s)", s.opts.Repository, models.ConfigFile)
 	}
 	for _, name := range names {
-		if err := s.add(ctx, name); err != nil {
+		err := s.add(ctx, name)
+		if errors.Is(err, ErrEngineUnavailable) {
+			s.logger.Warn("model skipped: its engine cannot run on this machine", "model", name, "err", err)
+			s.mu.Lock()
+			s.failed[name] = err.Error()
+			s.mu.Unlock()
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("model repository %s: %w", s.opts.Repository, err)
 		}
 	}

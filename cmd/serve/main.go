@@ -221,6 +221,13 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 	r := cfg.RBLN
 	workers := func(device string, devices []string, n int) serving.Engine {
 		return serving.Engine{StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
+			if device == rbln.DeviceCPU {
+				// On a machine without torch the torch engine's models are
+				// skipped, not fatal: make run serves the others.
+				if err := rbln.CheckPython(r.Python); err != nil {
+					return nil, fmt.Errorf("%w: %w", serving.ErrEngineUnavailable, err)
+				}
+			}
 			return rbln.New(rbln.Options{
 				Device: device, Python: r.Python, Devices: devices, Workers: n, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,

@@ -4,7 +4,12 @@
 package rbln
 
 import (
+	"context"
 	"fmt"
+	"os/exec"
+	"time"
+
+	"github.com/stepserve/stepserve/internal/clip"
 	"log/slog"
 	"os"
 	"slices"
@@ -129,4 +134,17 @@ func count(n *int) string {
 		return "unknown"
 	}
 	return fmt.Sprint(*n)
+}
+
+// CheckPython reports whether python can import torch, which every worker
+// needs; the error says what to install.
+func CheckPython(python string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, python, "-c", "import torch").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rbln: %s cannot import torch (install Debian's python3-torch, or set rbln.python): %v: %s",
+			python, err, clip.Clip(strings.TrimSpace(string(out)), 200))
+	}
+	return nil
 }
