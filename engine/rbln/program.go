@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -168,7 +169,7 @@ func (p *program) loadRequest() *loadRequest {
 		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
 	}
 	if t := cfg.Torch; t != nil {
-		req.Torch = &torchSpec{Module: absPath(p.model.ModulePath()), Factory: t.Factory, Config: t.Config,
+		req.Torch = &torchSpec{Module: absPath(p.model.ModulePath()), Name: path.Join(p.model.Name, t.Module), Factory: t.Factory, Config: t.Config,
 			Inputs: tensorSpecs(cfg.Inputs), Outputs: tensorSpecs(cfg.Outputs)}
 		if t.Weights != "" {
 			req.Torch.Weights = weights

@@ -117,6 +117,7 @@ type mlpSpec struct {
 // factory and its config, the weights (optional), and the signature.
 type torchSpec struct {
 	Module  string         `json:"module"`
+	Name    string         `json:"name"` // the module's path in the repository, for messages
 	Factory string         `json:"factory"`
 	Config  map[string]any `json:"config"`
 	Weights string         `json:"weights,omitempty"`

@@ -100,20 +100,22 @@ def signature(msg: dict[str, Any], seq: int, compute: torch.dtype) -> tuple[list
     return fields(resolve(spec["inputs"]), compute)[0], fields(resolve(spec["outputs"]), compute)[0]
 
 
-def import_file(path: Path, unique: str) -> types.ModuleType:
+def import_file(path: Path, unique: str, shown: str = "") -> types.ModuleType:
     """Import path under a module name of its own, so that two models may
-    both ship a model.py (and a reload gets the file's new contents)."""
+    both ship a model.py (and a reload gets the file's new contents).
+    Errors name the file as shown (its path in the model repository)."""
+    shown = shown or str(path)
     name = "stepserve_user_" + "".join(c if c.isalnum() else "_" for c in unique)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise UserModelError(f"{path}: not importable as a Python module")
+        raise UserModelError(f"{shown}: not importable as a Python module")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     try:
         spec.loader.exec_module(mod)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise UserModelError(f"{path}: import failed: {type(e).__name__}: {e}") from e
+        raise UserModelError(f"{shown}: import failed: {type(e).__name__}: {e}") from e
     return mod
 
 
@@ -127,19 +129,20 @@ def build(msg: dict[str, Any]) -> nn.Module:
     config, weights loaded strictly."""
     spec = msg.get("torch") or {}
     path = Path(spec.get("module", ""))
+    shown = spec.get("name") or str(path)
     if not path.is_file():
-        raise UserModelError(f"torch.module: {path} is not a file")
-    mod = import_file(path, msg["model"])
+        raise UserModelError(f"torch.module: {shown} is not a file")
+    mod = import_file(path, msg["model"], shown)
     factory_name = spec.get("factory") or "build"
     factory = getattr(mod, factory_name, None)
     if not callable(factory):
-        raise UserModelError(f"torch.factory: {path} has no callable {factory_name!r}")
+        raise UserModelError(f"torch.factory: {shown} has no callable {factory_name!r}")
     try:
         module = factory(dict(spec.get("config") or {}))
     except Exception as e:
-        raise UserModelError(f"torch.factory: {path}: {factory_name}(config) failed: {type(e).__name__}: {e}") from e
+        raise UserModelError(f"torch.factory: {shown}: {factory_name}(config) failed: {type(e).__name__}: {e}") from e
     if not isinstance(module, nn.Module):
-        raise UserModelError(f"torch.factory: {path}: {factory_name}(config) returned {type(module).__name__}, not a torch.nn.Module")
+        raise UserModelError(f"torch.factory: {shown}: {factory_name}(config) returned {type(module).__name__}, not a torch.nn.Module")
     weights = spec.get("weights")
     if weights:
         load_weights(module, Path(weights))

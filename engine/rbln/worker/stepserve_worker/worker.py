@@ -258,7 +258,7 @@ class Worker:
                 # load, naming the output.
                 ins, outs = usermodel.signature(msg, buckets[0].shape.seq, compute)
                 if problem := usermodel.probe(module, buckets[0].shape.batch, ins, outs):
-                    raise usermodel.UserModelError(f"model {msg['torch']['module']}: {problem}")
+                    raise usermodel.UserModelError(f"{msg['torch'].get('name') or msg['torch']['module']}: {problem}")
         except BaseException:
             usermodel.forget(name)
             for sm in maps:

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const python = "/usr/bin/python3"
+
+// torchModel copies the test module (testdata/torch: two inputs of
+// different datatypes, two outputs) into repo under name, with the
+// signature the reference script reads, and weights from its seeded
+// initialisation.
+func torchModel(t *testing.T, repo, name string) string {
+	t.Helper()
+	dir := filepath.Join(repo, name)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for _, f := range []string{"model.py", "model.yaml"} {
+		b, err := os.ReadFile(filepath.Join("testdata/torch", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
+	}
+	spec := map[string]any{
+		"module": "model.py", "config": map[string]any{"vocab": 50, "width": 16},
+		"inputs":  []map[string]string{{"name": "image", "datatype": "FP32"}, {"name": "tokens", "datatype": "INT64"}},
+		"outputs": []map[string]string{{"name": "scores", "datatype": "FP32"}, {"name": "best", "datatype": "INT64"}},
+	}
+	b, _ := json.Marshal(spec)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"), b, 0o644))
+	out, err := exec.Command(python, "testdata/torch_reference.py", dir, "init").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return dir
+}
+
+// mixedCase is one request to the test module: rows of a 2x3 image and 4
+// tokens.
+type mixedCase struct {
+	Image  [][][]float32 `json:"image"`
+	Tokens [][]int64     `json:"tokens"`
+}
+
+func mixedCases(rowCounts []int) []mixedCase {
+	var out []mixedCase
+	for n, rows := range rowCounts {
+		c := mixedCase{}
+		for r := range rows {
+			img := [][]float32{make([]float32, 3), make([]float32, 3)}
+			for i := range 6 {
+				img[i/3][i%3] = float32(math.Sin(float64(7*n+13*r+i))) * 3
+			}
+			c.Image = append(c.Image, img)
+			c.Tokens = append(c.Tokens, []int64{int64((n + r) % 50), int64((3*r + 1) % 50), int64((5*n + 2*r) % 50), 49})
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+type mixedAnswer struct {
+	Scores [][]float32 `json:"scores"`
+	Best   [][]int64   `json:"best"`
+}
+
+// reference runs the module directly in torch on every case.
+func reference(t *testing.T, dir string, cases []mixedCase) []mixedAnswer {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "cases.json")
+	b, _ := json.Marshal(cases)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+	out, err := exec.Command(python, "testdata/torch_reference.py", dir, path).Output()
+	require.NoError(t, err)
+	var answers []mixedAnswer
+	require.NoError(t, json.Unmarshal(out, &answers))
+	return answers
+}
+
+func flat[T any](rows [][]T) []T {
+	var out []T
+	for _, r := range rows {
+		out = append(out, r...)
+	}
+	return out
+}
+
+// TestTorchModelMatchesTorch serves a module of two inputs of different
+// datatypes and two outputs on engine torch, through the binary, and holds
+// every answer (JSON and binary, every bucket, rows that pad a bucket and
+// requests larger than the largest) to what torch computes calling the
+// module directly.
+func TestTorchModelMatchesTorch(t *testing.T) {
+	repo := t.TempDir()
+	dir := torchModel(t, repo, "mixed")
+	p := start(t, "--model_repository", repo)
+	rowCounts := []int{1, 2, 3, 4, 5, 7, 8, 11}
+	cases := mixedCases(rowCounts)
+	want := reference(t, dir, cases)
+	maxDiff := 0.0
+	for i, c := range cases {
+		rows := rowCounts[i]
+		image, tokens := flat(flat(c.Image)), flat(c.Tokens)
+
+		// JSON.
+		body, _ := json.Marshal(map[string]any{"inputs": []map[string]any{
+			{"name": "image", "datatype": "FP32", "shape": []int{rows, 2, 3}, "data": image},
+			{"name": "tokens", "datatype": "INT64", "shape": []int{rows, 4}, "data": tokens},
+		}})
+		resp, out := post(t, p.base+"/v2/models/mixed/infer", body)
+		require.Equal(t, 200, resp.StatusCode, string(out))
+		var r struct {
+			Outputs []struct {
+				Name  string          `json:"name"`
+				Shape []int           `json:"shape"`
+				Data  json.RawMessage `json:"data"`
+			} `json:"outputs"`
+		}
+		require.NoError(t, json.Unmarshal(out, &r))
+		require.Len(t, r.Outputs, 2)
+		var scores []float32
+		var best []int64
+		require.Equal(t, []int{rows, 5}, r.Outputs[0].Shape)
+		require.Equal(t, []int{rows, 1}, r.Outputs[1].Shape)
+		require.NoError(t, json.Unmarshal(r.Outputs[0].Data, &scores))
+		require.NoError(t, json.Unmarshal(r.Outputs[1].Data, &best))
+		for k, v := range flat(want[i].Scores) {
+			maxDiff = max(maxDiff, math.Abs(float64(v-scores[k])))
+		}
+		assert.InDeltaSlice(t, flat(want[i].Scores), scores, 1e-5, "JSON, %d rows", rows)
+		assert.Equal(t, flat(want[i].Best), best, "JSON, %d rows", rows)
+
+		// Binary.
+		header := fmt.Sprintf(`{"inputs":[{"name":"image","datatype":"FP32","shape":[%d,2,3],"parameters":{"binary_data_size":%d}},`+
+			`{"name":"tokens","datatype":"INT64","shape":[%d,4],"parameters":{"binary_data_size":%d}}],`+
+			`"outputs":[{"name":"scores","parameters":{"binary_data":true}},{"name":"best","parameters":{"binary_data":true}}]}`,
+			rows, rows*24, rows, rows*32)
+		bin := []byte(header)
+		for _, v := range image {
+			bin = binary.LittleEndian.AppendUint32(bin, math.Float32bits(v))
+		}
+		for _, v := range tokens {
+			bin = binary.LittleEndian.AppendUint64(bin, uint64(v))
+		}
+		resp, out = post(t, p.base+"/v2/models/mixed/infer", bin,
+			"Inference-Header-Content-Length", strconv.Itoa(len(header)), "Content-Type", "application/octet-stream")
+		require.Equal(t, 200, resp.StatusCode, string(out))
+		n, err := strconv.Atoi(resp.Header.Get("Inference-Header-Content-Length"))
+		require.NoError(t, err)
+		data := out[n:]
+		require.Len(t, data, rows*20+rows*8)
+		for k, v := range flat(want[i].Scores) {
+			got := math.Float32frombits(binary.LittleEndian.Uint32(data[4*k:]))
+			assert.InDelta(t, v, got, 1e-5, "binary, %d rows, score %d", rows, k)
+		}
+		for k, v := range flat(want[i].Best) {
+			assert.Equal(t, v, int64(binary.LittleEndian.Uint64(data[rows*20+8*k:])), "binary, %d rows, best %d", rows, k)
+		}
+	}
+	t.Logf("architecture torch against torch directly: max |diff| %.3g over %d requests of 1..11 rows", maxDiff, len(cases))
+}
+
+// TestBadTorchModelsFailTheirLoad: each broken module fails its load with
+// a 400 that names the problem, and the server goes on serving the model
+// it had.
+func TestBadTorchModelsFailTheirLoad(t *testing.T) {
+	repo := t.TempDir()
+	good := torchModel(t, repo, "mixed")
+	p := start(t, "--model_repository", repo, "--server.enable_model_control")
+	weights, err := os.ReadFile(filepath.Join(good, "weights.safetensors"))
+	require.NoError(t, err)
+	module, err := os.ReadFile(filepath.Join(good, "model.py"))
+	require.NoError(t, err)
+	yaml, err := os.ReadFile(filepath.Join(good, "model.yaml"))
+	require.NoError(t, err)
+	replace := func(s, old, new string) string {
+		require.Contains(t, s, old)
+		return strings.Replace(s, old, new, 1)
+	}
+	for _, tc := range []struct {
+		name, module, yaml, want string
+	}{
+		{"import-error", "import torch\ndef build(config:\n", string(yaml), "model.py: import failed: SyntaxError"},
+		{"no-factory", string(module), replace(string(yaml), "module: model.py", "module: model.py\n  factory: make"),
+			"has no callable 'make'"},
+		{"factory-raises", replace(string(module), "    return Mixed(", "    raise ValueError('no GPU here')\n    return Mixed("), string(yaml),
+			"build(config) failed: ValueError: no GPU here"},
+		{"shape-mismatch", string(module), replace(string(yaml), "width: 16", "width: 8"),
+			"tensor 'embed.weight' has shape [50, 16], the module's has [50, 8]"},
+		{"missing-key", replace(string(module), "        self.head = nn.Linear(width, 5)", "        self.head = nn.Linear(width, 5)\n        self.extra = nn.Linear(2, 2)"),
+			string(yaml), "missing from the file: extra.bias, extra.weight"},
+		{"output-count", string(module), replace(string(yaml), "  - {name: best, datatype: INT64, shape: [-1, 1]}",
+			"  - {name: best, datatype: INT64, shape: [-1, 1]}\n  - {name: more, datatype: FP32, shape: [-1, 1]}"),
+			"forward returned 2 outputs; model.yaml declares 3 (scores, best, more)"},
+		{"output-shape", string(module), replace(string(yaml), "{name: scores, datatype: FP32, shape: [-1, 5]}", "{name: scores, datatype: FP32, shape: [-1, 6]}"),
+			"output 'scores' has shape [1, 5]; model.yaml declares [1, 6]"},
+		{"on-the-cpu-engine", string(module), replace(string(yaml), "engine: torch", "engine: cpu"),
+			"engine: cpu (the Go engine) cannot run architecture torch; use torch or rbln"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(repo, tc.name)
+			require.NoError(t, os.MkdirAll(dir, 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(tc.module), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(tc.yaml), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), weights, 0o644))
+			resp, body := post(t, p.base+"/v2/repository/models/"+tc.name+"/load", nil)
+			assert.Equal(t, 400, resp.StatusCode, string(body))
+			assert.Contains(t, string(body), tc.want)
+			assert.Equal(t, 200, status(t, "GET", p.base+"/v2/models/mixed/ready"), "the good model still serves")
+		})
+	}
+	answers := reference(t, good, mixedCases([]int{2}))
+	c := mixedCases([]int{2})[0]
+	body, _ := json.Marshal(map[string]any{"inputs": []map[string]any{
+		{"name": "image", "datatype": "FP32", "shape": []int{2, 2, 3}, "data": flat(flat(c.Image))},
+		{"name": "tokens", "datatype": "INT64", "shape": []int{2, 4}, "data": flat(c.Tokens)},
+	}})
+	resp, out := post(t, p.base+"/v2/models/mixed/infer", body)
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	assert.Contains(t, string(out), fmt.Sprint(answers[0].Best[0][0]))
+}
+
+// TestDigitsCNNEndToEnd classifies the held-out digits with the shipped
+// architecture torch example over HTTP: the accuracy is the trainer's.
+func TestDigitsCNNEndToEnd(t *testing.T) {
+	p := start(t)
+	digits := heldout(t)
+	correct := 0
+	for start := 0; start < len(digits); start += 40 {
+		rows := digits[start:min(start+40, len(digits))]
+		var data []float32
+		for _, d := range rows {
+			data = append(data, d.pixels...)
+		}
+		body, _ := json.Marshal(map[string]any{"inputs": []map[string]any{
+			{"name": "image", "datatype": "FP32", "shape": []int{len(rows), 1, 8, 8}, "data": data}}})
+		resp, out := post(t, p.base+"/v2/models/digits-cnn/infer", body)
+		require.Equal(t, 200, resp.StatusCode, string(out))
+		var r inferResponse
+		require.NoError(t, json.Unmarshal(out, &r))
+		for i, d := range rows {
+			if argmax(r.Outputs[0].Data[10*i:10*i+10]) == d.label {
+				correct++
+			}
+		}
+	}
+	t.Logf("digits-cnn held-out accuracy over HTTP: %.4f (%d of %d)", float64(correct)/float64(len(digits)), correct, len(digits))
+	assert.Equal(t, 445, correct, "the trainer's held-out figure (model_repository/digits-cnn/train.py): 445 of 451")
+}
