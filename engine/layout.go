@@ -16,6 +16,10 @@ type TensorLayout struct {
 	Offset, Bytes int
 	// RowBytes is the size of one batch row.
 	RowBytes int
+	// Pad is one element of the value a row shorter than the bucket's
+	// sequence is padded with, in the tensor's datatype; nil pads with
+	// zeros.
+	Pad []byte
 }
 
 // Layout is how a bucket's staging buffers are packed: every step input, in
@@ -49,6 +53,9 @@ func pack(specs []models.TensorSpec, s bucketing.Shape) ([]TensorLayout, int) {
 			Offset:   off,
 			Bytes:    row * s.Batch,
 			RowBytes: row,
+		}
+		if spec.Pad != nil && *spec.Pad != 0 {
+			out[i].Pad = spec.Datatype.Encode(*spec.Pad)
 		}
 		// Tensors are packed back to back, so that a buffer of inputs of one
 		// dtype is one flat tensor: one copy fills the device buffer, and

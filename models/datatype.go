@@ -1,6 +1,10 @@
 package models
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
 
 // Datatype is a tensor element type, spelled as the Open Inference Protocol
 // spells it ("FP32", "INT64", "BYTES", ...).
@@ -40,6 +44,54 @@ func (d Datatype) Size() int { return datatypeSizes[d] }
 func (d Datatype) Valid() bool {
 	_, ok := datatypeSizes[d]
 	return ok
+}
+
+// Encode is v as one element of d, little-endian (rounded toward zero for
+// integers; BOOL is v != 0); nil for BYTES.
+func (d Datatype) Encode(v float64) []byte {
+	b := make([]byte, d.Size())
+	switch d {
+	case BOOL:
+		if v != 0 {
+			b[0] = 1
+		}
+	case UINT8, INT8:
+		b[0] = byte(int64(v))
+	case UINT16, INT16:
+		binary.LittleEndian.PutUint16(b, uint16(int64(v)))
+	case UINT32, INT32:
+		binary.LittleEndian.PutUint32(b, uint32(int64(v)))
+	case UINT64, INT64:
+		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
+	case FP16:
+		binary.LittleEndian.PutUint16(b, float16Bits(float32(v)))
+	case BF16:
+		binary.LittleEndian.PutUint16(b, uint16(math.Float32bits(float32(v))>>16))
+	case FP32:
+		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
+	case FP64:
+		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
+	default:
+		return nil
+	}
+	return b
+}
+
+// float16Bits is f as IEEE binary16, for pad values (exact for the small
+// integers and simple fractions a pad value is; others truncate).
+func float16Bits(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int(b>>23&0xff) - 127 + 15
+	switch {
+	case b&0x7fffffff == 0:
+		return sign
+	case exp >= 31:
+		return sign | 0x7c00
+	case exp <= 0:
+		return sign // below float16's normal range: zero
+	}
+	return sign | uint16(exp)<<10 | uint16(b>>13&0x3ff)
 }
 
 // ParseDatatype checks that s names a protocol datatype.

@@ -255,10 +255,11 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 				n += copy(dst[n:], src[row*srcRow:(row+count)*srcRow])
 			} else {
 				// A shorter sequence: each row is padded to the bucket's
-				// length, with zeros (pad token 0, attention mask 0).
+				// length with the input's pad value (zeros unless
+				// model.yaml says otherwise: pad token 0, attention mask 0).
 				for i := row; i < row+count; i++ {
 					copy(dst[n:], src[i*srcRow:(i+1)*srcRow])
-					clear(dst[n+srcRow : n+tl.RowBytes])
+					pad(dst[n+srcRow:n+tl.RowBytes], tl.Pad)
 					n += tl.RowBytes
 				}
 			}
@@ -304,6 +305,17 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 		})
 	}
 	return end, nil
+}
+
+// pad fills b with the element value repeated, or zeros when value is nil.
+func pad(b, value []byte) {
+	if value == nil {
+		clear(b)
+		return
+	}
+	for i := 0; i+len(value) <= len(b); i += len(value) {
+		copy(b[i:], value)
+	}
 }
 
 // walk visits rows rows of reqs from the cursor, one contiguous run of a

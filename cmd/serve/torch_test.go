@@ -255,3 +255,64 @@ func TestDigitsCNNEndToEnd(t *testing.T) {
 	t.Logf("digits-cnn held-out accuracy over HTTP: %.4f (%d of %d)", float64(correct)/float64(len(digits)), correct, len(digits))
 	assert.Equal(t, 445, correct, "the trainer's held-out figure (model_repository/digits-cnn/train.py): 445 of 451")
 }
+
+// TestTorchVariableDimensionIsBucketedAndPadded: an input whose second
+// dimension is variable (-1) runs in the smallest buckets.seq length that
+// holds it, padded with its pad value, which the module sees.
+func TestTorchVariableDimensionIsBucketedAndPadded(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "varlen")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(`
+import torch
+
+class Count(torch.nn.Module):
+    def forward(self, tokens, scale):
+        ones = (tokens == 1).sum(-1, keepdim=True)
+        return ones, tokens.float().sum(-1, keepdim=True) * scale
+
+def build(config):
+    return Count()
+`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`
+architecture: torch
+torch: {module: model.py}
+inputs:
+  - {name: tokens, datatype: INT64, shape: [-1, -1], pad: 1}
+  - {name: scale, datatype: FP32, shape: [-1, 1]}
+outputs:
+  - {name: ones, datatype: INT64, shape: [-1, 1]}
+  - {name: total, datatype: FP32, shape: [-1, 1]}
+buckets: {batch: [1, 4], seq: [32, 64]}
+engine: torch
+`), 0o644))
+	p := start(t, "--model_repository", repo)
+	for _, tc := range []struct{ length, bucket int }{{10, 32}, {32, 32}, {40, 64}} {
+		tokens := make([]int64, tc.length)
+		sum := 0
+		for i := range tokens {
+			tokens[i] = int64(2 + i%5)
+			sum += int(tokens[i])
+		}
+		body, _ := json.Marshal(map[string]any{"inputs": []map[string]any{
+			{"name": "tokens", "datatype": "INT64", "shape": []int{1, tc.length}, "data": tokens},
+			{"name": "scale", "datatype": "FP32", "shape": []int{1, 1}, "data": []float32{0.5}},
+		}})
+		resp, out := post(t, p.base+"/v2/models/varlen/infer", body)
+		require.Equal(t, 200, resp.StatusCode, string(out))
+		var r struct {
+			Outputs []struct {
+				Data []float64 `json:"data"`
+			} `json:"outputs"`
+		}
+		require.NoError(t, json.Unmarshal(out, &r))
+		pads := tc.bucket - tc.length
+		assert.Equal(t, float64(pads), r.Outputs[0].Data[0], "%d tokens ran in s%d, padded with 1s", tc.length, tc.bucket)
+		assert.Equal(t, float64(sum+pads)*0.5, r.Outputs[1].Data[0])
+	}
+	body := `{"inputs":[{"name":"tokens","datatype":"INT64","shape":[1,65],"data":[` + strings.TrimSuffix(strings.Repeat("2,", 65), ",") +
+		`]},{"name":"scale","datatype":"FP32","shape":[1,1],"data":[1]}]}`
+	resp, out := post(t, p.base+"/v2/models/varlen/infer", []byte(body))
+	assert.Equal(t, 400, resp.StatusCode)
+	assert.Contains(t, string(out), `input \"tokens\": variable dimension 65 is longer than the largest bucket, 64 (buckets.seq)`)
+}
