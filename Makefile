@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench fuzz soak lint digits tiny-encoder golden deps clean
+.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean
 
 all: build
 
@@ -105,6 +105,11 @@ BENCHTIME ?= 9s
 ## digits: retrain the shipped digits model from data/ (reproducible)
 digits:
 	$(GO) run ./cmd/train-digits -data data/digits.csv.gz
+
+## digits-cnn: retrain the shipped PyTorch example (model_repository/digits-cnn)
+## on the same rows, the same held out (reproducible: the same bytes every run)
+digits-cnn:
+	$(PYTHON) model_repository/digits-cnn/train.py
 
 clean:
 	rm -rf bin

@@ -52,6 +52,13 @@ func (s *Server) repositoryLoad(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := chi.URLParam(r, "model")
+	if len(*s.repositoryTokens.digests.Load()) == 0 && s.opts.Models.RunsCode(name) {
+		// A module is code the worker runs: whoever may load one may run
+		// code on the server.
+		return nil, &apiError{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
+			"loading it through the repository API requires auth.repository.token (or token_file); "+
+			"without one, put it in the repository before the server starts", clipName(name))}
+	}
 	if err := s.opts.Models.Load(r.Context(), name); err != nil {
 		return nil, fmt.Errorf("load %s: %w", clipName(name), err)
 	}

@@ -571,3 +571,15 @@ func (s *Set) batchingOptions(name string, cfg *models.Config) (batching.Options
 	}
 	return o, nil
 }
+
+// RunsCode reports whether the repository's model name is one whose
+// directory holds code the worker would run (architecture torch); false
+// when it cannot be read (its load then says why).
+func (s *Set) RunsCode(name string) bool {
+	m, err := models.Open(s.opts.Repository, name)
+	if err != nil {
+		return false
+	}
+	defer m.Close()
+	return m.Config.Architecture == "torch"
+}

@@ -174,7 +174,8 @@ func TestTorchModelMatchesTorch(t *testing.T) {
 func TestBadTorchModelsFailTheirLoad(t *testing.T) {
 	repo := t.TempDir()
 	good := torchModel(t, repo, "mixed")
-	p := start(t, "--model_repository", repo, "--server.enable_model_control")
+	const token = "repository-token-0123456789"
+	p := start(t, "--model_repository", repo, "--server.enable_model_control", "--auth.repository.token", token)
 	weights, err := os.ReadFile(filepath.Join(good, "weights.safetensors"))
 	require.NoError(t, err)
 	module, err := os.ReadFile(filepath.Join(good, "model.py"))
@@ -211,7 +212,7 @@ func TestBadTorchModelsFailTheirLoad(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(tc.module), 0o644))
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(tc.yaml), 0o644))
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), weights, 0o644))
-			resp, body := post(t, p.base+"/v2/repository/models/"+tc.name+"/load", nil)
+			resp, body := post(t, p.base+"/v2/repository/models/"+tc.name+"/load", nil, "Authorization", "Bearer "+token)
 			assert.Equal(t, 400, resp.StatusCode, string(body))
 			assert.Contains(t, string(body), tc.want)
 			assert.Equal(t, 200, status(t, "GET", p.base+"/v2/models/mixed/ready"), "the good model still serves")
@@ -226,6 +227,23 @@ func TestBadTorchModelsFailTheirLoad(t *testing.T) {
 	resp, out := post(t, p.base+"/v2/models/mixed/infer", body)
 	require.Equal(t, 200, resp.StatusCode, string(out))
 	assert.Contains(t, string(out), fmt.Sprint(answers[0].Best[0][0]))
+}
+
+// TestLoadingCodeNeedsTheRepositoryToken: a module is code the server would
+// run, so the repository API loads one only where it is guarded by a token;
+// the built-in architectures load as before.
+func TestLoadingCodeNeedsTheRepositoryToken(t *testing.T) {
+	repo := t.TempDir()
+	copyDigits(t, repo, "digits", "")
+	p := start(t, "--model_repository", repo, "--server.enable_model_control")
+	torchModel(t, repo, "mixed")
+	resp, body := post(t, p.base+"/v2/repository/models/mixed/load", nil)
+	assert.Equal(t, 403, resp.StatusCode, string(body))
+	assert.Contains(t, string(body), "loading it through the repository API requires auth.repository.token")
+	assert.Equal(t, 404, status(t, "GET", p.base+"/v2/models/mixed/ready"))
+	copyDigits(t, repo, "digits2", "")
+	resp, body = post(t, p.base+"/v2/repository/models/digits2/load", nil)
+	assert.Equal(t, 200, resp.StatusCode, string(body))
 }
 
 // TestDigitsCNNEndToEnd classifies the held-out digits with the shipped
