@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -333,4 +335,38 @@ engine: torch
 	resp, out := post(t, p.base+"/v2/models/varlen/infer", []byte(body))
 	assert.Equal(t, 400, resp.StatusCode)
 	assert.Contains(t, string(out), `input \"tokens\": variable dimension 65 is longer than the largest bucket, 64 (buckets.seq)`)
+}
+
+// TestTorchModuleReadingTheHostIsNotClean: a module whose forward reads a
+// host value (here scripted through the torch.rbln test double: a hidden
+// host bounce at its site) serves, with every step counted non-clean and
+// the site in /explain; with strict warm-up (the default) the load fails
+// naming the bucket.
+func TestTorchModuleReadingTheHostIsNotClean(t *testing.T) {
+	scenario := filepath.Join(t.TempDir(), "scenario.json")
+	require.NoError(t, os.WriteFile(scenario, []byte(`{"verdict":{"clean":false,"reasons":["hidden host bounce: model.py:19 (Tensor.item)"]},
+		"dump":{"dispatch":{"cpu_fallback":0,"recompile_miss":0},"hidden_host_bounce":{"total_count":1,"total_bytes":8,"by_site":{"model.py:19":1}},
+		"runtime":{"by_primitive":{"h2v":{"calls":1},"v2h":{"calls":1}}}},"report":"[overhead: 1 signal] host_bounce model.py:19"}`), 0o644))
+	env := "PYTHONPATH=" + fakeRBLNPath(t) + ",STEPSERVE_FAKE_RBLN_SCENARIO=" + scenario
+
+	repo := t.TempDir()
+	torchModel(t, repo, "mixed")
+	p := start(t, "--model_repository", repo, "--rbln.env", env, "--rbln.strict_warmup=false")
+	c := mixedCases([]int{1})[0]
+	body, _ := json.Marshal(map[string]any{"inputs": []map[string]any{
+		{"name": "image", "datatype": "FP32", "shape": []int{1, 2, 3}, "data": flat(flat(c.Image))},
+		{"name": "tokens", "datatype": "INT64", "shape": []int{1, 4}, "data": flat(c.Tokens)},
+	}})
+	resp, out := post(t, p.base+"/v2/models/mixed/infer", body)
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	assert.Positive(t, metricSum(t, scrape(t, p.base), "stepserve_step_signals_total", `model="mixed"`, `signal="host_bounce"`))
+	resp, err := http.Get(p.base + "/v2/models/mixed/explain")
+	require.NoError(t, err)
+	ex, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(ex), `"model.py:19":1`, "the site of the host read is in /explain")
+
+	out2, err := exec.Command(binPath, "--server.addr", "127.0.0.1:0", "--model_repository", repo, "--rbln.env", env).CombinedOutput()
+	require.Error(t, err, "strict warm-up refuses the model")
+	assert.Contains(t, string(out2), "warm-up of bucket b1 is not clean on its second run")
 }

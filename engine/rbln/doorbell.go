@@ -60,8 +60,10 @@ const (
 )
 
 // spinFor is how long a caller polls the block before it sleeps on the
-// eventfd. A small model's step (and its report) takes tens of µs; a
-// sleeping caller's wake-up costs about as much again.
+// eventfd. A small model's step (and its report) takes tens of µs, and a
+// sleeping caller's wake-up costs tens of µs again (more on a virtual
+// machine); the poll yields the core every few looks, so that the
+// worker's threads are not kept from it.
 const spinFor = 50 * time.Microsecond
 
 // canSpin: the worker writes its report with plain stores, the done number
@@ -81,6 +83,11 @@ type doorbell struct {
 
 	mu    sync.Mutex // one step at a time: the block holds one request
 	seq   uint64
+	// lastBody is the time the last step spent in its body. A step whose
+	// body outlasts the poll is not polled for: the poll could not catch
+	// it, and on a machine whose cores share execution units (SMT) it
+	// slows the worker's compute.
+	lastBody time.Duration
 	dead  atomic.Bool
 	extra explainExtras // the last extras decoded, with their text
 	text  []byte
@@ -198,6 +205,7 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 		return x, 0, err
 	}
 	x, bodyNS, err = d.report()
+	d.lastBody = time.Duration(bodyNS)
 	d.mu.Unlock()
 	return x, bodyNS, err
 }
@@ -206,18 +214,21 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 // fails, the stall deadline passes, or ctx ends.
 func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Duration) error {
 	doneSeq := d.word(offDoneSeq)
-	if canSpin {
-		deadline := time.Now().Add(spinFor)
+	start := time.Now()
+	if canSpin && d.lastBody < spinFor {
+		deadline := start.Add(spinFor)
 		for i := 0; ; i++ {
 			if atomic.LoadUint64(doneSeq) == seq {
 				return nil
 			}
-			if i%64 == 63 && time.Now().After(deadline) {
-				break
+			if i%64 == 63 {
+				if time.Now().After(deadline) {
+					break
+				}
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			}
 		}
 	}
-	start := time.Now()
 	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
 	var buf [8]byte
 	for {

@@ -79,6 +79,11 @@ class Doorbell:
         self.ring = ring_fd if ring_fd is not None else os.eventfd(0, os.EFD_CLOEXEC)
         self.done = done_fd
         self.last = 0  # the number of the last request seen; a new block starts at 0
+        # When the last request was seen, in ns, and whether requests have
+        # been coming within SPIN_NS of the last report (else the poll
+        # only takes a core from the supervisor).
+        self._reported = 0
+        self._busy = True
 
     @classmethod
     def from_arg(cls, arg: str) -> "Doorbell":
@@ -95,7 +100,7 @@ class Doorbell:
         again within µs (a busy batcher): the block is polled for SPIN_NS
         first, as waking a sleeping thread costs tens of µs on a virtual
         machine. Then sleep, the interpreter lock released, on the ring."""
-        if self.block is not None:
+        if self.block is not None and self._busy:
             block, last, now = self.block, self.last, time.perf_counter_ns
             deadline = now() + SPIN_NS
             while now() < deadline:
@@ -116,6 +121,8 @@ class Doorbell:
         if req[0] == self.last:
             return None
         self.last = req[0]
+        if self._reported:
+            self._busy = time.perf_counter_ns() - self._reported < SPIN_NS
         return req
 
     def report(self, seq: int, status: int, flags: int, counters: Sequence[int], body_ns: int,
@@ -129,6 +136,7 @@ class Doorbell:
         _REPORT.pack_into(self.block, _REPORT_OFFSET, status, flags, *counters, body_ns, len(text))
         _SEQ.pack_into(self.block, _DONE_OFFSET, seq)
         os.eventfd_write(self.done, 1)
+        self._reported = time.perf_counter_ns()
 
     def fail(self, seq: int, error: str) -> None:
         self.report(seq, STATUS_FAILED, 0, UNKNOWN, 0, error.encode(errors="replace"))
