@@ -81,16 +81,16 @@ type doorbell struct {
 	ring, done int // eventfds: ours to ring, the worker's to ring back
 	abort      int // eventfd rung once the life ends, to wake a waiter
 
-	mu    sync.Mutex // one step at a time: the block holds one request
-	seq   uint64
+	mu  sync.Mutex // one step at a time: the block holds one request
+	seq uint64
 	// lastBody is the time the last step spent in its body. A step whose
 	// body outlasts the poll is not polled for: the poll could not catch
 	// it, and on a machine whose cores share execution units (SMT) it
 	// slows the worker's compute.
 	lastBody time.Duration
-	dead  atomic.Bool
-	extra explainExtras // the last extras decoded, with their text
-	text  []byte
+	dead     atomic.Bool
+	extra    explainExtras // the last extras decoded, with their text
+	text     []byte
 }
 
 // explainExtras are the fields of [engine.Explain] a non-clean step's
