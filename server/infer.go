@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -162,6 +163,27 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(strings.TrimSpace(enc), "identity") {
+		// Compressed: the limit applies to what the body decompresses
+		// to, read to at most one byte past it, so that a small body that
+		// inflates without bound (a bomb) costs the limit and no more.
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+		src, _, err := decodedBody(r)
+		if err != nil {
+			return nil, err
+		}
+		body, err := readGrowing(r, src, limit+1, 512, 2, ch, -1)
+		switch {
+		case err != nil:
+			return nil, bodyError(err, tooLarge)
+		case int64(len(body)) > limit:
+			return nil, &apiError{http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("request body decompresses to more than the %d-byte limit (server.max_body_bytes)", limit)}
+		case len(body) == 0:
+			return nil, badRequest("empty request body; want an inference request (JSON)")
+		}
+		return body, nil
+	}
 	// net/http holds a body to its declared length: read up to exactly
 	// that, with no read past it to find the end. A body of unknown length
 	// is read to its end, at most one byte past the limit.
@@ -169,7 +191,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([
 	if size <= 0 {
 		size, start, factor, src = limit+1, 512, 2, http.MaxBytesReader(w, r.Body, limit)
 	}
-	body, err := readGrowing(r, src, size, start, factor, ch)
+	body, err := readGrowing(r, src, size, start, factor, ch, r.ContentLength)
 	if err != nil {
 		return nil, bodyError(err, tooLarge)
 	}
@@ -186,7 +208,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([
 // length grows four times at a step, so that this garbage is at most a
 // third of it and a client holds at most four times what it sent; one of
 // unknown length doubles, wasting less of its last buffer.
-func readGrowing(r *http.Request, src io.Reader, size, start, factor int64, ch *charge) ([]byte, error) {
+func readGrowing(r *http.Request, src io.Reader, size, start, factor int64, ch *charge, declared int64) ([]byte, error) {
 	grow := func(b []byte, n int64) ([]byte, error) {
 		if err := ch.take(r.Context(), n, "the request body"); err != nil {
 			return b, err
@@ -208,7 +230,7 @@ func readGrowing(r *http.Request, src io.Reader, size, start, factor int64, ch *
 		n, err := src.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if err == io.EOF {
-			if r.ContentLength > 0 && int64(len(b)) < r.ContentLength {
+			if declared > 0 && int64(len(b)) < declared {
 				return nil, io.ErrUnexpectedEOF
 			}
 			return b, nil

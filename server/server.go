@@ -151,6 +151,7 @@ func New(opts Options) (*Server, error) {
 	}
 
 	r := chi.NewRouter()
+	r.Use(compressResponses)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see GET /v2 and /v2/models/{model}", r.Method, r.URL.Path))
 	})
@@ -184,10 +185,10 @@ func New(opts Options) (*Server, error) {
 		r.Handle("/metrics", s.metricsHandler())
 	}
 	s.router = r
-	s.inferDirect = bearer(s.inferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.inferDirect = compressResponses(bearer(s.inferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name, _ := inferPath(r)
 		s.inferNamed(w, r, name, "")
-	}))
+	})))
 	return s, nil
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -423,4 +425,42 @@ func TestSlowReaderHoldsItsBudget(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 200, r.status, r.msg)
 	stillServing(t, p)
+}
+
+// TestHostileCompressionBombs: gzip and deflate bodies that inflate 64
+// times past server.max_body_bytes are refused with 413 once the limit is
+// reached, several at once, with the server's memory bounded by the limit
+// and not by what the bodies would inflate to.
+func TestHostileCompressionBombs(t *testing.T) {
+	p := startCapped(t, hostileMemoryCap, "--model_repository", hostileRepo(t), "--server.max_body_bytes", "4MiB")
+	var gz, zl bytes.Buffer
+	zeros := make([]byte, 1<<20)
+	gw, zw := gzip.NewWriter(&gz), zlib.NewWriter(&zl)
+	for range 256 { // 256 MiB of zeros each, about 256 KiB compressed: under the limit as sent
+		gw.Write(zeros)
+		zw.Write(zeros)
+	}
+	gw.Close()
+	zw.Close()
+	require.Less(t, gz.Len(), 4<<20)
+	baseline := p.rss(t)
+	rss := sampleRSS(p)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			body, enc := gz.Bytes(), "gzip"
+			if i%2 == 1 {
+				body, enc = zl.Bytes(), "deflate"
+			}
+			resp, out := post(t, p.base+"/v2/models/digits/infer", body, "Content-Encoding", enc)
+			assert.Equal(t, 413, resp.StatusCode, string(out))
+			assert.Contains(t, string(out), "decompresses to more than the 4194304-byte limit")
+		})
+	}
+	wg.Wait()
+	stillServing(t, p)
+	peak := rss.peak()
+	t.Logf("6 compression bombs of %d KiB inflating to 256 MiB each, limit 4 MiB: peak RSS %.0f MiB (baseline %.0f MiB)",
+		gz.Len()>>10, float64(peak)/(1<<20), float64(baseline)/(1<<20))
+	assert.Less(t, peak, baseline+128<<20)
 }
