@@ -552,3 +552,7 @@ func (c *Config) validateMLP(bad func(string, string, ...any) error) error {
 	}
 	return nil
 }
+
+// Validate checks the configuration as model.yaml is checked (defaults
+// filled in), for one changed after it was read.
+func (c *Config) Validate() error { return c.validate() }

@@ -59,7 +59,11 @@ func (s *Server) repositoryLoad(r *http.Request) (any, error) {
 			"loading it through the repository API requires auth.repository.token (or token_file); "+
 			"without one, put it in the repository before the server starts", clipName(name))}
 	}
-	if err := s.opts.Models.Load(r.Context(), name); err != nil {
+	override, err := loadOverride(r, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.opts.Models.LoadWith(r.Context(), name, override); err != nil {
 		return nil, fmt.Errorf("load %s: %w", clipName(name), err)
 	}
 	s.metrics.addModel(name)

@@ -179,6 +179,9 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 			}
 		}
 		spec := cfg.Inputs[idx]
+		if err := refuseSharedMemory(wireParams{in.Parameters, in.pairs}); err != nil {
+			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+		}
 		size, binSize, err := checkInput(in, spec, len(body), binLeft)
 		if err != nil {
 			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
@@ -238,6 +241,9 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 			}
 		}
 		params := wireParams{o.Parameters, o.pairs}
+		if err := refuseSharedMemory(params); err != nil {
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+		}
 		if _, ok := params.get("classification"); ok {
 			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
 		}
@@ -402,6 +408,18 @@ func signature(specs []models.TensorSpec) string {
 		parts[i] = fmt.Sprintf("%q (%s %v)", s.Name, s.Datatype, s.Shape)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// refuseSharedMemory refuses a tensor's shared-memory parameters: the
+// extensions that would put its data in a registered region are not
+// implemented, and answering inline instead would hide that.
+func refuseSharedMemory(params wireParams) error {
+	for _, key := range []string{"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"} {
+		if _, ok := params.get(key); ok {
+			return fmt.Errorf("parameter %s: the shared-memory extensions (system and CUDA) are not supported; send the data in the request", key)
+		}
+	}
+	return nil
 }
 
 func boolParam(params wireParams, key string) (bool, error) {

@@ -206,7 +206,7 @@ func (s *Set) add(ctx context.Context, name string) error {
 		return fmt.Errorf("serving: model %s is already served; Load replaces it", name)
 	}
 	return s.guard(ctx, name, func() error {
-		sm, err := s.read(ctx, name)
+		sm, err := s.read(ctx, name, nil)
 		if err != nil {
 			return err
 		}
@@ -301,6 +301,17 @@ func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
 // [ErrBadModel]; a load waiting for another past its context returns the
 // context's error.
 func (s *Set) Load(ctx context.Context, name string) error {
+	return s.LoadWith(ctx, name, nil)
+}
+
+// Override changes a model's configuration, as read from its model.yaml,
+// before it loads; the result is validated as model.yaml is. Errors it
+// returns should wrap [models.ErrConfig].
+type Override func(*models.Config) error
+
+// LoadWith is [Set.Load] with the model's configuration changed by
+// override (nil: none): the repository API's load with a config.
+func (s *Set) LoadWith(ctx context.Context, name string, override Override) error {
 	if !models.ValidName(name) {
 		return fmt.Errorf("%w: %q is not a valid model name", ErrUnknownModel, name)
 	}
@@ -312,7 +323,7 @@ func (s *Set) Load(ctx context.Context, name string) error {
 	defer s.unlock()
 
 	err := s.guard(ctx, name, func() error {
-		sm, err := s.read(ctx, name)
+		sm, err := s.read(ctx, name, override)
 		if err != nil {
 			return err
 		}
@@ -397,12 +408,20 @@ func (s *Set) guard(ctx context.Context, name string, load func() error) (err er
 // warmed up. What it will take is checked before its weights are read:
 // model.yaml and the tensors' shapes, its batching keys, and its
 // estimated memory against the limit.
-func (s *Set) read(ctx context.Context, name string) (*Model, error) {
+func (s *Set) read(ctx context.Context, name string, override Override) (*Model, error) {
 	man, err := models.Open(s.opts.Repository, name)
 	if err != nil {
 		return nil, err
 	}
 	defer man.Close()
+	if override != nil {
+		if err := override(man.Config); err != nil {
+			return nil, fmt.Errorf("model %s: %w", name, err)
+		}
+		if err := man.Config.Validate(); err != nil {
+			return nil, fmt.Errorf("model %s: the load's config: %w", name, err)
+		}
+	}
 	grid, err := bucketing.NewGrid(man.Config.Buckets.Batch, man.Config.Buckets.Seq)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", name, err)

@@ -1,0 +1,87 @@
+package server
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// loadBody is a repository load request carrying config, as tritonclient's
+// load_model(config=...) sends it.
+func loadBody(t *testing.T, config string) []byte {
+	b, err := json.Marshal(map[string]any{"parameters": map[string]any{"config": config}})
+	require.NoError(t, err)
+	return b
+}
+
+// TestLoadWithConfig: a load's config applies Triton's scheduling keys over
+// model.yaml (batch buckets, the batching policy, instances) after checking
+// them as model.yaml is checked; any other key, model files, or a config
+// that is not JSON is refused naming what, and nothing is loaded.
+func TestLoadWithConfig(t *testing.T) {
+	f := newSumMax(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Models: f.set, ModelControl: true, Registerer: reg, Gatherer: reg})
+	require.NoError(t, err)
+
+	w := do(t, s, "POST", "/v2/repository/models/summax/load", loadBody(t, `{"name":"summax","max_batch_size":8,
+		"dynamic_batching":{"preferred_batch_size":[2,4],"max_queue_delay_microseconds":"1500","priority_levels":3,"default_priority_level":2,
+		"default_queue_policy":{"default_timeout_microseconds":250000,"max_queue_size":7}},
+		"instance_group":[{"count":2,"kind":"KIND_CPU"}]}`))
+	require.Equal(t, 200, w.Code, w.Body.String())
+	m, ok := f.set.Model("summax")
+	require.True(t, ok)
+	cfg := m.Model().Config
+	assert.Equal(t, []int{2, 4, 8}, cfg.Buckets.Batch, "preferred sizes and max_batch_size are the batch buckets")
+	assert.Equal(t, "1.5ms", cfg.Batching.MaxQueueDelay.String())
+	assert.Equal(t, 3, *cfg.Batching.PriorityLevels)
+	assert.Equal(t, 2, *cfg.Batching.DefaultPriorityLevel)
+	assert.Equal(t, "250ms", cfg.Batching.DefaultTimeout.String())
+	assert.Equal(t, 7, *cfg.Batching.MaxQueueSize)
+	assert.Equal(t, 2, cfg.Instances.PerDevice)
+	infer := []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[8,3],"data":[1,2,3,1,2,3,1,2,3,1,2,3,1,2,3,1,2,3,1,2,3,1,2,3]}]}`)
+	assert.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", infer).Code)
+
+	w = do(t, s, "POST", "/v2/repository/models/summax/load", loadBody(t, `{"max_batch_size":2}`))
+	require.Equal(t, 200, w.Code, w.Body.String())
+	m, _ = f.set.Model("summax")
+	assert.Equal(t, []int{1, 2}, m.Model().Config.Buckets.Batch, "max_batch_size alone keeps model.yaml's smaller buckets")
+
+	for _, tc := range []struct{ name, body, want string }{
+		{"other key", string(loadBody(t, `{"input":[{"name":"x"}]}`)), "load config: input: cannot be changed at load (it is model.yaml's); stepserve applies name, max_batch_size, dynamic_batching and instance_group"},
+		{"wrong name", string(loadBody(t, `{"name":"other"}`)), `load config: name: must be "summax", the model being loaded`},
+		{"unknown batching key", string(loadBody(t, `{"dynamic_batching":{"preserve_ordering":true}}`)), "load config: dynamic_batching.preserve_ordering: cannot be set at load"},
+		{"two groups", string(loadBody(t, `{"instance_group":[{"count":1},{"count":1}]}`)), "load config: instance_group: give one group"},
+		{"preferred above max", string(loadBody(t, `{"max_batch_size":4,"dynamic_batching":{"preferred_batch_size":[8]}}`)), "preferred_batch_size 8 exceeds max_batch_size 4"},
+		{"invalid policy", string(loadBody(t, `{"dynamic_batching":{"priority_levels":2,"default_priority_level":5}}`)), "default_priority_level"},
+		{"not json", string(loadBody(t, `{"max_batch_size":`)), "load parameter config is not a JSON object"},
+		{"config not a string", `{"parameters":{"config":{"max_batch_size":2}}}`, `load parameter "config" must be a string`},
+		{"files", `{"parameters":{"file:1/model.onnx":"AAAA"}}`, `load parameter "file:1/model.onnx": model files sent with the load are not supported`},
+		{"unknown parameter", `{"parameters":{"flavour":"x"}}`, `load parameter "flavour" is not supported; want config`},
+		{"not parameters", `{"config":"{}"}`, `load request: want {"parameters": {...}}`},
+	} {
+		w := do(t, s, "POST", "/v2/repository/models/summax/load", []byte(tc.body))
+		assert.Equal(t, 400, w.Code, tc.name)
+		assert.Contains(t, errorOf(t, w), tc.want, tc.name)
+	}
+	m, _ = f.set.Model("summax")
+	assert.Equal(t, []int{1, 2}, m.Model().Config.Buckets.Batch, "a refused load leaves the model served as it was")
+}
+
+// TestSharedMemoryParametersAreRefused: a tensor that asks for a
+// shared-memory region gets 400 naming the extension, never its data
+// inline with 200.
+func TestSharedMemoryParametersAreRefused(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	for _, body := range []string{
+		`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"shared_memory_region":"in0","shared_memory_byte_size":12}}]}`,
+		`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}],"outputs":[{"name":"y","parameters":{"shared_memory_region":"out0","shared_memory_byte_size":8}}]}`,
+	} {
+		w := do(t, s, "POST", "/v2/models/summax/infer", []byte(body))
+		assert.Equal(t, 400, w.Code)
+		assert.Contains(t, errorOf(t, w), "parameter shared_memory_region: the shared-memory extensions (system and CUDA) are not supported")
+	}
+}
