@@ -44,7 +44,8 @@ type Model struct {
 // newModel loads m onto its engine (and the failover engine), with a
 // batcher in front; nothing is compiled yet.
 func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Grid, batchOpts batching.Options) (*Model, error) {
-	name := s.enginesFor(m.Config)[0]
+	engines := s.enginesFor(m.Config)
+	name := engines[0]
 	var err error
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
 		logger: s.logger.With("model", m.Name, "engine", name)}
@@ -57,7 +58,8 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 	if len(sm.runners) == 1 {
 		runner = sm.runners[0] // nothing to choose between
 	}
-	if fb := s.opts.Failover; fb != "" && fb != name {
+	if len(engines) > 1 {
+		fb := engines[1]
 		// The failover engine holds one replica: instances place the
 		// model on its own engine's devices.
 		var fallbacks []*steps.Runner

@@ -453,10 +453,13 @@ func (s *Set) enginesFor(cfg *models.Config) []string {
 	if name == "" {
 		name = s.opts.DefaultEngine
 	}
-	if fb := s.opts.Failover; fb != "" && fb != name {
-		return []string{name, fb}
+	fb := s.opts.Failover
+	if fb == "" || fb == name || cfg.Architecture == "torch" && fb == "cpu" {
+		// The Go CPU engine cannot run a PyTorch module: such a model
+		// has no failover there.
+		return []string{name}
 	}
-	return []string{name}
+	return []string{name, fb}
 }
 
 // replace warms up a new version of a model before it takes over.

@@ -370,3 +370,21 @@ func TestTorchModuleReadingTheHostIsNotClean(t *testing.T) {
 	require.Error(t, err, "strict warm-up refuses the model")
 	assert.Contains(t, string(out2), "warm-up of bucket b1 is not clean on its second run")
 }
+
+// TestTorchModelUnderCPUFailover: with engine.failover cpufallback, a
+// PyTorch module (which the Go CPU engine cannot run) loads without a
+// failover, and the built-in models keep theirs.
+func TestTorchModelUnderCPUFailover(t *testing.T) {
+	repo := t.TempDir()
+	torchModel(t, repo, "mixed")
+	copyDigits(t, repo, "digits", "")
+	yaml := filepath.Join(repo, "digits", "model.yaml")
+	b, err := os.ReadFile(yaml)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(yaml, []byte(strings.Replace(string(b), "engine: cpu", "engine: torch", 1)), 0o644))
+	p := start(t, "--model_repository", repo, "--engine.failover", "cpufallback")
+	assert.Equal(t, 200, status(t, "GET", p.base+"/v2/models/mixed/ready"))
+	assert.Contains(t, p.logs.String(), `msg="model ready" model=mixed engine=torch`)
+	assert.Regexp(t, `msg="model ready" model=mixed engine=torch .*failover=false`, p.logs.String())
+	assert.Regexp(t, `msg="model ready" model=digits engine=torch .*failover=true`, p.logs.String())
+}
