@@ -388,3 +388,93 @@ func TestTorchModelUnderCPUFailover(t *testing.T) {
 	assert.Regexp(t, `msg="model ready" model=mixed engine=torch .*failover=false`, p.logs.String())
 	assert.Regexp(t, `msg="model ready" model=digits engine=torch .*failover=true`, p.logs.String())
 }
+
+// TestTorchModelDatatypes: every datatype architecture torch takes in and
+// gives out round-trips through the JSON API with the values the module
+// computes.
+func TestTorchModelDatatypes(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "types")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(`
+import torch
+
+class Types(torch.nn.Module):
+    def forward(self, a, b, c, d, e):
+        return a * 2, b + 1, c.int() + e, d.float() * 3, (c.long() * 1000)
+
+def build(config):
+    return Types()
+`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`
+architecture: torch
+torch: {module: model.py}
+inputs:
+  - {name: a, datatype: FP16, shape: [-1, 2]}
+  - {name: b, datatype: BF16, shape: [-1, 2]}
+  - {name: c, datatype: UINT8, shape: [-1, 2]}
+  - {name: d, datatype: BOOL, shape: [-1, 2]}
+  - {name: e, datatype: INT32, shape: [-1, 2]}
+outputs:
+  - {name: f16, datatype: FP16, shape: [-1, 2]}
+  - {name: bf16, datatype: BF16, shape: [-1, 2]}
+  - {name: i32, datatype: INT32, shape: [-1, 2]}
+  - {name: f32, datatype: FP32, shape: [-1, 2]}
+  - {name: i64, datatype: INT64, shape: [-1, 2]}
+buckets: {batch: [1, 4]}
+engine: torch
+`), 0o644))
+	p := start(t, "--model_repository", repo)
+	// FP16 and BF16 travel as binary tensor data, as in Triton (JSON has
+	// no half-precision numbers); the others go as JSON.
+	header := `{"inputs":[` +
+		`{"name":"a","datatype":"FP16","shape":[2,2],"parameters":{"binary_data_size":8}},` +
+		`{"name":"b","datatype":"BF16","shape":[2,2],"parameters":{"binary_data_size":8}},` +
+		`{"name":"c","datatype":"UINT8","shape":[2,2],"data":[0,1,200,255]},` +
+		`{"name":"d","datatype":"BOOL","shape":[2,2],"data":[true,false,false,true]},` +
+		`{"name":"e","datatype":"INT32","shape":[2,2],"data":[-5,7,100000,-1]}],` +
+		`"outputs":[{"name":"f16","parameters":{"binary_data":true}},{"name":"bf16","parameters":{"binary_data":true}},` +
+		`{"name":"i32"},{"name":"f32"},{"name":"i64"}]}`
+	body := []byte(header)
+	for _, h := range []uint16{0x3e00, 0xc000, 0x3400, 0x5640} { // FP16 1.5, -2, 0.25, 100
+		body = binary.LittleEndian.AppendUint16(body, h)
+	}
+	for _, h := range []uint16{0x3f80, 0x4020, 0xc040, 0x3f00} { // BF16 1, 2.5, -3, 0.5
+		body = binary.LittleEndian.AppendUint16(body, h)
+	}
+	resp, out := post(t, p.base+"/v2/models/types/infer", body,
+		"Inference-Header-Content-Length", strconv.Itoa(len(header)), "Content-Type", "application/octet-stream")
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	n, err := strconv.Atoi(resp.Header.Get("Inference-Header-Content-Length"))
+	require.NoError(t, err)
+	var r struct {
+		Outputs []struct {
+			Name     string    `json:"name"`
+			Datatype string    `json:"datatype"`
+			Data     []float64 `json:"data"`
+		} `json:"outputs"`
+	}
+	require.NoError(t, json.Unmarshal(out[:n], &r))
+	got := map[string][]float64{}
+	for _, o := range r.Outputs {
+		got[o.Name+" "+o.Datatype] = o.Data
+	}
+	raw := out[n:]
+	require.Len(t, raw, 16)
+	half := func(b []byte) []uint16 {
+		var v []uint16
+		for i := 0; i < len(b); i += 2 {
+			v = append(v, binary.LittleEndian.Uint16(b[i:]))
+		}
+		return v
+	}
+	assert.Equal(t, []uint16{0x4200, 0xc400, 0x3800, 0x5a40}, half(raw[:8]), "FP16 a*2: 3, -4, 0.5, 200")
+	assert.Equal(t, []uint16{0x4000, 0x4060, 0xc000, 0x3fc0}, half(raw[8:]), "BF16 b+1: 2, 3.5, -2, 1.5")
+	assert.Equal(t, map[string][]float64{
+		"f16 FP16":  nil,
+		"bf16 BF16": nil,
+		"i32 INT32": {-5, 8, 100200, 254},
+		"f32 FP32":  {3, 0, 0, 3},
+		"i64 INT64": {0, 1000, 200000, 255000},
+	}, got)
+}
