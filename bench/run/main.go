@@ -222,6 +222,7 @@ func run() error {
 	r.line("|---|---|")
 	r.line("| worker round trip (mean) | %.1f µs |", trip.roundTripUS)
 	r.line("| worker host overhead (median / p90) | %.1f / %.1f µs |", trip.hostUS, trip.hostP90US)
+	r.line("| the same step as a JSON control message (median round trip; how every step went before the doorbell) | %.1f µs |", trip.messageUS)
 	r.line("| CPU engine step, same model | %.2f µs |", trip.cpuUS)
 	r.line("")
 
@@ -436,7 +437,7 @@ func numpyBenchmarks() (map[string]float64, error) {
 }
 
 // roundTrip is BenchmarkStepRoundTrip's figures.
-type roundTrip struct{ roundTripUS, hostUS, hostP90US, cpuUS float64 }
+type roundTrip struct{ roundTripUS, hostUS, hostP90US, cpuUS, messageUS float64 }
 
 func workerRoundTrip() (roundTrip, error) {
 	out, err := exec.Command("go", "test", "./engine/rbln", "-run", "^$", "-bench", "^BenchmarkStepRoundTrip$", "-benchtime", "5000x").CombinedOutput()
@@ -446,11 +447,13 @@ func workerRoundTrip() (roundTrip, error) {
 	var t roundTrip
 	torch := regexp.MustCompile(`BenchmarkStepRoundTrip/torch-\d+\s+\d+\s+([0-9.]+) ns/op\s+([0-9.]+) host-p90-µs/step\s+([0-9.]+) host-µs/step`).FindSubmatch(out)
 	cpu := regexp.MustCompile(`BenchmarkStepRoundTrip/cpu-\d+\s+\d+\s+([0-9.]+) ns/op`).FindSubmatch(out)
-	if torch == nil || cpu == nil {
+	message := regexp.MustCompile(`BenchmarkStepRoundTrip/torch-message-\d+\s+\d+\s+[0-9.]+ ns/op\s+([0-9.]+) round-trip-µs`).FindSubmatch(out)
+	if torch == nil || cpu == nil || message == nil {
 		return roundTrip{}, fmt.Errorf("no round-trip figures in:\n%s", out)
 	}
 	f := func(b []byte) float64 { v, _ := strconv.ParseFloat(string(b), 64); return v }
 	t.roundTripUS, t.hostP90US, t.hostUS, t.cpuUS = f(torch[1])/1e3, f(torch[2]), f(torch[3]), f(cpu[1])/1e3
+	t.messageUS = f(message[1])
 	return t, nil
 }
 
