@@ -265,9 +265,56 @@ func Keys() []string {
 // Load reads the configuration for a process started with args (without the
 // program name). It returns [pflag.ErrHelp] when -h or --help was given,
 // after printing the usage to the flag set's output.
+// ErrVersion is returned by Load for --version: the caller prints the
+// version and exits.
+var ErrVersion = errors.New("config: --version")
+
+// flagError is a flag parse error with a suggestion: the known flag
+// nearest an unknown one, and where the flags are listed.
+func flagError(err error, fs *pflag.FlagSet) error {
+	msg := err.Error()
+	name, ok := strings.CutPrefix(msg, "unknown flag: --")
+	if !ok {
+		return fmt.Errorf("config: %s (stepserve --help lists the flags)", msg)
+	}
+	name, _, _ = strings.Cut(name, "=")
+	best, bestD := "", 1<<30
+	fs.VisitAll(func(f *pflag.Flag) {
+		if d := editDistance(name, f.Name); d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	if best != "" && bestD <= max(2, len(name)/3) {
+		return fmt.Errorf("config: unknown flag --%s; did you mean --%s? (stepserve --help lists the flags)", name, best)
+	}
+	return fmt.Errorf("config: unknown flag --%s (stepserve --help lists the flags)", name)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
 func Load(args []string) (*Config, error) {
 	fs := pflag.NewFlagSet("stepserve", pflag.ContinueOnError)
 	file := fs.String("config", "", "YAML configuration file")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	v := viper.New()
 	for _, k := range keys {
 		if k.def == "true" || k.def == "false" {
@@ -277,8 +324,17 @@ func Load(args []string) (*Config, error) {
 		}
 		v.SetDefault(k.name, k.def)
 	}
+	var usage strings.Builder
+	fs.SetOutput(&usage)
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprint(os.Stdout, usage.String())
+			return nil, err
+		}
+		return nil, flagError(err, fs)
+	}
+	if *showVersion {
+		return nil, ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("config: unexpected argument %q; every setting is a --key=value flag", fs.Arg(0))
@@ -296,7 +352,7 @@ func Load(args []string) (*Config, error) {
 		if err := v.ReadInConfig(); err != nil {
 			return nil, fmt.Errorf("config: %s: %w", *file, err)
 		}
-		known := append(Keys(), "config")
+		known := append(Keys(), "config", "version")
 		for _, k := range v.AllKeys() {
 			if !slices.Contains(known, k) && !strings.HasPrefix(k, "rbln.env.") {
 				return nil, fmt.Errorf("%w: %s: unknown key %q; known keys: %s", ErrInvalid, *file, k, strings.Join(Keys(), ", "))

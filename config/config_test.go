@@ -227,7 +227,7 @@ func TestFileErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "missing.yaml")
 
 	_, err = Load([]string{"--no-such-flag"})
-	assert.ErrorContains(t, err, "unknown flag: --no-such-flag")
+	assert.ErrorContains(t, err, "unknown flag --no-such-flag")
 
 	_, err = Load([]string{"--model_repository", dir, "extra"})
 	assert.ErrorContains(t, err, `unexpected argument "extra"`)
@@ -338,4 +338,15 @@ func TestMemoryBoundKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(512<<20), c.Server.MaxInflightBytes, "from the environment")
 	assert.Equal(t, int64(1<<20), c.Server.MaxResponseBytes, "from a flag")
+}
+
+func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
+	_, err := Load([]string{"--modle_repository", "x"})
+	assert.EqualError(t, err, "config: unknown flag --modle_repository; did you mean --model_repository? (stepserve --help lists the flags)")
+	_, err = Load([]string{"--server.adr=:1"})
+	assert.EqualError(t, err, "config: unknown flag --server.adr; did you mean --server.addr? (stepserve --help lists the flags)")
+	_, err = Load([]string{"--nothing-like-it"})
+	assert.EqualError(t, err, "config: unknown flag --nothing-like-it (stepserve --help lists the flags)")
+	_, err = Load([]string{"--version"})
+	assert.ErrorIs(t, err, ErrVersion)
 }

@@ -50,6 +50,10 @@ func run(args []string, stderr io.Writer) int {
 	if errors.Is(err, pflag.ErrHelp) {
 		return 0
 	}
+	if errors.Is(err, config.ErrVersion) {
+		fmt.Printf("stepserve %s (%s, blas %s, kernels %s)\n", version, runtime.Version(), cpufallback.BLAS(), cpufallback.Kernels())
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "stepserve:", err)
 		return 2

@@ -426,3 +426,9 @@ func TestStartupErrors(t *testing.T) {
 	assert.Contains(t, string(out), "broken/model.yaml")
 	assert.Contains(t, string(out), "inputs: at least one is required")
 }
+
+func TestVersionFlag(t *testing.T) {
+	out, err := exec.Command(binPath, "--version").Output()
+	require.NoError(t, err)
+	assert.Regexp(t, `^stepserve \S+ \(go1\.\d+.*, blas \w+, kernels \w+\)\n$`, string(out))
+}
