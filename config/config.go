@@ -20,6 +20,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -269,6 +270,63 @@ func Keys() []string {
 // version and exits.
 var ErrVersion = errors.New("config: --version")
 
+// writeUsage is --help: what stepserve is, where settings come from, every
+// flag with its environment variable, and examples.
+func writeUsage(w io.Writer, fs *pflag.FlagSet) {
+	fmt.Fprint(w, `stepserve: an inference server for RBLN NPUs and the CPU, speaking the Open
+Inference Protocol v2 (Triton's and KServe's REST API, with binary tensors).
+It serves every model directory of --model_repository.
+
+Usage: stepserve [--key=value ...]    stepserve --version
+
+Settings come from defaults, then a YAML file (--config), then environment
+variables, then flags; each overrides the one before. Every flag is also the
+variable STEPSERVE_<KEY> (upper case, dots as underscores), e.g.
+STEPSERVE_SERVER_ADDR for --server.addr, and a YAML key of the same name.
+
+Flags:
+`)
+	fmt.Fprint(w, strings.NewReplacer(` string[="true"]`, `[=true]        `, " string ", "        ").Replace(fs.FlagUsages()))
+	fmt.Fprint(w, `
+Examples:
+  stepserve --model_repository ./model_repository
+  stepserve --model_repository /models --server.addr :8000 --engine.default rbln
+  STEPSERVE_LOG_LEVEL=debug stepserve --config stepserve.yaml
+`)
+}
+
+// checkEnv refuses a STEPSERVE_ variable that names no key, with the
+// nearest key's variable: a misspelt variable would otherwise be ignored.
+// The worker's and the tests' own variables (STEPSERVE_WORKER_...,
+// STEPSERVE_FAKE_..., STEPSERVE_SOAK) pass.
+func checkEnv(environ []string) error {
+	known := map[string]bool{"STEPSERVE_CONFIG": true}
+	var names []string
+	for _, k := range keys {
+		env := "STEPSERVE_" + strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))
+		known[env] = true
+		names = append(names, env)
+	}
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "STEPSERVE_") || known[name] || strings.HasPrefix(name, "STEPSERVE_WORKER_") ||
+			strings.HasPrefix(name, "STEPSERVE_FAKE_") || name == "STEPSERVE_SOAK" {
+			continue
+		}
+		best, bestD := "", 1<<30
+		for _, n := range names {
+			if d := editDistance(name, n); d < bestD {
+				best, bestD = n, d
+			}
+		}
+		if bestD <= max(2, len(name)/4) {
+			return fmt.Errorf("config: environment variable %s names no setting; did you mean %s?", name, best)
+		}
+		return fmt.Errorf("config: environment variable %s names no setting (stepserve --help lists them)", name)
+	}
+	return nil
+}
+
 // flagError is a flag parse error with a suggestion: the known flag
 // nearest an unknown one, and where the flags are listed.
 func flagError(err error, fs *pflag.FlagSet) error {
@@ -288,6 +346,21 @@ func flagError(err error, fs *pflag.FlagSet) error {
 		return fmt.Errorf("config: unknown flag --%s; did you mean --%s? (stepserve --help lists the flags)", name, best)
 	}
 	return fmt.Errorf("config: unknown flag --%s (stepserve --help lists the flags)", name)
+}
+
+// nearest is the name of names closest to s, when close enough to be a
+// misspelling of it; "" otherwise.
+func nearest(s string, names []string) string {
+	best, bestD := "", 1<<30
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if bestD <= max(2, len(s)/4) {
+		return best
+	}
+	return ""
 }
 
 // editDistance is the Levenshtein distance between a and b.
@@ -317,15 +390,20 @@ func Load(args []string) (*Config, error) {
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	v := viper.New()
 	for _, k := range keys {
+		fs.String(k.name, k.def, k.help)
 		if k.def == "true" || k.def == "false" {
-			fs.Bool(k.name, k.def == "true", k.help) // --key alone means true
-		} else {
-			fs.String(k.name, k.def, k.help)
+			// --key alone means true; --key=maybe reaches the key's own
+			// check, which says what it wants.
+			fs.Lookup(k.name).NoOptDefVal = "true"
 		}
 		v.SetDefault(k.name, k.def)
 	}
+	if len(args) > 0 && args[0] == "version" {
+		return nil, ErrVersion
+	}
 	var usage strings.Builder
 	fs.SetOutput(&usage)
+	fs.Usage = func() { writeUsage(&usage, fs) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(os.Stdout, usage.String())
@@ -342,6 +420,9 @@ func Load(args []string) (*Config, error) {
 	if err := v.BindPFlags(fs); err != nil {
 		return nil, err
 	}
+	if err := checkEnv(os.Environ()); err != nil {
+		return nil, err
+	}
 	v.SetEnvPrefix("STEPSERVE")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
@@ -355,6 +436,9 @@ func Load(args []string) (*Config, error) {
 		known := append(Keys(), "config", "version")
 		for _, k := range v.AllKeys() {
 			if !slices.Contains(known, k) && !strings.HasPrefix(k, "rbln.env.") {
+				if near := nearest(k, Keys()); near != "" {
+					return nil, fmt.Errorf("%w: %s: unknown key %q; did you mean %q?", ErrInvalid, *file, k, near)
+				}
 				return nil, fmt.Errorf("%w: %s: unknown key %q; known keys: %s", ErrInvalid, *file, k, strings.Join(Keys(), ", "))
 			}
 		}
@@ -513,9 +597,18 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, err
 }
 
+// isHostPort accepts a listen address: an optional host, and a port
+// number (0 to 65535) or a service name.
 func isHostPort(s string) bool {
 	_, port, err := net.SplitHostPort(s)
-	return err == nil && port != ""
+	if err != nil || port == "" {
+		return false
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		return n >= 0 && n <= 65535
+	}
+	_, err = net.LookupPort("tcp", port)
+	return err == nil
 }
 
 func anything[T any](T) bool { return true }

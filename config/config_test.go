@@ -221,7 +221,7 @@ func TestFileErrors(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("server:\n  adr: :9000\n"), 0o644))
 	_, err := Load([]string{"--config", file, "--model_repository", dir})
-	assert.ErrorContains(t, err, `unknown key "server.adr"`)
+	assert.ErrorContains(t, err, `unknown key "server.adr"; did you mean "server.addr"?`)
 
 	_, err = Load([]string{"--config", filepath.Join(dir, "missing.yaml")})
 	assert.ErrorContains(t, err, "missing.yaml")
@@ -349,4 +349,19 @@ func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 	assert.EqualError(t, err, "config: unknown flag --nothing-like-it (stepserve --help lists the flags)")
 	_, err = Load([]string{"--version"})
 	assert.ErrorIs(t, err, ErrVersion)
+}
+
+func TestCLIAndEnvironmentMistakes(t *testing.T) {
+	_, err := Load([]string{"--server.addr", ":99999"})
+	assert.ErrorContains(t, err, `server.addr: ":99999"; want host:port`)
+	_, err = Load([]string{"--server.enable_model_control=maybe"})
+	assert.ErrorContains(t, err, `server.enable_model_control: "maybe"; want true or false`)
+	c, err := Load([]string{"--server.enable_model_control", "--model_repository", t.TempDir()})
+	require.NoError(t, err)
+	assert.True(t, c.Server.EnableModelControl, "a boolean flag alone means true")
+	_, err = Load([]string{"version"})
+	assert.ErrorIs(t, err, ErrVersion)
+	t.Setenv("STEPSERVE_LOG_LEVLE", "debug")
+	_, err = Load(nil)
+	assert.EqualError(t, err, "config: environment variable STEPSERVE_LOG_LEVLE names no setting; did you mean STEPSERVE_LOG_LEVEL?")
 }
