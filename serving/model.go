@@ -35,6 +35,7 @@ type Model struct {
 	fallback *steps.Runner
 	batcher  *batching.Batcher
 	loaded   time.Time
+	readyIn  atomic.Int64 // ns from the start of its load to ready
 	resident int64 // the host memory estimated before it was loaded
 
 	warmed atomic.Bool
@@ -173,6 +174,7 @@ func (m *Model) Warmup(ctx context.Context) error {
 		}
 	}
 	took := time.Since(m.loaded)
+	m.readyIn.Store(int64(took))
 	m.set.metrics.loaded(m.model.Name, took)
 	m.warmed.Store(true)
 	m.logger.Info("model ready", "warmup", m.model.Config.Warmup, "buckets_compiled", buckets,
@@ -186,6 +188,10 @@ func (m *Model) Model() *models.Model { return m.model }
 
 // Engine is the name of the engine the model runs on.
 func (m *Model) Engine() string { return m.engine }
+
+// ReadyIn is how long the model took from the start of its load to ready
+// (loading, compiling and warming up every bucket); 0 until it is ready.
+func (m *Model) ReadyIn() time.Duration { return time.Duration(m.readyIn.Load()) }
 
 // Ready reports whether requests can be served now: warmed up, not
 // draining, and at least instances.min_ready replicas healthy (or a

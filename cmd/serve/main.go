@@ -203,7 +203,7 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 			if err != nil {
 				return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, err)
 			}
-			logger.Info("ready")
+			announce(os.Stderr, logger, cfg, set, ln.Addr())
 			warm = nil // warmed up: keep serving until a signal
 		case <-hup:
 			if a, err := cfg.Auth.Reload(); err != nil {

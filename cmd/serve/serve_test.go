@@ -432,3 +432,14 @@ func TestVersionFlag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Regexp(t, `^stepserve \S+ \(go1\.\d+.*, blas \w+, kernels \w+\)\n$`, string(out))
 }
+
+// TestStartupAnnouncement: once ready, the server says where, whether its
+// APIs ask for tokens, what it serves, and a first request to try.
+func TestStartupAnnouncement(t *testing.T) {
+	p := start(t)
+	require.Eventually(t, func() bool { return strings.Contains(p.logs.String(), "try: curl") }, 10*time.Second, 10*time.Millisecond)
+	logs := p.logs.String()
+	assert.Contains(t, logs, "stepserve is ready on "+p.base+"  (inference: open; repository API: off (server.enable_model_control))")
+	assert.Regexp(t, `digits\s+cpu\s+1/1\s+\[1 4 16 32\]\s+pixels FP32\[-1 64\] -> probabilities FP32\[-1 10\]\s+\d+\.\ds`, logs)
+	assert.Contains(t, logs, "try: curl -s "+p.base+"/v2/models/digits\n")
+}
