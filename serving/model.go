@@ -36,7 +36,7 @@ type Model struct {
 	batcher  *batching.Batcher
 	loaded   time.Time
 	readyIn  atomic.Int64 // ns from the start of its load to ready
-	resident int64 // the host memory estimated before it was loaded
+	resident int64        // the host memory estimated before it was loaded
 
 	warmed atomic.Bool
 	closed atomic.Bool
