@@ -51,7 +51,20 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
 		logger: s.logger.With("model", m.Name, "engine", name)}
 	if sm.program, sm.runners, err = s.load(ctx, m, name, grid); err != nil {
-		return nil, err
+		if len(engines) < 2 || !errors.Is(err, engine.ErrUnavailable) || ctx.Err() != nil {
+			return nil, err
+		}
+		// Its engine cannot run it now (a worker that does not start):
+		// with a failover engine the model serves there instead, rather
+		// than keep the server from starting, until it is loaded again.
+		fb := engines[1]
+		s.logger.Warn("model's engine is unavailable; serving it on the failover engine until it is loaded again",
+			"model", m.Name, "engine", name, "failover", fb, "err", err)
+		name, engines = fb, []string{fb}
+		sm.engine, sm.logger = fb, s.logger.With("model", m.Name, "engine", fb)
+		if sm.program, sm.runners, err = s.load(ctx, oneReplica(m), fb, grid); err != nil {
+			return nil, err
+		}
 	}
 	sm.minReady = m.Config.Instances.MinReadyCount()
 	sm.replicas = newReplicas(m.Name, sm.runners, sm.logger)

@@ -19,8 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -576,4 +578,29 @@ func TestModelOfAnUnavailableEngineIsSkippedAtStart(t *testing.T) {
 	assert.Contains(t, e.Reason, "cannot import torch")
 	ready, _ := w.set.Ready()
 	assert.True(t, ready, "a skipped model does not hold readiness back")
+}
+
+// downEngine is an engine whose device never comes up.
+type downEngine struct{}
+
+func (downEngine) Name() string { return "dev" }
+func (downEngine) Load(context.Context, *models.Model, []bucketing.Shape) (engine.Program, error) {
+	return nil, fmt.Errorf("%w: the worker did not start (bad rbln.python)", engine.ErrUnavailable)
+}
+
+// TestUnavailableEngineAtStartServesOnFailover: with a failover engine, a
+// model whose engine cannot load it now (its worker does not start) serves
+// on the failover engine instead of stopping the server; without one, the
+// load fails.
+func TestUnavailableEngineAtStartServesOnFailover(t *testing.T) {
+	w := newWorld(t, []string{"a"}, withFailover, func(o *Options) { o.Engines["dev"] = Engine{Engine: downEngine{}} })
+	w.ready(t)
+	y, err := infer(context.Background(), w.set, "a", 1, 2, 3)
+	require.NoError(t, err)
+	assert.Equal(t, []float32{6, 3}, y)
+	m, _ := w.set.Model("a")
+	assert.Equal(t, "cpu", m.Engine())
+
+	w = newWorld(t, []string{"a"}, func(o *Options) { o.Engines["dev"] = Engine{Engine: downEngine{}} })
+	assert.ErrorIs(t, w.set.LoadAll(context.Background()), engine.ErrUnavailable)
 }
