@@ -88,6 +88,22 @@ func bearer(t *tokens) func(http.Handler) http.Handler {
 	}
 }
 
+// indexAuth guards the read-only model listing: the repository's tokens
+// where it has some, else the inference tokens (else nothing), read at
+// each request so that a SIGHUP reload applies.
+func indexAuth(repository, inference *tokens) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		viaRepo, viaInfer := bearer(repository)(next), bearer(inference)(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if len(*repository.digests.Load()) > 0 {
+				viaRepo.ServeHTTP(w, r)
+				return
+			}
+			viaInfer.ServeHTTP(w, r)
+		})
+	}
+}
+
 // bearerToken is the token of an Authorization header of the Bearer scheme,
 // whose name is case-insensitive (RFC 9110, section 11.1).
 func bearerToken(h string) (string, bool) {

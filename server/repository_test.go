@@ -69,12 +69,32 @@ func TestRepositoryAPI(t *testing.T) {
 
 func TestRepositoryAPIOffByDefault(t *testing.T) {
 	s, _ := newTestServer(t, newSumMax(t))
-	for _, path := range []string{"/v2/repository/index", "/v2/repository/models/summax/load", "/v2/repository/models/summax/unload"} {
+	for _, path := range []string{"/v2/repository/models/summax/load", "/v2/repository/models/summax/unload"} {
 		w := do(t, s, "POST", path, nil)
 		assert.Equal(t, 403, w.Code, path)
 		assert.Contains(t, errorOf(t, w), "--server.enable_model_control", path)
 	}
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax/ready", nil).Code, "the model stays loaded")
+	// Listing only reads: it answers with model control off, POST or GET.
+	for _, method := range []string{"POST", "GET"} {
+		w := do(t, s, method, "/v2/repository/index", nil)
+		require.Equal(t, 200, w.Code, method)
+		assert.JSONEq(t, `[{"name":"summax","version":"1","state":"READY"}]`, w.Body.String())
+	}
+}
+
+// TestIndexAuth: the listing asks for the repository token where one is
+// set, else the inference token.
+func TestIndexAuth(t *testing.T) {
+	f := newSumMax(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Models: f.set, InferenceTokens: []string{"inference-token-0123456789"}, Registerer: reg, Gatherer: reg})
+	require.NoError(t, err)
+	assert.Equal(t, 401, do(t, s, "GET", "/v2/repository/index", nil).Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer inference-token-0123456789").Code)
+	s.SetTokens([]string{"inference-token-0123456789"}, []string{"repository-token-0123456789"})
+	assert.Equal(t, 401, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer inference-token-0123456789").Code)
+	assert.Equal(t, 200, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer repository-token-0123456789").Code)
 }
 
 func TestStatsEndpoint(t *testing.T) {
@@ -85,4 +105,19 @@ func TestStatsEndpoint(t *testing.T) {
 	assert.Contains(t, w.Body.String(), `"bucket":"b1"`)
 	assert.Contains(t, w.Body.String(), `"steps":1`)
 	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/nope/stats", nil).Code)
+}
+
+// TestMetadataDescription: model.yaml's description is in the model's
+// metadata.
+func TestMetadataDescription(t *testing.T) {
+	f := newSumMax(t)
+	path := filepath.Join(f.repo, "summax", models.ConfigFile)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, append(b, []byte("description: Sums and maxes of three numbers.\n")...), 0o644))
+	require.NoError(t, f.set.Load(t.Context(), "summax"))
+	s, _ := newTestServer(t, f)
+	w := do(t, s, "GET", "/v2/models/summax", nil)
+	require.Equal(t, 200, w.Code)
+	assert.Contains(t, w.Body.String(), `"description":"Sums and maxes of three numbers."`)
 }

@@ -175,9 +175,13 @@ func New(opts Options) (*Server, error) {
 		}
 		r.Get(m+"/", api(s.modelMetadata))
 	})
+	// The index only reads: with the repository token where one is set,
+	// else the inference token.
+	index := indexAuth(s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
+	r.Method(http.MethodPost, "/v2/repository/index", index)
+	r.Method(http.MethodGet, "/v2/repository/index", index)
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(bearer(s.repositoryTokens))
-		r.Post("/index", api(s.repositoryIndex))
 		r.Post("/models/{model}/load", api(s.repositoryLoad))
 		r.Post("/models/{model}/unload", api(s.repositoryUnload))
 	})
@@ -300,13 +304,17 @@ func (s *Server) modelMetadata(r *http.Request) (any, error) {
 		}
 		return out
 	}
-	return map[string]any{
+	md := map[string]any{
 		"name":     mm.Name,
 		"versions": []string{mm.Version},
 		"platform": mm.Platform(),
 		"inputs":   tensors(mm.Config.Inputs),
 		"outputs":  tensors(mm.Config.Outputs),
-	}, nil
+	}
+	if mm.Config.Description != "" {
+		md["description"] = mm.Config.Description
+	}
+	return md, nil
 }
 
 func (s *Server) modelReady(r *http.Request) (any, error) {
