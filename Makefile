@@ -21,9 +21,15 @@ build:
 run: build
 	./bin/stepserve --model_repository ./model_repository --server.addr $(ADDR)
 
-## deps: everything the tests need: Go modules, and Debian's python3-torch
-## for the rbln worker (run on torch's CPU here); installs with apt as root
-deps:
+HELM_VERSION := v3.22.0
+HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
+
+## deps: everything the tests need: Go modules (the server's, deploy/test's
+## and Helm, built from its module), and Debian's python3-torch (the rbln
+## worker, run on torch's CPU here), libopenblas-dev and prometheus;
+## installs with apt as root. After it, make test runs offline.
+deps: $(HELM)
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@missing=""; \
@@ -42,9 +48,6 @@ test: deps
 	$(GO) test -count=1 ./engine/cpufallback  # the pure-Go BLAS path too
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
-
-HELM_VERSION := v3.22.0
-HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
 
 $(HELM):
 	GOBIN=$(CURDIR)/bin/helm-build $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
