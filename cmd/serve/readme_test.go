@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// readmeBlocks are the README's fenced blocks of the given language that
+// talk to a server (they name localhost:8000).
+func readmeBlocks(t *testing.T, lang string) []string {
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	var out []string
+	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], "localhost:8000") {
+			out = append(out, m[1])
+		}
+	}
+	return out
+}
+
+// TestREADMEExamples runs every shell and Python example of the README
+// that talks to a server against a server started from the shipped model
+// repository, as a newcomer would paste them: each must succeed (an HTTP
+// error fails it) and answer what it says. The README cannot drift from the
+// server without this failing.
+func TestREADMEExamples(t *testing.T) {
+	p := start(t)
+	host := strings.TrimPrefix(p.base, "http://")
+	sh := readmeBlocks(t, "sh")
+	py := readmeBlocks(t, "python")
+	require.GreaterOrEqual(t, len(sh), 3, "the README's curl examples")
+	require.NotEmpty(t, py, "the README's Python client example")
+	for i, block := range sh {
+		script := "set -e -o pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n" + strings.ReplaceAll(block, "localhost:8000", host)
+		out, err := exec.Command("bash", "-c", script).CombinedOutput()
+		require.NoError(t, err, "README shell block %d:\n%s\noutput:\n%s", i, block, out)
+		switch {
+		case strings.Contains(block, "digits/infer") && strings.Contains(block, "od -A n"):
+			assert.Regexp(t, `0\.998\d+`, string(out), "the binary example shows the 7's probability")
+		case strings.Contains(block, "digits/infer"):
+			assert.Contains(t, string(out), `"model_name":"digits"`)
+		case strings.Contains(block, "tiny-encoder/infer"):
+			assert.Contains(t, string(out), `"shape":[2,128]`)
+		}
+	}
+	for i, block := range py {
+		out, err := exec.Command("/usr/bin/python3", "-c", strings.ReplaceAll(block, "localhost:8000", host)).CombinedOutput()
+		require.NoError(t, err, "README Python block %d:\n%s\noutput:\n%s", i, block, out)
+		assert.Contains(t, string(out), "'name': 'probabilities'")
+		assert.Regexp(t, `0\.998\d+`, string(out))
+	}
+}
