@@ -206,9 +206,10 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		return nil, footprint{}, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
-	// Triton's request parameters: priority (1 is the highest) and timeout
-	// in microseconds, which may only lower the model's default.
-	prio, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "priority")
+	// Triton's request parameters: priority (1 is the highest; a level the
+	// model lacks is its default) and timeout in microseconds, which may
+	// only lower the model's default.
+	prio, err := priorityParam(wireParams{wr.Parameters, wr.pairs})
 	if err != nil {
 		return nil, footprint{}, badRequest(err.Error())
 	}

@@ -174,7 +174,7 @@ func hostileCases() []hostileCase {
 		{name: "classification output", body: withOutputs(`[{"name":"probabilities","parameters":{"classification":3}}]`), status: 400, want: "classification parameter is not supported"},
 		{name: "binary_data not a boolean", body: withOutputs(`[{"name":"probabilities","parameters":{"binary_data":1}}]`), status: 400, want: "binary_data must be true or false"},
 		{name: "binary_data_output not a boolean", body: withParams(`{"binary_data_output":"yes"}`), status: 400, want: "binary_data_output must be true or false"},
-		{name: "priority out of range", body: withParams(`{"priority":9}`), status: 400, want: "priority 9 is out of range"},
+		{name: "negative priority", body: withParams(`{"priority":-1}`), status: 400, want: "priority must be a non-negative integer"},
 		{name: "negative timeout", body: withParams(`{"timeout":-5}`), status: 400, want: "timeout must be a non-negative integer"},
 		{name: "timeout as a string", body: withParams(`{"timeout":"1s"}`), status: 400, want: "timeout must be a non-negative integer"},
 		{name: "parameters not an object", body: withParams(`[1]`), status: 400, want: "parameters must be an object"},
