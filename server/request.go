@@ -242,11 +242,15 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		if _, ok := params.get("classification"); ok {
 			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
 		}
-		bin, err := boolParam(params, "binary_data")
-		if err != nil {
-			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+		// An output's own binary_data overrides the request's
+		// binary_data_output, either way, as in Triton.
+		bin := allBinary
+		if _, ok := params.get("binary_data"); ok {
+			if bin, err = boolParam(params, "binary_data"); err != nil {
+				return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			}
 		}
-		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin || allBinary})
+		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin})
 	}
 	return req, footprintOf(m, req, decoded, seq), nil
 }

@@ -160,6 +160,12 @@ func New(opts Options) (*Server, error) {
 	r.Get("/v2/health/live", api(s.live))
 	r.Get("/v2/health/ready", api(s.ready))
 	r.Get("/v2", api(s.serverMetadata))
+	r.Get("/v2/", api(s.serverMetadata))
+	// Triton's extensions stepserve does not implement answer 501 naming
+	// the extension, rather than a 404 that reads like a typo.
+	for _, u := range unsupportedExtensions {
+		r.HandleFunc(u.path, notImplemented(u.extension, u.instead))
+	}
 	// A group, not a mounted sub-router: the same routes, one tree walk
 	// per request instead of two.
 	r.Group(func(r chi.Router) {
@@ -172,6 +178,7 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/stats", api(s.stats))
 			r.Post(m+v+"/infer", s.infer)
 		}
+		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
 		r.Get(m+"/", api(s.modelMetadata))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
@@ -272,11 +279,20 @@ func (s *Server) ready(r *http.Request) (any, error) {
 	return map[string]bool{"ready": true}, nil
 }
 
+// extensions are the protocol extensions the server implements, as
+// GET /v2 lists them: Triton's names, and only those whose endpoints and
+// parameters really work. Add an extension here when it is implemented.
+var extensions = []string{
+	"binary_tensor_data", // JSON header, binary tensors after it (request.go, infer.go)
+	"model_repository",   // /v2/repository/index, load, unload
+	"schedule_policy",    // the priority and timeout request parameters
+}
+
 func (s *Server) serverMetadata(r *http.Request) (any, error) {
 	return map[string]any{
 		"name":       "stepserve",
 		"version":    s.opts.Version,
-		"extensions": []string{"binary_tensor_data"},
+		"extensions": extensions,
 	}, nil
 }
 
