@@ -22,7 +22,7 @@ func TestServerMetadataListsTheExtensions(t *testing.T) {
 		}
 		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &meta))
 		assert.Equal(t, "stepserve", meta.Name)
-		assert.Subset(t, meta.Extensions, []string{"binary_tensor_data", "model_repository", "schedule_policy"}, path)
+		assert.Subset(t, meta.Extensions, []string{"binary_tensor_data", "classification", "model_repository", "schedule_policy"}, path)
 		for _, no := range []string{"system_shared_memory", "cuda_shared_memory", "trace", "sequence", "parameters"} {
 			assert.NotContains(t, meta.Extensions, no, path)
 		}

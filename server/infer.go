@@ -272,6 +272,10 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 		if i > 0 {
 			b = append(b, ',')
 		}
+		if c.classes > 0 {
+			b, binaryParts = appendClassOutput(b, binaryParts, m, c, data, req.rows)
+			continue
+		}
 		b = append(b, `{"name":`...)
 		b = strconv.AppendQuote(b, spec.Name)
 		b = append(b, `,"datatype":"`...)

@@ -98,8 +98,9 @@ type inferRequest struct {
 
 // outputChoice is one output to return, and how.
 type outputChoice struct {
-	index  int // into the model's outputs
-	binary bool
+	index   int // into the model's outputs
+	binary  bool
+	classes int // the top classes to return per row (classification.go); 0 for the raw output
 }
 
 // decodeRequest parses and decodes a whole request: parseRequest, then
@@ -239,8 +240,9 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 			}
 		}
 		params := wireParams{o.Parameters, o.pairs}
-		if _, ok := params.get("classification"); ok {
-			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
+		classes, err := classificationParam(params, cfg.Outputs[idx])
+		if err != nil {
+			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		// An output's own binary_data overrides the request's
 		// binary_data_output, either way, as in Triton.
@@ -250,7 +252,7 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 				return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 			}
 		}
-		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin})
+		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin, classes: classes})
 	}
 	return req, footprintOf(m, req, decoded, seq), nil
 }

@@ -284,6 +284,7 @@ func (s *Server) ready(r *http.Request) (any, error) {
 // parameters really work. Add an extension here when it is implemented.
 var extensions = []string{
 	"binary_tensor_data", // JSON header, binary tensors after it (request.go, infer.go)
+	"classification",     // an output's top k classes (classification.go)
 	"model_repository",   // /v2/repository/index, load, unload
 	"schedule_policy",    // the priority and timeout request parameters
 }
