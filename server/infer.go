@@ -54,7 +54,11 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 // serveInfer answers one inference request and returns the status it
 // answered with.
 func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model) int {
+	// The model's statistics time a request from when its body has been
+	// read (a slow upload is the client's) to when its answer is written.
+	began := time.Now()
 	fail := func(err error) int {
+		defer func() { m.Report(nil, false, time.Since(began)) }()
 		st := statusOf(err)
 		// Bad requests, timeouts the client asked for, cancellations and
 		// overload are counted in requests_total; a line each would let
@@ -83,6 +87,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
+	began = time.Now()
 	// A reload may have replaced the model while the body arrived: the
 	// request goes to the version served now.
 	m = s.current(m)
@@ -125,6 +130,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err := s.writeResponse(w, m.Model(), req, sr, f.json); err != nil {
 		return fail(err)
 	}
+	m.Report(sr, true, time.Since(began))
 	return http.StatusOK
 }
 

@@ -29,7 +29,9 @@
 //	GET  /v2/models/{model}[/versions/{version}]/ready
 //	POST /v2/models/{model}[/versions/{version}]/infer
 //	GET  /v2/models/{model}[/versions/{version}]/explain
-//	GET  /v2/models/{model}[/versions/{version}]/stats
+//	GET  /v2/models/{model}[/versions/{version}]/stats   (Triton's statistics)
+//	GET  /v2/models/stats                                (every model's)
+//	GET  /v2/models/{model}[/versions/{version}]/buckets (stepserve's per-bucket view)
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
@@ -176,9 +178,11 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/ready", api(s.modelReady))
 			r.Get(m+v+"/explain", api(s.explain))
 			r.Get(m+v+"/stats", api(s.stats))
+			r.Get(m+v+"/buckets", api(s.buckets))
 			r.Post(m+v+"/infer", s.infer)
 		}
 		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
+		r.Get("/v2/models/stats", api(s.stats)) // every model's
 		r.Get(m+"/", api(s.modelMetadata))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
@@ -287,6 +291,7 @@ var extensions = []string{
 	"classification",     // an output's top k classes (classification.go)
 	"model_repository",   // /v2/repository/index, load, unload
 	"schedule_policy",    // the priority and timeout request parameters
+	"statistics",         // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
 }
 
 func (s *Server) serverMetadata(r *http.Request) (any, error) {
@@ -347,15 +352,6 @@ func (s *Server) explain(r *http.Request) (any, error) {
 		recs = []steps.Record{}
 	}
 	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs}, nil
-}
-
-// stats summarises the model's steps per bucket.
-func (s *Server) stats(r *http.Request) (any, error) {
-	m, err := s.lookup(r)
-	if err != nil {
-		return nil, err
-	}
-	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": m.Stats()}, nil
 }
 
 type slogPromLogger struct{ l *slog.Logger }

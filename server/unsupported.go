@@ -22,7 +22,7 @@ var unsupportedExtensions = []struct {
 
 const (
 	sharedMemoryInstead = "send tensors in the request body, as JSON or binary tensor data (binary_tensor_data)"
-	traceInstead        = "see the step metrics at /metrics and GET /v2/models/{model}/stats and /explain"
+	traceInstead        = "see the step metrics at /metrics, and GET /v2/models/{model}/stats, /buckets and /explain"
 )
 
 // notImplemented answers every request with 501, naming the extension and

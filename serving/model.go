@@ -39,6 +39,8 @@ type Model struct {
 
 	warmed atomic.Bool
 	closed atomic.Bool
+
+	requests requestStats // what the protocols report (stats.go)
 }
 
 // newModel loads m onto its engine (and the failover engine), with a
