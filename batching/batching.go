@@ -698,3 +698,7 @@ func (b *Batcher) Depth() int {
 	defer b.mu.Unlock()
 	return b.live
 }
+
+// Policy is the policy the batcher applies: its options' policy with the
+// defaults filled in.
+func (b *Batcher) Policy() Policy { return b.policy }

@@ -32,6 +32,7 @@
 //	GET  /v2/models/{model}[/versions/{version}]/stats   (Triton's statistics)
 //	GET  /v2/models/stats                                (every model's)
 //	GET  /v2/models/{model}[/versions/{version}]/buckets (stepserve's per-bucket view)
+//	GET  /v2/models/{model}[/versions/{version}]/config  (Triton's model configuration)
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
@@ -179,6 +180,7 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/explain", api(s.explain))
 			r.Get(m+v+"/stats", api(s.stats))
 			r.Get(m+v+"/buckets", api(s.buckets))
+			r.Get(m+v+"/config", api(s.modelConfiguration))
 			r.Post(m+v+"/infer", s.infer)
 		}
 		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
@@ -287,11 +289,12 @@ func (s *Server) ready(r *http.Request) (any, error) {
 // GET /v2 lists them: Triton's names, and only those whose endpoints and
 // parameters really work. Add an extension here when it is implemented.
 var extensions = []string{
-	"binary_tensor_data", // JSON header, binary tensors after it (request.go, infer.go)
-	"classification",     // an output's top k classes (classification.go)
-	"model_repository",   // /v2/repository/index, load, unload
-	"schedule_policy",    // the priority and timeout request parameters
-	"statistics",         // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
+	"binary_tensor_data",  // JSON header, binary tensors after it (request.go, infer.go)
+	"classification",      // an output's top k classes (classification.go)
+	"model_configuration", // /v2/models/{model}[/versions/{version}]/config (triton_config.go)
+	"model_repository",    // /v2/repository/index, load, unload
+	"schedule_policy",     // the priority and timeout request parameters
+	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
 }
 
 func (s *Server) serverMetadata(r *http.Request) (any, error) {

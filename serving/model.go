@@ -33,6 +33,7 @@ type Model struct {
 	minReady int
 	fbProg   engine.Program // the failover engine's, when there is one
 	fallback *steps.Runner
+	fbEngine string // the failover engine's name, when there is one
 	batcher  *batching.Batcher
 	loaded   time.Time
 	resident int64 // the host memory estimated before it was loaded
@@ -67,7 +68,7 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 			sm.Close()
 			return nil, err
 		}
-		sm.fallback = fallbacks[0]
+		sm.fallback, sm.fbEngine = fallbacks[0], fb
 		runner = &failover{primary: runner, fallback: sm.fallback, primaryHealthy: sm.replicas.anyHealthy,
 			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
 	}
