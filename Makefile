@@ -21,13 +21,16 @@ build:
 run: build
 	./bin/stepserve --model_repository ./model_repository --server.addr $(ADDR)
 
-## deps: everything the tests need: Go modules, and Debian's python3-torch
-## for the rbln worker (run on torch's CPU here); installs with apt as root
+## deps: everything the tests need: Go modules, Debian's python3-torch
+## for the rbln worker (run on torch's CPU here), and python3-protobuf and
+## python3-grpc-tools, which parse the Triton answers as the protocol's
+## messages; installs with apt as root
 deps:
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
+	$(PYTHON) -c 'import google.protobuf, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpc-tools"; \
 	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
