@@ -33,6 +33,7 @@
 //	GET  /v2/models/stats                                (every model's)
 //	GET  /v2/models/{model}[/versions/{version}]/buckets (stepserve's per-bucket view)
 //	GET  /v2/models/{model}[/versions/{version}]/config  (Triton's model configuration)
+//	GET  /v2/logging, POST /v2/logging                  (the log level at run time)
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
@@ -44,6 +45,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,6 +93,12 @@ type Options struct {
 	// [Server.SetTokens] replaces them.
 	InferenceTokens  []string
 	RepositoryTokens []string
+	// LogLevel is the level of the log Logger writes to, which the
+	// logging extension (POST /v2/logging) changes at run time; nil leaves
+	// the extension off. LogFormat is that log's format (text or json),
+	// as GET /v2/logging reports it.
+	LogLevel  *slog.LevelVar
+	LogFormat string
 }
 
 // Server is the HTTP API. It is an [http.Handler].
@@ -108,6 +116,7 @@ type Server struct {
 	inferDirect http.Handler
 	// The bearer tokens in force, per scope.
 	inferenceTokens, repositoryTokens *tokens
+	logs                              logControl // the logging extension's (logging.go)
 }
 
 // New builds the router for opts.
@@ -186,6 +195,11 @@ func New(opts Options) (*Server, error) {
 		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
 		r.Get("/v2/models/stats", api(s.stats)) // every model's
 		r.Get(m+"/", api(s.modelMetadata))
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(bearer(s.repositoryTokens)) // an administrator's, as the repository API
+		r.Get("/v2/logging", api(s.loggingSettings))
+		r.Post("/v2/logging", api(s.loggingSettings))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(bearer(s.repositoryTokens))
@@ -295,13 +309,18 @@ var extensions = []string{
 	"model_repository",    // /v2/repository/index, load, unload
 	"schedule_policy",     // the priority and timeout request parameters
 	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
+	"logging",             // /v2/logging (logging.go), where Options.LogLevel is set
 }
 
 func (s *Server) serverMetadata(r *http.Request) (any, error) {
+	ext := extensions
+	if s.opts.LogLevel == nil {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
+	}
 	return map[string]any{
 		"name":       "stepserve",
 		"version":    s.opts.Version,
-		"extensions": extensions,
+		"extensions": ext,
 	}, nil
 }
 
