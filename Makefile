@@ -26,14 +26,17 @@ HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
 
 ## deps: everything the tests need: Go modules (the server's, deploy/test's
 ## and Helm, built from its module), and Debian's python3-torch (the rbln
-## worker, run on torch's CPU here), libopenblas-dev and prometheus;
-## installs with apt as root. After it, make test runs offline.
+## worker, run on torch's CPU here), libopenblas-dev, prometheus, and
+## python3-protobuf and python3-grpc-tools (which parse the Triton answers
+## as the protocol's messages); installs with apt as root. After it, make
+## test runs offline.
 deps: $(HELM)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus"
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpc-tools"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
+	$(PYTHON) -c 'import google.protobuf, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpc-tools"; \
 	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \

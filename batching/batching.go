@@ -86,7 +86,8 @@ type Options struct {
 
 // Params are a request's own batching parameters, from its "parameters".
 type Params struct {
-	// Priority is the level, 1 the highest; 0 means the default.
+	// Priority is the level, 1 the highest; 0, or a level the model does
+	// not have, means the default.
 	Priority int
 	// Timeout lowers the model's default timeout; 0 means the default.
 	Timeout time.Duration
@@ -194,15 +195,14 @@ func New(runner Runner, opts Options) (*Batcher, error) {
 
 // Submit queues r and waits for its answer. It returns at once with
 // [ErrQueueFull] when the queue is full, [ErrDraining] after Shutdown began,
-// and [ErrBadParameter] for a priority out of range.
+// and [ErrBadParameter] for a negative timeout. A priority out of range
+// takes the default level, as Triton's does.
 func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error {
 	prio := p.Priority
-	if prio == 0 {
-		prio = b.policy.DefaultPriority
-	}
 	if prio < 1 || prio > b.policy.PriorityLevels {
-		return fmt.Errorf("%w: priority %d is out of range; model %s has levels 1 (highest) to %d",
-			ErrBadParameter, p.Priority, b.opts.Model, b.policy.PriorityLevels)
+		// 0 asks for the default level; so does a level the model does
+		// not have, as in Triton.
+		prio = b.policy.DefaultPriority
 	}
 	if p.Timeout < 0 {
 		return fmt.Errorf("%w: timeout must not be negative", ErrBadParameter)
@@ -698,3 +698,7 @@ func (b *Batcher) Depth() int {
 	defer b.mu.Unlock()
 	return b.live
 }
+
+// Policy is the policy the batcher applies: its options' policy with the
+// defaults filled in.
+func (b *Batcher) Policy() Policy { return b.policy }

@@ -161,9 +161,29 @@ func TestPriorityOrder(t *testing.T) {
 		assert.Equal(t, []byte{4}, seen[2], "priority 1 before the default level")
 		assert.Equal(t, []byte{3}, seen[3])
 
-		err := b.Submit(context.Background(), req(9, 1), Params{Priority: 4})
-		assert.ErrorIs(t, err, ErrBadParameter)
-		assert.ErrorContains(t, err, "priority 4 is out of range")
+		require.NoError(t, b.Shutdown(context.Background()))
+	})
+}
+
+// A level the model does not have is the default level, as in Triton:
+// not an error.
+func TestPriorityOutOfRangeTakesTheDefaultLevel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeRunner{max: 1, stepTime: 100 * time.Millisecond}
+		b := newBatcher(t, f, Options{Policy: Policy{PriorityLevels: 3, DefaultPriority: 2}})
+		start := time.Now()
+		out := make(chan result, 4)
+		submit(context.Background(), b, req(1, 1), Params{}, start, out) // runs first
+		synctest.Wait()
+		submit(context.Background(), b, req(2, 1), Params{Priority: 3}, start, out) // formed while 1 runs
+		synctest.Wait()
+		submit(context.Background(), b, req(3, 1), Params{Priority: 3}, start, out)
+		synctest.Wait()
+		submit(context.Background(), b, req(4, 1), Params{Priority: 9}, start, out) // level 2, the default
+		for range 4 {
+			require.NoError(t, (<-out).err)
+		}
+		assert.Equal(t, [][]byte{{1}, {2}, {4}, {3}}, f.seen())
 		require.NoError(t, b.Shutdown(context.Background()))
 	})
 }

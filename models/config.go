@@ -63,6 +63,10 @@ type TensorSpec struct {
 	// Pad is the value a shorter request's variable dimension is padded
 	// with up to its bucket (architecture torch inputs); 0 when unset.
 	Pad *float64 `yaml:"pad" json:"-"`
+	// Labels names an output's labels file in the model directory: one
+	// class name per element of a row, for the classification extension
+	// (labels.go). Outputs only; optional.
+	Labels string `yaml:"labels" json:"-"`
 }
 
 // TorchConfig says where an architecture torch model's module comes from:
@@ -449,6 +453,14 @@ func validateSpecs(key string, specs []TensorSpec) error {
 		for i, d := range s.Shape[1:] {
 			if d <= 0 && !(d == -1 && i == 0) {
 				return fmt.Errorf("%w: %s.shape: %v: after the batch, only the second dimension may be -1 (the sequence); the others must be positive", ErrConfig, at, clipInts(s.Shape))
+			}
+		}
+		if s.Labels != "" {
+			if key == "inputs" {
+				return fmt.Errorf("%w: %s.labels: labels name an output's classes; remove it from the input", ErrConfig, at)
+			}
+			if err := validateLabels(at, s); err != nil {
+				return err
 			}
 		}
 	}

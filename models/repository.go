@@ -33,6 +33,10 @@ type Model struct {
 	Encoder *Encoder
 	// Tokenizer is set when the directory holds a vocab.txt.
 	Tokenizer *Tokenizer
+	// Labels holds, per output (Config.Outputs' order), the class names
+	// its labels file gives each element of a row; nil when no output has
+	// one, and a nil entry for an output without one.
+	Labels [][]string
 }
 
 // Load reads the model in dir, named after the directory, as [Open] and
@@ -87,7 +91,8 @@ type Manifest struct {
 	dir     string
 	root    *os.Root
 	weights *repoFile
-	vocab   bool // whether the directory has a vocab.txt
+	vocab   bool       // whether the directory has a vocab.txt
+	labels  [][]string // the outputs' labels files, read at Open (small)
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -129,6 +134,9 @@ func (m *Manifest) open() error {
 	if m.Config.Name != "" && m.Config.Name != m.Name {
 		return fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
 			file, ErrConfig, m.Config.Name, m.Name)
+	}
+	if m.labels, err = m.readLabels(); err != nil {
+		return err
 	}
 	if m.Config.Architecture == "torch" {
 		return m.openTorch()
@@ -197,7 +205,7 @@ func (m *Model) ModulePath() string {
 // layers builds the architecture's layers from the weights: their shapes
 // alone before the values are read.
 func (m *Manifest) layers() (*Model, error) {
-	out := &Model{Name: m.Name, Version: m.Config.Version, Dir: m.dir, Config: m.Config, Weights: m.Weights}
+	out := &Model{Name: m.Name, Version: m.Config.Version, Dir: m.dir, Config: m.Config, Weights: m.Weights, Labels: m.labels}
 	var err error
 	switch m.Config.Architecture {
 	case "mlp":

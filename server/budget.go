@@ -143,13 +143,17 @@ type footprint struct {
 	outputs int64 // the output buffers
 	json    int64 // the response's JSON
 	binary  int64 // the binary outputs written after the JSON (the output buffers themselves)
+	classes int64 // binary classification outputs, built for the response
+	scratch int64 // what building the response takes besides (classification's ranking)
 }
 
 // memory is what the request will take beyond its body.
-func (f footprint) memory() int64 { return f.inputs + f.step + f.outputs + f.json }
+func (f footprint) memory() int64 {
+	return f.inputs + f.step + f.outputs + f.json + f.classes + f.scratch
+}
 
 // response is the size of the response.
-func (f footprint) response() int64 { return f.json + f.binary }
+func (f footprint) response() int64 { return f.json + f.binary + f.classes }
 
 // footprintOf bounds what a parsed request will cost, given the bytes its
 // inputs take decoded and the longest sequence they declare (0: none): the
@@ -172,6 +176,19 @@ func footprintOf(m *models.Model, req *inferRequest, inputs int64, seq int) foot
 		for _, c := range req.outputs {
 			switch {
 			case c.index != i:
+			case c.classes > 0:
+				f.json += 112 + int64(len(o.Name)+21*2)
+				var labels []string
+				if i < len(m.Labels) {
+					labels = m.Labels[i]
+				}
+				f.scratch = max(f.scratch, classScratch(o)) // one output at a time
+				strs := rows * int64(c.classes) * classElementBytes(o.Datatype, o.RowElements(seq), labels, !c.binary)
+				if c.binary {
+					f.classes += strs
+				} else {
+					f.json += strs
+				}
 			case c.binary:
 				f.json += 112 + int64(len(o.Name)+21*len(o.Shape))
 				f.binary += rowBytes

@@ -55,7 +55,11 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 // serveInfer answers one inference request and returns the status it
 // answered with.
 func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model) int {
+	// The model's statistics time a request from when its body has been
+	// read (a slow upload is the client's) to when its answer is written.
+	began := time.Now()
 	fail := func(err error) int {
+		defer func() { m.Report(nil, false, time.Since(began)) }()
 		st := statusOf(err)
 		// Bad requests, timeouts the client asked for, cancellations and
 		// overload are counted in requests_total; a line each would let
@@ -84,6 +88,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
+	began = time.Now()
 	// A reload may have replaced the model while the body arrived: the
 	// request goes to the version served now.
 	m = s.current(m)
@@ -126,6 +131,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err := s.writeResponse(w, m.Model(), req, sr, f.json); err != nil {
 		return fail(err)
 	}
+	m.Report(sr, true, time.Since(began))
 	return http.StatusOK
 }
 
@@ -293,6 +299,10 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 		data := sr.Outputs[c.index]
 		if i > 0 {
 			b = append(b, ',')
+		}
+		if c.classes > 0 {
+			b, binaryParts = appendClassOutput(b, binaryParts, m, c, data, req.rows)
+			continue
 		}
 		b = append(b, `{"name":`...)
 		b = strconv.AppendQuote(b, spec.Name)

@@ -50,7 +50,7 @@ func TestOnlyServerErrorsAreLogged(t *testing.T) {
 	infer := func(body string) int { return do(t, s, "POST", "/v2/models/summax/infer", []byte(body)).Code }
 
 	assert.Equal(t, 400, infer(`{"inputs":[`))
-	assert.Equal(t, 400, infer(`{"parameters":{"priority":9},`+row))
+	assert.Equal(t, 400, infer(`{"parameters":{"priority":-1},`+row))
 
 	// 504: a step holds the model while a request with a 1µs deadline
 	// waits in the queue.

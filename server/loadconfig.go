@@ -125,7 +125,7 @@ func configOverride(text, name string) (serving.Override, error) {
 					}
 					setBatches = true
 				case "max_queue_delay_microseconds":
-					d, err := micros(dv)
+					d, err := jsonMicros(dv)
 					if err != nil {
 						return nil, bad(key, "%v", err)
 					}
@@ -149,7 +149,7 @@ func configOverride(text, name string) (serving.Override, error) {
 						qkey := key + "." + qk
 						switch qk {
 						case "default_timeout_microseconds":
-							d, err := micros(qp[qk])
+							d, err := jsonMicros(qp[qk])
 							if err != nil {
 								return nil, bad(qkey, "%v", err)
 							}
@@ -247,9 +247,9 @@ func configOverride(text, name string) (serving.Override, error) {
 	}, nil
 }
 
-// micros reads a count of microseconds (Triton's JSON writes 64-bit
+// jsonMicros reads a count of microseconds (Triton's JSON writes 64-bit
 // integers as strings or numbers).
-func micros(v json.RawMessage) (time.Duration, error) {
+func jsonMicros(v json.RawMessage) (time.Duration, error) {
 	n, err := integer(v)
 	if err != nil {
 		return 0, err

@@ -97,14 +97,16 @@ func TestIndexAuth(t *testing.T) {
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer repository-token-0123456789").Code)
 }
 
-func TestStatsEndpoint(t *testing.T) {
+func TestBucketsEndpoint(t *testing.T) {
 	s, _ := newTestServer(t, newSumMax(t))
 	require.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)).Code)
-	w := do(t, s, "GET", "/v2/models/summax/stats", nil)
-	require.Equal(t, 200, w.Code)
-	assert.Contains(t, w.Body.String(), `"bucket":"b1"`)
-	assert.Contains(t, w.Body.String(), `"steps":1`)
-	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/nope/stats", nil).Code)
+	for _, path := range []string{"/v2/models/summax/buckets", "/v2/models/summax/versions/1/buckets"} {
+		w := do(t, s, "GET", path, nil)
+		require.Equal(t, 200, w.Code)
+		assert.Contains(t, w.Body.String(), `"bucket":"b1"`)
+		assert.Contains(t, w.Body.String(), `"steps":1`)
+	}
+	assert.Equal(t, 404, do(t, s, "GET", "/v2/models/nope/buckets", nil).Code)
 }
 
 // TestMetadataDescription: model.yaml's description is in the model's

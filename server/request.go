@@ -98,8 +98,9 @@ type inferRequest struct {
 
 // outputChoice is one output to return, and how.
 type outputChoice struct {
-	index  int // into the model's outputs
-	binary bool
+	index   int // into the model's outputs
+	binary  bool
+	classes int // the top classes to return per row (classification.go); 0 for the raw output
 }
 
 // decodeRequest parses and decodes a whole request: parseRequest, then
@@ -209,9 +210,10 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		return nil, footprint{}, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
-	// Triton's request parameters: priority (1 is the highest) and timeout
-	// in microseconds, which may only lower the model's default.
-	prio, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "priority")
+	// Triton's request parameters: priority (1 is the highest; a level the
+	// model lacks is its default) and timeout in microseconds, which may
+	// only lower the model's default.
+	prio, err := priorityParam(wireParams{wr.Parameters, wr.pairs})
 	if err != nil {
 		return nil, footprint{}, badRequest(err.Error())
 	}
@@ -244,14 +246,19 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		if err := refuseSharedMemory(params); err != nil {
 			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
-		if _, ok := params.get("classification"); ok {
-			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: the classification parameter is not supported; request the raw output", o.Name))
-		}
-		bin, err := boolParam(params, "binary_data")
+		classes, err := classificationParam(params, cfg.Outputs[idx])
 		if err != nil {
 			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
-		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin || allBinary})
+		// An output's own binary_data overrides the request's
+		// binary_data_output, either way, as in Triton.
+		bin := allBinary
+		if _, ok := params.get("binary_data"); ok {
+			if bin, err = boolParam(params, "binary_data"); err != nil {
+				return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			}
+		}
+		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin, classes: classes})
 	}
 	return req, footprintOf(m, req, decoded, seq), nil
 }

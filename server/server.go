@@ -29,7 +29,11 @@
 //	GET  /v2/models/{model}[/versions/{version}]/ready
 //	POST /v2/models/{model}[/versions/{version}]/infer
 //	GET  /v2/models/{model}[/versions/{version}]/explain
-//	GET  /v2/models/{model}[/versions/{version}]/stats
+//	GET  /v2/models/{model}[/versions/{version}]/stats   (Triton's statistics)
+//	GET  /v2/models/stats                                (every model's)
+//	GET  /v2/models/{model}[/versions/{version}]/buckets (stepserve's per-bucket view)
+//	GET  /v2/models/{model}[/versions/{version}]/config  (Triton's model configuration)
+//	GET  /v2/logging, POST /v2/logging                  (the log level at run time)
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
@@ -41,6 +45,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,6 +93,12 @@ type Options struct {
 	// [Server.SetTokens] replaces them.
 	InferenceTokens  []string
 	RepositoryTokens []string
+	// LogLevel is the level of the log Logger writes to, which the
+	// logging extension (POST /v2/logging) changes at run time; nil leaves
+	// the extension off. LogFormat is that log's format (text or json),
+	// as GET /v2/logging reports it.
+	LogLevel  *slog.LevelVar
+	LogFormat string
 }
 
 // Server is the HTTP API. It is an [http.Handler].
@@ -105,6 +116,7 @@ type Server struct {
 	inferDirect http.Handler
 	// The bearer tokens in force, per scope.
 	inferenceTokens, repositoryTokens *tokens
+	logs                              logControl // the logging extension's (logging.go)
 }
 
 // New builds the router for opts.
@@ -161,6 +173,12 @@ func New(opts Options) (*Server, error) {
 	r.Get("/v2/health/live", api(s.live))
 	r.Get("/v2/health/ready", api(s.ready))
 	r.Get("/v2", api(s.serverMetadata))
+	r.Get("/v2/", api(s.serverMetadata))
+	// Triton's extensions stepserve does not implement answer 501 naming
+	// the extension, rather than a 404 that reads like a typo.
+	for _, u := range unsupportedExtensions {
+		r.HandleFunc(u.path, notImplemented(u.extension, u.instead))
+	}
 	// A group, not a mounted sub-router: the same routes, one tree walk
 	// per request instead of two.
 	r.Group(func(r chi.Router) {
@@ -171,8 +189,12 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/ready", api(s.modelReady))
 			r.Get(m+v+"/explain", api(s.explain))
 			r.Get(m+v+"/stats", api(s.stats))
+			r.Get(m+v+"/buckets", api(s.buckets))
+			r.Get(m+v+"/config", api(s.modelConfiguration))
 			r.Post(m+v+"/infer", s.infer)
 		}
+		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
+		r.Get("/v2/models/stats", api(s.stats)) // every model's
 		r.Get(m+"/", api(s.modelMetadata))
 	})
 	// The index only reads: with the repository token where one is set,
@@ -180,6 +202,11 @@ func New(opts Options) (*Server, error) {
 	index := indexAuth(s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
 	r.Method(http.MethodPost, "/v2/repository/index", index)
 	r.Method(http.MethodGet, "/v2/repository/index", index)
+	r.Group(func(r chi.Router) {
+		r.Use(bearer(s.repositoryTokens)) // an administrator's, as the repository API
+		r.Get("/v2/logging", api(s.loggingSettings))
+		r.Post("/v2/logging", api(s.loggingSettings))
+	})
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(bearer(s.repositoryTokens))
 		r.Post("/models/{model}/load", api(s.repositoryLoad))
@@ -277,11 +304,28 @@ func (s *Server) ready(r *http.Request) (any, error) {
 	return map[string]bool{"ready": true}, nil
 }
 
+// extensions are the protocol extensions the server implements, as
+// GET /v2 lists them: Triton's names, and only those whose endpoints and
+// parameters really work. Add an extension here when it is implemented.
+var extensions = []string{
+	"binary_tensor_data",  // JSON header, binary tensors after it (request.go, infer.go)
+	"classification",      // an output's top k classes (classification.go)
+	"model_configuration", // /v2/models/{model}[/versions/{version}]/config (triton_config.go)
+	"model_repository",    // /v2/repository/index, load, unload
+	"schedule_policy",     // the priority and timeout request parameters
+	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
+	"logging",             // /v2/logging (logging.go), where Options.LogLevel is set
+}
+
 func (s *Server) serverMetadata(r *http.Request) (any, error) {
+	ext := extensions
+	if s.opts.LogLevel == nil {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
+	}
 	return map[string]any{
 		"name":       "stepserve",
 		"version":    s.opts.Version,
-		"extensions": []string{"binary_tensor_data"},
+		"extensions": ext,
 	}, nil
 }
 
@@ -339,15 +383,6 @@ func (s *Server) explain(r *http.Request) (any, error) {
 		recs = []steps.Record{}
 	}
 	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs}, nil
-}
-
-// stats summarises the model's steps per bucket.
-func (s *Server) stats(r *http.Request) (any, error) {
-	m, err := s.lookup(r)
-	if err != nil {
-		return nil, err
-	}
-	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": m.Stats()}, nil
 }
 
 type slogPromLogger struct{ l *slog.Logger }

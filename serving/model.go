@@ -33,6 +33,7 @@ type Model struct {
 	minReady int
 	fbProg   engine.Program // the failover engine's, when there is one
 	fallback *steps.Runner
+	fbEngine string // the failover engine's name, when there is one
 	batcher  *batching.Batcher
 	loaded   time.Time
 	readyIn  atomic.Int64 // ns from the start of its load to ready
@@ -40,6 +41,8 @@ type Model struct {
 
 	warmed atomic.Bool
 	closed atomic.Bool
+
+	requests requestStats // what the protocols report (stats.go)
 }
 
 // newModel loads m onto its engine (and the failover engine), with a
@@ -81,7 +84,7 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 			sm.Close()
 			return nil, err
 		}
-		sm.fallback = fallbacks[0]
+		sm.fallback, sm.fbEngine = fallbacks[0], fb
 		runner = &failover{primary: runner, fallback: sm.fallback, primaryHealthy: sm.replicas.anyHealthy,
 			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
 	}

@@ -63,12 +63,52 @@ type bucketStats struct {
 	queue, step  ring
 }
 
-// stats holds every bucket's running summary; a step updates it without
-// allocating.
+// stats holds every bucket's running summary, and every batch size's; a
+// step updates them without allocating.
 type stats struct {
 	mu      sync.Mutex
 	labels  []string
 	buckets []bucketStats
+	execs   []execStats // by the rows of a step, 1..the largest bucket's
+}
+
+type execStats struct {
+	count                int64
+	input, infer, output time.Duration
+}
+
+// Execution is what the successful steps of one batch size took since
+// load, in the terms of Triton's batch statistics: Count steps, and the
+// total time each part of them took.
+type Execution struct {
+	BatchSize int
+	Count     int64
+	// Input packing the rows into staging, Infer the engine's step,
+	// Output unpacking.
+	Input, Infer, Output time.Duration
+}
+
+// executed counts a successful step of rows rows.
+func (s *stats) executed(rows int, c Compute) {
+	s.mu.Lock()
+	e := &s.execs[rows]
+	e.count++
+	e.input += c.Input
+	e.infer += c.Infer
+	e.output += c.Output
+	s.mu.Unlock()
+}
+
+func (s *stats) executions() []Execution {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Execution
+	for rows, e := range s.execs {
+		if e.count > 0 {
+			out = append(out, Execution{BatchSize: rows, Count: e.count, Input: e.input, Infer: e.infer, Output: e.output})
+		}
+	}
+	return out
 }
 
 func (s *stats) observe(bucket int, o *Observation) {

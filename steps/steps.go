@@ -48,6 +48,31 @@ type Request struct {
 	// batcher queued it; the stats of the bucket its first row runs in
 	// count it.
 	Queued time.Duration
+	// Compute is what the steps its rows ran in took, each whole (a
+	// step's time is every request's in it, as Triton counts a batch's
+	// compute for each of its requests). Run adds to it; a Part's steps
+	// add to the request it is a part of.
+	Compute Compute
+
+	whole *Request // the request a Part is of; nil for a whole request
+}
+
+// Compute is the time of the steps a request ran in, as Triton's
+// statistics divide it.
+type Compute struct {
+	Steps int
+	// Input is packing the rows into the bucket's staging; Infer the
+	// engine's step (its own copies to and from the device included);
+	// Output unpacking the outputs from the staging.
+	Input, Infer, Output time.Duration
+}
+
+// root is the request q is a part of, or q.
+func (q *Request) root() *Request {
+	if q.whole != nil {
+		return q.whole
+	}
+	return q
 }
 
 // Part returns rows [from, to) of q as a request of their own that shares
@@ -61,7 +86,7 @@ func (q *Request) Part(from, to int, dst *Request) *Request {
 	}
 	rows := to - from
 	*dst = Request{Rows: rows, Seq: q.Seq, Inputs: dst.Inputs[:len(q.Inputs)], Outputs: dst.Outputs[:len(q.Outputs)],
-		Elements: (q.Elements*rows + q.Rows - 1) / q.Rows, Queued: q.Queued}
+		Elements: (q.Elements*rows + q.Rows - 1) / q.Rows, Queued: q.Queued, whole: q.root()}
 	for i, b := range q.Inputs {
 		n := len(b) / q.Rows
 		dst.Inputs[i] = b[from*n : to*n : to*n]
@@ -142,7 +167,7 @@ func New(opts Options) (*Runner, error) {
 		opts.ExplainHistory = 32
 	}
 	r.explain = &explainLog{size: opts.ExplainHistory}
-	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts))}
+	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts)), execs: make([]execStats, opts.Grid.MaxBatch()+1)}
 	r.warned = make([]atomic.Bool, len(r.layouts))
 	for _, l := range r.layouts {
 		r.stats.labels = append(r.stats.labels, l.Bucket.Label())
@@ -245,6 +270,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 	}
 	layout := &r.layouts[bucket]
 	in, out := r.opts.Program.Staging(bucket)
+	packStart := time.Now()
 
 	for t, tl := range layout.Inputs {
 		dst := in[tl.Offset : tl.Offset+tl.Bytes]
@@ -271,6 +297,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 	}
 
 	start := time.Now()
+	packed := start.Sub(packStart)
 	x, err := r.opts.Program.Step(ctx, bucket)
 	elapsed := time.Since(start)
 	if err != nil {
@@ -297,6 +324,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 		r.opts.Observe(o)
 	}
 
+	unpackStart := time.Now()
 	for t, tl := range layout.Outputs {
 		src := out[tl.Offset : tl.Offset+tl.Bytes]
 		n := 0
@@ -304,6 +332,15 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 			n += copy(q.Outputs[t][row*tl.RowBytes:(row+count)*tl.RowBytes], src[n:])
 		})
 	}
+	c := Compute{Steps: 1, Input: packed, Infer: elapsed, Output: time.Since(unpackStart)}
+	r.stats.executed(rows, c)
+	walk(reqs, from, rows, func(q *Request, _, _ int) {
+		w := q.root()
+		w.Compute.Steps++
+		w.Compute.Input += c.Input
+		w.Compute.Infer += c.Infer
+		w.Compute.Output += c.Output
+	})
 	return end, nil
 }
 
@@ -336,6 +373,11 @@ func walk(reqs []*Request, at cursor, rows int, visit func(q *Request, row, coun
 
 // Stats summarises every bucket's steps since load.
 func (r *Runner) Stats() []BucketStats { return r.stats.snapshot() }
+
+// Executions summarises the steps that succeeded since load by batch
+// size (the rows a step ran, padding not counted), smallest first: only
+// the sizes that ran. Sibling runners share them.
+func (r *Runner) Executions() []Execution { return r.stats.executions() }
 
 // Explains returns the last non-clean steps, newest first.
 func (r *Runner) Explains() []Record { return r.explain.list() }

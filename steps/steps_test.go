@@ -400,3 +400,55 @@ func TestNonFinite(t *testing.T) {
 		assert.Equal(t, tc.at, at, tc.name)
 	}
 }
+
+// slow is a doubler whose steps take a while.
+type slow struct{ *doubler }
+
+func (s slow) Step(ctx context.Context, b int) (engine.Explain, error) {
+	time.Sleep(2 * time.Millisecond)
+	return s.doubler.Step(ctx, b)
+}
+
+// Every successful step counts under its batch size (the rows it ran,
+// not its bucket), and adds its time to each request it ran rows of; a
+// request run a part per step gets every part's.
+func TestExecutionsAndComputePerRequest(t *testing.T) {
+	m := testModel()
+	grid, err := bucketing.NewGrid([]int{1, 2, 4}, nil)
+	require.NoError(t, err)
+	d := newDoubler(m.Config, grid)
+	r, err := New(Options{Model: m, Program: slow{d}, Engine: "fake", Grid: grid})
+	require.NoError(t, err)
+
+	a, b := request(1, 0), request(2, 0)
+	require.NoError(t, r.Run(context.Background(), []*Request{a, b})) // 3 rows in b4
+	q := request(6, 0)
+	var part *Request
+	for _, rows := range [][2]int{{0, 4}, {4, 6}} {
+		part = q.Part(rows[0], rows[1], part)
+		require.NoError(t, r.Run(context.Background(), []*Request{part}))
+	}
+	d.err = errors.New("device lost")
+	require.Error(t, r.Run(context.Background(), []*Request{request(1, 0)}))
+
+	ex := r.Executions()
+	require.Len(t, ex, 3, "sizes 2, 3 and 4; the failed step counts nowhere")
+	for i, want := range []struct {
+		size  int
+		count int64
+	}{{2, 1}, {3, 1}, {4, 1}} {
+		assert.Equal(t, want.size, ex[i].BatchSize)
+		assert.Equal(t, want.count, ex[i].Count)
+		assert.GreaterOrEqual(t, ex[i].Infer, 2*time.Millisecond)
+		assert.Positive(t, ex[i].Input)
+		assert.Positive(t, ex[i].Output)
+	}
+
+	assert.Equal(t, a.Compute, b.Compute, "a step's time is each of its requests'")
+	assert.Equal(t, 1, a.Compute.Steps)
+	assert.Equal(t, ex[1].Infer, a.Compute.Infer)
+	assert.Equal(t, 2, q.Compute.Steps, "both parts count for the whole request")
+	assert.Equal(t, ex[0].Infer+ex[2].Infer, q.Compute.Infer)
+	assert.Equal(t, ex[0].Input+ex[2].Input, q.Compute.Input)
+	assert.Zero(t, part.Compute, "the part adds to its request, not itself")
+}

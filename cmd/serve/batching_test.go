@@ -113,8 +113,8 @@ func TestDynamicBatchingUnderConcurrency(t *testing.T) {
 	assert.Equal(t, 0.0, metricSum(t, m, "stepserve_queue_depth", `model="digits"`))
 	assert.Greater(t, metricSum(t, m, "stepserve_queue_duration_seconds_count"), 0.0)
 
-	// The stats endpoint agrees with the metrics.
-	resp, err := http.Get(p.base + "/v2/models/digits/stats")
+	// The buckets endpoint agrees with the metrics.
+	resp, err := http.Get(p.base + "/v2/models/digits/buckets")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var st struct {
@@ -144,6 +144,48 @@ func TestDynamicBatchingUnderConcurrency(t *testing.T) {
 	}
 	assert.Equal(t, metricSum(t, m, "stepserve_steps_total"), steps)
 	assert.Equal(t, float64(2*len(digits)), queued, "every request's queue wait is counted once")
+
+	// So do Triton's statistics.
+	resp, err = http.Get(p.base + "/v2/models/digits/stats")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	type duration struct{ Count, Ns uint64 }
+	var ts struct {
+		ModelStats []struct {
+			Name           string
+			InferenceCount uint64 `json:"inference_count"`
+			ExecutionCount uint64 `json:"execution_count"`
+			InferenceStats struct {
+				Success, Fail, Queue duration
+				ComputeInput         duration `json:"compute_input"`
+				ComputeInfer         duration `json:"compute_infer"`
+				ComputeOutput        duration `json:"compute_output"`
+			} `json:"inference_stats"`
+			BatchStats []struct {
+				BatchSize    uint64   `json:"batch_size"`
+				ComputeInfer duration `json:"compute_infer"`
+			} `json:"batch_stats"`
+		} `json:"model_stats"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ts))
+	require.Len(t, ts.ModelStats, 1)
+	ms := ts.ModelStats[0]
+	n := uint64(2 * len(digits))
+	assert.Equal(t, n, ms.InferenceCount, "a row each")
+	assert.Equal(t, uint64(steps), ms.ExecutionCount)
+	for what, d := range map[string]duration{"success": ms.InferenceStats.Success, "queue": ms.InferenceStats.Queue,
+		"compute_input": ms.InferenceStats.ComputeInput, "compute_infer": ms.InferenceStats.ComputeInfer, "compute_output": ms.InferenceStats.ComputeOutput} {
+		assert.Equal(t, n, d.Count, what)
+		assert.Positive(t, d.Ns, what)
+	}
+	assert.Zero(t, ms.InferenceStats.Fail.Count)
+	var executions, batchRows uint64
+	for _, b := range ms.BatchStats {
+		executions += b.ComputeInfer.Count
+		batchRows += b.BatchSize * b.ComputeInfer.Count
+	}
+	assert.Equal(t, ms.ExecutionCount, executions)
+	assert.Equal(t, n, batchRows, "the batch sizes add up to the rows")
 }
 
 // classifyOne classifies one digit with a single request.

@@ -95,7 +95,7 @@ func makeHostileModel(t *testing.T, repo, name string, tc hostileModel) {
 	src := map[string]string{"digits": "../../model_repository/digits", "tiny-encoder": "../../model_repository/tiny-encoder"}[tc.base]
 	dst := filepath.Join(repo, name)
 	require.NoError(t, os.MkdirAll(dst, 0o755))
-	for _, f := range []string{"model.yaml", "weights.safetensors", "vocab.txt"} {
+	for _, f := range []string{"model.yaml", "weights.safetensors", "vocab.txt", "labels.txt"} {
 		b, err := os.ReadFile(filepath.Join(src, f))
 		if os.IsNotExist(err) {
 			continue

@@ -171,10 +171,10 @@ func hostileCases() []hostileCase {
 		// Outputs and parameters.
 		{name: "unknown output", body: withOutputs(`[{"name":"logits"}]`), status: 400, want: `unknown output "logits"`},
 		{name: "output twice", body: withOutputs(`[{"name":"probabilities"},{"name":"probabilities"}]`), status: 400, want: "requested more than once"},
-		{name: "classification output", body: withOutputs(`[{"name":"probabilities","parameters":{"classification":3}}]`), status: 400, want: "classification parameter is not supported"},
+		{name: "classification wider than the output", body: withOutputs(`[{"name":"probabilities","parameters":{"classification":11}}]`), status: 400, want: "classification 11 asks for more classes than the output's 10 elements per row"},
 		{name: "binary_data not a boolean", body: withOutputs(`[{"name":"probabilities","parameters":{"binary_data":1}}]`), status: 400, want: "binary_data must be true or false"},
 		{name: "binary_data_output not a boolean", body: withParams(`{"binary_data_output":"yes"}`), status: 400, want: "binary_data_output must be true or false"},
-		{name: "priority out of range", body: withParams(`{"priority":9}`), status: 400, want: "priority 9 is out of range"},
+		{name: "negative priority", body: withParams(`{"priority":-1}`), status: 400, want: "priority must be a non-negative integer"},
 		{name: "negative timeout", body: withParams(`{"timeout":-5}`), status: 400, want: "timeout must be a non-negative integer"},
 		{name: "timeout as a string", body: withParams(`{"timeout":"1s"}`), status: 400, want: "timeout must be a non-negative integer"},
 		{name: "parameters not an object", body: withParams(`[1]`), status: 400, want: "parameters must be an object"},

@@ -58,23 +58,27 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "stepserve:", err)
 		return 2
 	}
-	logger := newLogger(cfg.Log, stderr)
-	if err := serve(cfg, logger); err != nil {
+	logger, level := newLogger(cfg.Log, stderr)
+	if err := serve(cfg, logger, level); err != nil {
 		logger.Error("stepserve stopped", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func newLogger(c config.Log, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: c.Level}
+// newLogger is the process's log, and its level, which the logging
+// extension (POST /v2/logging) changes at run time.
+func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	level.Set(c.Level)
+	opts := &slog.HandlerOptions{Level: level}
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), level
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), level
 }
 
-func serve(cfg *config.Config, logger *slog.Logger) error {
+func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1) // from the start: SIGHUP's default is to exit
@@ -141,6 +145,8 @@ func serve(cfg *config.Config, logger *slog.Logger) error {
 		MetricsElsewhere:   cfg.Server.MetricsAddr != "",
 		Version:            version,
 		Logger:             logger,
+		LogLevel:           logLevel,
+		LogFormat:          cfg.Log.Format,
 		Registerer:         reg,
 		Gatherer:           reg,
 	})

@@ -20,9 +20,11 @@ func copyDigits(t *testing.T, repo, name, extra string) {
 	yaml, err := os.ReadFile("../../model_repository/digits/model.yaml")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), append(yaml, extra...), 0o644))
-	w, err := os.ReadFile("../../model_repository/digits/weights.safetensors")
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.safetensors"), w, 0o644))
+	for _, f := range []string{"weights.safetensors", "labels.txt"} {
+		b, err := os.ReadFile(filepath.Join("../../model_repository/digits", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
+	}
 }
 
 func status(t *testing.T, method, url string) int {

@@ -28,7 +28,7 @@ func digitsRepo(t testing.TB, extra string) string {
 	repo := t.TempDir()
 	dir := filepath.Join(repo, "digits")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	for _, f := range []string{"model.yaml", "weights.safetensors"} {
+	for _, f := range []string{"model.yaml", "weights.safetensors", "labels.txt"} {
 		b, err := os.ReadFile(filepath.Join("../../model_repository/digits", f))
 		require.NoError(t, err)
 		if f == "model.yaml" {
