@@ -88,14 +88,15 @@ func bearer(t *tokens) func(http.Handler) http.Handler {
 	}
 }
 
-// indexAuth guards the read-only model listing: the repository's tokens
-// where it has some, else the inference tokens (else nothing), read at
-// each request so that a SIGHUP reload applies.
-func indexAuth(repository, inference *tokens) func(http.Handler) http.Handler {
+// indexAuth guards the read-only model listing as the repository API
+// where that is on (its tokens, or none when it was left open on purpose)
+// or has tokens; else with the inference tokens. Tokens are read at each
+// request, so that a SIGHUP reload applies.
+func indexAuth(modelControl bool, repository, inference *tokens) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		viaRepo, viaInfer := bearer(repository)(next), bearer(inference)(next)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if len(*repository.digests.Load()) > 0 {
+			if modelControl || len(*repository.digests.Load()) > 0 {
 				viaRepo.ServeHTTP(w, r)
 				return
 			}

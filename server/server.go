@@ -199,7 +199,7 @@ func New(opts Options) (*Server, error) {
 	})
 	// The index only reads: with the repository token where one is set,
 	// else the inference token.
-	index := indexAuth(s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
+	index := indexAuth(opts.ModelControl, s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
 	r.Method(http.MethodPost, "/v2/repository/index", index)
 	r.Method(http.MethodGet, "/v2/repository/index", index)
 	r.Group(func(r chi.Router) {
