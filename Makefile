@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean
+.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto
 
 all: build
 
@@ -22,12 +22,16 @@ run: build
 	./bin/stepserve --model_repository ./model_repository --server.addr $(ADDR)
 
 ## deps: everything the tests need: Go modules, and Debian's python3-torch
-## for the rbln worker (run on torch's CPU here); installs with apt as root
+## for the rbln worker (run on torch's CPU here), python3-grpcio and
+## python3-grpc-tools for the Python gRPC client test, protobuf-compiler for
+## the generated-code check; installs with apt as root
 deps:
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
+	$(PYTHON) -c 'import grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-grpcio python3-grpc-tools"; \
+	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
 	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
@@ -121,3 +125,21 @@ tiny-encoder:
 ## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
 golden:
 	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder
+
+## proto: regenerate server/inferencepb from proto/triton (the protocol's
+## .proto files as published, unmodified) with pinned generators: protoc
+## from Debian bookworm's protobuf-compiler, protoc-gen-go and
+## protoc-gen-go-grpc at the versions go.mod's tool lines pin.
+PROTOC_VERSION := 3.21.12
+PROTO_PKG      := github.com/stepserve/stepserve/server/inferencepb
+proto:
+	@protoc --version | grep -qx 'libprotoc $(PROTOC_VERSION)' || { echo "make proto needs protoc $(PROTOC_VERSION) (Debian's protobuf-compiler), found: $$(protoc --version)"; exit 1; }
+	$(GO) build -o bin/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o bin/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	protoc -I proto/triton \
+		--plugin=protoc-gen-go=bin/protoc-gen-go --plugin=protoc-gen-go-grpc=bin/protoc-gen-go-grpc \
+		--go_out=server/inferencepb --go_opt=paths=source_relative \
+		--go_opt=Mgrpc_service.proto=$(PROTO_PKG) --go_opt=Mmodel_config.proto=$(PROTO_PKG) \
+		--go-grpc_out=server/inferencepb --go-grpc_opt=paths=source_relative \
+		--go-grpc_opt=Mgrpc_service.proto=$(PROTO_PKG) --go-grpc_opt=Mmodel_config.proto=$(PROTO_PKG) \
+		grpc_service.proto model_config.proto
