@@ -395,8 +395,8 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	wantSuccess := len(digits) + (len(digits)+49)/50 + 20
-	assert.Contains(t, string(metrics), fmt.Sprintf(`stepserve_requests_total{model="digits",outcome="success"} %d`, wantSuccess))
-	assert.Contains(t, string(metrics), `stepserve_requests_total{model="digits",outcome="invalid"} 16`)
+	assert.Contains(t, string(metrics), fmt.Sprintf(`stepserve_requests_total{model="digits",outcome="success",protocol="http"} %d`, wantSuccess))
+	assert.Contains(t, string(metrics), `stepserve_requests_total{model="digits",outcome="invalid",protocol="http"} 16`)
 	assert.Regexp(t, `stepserve_build_info\{blas="(gonum|openblas)",go_version="[^"]+",kernels="(avx2|go)"`, string(metrics))
 
 	// SIGTERM: stop accepting, finish, exit 0.
