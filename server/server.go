@@ -105,6 +105,8 @@ type Server struct {
 	inferDirect http.Handler
 	// The bearer tokens in force, per scope.
 	inferenceTokens, repositoryTokens *tokens
+	// grpc is the gRPC API, once built (grpc.go).
+	grpc grpcState
 }
 
 // New builds the router for opts.
