@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -199,7 +199,9 @@ func paramJSON(p *inferencepb.InferParameter) json.RawMessage {
 }
 
 // protoContents are an input's typed contents ([typedContents]).
-type protoContents struct{ c *inferencepb.InferTensorContents }
+type protoContents struct {
+	c *inferencepb.InferTensorContents
+}
 
 // contentsFields are InferTensorContents' fields, by name, with how many
 // values each holds.

@@ -274,14 +274,19 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 // Every bad request gets the code its HTTP status maps to and the HTTP
 // path's message, naming the input or field, and never reaches the model.
 func TestGRPCInferErrors(t *testing.T) {
-	b := func(v bool) *pb.InferParameter { return &pb.InferParameter{ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: v}} }
+	b := func(v bool) *pb.InferParameter {
+		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: v}}
+	}
 	str := func(v string) *pb.InferParameter {
 		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_StringParam{StringParam: v}}
 	}
 	i64 := func(v int64) *pb.InferParameter {
 		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: v}}
 	}
-	with := func(r *pb.ModelInferRequest, edit func(r *pb.ModelInferRequest)) *pb.ModelInferRequest { edit(r); return r }
+	with := func(r *pb.ModelInferRequest, edit func(r *pb.ModelInferRequest)) *pb.ModelInferRequest {
+		edit(r)
+		return r
+	}
 	tests := []struct {
 		name string
 		req  *pb.ModelInferRequest
@@ -420,7 +425,9 @@ func TestGRPCDeadlineAndCancel(t *testing.T) {
 	// The timed-out request is counted as timeout; the cancelled one as
 	// cancelled, or as success when it was in the batch that the held step
 	// was forming as its client left (as over HTTP).
-	count := func(o string) float64 { return testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", o, "grpc")) }
+	count := func(o string) float64 {
+		return testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", o, "grpc"))
+	}
 	assert.Eventually(t, func() bool {
 		return count("timeout") == 1 && count("cancelled")+count("success") == 2
 	}, 5*time.Second, time.Millisecond, "the server counts what the client saw")
