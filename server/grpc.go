@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -73,6 +74,7 @@ func (s *Server) GRPCServer() *grpc.Server {
 		// from their shapes); the rest are small.
 		grpc.MaxSendMsgSize(int(min(max(s.opts.MaxResponseBytes, 4<<20)+64<<10, 1<<31-1))),
 		grpc.MaxConcurrentStreams(grpcMaxStreams),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.grpcRecover, s.grpcAuth),
 		grpc.ChainStreamInterceptor(s.grpcRecoverStream, s.grpcAuthStream),
@@ -86,9 +88,7 @@ func (s *Server) GRPCServer() *grpc.Server {
 // ServeGRPC serves the gRPC API on ln until [Server.StopGRPC]; it returns
 // as [grpc.Server.Serve] does.
 func (s *Server) ServeGRPC(ln net.Listener) error {
-	gs := s.GRPCServer()
-	s.grpc.health.start()
-	return gs.Serve(ln)
+	return s.GRPCServer().Serve(ln)
 }
 
 // StopGRPC stops the gRPC API gracefully: the health service answers
@@ -119,13 +119,13 @@ func (s *Server) StopGRPC(ctx context.Context) {
 // "inference.GRPCInferenceService" and "ready" are SERVING when every
 // model has loaded and warmed up; "live" is SERVING while the process
 // runs (for a liveness probe). During a shutdown every service is
-// NOT_SERVING. Check reads readiness at each call; Watch streams follow
-// it within a second.
+// NOT_SERVING. Check reads readiness at each call; a Watch stream follows
+// it within a second, and ends once it has said NOT_SERVING at a
+// shutdown, so that it does not hold the graceful stop.
 type grpcHealth struct {
 	*health.Server
 	s    *Server
-	once sync.Once
-	stop chan struct{}
+	stop chan struct{} // closed at shutdown
 	mu   sync.Mutex
 	down bool
 }
@@ -156,24 +156,6 @@ func (h *grpcHealth) refresh() {
 	}
 }
 
-// start follows readiness for Watch streams until shutdown.
-func (h *grpcHealth) start() {
-	h.once.Do(func() {
-		go func() {
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-t.C:
-					h.refresh()
-				case <-h.stop:
-					return
-				}
-			}
-		}()
-	})
-}
-
 func (h *grpcHealth) shutdown() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -188,6 +170,39 @@ func (h *grpcHealth) shutdown() {
 func (h *grpcHealth) Check(ctx context.Context, in *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	h.refresh()
 	return h.Server.Check(ctx, in)
+}
+
+// watchEvery is how often a Watch stream reads readiness.
+const watchEvery = time.Second
+
+// Watch sends the service's status, then each change of it, as
+// health.Server's Watch does, reading readiness every watchEvery; at a
+// shutdown it sends NOT_SERVING and ends.
+func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_ServingStatus(-1)
+	for {
+		st := healthpb.HealthCheckResponse_SERVICE_UNKNOWN
+		if r, err := h.Check(stream.Context(), in); err == nil {
+			st = r.Status
+		}
+		if st != last {
+			if err := stream.Send(&healthpb.HealthCheckResponse{Status: st}); err != nil {
+				return err
+			}
+			last = st
+		}
+		select {
+		case <-h.stop:
+			if st == healthpb.HealthCheckResponse_NOT_SERVING || st == healthpb.HealthCheckResponse_SERVICE_UNKNOWN {
+				return nil
+			}
+		case <-stream.Context().Done():
+			return status.FromContextError(stream.Context().Err()).Err()
+		case <-t.C:
+		}
+	}
 }
 
 // grpcScopes are the RPCs a bearer token guards, by scope; the others

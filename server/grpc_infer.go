@@ -39,6 +39,12 @@ func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRe
 	}
 	name := m.Model().Name
 	ch := &charge{b: s.budget, wait: s.budgetWait}
+	handed := false
+	defer func() {
+		if !handed {
+			ch.release() // failed, or panicked
+		}
+	}()
 	resp, err := s.inferGRPC(ctx, ch, m, r)
 	st := http.StatusOK
 	if err != nil {
@@ -47,11 +53,11 @@ func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRe
 			st = http.StatusGatewayTimeout // the client gave up at its deadline
 		}
 		s.logFailure(ctx, name, st, err)
-		ch.release()
 	} else {
 		// gRPC encodes and sends the response after this returns: what
 		// the request holds of the budget, its response included, is
 		// given back when its RPC ends.
+		handed = true
 		context.AfterFunc(ctx, ch.release)
 	}
 	s.metrics.observe(protocolGRPC, name, st, time.Since(start))

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"path/filepath"
@@ -193,6 +194,8 @@ func TestGRPCHealthAtShutdown(t *testing.T) {
 	next, err := watch.Recv()
 	require.NoError(t, err)
 	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, next.Status, "a draining server is not serving")
+	_, err = watch.Recv()
+	assert.ErrorIs(t, err, io.EOF, "and the watch ends, so that it does not hold the graceful stop")
 	hr, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "live"})
 	require.NoError(t, err)
 	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, hr.Status)
@@ -812,4 +815,25 @@ func TestGRPCCodes(t *testing.T) {
 	long := grpcError(badRequest(strings.Repeat("x", 100_000)))
 	_, msg := codeOf(long)
 	assert.LessOrEqual(t, len(msg), maxGRPCMessage+8, "a message fits a trailer")
+}
+
+// BenchmarkGRPCInferRaw measures the gRPC handler's path of a single-row
+// request with raw contents (translate, validate, batcher, step on a fake
+// engine, build the response), without the transport, beside
+// BenchmarkInferBinary.
+func BenchmarkGRPCInferRaw(b *testing.B) {
+	s, err := New(Options{Models: newSumMax(b).set})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := &grpcServer{s: s}
+	req := rawX([]int64{1, 3}, fp32(1.5, 2, 3))
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := g.ModelInfer(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		cancel() // the RPC ends
+	}
 }
