@@ -93,7 +93,8 @@ soak: build
 
 ## bench: every benchmark in one run, written to bench/REPORT.md (and
 ## printed): HTTP serving against the plain net/http baseline and the
-## FastAPI + PyTorch peer with wrk, dynamic batching, engine steps against
+## FastAPI + PyTorch peer with wrk, gRPC beside HTTP (bench/grpcload),
+## dynamic batching, engine steps against
 ## OpenBLAS, allocations. Installs what it needs with apt (as root).
 bench: deps build
 	@missing=""; for p in wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
@@ -102,6 +103,7 @@ bench: deps build
 	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0"; \
 	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
 	$(GO) build -o bin/baseline ./bench/baseline
+	$(GO) build -o bin/grpcload ./bench/grpcload
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 
 BENCHTIME ?= 9s
