@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean
+.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto
 
 all: build
 
@@ -31,12 +31,13 @@ HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
 ## as the protocol's messages); installs with apt as root. After it, make
 ## test runs offline.
 deps: $(HELM)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpc-tools"
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
-	$(PYTHON) -c 'import google.protobuf, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpc-tools"; \
+	$(PYTHON) -c 'import google.protobuf, grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpcio python3-grpc-tools"; \
+	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
 	pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev pkg-config"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
@@ -95,7 +96,8 @@ soak: build
 
 ## bench: every benchmark in one run, written to bench/REPORT.md (and
 ## printed): HTTP serving against the plain net/http baseline and the
-## FastAPI + PyTorch peer with wrk, dynamic batching, engine steps against
+## FastAPI + PyTorch peer with wrk, gRPC beside HTTP (bench/grpcload),
+## dynamic batching, engine steps against
 ## OpenBLAS, allocations. Installs what it needs with apt (as root).
 bench: deps build
 	@missing=""; for p in wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
@@ -104,6 +106,7 @@ bench: deps build
 	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0"; \
 	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
 	$(GO) build -o bin/baseline ./bench/baseline
+	$(GO) build -o bin/grpcload ./bench/grpcload
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 
 BENCHTIME ?= 9s
@@ -127,3 +130,21 @@ tiny-encoder:
 ## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
 golden:
 	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder
+
+## proto: regenerate server/inferencepb from proto/triton (the protocol's
+## .proto files as published, unmodified) with pinned generators: protoc
+## from Debian bookworm's protobuf-compiler, protoc-gen-go and
+## protoc-gen-go-grpc at the versions go.mod's tool lines pin.
+PROTOC_VERSION := 3.21.12
+PROTO_PKG      := github.com/stepserve/stepserve/server/inferencepb
+proto:
+	@protoc --version | grep -qx 'libprotoc $(PROTOC_VERSION)' || { echo "make proto needs protoc $(PROTOC_VERSION) (Debian's protobuf-compiler), found: $$(protoc --version)"; exit 1; }
+	$(GO) build -o bin/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o bin/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	protoc -I proto/triton \
+		--plugin=protoc-gen-go=bin/protoc-gen-go --plugin=protoc-gen-go-grpc=bin/protoc-gen-go-grpc \
+		--go_out=server/inferencepb --go_opt=paths=source_relative \
+		--go_opt=Mgrpc_service.proto=$(PROTO_PKG) --go_opt=Mmodel_config.proto=$(PROTO_PKG) \
+		--go-grpc_out=server/inferencepb --go-grpc_opt=paths=source_relative \
+		--go-grpc_opt=Mgrpc_service.proto=$(PROTO_PKG) --go-grpc_opt=Mmodel_config.proto=$(PROTO_PKG) \
+		grpc_service.proto model_config.proto

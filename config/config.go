@@ -71,6 +71,9 @@ type Server struct {
 	// MetricsAddr, when set, serves /metrics (and the health endpoints)
 	// on a listener of its own, and /metrics no longer on Addr.
 	MetricsAddr string
+	// GRPCAddr, when set, serves the inference protocol over gRPC
+	// (inference.GRPCInferenceService, and grpc.health.v1).
+	GRPCAddr string
 	// EnableModelControl turns on the repository API (load, unload).
 	EnableModelControl bool
 	// MaxConnections bounds the open connections on Addr; 0 leaves the
@@ -206,6 +209,8 @@ var keys = []key{
 		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)")},
 	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",
 		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr")},
+	{"server.grpc_addr", ":8001", "listen address of the gRPC API (Triton's and KServe's inference.GRPCInferenceService, and grpc.health.v1); empty: no gRPC",
+		value(func(c *Config) *string { return &c.Server.GRPCAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, e.g. :8001, or empty to serve no gRPC")},
 	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil},
 	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/...; re-read on SIGHUP",
 		tokensOf("auth.inference", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.InferenceTokens, &c.Auth.inference })},

@@ -365,3 +365,29 @@ func TestCLIAndEnvironmentMistakes(t *testing.T) {
 	_, err = Load(nil)
 	assert.EqualError(t, err, "config: environment variable STEPSERVE_LOG_LEVLE names no setting; did you mean STEPSERVE_LOG_LEVEL?")
 }
+
+func TestGRPCAddr(t *testing.T) {
+	dir := repo(t)
+	c, err := Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, ":8001", c.Server.GRPCAddr, "Triton's gRPC port")
+
+	c, err = Load([]string{"--model_repository", dir, "--server.grpc_addr="})
+	require.NoError(t, err)
+	assert.Empty(t, c.Server.GRPCAddr, "empty: no gRPC")
+
+	file := filepath.Join(t.TempDir(), "stepserve.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("server:\n  grpc_addr: \"\"\nmodel_repository: "+dir+"\n"), 0o644))
+	c, err = Load([]string{"--config", file})
+	require.NoError(t, err)
+	assert.Empty(t, c.Server.GRPCAddr, "empty in the file: no gRPC")
+
+	t.Setenv("STEPSERVE_SERVER_GRPC_ADDR", "127.0.0.1:9001")
+	c, err = Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:9001", c.Server.GRPCAddr)
+
+	_, err = Load([]string{"--model_repository", dir, "--server.grpc_addr", "8001"})
+	assert.ErrorIs(t, err, ErrInvalid)
+	assert.ErrorContains(t, err, `server.grpc_addr: "8001"; want host:port, e.g. :8001, or empty to serve no gRPC`)
+}

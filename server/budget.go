@@ -141,10 +141,13 @@ type footprint struct {
 	inputs  int64 // the decoded tensors
 	step    int64 // what the model builds for the step from them
 	outputs int64 // the output buffers
-	json    int64 // the response's JSON
+	json    int64 // the response's JSON (for gRPC: the whole encoded response)
 	binary  int64 // the binary outputs written after the JSON (the output buffers themselves)
 	classes int64 // binary classification outputs, built for the response
 	scratch int64 // what building the response takes besides (classification's ranking)
+	// protobuf says the response is gRPC's: json is then its encoding,
+	// raw outputs included, and binary is zero.
+	protobuf bool
 }
 
 // memory is what the request will take beyond its body.
@@ -202,15 +205,15 @@ func footprintOf(m *models.Model, req *inferRequest, inputs int64, seq int) foot
 
 // admit checks a parsed request's footprint against the response limit
 // and takes its memory from the in-flight budget, on top of its body's.
-func (s *Server) admit(r *http.Request, ch *charge, f footprint) error {
+func (s *Server) admit(ctx context.Context, ch *charge, f footprint) error {
 	if f.response() > s.opts.MaxResponseBytes {
 		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
-		if f.json > f.binary {
+		if f.json > f.binary && !f.protobuf {
 			of, advice = " of JSON", "send fewer rows or ask for binary outputs"
 		}
 		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
 			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
 			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(s.opts.MaxResponseBytes), advice)}
 	}
-	return ch.take(r.Context(), f.memory(), "the request")
+	return ch.take(ctx, f.memory(), "the request")
 }

@@ -191,7 +191,7 @@ func TestSpentBudgetIs503(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 	assert.Equal(t, "1", w.Header().Get("Retry-After"))
 	assert.Contains(t, errorOf(t, w), "the server is busy: requests in flight hold 1 MiB of its 1 MiB in-flight budget (server.max_inflight_bytes)")
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected", "http")))
 
 	s.budget.give(1 << 20)
 	w = do(t, s, "POST", "/v2/models/summax/infer", rowsOf(1, ""))

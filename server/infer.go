@@ -49,7 +49,7 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 	}
 	name := m.Model().Name
 	status := s.serveInfer(w, r, m)
-	s.metrics.observe(name, status, time.Since(start))
+	s.metrics.observe(protocolHTTP, name, status, time.Since(start))
 }
 
 // serveInfer answers one inference request and returns the status it
@@ -104,27 +104,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
-	if err := s.admit(r, &ch, f); err != nil {
-		return fail(err)
-	}
-	if err := req.decodeValues(m.Model()); err != nil {
-		return fail(err)
-	}
-	sr, err := prepare(m.Model(), req)
-	if err != nil {
-		return fail(err)
-	}
-	err = m.Infer(r.Context(), sr, req.params)
-	if errors.Is(err, batching.ErrDraining) {
-		// Replaced between the lookup and the queue: the old version
-		// stopped taking requests, the new one takes this one.
-		if cur := s.current(m); cur != m && sameSignature(cur.Model(), m.Model()) {
-			m = cur
-			if sr, err = prepare(m.Model(), req); err == nil {
-				err = m.Infer(r.Context(), sr, req.params)
-			}
-		}
-	}
+	m, sr, err := s.run(r.Context(), &ch, m, req, f)
 	if err != nil {
 		return fail(err)
 	}
@@ -133,6 +113,36 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	}
 	m.Report(sr, true, time.Since(began))
 	return http.StatusOK
+}
+
+// run runs a checked request on m, whichever protocol it came by: it
+// takes the request's footprint from the in-flight budget (on top of what
+// ch holds already), decodes its values, and has the model run its
+// steps. It returns the model that ran it, which is m's successor when a
+// reload replaced m meanwhile, and the step request holding the outputs.
+func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inferRequest, f footprint) (*serving.Model, *steps.Request, error) {
+	if err := s.admit(ctx, ch, f); err != nil {
+		return m, nil, err
+	}
+	if err := req.decodeValues(m.Model()); err != nil {
+		return m, nil, err
+	}
+	sr, err := prepare(m.Model(), req)
+	if err != nil {
+		return m, nil, err
+	}
+	err = m.Infer(ctx, sr, req.params)
+	if errors.Is(err, batching.ErrDraining) {
+		// Replaced between the lookup and the queue: the old version
+		// stopped taking requests, the new one takes this one.
+		if cur := s.current(m); cur != m && sameSignature(cur.Model(), m.Model()) {
+			m = cur
+			if sr, err = prepare(m.Model(), req); err == nil {
+				err = m.Infer(ctx, sr, req.params)
+			}
+		}
+	}
+	return m, sr, err
 }
 
 // bodyStart is the most a body's buffer starts with, whatever its

@@ -11,6 +11,15 @@ import (
 // model so that rate() and alerts see them before the first event.
 var outcomeLabels = [...]string{"success", "rejected", "timeout", "cancelled", "invalid", "error"}
 
+// The protocol label of the request metrics: the index of each in
+// protocolLabels.
+const (
+	protocolHTTP = iota
+	protocolGRPC
+)
+
+var protocolLabels = [...]string{"http", "grpc"}
+
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -20,11 +29,16 @@ type metrics struct {
 	// that it never brings the deleted series back.
 	mu     sync.RWMutex
 	models map[string]*modelMetrics
+	// served says which protocols are served: a model's series are
+	// created, at zero, for those only.
+	served [len(protocolLabels)]bool
 }
 
+// modelMetrics are one model's series, per protocol; nil for a protocol
+// not served.
 type modelMetrics struct {
-	outcomes [len(outcomeLabels)]prometheus.Counter
-	duration prometheus.Observer
+	outcomes [len(protocolLabels)][len(outcomeLabels)]prometheus.Counter
+	duration [len(protocolLabels)]prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
@@ -32,14 +46,15 @@ func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 		models: map[string]*modelMetrics{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_requests_total",
-			Help: "Inference requests answered, by model and outcome.",
-		}, []string{"model", "outcome"}),
+			Help: "Inference requests answered, by model, outcome and protocol (http, grpc).",
+		}, []string{"model", "outcome", "protocol"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepserve_request_duration_seconds",
-			Help:    "Time from receiving an inference request to answering it.",
+			Help:    "Time from receiving an inference request to answering it, by model and protocol (http, grpc).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, []string{"model"}),
+		}, []string{"model", "protocol"}),
 	}
+	m.served[protocolHTTP] = true
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "stepserve_inflight_bytes",
 		Help: "Memory the requests in flight hold of the in-flight budget: bodies, tensors, outputs and responses not yet written, as bounded from their shapes.",
@@ -59,13 +74,36 @@ func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 }
 
 func (m *metrics) addModel(name string) {
-	mm := &modelMetrics{duration: m.duration.WithLabelValues(name)}
-	for i, o := range outcomeLabels {
-		mm.outcomes[i] = m.requests.WithLabelValues(name, o)
-	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	mm := &modelMetrics{}
+	for p, served := range m.served {
+		if served {
+			m.addSeries(mm, name, p)
+		}
+	}
 	m.models[name] = mm
-	m.mu.Unlock()
+}
+
+// addSeries creates a model's series for protocol p.
+func (m *metrics) addSeries(mm *modelMetrics, name string, p int) {
+	mm.duration[p] = m.duration.WithLabelValues(name, protocolLabels[p])
+	for i, o := range outcomeLabels {
+		mm.outcomes[p][i] = m.requests.WithLabelValues(name, o, protocolLabels[p])
+	}
+}
+
+// serve adds protocol p to those served, with its series for every model.
+func (m *metrics) serve(p int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.served[p] {
+		return
+	}
+	m.served[p] = true
+	for name, mm := range m.models {
+		m.addSeries(mm, name, p)
+	}
 }
 
 func (m *metrics) forget(name string) {
@@ -73,16 +111,16 @@ func (m *metrics) forget(name string) {
 	delete(m.models, name)
 	m.mu.Unlock()
 	m.requests.DeletePartialMatch(prometheus.Labels{"model": name})
-	m.duration.DeleteLabelValues(name)
+	m.duration.DeletePartialMatch(prometheus.Labels{"model": name})
 }
 
-func (m *metrics) observe(model string, status int, d time.Duration) {
+func (m *metrics) observe(protocol int, model string, status int, d time.Duration) {
 	m.mu.RLock()
 	mm := m.models[model]
 	m.mu.RUnlock()
-	if mm == nil {
+	if mm == nil || mm.duration[protocol] == nil {
 		return // unloaded meanwhile
 	}
-	mm.outcomes[outcomeIndex(status)].Inc()
-	mm.duration.Observe(d.Seconds())
+	mm.outcomes[protocol][outcomeIndex(status)].Inc()
+	mm.duration[protocol].Observe(d.Seconds())
 }

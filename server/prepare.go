@@ -13,53 +13,70 @@ import (
 )
 
 // decodeStrings reads a checked BYTES input of n elements: a JSON array of
-// strings, or Triton's binary form (each element a 4-byte little-endian
-// length, then its bytes), taking binSize bytes of binary data from the
-// front of binaryPart when hasBin. Text must be UTF-8. The elements are
-// counted against the shape as they are read: a body of many small strings
-// is refused at the first one past the shape's count, before it costs
-// more.
-func decodeStrings(in *wireInput, n, binSize int, hasBin bool, binaryPart []byte) ([]string, []byte, error) {
-	strs := make([]string, 0, n)
-	rest := binaryPart
+// strings, Triton's binary form (each element a 4-byte little-endian
+// length, then its bytes) from the input's binary data when hasBin, or
+// gRPC's typed contents. Text must be UTF-8. The elements are counted
+// against the shape as they are read: a body of many small strings is
+// refused at the first one past the shape's count, before it costs more.
+func decodeStrings(in *wireInput, n int, hasBin bool) ([]string, error) {
 	tooMany := func() error { return fmt.Errorf("more strings than the shape holds (%d)", n) }
+	if in.contents != nil {
+		// Counted before any is copied.
+		c, err := in.contents.count(models.BYTES)
+		if err != nil {
+			return nil, err
+		}
+		if c > n {
+			return nil, tooMany()
+		}
+		if c < n {
+			return nil, fmt.Errorf("shape %v needs %d strings, contents has %d", in.Shape, n, c)
+		}
+		strs := in.contents.strings(make([]string, 0, n))
+		for i, s := range strs {
+			if !utf8.ValidString(s) {
+				return nil, fmt.Errorf("element %d is not valid UTF-8", i)
+			}
+		}
+		return strs, nil
+	}
+	strs := make([]string, 0, n)
 	if hasBin {
-		b := binaryPart[:binSize]
-		rest = binaryPart[binSize:]
+		b := in.bin
 		for len(b) > 0 {
 			if len(strs) == n {
-				return nil, nil, tooMany()
+				return nil, tooMany()
 			}
 			if len(b) < 4 {
-				return nil, nil, fmt.Errorf("element %d: %d bytes left, too few for its 4-byte length", len(strs), len(b))
+				return nil, fmt.Errorf("element %d: %d bytes left, too few for its 4-byte length", len(strs), len(b))
 			}
 			k := binary.LittleEndian.Uint32(b)
 			if uint64(k) > uint64(len(b)-4) {
-				return nil, nil, fmt.Errorf("element %d: length %d runs past the %d bytes of binary data left", len(strs), k, len(b)-4)
+				return nil, fmt.Errorf("element %d: length %d runs past the %d bytes of binary data left", len(strs), k, len(b)-4)
 			}
 			s := b[4 : 4+k]
 			if !utf8.Valid(s) {
-				return nil, nil, fmt.Errorf("element %d is not valid UTF-8", len(strs))
+				return nil, fmt.Errorf("element %d is not valid UTF-8", len(strs))
 			}
 			strs = append(strs, string(s))
 			b = b[4+k:]
 		}
 	} else {
 		if !utf8.Valid(in.Data) {
-			return nil, nil, errors.New("data is not valid UTF-8")
+			return nil, errors.New("data is not valid UTF-8")
 		}
 		var err error
 		if strs, err = scanStrings(in.Data, len(in.Shape), strs); err != nil {
 			if err == errTooManyStrings {
 				err = tooMany()
 			}
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	if len(strs) != n {
-		return nil, nil, fmt.Errorf("shape %v needs %d strings, data has %d", in.Shape, n, len(strs))
+		return nil, fmt.Errorf("shape %v needs %d strings, %s has %d", in.Shape, n, in.dataTerm(), len(strs))
 	}
-	return strs, rest, nil
+	return strs, nil
 }
 
 var errTooManyStrings = errors.New("more strings than the shape holds")

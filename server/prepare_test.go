@@ -43,7 +43,7 @@ func TestModelInputErrorIs400(t *testing.T) {
 	w := do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
 	assert.Equal(t, http.StatusBadRequest, w.Code)
 	assert.Contains(t, errorOf(t, w), `input "x": element 2 is 100; want 0..99`)
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "http")))
 }
 
 // stringsModel takes one BYTES input, s.

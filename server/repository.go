@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -33,13 +34,19 @@ func (s *Server) repositoryIndex(r *http.Request) (any, error) {
 			return nil, badRequest(`repository index: the body must be empty or {"ready": true|false}`)
 		}
 	}
-	index, err := s.opts.Models.Index(r.Context())
+	return s.index(r.Context(), body.Ready)
+}
+
+// index lists the repository's models, or its ready ones only, for either
+// protocol.
+func (s *Server) index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
+	index, err := s.opts.Models.Index(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]serving.IndexEntry, 0, len(index))
 	for _, e := range index {
-		if !body.Ready || e.State == "READY" {
+		if !readyOnly || e.State == "READY" {
 			out = append(out, e)
 		}
 	}
@@ -51,23 +58,32 @@ func (s *Server) repositoryLoad(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := chi.URLParam(r, "model")
-	if len(*s.repositoryTokens.digests.Load()) == 0 && s.opts.Models.RunsCode(name) {
-		// A module is code the worker runs: whoever may load one may run
-		// code on the server.
-		return nil, &apiError{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
-			"loading it through the repository API requires auth.repository.token (or token_file); "+
-			"without one, put it in the repository before the server starts", clipName(name))}
-	}
 	override, err := loadOverride(r, name)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.opts.Models.LoadWith(r.Context(), name, override); err != nil {
-		return nil, fmt.Errorf("load %s: %w", clipName(name), err)
+	if err := s.load(r.Context(), name, override); err != nil {
+		return nil, err
+	}
+	return map[string]any{"name": name, "loaded": true}, nil
+}
+
+// load loads or reloads a model, its configuration changed by override
+// (nil: none), for either protocol.
+func (s *Server) load(ctx context.Context, name string, override serving.Override) error {
+	if len(*s.repositoryTokens.digests.Load()) == 0 && s.opts.Models.RunsCode(name) {
+		// A module is code the worker runs: whoever may load one may run
+		// code on the server.
+		return &apiError{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
+			"loading it through the repository API requires auth.repository.token (or token_file); "+
+			"without one, put it in the repository before the server starts", clipName(name))}
+	}
+	if err := s.opts.Models.LoadWith(ctx, name, override); err != nil {
+		return fmt.Errorf("load %s: %w", clipName(name), err)
 	}
 	s.metrics.addModel(name)
 	s.logger.Info("model loaded through the repository API", "model", name)
-	return map[string]any{"name": name, "loaded": true}, nil
+	return nil
 }
 
 func (s *Server) repositoryUnload(r *http.Request) (any, error) {
@@ -75,10 +91,18 @@ func (s *Server) repositoryUnload(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := chi.URLParam(r, "model")
-	if err := s.opts.Models.Unload(r.Context(), name); err != nil {
-		return nil, fmt.Errorf("unload %s: %w", clipName(name), err)
+	if err := s.unload(r.Context(), name); err != nil {
+		return nil, err
+	}
+	return map[string]any{"name": name, "unloaded": true}, nil
+}
+
+// unload stops serving a model, for either protocol.
+func (s *Server) unload(ctx context.Context, name string) error {
+	if err := s.opts.Models.Unload(ctx, name); err != nil {
+		return fmt.Errorf("unload %s: %w", clipName(name), err)
 	}
 	s.metrics.forget(name)
 	s.logger.Info("model unloaded through the repository API", "model", name)
-	return map[string]any{"name": name, "unloaded": true}, nil
+	return nil
 }

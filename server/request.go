@@ -32,6 +32,51 @@ type wireInput struct {
 	Parameters map[string]json.RawMessage `json:"parameters"`
 	Data       json.RawMessage            `json:"data"`
 	pairs      paramPairs
+
+	// bin is the input's binary data: the share of an HTTP body's binary
+	// part that its binary_data_size claims (set by checkRequest), or its
+	// entry of gRPC's raw_input_contents (set by the gRPC adapter, with
+	// binary_data_size its length: binSet).
+	bin    []byte
+	binSet bool
+	// contents are the input's values as gRPC's typed contents carry
+	// them; nil for HTTP, and for gRPC inputs sent raw.
+	contents typedContents
+	// proto says the input came over gRPC, for the names error messages
+	// give its fields.
+	proto bool
+}
+
+// typedContents are an input's values as typed protocol fields carry them
+// (gRPC's InferTensorContents), read by the protocol's adapter. Every
+// check on them is the caller's: names, shapes, counts, finite values.
+type typedContents interface {
+	// count is how many values of dt the contents hold; an error when
+	// they hold values in a field dt does not take.
+	count(dt models.Datatype) (int, error)
+	// put writes the count(dt) values into dst, packed little-endian as
+	// dt; an error names the first value out of dt's range.
+	put(dt models.Datatype, dst []byte) error
+	// strings appends the BYTES elements to out.
+	strings(out []string) []string
+	// textBytes is the length of the BYTES elements together.
+	textBytes() int64
+}
+
+// dataTerm and binTerm name an input's two ways of carrying values, as its
+// protocol spells them.
+func (in *wireInput) dataTerm() string {
+	if in.proto {
+		return "contents"
+	}
+	return "data"
+}
+
+func (in *wireInput) binTerm() string {
+	if in.proto {
+		return "raw_input_contents"
+	}
+	return "binary_data_size"
 }
 
 // declared is what a checked input declares: its elements, and its
@@ -85,10 +130,9 @@ type inferRequest struct {
 	outputs []outputChoice
 	params  batching.Params
 
-	// The inputs as sent, in order, and the binary part of the body, which
+	// The inputs as sent, in order, each with its binary data, which
 	// decodeValues reads once the request is admitted.
-	wire       []wireInput
-	binaryPart []byte
+	wire []wireInput
 
 	// Room for the usual few inputs and outputs, so that a request is
 	// one allocation rather than three.
@@ -116,10 +160,9 @@ func decodeRequest(body []byte, headerLen int, m *models.Model, maxElements int6
 	return req, nil
 }
 
-// parseRequest parses body as an inference request for m and checks
-// everything but the tensors' values: names, datatypes, shapes, binary
-// sizes, outputs and parameters; and bounds what the request will cost,
-// before any tensor is built. headerLen is the value of
+// parseRequest parses body as an inference request for m, then checks it
+// with checkRequest, and bounds what the request and its JSON response
+// will cost, before any tensor is built. headerLen is the value of
 // Inference-Header-Content-Length, or -1 when the request has no binary
 // part. Every error is a 400 that names the input or field at fault.
 func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64) (*inferRequest, footprint, error) {
@@ -145,11 +188,28 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 			return nil, footprint{}, badRequest(jsonErrorMessage(header, err))
 		}
 	}
-
-	if len(wr.Inputs) == 0 {
-		return nil, footprint{}, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
+	req, decoded, seq, err := checkRequest(&wr, binaryPart, len(body), m, maxElements)
+	if err != nil {
+		return nil, footprint{}, err
 	}
-	req := &inferRequest{id: wr.ID, rows: -1, wire: wr.Inputs, binaryPart: binaryPart}
+	return req, footprintOf(m, req, decoded, seq), nil
+}
+
+// checkRequest checks a decoded request against m, whichever protocol
+// carried it (JSON, JSON with binary tensors, gRPC): everything but the
+// tensors' values, which decodeValues checks once the request is admitted:
+// names, datatypes, shapes, binary sizes, outputs and parameters. It gives
+// each input its share of binaryPart, the binary data after an HTTP
+// request's JSON. bodyLen is the size of the request as it arrived, which
+// bounds the elements a shape may claim. It returns the bytes the inputs
+// will take decoded and the longest sequence they declare. Every error is
+// a 400 that names the input or field at fault.
+func checkRequest(wr *wireRequest, binaryPart []byte, bodyLen int, m *models.Model, maxElements int64) (req *inferRequest, decoded int64, seq int, err error) {
+	cfg := m.Config
+	if len(wr.Inputs) == 0 {
+		return nil, 0, 0, badRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, signature(cfg.Inputs)))
+	}
+	req = &inferRequest{id: wr.ID, rows: -1, wire: wr.Inputs}
 	req.inputs, req.outputs = req.inputsBuf[:0], req.outputsBuf[:0]
 	if len(cfg.Inputs) > len(req.inputsBuf) {
 		req.inputs = make([]models.Input, 0, len(cfg.Inputs))
@@ -161,33 +221,40 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		seen = make([]bool, 0, len(cfg.Inputs))
 	}
 	seen = seen[:len(cfg.Inputs)]
-	var elements, decoded int64
-	seq := 0 // the longest sequence the inputs declare
+	var elements int64
 	binLeft := len(binaryPart)
 	for i := range wr.Inputs {
 		in := &wr.Inputs[i]
 		idx := specIndex(cfg.Inputs, in.Name)
 		if idx < 0 {
-			return nil, footprint{}, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
+			return nil, 0, 0, badRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, signature(cfg.Inputs)))
 		}
 		if seen[idx] {
-			return nil, footprint{}, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
+			return nil, 0, 0, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
 		if n, ok := declaredElements(in.Shape); ok {
 			if elements += n; elements > maxElements {
-				return nil, footprint{}, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
+				return nil, 0, 0, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
 		}
 		spec := cfg.Inputs[idx]
 		if err := refuseSharedMemory(wireParams{in.Parameters, in.pairs}); err != nil {
-			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, 0, 0, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
-		size, binSize, err := checkInput(in, spec, len(body), binLeft)
+		avail := binLeft
+		if in.binSet {
+			avail = len(in.bin)
+		}
+		size, binSize, err := checkInput(in, spec, bodyLen, avail)
 		if err != nil {
-			return nil, footprint{}, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, 0, 0, badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
-		binLeft -= binSize
+		if binSize > 0 && !in.binSet {
+			in.bin, binaryPart = binaryPart[:binSize:binSize], binaryPart[binSize:]
+			in.binSet = true
+			binLeft -= binSize
+		}
 		decoded += size
 		for d, want := range spec.Shape[1:] {
 			if want < 0 {
@@ -196,18 +263,18 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		}
 		rows := int(in.Shape[0])
 		if req.rows >= 0 && rows != req.rows {
-			return nil, footprint{}, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
+			return nil, 0, 0, badRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.rows))
 		}
 		req.rows = rows
 		req.inputs[idx].Shape = in.Shape
 	}
 	for i, s := range cfg.Inputs {
 		if !seen[i] && !cfg.OptionalInput(s.Name) {
-			return nil, footprint{}, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
+			return nil, 0, 0, badRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}
 	if binLeft > 0 {
-		return nil, footprint{}, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
+		return nil, 0, 0, badRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
 	// Triton's request parameters: priority (1 is the highest; a level the
@@ -215,17 +282,17 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 	// only lower the model's default.
 	prio, err := priorityParam(wireParams{wr.Parameters, wr.pairs})
 	if err != nil {
-		return nil, footprint{}, badRequest(err.Error())
+		return nil, 0, 0, badRequest(err.Error())
 	}
 	timeout, _, err := intParam(wireParams{wr.Parameters, wr.pairs}, "timeout")
 	if err != nil {
-		return nil, footprint{}, badRequest(err.Error() + " (microseconds)")
+		return nil, 0, 0, badRequest(err.Error() + " (microseconds)")
 	}
 	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(wireParams{wr.Parameters, wr.pairs}, "binary_data_output")
 	if err != nil {
-		return nil, footprint{}, badRequest(err.Error())
+		return nil, 0, 0, badRequest(err.Error())
 	}
 	if len(wr.Outputs) == 0 {
 		for i := range cfg.Outputs {
@@ -235,40 +302,40 @@ func parseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 	for _, o := range wr.Outputs {
 		idx := specIndex(cfg.Outputs, o.Name)
 		if idx < 0 {
-			return nil, footprint{}, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
+			return nil, 0, 0, badRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, signature(cfg.Outputs)))
 		}
 		for _, c := range req.outputs {
 			if c.index == idx {
-				return nil, footprint{}, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
+				return nil, 0, 0, badRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
 			}
 		}
 		params := wireParams{o.Parameters, o.pairs}
 		if err := refuseSharedMemory(params); err != nil {
-			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, 0, 0, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		classes, err := classificationParam(params, cfg.Outputs[idx])
 		if err != nil {
-			return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, 0, 0, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		// An output's own binary_data overrides the request's
 		// binary_data_output, either way, as in Triton.
 		bin := allBinary
 		if _, ok := params.get("binary_data"); ok {
 			if bin, err = boolParam(params, "binary_data"); err != nil {
-				return nil, footprint{}, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+				return nil, 0, 0, badRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 			}
 		}
 		req.outputs = append(req.outputs, outputChoice{index: idx, binary: bin, classes: classes})
 	}
-	return req, footprintOf(m, req, decoded, seq), nil
+	return req, decoded, seq, nil
 }
 
 // checkInput checks one input's datatype, shape and binary size against
 // its spec, and returns the bytes its values will take once decoded and
 // the binary data it claims. bodyLen bounds the elements a shape may
 // claim, so that no declared shape can make the server allocate more than
-// the body justifies; binLeft is the binary data not claimed by the inputs
-// before it.
+// the body justifies; binLeft is the binary data the input may claim: what
+// the inputs before it left of the body's, or its own.
 func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (decoded int64, binSize int, err error) {
 	if in.Datatype != string(spec.Datatype) {
 		if _, perr := models.ParseDatatype(in.Datatype); perr != nil {
@@ -301,9 +368,9 @@ func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (de
 	if err != nil {
 		return 0, 0, err
 	}
-	hasData := len(in.Data) > 0 && string(in.Data) != "null"
+	hasData := len(in.Data) > 0 && string(in.Data) != "null" || in.contents != nil
 	if !hasBin && !hasData {
-		return 0, 0, errors.New("has no data; send data or binary_data_size")
+		return 0, 0, fmt.Errorf("has no %s; send %[1]s or %s", in.dataTerm(), in.binTerm())
 	}
 	if elems > int64(bodyLen) {
 		// Every value takes at least a byte on the wire: no declared shape
@@ -313,11 +380,13 @@ func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (de
 	if hasBin {
 		if spec.Datatype != models.BYTES {
 			if hasData {
-				return 0, 0, errors.New("has both data and binary_data_size; send one")
+				return 0, 0, fmt.Errorf("has both %s and %s; send one", in.dataTerm(), in.binTerm())
 			}
 			if nbytes := elems * int64(spec.Datatype.Size()); int64(binSize) != nbytes {
-				return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but %s %v needs %d", binSize, spec.Datatype, in.Shape, nbytes)
+				return 0, 0, fmt.Errorf("%s is %d bytes, but %s %v needs %d", in.binTerm(), binSize, spec.Datatype, in.Shape, nbytes)
 			}
+		} else if hasData {
+			return 0, 0, fmt.Errorf("has both %s and %s; send one", in.dataTerm(), in.binTerm())
 		}
 		if binSize > binLeft {
 			return 0, 0, fmt.Errorf("binary_data_size is %d bytes, but only %d bytes of binary data remain in the body", binSize, binLeft)
@@ -328,8 +397,11 @@ func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (de
 		// shortens.
 		const stringHeader = 16
 		text := int64(len(in.Data))
-		if hasBin {
+		switch {
+		case hasBin:
 			text = int64(binSize)
+		case in.contents != nil:
+			text = in.contents.textBytes()
 		}
 		decoded = stringHeader*elems + text
 	} else {
@@ -341,48 +413,60 @@ func checkInput(in *wireInput, spec models.TensorSpec, bodyLen, binLeft int) (de
 	return decoded, binSize, nil
 }
 
-// decodeValues decodes the inputs' values into place, in the order they
-// were sent, which is the order of their binary data.
+// decodeValues decodes the inputs' values into place.
 func (req *inferRequest) decodeValues(m *models.Model) error {
-	rest := req.binaryPart
 	for i := range req.wire {
 		in := &req.wire[i]
 		idx := specIndex(m.Config.Inputs, in.Name)
 		t := &req.inputs[idx]
 		var err error
-		if t.Data, t.Strings, rest, err = decodeValues(in, m.Config.Inputs[idx], rest); err != nil {
+		if t.Data, t.Strings, err = decodeValues(in, m.Config.Inputs[idx]); err != nil {
 			return badRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 	}
 	return nil
 }
 
-// decodeValues decodes one checked input's values, taking its binary data
-// from the front of binaryPart.
-func decodeValues(in *wireInput, spec models.TensorSpec, binaryPart []byte) (data []byte, strs []string, rest []byte, err error) {
-	elems, binSize, hasBin := in.declared()
+// decodeValues decodes one checked input's values: its binary data, its
+// typed contents or its JSON data.
+func decodeValues(in *wireInput, spec models.TensorSpec) (data []byte, strs []string, err error) {
+	elems, _, hasBin := in.declared()
 	if spec.Datatype == models.BYTES {
-		strs, rest, err := decodeStrings(in, int(elems), binSize, hasBin, binaryPart)
-		return nil, strs, rest, err
+		strs, err := decodeStrings(in, int(elems), hasBin)
+		return nil, strs, err
 	}
-	data = make([]byte, int(elems)*spec.Datatype.Size())
-	if hasBin {
-		copy(data, binaryPart[:binSize])
-		rest = binaryPart[binSize:]
-	} else {
-		n, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
+	n := elems
+	switch {
+	case hasBin:
+		data = make([]byte, int(elems)*spec.Datatype.Size())
+		copy(data, in.bin)
+	case in.contents != nil:
+		// Counted before anything is allocated for them.
+		c, err := in.contents.count(spec.Datatype)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		if int64(n) != elems {
-			return nil, nil, nil, fmt.Errorf("shape %v needs %d values, data has %d", in.Shape, elems, n)
+		if n = int64(c); n == elems {
+			data = make([]byte, int(elems)*spec.Datatype.Size())
+			if err := in.contents.put(spec.Datatype, data); err != nil {
+				return nil, nil, err
+			}
 		}
-		rest = binaryPart
+	default:
+		data = make([]byte, int(elems)*spec.Datatype.Size())
+		c, err := decodeJSONData(in.Data, spec.Datatype, data, len(in.Shape))
+		if err != nil {
+			return nil, nil, err
+		}
+		n = int64(c)
+	}
+	if n != elems {
+		return nil, nil, fmt.Errorf("shape %v needs %d values, %s has %d", in.Shape, elems, in.dataTerm(), n)
 	}
 	if err := checkFinite(data, spec.Datatype); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return data, nil, rest, nil
+	return data, nil, nil
 }
 
 // declaredElements is the product of a shape's dimensions, when they are

@@ -117,6 +117,8 @@ type Server struct {
 	// The bearer tokens in force, per scope.
 	inferenceTokens, repositoryTokens *tokens
 	logs                              logControl // the logging extension's (logging.go)
+	// grpc is the gRPC API, once built (grpc.go).
+	grpc grpcState
 }
 
 // New builds the router for opts.

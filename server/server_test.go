@@ -81,7 +81,7 @@ func TestInferJSON(t *testing.T) {
 	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
 	assert.NotContains(t, w.Body.String(), `"id"`)
 
-	assert.Equal(t, 3.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
 	n, err := testutil.GatherAndCount(reg, "stepserve_request_duration_seconds")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
@@ -182,7 +182,7 @@ func TestInferBadRequests(t *testing.T) {
 			assert.Contains(t, errorOf(t, w), tt.want)
 			assert.Zero(t, f.steps(), "a bad request must never reach the model")
 			if tt.status == 400 || tt.status == 413 {
-				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid")))
+				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "http")))
 			}
 		})
 	}
@@ -204,7 +204,7 @@ func TestInferModelFailures(t *testing.T) {
 		w := do(t, s, "POST", "/v2/models/summax/infer", body)
 		assert.Equal(t, tt.status, w.Code)
 		assert.Contains(t, errorOf(t, w), tt.err.Error())
-		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome)))
+		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome, "http")))
 	}
 
 	f := newSumMax(t)
@@ -214,7 +214,7 @@ func TestInferModelFailures(t *testing.T) {
 	assert.Equal(t, 503, w.Code)
 	assert.Equal(t, "1", w.Header().Get("Retry-After"))
 	assert.Equal(t, "model summax is not ready", errorOf(t, w))
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected", "http")))
 }
 
 // Every error a model's Infer returns maps to one status and outcome.
@@ -325,7 +325,7 @@ func TestHealthAndMetadata(t *testing.T) {
 	w = do(t, s, "GET", "/metrics", nil)
 	require.Equal(t, 200, w.Code)
 	body, _ := io.ReadAll(w.Body)
-	assert.Contains(t, string(body), `stepserve_requests_total{model="summax",outcome="success"} 0`)
+	assert.Contains(t, string(body), `stepserve_requests_total{model="summax",outcome="success",protocol="http"} 0`)
 }
 
 // Inference requests the server routes itself answer exactly as the router

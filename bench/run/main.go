@@ -1,6 +1,7 @@
 // Command run is `make bench`: it starts stepserve, the plain net/http
 // baseline (bench/baseline) and the FastAPI + PyTorch peer
-// (bench/peers), loads each with wrk on loopback, runs the engine and
+// (bench/peers), loads each with wrk on loopback (stepserve's gRPC API
+// with bench/grpcload), runs the engine and
 // allocation benchmarks and the same products through OpenBLAS (numpy),
 // all in one run, and writes bench/REPORT.md with every figure, its
 // baseline and the ratio. Absolute numbers drift on shared machines; the
@@ -37,6 +38,7 @@ var (
 	bin      = flag.String("stepserve", "bin/stepserve", "stepserve binary")
 	baseline = flag.String("baseline", "bin/baseline", "baseline binary")
 	python   = flag.String("python", "/usr/bin/python3", "Python with torch, numpy, fastapi, uvicorn")
+	grpcload = flag.String("grpcload", "bin/grpcload", "the gRPC load generator (bench/grpcload)")
 )
 
 func main() {
@@ -48,9 +50,11 @@ func main() {
 }
 
 type result struct {
-	rps      float64
-	p50, p99 time.Duration
-	non2xx   int
+	rps       float64
+	p50, p99  time.Duration
+	non2xx    int
+	clientCPU float64 // the gRPC load generator's CPU time over wall time
+	serverCPU float64 // µs of the server's CPU time per request answered, where measured
 }
 
 func (r result) String() string {
@@ -106,6 +110,7 @@ func run() error {
 			s()
 		}
 	}()
+	pids := map[string]int{} // each server's process, by name
 	start := func(name string, args []string, env []string, ready string) (string, error) {
 		addr, err := freeAddr()
 		if err != nil {
@@ -127,6 +132,7 @@ func run() error {
 			return "", fmt.Errorf("%s: %w", name, err)
 		}
 		stop = append(stop, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
+		pids[name] = cmd.Process.Pid
 		base := "http://" + addr
 		deadline := time.Now().Add(90 * time.Second)
 		probe := &http.Client{Timeout: 2 * time.Second}
@@ -142,11 +148,15 @@ func run() error {
 		return "", fmt.Errorf("%s did not start in 90s:\n%s", name, logs.String())
 	}
 	fmt.Fprintln(os.Stderr, "starting servers")
-	serve, err := start("stepserve", []string{*bin, "--server.addr", "ADDR", "--model_repository", "model_repository", "--log.level", "warn"}, nil, "/v2/health/ready")
+	grpcAddr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	serveNB, err := start("stepserve (no batching)", []string{*bin, "--server.addr", "ADDR", "--model_repository", nobatch, "--batching.max_queue_delay", "0", "--log.level", "warn"}, nil, "/v2/health/ready")
+	serve, err := start("stepserve", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr", grpcAddr, "--model_repository", "model_repository", "--log.level", "warn"}, nil, "/v2/health/ready")
+	if err != nil {
+		return err
+	}
+	serveNB, err := start("stepserve (no batching)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", nobatch, "--batching.max_queue_delay", "0", "--log.level", "warn"}, nil, "/v2/health/ready")
 	if err != nil {
 		return err
 	}
@@ -173,10 +183,33 @@ func run() error {
 	digits := "/v2/models/digits/infer"
 	for _, c := range []int{1, 16, 64} {
 		fmt.Fprintf(os.Stderr, "HTTP c=%d\n", c)
-		rs := interleaved(c, target{serve + digits, bodies["json"]}, target{serve + digits, bodies["binary"]},
-			target{base + digits, bodies["json"]}, target{peer + digits, bodies["json"]})
+		rs := interleaved(c, target{url: serve + digits, script: bodies["json"]}, target{url: serve + digits, script: bodies["binary"]},
+			target{url: base + digits, script: bodies["json"]}, target{url: peer + digits, script: bodies["json"]})
 		sj, sb, bj, pj := rs[0], rs[1], rs[2], rs[3]
 		r.line("| %d | %s | %s | %s | %s | %.2fx | %.2fx | %.1fx |", c, sj, sb, bj, pj, sj.rps/bj.rps, sb.rps/bj.rps, sj.rps/pj.rps)
+	}
+	r.line("")
+
+	// 1b. gRPC, beside HTTP, in the same interleaved rounds.
+	fmt.Fprintln(os.Stderr, "gRPC c=64")
+	r.line("## 1b. gRPC serving: digits, single-row requests, 64 concurrent streams")
+	r.line("")
+	r.line("stepserve's gRPC API (inference.GRPCInferenceService ModelInfer) loaded by `bench/grpcload`, a Go client on one thread (GOMAXPROCS=1, as wrk `-t1` is one) with 64 calls in flight on one connection, interleaved round by round with wrk on the same server's HTTP API at 64 connections. Client and server share the 2 CPUs, so the throughput ratio also carries the clients' costs: server CPU per request (the server process's CPU time over the requests it answered in the round) is the server's own cost. Client CPU is the load generator's CPU time over wall time (1.00: its one thread saturated; below, the server is the limit).")
+	r.line("")
+	r.line("| | throughput, latency | server CPU per request | client CPU | throughput / HTTP binary | server CPU / HTTP binary |")
+	r.line("|---|---|---|---|---|---|")
+	{
+		pid := pids["stepserve"]
+		rs := interleaved(64, target{grpc: grpcAddr, pid: pid}, target{grpc: grpcAddr, typed: true, pid: pid},
+			target{url: serve + digits, script: bodies["binary"], pid: pid}, target{url: serve + digits, script: bodies["json"], pid: pid})
+		hb := rs[2]
+		for i, name := range []string{"gRPC, raw_input_contents", "gRPC, typed fp32_contents", "HTTP binary tensors", "HTTP JSON"} {
+			client := "wrk"
+			if i < 2 {
+				client = fmt.Sprintf("%.2f", rs[i].clientCPU)
+			}
+			r.line("| %s | %s | %.1f µs | %s | %.2fx | %.2fx |", name, rs[i], rs[i].serverCPU, client, rs[i].rps/hb.rps, rs[i].serverCPU/hb.serverCPU)
+		}
 	}
 	r.line("")
 
@@ -187,7 +220,7 @@ func run() error {
 	r.line("| model | batching (buckets as shipped, max_queue_delay 0: batches grow while a step runs) | batch 1 (bucket [1], max_queue_delay 0) | throughput gain | p99 ratio |")
 	r.line("|---|---|---|---|---|")
 	for _, m := range []struct{ name, path, body string }{{"digits (JSON)", digits, "json"}, {"tiny-encoder (text)", "/v2/models/tiny-encoder/infer", "text"}} {
-		rs := interleaved(64, target{serve + m.path, bodies[m.body]}, target{serveNB + m.path, bodies[m.body]})
+		rs := interleaved(64, target{url: serve + m.path, script: bodies[m.body]}, target{url: serveNB + m.path, script: bodies[m.body]})
 		b, n := rs[0], rs[1]
 		r.line("| %s | %s | %s | %.2fx | %.2fx lower |", m.name, b, n, b.rps/n.rps, float64(n.p99)/float64(max(b.p99, 1)))
 	}
@@ -333,8 +366,14 @@ var (
 	non2xxRE  = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
 )
 
-// target is one server's URL and the wrk script of its request.
-type target struct{ url, script string }
+// target is one server's URL and the wrk script of its request, or, for
+// gRPC, its gRPC address and whether requests carry typed contents.
+type target struct {
+	url, script string
+	grpc        string
+	typed       bool
+	pid         int // the server's process, to measure its CPU time per request; 0: not measured
+}
 
 // interleaved loads each target in turn, *rounds times, for duration /
 // rounds each, and returns each target's median round by throughput (with
@@ -347,7 +386,17 @@ func interleaved(conns int, targets ...target) []result {
 	runs := make([][]result, len(targets))
 	for range n {
 		for i, t := range targets {
-			runs[i] = append(runs[i], wrk(t.url, t.script, conns, d))
+			cpu0 := processCPU(t.pid)
+			var res result
+			if t.grpc != "" {
+				res = grpcLoad(t.grpc, t.typed, conns, d)
+			} else {
+				res = wrk(t.url, t.script, conns, d)
+			}
+			if t.pid != 0 && res.rps > 0 {
+				res.serverCPU = (processCPU(t.pid) - cpu0).Seconds() * 1e6 / (res.rps * d.Seconds())
+			}
+			runs[i] = append(runs[i], res)
 		}
 	}
 	out := make([]result, len(targets))
@@ -381,6 +430,53 @@ func wrk(url, script string, conns int, d time.Duration) result {
 	if m := non2xxRE.FindSubmatch(out); m != nil {
 		r.non2xx, _ = strconv.Atoi(string(m[1]))
 		fmt.Fprintf(os.Stderr, "warning: %s answered %d non-2xx\n", url, r.non2xx)
+	}
+	return r
+}
+
+// processCPU is a process's user and system CPU time so far (0 for pid 0
+// or a process it cannot read), from /proc at the kernel's clock tick
+// (10 ms).
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses:
+	// utime and stime are the 12th and 13th.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ is 100 on Linux
+}
+
+var grpcloadRE = regexp.MustCompile(`requests (\d+) errors (\d+) rps ([0-9.]+) p50 (\S+) p99 (\S+) cpu ([0-9.]+)`)
+
+// grpcLoad loads a gRPC address with bench/grpcload: streams calls in
+// flight on one connection, on one thread.
+func grpcLoad(addr string, typed bool, streams int, d time.Duration) result {
+	cmd := exec.Command(*grpcload, "-addr", addr, "-c", strconv.Itoa(streams), "-d", d.String(), "-typed="+strconv.FormatBool(typed))
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	out, err := cmd.CombinedOutput()
+	var r result
+	m := grpcloadRE.FindSubmatch(out)
+	if err != nil || m == nil {
+		fmt.Fprintf(os.Stderr, "grpcload %s: %v\n%s", addr, err, out)
+		return r
+	}
+	r.rps, _ = strconv.ParseFloat(string(m[3]), 64)
+	r.p50, _ = time.ParseDuration(string(m[4]))
+	r.p99, _ = time.ParseDuration(string(m[5]))
+	r.clientCPU, _ = strconv.ParseFloat(string(m[6]), 64)
+	if errs, _ := strconv.Atoi(string(m[2])); errs > 0 {
+		r.non2xx = errs
+		fmt.Fprintf(os.Stderr, "warning: gRPC %s answered %d errors\n", addr, errs)
 	}
 	return r
 }

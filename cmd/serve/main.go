@@ -1,8 +1,8 @@
 // Command serve is the stepserve server: it reads the configuration, loads
 // the model repository onto its engine, serves the Open Inference Protocol
-// over HTTP, and on SIGTERM or SIGINT stops accepting, finishes what is in
-// flight within server.shutdown_grace, and exits 0. SIGHUP re-reads the
-// token files.
+// over HTTP and gRPC, and on SIGTERM or SIGINT stops accepting, finishes
+// what is in flight within server.shutdown_grace, and exits 0. SIGHUP
+// re-reads the token files.
 //
 // It is the only place that reads configuration and wires the parts
 // together.
@@ -174,8 +174,16 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		return err
 	}
 	httpServer := newHTTPServer(api)
-	serveErr := make(chan error, 2)
+	serveErr := make(chan error, 3)
 	go func() { serveErr <- conns.Serve(httpServer, ln) }()
+	if cfg.Server.GRPCAddr != "" {
+		gln, err := net.Listen("tcp", cfg.Server.GRPCAddr)
+		if err != nil {
+			return fmt.Errorf("server.grpc_addr: %w", err)
+		}
+		go func() { serveErr <- api.ServeGRPC(gln) }()
+		logger.Info("serving grpc", "addr", gln.Addr().String())
+	}
 	if cfg.Server.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", cfg.Server.MetricsAddr)
 		if err != nil {
@@ -207,7 +215,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 			return err
 		case err := <-warm:
 			if err != nil {
-				return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, err)
+				return shutdown(httpServer, api, set, cfg.Server.ShutdownGrace, logger, err)
 			}
 			announce(os.Stderr, logger, cfg, set, ln.Addr())
 			warm = nil // warmed up: keep serving until a signal
@@ -219,7 +227,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 			}
 		case <-ctx.Done():
 			logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
-			return shutdown(httpServer, set, cfg.Server.ShutdownGrace, logger, nil)
+			return shutdown(httpServer, api, set, cfg.Server.ShutdownGrace, logger, nil)
 		}
 	}
 }
@@ -263,20 +271,22 @@ func failoverEngine(f string) string {
 	return ""
 }
 
-// shutdown drains within grace: the listener stops accepting, every model's
+// shutdown drains within grace: the listeners stop accepting, every model's
 // batcher answers new requests with 503 and runs what it has queued, and
 // in-flight requests get their answers. What is left when grace ends is
 // answered with 503 and the open connections are closed. cause is returned
 // as is, so a failed warm-up still exits non-zero.
-func shutdown(s *http.Server, set *serving.Set, grace time.Duration, logger *slog.Logger, cause error) error {
+func shutdown(s *http.Server, api *server.Server, set *serving.Set, grace time.Duration, logger *slog.Logger, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	drained := make(chan struct{})
-	go func() { set.Drain(ctx); close(drained) }()
+	drained := make(chan struct{}, 2)
+	go func() { set.Drain(ctx); drained <- struct{}{} }()
+	go func() { api.StopGRPC(ctx); drained <- struct{}{} }()
 	if err := s.Shutdown(ctx); err != nil {
 		logger.Warn("shutdown grace ran out; closing open connections", "err", err)
 		s.Close()
 	}
+	<-drained
 	<-drained
 	return cause
 }

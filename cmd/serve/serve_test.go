@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binPath = filepath.Join(dir, "stepserve")
+	// Every server a test starts serves gRPC on a free loopback port, not
+	// on the default :8001 that servers started side by side would share.
+	os.Setenv("STEPSERVE_SERVER_GRPC_ADDR", "127.0.0.1:0")
 	build := exec.Command("go", "build", "-o", binPath, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -50,6 +53,9 @@ func TestMain(m *testing.M) {
 type process struct {
 	cmd  *exec.Cmd
 	base string
+	// grpc is the gRPC API's address (host:port), when the server serves
+	// it.
+	grpc string
 	logs *logBuffer
 	done chan error
 }
@@ -75,6 +81,7 @@ func (l *logBuffer) String() string {
 
 var (
 	addrRE      = regexp.MustCompile(`msg=serving addr=(\S+)`)
+	grpcAddrRE  = regexp.MustCompile(`msg="serving grpc" addr=(\S+)`)
 	metricsAddr = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
 )
 
@@ -162,7 +169,7 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 		}
 	})
 
-	addr := make(chan string, 1)
+	addr, grpcAddr := make(chan string, 1), make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -171,12 +178,19 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 			if m := addrRE.FindStringSubmatch(line); m != nil {
 				addr <- m[1]
 			}
+			if m := grpcAddrRE.FindStringSubmatch(line); m != nil {
+				grpcAddr <- m[1] // logged before addr, when served
+			}
 		}
 		p.done <- cmd.Wait()
 	}()
 	select {
 	case a := <-addr:
 		p.base = "http://" + a
+		select {
+		case p.grpc = <-grpcAddr:
+		default:
+		}
 	case err := <-p.done:
 		p.done <- err
 		t.Fatalf("server exited before serving (%v); log:\n%s", err, p.logs)
@@ -395,8 +409,8 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	wantSuccess := len(digits) + (len(digits)+49)/50 + 20
-	assert.Contains(t, string(metrics), fmt.Sprintf(`stepserve_requests_total{model="digits",outcome="success"} %d`, wantSuccess))
-	assert.Contains(t, string(metrics), `stepserve_requests_total{model="digits",outcome="invalid"} 16`)
+	assert.Contains(t, string(metrics), fmt.Sprintf(`stepserve_requests_total{model="digits",outcome="success",protocol="http"} %d`, wantSuccess))
+	assert.Contains(t, string(metrics), `stepserve_requests_total{model="digits",outcome="invalid",protocol="http"} 16`)
 	assert.Regexp(t, `stepserve_build_info\{blas="(gonum|openblas)",go_version="[^"]+",kernels="(avx2|go)"`, string(metrics))
 
 	// SIGTERM: stop accepting, finish, exit 0.

@@ -140,7 +140,7 @@ func TestDefaults(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	assert.Equal(t, map[string]int32{"http": 8000, "metrics": 9090}, ports)
+	assert.Equal(t, map[string]int32{"http": 8000, "grpc": 8001, "metrics": 9090}, ports)
 	assert.GreaterOrEqual(t, c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold, int32(300))
 
 	// NPUs through the device plugin's extended resource, on NPU nodes.
@@ -176,6 +176,11 @@ func TestDefaults(t *testing.T) {
 		assert.Equal(t, v, d.Spec.Template.Labels[k])
 	}
 	assert.Equal(t, "http", r.service.Spec.Ports[0].TargetPort.StrVal)
+	svcPorts := map[string]int32{}
+	for _, p := range r.service.Spec.Ports {
+		svcPorts[p.TargetPort.StrVal] = p.Port
+	}
+	assert.Equal(t, map[string]int32{"http": 8000, "grpc": 8001, "metrics": 9090}, svcPorts, "the Service exposes gRPC")
 
 	// The rendered configuration is one stepserve itself accepts.
 	cm := r.configMaps["rel-stepserve"]
@@ -186,6 +191,7 @@ func TestDefaults(t *testing.T) {
 	require.NoError(t, err, "stepserve rejects the chart's config:\n%s", cm.Data["stepserve.yaml"])
 	assert.Equal(t, ":8000", cfg.Server.Addr)
 	assert.Equal(t, ":9090", cfg.Server.MetricsAddr, "the probes' port is the one the server serves health on")
+	assert.Equal(t, ":8001", cfg.Server.GRPCAddr, "the grpc port is the one the server serves gRPC on")
 	assert.Equal(t, "rbln", cfg.Engine.Default)
 	assert.Nil(t, cfg.RBLN.Devices, "the workers take the pod's RBLN_VISIBLE_DEVICES, one each")
 
@@ -243,10 +249,59 @@ func TestWithoutMetricsPort(t *testing.T) {
 	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
 		assert.Equal(t, "http", p.HTTPGet.Port.StrVal)
 	}
-	require.Len(t, c.Ports, 1)
-	require.Len(t, r.service.Spec.Ports, 1)
+	require.Len(t, c.Ports, 2, "http and grpc")
+	require.Len(t, r.service.Spec.Ports, 2)
 	assert.Equal(t, "http", r.monitor.Spec.Endpoints[0].Port)
 	assert.NotContains(t, r.configMaps["rel-stepserve"].Data["stepserve.yaml"], "metrics_addr")
+}
+
+// TestGRPC: the gRPC port in the Service, the container and the server's
+// configuration; probes over grpc.health.v1 on request; grpcPort 0 turns
+// gRPC off everywhere.
+func TestGRPC(t *testing.T) {
+	r := render(t, "--set", "probes.grpc=true")
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	for probe, service := range map[*corev1.Probe]string{c.LivenessProbe: "live", c.ReadinessProbe: "ready", c.StartupProbe: "ready"} {
+		require.NotNil(t, probe.GRPC, "a gRPC probe")
+		assert.Nil(t, probe.HTTPGet)
+		assert.Equal(t, int32(8001), probe.GRPC.Port)
+		require.NotNil(t, probe.GRPC.Service)
+		assert.Equal(t, service, *probe.GRPC.Service, "the health service stepserve answers for %s", service)
+	}
+
+	r = render(t, "--set", "service.grpcPort=9500")
+	c = r.deployment.Spec.Template.Spec.Containers[0]
+	assert.Contains(t, c.Ports, corev1.ContainerPort{Name: "grpc", ContainerPort: 9500, Protocol: corev1.ProtocolTCP})
+	assert.Equal(t, "/v2/health/live", c.LivenessProbe.HTTPGet.Path, "HTTP probes unless probes.grpc")
+	cfg := loadChartConfig(t, r)
+	assert.Equal(t, ":9500", cfg.Server.GRPCAddr)
+
+	r = render(t, "--set", "service.grpcPort=0")
+	c = r.deployment.Spec.Template.Spec.Containers[0]
+	for _, p := range c.Ports {
+		assert.NotEqual(t, "grpc", p.Name)
+	}
+	for _, p := range r.service.Spec.Ports {
+		assert.NotEqual(t, "grpc", p.Name)
+	}
+	assert.Empty(t, loadChartConfig(t, r).Server.GRPCAddr, "grpcPort 0: no gRPC")
+
+	out, err := exec.Command(helmBin(), "template", "rel", chart, "--set", "service.grpcPort=0,probes.grpc=true").CombinedOutput()
+	assert.Error(t, err)
+	assert.Contains(t, string(out), "probes.grpc needs service.grpcPort")
+}
+
+// loadChartConfig is the server configuration the chart renders, as
+// stepserve reads it.
+func loadChartConfig(t *testing.T, r *rendered) *config.Config {
+	t.Helper()
+	cm := r.configMaps["rel-stepserve"]
+	require.NotNil(t, cm)
+	path := filepath.Join(t.TempDir(), "stepserve.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(cm.Data["stepserve.yaml"]), 0o644))
+	cfg, err := config.Load([]string{"--config", path, "--model_repository", t.TempDir()})
+	require.NoError(t, err, "stepserve rejects the chart's config:\n%s", cm.Data["stepserve.yaml"])
+	return cfg
 }
 
 func TestOperatorObjectsNeedTheirCRDs(t *testing.T) {
@@ -269,7 +324,7 @@ func TestNPUResourceAndCPUOnly(t *testing.T) {
 }
 
 func TestValuesSchemaRejectsNonsense(t *testing.T) {
-	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1"} {
+	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1", "service.grpcPort=70000", "probes.grpc=yes"} {
 		cmd := exec.Command(helmBin(), "template", "rel", chart, "--set", set)
 		out, err := cmd.CombinedOutput()
 		assert.Error(t, err, "%s should be refused", set)

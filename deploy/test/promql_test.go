@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -153,4 +154,96 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 	}
 	sort.Strings(unused)
 	assert.Empty(t, unused, "exported metrics no alert or panel shows")
+
+	// The labels the queries select and group by are labels the metrics
+	// carry: a label renamed or removed (or one a query expects and the
+	// server never added) fails here, not on a dashboard.
+	labels := exportedLabels(s.get(t, "/metrics"))
+	var wrong []string
+	for where, expr := range expressions(t) {
+		wrong = append(wrong, labelsNotExported(t, where, expr, labels)...)
+	}
+	sort.Strings(wrong)
+	assert.Empty(t, wrong, "queries name labels the metrics do not carry")
+	assert.True(t, labels["stepserve_requests_total"]["protocol"], "requests carry their protocol")
+}
+
+// sampleLine is one sample of the text exposition format: its name and
+// its label pairs.
+var sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$`)
+
+var labelName = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"`)
+
+// exportedLabels maps every series name a server exports to the label
+// names its samples carry.
+func exportedLabels(metrics string) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, line := range strings.Split(metrics, "\n") {
+		m := sampleLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		if out[m[1]] == nil {
+			out[m[1]] = map[string]bool{}
+		}
+		for _, l := range labelName.FindAllStringSubmatch(m[2], -1) {
+			out[m[1]][l[1]] = true
+		}
+	}
+	return out
+}
+
+// targetLabels are the labels Prometheus adds to every series it scrapes.
+var targetLabels = map[string]bool{"instance": true, "job": true, "pod": true, "namespace": true, "container": true, "service": true, "endpoint": true}
+
+// labelsNotExported lists the labels expr selects on, or groups a
+// stepserve metric by, that the metrics it reads do not carry.
+func labelsNotExported(t *testing.T, where, expr string, exported map[string]map[string]bool) []string {
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	require.NoError(t, err, "%s: %s", where, expr)
+	var wrong []string
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		switch n := n.(type) {
+		case *parser.VectorSelector:
+			have, ok := exported[n.Name]
+			if !ok || !strings.HasPrefix(n.Name, "stepserve_") {
+				return nil // a name check's concern, or another exporter's
+			}
+			for _, m := range n.LabelMatchers {
+				if m.Name != "__name__" && !have[m.Name] && !targetLabels[m.Name] {
+					wrong = append(wrong, fmt.Sprintf("%s: %s{%s}", where, n.Name, m.Name))
+				}
+			}
+		case *parser.AggregateExpr:
+			if n.Without {
+				return nil
+			}
+			// The labels of the metrics aggregated, when they are all
+			// stepserve's and nothing renames labels on the way.
+			union, ours := map[string]bool{}, true
+			parser.Inspect(n.Expr, func(m parser.Node, _ []parser.Node) error {
+				switch m := m.(type) {
+				case *parser.VectorSelector:
+					have, ok := exported[m.Name]
+					ours = ours && ok && strings.HasPrefix(m.Name, "stepserve_")
+					for l := range have {
+						union[l] = true
+					}
+				case *parser.Call:
+					ours = ours && !strings.HasPrefix(m.Func.Name, "label_")
+				}
+				return nil
+			})
+			if !ours {
+				return nil
+			}
+			for _, l := range n.Grouping {
+				if !union[l] && !targetLabels[l] {
+					wrong = append(wrong, fmt.Sprintf("%s: by (%s)", where, l))
+				}
+			}
+		}
+		return nil
+	})
+	return wrong
 }

@@ -59,7 +59,7 @@ var addrRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
 // and waits for it to be ready.
 func startServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	cmd := exec.Command(stepserve(t), append([]string{"--server.addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(stepserve(t), append([]string{"--server.addr", "127.0.0.1:0", "--server.grpc_addr", "127.0.0.1:0"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

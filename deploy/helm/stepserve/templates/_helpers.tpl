@@ -27,6 +27,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if gt (int .Values.service.metricsPort) 0 }}metrics{{ else }}http{{ end -}}
 {{- end -}}
 
+{{/* A probe's handler for "live" or "ready": grpc.health.v1 on the gRPC
+port with probes.grpc (the services of those names), else the OIP health
+endpoint over HTTP. */}}
+{{- define "stepserve.probe" -}}
+{{- $ := index . 0 -}}
+{{- $what := index . 1 -}}
+{{- if $.Values.probes.grpc -}}
+{{- if not (gt (int $.Values.service.grpcPort) 0) -}}
+{{- fail "probes.grpc needs service.grpcPort" -}}
+{{- end -}}
+grpc:
+  port: {{ $.Values.service.grpcPort }}
+  service: {{ $what }}
+{{- else -}}
+httpGet:
+  path: /v2/health/{{ $what }}
+  port: {{ include "stepserve.probePort" $ }}
+{{- end -}}
+{{- end -}}
+
 {{/* The drain grace in seconds, from config.server.shutdown_grace ("30s"). */}}
 {{- define "stepserve.graceSeconds" -}}
 {{- $g := .Values.config.server.shutdown_grace | default "30s" | toString -}}

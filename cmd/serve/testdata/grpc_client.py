@@ -1,0 +1,154 @@
+"""A Python gRPC client of stepserve, for TestPythonGRPCClients.
+
+    grpc_client.py MODE PROTO_DIR OUT_DIR ADDR
+
+Generates the stubs with grpc_tools (Debian's python3-grpc-tools) from the
+repository's .proto files into OUT_DIR, then talks to the server at ADDR
+with Debian's python3-grpcio:
+
+    triton      stubs from proto/triton (Triton's grpc_service.proto): raw
+                contents in and out, as tritonclient sends and reads them;
+                BYTES in Triton's serialization; an error's code and message
+    kserve      stubs from proto/kserve (KServe's grpc_predict_v2.proto):
+                typed contents in and out
+    compatible  every message and field of KServe's file is in Triton's,
+                with the same number and type (so one server serves both)
+
+Prints one line ending in "ok"; any failure raises.
+"""
+
+import importlib
+import struct
+import sys
+
+import grpc
+from grpc_tools import protoc
+
+# A held-out 7 (README, "Try it").
+SEVEN = [0, 0, 2, 13, 16, 14, 1, 0, 0, 0, 11, 12, 7, 16, 3, 0, 0, 0, 9, 3, 2, 16, 3, 0, 0, 0, 0, 0, 9, 11, 0, 0,
+         0, 0, 2, 11, 15, 13, 3, 0, 0, 0, 4, 15, 16, 13, 3, 0, 0, 0, 0, 14, 8, 0, 0, 0, 0, 0, 5, 15, 4, 0, 0, 0]
+
+
+def generate(proto_dir, out_dir, files, descriptor=None):
+    args = ["protoc", "-I" + proto_dir, "--python_out=" + out_dir, "--grpc_python_out=" + out_dir] + files
+    if descriptor:
+        args = ["protoc", "-I" + proto_dir, "--descriptor_set_out=" + descriptor] + files
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed for %s" % files)
+    sys.path.insert(0, out_dir)
+
+
+def argmax(values):
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def triton(proto_dir, out_dir, addr):
+    generate(proto_dir + "/triton", out_dir, ["grpc_service.proto", "model_config.proto"])
+    pb = importlib.import_module("grpc_service_pb2")
+    stub = importlib.import_module("grpc_service_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+
+    assert stub.ServerLive(pb.ServerLiveRequest()).live
+    assert stub.ServerReady(pb.ServerReadyRequest()).ready
+    assert stub.ModelReady(pb.ModelReadyRequest(name="digits")).ready
+    md = stub.ModelMetadata(pb.ModelMetadataRequest(name="digits"))
+    assert md.inputs[0].name == "pixels" and list(md.inputs[0].shape) == [-1, 64], md
+
+    req = pb.ModelInferRequest(model_name="digits", id="py")
+    inp = req.inputs.add(name="pixels", datatype="FP32", shape=[1, 64])
+    req.raw_input_contents.append(struct.pack("<64f", *SEVEN))
+    req.parameters["priority"].uint64_param = 1
+    resp = stub.ModelInfer(req)
+    assert resp.id == "py" and resp.model_name == "digits", resp
+    assert list(resp.outputs[0].shape) == [1, 10], resp.outputs
+    probs = struct.unpack("<10f", resp.raw_output_contents[0])
+    assert argmax(probs) == 7, probs
+
+    texts = [b"The water is warm.", b"Children play near the river."]
+    req = pb.ModelInferRequest(model_name="tiny-encoder")
+    req.inputs.add(name="text", datatype="BYTES", shape=[2])
+    req.raw_input_contents.append(b"".join(struct.pack("<I", len(t)) + t for t in texts))
+    resp = stub.ModelInfer(req)
+    assert list(resp.outputs[0].shape) == [2, 128], resp.outputs
+    emb = struct.unpack("<256f", resp.raw_output_contents[0])
+    norm = sum(v * v for v in emb[:128])
+    assert abs(norm - 1) < 1e-4, norm  # normalize: true
+
+    req = pb.ModelInferRequest(model_name="digits")
+    req.inputs.add(name="image", datatype="FP32", shape=[1, 64])
+    req.raw_input_contents.append(struct.pack("<64f", *SEVEN))
+    try:
+        stub.ModelInfer(req)
+        raise AssertionError("an unknown input was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert 'unknown input "image"' in e.details(), e.details()
+    try:
+        stub.ModelConfig(pb.ModelConfigRequest(name="nope"))
+        raise AssertionError("an unknown model has a config")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+    print("triton stubs: live, ready, metadata, raw FP32 and BYTES inference, errors: ok")
+
+
+def kserve(proto_dir, out_dir, addr):
+    generate(proto_dir + "/kserve", out_dir, ["grpc_predict_v2.proto"])
+    pb = importlib.import_module("grpc_predict_v2_pb2")
+    stub = importlib.import_module("grpc_predict_v2_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+
+    assert stub.ServerLive(pb.ServerLiveRequest()).live
+    assert stub.ModelReady(pb.ModelReadyRequest(name="digits")).ready
+    meta = stub.ServerMetadata(pb.ServerMetadataRequest())
+    assert meta.name == "stepserve", meta
+    req = pb.ModelInferRequest(model_name="digits")
+    inp = req.inputs.add(name="pixels", datatype="FP32", shape=[2, 64])
+    inp.contents.fp32_contents.extend(SEVEN + SEVEN)
+    resp = stub.ModelInfer(req)
+    assert not resp.raw_output_contents, "typed in, typed out"
+    probs = list(resp.outputs[0].contents.fp32_contents)
+    assert len(probs) == 20 and argmax(probs[:10]) == 7 and argmax(probs[10:]) == 7, probs
+
+    req = pb.ModelInferRequest(model_name="tiny-encoder")
+    req.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append("Die Kinder spielen am Fluss.".encode())
+    resp = stub.ModelInfer(req)
+    assert len(resp.outputs[0].contents.fp32_contents) == 128, resp.outputs
+    print("kserve stubs: live, ready, metadata, typed FP32 and BYTES inference: ok")
+
+
+def compatible(proto_dir, out_dir, _addr):
+    from google.protobuf import descriptor_pb2
+
+    def messages(sub, files):
+        path = "%s/%s.pb" % (out_dir, sub)
+        generate(proto_dir + "/" + sub, out_dir, files, descriptor=path)
+        fds = descriptor_pb2.FileDescriptorSet()
+        with open(path, "rb") as f:
+            fds.ParseFromString(f.read())
+        out = {}
+
+        def walk(prefix, m):
+            out[prefix + m.name] = {f.name: (f.number, f.type, f.label, f.type_name) for f in m.field}
+            for n in m.nested_type:
+                walk(prefix + m.name + ".", n)
+        services = {}
+        for fd in fds.file:
+            for m in fd.message_type:
+                walk("", m)
+            for s in fd.service:
+                services[fd.package + "." + s.name] = {r.name: (r.input_type, r.output_type) for r in s.method}
+        return out, services
+
+    triton_msgs, triton_svcs = messages("triton", ["grpc_service.proto", "model_config.proto"])
+    kserve_msgs, kserve_svcs = messages("kserve", ["grpc_predict_v2.proto"])
+    for name, fields in kserve_msgs.items():
+        assert name in triton_msgs, "KServe's %s is not in Triton's file" % name
+        for field, spec in fields.items():
+            assert triton_msgs[name].get(field) == spec, "%s.%s: KServe %s, Triton %s" % (name, field, spec, triton_msgs[name].get(field))
+    for svc, rpcs in kserve_svcs.items():
+        for rpc, types in rpcs.items():
+            assert triton_svcs[svc].get(rpc) == types, "%s/%s" % (svc, rpc)
+    print("KServe's %d messages and %d RPCs are Triton's, field for field: ok" % (len(kserve_msgs), sum(len(r) for r in kserve_svcs.values())))
+
+
+if __name__ == "__main__":
+    mode, proto_dir, out_dir, addr = sys.argv[1:5]
+    {"triton": triton, "kserve": kserve, "compatible": compatible}[mode](proto_dir, out_dir, addr)

@@ -1,0 +1,841 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/models"
+	pb "github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// grpcClients serves s's gRPC API on an in-memory listener until the test
+// ends and returns its clients.
+func grpcClients(t *testing.T, s *Server) (pb.GRPCInferenceServiceClient, healthpb.HealthClient) {
+	t.Helper()
+	ln := bufconn.Listen(1 << 20)
+	s.GRPCServer() // built before the clients are handed out
+	done := make(chan error, 1)
+	go func() { done <- s.ServeGRPC(ln) }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.StopGRPC(ctx)
+		<-done
+	})
+	return pb.NewGRPCInferenceServiceClient(conn), healthpb.NewHealthClient(conn)
+}
+
+// fp32 packs values as little-endian FP32, raw contents' layout.
+func fp32(vs ...float32) []byte {
+	var b []byte
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return b
+}
+
+func typedX(shape []int64, vs ...float32) *pb.ModelInferRequest {
+	return &pb.ModelInferRequest{ModelName: "summax", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+		{Name: "x", Datatype: "FP32", Shape: shape, Contents: &pb.InferTensorContents{Fp32Contents: vs}}}}
+}
+
+func rawX(shape []int64, raw []byte) *pb.ModelInferRequest {
+	return &pb.ModelInferRequest{ModelName: "summax",
+		Inputs:           []*pb.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape}},
+		RawInputContents: [][]byte{raw}}
+}
+
+// codeOf is err's gRPC code and message.
+func codeOf(err error) (codes.Code, string) {
+	st, _ := status.FromError(err)
+	return st.Code(), st.Message()
+}
+
+func TestGRPCServerAndModelRPCs(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+
+	live, err := c.ServerLive(ctx, &pb.ServerLiveRequest{})
+	require.NoError(t, err)
+	assert.True(t, live.Live)
+	ready, err := c.ServerReady(ctx, &pb.ServerReadyRequest{})
+	require.NoError(t, err)
+	assert.True(t, ready.Ready)
+	md, err := c.ServerMetadata(ctx, &pb.ServerMetadataRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, "stepserve", md.Name)
+	assert.Equal(t, "test", md.Version)
+	httpMD, _ := s.serverMetadata(nil)
+	assert.Equal(t, httpMD.(map[string]any)["extensions"], md.Extensions, "the extensions GET /v2 lists")
+	assert.NotEmpty(t, md.Extensions)
+
+	mr, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax"})
+	require.NoError(t, err)
+	assert.True(t, mr.Ready)
+	mr, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax", Version: "1"})
+	require.NoError(t, err)
+	assert.True(t, mr.Ready)
+	_, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "nope"})
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+	assert.Equal(t, `unknown model "nope"`, msg)
+	_, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax", Version: "7"})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+	assert.Equal(t, `model summax has no version "7"; it serves version "1"`, msg)
+
+	meta, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "summax"})
+	require.NoError(t, err)
+	assert.Equal(t, "summax", meta.Name)
+	assert.Equal(t, []string{"1"}, meta.Versions)
+	assert.Equal(t, "stepserve_mlp", meta.Platform)
+	require.Len(t, meta.Inputs, 1)
+	assert.Equal(t, "x", meta.Inputs[0].Name)
+	assert.Equal(t, "FP32", meta.Inputs[0].Datatype)
+	assert.Equal(t, []int64{-1, 3}, meta.Inputs[0].Shape)
+	require.Len(t, meta.Outputs, 1)
+	assert.Equal(t, []int64{-1, 2}, meta.Outputs[0].Shape)
+	_, err = c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "nope"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+
+	// What stepserve does not implement says so.
+	_, err = c.SystemSharedMemoryStatus(ctx, &pb.SystemSharedMemoryStatusRequest{})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.Unimplemented, code)
+	stream, err := c.ModelStreamInfer(ctx)
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.Unimplemented, code)
+}
+
+func TestGRPCModelNotReady(t *testing.T) {
+	f := newSumMax(t)
+	s, reg := newTestServer(t, f)
+	c, h := grpcClients(t, s)
+	ctx := context.Background()
+	f.program().SetHealthy(false)
+
+	mr, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax"})
+	require.NoError(t, err)
+	assert.False(t, mr.Ready, "not ready is an answer, not an error")
+	ready, err := c.ServerReady(ctx, &pb.ServerReadyRequest{})
+	require.NoError(t, err)
+	assert.False(t, ready.Ready)
+	for svc, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
+		"": healthpb.HealthCheckResponse_NOT_SERVING, "inference.GRPCInferenceService": healthpb.HealthCheckResponse_NOT_SERVING,
+		"ready": healthpb.HealthCheckResponse_NOT_SERVING, "live": healthpb.HealthCheckResponse_SERVING,
+	} {
+		hr, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		require.NoError(t, err, svc)
+		assert.Equal(t, want, hr.Status, "service %q", svc)
+	}
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.Unavailable, code)
+	assert.Equal(t, "model summax is not ready", msg)
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected", "grpc")))
+	_ = reg
+
+	f.program().SetHealthy(true)
+	hr, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: ""})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.Status, "readiness is read at each check")
+	_, err = h.Check(ctx, &healthpb.HealthCheckRequest{Service: "nope"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+}
+
+func TestGRPCHealthAtShutdown(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	_, h := grpcClients(t, s)
+	ctx := context.Background()
+	watch, err := h.Watch(ctx, &healthpb.HealthCheckRequest{Service: ""})
+	require.NoError(t, err)
+	first, err := watch.Recv()
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, first.Status)
+
+	s.grpc.health.shutdown() // what StopGRPC does first
+	next, err := watch.Recv()
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, next.Status, "a draining server is not serving")
+	_, err = watch.Recv()
+	assert.ErrorIs(t, err, io.EOF, "and the watch ends, so that it does not hold the graceful stop")
+	hr, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "live"})
+	require.NoError(t, err)
+	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, hr.Status)
+}
+
+func TestGRPCInferTypedAndRaw(t *testing.T) {
+	f := newSumMax(t)
+	s, _ := newTestServer(t, f)
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+
+	// Typed contents in, typed contents out (what a KServe client sends
+	// and reads).
+	req := typedX([]int64{2, 3}, 1, 2, 3, 4, 5, -6)
+	req.Id = "r1"
+	resp, err := c.ModelInfer(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, "summax", resp.ModelName)
+	assert.Equal(t, "1", resp.ModelVersion)
+	assert.Equal(t, "r1", resp.Id)
+	require.Len(t, resp.Outputs, 1)
+	out := resp.Outputs[0]
+	assert.Equal(t, "y", out.Name)
+	assert.Equal(t, "FP32", out.Datatype)
+	assert.Equal(t, []int64{2, 2}, out.Shape)
+	assert.Equal(t, []float32{6, 3, 3, 5}, out.Contents.GetFp32Contents())
+	assert.Empty(t, resp.RawOutputContents)
+
+	// Raw in, raw out (what Triton's clients send and read).
+	resp, err = c.ModelInfer(ctx, rawX([]int64{2, 3}, fp32(1, 2, 3, 4, 5, -6)))
+	require.NoError(t, err)
+	require.Len(t, resp.RawOutputContents, 1)
+	assert.Equal(t, fp32(6, 3, 3, 5), resp.RawOutputContents[0])
+	assert.Nil(t, resp.Outputs[0].Contents)
+	assert.Equal(t, []int64{2, 2}, resp.Outputs[0].Shape)
+
+	// The parameters choose otherwise: binary_data_output on the request,
+	// binary_data on an output.
+	req = typedX([]int64{1, 3}, 1, 2, 3)
+	req.Parameters = map[string]*pb.InferParameter{"binary_data_output": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: true}}}
+	resp, err = c.ModelInfer(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
+	req = typedX([]int64{1, 3}, 1, 2, 3)
+	req.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: map[string]*pb.InferParameter{"binary_data": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: true}}}}}
+	resp, err = c.ModelInfer(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
+	req = rawX([]int64{1, 3}, fp32(1, 2, 3))
+	req.Parameters = map[string]*pb.InferParameter{"binary_data_output": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: false}}}
+	resp, err = c.ModelInfer(ctx, req)
+	require.NoError(t, err)
+	assert.Empty(t, resp.RawOutputContents)
+	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+
+	// A batch larger than the largest bucket (4) runs in parts, as over HTTP.
+	vs := make([]float32, 9*3)
+	for i := range vs {
+		vs[i] = float32(i % 3)
+	}
+	resp, err = c.ModelInfer(ctx, typedX([]int64{9, 3}, vs...))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{9, 2}, resp.Outputs[0].Shape)
+	assert.Len(t, resp.Outputs[0].Contents.GetFp32Contents(), 18)
+
+	// Priority and timeout travel as Triton's clients send them.
+	req = typedX([]int64{1, 3}, 1, 2, 3)
+	req.ModelVersion = "1"
+	req.Parameters = map[string]*pb.InferParameter{
+		"priority": {ParameterChoice: &pb.InferParameter_Uint64Param{Uint64Param: 1}},
+		"timeout":  {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: 5_000_000}},
+	}
+	_, err = c.ModelInfer(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, 7.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")))
+	assert.Zero(t, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
+}
+
+// Every bad request gets the code its HTTP status maps to and the HTTP
+// path's message, naming the input or field, and never reaches the model.
+func TestGRPCInferErrors(t *testing.T) {
+	b := func(v bool) *pb.InferParameter {
+		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: v}}
+	}
+	str := func(v string) *pb.InferParameter {
+		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_StringParam{StringParam: v}}
+	}
+	i64 := func(v int64) *pb.InferParameter {
+		return &pb.InferParameter{ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: v}}
+	}
+	with := func(r *pb.ModelInferRequest, edit func(r *pb.ModelInferRequest)) *pb.ModelInferRequest {
+		edit(r)
+		return r
+	}
+	tests := []struct {
+		name string
+		req  *pb.ModelInferRequest
+		code codes.Code
+		want string
+	}{
+		{"unknown input", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Inputs[0].Name = "w" }),
+			codes.InvalidArgument, `unknown input "w"; model summax takes "x" (FP32 [-1 3])`},
+		{"no inputs", &pb.ModelInferRequest{ModelName: "summax"}, codes.InvalidArgument, `request has no inputs`},
+		{"repeated input", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Inputs = append(r.Inputs, r.Inputs[0]) }),
+			codes.InvalidArgument, `input "x" appears more than once`},
+		{"wrong datatype", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Inputs[0].Datatype = "INT64" }),
+			codes.InvalidArgument, `input "x": datatype INT64, want FP32`},
+		{"unknown datatype", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Inputs[0].Datatype = "FLOAT" }),
+			codes.InvalidArgument, `input "x": `},
+		{"wrong shape", typedX([]int64{1, 4}, 1, 2, 3, 4), codes.InvalidArgument, `input "x": shape [1 4], want [-1 3]: dimension 1 must be 3`},
+		{"rank over the limit", typedX(make([]int64, 17), 1), codes.InvalidArgument, `input "x": the shape has more than 16 dimensions`},
+		{"too few values", typedX([]int64{2, 3}, 1, 2, 3), codes.InvalidArgument, `input "x": shape [2 3] needs 6 values, contents has 3`},
+		{"too many values", typedX([]int64{1, 3}, 1, 2, 3, 4), codes.InvalidArgument, `input "x": shape [1 3] needs 3 values, contents has 4`},
+		{"values in the wrong field", with(typedX([]int64{1, 3}), func(r *pb.ModelInferRequest) {
+			r.Inputs[0].Contents = &pb.InferTensorContents{Int64Contents: []int64{1, 2, 3}}
+		}), codes.InvalidArgument, `input "x": contents hold int64_contents, but a FP32 input's values go in fp32_contents`},
+		{"not finite", typedX([]int64{1, 3}, 1, float32(math.NaN()), 3), codes.InvalidArgument, `input "x": element 1 is NaN; values must be finite`},
+		{"not finite, raw", rawX([]int64{1, 3}, fp32(1, 2, float32(math.Inf(1)))), codes.InvalidArgument, `input "x": element 2 is +Inf; values must be finite`},
+		{"no contents", typedX([]int64{1, 3}), codes.InvalidArgument, `input "x": has no contents; send contents or raw_input_contents`},
+		{"raw and typed", with(rawX([]int64{1, 3}, fp32(1, 2, 3)), func(r *pb.ModelInferRequest) {
+			r.Inputs[0].Contents = &pb.InferTensorContents{Fp32Contents: []float32{1, 2, 3}}
+		}), codes.InvalidArgument, `input "x": has both contents and raw_input_contents; send one`},
+		{"raw size that lies", rawX([]int64{1, 3}, fp32(1, 2)), codes.InvalidArgument, `input "x": raw_input_contents is 8 bytes, but FP32 [1 3] needs 12`},
+		{"raw count", with(rawX([]int64{1, 3}, fp32(1, 2, 3)), func(r *pb.ModelInferRequest) { r.RawInputContents = append(r.RawInputContents, nil) }),
+			codes.InvalidArgument, `raw_input_contents has 2 entries for 1 inputs`},
+		{"huge declared shape", typedX([]int64{1 << 20, 3}, 1, 2, 3), codes.InvalidArgument, `input "x": shape [1048576 3] declares 3145728 elements, more than a`},
+		{"over the element limit", typedX([]int64{1 << 30, 3}, 1, 2, 3), codes.InvalidArgument, `above the limit of 16777216 (server.max_request_elements)`},
+		{"negative priority", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Parameters = map[string]*pb.InferParameter{"priority": i64(-1)} }),
+			codes.InvalidArgument, `parameter priority must be a non-negative integer, got -1`},
+		{"timeout as a string", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.Parameters = map[string]*pb.InferParameter{"timeout": str("soon")} }),
+			codes.InvalidArgument, `parameter timeout must be a non-negative integer, got "soon" (microseconds)`},
+		{"binary_data not a bool", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) {
+			r.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: map[string]*pb.InferParameter{"binary_data": str("yes")}}}
+		}), codes.InvalidArgument, `output "y": parameter binary_data must be true or false, got "yes"`},
+		{"unknown output", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) {
+			r.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "w", Parameters: map[string]*pb.InferParameter{"binary_data": b(true)}}}
+		}), codes.InvalidArgument, `unknown output "w"; model summax gives "y"`},
+		{"unknown model", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelName = "nope" }), codes.NotFound, `unknown model "nope"`},
+		{"unknown version", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelVersion = "7" }), codes.NotFound, `model summax has no version "7"`},
+		{"message over max_body_bytes", rawX([]int64{1000, 3}, make([]byte, 12000)), codes.ResourceExhausted, `larger than max`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newSumMax(t)
+			s, _ := newTestServer(t, f)
+			c, _ := grpcClients(t, s)
+			_, err := c.ModelInfer(context.Background(), tt.req)
+			code, msg := codeOf(err)
+			assert.Equal(t, tt.code, code, msg)
+			assert.Contains(t, msg, tt.want)
+			assert.Zero(t, f.steps(), "a bad request must never reach the model")
+			if tt.code == codes.InvalidArgument {
+				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "grpc")))
+			}
+			assert.Eventually(t, func() bool { return s.budget.used.Load() == 0 }, time.Second, time.Millisecond, "the budget is given back")
+		})
+	}
+}
+
+func TestGRPCModelFailures(t *testing.T) {
+	for _, tt := range []struct {
+		err     error
+		code    codes.Code
+		outcome string
+	}{
+		{errors.New("device on fire"), codes.Internal, "error"},
+		{fmt.Errorf("worker gone: %w", engine.ErrUnavailable), codes.Unavailable, "rejected"},
+	} {
+		f := newSumMax(t)
+		f.program().Fail(tt.err)
+		s, _ := newTestServer(t, f)
+		c, _ := grpcClients(t, s)
+		_, err := c.ModelInfer(context.Background(), typedX([]int64{1, 3}, 1, 2, 3))
+		code, msg := codeOf(err)
+		assert.Equal(t, tt.code, code)
+		assert.Contains(t, msg, tt.err.Error())
+		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome, "grpc")))
+	}
+}
+
+// gatedSumMax serves summax on an engine whose steps wait while the
+// returned gate is set.
+func gatedSumMax(t *testing.T) (*serving.Set, *enginetest.Engine, *atomic.Pointer[chan struct{}]) {
+	var gate atomic.Pointer[chan struct{}]
+	eng := &enginetest.Engine{Func: func(l engine.Layout, in, out []byte) error {
+		if g := gate.Load(); g != nil {
+			<-*g
+		}
+		return enginetest.SumMax(l, in, out)
+	}}
+	repo := t.TempDir()
+	require.NoError(t, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
+	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake", Engines: map[string]serving.Engine{"fake": {Engine: eng}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { set.Close() })
+	require.NoError(t, set.LoadAll(context.Background()))
+	require.NoError(t, set.Warmup(context.Background()))
+	return set, eng, &gate
+}
+
+// A client's deadline and its going away are the HTTP path's 504 and 499.
+func TestGRPCDeadlineAndCancel(t *testing.T) {
+	set, eng, gate := gatedSumMax(t)
+	s, err := New(Options{Models: set, MaxInflightBytes: 1 << 30})
+	require.NoError(t, err)
+	c, _ := grpcClients(t, s)
+	g := make(chan struct{})
+	gate.Store(&g)
+	held := make(chan error, 1)
+	go func() { _, err := c.ModelInfer(context.Background(), typedX([]int64{1, 3}, 1, 2, 3)); held <- err }()
+	require.Eventually(t, func() bool { return eng.Last().Steps() > 4 }, 5*time.Second, time.Millisecond, "the held step started")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	cancel()
+	code, _ := codeOf(err)
+	assert.Equal(t, codes.DeadlineExceeded, code)
+
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.Canceled, code)
+
+	gate.Store(nil)
+	close(g)
+	require.NoError(t, <-held)
+	// The timed-out request is counted as timeout; the cancelled one as
+	// cancelled, or as success when it was in the batch that the held step
+	// was forming as its client left (as over HTTP).
+	count := func(o string) float64 {
+		return testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", o, "grpc"))
+	}
+	assert.Eventually(t, func() bool {
+		return count("timeout") == 1 && count("cancelled")+count("success") == 2
+	}, 5*time.Second, time.Millisecond, "the server counts what the client saw")
+}
+
+// The response bound and the in-flight budget apply as over HTTP, and a
+// request holds its share until its response is sent.
+func TestGRPCLimits(t *testing.T) {
+	s, _ := boundedServer(t, 2048, 1<<20)
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+	vs := make([]float32, 300*3)
+	_, err := c.ModelInfer(ctx, typedX([]int64{300, 3}, vs...))
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.ResourceExhausted, code)
+	assert.Contains(t, msg, "above server.max_response_bytes (2 KiB)")
+
+	s, _ = boundedServer(t, 1<<20, 1<<20)
+	c, _ = grpcClients(t, s)
+	vs = make([]float32, 30000*3)
+	_, err = c.ModelInfer(ctx, typedX([]int64{30000, 3}, vs...))
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.ResourceExhausted, code)
+	assert.Contains(t, msg, "more than the server's whole in-flight budget of 1 MiB (server.max_inflight_bytes)")
+
+	// Budget spent by others: Unavailable, to retry.
+	s.budget.used.Add(1 << 20)
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.Unavailable, code)
+	assert.Contains(t, msg, "the server is busy")
+	s.budget.used.Add(-1 << 20)
+
+	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	require.NoError(t, err)
+	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+	assert.Eventually(t, func() bool { return s.budget.used.Load() == 0 }, time.Second, time.Millisecond, "given back when the RPC ends")
+}
+
+// The encoded response never outgrows the bound the budget charged.
+func TestGRPCResponseFitsItsFootprint(t *testing.T) {
+	f := newSumMax(t)
+	m := f.program().Model
+	for _, r := range []*pb.ModelInferRequest{
+		typedX([]int64{4, 3}, -1.1754944e-38, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -3.4028235e38),
+		rawX([]int64{4, 3}, fp32(-1.1754944e-38, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -3.4028235e38)),
+	} {
+		r.Id = strings.Repeat("<", 40)
+		wr, err := wireFromProto(r)
+		require.NoError(t, err)
+		req, decoded, seq, err := checkRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
+		require.NoError(t, err)
+		protoOutputs(m, req)
+		fp := protoFootprint(m, req, decoded, seq)
+		require.NoError(t, req.decodeValues(m))
+		sr, err := prepare(m, req)
+		require.NoError(t, err)
+		require.NoError(t, f.set.Models()[0].Infer(context.Background(), sr, req.params))
+		resp := protoResponse(m, req, sr)
+		assert.LessOrEqual(t, int64(proto.Size(resp)), fp.json)
+		assert.Zero(t, fp.binary)
+		assert.GreaterOrEqual(t, protoRequestBytes(r), int64(12), "at least a byte a value")
+	}
+}
+
+// BYTES inputs, typed and raw, decode as the HTTP path's do.
+func TestGRPCStringInputs(t *testing.T) {
+	m := stringsModel()
+	decode := func(r *pb.ModelInferRequest) ([]string, error) {
+		wr, err := wireFromProto(r)
+		if err != nil {
+			return nil, err
+		}
+		req, _, _, err := checkRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
+		if err != nil {
+			return nil, err
+		}
+		if err := req.decodeValues(m); err != nil {
+			return nil, err
+		}
+		return req.inputs[0].Strings, nil
+	}
+	typed := func(shape int64, vs ...string) *pb.ModelInferRequest {
+		c := &pb.InferTensorContents{}
+		for _, v := range vs {
+			c.BytesContents = append(c.BytesContents, []byte(v))
+		}
+		return &pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{shape}, Contents: c}}}
+	}
+	raw := func(shape int64, vs ...string) *pb.ModelInferRequest {
+		var blob []byte
+		for _, v := range vs {
+			blob = binary.LittleEndian.AppendUint32(blob, uint32(len(v)))
+			blob = append(blob, v...)
+		}
+		return &pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{shape}}},
+			RawInputContents: [][]byte{blob}}
+	}
+	for _, r := range []*pb.ModelInferRequest{typed(2, "The water is warm.", ""), raw(2, "The water is warm.", "")} {
+		strs, err := decode(r)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"The water is warm.", ""}, strs)
+	}
+	for _, tc := range []struct {
+		req  *pb.ModelInferRequest
+		want string
+	}{
+		{typed(1, "caf\xe9"), `input "s": element 0 is not valid UTF-8`},
+		{raw(1, "caf\xe9"), `input "s": element 0 is not valid UTF-8`},
+		{typed(2, "a"), `input "s": shape [2] needs 2 strings, contents has 1`},
+		{typed(1, "a", "b"), `input "s": more strings than the shape holds (1)`},
+		{raw(1, "a", "b"), `input "s": more strings than the shape holds (1)`},
+		{raw(2, "a"), `input "s": shape [2] needs 2 strings, contents has 1`},
+		{&pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{1},
+			Contents: &pb.InferTensorContents{Fp32Contents: []float32{1}}}}}, `input "s": contents hold fp32_contents, but a BYTES input's values go in bytes_contents`},
+	} {
+		_, err := decode(tc.req)
+		require.Error(t, err)
+		assert.Equal(t, 400, statusOf(err))
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
+// Typed contents of every datatype with a typed field pack as raw data
+// would, narrow integers range-checked.
+func TestProtoContentsPack(t *testing.T) {
+	c := protoContents{&pb.InferTensorContents{IntContents: []int32{-128, 127}}}
+	dst := make([]byte, 2)
+	require.NoError(t, c.put("INT8", dst))
+	assert.Equal(t, []byte{0x80, 0x7f}, dst)
+	c = protoContents{&pb.InferTensorContents{IntContents: []int32{128}}}
+	assert.ErrorContains(t, c.put("INT8", make([]byte, 1)), "element 0: 128 is not in the INT8 range")
+	c = protoContents{&pb.InferTensorContents{UintContents: []uint32{65536}}}
+	assert.ErrorContains(t, c.put("UINT16", make([]byte, 2)), "element 0: 65536 is not in the UINT16 range")
+	c = protoContents{&pb.InferTensorContents{Int64Contents: []int64{-2}}}
+	dst = make([]byte, 8)
+	require.NoError(t, c.put("INT64", dst))
+	assert.Equal(t, int64(-2), int64(binary.LittleEndian.Uint64(dst)))
+	c = protoContents{&pb.InferTensorContents{BoolContents: []bool{true, false}}}
+	dst = make([]byte, 2)
+	require.NoError(t, c.put("BOOL", dst))
+	assert.Equal(t, []byte{1, 0}, dst)
+	_, err := protoContents{&pb.InferTensorContents{Fp32Contents: []float32{1}}}.count("FP16")
+	assert.ErrorContains(t, err, "FP16 values have no typed contents field; send them as raw_input_contents")
+
+	// And back, for outputs.
+	for _, dt := range []string{"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64", "BOOL"} {
+		size := map[string]int{"INT8": 1, "UINT8": 1, "BOOL": 1, "INT16": 2, "UINT16": 2, "INT32": 4, "UINT32": 4, "FP32": 4}[dt]
+		if size == 0 {
+			size = 8
+		}
+		data := make([]byte, 2*size)
+		data[0] = 1
+		c := protoContents{typedContentsOf(data, models.Datatype(dt))}
+		n, err := c.count(models.Datatype(dt))
+		require.NoError(t, err, dt)
+		assert.Equal(t, 2, n, dt)
+		back := make([]byte, len(data))
+		require.NoError(t, c.put(models.Datatype(dt), back), dt)
+		assert.Equal(t, data, back, dt)
+	}
+}
+
+func TestGRPCAuth(t *testing.T) {
+	const tok, repoTok, newTok = "token-0123456789abcdef", "repo-token-0123456789", "new-token-0123456789ab"
+	s, err := New(Options{Models: newSumMax(t).set, ModelControl: true, InferenceTokens: []string{tok}, RepositoryTokens: []string{repoTok}})
+	require.NoError(t, err)
+	c, h := grpcClients(t, s)
+	bearer := func(t string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", t)
+	}
+	infer := func(ctx context.Context) error {
+		_, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+		return err
+	}
+	for _, tc := range []struct {
+		authorization string
+		code          codes.Code
+		msg           string
+	}{
+		{"Bearer " + tok, codes.OK, ""},
+		{"bearer " + tok, codes.OK, ""},
+		{"", codes.Unauthenticated, "missing bearer token: send authorization: Bearer <token> metadata"},
+		{"Basic " + tok, codes.Unauthenticated, "missing bearer token"},
+		{"Bearer " + tok + "x", codes.Unauthenticated, "invalid bearer token"},
+		{"Bearer " + repoTok, codes.Unauthenticated, "invalid bearer token"},
+	} {
+		ctx := context.Background()
+		if tc.authorization != "" {
+			ctx = bearer(tc.authorization)
+		}
+		code, msg := codeOf(infer(ctx))
+		assert.Equal(t, tc.code, code, "%q", tc.authorization)
+		assert.Contains(t, msg, tc.msg)
+		_, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "summax"})
+		code, _ = codeOf(err)
+		assert.Equal(t, tc.code, code, "metadata, %q", tc.authorization)
+	}
+	// Open, as their HTTP endpoints are: liveness, readiness, server
+	// metadata, health.
+	_, err = c.ServerLive(context.Background(), &pb.ServerLiveRequest{})
+	assert.NoError(t, err)
+	_, err = c.ServerReady(context.Background(), &pb.ServerReadyRequest{})
+	assert.NoError(t, err)
+	_, err = c.ServerMetadata(context.Background(), &pb.ServerMetadataRequest{})
+	assert.NoError(t, err)
+	_, err = h.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	assert.NoError(t, err)
+
+	// The repository API takes its own token.
+	_, err = c.RepositoryIndex(bearer("Bearer "+tok), &pb.RepositoryIndexRequest{})
+	code, _ := codeOf(err)
+	assert.Equal(t, codes.Unauthenticated, code)
+	_, err = c.RepositoryIndex(bearer("Bearer "+repoTok), &pb.RepositoryIndexRequest{})
+	assert.NoError(t, err)
+
+	// A rotation (SIGHUP) is in force for gRPC at once.
+	s.SetTokens([]string{newTok}, []string{repoTok})
+	code, _ = codeOf(infer(bearer("Bearer " + tok)))
+	assert.Equal(t, codes.Unauthenticated, code)
+	assert.NoError(t, infer(bearer("Bearer "+newTok)))
+}
+
+func TestGRPCRepository(t *testing.T) {
+	f := newSumMax(t)
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Models: f.set, ModelControl: true, Registerer: reg})
+	require.NoError(t, err)
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+
+	idx, err := c.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{})
+	require.NoError(t, err)
+	require.Len(t, idx.Models, 1)
+	assert.Equal(t, "summax", idx.Models[0].Name)
+	assert.Equal(t, "1", idx.Models[0].Version)
+	assert.Equal(t, "READY", idx.Models[0].State)
+
+	_, err = c.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{RepositoryName: "other"})
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.InvalidArgument, code)
+	assert.Contains(t, msg, "stepserve serves one model repository")
+
+	// Triton's client always sends unload_dependents.
+	_, err = c.RepositoryModelUnload(ctx, &pb.RepositoryModelUnloadRequest{ModelName: "summax",
+		Parameters: map[string]*pb.ModelRepositoryParameter{"unload_dependents": {ParameterChoice: &pb.ModelRepositoryParameter_BoolParam{BoolParam: false}}}})
+	require.NoError(t, err)
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+	assert.Zero(t, testutil.CollectAndCount(reg, "stepserve_requests_total"), "unload deletes the model's series")
+	idx, err = c.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{Ready: true})
+	require.NoError(t, err)
+	assert.Empty(t, idx.Models)
+	_, err = c.RepositoryModelUnload(ctx, &pb.RepositoryModelUnloadRequest{ModelName: "summax"})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+	assert.Contains(t, msg, `unload summax: serving: unknown model: "summax" is not loaded`)
+
+	strParam := func(s string) *pb.ModelRepositoryParameter {
+		return &pb.ModelRepositoryParameter{ParameterChoice: &pb.ModelRepositoryParameter_StringParam{StringParam: s}}
+	}
+	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax",
+		Parameters: map[string]*pb.ModelRepositoryParameter{"config": strParam(`{"input":[]}`)}})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.InvalidArgument, code)
+	assert.Contains(t, msg, `load config: input: cannot be changed at load`)
+	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax",
+		Parameters: map[string]*pb.ModelRepositoryParameter{"file:1/model.onnx": strParam("x")}})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.InvalidArgument, code)
+	assert.Contains(t, msg, `model files sent with the load are not supported`)
+	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax",
+		Parameters: map[string]*pb.ModelRepositoryParameter{"config": strParam(`{"max_batch_size":2}`)}})
+	require.NoError(t, err, "a config's scheduling keys apply, as over HTTP")
+	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax"})
+	require.NoError(t, err)
+	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	require.NoError(t, err)
+	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")), "a loaded model's grpc series are back")
+	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "nope"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+
+	// Model control off: PermissionDenied, as HTTP's 403.
+	s2, _ := newTestServer(t, newSumMax(t))
+	c2, _ := grpcClients(t, s2)
+	_, err = c2.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.PermissionDenied, code)
+	assert.Contains(t, msg, "model control is disabled")
+	_, err = c2.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.PermissionDenied, code)
+}
+
+// The request metrics carry protocol: both protocols' series exist at
+// zero once gRPC is served, and each counts its own requests.
+func TestGRPCMetricsProtocolLabel(t *testing.T) {
+	s, reg := newTestServer(t, newSumMax(t))
+	n, err := testutil.GatherAndCount(reg, "stepserve_requests_total")
+	require.NoError(t, err)
+	assert.Equal(t, len(outcomeLabels), n, "http only, until gRPC is served")
+	c, _ := grpcClients(t, s)
+	n, err = testutil.GatherAndCount(reg, "stepserve_requests_total")
+	require.NoError(t, err)
+	assert.Equal(t, 2*len(outcomeLabels), n)
+	_, err = c.ModelInfer(context.Background(), typedX([]int64{1, 3}, 1, 2, 3))
+	require.NoError(t, err)
+	require.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)).Code)
+	_, err = c.ModelInfer(context.Background(), typedX([]int64{1, 4}, 1, 2, 3, 4))
+	require.Error(t, err)
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "grpc")))
+	n, err = testutil.GatherAndCount(reg, "stepserve_request_duration_seconds")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "a duration series per protocol")
+}
+
+// ModelConfig and ModelStatistics answer the documents the HTTP API
+// serves, parsed into the protocol's messages: the two protocols agree.
+func TestGRPCModelConfigAndStatistics(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+	_, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
+	require.NoError(t, err)
+
+	cfg, err := c.ModelConfig(ctx, &pb.ModelConfigRequest{Name: "summax"})
+	require.NoError(t, err)
+	assert.Equal(t, "summax", cfg.Config.Name)
+	assert.Equal(t, int32(4), cfg.Config.MaxBatchSize, "the largest batch bucket")
+	assert.Equal(t, pb.DataType_TYPE_FP32, cfg.Config.Input[0].DataType)
+	assert.Equal(t, []int64{3}, cfg.Config.Input[0].Dims)
+	assert.Equal(t, []int32{1, 4}, cfg.Config.GetDynamicBatching().GetPreferredBatchSize())
+	w := do(t, s, "GET", "/v2/models/summax/config", nil)
+	require.Equal(t, 200, w.Code)
+	var httpCfg map[string]any
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &httpCfg))
+	assert.EqualValues(t, httpCfg["max_batch_size"], cfg.Config.MaxBatchSize, "gRPC and HTTP serve the same configuration")
+
+	st, err := c.ModelStatistics(ctx, &pb.ModelStatisticsRequest{Name: "summax"})
+	require.NoError(t, err)
+	require.Len(t, st.ModelStats, 1)
+	assert.Equal(t, uint64(1), st.ModelStats[0].InferenceCount)
+	assert.Equal(t, uint64(1), st.ModelStats[0].InferenceStats.Success.Count)
+	assert.Positive(t, st.ModelStats[0].InferenceStats.Success.Ns)
+	all, err := c.ModelStatistics(ctx, &pb.ModelStatisticsRequest{})
+	require.NoError(t, err)
+	assert.Len(t, all.ModelStats, 1, "every model when none is named")
+
+	_, err = c.ModelConfig(ctx, &pb.ModelConfigRequest{Name: "nope"})
+	code, _ := codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+	_, err = c.ModelStatistics(ctx, &pb.ModelStatisticsRequest{Name: "nope"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
+}
+
+func TestGRPCCodes(t *testing.T) {
+	for st, want := range map[int]codes.Code{
+		200: codes.OK, 400: codes.InvalidArgument, 401: codes.Unauthenticated, 403: codes.PermissionDenied, 404: codes.NotFound,
+		408: codes.DeadlineExceeded, 413: codes.ResourceExhausted, 429: codes.ResourceExhausted, 499: codes.Canceled,
+		500: codes.Internal, 501: codes.Unimplemented, 503: codes.Unavailable, 504: codes.DeadlineExceeded, 431: codes.InvalidArgument, 502: codes.Internal,
+	} {
+		assert.Equal(t, want, grpcCode(st), "%d", st)
+	}
+	long := grpcError(badRequest(strings.Repeat("x", 100_000)))
+	_, msg := codeOf(long)
+	assert.LessOrEqual(t, len(msg), maxGRPCMessage+8, "a message fits a trailer")
+}
+
+// BenchmarkGRPCInferRaw measures the gRPC handler's path of a single-row
+// request with raw contents (translate, validate, batcher, step on a fake
+// engine, build the response), without the transport, beside
+// BenchmarkInferBinary.
+func BenchmarkGRPCInferRaw(b *testing.B) {
+	s, err := New(Options{Models: newSumMax(b).set})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := &grpcServer{s: s}
+	req := rawX([]int64{1, 3}, fp32(1.5, 2, 3))
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := g.ModelInfer(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		cancel() // the RPC ends
+	}
+}
+
+// TestGRPCClassification: an output asked for with the classification
+// parameter comes back as its top classes, as over HTTP.
+func TestGRPCClassification(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	c, _ := grpcClients(t, s)
+	req := typedX([]int64{1, 3}, 1, 2, 3) // y = [sum 6, max 3]
+	req.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: map[string]*pb.InferParameter{"classification": {ParameterChoice: &pb.InferParameter_Int64Param{Int64Param: 2}}}}}
+	resp, err := c.ModelInfer(context.Background(), req)
+	require.NoError(t, err)
+	require.Len(t, resp.Outputs, 1)
+	assert.Equal(t, "BYTES", resp.Outputs[0].Datatype)
+	assert.Equal(t, []int64{1, 2}, resp.Outputs[0].Shape)
+	assert.Equal(t, [][]byte{[]byte("6:0"), []byte("3:1")}, resp.Outputs[0].Contents.BytesContents)
+}
