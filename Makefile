@@ -131,20 +131,19 @@ tiny-encoder:
 golden:
 	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder
 
-## proto: regenerate server/inferencepb from proto/triton (the protocol's
-## .proto files as published, unmodified) with pinned generators: protoc
-## from Debian bookworm's protobuf-compiler, protoc-gen-go and
-## protoc-gen-go-grpc at the versions go.mod's tool lines pin.
+## proto: regenerate server/inferencepb from proto/inference.proto
+## (stepserve's statement of the protocol: the published names and field
+## numbers) with pinned generators: protoc from Debian bookworm's
+## protobuf-compiler, protoc-gen-go and protoc-gen-go-grpc at the versions
+## go.mod's tool lines pin.
 PROTOC_VERSION := 3.21.12
 PROTO_PKG      := github.com/stepserve/stepserve/server/inferencepb
 proto:
 	@protoc --version | grep -qx 'libprotoc $(PROTOC_VERSION)' || { echo "make proto needs protoc $(PROTOC_VERSION) (Debian's protobuf-compiler), found: $$(protoc --version)"; exit 1; }
 	$(GO) build -o bin/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
 	$(GO) build -o bin/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
-	protoc -I proto/triton \
+	protoc -I proto \
 		--plugin=protoc-gen-go=bin/protoc-gen-go --plugin=protoc-gen-go-grpc=bin/protoc-gen-go-grpc \
 		--go_out=server/inferencepb --go_opt=paths=source_relative \
-		--go_opt=Mgrpc_service.proto=$(PROTO_PKG) --go_opt=Mmodel_config.proto=$(PROTO_PKG) \
 		--go-grpc_out=server/inferencepb --go-grpc_opt=paths=source_relative \
-		--go-grpc_opt=Mgrpc_service.proto=$(PROTO_PKG) --go-grpc_opt=Mmodel_config.proto=$(PROTO_PKG) \
-		grpc_service.proto model_config.proto
+		inference.proto

@@ -133,15 +133,6 @@ func TestGRPCServerAndModelRPCs(t *testing.T) {
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
 
-	// What stepserve does not implement says so.
-	_, err = c.SystemSharedMemoryStatus(ctx, &pb.SystemSharedMemoryStatusRequest{})
-	code, _ = codeOf(err)
-	assert.Equal(t, codes.Unimplemented, code)
-	stream, err := c.ModelStreamInfer(ctx)
-	require.NoError(t, err)
-	_, err = stream.Recv()
-	code, _ = codeOf(err)
-	assert.Equal(t, codes.Unimplemented, code)
 }
 
 func TestGRPCModelNotReady(t *testing.T) {

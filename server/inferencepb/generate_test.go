@@ -32,25 +32,22 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 			t.Fatalf("go build %s: %v\n%s", plugin, err, out)
 		}
 	}
-	const pkg = "github.com/stepserve/stepserve/server/inferencepb"
 	gen := filepath.Join(tmp, "gen")
 	if err := os.Mkdir(gen, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"-I", "../../proto/triton",
+	args := []string{"-I", "../../proto",
 		"--plugin=protoc-gen-go=" + filepath.Join(tmp, "protoc-gen-go"),
 		"--plugin=protoc-gen-go-grpc=" + filepath.Join(tmp, "protoc-gen-go-grpc"),
 		"--go_out=" + gen, "--go_opt=paths=source_relative",
-		"--go_opt=Mgrpc_service.proto=" + pkg, "--go_opt=Mmodel_config.proto=" + pkg,
 		"--go-grpc_out=" + gen, "--go-grpc_opt=paths=source_relative",
-		"--go-grpc_opt=Mgrpc_service.proto=" + pkg, "--go-grpc_opt=Mmodel_config.proto=" + pkg,
-		"grpc_service.proto", "model_config.proto"}
+		"inference.proto"}
 	if out, err := exec.Command(protoc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("protoc: %v\n%s", err, out)
 	}
 	files, err := filepath.Glob(filepath.Join(gen, "*.go"))
-	if err != nil || len(files) != 3 {
-		t.Fatalf("protoc generated %v (%v); want 3 files", files, err)
+	if err != nil || len(files) != 2 {
+		t.Fatalf("protoc generated %v (%v); want 2 files", files, err)
 	}
 	for _, f := range files {
 		want, err := os.ReadFile(f)

@@ -3,16 +3,13 @@
     grpc_client.py MODE PROTO_DIR OUT_DIR ADDR
 
 Generates the stubs with grpc_tools (Debian's python3-grpc-tools) from the
-repository's .proto files into OUT_DIR, then talks to the server at ADDR
-with Debian's python3-grpcio:
+repository's proto/inference.proto into OUT_DIR, then talks to the server
+at ADDR with Debian's python3-grpcio:
 
-    triton      stubs from proto/triton (Triton's grpc_service.proto): raw
-                contents in and out, as tritonclient sends and reads them;
-                BYTES in Triton's serialization; an error's code and message
-    kserve      stubs from proto/kserve (KServe's grpc_predict_v2.proto):
-                typed contents in and out
-    compatible  every message and field of KServe's file is in Triton's,
-                with the same number and type (so one server serves both)
+    raw         raw contents in and out, as tritonclient sends and reads
+                them; BYTES in Triton's serialization; an error's code and
+                message
+    typed       typed contents in and out, as KServe's clients send them
 
 Prints one line ending in "ok"; any failure raises.
 """
@@ -42,10 +39,14 @@ def argmax(values):
     return max(range(len(values)), key=lambda i: values[i])
 
 
-def triton(proto_dir, out_dir, addr):
-    generate(proto_dir + "/triton", out_dir, ["grpc_service.proto", "model_config.proto"])
-    pb = importlib.import_module("grpc_service_pb2")
-    stub = importlib.import_module("grpc_service_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+def stubs(proto_dir, out_dir, addr):
+    generate(proto_dir, out_dir, ["inference.proto"])
+    pb = importlib.import_module("inference_pb2")
+    return pb, importlib.import_module("inference_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+
+
+def raw(proto_dir, out_dir, addr):
+    pb, stub = stubs(proto_dir, out_dir, addr)
 
     assert stub.ServerLive(pb.ServerLiveRequest()).live
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
@@ -87,13 +88,11 @@ def triton(proto_dir, out_dir, addr):
         raise AssertionError("an unknown model has a config")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.NOT_FOUND, e
-    print("triton stubs: live, ready, metadata, raw FP32 and BYTES inference, errors: ok")
+    print("raw contents: live, ready, metadata, FP32 and BYTES inference, errors: ok")
 
 
-def kserve(proto_dir, out_dir, addr):
-    generate(proto_dir + "/kserve", out_dir, ["grpc_predict_v2.proto"])
-    pb = importlib.import_module("grpc_predict_v2_pb2")
-    stub = importlib.import_module("grpc_predict_v2_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+def typed(proto_dir, out_dir, addr):
+    pb, stub = stubs(proto_dir, out_dir, addr)
 
     assert stub.ServerLive(pb.ServerLiveRequest()).live
     assert stub.ModelReady(pb.ModelReadyRequest(name="digits")).ready
@@ -111,44 +110,9 @@ def kserve(proto_dir, out_dir, addr):
     req.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append("Die Kinder spielen am Fluss.".encode())
     resp = stub.ModelInfer(req)
     assert len(resp.outputs[0].contents.fp32_contents) == 128, resp.outputs
-    print("kserve stubs: live, ready, metadata, typed FP32 and BYTES inference: ok")
-
-
-def compatible(proto_dir, out_dir, _addr):
-    from google.protobuf import descriptor_pb2
-
-    def messages(sub, files):
-        path = "%s/%s.pb" % (out_dir, sub)
-        generate(proto_dir + "/" + sub, out_dir, files, descriptor=path)
-        fds = descriptor_pb2.FileDescriptorSet()
-        with open(path, "rb") as f:
-            fds.ParseFromString(f.read())
-        out = {}
-
-        def walk(prefix, m):
-            out[prefix + m.name] = {f.name: (f.number, f.type, f.label, f.type_name) for f in m.field}
-            for n in m.nested_type:
-                walk(prefix + m.name + ".", n)
-        services = {}
-        for fd in fds.file:
-            for m in fd.message_type:
-                walk("", m)
-            for s in fd.service:
-                services[fd.package + "." + s.name] = {r.name: (r.input_type, r.output_type) for r in s.method}
-        return out, services
-
-    triton_msgs, triton_svcs = messages("triton", ["grpc_service.proto", "model_config.proto"])
-    kserve_msgs, kserve_svcs = messages("kserve", ["grpc_predict_v2.proto"])
-    for name, fields in kserve_msgs.items():
-        assert name in triton_msgs, "KServe's %s is not in Triton's file" % name
-        for field, spec in fields.items():
-            assert triton_msgs[name].get(field) == spec, "%s.%s: KServe %s, Triton %s" % (name, field, spec, triton_msgs[name].get(field))
-    for svc, rpcs in kserve_svcs.items():
-        for rpc, types in rpcs.items():
-            assert triton_svcs[svc].get(rpc) == types, "%s/%s" % (svc, rpc)
-    print("KServe's %d messages and %d RPCs are Triton's, field for field: ok" % (len(kserve_msgs), sum(len(r) for r in kserve_svcs.values())))
+    print("typed contents: live, ready, metadata, FP32 and BYTES inference: ok")
 
 
 if __name__ == "__main__":
     mode, proto_dir, out_dir, addr = sys.argv[1:5]
-    {"triton": triton, "kserve": kserve, "compatible": compatible}[mode](proto_dir, out_dir, addr)
+    {"raw": raw, "typed": typed}[mode](proto_dir, out_dir, addr)
