@@ -206,9 +206,10 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 	}
 }
 
-// grpcScopes are the RPCs a bearer token guards, by scope; the others
-// (ServerLive, ServerReady, ServerMetadata, health) are open, as their
-// HTTP endpoints are.
+// grpcScope is the tokens that guard an RPC: the repository scope's for
+// Repository*, the inference scope's for the service's other RPCs, none
+// for ServerLive, ServerReady, ServerMetadata and health, which are open
+// as their HTTP endpoints are.
 func (s *Server) grpcScope(fullMethod string) *tokens {
 	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || service != inferencepb.GRPCInferenceService_ServiceDesc.ServiceName {
