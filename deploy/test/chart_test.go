@@ -317,10 +317,25 @@ func TestNPUResourceAndCPUOnly(t *testing.T) {
 	_, atom := c.Resources.Limits["rebellions.ai/ATOM"]
 	assert.False(t, atom)
 
-	r = render(t, "--set", "npu.count=0,config.engine.default=cpu")
-	for name := range r.deployment.Spec.Template.Spec.Containers[0].Resources.Limits {
+	// npu.count 0 is a CPU-only deployment, whatever the values say of
+	// engines: no NPU requested, no NPU node required, the CPU engine by
+	// default with no failover, no device list.
+	r = render(t, "--set", "npu.count=0")
+	c = r.deployment.Spec.Template.Spec.Containers[0]
+	for name := range c.Resources.Limits {
 		assert.NotContains(t, string(name), "rebellions.ai", "no NPU requested")
 	}
+	_, npuNode := r.deployment.Spec.Template.Spec.NodeSelector["rebellions.ai/npu.present"]
+	assert.False(t, npuNode, "no NPU node required")
+	for _, e := range c.Env {
+		assert.NotEqual(t, "RBLN_VISIBLE_DEVICES", e.Name)
+	}
+	cfg := loadChartConfig(t, r)
+	assert.Equal(t, "cpu", cfg.Engine.Default)
+	assert.Equal(t, "none", cfg.Engine.Failover)
+
+	r = render(t, "--set", "npu.count=0,nodeSelector.pool=cpu")
+	assert.Equal(t, map[string]string{"pool": "cpu"}, r.deployment.Spec.Template.Spec.NodeSelector, "other selectors stay")
 }
 
 func TestValuesSchemaRejectsNonsense(t *testing.T) {
