@@ -159,6 +159,9 @@ type Models struct {
 type Log struct {
 	Level  slog.Level
 	Format string // text | json
+	// Requests logs every inference request at info; otherwise they are
+	// logged at debug.
+	Requests bool
 }
 
 // ErrInvalid is wrapped by every validation error.
@@ -257,6 +260,8 @@ var keys = []key{
 		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error")},
 	{"log.format", "text", "log format: text or json",
 		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json")},
+	{"log.requests", "false", "log every inference request at info (method, path, model, status, rows, bytes, time, request id); otherwise at debug",
+		value(func(c *Config) *bool { return &c.Log.Requests }, strconv.ParseBool, anything, "true or false")},
 }
 
 // Keys lists every configuration key, in documentation order.

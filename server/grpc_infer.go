@@ -60,7 +60,14 @@ func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRe
 		handed = true
 		context.AfterFunc(ctx, ch.release)
 	}
-	s.metrics.observe(protocolGRPC, name, st, time.Since(start))
+	took := time.Since(start)
+	s.metrics.observe(protocolGRPC, name, st, took)
+	var rows int
+	if ins := r.GetInputs(); len(ins) > 0 && len(ins[0].GetShape()) > 0 {
+		rows = int(ins[0].GetShape()[0])
+	}
+	s.logRequest(ctx, protocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", name, st,
+		requestInfo{rows: rows, id: r.GetId()}, int64(protoRequestBytes(r)), took)
 	if err != nil {
 		return nil, grpcError(err)
 	}

@@ -48,13 +48,37 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 		return
 	}
 	name := m.Model().Name
-	status := s.serveInfer(w, r, m)
-	s.metrics.observe(protocolHTTP, name, status, time.Since(start))
+	var info requestInfo
+	status := s.serveInfer(w, r, m, &info)
+	took := time.Since(start)
+	s.metrics.observe(protocolHTTP, name, status, took)
+	s.logRequest(r.Context(), protocolHTTP, r.Method, r.URL.Path, name, status, info, r.ContentLength, took)
+}
+
+// requestInfo is what a request's log line says of it beyond its status.
+type requestInfo struct {
+	rows int
+	id   string
+}
+
+// logRequest logs one inference request: at info with log.requests, else
+// at debug (and nothing is built for a line nobody logs).
+func (s *Server) logRequest(ctx context.Context, protocol int, method, path, model string, status int, info requestInfo, bytes int64, took time.Duration) {
+	level := slog.LevelDebug
+	if s.opts.LogRequests {
+		level = slog.LevelInfo
+	}
+	if !s.logger.Enabled(ctx, level) {
+		return
+	}
+	s.logger.LogAttrs(ctx, level, "request", slog.String("protocol", protocolLabels[protocol]), slog.String("method", method),
+		slog.String("path", path), slog.String("model", model), slog.Int("status", status), slog.Int("rows", info.rows),
+		slog.Int64("bytes", bytes), slog.String("took", took.String()), slog.String("id", clipName(info.id)))
 }
 
 // serveInfer answers one inference request and returns the status it
 // answered with.
-func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model) int {
+func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model, info *requestInfo) int {
 	// The model's statistics time a request from when its body has been
 	// read (a slow upload is the client's) to when its answer is written.
 	began := time.Now()
@@ -104,6 +128,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if err != nil {
 		return fail(err)
 	}
+	info.rows, info.id = req.rows, req.id
 	m, sr, err := s.run(r.Context(), &ch, m, req, f)
 	if err != nil {
 		return fail(err)

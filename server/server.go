@@ -99,6 +99,8 @@ type Options struct {
 	// as GET /v2/logging reports it.
 	LogLevel  *slog.LevelVar
 	LogFormat string
+	// LogRequests logs every inference request at info, not debug.
+	LogRequests bool
 }
 
 // Server is the HTTP API. It is an [http.Handler].

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -360,4 +361,25 @@ func TestDirectInferRouteAgreesWithRouter(t *testing.T) {
 		_, ok := inferPath(r)
 		assert.True(t, ok)
 	}
+}
+
+// TestRequestLog: every inference request is logged at debug, or at info
+// with log.requests, saying what it was and how it went.
+func TestRequestLog(t *testing.T) {
+	f := newSumMax(t)
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s, err := New(Options{Models: f.set, Logger: logger, LogRequests: true})
+	require.NoError(t, err)
+	do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"id":"req-7","inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[1,2,3,4,5,6]}]}`))
+	do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"nope","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
+	log := buf.String()
+	assert.Regexp(t, `msg=request protocol=http method=POST path=/v2/models/summax/infer model=summax status=200 rows=2 bytes=\d+ took=\S+ id=req-7`, log)
+	assert.Regexp(t, `msg=request protocol=http .* status=400 rows=0`, log)
+
+	buf.Reset()
+	s, err = New(Options{Models: f.set, Logger: logger})
+	require.NoError(t, err)
+	do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
+	assert.NotContains(t, buf.String(), "msg=request", "without log.requests, requests are debug lines")
 }

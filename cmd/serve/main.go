@@ -147,6 +147,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		Logger:             logger,
 		LogLevel:           logLevel,
 		LogFormat:          cfg.Log.Format,
+		LogRequests:        cfg.Log.Requests,
 		Registerer:         reg,
 		Gatherer:           reg,
 	})
