@@ -66,6 +66,9 @@ func (w *Weights) Tensor(name string, shape ...int) (*Tensor, error) {
 	if !slices.Equal(t.Shape, shape) {
 		return nil, fmt.Errorf("%s: tensor %q has shape %v, want %v", w.name(), clip.Clip(name, maxNameInError), t.Shape, shape)
 	}
+	if t.Dtype != "" && !floatDtypes[t.Dtype] { // "": built in memory, float32
+		return nil, fmt.Errorf("%s: tensor %q is %s; want F32, F16 or BF16", w.name(), clip.Clip(name, maxNameInError), t.Dtype)
+	}
 	return t, nil
 }
 
@@ -169,14 +172,14 @@ func (w *Weights) readData(ctx context.Context, f *repoFile) error {
 		sorted = append(sorted, t)
 	}
 	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmp.Compare(a.begin, b.begin) })
-	for _, t := range sorted {
-		if !floatDtypes[t.Dtype] {
-			return fmt.Errorf("%s: tensor %q is %s; the mlp and encoder architectures read F32, F16 or BF16 tensors",
-				w.name(), clip.Clip(t.Name, maxNameInError), t.Dtype)
-		}
-	}
 	buf := make([]byte, readChunk)
 	for _, t := range sorted {
+		if !floatDtypes[t.Dtype] {
+			// Not a weight the built-in architectures take (a checkpoint's
+			// I64 embeddings.position_ids, say): left unread. Tensor
+			// refuses it by name if an architecture asks for it.
+			continue
+		}
 		size := int64(safetensorsDtypeSize[t.Dtype])
 		t.Data = make([]float32, t.Numel())
 		for done := int64(0); done < t.end-t.begin; {
@@ -224,6 +227,12 @@ func ParseSafetensors(b []byte) (*Weights, error) {
 // and checks it against the limit and the file's size.
 func headerLength(b []byte, fileSize int64) (int, error) {
 	n := binary.LittleEndian.Uint64(b)
+	switch {
+	case bytes.HasPrefix(b, []byte("PK\x03\x04")):
+		return 0, fmt.Errorf("%w: this is a zip archive, as torch.save writes, not safetensors; save the state_dict as safetensors (README, \"Add your own model\")", ErrSafetensors)
+	case b[0] == 0x80 && b[1] >= 2 && b[1] <= 5:
+		return 0, fmt.Errorf("%w: this is a Python pickle (an old torch.save), not safetensors; save the state_dict as safetensors (README, \"Add your own model\")", ErrSafetensors)
+	}
 	if n > maxSafetensorsHeader {
 		return 0, fmt.Errorf("%w: header length %d exceeds the %d-byte limit", ErrSafetensors, n, maxSafetensorsHeader)
 	}

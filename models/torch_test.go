@@ -1,6 +1,8 @@
 package models
 
 import (
+	"bytes"
+	"encoding/binary"
 	"strings"
 	"testing"
 
@@ -59,4 +61,34 @@ func TestDatatypeEncode(t *testing.T) {
 	assert.Equal(t, []byte{0, 0x3c}, FP16.Encode(1))
 	assert.Equal(t, []byte{0x80, 0x3f}, BF16.Encode(1))
 	assert.Equal(t, []byte{0, 0xc0}, FP16.Encode(-2))
+}
+
+// TestUnneededIntegerTensorsAreSkipped: a checkpoint's I64 tensor that the
+// architecture does not take (BERT's embeddings.position_ids) is left
+// unread; one it takes is refused by name.
+func TestUnneededIntegerTensorsAreSkipped(t *testing.T) {
+	var buf bytes.Buffer
+	header := `{"layers.0.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},` +
+		`"layers.0.bias":{"dtype":"F32","shape":[2],"data_offsets":[24,32]},` +
+		`"embeddings.position_ids":{"dtype":"I64","shape":[1,4],"data_offsets":[32,64]}}`
+	binary.Write(&buf, binary.LittleEndian, uint64(len(header)))
+	buf.WriteString(header)
+	buf.Write(make([]byte, 64))
+	w, err := ParseSafetensors(buf.Bytes())
+	require.NoError(t, err)
+	_, err = NewMLP(&MLPConfig{Sizes: []int{3, 2}, Activation: "relu"}, w)
+	require.NoError(t, err, "the I64 tensor nobody asked for is skipped")
+	_, err = w.Tensor("embeddings.position_ids", 1, 4)
+	assert.ErrorContains(t, err, `tensor "embeddings.position_ids" is I64; want F32, F16 or BF16`)
+}
+
+// TestTorchSaveFilesAreNamed: a torch.save file given as safetensors says
+// what it is instead of reading its first bytes as a header length.
+func TestTorchSaveFilesAreNamed(t *testing.T) {
+	zip := append([]byte("PK\x03\x04"), make([]byte, 60)...)
+	_, err := ParseSafetensors(zip)
+	assert.ErrorContains(t, err, "this is a zip archive, as torch.save writes, not safetensors")
+	pickle := append([]byte{0x80, 0x02}, make([]byte, 60)...)
+	_, err = ParseSafetensors(pickle)
+	assert.ErrorContains(t, err, "this is a Python pickle (an old torch.save), not safetensors")
 }
