@@ -18,7 +18,8 @@ import (
 // of the models and a first request to try.
 func announce(w io.Writer, logger *slog.Logger, cfg *config.Config, set *serving.Set, addr net.Addr) {
 	url := baseURL(addr)
-	logger.Info("ready", "url", url)
+	// The log line last: whoever waits for it has the whole announcement.
+	defer logger.Info("ready", "url", url)
 	if cfg.Log.Format == "json" {
 		return
 	}

@@ -202,7 +202,9 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 		resp, err := http.Get(p.base + "/v2/health/ready")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			// Ready, and said so: the announcement is in the log, so a
+			// test counting log lines from here counts its own.
+			if logs := p.logs.String(); resp.StatusCode == 200 && (strings.Contains(logs, "msg=ready") || strings.Contains(logs, `"msg":"ready"`)) {
 				return p
 			}
 		}
