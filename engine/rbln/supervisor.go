@@ -435,6 +435,17 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 // wraps [engine.ErrUnavailable] and why it went down.
 func (w *worker) current() (*conn, error) {
 	w.mu.Lock()
+	c, life := w.conn, w.life
+	w.mu.Unlock()
+	if c == nil && life != nil {
+		// Down: while the supervisor ends this life, its cause (the exit
+		// status, the last output) is worth a moment's wait.
+		select {
+		case <-life:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
 	case w.conn != nil:
