@@ -13,6 +13,24 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
+// newLogger is the server's log, at a level the logging extension may
+// change at run time. Durations print as Go writes them (1.5s, 250ms) in
+// both formats, not as JSON's nanoseconds.
+func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	level.Set(c.Level)
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			return slog.String(a.Key, a.Value.Duration().String())
+		}
+		return a
+	}}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts)), level
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), level
+}
+
 // announce says the server is ready: the log line, and, for a person
 // reading text logs, the URL, whether each API asks for a token, a table
 // of the models and a first request to try.

@@ -68,15 +68,6 @@ func run(args []string, stderr io.Writer) int {
 
 // newLogger is the process's log, and its level, which the logging
 // extension (POST /v2/logging) changes at run time.
-func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
-	level := new(slog.LevelVar)
-	level.Set(c.Level)
-	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts)), level
-	}
-	return slog.New(slog.NewTextHandler(w, opts)), level
-}
 
 func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -23,6 +24,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/config"
 )
 
 // binPath is the server binary, built once for every test in this file.
@@ -458,4 +461,13 @@ func TestStartupAnnouncement(t *testing.T) {
 	assert.Contains(t, logs, "stepserve is ready on "+p.base+"  (inference: open; repository API: off (server.enable_model_control))")
 	assert.Regexp(t, `digits\s+cpu\s+1/1\s+\[1 4 16 32\]\s+pixels FP32\[-1 64\] -> probabilities FP32\[-1 10\]\s+\d+\.\ds`, logs)
 	assert.Contains(t, logs, "try: curl -s "+p.base+"/v2/models/digits\n")
+}
+
+// TestJSONLogDurations: durations in JSON logs read as Go writes them
+// ("30s"), not as nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var buf bytes.Buffer
+	logger, _ := newLogger(config.Log{Format: "json", Level: slog.LevelInfo}, &buf)
+	logger.Info("x", "grace", 30*time.Second)
+	assert.Contains(t, buf.String(), `"grace":"30s"`)
 }
