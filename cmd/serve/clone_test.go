@@ -11,7 +11,7 @@ import (
 )
 
 // TestFreshCloneBuildsAndRetrains: a clone of the repository on its own
-// (no ../shared, nothing outside it) builds the server and retrains the
+// (nothing outside the repository) builds the server and retrains the
 // shipped models to the same bytes as shipped: make build, make digits,
 // make digits-cnn.
 func TestFreshCloneBuildsAndRetrains(t *testing.T) {
