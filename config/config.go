@@ -323,13 +323,7 @@ func checkEnv(environ []string) error {
 			strings.HasPrefix(name, "STEPSERVE_FAKE_") || name == "STEPSERVE_SOAK" {
 			continue
 		}
-		best, bestD := "", 1<<30
-		for _, n := range names {
-			if d := editDistance(name, n); d < bestD {
-				best, bestD = n, d
-			}
-		}
-		if bestD <= max(2, len(name)/4) {
+		if best := nearest(name, names); best != "" {
 			return fmt.Errorf("config: environment variable %s names no setting; did you mean %s?", name, best)
 		}
 		return fmt.Errorf("config: environment variable %s names no setting (stepserve --help lists them)", name)
@@ -346,13 +340,9 @@ func flagError(err error, fs *pflag.FlagSet) error {
 		return fmt.Errorf("config: %s (stepserve --help lists the flags)", msg)
 	}
 	name, _, _ = strings.Cut(name, "=")
-	best, bestD := "", 1<<30
-	fs.VisitAll(func(f *pflag.Flag) {
-		if d := editDistance(name, f.Name); d < bestD {
-			best, bestD = f.Name, d
-		}
-	})
-	if best != "" && bestD <= max(2, len(name)/3) {
+	var flags []string
+	fs.VisitAll(func(f *pflag.Flag) { flags = append(flags, f.Name) })
+	if best := nearest(name, flags); best != "" {
 		return fmt.Errorf("config: unknown flag --%s; did you mean --%s? (stepserve --help lists the flags)", name, best)
 	}
 	return fmt.Errorf("config: unknown flag --%s (stepserve --help lists the flags)", name)

@@ -82,7 +82,9 @@ func acceptedEncoding(header string) string {
 		return ""
 	}
 	best, bestQ := "", 0.0
-	for _, part := range strings.Split(header, ",") {
+	for rest := header; rest != ""; {
+		var part string
+		part, rest, _ = strings.Cut(rest, ",")
 		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
 		name = strings.ToLower(strings.TrimSpace(name))
 		q := 1.0

@@ -12,9 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -67,14 +67,9 @@ func loadOverride(r *http.Request, name string) (serving.Override, error) {
 	return override, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
+// sortedKeys lists a decoded object's keys in order, so that the first
+// refusal is the same whatever the map's order.
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // configOverride is the change a Triton model configuration (JSON) makes
 // to model name's model.yaml: name must match; max_batch_size and

@@ -15,7 +15,8 @@ import (
 
 // protobufPython is a Python with google.protobuf and grpc_tools (Debian's
 // python3-protobuf and python3-grpc-tools, which make deps installs), and
-// a directory holding testdata/triton/triton_subset.proto compiled for it.
+// a directory holding proto/inference.proto (the protocol as the gRPC API
+// serves it) compiled for it.
 func protobufPython(t *testing.T) (python, pbDir string) {
 	t.Helper()
 	python = os.Getenv("PYTHON")
@@ -26,7 +27,7 @@ func protobufPython(t *testing.T) (python, pbDir string) {
 		t.Skipf("%s has no google.protobuf or grpc_tools (make deps installs python3-protobuf and python3-grpc-tools): %v", python, err)
 	}
 	pbDir = t.TempDir()
-	out, err := exec.Command(python, "-m", "grpc_tools.protoc", "-Itestdata/triton", "--python_out="+pbDir, "testdata/triton/triton_subset.proto").CombinedOutput()
+	out, err := exec.Command(python, "-m", "grpc_tools.protoc", "-I../proto", "--python_out="+pbDir, "../proto/inference.proto").CombinedOutput()
 	require.NoError(t, err, string(out))
 	return python, pbDir
 }

@@ -437,7 +437,10 @@ func (w *worker) current() (*conn, error) {
 	w.mu.Lock()
 	c, life := w.conn, w.life
 	w.mu.Unlock()
-	if c == nil && life != nil {
+	if c != nil {
+		return c, nil // the step path: one look
+	}
+	if life != nil {
 		// Down: while the supervisor ends this life, its cause (the exit
 		// status, the last output) is worth a moment's wait.
 		select {

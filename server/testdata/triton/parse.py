@@ -2,8 +2,8 @@
 
 Usage: parse.py PROTO_OUT_DIR MESSAGE=FILE ...
 
-PROTO_OUT_DIR holds triton_subset_pb2.py (protoc --python_out of
-triton_subset.proto). Each FILE is parsed as inference.MESSAGE with
+PROTO_OUT_DIR holds inference_pb2.py (protoc --python_out of the
+repository's proto/inference.proto). Each FILE is parsed as inference.MESSAGE with
 google.protobuf.json_format.Parse, which refuses an unknown field, an
 unknown enum name and a value of the wrong type. Prints one JSON line per
 file: the message as json_format reads it back, so the caller can check
@@ -17,14 +17,14 @@ sys.path.insert(0, sys.argv[1])
 
 from google.protobuf import json_format  # noqa: E402
 
-import triton_subset_pb2  # noqa: E402
+import inference_pb2  # noqa: E402
 
 for arg in sys.argv[2:]:
     name, path = arg.split("=", 1)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        msg = json_format.Parse(text, getattr(triton_subset_pb2, name)())
+        msg = json_format.Parse(text, getattr(inference_pb2, name)())
     except json_format.ParseError as e:
         print(f"{path}: not a valid {name}: {e}", file=sys.stderr)
         sys.exit(1)
