@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto
+.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -122,6 +122,30 @@ digits-cnn:
 
 clean:
 	rm -rf bin
+
+## schema: regenerate the chart's values.schema.json from the server's
+## configuration keys (a test fails while it is not current)
+schema:
+	$(GO) run ./cmd/gen-schema -chart deploy/helm/stepserve
+
+IMAGE       ?= ghcr.io/stepserve/stepserve:$(VERSION)
+RBLN_WHEELS ?= rbln-wheels
+# The first of buildah, podman and docker found builds the images.
+CONTAINER_BUILD = tool=$$(for t in buildah podman docker; do command -v $$t >/dev/null && { echo $$t; break; }; done); \
+	[ -n "$$tool" ] || { echo "make image: needs buildah, podman or docker (none is installed)"; exit 1; }; \
+	case $$tool in buildah) sub=bud;; *) sub=build;; esac; \
+	echo "building with $$tool"; \
+	$$tool $$sub -f Containerfile --build-arg VERSION=$(VERSION)
+
+## image: the server image (cpu and torch engines), tagged $(IMAGE)
+image:
+	@$(CONTAINER_BUILD) --target runtime -t $(IMAGE) .
+
+## image-rbln: the NPU image, with torch_rbln installed from the wheels in
+## $(RBLN_WHEELS) (see the Containerfile), tagged $(IMAGE)-rbln
+image-rbln:
+	@[ -d "$(RBLN_WHEELS)" ] || { echo "make image-rbln: $(RBLN_WHEELS)/ holds no torch_rbln wheels: download torch_rbln and the torch it needs from Rebellions' index into it, or set RBLN_WHEELS"; exit 1; }
+	@$(CONTAINER_BUILD) --target rbln --build-arg RBLN_WHEELS=$(RBLN_WHEELS) -t $(IMAGE)-rbln .
 
 ## tiny-encoder: regenerate the shipped demo encoder (random weights, fixed seed)
 tiny-encoder:

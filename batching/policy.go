@@ -41,8 +41,9 @@ const (
 	keyMaxBatchElements = "batching.max_batch_elements"
 )
 
-// maxPriorityLevels keeps the per-level queues few.
-const maxPriorityLevels = 100
+// MaxPriorityLevels is the most priority levels a policy may have: it
+// keeps the per-level queues few.
+const MaxPriorityLevels = 100
 
 // WithDefaults returns p with its zero fields given their defaults: a queue
 // of 1024, one priority level, and the lowest level for requests that name
@@ -75,7 +76,7 @@ func (p Policy) Validate() error {
 		{keyMaxBatchElements, p.MaxBatchElements < 0, p.MaxBatchElements},
 		{keyMaxQueueSize, p.MaxQueueSize < 1, p.MaxQueueSize},
 		{keyDefaultTimeout, p.DefaultTimeout < 0, p.DefaultTimeout},
-		{keyPriorityLevels, p.PriorityLevels < 1 || p.PriorityLevels > maxPriorityLevels, p.PriorityLevels},
+		{keyPriorityLevels, p.PriorityLevels < 1 || p.PriorityLevels > MaxPriorityLevels, p.PriorityLevels},
 		{keyDefaultPriority, p.DefaultPriority < 0 || p.DefaultPriority > p.PriorityLevels, p.DefaultPriority},
 	} {
 		if c.bad {
@@ -123,7 +124,7 @@ func (p Policy) accepts(key string) string {
 	case keyMaxQueueSize:
 		return "an integer of at least 1"
 	case keyPriorityLevels:
-		return fmt.Sprintf("an integer in 1..%d", maxPriorityLevels)
+		return fmt.Sprintf("an integer in 1..%d", MaxPriorityLevels)
 	case keyDefaultPriority:
 		return fmt.Sprintf("an integer in 1..%d (%s), or 0 for the lowest level", max(p.PriorityLevels, 1), keyPriorityLevels)
 	case keyMaxBatchElements:

@@ -175,6 +175,8 @@ type key struct {
 	// read is nil for a key another key's read takes in (a token is read
 	// with its token_file).
 	read reader
+	// kind is the value's type, for --help and the chart's schema.
+	kind kind
 }
 
 // A reader parses one key's value, as v holds it, into c. Its error names
@@ -187,81 +189,81 @@ var defaultPolicy = batching.Policy{}.WithDefaults()
 
 var keys = []key{
 	{"server.addr", ":8000", "listen address, host:port",
-		value(func(c *Config) *string { return &c.Server.Addr }, asString, isHostPort, "host:port, e.g. :8000 or 127.0.0.1:8000")},
+		value(func(c *Config) *string { return &c.Server.Addr }, asString, isHostPort, "host:port, e.g. :8000 or 127.0.0.1:8000"), addrKind(false)},
 	{"server.max_body_bytes", "64MiB", "largest request body accepted (bytes, or with a unit: 512KiB, 64MiB, 1GiB)",
-		value(func(c *Config) *int64 { return &c.Server.MaxBodyBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")},
+		value(func(c *Config) *int64 { return &c.Server.MaxBodyBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)"), sizeKind(1024, false)},
 	{"server.shutdown_grace", "30s", "how long a shutdown waits for in-flight requests",
-		value(func(c *Config) *time.Duration { return &c.Server.ShutdownGrace }, time.ParseDuration, atLeast[time.Duration](0), "a duration of 0 or more, e.g. 30s")},
+		value(func(c *Config) *time.Duration { return &c.Server.ShutdownGrace }, time.ParseDuration, atLeast[time.Duration](0), "a duration of 0 or more, e.g. 30s"), durationKind(true)},
 	{"server.read_header_timeout", "10s", "how long a client may take to send request headers",
-		value(func(c *Config) *time.Duration { return &c.Server.ReadHeaderTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
+		value(func(c *Config) *time.Duration { return &c.Server.ReadHeaderTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s"), durationKind(false)},
 	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408)",
-		value(func(c *Config) *time.Duration { return &c.Server.ReadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+		value(func(c *Config) *time.Duration { return &c.Server.ReadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers",
-		value(func(c *Config) *time.Duration { return &c.Server.WriteTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+		value(func(c *Config) *time.Duration { return &c.Server.WriteTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.idle_timeout", "120s", "how long an idle keep-alive connection stays open",
-		value(func(c *Config) *time.Duration { return &c.Server.IdleTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s")},
+		value(func(c *Config) *time.Duration { return &c.Server.IdleTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.max_header_bytes", "1MiB", "largest request header block (431 above it)",
-		value(func(c *Config) *int64 { return &c.Server.MaxHeaderBytes }, ParseBytes, between[int64](4096, 1<<30), "a size from 4KiB to 1GiB")},
+		value(func(c *Config) *int64 { return &c.Server.MaxHeaderBytes }, ParseBytes, between[int64](4096, 1<<30), "a size from 4KiB to 1GiB"), sizeKind(4096, false)},
 	{"server.max_request_elements", "16777216", "most tensor elements one request may declare across its inputs",
-		value(func(c *Config) *int64 { return &c.Server.MaxRequestElements }, parseInt64, atLeast[int64](1), "a positive integer")},
+		value(func(c *Config) *int64 { return &c.Server.MaxRequestElements }, parseInt64, atLeast[int64](1), "a positive integer"), intKind(1, 0)},
 	{"server.max_connections", "0", "most open connections on server.addr: the longest-idle one is closed to make room, and with none idle a new one gets 503 (0: the descriptor limit less a reserve)",
-		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)")},
+		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)"), intKind(0, 1<<24)},
 	{"server.max_response_bytes", "64MiB", "largest response one request may ask for, bounded from its shapes before it runs (413 above it)",
-		value(func(c *Config) *int64 { return &c.Server.MaxResponseBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)")},
+		value(func(c *Config) *int64 { return &c.Server.MaxResponseBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)"), sizeKind(1024, false)},
 	{"server.max_inflight_bytes", "0", "memory all requests in flight may hold together: bodies, tensors, outputs and responses not yet written (503 when spent); 0: half the memory limit (cgroup, RLIMIT_AS or RAM)",
-		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)")},
+		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)"), sizeKind(1<<20, true)},
 	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",
-		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr")},
+		value(func(c *Config) *string { return &c.Server.MetricsAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, or empty to serve /metrics on server.addr"), addrKind(true)},
 	{"server.grpc_addr", ":8001", "listen address of the gRPC API (Triton's and KServe's inference.GRPCInferenceService, and grpc.health.v1); empty: no gRPC",
-		value(func(c *Config) *string { return &c.Server.GRPCAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, e.g. :8001, or empty to serve no gRPC")},
-	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil},
+		value(func(c *Config) *string { return &c.Server.GRPCAddr }, asString, func(s string) bool { return s == "" || isHostPort(s) }, "host:port, e.g. :8001, or empty to serve no gRPC"), addrKind(true)},
+	{"auth.inference.token", "", "bearer token required by /v2/models/... (empty: no authentication)", nil, stringKind("token", 0)},
 	{"auth.inference.token_file", "", "file of bearer tokens (one per line) for /v2/models/...; re-read on SIGHUP",
-		tokensOf("auth.inference", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.InferenceTokens, &c.Auth.inference })},
-	{"auth.repository.token", "", "bearer token required by the repository API", nil},
+		tokensOf("auth.inference", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.InferenceTokens, &c.Auth.inference }), stringKind("path", 0)},
+	{"auth.repository.token", "", "bearer token required by the repository API", nil, stringKind("token", 0)},
 	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API; re-read on SIGHUP",
-		tokensOf("auth.repository", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.RepositoryTokens, &c.Auth.repository })},
+		tokensOf("auth.repository", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.RepositoryTokens, &c.Auth.repository }), stringKind("path", 0)},
 	{"auth.repository.allow_anonymous", "false", "with model control on and an inference token, leave the repository API without a token on purpose",
-		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false")},
+		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
-		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false")},
-	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey},
-	{"batching.max_batch_elements", strconv.Itoa(defaultPolicy.MaxBatchElements), "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)", policyKey},
-	{"batching.max_queue_size", strconv.Itoa(defaultPolicy.MaxQueueSize), "default for models: queued requests before new ones get 503", policyKey},
-	{"batching.default_timeout", defaultPolicy.DefaultTimeout.String(), "default for models: how long a request may wait in the queue (0: no limit)", policyKey},
-	{"batching.priority_levels", strconv.Itoa(defaultPolicy.PriorityLevels), "default for models: number of priority levels (1 is the highest)", policyKey},
+		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false"), boolKind},
+	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey, durationKind(true)},
+	{"batching.max_batch_elements", strconv.Itoa(defaultPolicy.MaxBatchElements), "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)", policyKey, intKind(0, 0)},
+	{"batching.max_queue_size", strconv.Itoa(defaultPolicy.MaxQueueSize), "default for models: queued requests before new ones get 503", policyKey, intKind(1, 0)},
+	{"batching.default_timeout", defaultPolicy.DefaultTimeout.String(), "default for models: how long a request may wait in the queue (0: no limit)", policyKey, durationKind(true)},
+	{"batching.priority_levels", strconv.Itoa(defaultPolicy.PriorityLevels), "default for models: number of priority levels (1 is the highest)", policyKey, intKind(1, batching.MaxPriorityLevels)},
 	{"engine.default", "cpu", "engine for models whose model.yaml names none: cpu (Go, in process), torch (the Python worker on the host CPU) or rbln (the Python worker on an RBLN NPU)",
-		oneOf(func(c *Config) *string { return &c.Engine.Default }, "cpu", "torch", "rbln")},
+		oneOf(func(c *Config) *string { return &c.Engine.Default }, "cpu", "torch", "rbln"), enumKind("cpu", "torch", "rbln")},
 	{"engine.failover", "none", "when a worker is down: none (the model is not ready), cpufallback (serve on the CPU engine) or torch (serve on the torch engine)",
-		oneOf(func(c *Config) *string { return &c.Engine.Failover }, "none", "cpufallback", "torch")},
+		oneOf(func(c *Config) *string { return &c.Engine.Failover }, "none", "cpufallback", "torch"), enumKind("none", "cpufallback", "torch")},
 	{"engine.cpu_threads", "0", "CPUs one CPU-engine step may use, by running groups of a batch's sequences side by side; 0: every CPU",
-		value(func(c *Config) *int { return &c.Engine.CPUThreads }, strconv.Atoi, between(0, 1024), "an integer in 0..1024 (0: every CPU)")},
+		value(func(c *Config) *int { return &c.Engine.CPUThreads }, strconv.Atoi, between(0, 1024), "an integer in 0..1024 (0: every CPU)"), intKind(0, 1024)},
 	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers",
-		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter")},
+		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter"), stringKind("path", 1)},
 	{"rbln.devices", "", "the rbln engine's logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values; empty: one worker per device in the server's RBLN_VISIBLE_DEVICES (the pod's), else 0",
-		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML), or empty for the server's RBLN_VISIBLE_DEVICES")},
+		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML), or empty for the server's RBLN_VISIBLE_DEVICES"), listKind},
 	{"rbln.torch_workers", "1", "the torch engine's workers (Python processes on the host CPU): 1 is device cpu; more are devices cpu0, cpu1, ..., which a model's instances may name (devices: all loads it on each)",
-		value(func(c *Config) *int { return &c.RBLN.TorchWorkers }, strconv.Atoi, between(1, 64), "an integer in 1..64")},
+		value(func(c *Config) *int { return &c.RBLN.TorchWorkers }, strconv.Atoi, between(1, 64), "an integer in 1..64"), intKind(1, 64)},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
-		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)")},
+		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)"), mapKind},
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",
-		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, "")},
+		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, ""), stringKind("path", 0)},
 	{"rbln.strict_warmup", "true", "refuse readiness unless every bucket's second warm-up run is clean (false: log it and serve)",
-		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false")},
+		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long, while it builds no graph, is killed and restarted",
-		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s")},
+		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s"), durationKind(false)},
 	{"rbln.compile_timeout", "30m", "one graph build (a load, a compile, a bucket's first step) running longer kills the worker; while it builds, pings go unanswered and the process is watched instead",
-		value(func(c *Config) *time.Duration { return &c.RBLN.CompileTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 30m")},
-	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository},
+		value(func(c *Config) *time.Duration { return &c.RBLN.CompileTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 30m"), durationKind(false)},
+	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository, stringKind("path", 1)},
 	{"models.max_model_bytes", "auto", "host memory all served models may hold together, each estimated from its files (weights, staging, the CPU engine's buffers for every bucket) before it loads; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
-		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)")},
+		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)"), autoSizeKind(1 << 20)},
 	{"models.load_timeout", "10m", "how long one model's load (reading, loading, warm-up) may take before it fails",
-		value(func(c *Config) *time.Duration { return &c.Models.LoadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10m")},
+		value(func(c *Config) *time.Duration { return &c.Models.LoadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10m"), durationKind(false)},
 	{"log.level", "info", "log level: debug, info, warn or error",
-		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error")},
+		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error"), levelKind},
 	{"log.format", "text", "log format: text or json",
-		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json")},
+		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json"), enumKind("text", "json")},
 	{"log.requests", "false", "log every inference request at info (method, path, model, status, rows, bytes, time, request id); otherwise at debug",
-		value(func(c *Config) *bool { return &c.Log.Requests }, strconv.ParseBool, anything, "true or false")},
+		value(func(c *Config) *bool { return &c.Log.Requests }, strconv.ParseBool, anything, "true or false"), boolKind},
 }
 
 // Keys lists every configuration key, in documentation order.
@@ -281,28 +283,53 @@ func Keys() []string {
 var ErrVersion = errors.New("config: --version")
 
 // writeUsage is --help: what stepserve is, where settings come from, every
-// flag with its environment variable, and examples.
-func writeUsage(w io.Writer, fs *pflag.FlagSet) {
+// key with its type, default and environment variable, and examples.
+func writeUsage(w io.Writer) {
 	fmt.Fprint(w, `stepserve: an inference server for RBLN NPUs and the CPU, speaking the Open
-Inference Protocol v2 (Triton's and KServe's REST API, with binary tensors).
-It serves every model directory of --model_repository.
+Inference Protocol v2 (Triton's and KServe's REST and gRPC APIs, with binary
+tensors). It serves every model directory of --model_repository.
 
 Usage: stepserve [--key=value ...]    stepserve --version
 
 Settings come from defaults, then a YAML file (--config), then environment
-variables, then flags; each overrides the one before. Every flag is also the
-variable STEPSERVE_<KEY> (upper case, dots as underscores), e.g.
-STEPSERVE_SERVER_ADDR for --server.addr, and a YAML key of the same name.
+variables, then flags; each overrides the one before. Every key below is a
+flag (--server.addr), an environment variable (STEPSERVE_SERVER_ADDR: upper
+case, dots as underscores) and a YAML key (server: {addr: ...}).
 
 Flags:
+  --config path
+        YAML configuration file (env STEPSERVE_CONFIG)
+  --version
+        print the version and exit (also: stepserve version)
 `)
-	fmt.Fprint(w, strings.NewReplacer(` string[="true"]`, `[=true]        `, " string ", "        ").Replace(fs.FlagUsages()))
+	for _, k := range keys {
+		fmt.Fprintf(w, "  --%s %s\n", k.name, k.kind.word)
+		wrap(w, k.help, "        ", 80)
+		fmt.Fprintf(w, "        default %s, env %s\n", quoteDefault(k.def), envName(k.name))
+	}
 	fmt.Fprint(w, `
 Examples:
   stepserve --model_repository ./model_repository
   stepserve --model_repository /models --server.addr :8000 --engine.default rbln
   STEPSERVE_LOG_LEVEL=debug stepserve --config stepserve.yaml
 `)
+}
+
+// wrap writes text in lines of at most width columns, each starting with
+// indent.
+func wrap(w io.Writer, text, indent string, width int) {
+	line := indent
+	for _, word := range strings.Fields(text) {
+		if len(line) > len(indent) && len(line)+1+len(word) > width {
+			fmt.Fprintln(w, line)
+			line = indent
+		}
+		if len(line) > len(indent) {
+			line += " "
+		}
+		line += word
+	}
+	fmt.Fprintln(w, line)
 }
 
 // checkEnv refuses a STEPSERVE_ variable that names no key, with the
@@ -313,7 +340,7 @@ func checkEnv(environ []string) error {
 	known := map[string]bool{"STEPSERVE_CONFIG": true}
 	var names []string
 	for _, k := range keys {
-		env := "STEPSERVE_" + strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))
+		env := envName(k.name)
 		known[env] = true
 		names = append(names, env)
 	}
@@ -403,7 +430,7 @@ func Load(args []string) (*Config, error) {
 	}
 	var usage strings.Builder
 	fs.SetOutput(&usage)
-	fs.Usage = func() { writeUsage(&usage, fs) }
+	fs.Usage = func() { writeUsage(&usage) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(os.Stdout, usage.String())
@@ -427,6 +454,9 @@ func Load(args []string) (*Config, error) {
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
 
+	if *file == "" {
+		*file = os.Getenv("STEPSERVE_CONFIG")
+	}
 	if *file != "" {
 		v.SetConfigFile(*file)
 		v.SetConfigType("yaml")
@@ -494,6 +524,9 @@ func text(v *viper.Viper, key string) string { return strings.TrimSpace(v.GetStr
 // says what is accepted.
 func value[T any](field func(*Config) *T, parse func(string) (T, error), ok func(T) bool, want string) reader {
 	return func(c *Config, v *viper.Viper, key string) error {
+		if !scalar(v.Get(key)) {
+			return invalid(key, fmt.Sprint(v.Get(key)), want)
+		}
 		s := text(v, key)
 		x, err := parse(s)
 		if err != nil || !ok(x) {
@@ -502,6 +535,16 @@ func value[T any](field func(*Config) *T, parse func(string) (T, error), ok func
 		*field(c) = x
 		return nil
 	}
+}
+
+// scalar reports whether x is one value (text, a number, a boolean), not a
+// list or a map, which would otherwise read as "".
+func scalar(x any) bool {
+	switch x.(type) {
+	case []any, []string, map[string]any:
+		return false
+	}
+	return true
 }
 
 // oneOf reads a key that takes one of a few words.

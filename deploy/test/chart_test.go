@@ -339,11 +339,28 @@ func TestNPUResourceAndCPUOnly(t *testing.T) {
 }
 
 func TestValuesSchemaRejectsNonsense(t *testing.T) {
-	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1", "service.grpcPort=70000", "probes.grpc=yes"} {
+	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1", "service.grpcPort=70000", "probes.grpc=yes",
+		// The config value's schema is the server's keys (make schema):
+		// a misspelt key, a bad duration, a port out of range, a word
+		// the server does not take.
+		"config.server.adr=:1", "config.sever.addr=:1", "config.server.read_timeout=10", "config.server.grpc_addr=:99999",
+		"config.log.level=verbose", "config.engine.cpu_threads=-1", "config.server.max_body_bytes=100"} {
 		cmd := exec.Command(helmBin(), "template", "rel", chart, "--set", set)
 		out, err := cmd.CombinedOutput()
 		assert.Error(t, err, "%s should be refused", set)
 		assert.Contains(t, string(out), "values don't meet the specifications of the schema", set)
+	}
+}
+
+// TestValuesSchemaTakesWhatTheServerTakes renders values the server
+// accepts, as a user would write them, and checks that stepserve reads the
+// rendered configuration with them.
+func TestValuesSchemaTakesWhatTheServerTakes(t *testing.T) {
+	for _, set := range []string{"config.server.shutdown_grace=1m30s", "config.server.shutdown_grace=0", "config.server.max_body_bytes=1GiB",
+		"config.server.max_body_bytes=2097152", "config.rbln.devices={0,1}", "config.rbln.env.RBLN_LOG=debug", "config.batching.max_queue_delay=500us",
+		"config.models.max_model_bytes=auto", "config.log.requests=true", "config.server.metrics_addr=127.0.0.1:9090"} {
+		r := render(t, "--set", set)
+		loadChartConfig(t, r)
 	}
 }
 
