@@ -57,3 +57,28 @@ func TestREADMEExamples(t *testing.T) {
 		assert.Regexp(t, `0\.998\d+`, string(out))
 	}
 }
+
+// TestREADMEChartPreview runs the README's offline chart preview with the
+// Helm make deps builds, and checks it shows the objects it says.
+func TestREADMEChartPreview(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	var block string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], " template ") {
+			block = m[1]
+		}
+	}
+	require.NotEmpty(t, block, "the README's helm template example")
+	bin := regexp.MustCompile(`bin/helm-v[0-9.]+`).FindString(block)
+	if _, err := os.Stat("../../" + bin); err != nil {
+		t.Skipf("%s is not built (make deps builds it)", bin)
+	}
+	cmd := exec.Command("bash", "-c", "set -e -o pipefail\n"+block)
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s\n%s", block, out)
+	for _, kind := range []string{"Deployment", "Service", "ServiceMonitor", "PrometheusRule"} {
+		assert.Contains(t, string(out), "kind: "+kind+"\n")
+	}
+}
