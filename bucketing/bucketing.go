@@ -68,6 +68,13 @@ func NewGrid(batch, seq []int) (*Grid, error) {
 // steps refer to it. The caller must not modify the result.
 func (g *Grid) Shapes() []Shape { return g.shapes }
 
+// Batch is the grid's batch sizes, ascending.
+func (g *Grid) Batch() []int { return slices.Clone(g.batch) }
+
+// Seq is the grid's sequence lengths, ascending; empty for a model without
+// a sequence.
+func (g *Grid) Seq() []int { return slices.Clone(g.seq) }
+
 // MaxBatch is the largest batch one step can hold.
 func (g *Grid) MaxBatch() int { return g.batch[len(g.batch)-1] }
 

@@ -194,6 +194,7 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/explain", api(s.explain))
 			r.Get(m+v+"/stats", api(s.stats))
 			r.Get(m+v+"/buckets", api(s.buckets))
+			r.Get(m+v+"/buckets/advice", api(s.bucketAdvice))
 			r.Get(m+v+"/config", api(s.modelConfiguration))
 			r.Post(m+v+"/infer", s.infer)
 		}

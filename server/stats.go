@@ -1,11 +1,15 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -141,4 +145,30 @@ func (s *Server) buckets(r *http.Request) (any, error) {
 		b = []steps.BucketStats{}
 	}
 	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": b}, nil
+}
+
+// bucketAdvice is GET .../buckets/advice?max_buckets=K: the bucket lists
+// of at most K programs (default: as many as the model has now) that would
+// have padded the steps it served least, with the padding of the current
+// lists and of the advised ones on the same steps, and the model.yaml
+// block to paste.
+func (s *Server) bucketAdvice(r *http.Request) (any, error) {
+	m, err := s.lookup(r)
+	if err != nil {
+		return nil, err
+	}
+	k := len(m.Stats())
+	if q := r.URL.Query().Get("max_buckets"); q != "" {
+		if k, err = strconv.Atoi(q); err != nil || k < 1 || k > 4096 {
+			return nil, badRequest(fmt.Sprintf("max_buckets: %q; want an integer in 1..4096, the most buckets (compiled programs) the advice may use", q))
+		}
+	}
+	a, err := m.Advise(k)
+	if err != nil {
+		if errors.Is(err, bucketing.ErrNoTraffic) {
+			return nil, &apiError{http.StatusConflict, fmt.Sprintf("model %s: %v", m.Model().Name, err)}
+		}
+		return nil, badRequest(err.Error())
+	}
+	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "max_buckets": k, "advice": a}, nil
 }

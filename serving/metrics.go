@@ -26,7 +26,7 @@ func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc},
-			&replicasCollector{set: set}} {
+			&replicasCollector{set: set}, &adviceCollector{set: set}} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -98,5 +98,28 @@ func (c *replicasCollector) Collect(ch chan<- prometheus.Metric) {
 		total, healthy := m.Replicas()
 		ch <- prometheus.MustNewConstMetric(replicasDesc, prometheus.GaugeValue, float64(total), m.model.Name, m.engine)
 		ch <- prometheus.MustNewConstMetric(replicasHealthyDesc, prometheus.GaugeValue, float64(healthy), m.model.Name, m.engine)
+	}
+}
+
+var bucketWorkDesc = prometheus.NewDesc("stepserve_bucket_padding_work_ratio",
+	"Fraction of the device work that is padding on the model's recent steps (decayed, half-life 1h): lists=\"current\" with its bucket lists, lists=\"advised\" with the lists GET /v2/models/{model}/buckets/advice gives for as many programs. Absent until the model has served a step.",
+	[]string{"model", "lists"}, nil)
+
+// adviceCollector exports, at scrape time, the padding of every model's
+// recorded traffic with its current buckets and with the advised ones of
+// the same program count: the gap between the two is what applying the
+// advice would save.
+type adviceCollector struct{ set *Set }
+
+func (c *adviceCollector) Describe(ch chan<- *prometheus.Desc) { ch <- bucketWorkDesc }
+
+func (c *adviceCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.set.Models() {
+		a, err := m.Advise(len(m.Stats()))
+		if err != nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(bucketWorkDesc, prometheus.GaugeValue, a.PaddingNow, m.model.Name, "current")
+		ch <- prometheus.MustNewConstMetric(bucketWorkDesc, prometheus.GaugeValue, a.PaddingAdvised, m.model.Name, "advised")
 	}
 }

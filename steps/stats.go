@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/stepserve/stepserve/bucketing"
 )
 
 // statsWindow is how many recent latencies each bucket keeps for its
@@ -70,6 +72,8 @@ type stats struct {
 	labels  []string
 	buckets []bucketStats
 	execs   []execStats // by the rows of a step, 1..the largest bucket's
+	// traffic is the steps' sizes before padding, for bucket advice.
+	traffic *bucketing.Traffic
 }
 
 type execStats struct {

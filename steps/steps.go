@@ -167,7 +167,8 @@ func New(opts Options) (*Runner, error) {
 		opts.ExplainHistory = 32
 	}
 	r.explain = &explainLog{size: opts.ExplainHistory}
-	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts)), execs: make([]execStats, opts.Grid.MaxBatch()+1)}
+	r.stats = &stats{buckets: make([]bucketStats, len(r.layouts)), execs: make([]execStats, opts.Grid.MaxBatch()+1),
+		traffic: bucketing.NewTraffic(opts.Grid.MaxBatch(), opts.Grid.MaxSeq(), 0)}
 	r.warned = make([]atomic.Bool, len(r.layouts))
 	for _, l := range r.layouts {
 		r.stats.labels = append(r.stats.labels, l.Bucket.Label())
@@ -306,6 +307,7 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 	o := Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: Check(&x), Duration: elapsed}
 	o.Explain = x
 	o.Padding = bucketing.PaddingRatio(used, layout.Bucket)
+	r.stats.traffic.Record(rows, seq, used, start)
 	r.metrics.observe(bucket, &o)
 	r.stats.observe(bucket, &o)
 	if !o.Verdict.Clean && !o.Verdict.Unmeasured {
@@ -378,6 +380,14 @@ func (r *Runner) Stats() []BucketStats { return r.stats.snapshot() }
 // size (the rows a step ran, padding not counted), smallest first: only
 // the sizes that ran. Sibling runners share them.
 func (r *Runner) Executions() []Execution { return r.stats.executions() }
+
+// Advise returns the bucket lists of at most maxBuckets programs that
+// would have padded the model's recorded steps least (every replica's,
+// decayed over time), beside what its current lists cost on them; see
+// [bucketing.Advise].
+func (r *Runner) Advise(maxBuckets int) (bucketing.Advice, error) {
+	return bucketing.Advise(r.stats.traffic.Snapshot(), r.opts.Grid.Batch(), r.opts.Grid.Seq(), maxBuckets)
+}
 
 // Explains returns the last non-clean steps, newest first.
 func (r *Runner) Explains() []Record { return r.explain.list() }

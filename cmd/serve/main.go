@@ -46,6 +46,9 @@ func main() {
 }
 
 func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "advise" {
+		return advise(args[1:], os.Stdout, stderr)
+	}
 	cfg, err := config.Load(args)
 	if errors.Is(err, pflag.ErrHelp) {
 		return 0

@@ -38,7 +38,8 @@ func TestREADMEExamples(t *testing.T) {
 	require.GreaterOrEqual(t, len(sh), 3, "the README's curl examples")
 	require.NotEmpty(t, py, "the README's Python client example")
 	for i, block := range sh {
-		script := "set -e -o pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n" + strings.ReplaceAll(block, "localhost:8000", host)
+		script := "set -e -o pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n" +
+			strings.NewReplacer("localhost:8000", host, "./bin/stepserve", binPath).Replace(block)
 		out, err := exec.Command("bash", "-c", script).CombinedOutput()
 		require.NoError(t, err, "README shell block %d:\n%s\noutput:\n%s", i, block, out)
 		switch {
@@ -48,6 +49,9 @@ func TestREADMEExamples(t *testing.T) {
 			assert.Contains(t, string(out), `"model_name":"digits"`)
 		case strings.Contains(block, "tiny-encoder/infer"):
 			assert.Contains(t, string(out), `"shape":[2,128]`)
+		case strings.Contains(block, "advise"):
+			assert.Regexp(t, `advised: +batch \[`, string(out), "the digits examples above are its traffic")
+			assert.Contains(t, string(out), "buckets:\n  batch: [")
 		}
 	}
 	for i, block := range py {

@@ -1,0 +1,459 @@
+package bucketing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The bucket advisor: every bucket is a compiled program (seconds to
+// compile, device memory to hold) and every padded row or token is device
+// work wasted, so the right buckets are the ones that fit the traffic. A
+// [Traffic] records the steps a model ran, as the sizes they were before
+// padding; [Advise] picks, for that record, the bucket lists of at most K
+// programs that minimize the padded work, and says what the current ones
+// cost on the same record.
+//
+// Work is counted as the device does it: a step of bucket b x s costs b*s
+// elements (b for a model without a sequence) whatever it holds. The real
+// work is the rows times the length of each request in it.
+
+// DefaultHalfLife is how fast a [Traffic] forgets: a step an hour old
+// weighs half what a step now does.
+const DefaultHalfLife = time.Hour
+
+// maxRowBins bounds a Traffic's memory: rows are kept exactly up to this
+// many distinct batch sizes, and in ranges of equal width above.
+const maxRowBins = 1024
+
+// Traffic is a bounded, decayed record of the steps one model ran: a
+// histogram over (rows, sequence length) before padding, with sequence
+// lengths in units of 32 (the step of every sequence bucket, so the record
+// is exact for any bucket list the rules allow) and every step's weight
+// halving each half-life. Its memory is fixed at creation by the model's
+// largest buckets: at most 1024 row bins x its largest seq bucket / 32. It
+// is safe for concurrent use.
+type Traffic struct {
+	mu       sync.Mutex
+	rowWidth int // rows per row bin: 1 unless the largest bucket is above maxRowBins
+	rowBins  int
+	seqBins  int // 1 for a model without a sequence
+	seq      bool
+	w        []float64 // [rowBin*seqBins + seqBin], in units of scale
+	used     float64   // real elements, in units of scale
+	steps    int64
+	maxRows  int
+	maxSeq   int
+	// Weights are stored multiplied by exp((t-t0)/tau), so that a new
+	// step adds and nothing old is touched; rescaled when large.
+	tau  float64 // seconds
+	t0   time.Time
+	last time.Time
+}
+
+// NewTraffic returns an empty record for a model whose largest buckets are
+// maxBatch rows and maxSeq positions (0 for a model without a sequence).
+// halfLife 0 takes [DefaultHalfLife].
+func NewTraffic(maxBatch, maxSeq int, halfLife time.Duration) *Traffic {
+	if halfLife <= 0 {
+		halfLife = DefaultHalfLife
+	}
+	t := &Traffic{rowWidth: 1, seqBins: 1, tau: halfLife.Seconds() / math.Ln2}
+	if maxBatch > maxRowBins {
+		t.rowWidth = (maxBatch + maxRowBins - 1) / maxRowBins
+	}
+	t.rowBins = (maxBatch + t.rowWidth - 1) / t.rowWidth
+	if maxSeq > 0 {
+		t.seq = true
+		t.seqBins = (maxSeq + seqMultiple - 1) / seqMultiple
+	}
+	t.w = make([]float64, t.rowBins*t.seqBins)
+	return t
+}
+
+// Record counts one step of rows rows whose longest sequence is seq
+// positions (0 for a model without a sequence), used of its elements real
+// (the rows times each request's length). A step outside the record's
+// bounds is clamped to them.
+func (t *Traffic) Record(rows, seq, used int, now time.Time) {
+	if rows <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.t0.IsZero() {
+		t.t0 = now
+	}
+	if now.Before(t.last) {
+		now = t.last // a clock that steps back does not reweigh the past
+	}
+	t.last = now
+	x := now.Sub(t.t0).Seconds() / t.tau
+	if x > 500 { // exp(500) is near float64's end: rescale to now
+		f := math.Exp(-x)
+		for i := range t.w {
+			t.w[i] *= f
+		}
+		t.used *= f
+		t.t0, x = now, 0
+	}
+	weight := math.Exp(x)
+	rb := min((rows-1)/t.rowWidth, t.rowBins-1)
+	sb := 0
+	if t.seq {
+		sb = min(max(seq-1, 0)/seqMultiple, t.seqBins-1)
+	}
+	t.w[rb*t.seqBins+sb] += weight
+	t.used += weight * float64(used)
+	t.steps++
+	t.maxRows = max(t.maxRows, rows)
+	t.maxSeq = max(t.maxSeq, seq)
+}
+
+// Histogram is a snapshot of a [Traffic]: step weights as decayed counts
+// (a step now counts 1).
+type Histogram struct {
+	// Rows are the batch sizes the cells stand for (the upper end of a
+	// row bin), ascending; Seq the sequence lengths (multiples of 32),
+	// ascending, or [0] for a model without a sequence.
+	Rows, Seq []int
+	// Weight[i][j] is the decayed count of steps of Rows[i] rows (at
+	// most) and sequences of Seq[j] positions (at most).
+	Weight [][]float64
+	// Used is the decayed sum of the steps' real elements.
+	Used float64
+	// Steps is how many steps were recorded (not decayed); MaxRows and
+	// MaxSeq the largest seen.
+	Steps           int64
+	MaxRows, MaxSeq int
+}
+
+// Snapshot returns the record as of its latest step.
+func (t *Traffic) Snapshot() Histogram {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := Histogram{Steps: t.steps, MaxRows: t.maxRows, MaxSeq: t.maxSeq}
+	if t.steps == 0 {
+		return h
+	}
+	norm := math.Exp(-t.last.Sub(t.t0).Seconds() / t.tau)
+	h.Used = t.used * norm
+	for rb := range t.rowBins {
+		h.Rows = append(h.Rows, (rb+1)*t.rowWidth)
+	}
+	if t.seq {
+		for sb := range t.seqBins {
+			h.Seq = append(h.Seq, (sb+1)*seqMultiple)
+		}
+	} else {
+		h.Seq = []int{0}
+	}
+	h.Weight = make([][]float64, t.rowBins)
+	for rb := range h.Weight {
+		h.Weight[rb] = make([]float64, t.seqBins)
+		for sb := range h.Weight[rb] {
+			h.Weight[rb][sb] = t.w[rb*t.seqBins+sb] * norm
+		}
+	}
+	return h
+}
+
+// ErrNoTraffic is Advise's error for a record without steps.
+var ErrNoTraffic = errors.New("no traffic recorded yet: advice needs steps served since the model loaded")
+
+// Advice is the bucket lists [Advise] recommends for a record, beside what
+// the current lists cost on it.
+type Advice struct {
+	// Batch and Seq are the advised lists (Seq empty for a model without
+	// a sequence); Programs is how many buckets they make.
+	Batch    []int `json:"batch"`
+	Seq      []int `json:"seq,omitempty"`
+	Programs int   `json:"programs"`
+	// CurrentBatch, CurrentSeq and CurrentPrograms are the lists the
+	// model runs with now.
+	CurrentBatch    []int `json:"current_batch"`
+	CurrentSeq      []int `json:"current_seq,omitempty"`
+	CurrentPrograms int   `json:"current_programs"`
+	// PaddingNow and PaddingAdvised are the fractions of the padded work
+	// that is padding, on the recorded traffic, with the current and the
+	// advised lists; WorkRatio is the advised padded work over the
+	// current (below 1: less device work for the same requests).
+	PaddingNow     float64 `json:"padding_ratio_current"`
+	PaddingAdvised float64 `json:"padding_ratio_advised"`
+	WorkRatio      float64 `json:"work_ratio"`
+	// Steps is how many steps the record holds; Exact says whether the
+	// advised lists are a proven optimum (one dimension) or the best of a
+	// search (two).
+	Steps int64 `json:"steps"`
+	Exact bool  `json:"exact"`
+	// YAML is the buckets block to paste into model.yaml.
+	YAML string `json:"model_yaml"`
+}
+
+// Advise returns the bucket lists of at most maxBuckets programs (the
+// batch list's length times the seq list's) that minimize the padded work
+// of the recorded traffic, for a model now compiled for the lists batch
+// and seq (seq empty for a model without a sequence).
+//
+// The largest batch bucket is the largest batch seen: the batcher never
+// made a larger one, so no step is split that was not. The largest seq
+// bucket stays the current one: it is the longest text the model accepts,
+// and advice must not change what is refused. With one dimension to choose
+// (no sequence, or one batch size) the answer is exact: dynamic
+// programming over the histogram's sizes. With two, the cost of a step is
+// the product of its batch and seq buckets, and the search alternates: the
+// best batch list for the seq list (exact, by the same program with each
+// batch size weighed by the seq buckets of its steps), then the best seq
+// list for that batch list, until neither improves, from the current lists
+// and for every split of maxBuckets between the two; the best of these is
+// returned. It is a local optimum, never worse than the current lists.
+func Advise(h Histogram, batch, seq []int, maxBuckets int) (Advice, error) {
+	a := Advice{CurrentBatch: slices.Clone(batch), CurrentSeq: slices.Clone(seq),
+		CurrentPrograms: len(batch) * max(len(seq), 1), Steps: h.Steps}
+	if maxBuckets < 1 {
+		return a, fmt.Errorf("max_buckets: %d; want at least 1", maxBuckets)
+	}
+	if h.Steps == 0 || h.Used <= 0 {
+		return a, ErrNoTraffic
+	}
+	// Only sizes that occur can be the smallest bucket that holds
+	// something: the lists are chosen among them.
+	rowW := make([]float64, len(h.Rows))
+	seqW := make([]float64, len(h.Seq))
+	for i := range h.Rows {
+		for j := range h.Seq {
+			rowW[i] += h.Weight[i][j]
+			seqW[j] += h.Weight[i][j]
+		}
+	}
+	rows := occurring(h.Rows, rowW)
+	seqs := occurring(h.Seq, seqW)
+	if len(seq) > 0 {
+		maxSeq := seq[len(seq)-1]
+		// The longest accepted stays, whatever was seen.
+		if seqs[len(seqs)-1] < maxSeq {
+			seqs = append(seqs, maxSeq)
+		}
+	}
+
+	cost := func(b, s []int) float64 { return work(h, b, s) }
+	now := cost(batch, seq)
+	bestB, bestS, best := []int(nil), []int(nil), math.Inf(1)
+	if len(seq) == 0 {
+		bestB, best = oneDim(h.Rows, rowW, rows, maxBuckets)
+		a.Exact = true
+	} else {
+		for kb := 1; kb <= min(maxBuckets, len(rows)); kb++ {
+			ks := min(maxBuckets/kb, len(seqs))
+			if ks < 1 {
+				break
+			}
+			b, s := fit(batch, rows, kb), fit(seq, seqs, ks)
+			c := cost(b, s)
+			for range 50 {
+				nb, _ := oneDim(h.Rows, weighBatch(h, s), rows, kb)
+				ns, _ := oneDim(h.Seq, weighSeq(h, nb), seqs, ks)
+				nc := cost(nb, ns)
+				if nc >= c*(1-1e-12) {
+					break
+				}
+				b, s, c = nb, ns, nc
+			}
+			if c < best {
+				bestB, bestS, best = b, s, c
+			}
+		}
+		a.Exact = len(rows) == 1 || maxBuckets == 1
+	}
+	if len(batch)*max(len(seq), 1) <= maxBuckets && now <= best {
+		// The current lists fit and are at least as good: keep them.
+		bestB, bestS, best = slices.Clone(batch), slices.Clone(seq), now
+	}
+	a.Batch, a.Seq = bestB, bestS
+	a.Programs = len(bestB) * max(len(bestS), 1)
+	a.PaddingNow = max(0, 1-h.Used/now)
+	a.PaddingAdvised = max(0, 1-h.Used/best)
+	a.WorkRatio = best / now
+	a.YAML = bucketsYAML(a.Batch, a.Seq)
+	return a, nil
+}
+
+// occurring is the sizes whose weight is not zero.
+func occurring(sizes []int, w []float64) []int {
+	var out []int
+	for i, s := range sizes {
+		if w[i] > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// work is the padded work of the record run with the lists b and s: each
+// cell's steps times the smallest buckets that hold them.
+func work(h Histogram, b, s []int) float64 {
+	total := 0.0
+	for i, r := range h.Rows {
+		bb, ok := smallest(b, r)
+		for j, q := range h.Seq {
+			w := h.Weight[i][j]
+			if w == 0 {
+				continue
+			}
+			if !ok {
+				return math.Inf(1)
+			}
+			ss := 1
+			if len(s) > 0 {
+				si, ok := smallest(s, q)
+				if !ok {
+					return math.Inf(1)
+				}
+				ss = s[si]
+			}
+			total += w * float64(b[bb]*ss)
+		}
+	}
+	return total
+}
+
+// weighBatch is each batch size's weight when its steps run in the seq
+// buckets s: the seq elements a step of it costs, summed.
+func weighBatch(h Histogram, s []int) []float64 {
+	out := make([]float64, len(h.Rows))
+	for i := range h.Rows {
+		for j, q := range h.Seq {
+			si, _ := smallest(s, q)
+			out[i] += h.Weight[i][j] * float64(s[si])
+		}
+	}
+	return out
+}
+
+// weighSeq is each seq length's weight when its steps run in the batch
+// buckets b.
+func weighSeq(h Histogram, b []int) []float64 {
+	out := make([]float64, len(h.Seq))
+	for i, r := range h.Rows {
+		bi, _ := smallest(b, r)
+		for j := range h.Seq {
+			out[j] += h.Weight[i][j] * float64(b[bi])
+		}
+	}
+	return out
+}
+
+// fit is a starting list of at most k buckets from cur, within the
+// candidates: cur's sizes that are candidates, the largest candidate
+// always; thinned from the small end, filled from the candidates.
+func fit(cur, cand []int, k int) []int {
+	last := cand[len(cand)-1]
+	var out []int
+	for _, c := range cur {
+		if c < last && slices.Contains(cand, c) {
+			out = append(out, c)
+		}
+	}
+	for len(out) > k-1 {
+		out = out[1:]
+	}
+	for _, c := range cand[:len(cand)-1] {
+		if len(out) >= k-1 {
+			break
+		}
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	out = append(out, last)
+	slices.Sort(out)
+	return out
+}
+
+// oneDim is the exact optimum of one dimension: of the lists of at most k
+// sizes from cand (ascending; its largest always in the list), the one
+// that minimizes sum over sizes v of w(v) x the smallest listed size >= v,
+// where w is given for every size of sizes. Dynamic programming over the
+// candidates: best[j][n] is the least cost of covering every size up to
+// cand[n] with j buckets, the last of them cand[n]; O(k x len(cand)^2).
+func oneDim(sizes []int, w []float64, cand []int, k int) ([]int, float64) {
+	n := len(cand)
+	// mass[i] is the weight of the sizes in (cand[i-1], cand[i]].
+	mass := make([]float64, n)
+	ci := 0
+	for i, s := range sizes {
+		for ci < n && cand[ci] < s {
+			ci++
+		}
+		if ci < n {
+			mass[ci] += w[i]
+		}
+	}
+	prefix := make([]float64, n+1)
+	for i, m := range mass {
+		prefix[i+1] = prefix[i] + m
+	}
+	k = min(k, n)
+	inf := math.Inf(1)
+	best := make([][]float64, k+1)
+	from := make([][]int, k+1)
+	for j := range best {
+		best[j] = make([]float64, n)
+		from[j] = make([]int, n)
+		for i := range best[j] {
+			best[j][i] = inf
+		}
+	}
+	for i := range n {
+		best[1][i] = float64(cand[i]) * prefix[i+1]
+		from[1][i] = -1
+	}
+	for j := 2; j <= k; j++ {
+		for i := range n {
+			for p := range i {
+				if best[j-1][p] == inf {
+					continue
+				}
+				c := best[j-1][p] + float64(cand[i])*(prefix[i+1]-prefix[p+1])
+				if c < best[j][i] {
+					best[j][i], from[j][i] = c, p
+				}
+			}
+		}
+	}
+	bj := 1
+	for j := 2; j <= k; j++ {
+		if best[j][n-1] < best[bj][n-1] {
+			bj = j
+		}
+	}
+	var out []int
+	for j, i := bj, n-1; i >= 0 && j >= 1; j-- {
+		out = append(out, cand[i])
+		i = from[j][i]
+	}
+	slices.Reverse(out)
+	return out, best[bj][n-1]
+}
+
+// bucketsYAML is the model.yaml block for the lists.
+func bucketsYAML(batch, seq []int) string {
+	var b strings.Builder
+	b.WriteString("buckets:\n  batch: " + intList(batch) + "\n")
+	if len(seq) > 0 {
+		b.WriteString("  seq: " + intList(seq) + "\n")
+	}
+	return b.String()
+}
+
+func intList(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return "[" + strings.Join(s, ", ") + "]"
+}
