@@ -237,7 +237,9 @@ func (m *Model) Stats() []steps.BucketStats { return m.runners[0].Stats() }
 
 // Advise returns bucket advice for the model's traffic since it loaded
 // (every replica's); see [steps.Runner.Advise].
-func (m *Model) Advise(maxBuckets int) (bucketing.Advice, error) { return m.runners[0].Advise(maxBuckets) }
+func (m *Model) Advise(maxBuckets int) (bucketing.Advice, error) {
+	return m.runners[0].Advise(maxBuckets)
+}
 
 // drain stops taking requests and runs what is queued, within ctx.
 func (m *Model) drain(ctx context.Context) error {
