@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto schema image image-rbln
+.PHONY: all build run test chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -108,8 +108,22 @@ bench: deps build
 	$(GO) build -o bin/baseline ./bench/baseline
 	$(GO) build -o bin/grpcload ./bench/grpcload
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
+	$(MAKE) bench-onnx
 
 BENCHTIME ?= 9s
+
+## bench-onnx: the CPU engine's encoder step against ONNX Runtime
+## (onnxruntime-node from npm, bench/onnx/package-lock.json) on an encoder of
+## all-MiniLM-L6-v2's dimensions with random weights, built and exported to
+## ONNX by Debian's torch from the golden-encoder module (under bench/out,
+## not shipped); interleaved rounds in one run, ratios with their spread,
+## outputs checked against torch's (issue 20). ORT_ROUNDS, ORT_SECONDS.
+ORT_ROUNDS  ?= 7
+ORT_SECONDS ?= 0.7
+bench-onnx:
+	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
+	cd bench/onnx && npm ci --no-audit --no-fund
+	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS)
 
 ## digits: retrain the shipped digits model from data/ (reproducible)
 digits:

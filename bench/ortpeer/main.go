@@ -1,0 +1,313 @@
+// Command ortpeer measures the CPU engine's encoder step against ONNX
+// Runtime on the same encoder, weights and token ids, in one process run
+// with interleaved rounds, and prints the table of issue 20: sequences per
+// second on each side, their ratio per round (median and spread), and how
+// far each output is from torch's.
+//
+// The encoder (all-MiniLM-L6-v2's dimensions, random weights) is built by
+// bench/onnx/make_encoder.py with Debian's torch from the golden-encoder
+// module and exported to ONNX there; ONNX Runtime is onnxruntime-node from
+// npm (bench/onnx/package-lock.json), run by bench/onnx/ort.js.
+//
+//	make bench-onnx
+//	go run -tags openblas ./bench/ortpeer -rounds 5 -seconds 1
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/models"
+)
+
+var (
+	dir     = flag.String("dir", "bench/out/onnx", "where make_encoder.py writes the encoder, the ONNX export and the cases")
+	python  = flag.String("python", "/usr/bin/python3", "the Python with Debian's torch")
+	nodeBin = flag.String("node", "node", "node, to run bench/onnx/ort.js")
+	rounds  = flag.Int("rounds", 5, "interleaved rounds")
+	seconds = flag.Float64("seconds", 1, "seconds each side runs each shape each round")
+	threads = flag.Int("threads", 0, "threads on each side: engine.cpu_threads and ONNX Runtime's intra-op threads (0: every CPU)")
+	only    = flag.String("cases", "", "comma-separated case names to run (all when empty)")
+)
+
+type caseSpec struct {
+	Name   string `json:"name"`
+	Batch  int    `json:"batch"`
+	Seq    int    `json:"seq"`
+	Tokens int    `json:"tokens"`
+}
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "ortpeer:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	if *threads == 0 {
+		*threads = runtime.NumCPU()
+	}
+	if _, err := os.Stat(filepath.Join(*dir, "cases.json")); err != nil {
+		cmd := exec.Command(*python, "bench/onnx/make_encoder.py", *dir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("building the encoder with %s bench/onnx/make_encoder.py: %w", *python, err)
+		}
+	}
+	if _, err := os.Stat("bench/onnx/node_modules/onnxruntime-node"); err != nil {
+		return fmt.Errorf("onnxruntime-node is not installed: run `npm ci --prefix bench/onnx` (its .npmrc skips the install script, which only fetches GPU extras from nuget.org)")
+	}
+	var manifest struct {
+		Torch string     `json:"torch"`
+		Cases []caseSpec `json:"cases"`
+	}
+	raw, err := os.ReadFile(filepath.Join(*dir, "cases.json"))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, &manifest); err != nil {
+		return fmt.Errorf("%s/cases.json: %w", *dir, err)
+	}
+	cases := manifest.Cases
+	if *only != "" {
+		want := strings.Split(*only, ",")
+		cases = slices.DeleteFunc(cases, func(c caseSpec) bool { return !slices.Contains(want, c.Name) })
+	}
+
+	// stepserve: the engine step on every case's bucket.
+	cpufallback.SetThreads(*threads)
+	m, err := models.Load(filepath.Join(*dir, "model"))
+	if err != nil {
+		return err
+	}
+	shapes := make([]bucketing.Shape, len(cases))
+	for i, c := range cases {
+		shapes[i] = bucketing.Shape{Batch: c.Batch, Seq: c.Seq}
+	}
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, shapes)
+	if err != nil {
+		return err
+	}
+	outs := make([][]float32, len(cases))
+	for i, c := range cases {
+		if err := prog.Compile(context.Background(), i); err != nil {
+			return err
+		}
+		in, out := prog.Staging(i)
+		l := engine.NewLayout(m.Config, shapes[i])
+		clear(in)
+		for _, t := range []struct {
+			input int
+			kind  string
+		}{{models.EncoderInputIDs, "ids"}, {models.EncoderAttentionMask, "mask"}} {
+			b, err := os.ReadFile(filepath.Join(*dir, c.Name+"."+t.kind+".bin"))
+			if err != nil {
+				return err
+			}
+			tl := l.Inputs[t.input]
+			if len(b) != tl.Bytes {
+				return fmt.Errorf("case %s: %s holds %d bytes, the bucket's tensor %d", c.Name, t.kind, len(b), tl.Bytes)
+			}
+			copy(in[tl.Offset:], b)
+		}
+		if _, err := prog.Step(context.Background(), i); err != nil {
+			return err
+		}
+		outs[i] = slices.Clone(unsafe.Slice((*float32)(unsafe.Pointer(&out[0])), len(out)/4))
+	}
+
+	// ONNX Runtime: one node process, asked one measurement at a time.
+	node := exec.Command(*nodeBin, "bench/onnx/ort.js", filepath.Join(*dir, "encoder.onnx"), fmt.Sprint(*threads))
+	node.Stderr = os.Stderr
+	stdin, err := node.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := node.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := node.Start(); err != nil {
+		return err
+	}
+	defer node.Process.Kill()
+	answers := bufio.NewScanner(stdout)
+	var hello struct {
+		Version string `json:"version"`
+	}
+	if !answers.Scan() || json.Unmarshal(answers.Bytes(), &hello) != nil {
+		return fmt.Errorf("ort.js did not start")
+	}
+	ortRun := func(c caseSpec) (float64, error) {
+		q, _ := json.Marshal(map[string]any{"dir": *dir, "case": c.Name, "batch": c.Batch, "seq": c.Seq, "seconds": *seconds})
+		if _, err := stdin.Write(append(q, '\n')); err != nil {
+			return 0, err
+		}
+		var a struct {
+			Runs    int     `json:"runs"`
+			Seconds float64 `json:"seconds"`
+		}
+		if !answers.Scan() {
+			return 0, fmt.Errorf("ort.js stopped: %v", answers.Err())
+		}
+		if err := json.Unmarshal(answers.Bytes(), &a); err != nil {
+			return 0, err
+		}
+		return float64(a.Runs*c.Batch) / a.Seconds, nil
+	}
+	stepRun := func(i int, c caseSpec) (float64, error) {
+		if _, err := prog.Step(context.Background(), i); err != nil { // warm
+			return 0, err
+		}
+		start := time.Now()
+		runs := 0
+		for runs < 2 || time.Since(start).Seconds() < *seconds {
+			if _, err := prog.Step(context.Background(), i); err != nil {
+				return 0, err
+			}
+			runs++
+		}
+		return float64(runs*c.Batch) / time.Since(start).Seconds(), nil
+	}
+
+	ortRate := make([][]float64, len(cases))
+	ssRate := make([][]float64, len(cases))
+	for r := range *rounds {
+		for i, c := range cases {
+			// Alternate who goes first, so that neither always runs on a
+			// machine the other just warmed (or just left busy).
+			for side := range 2 {
+				if (side+r)%2 == 0 {
+					v, err := ortRun(c)
+					if err != nil {
+						return err
+					}
+					ortRate[i] = append(ortRate[i], v)
+				} else {
+					v, err := stepRun(i, c)
+					if err != nil {
+						return err
+					}
+					ssRate[i] = append(ssRate[i], v)
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "round %d of %d done\n", r+1, *rounds)
+	}
+
+	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads) against stepserve's CPU engine step (engine.cpu_threads %d; kernels %s, blas %s), %d interleaved rounds of %gs a side; %s\n",
+		hello.Version, *threads, *threads, cpufallback.Kernels(), cpufallback.BLAS(), *rounds, *seconds, cpuLine())
+	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load before: %s\n\n", manifest.Torch, loadavg())
+	fmt.Println("| shape | tokens | ONNX Runtime seq/s | stepserve seq/s | ratio (median) | ratio spread | kernels | max abs diff stepserve-torch | ORT-torch | stepserve-ORT |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	for i, c := range cases {
+		ratios := make([]float64, len(ssRate[i]))
+		for r := range ratios {
+			ratios[r] = ssRate[i][r] / ortRate[i][r]
+		}
+		ref, err := readFloats(filepath.Join(*dir, c.Name+".torch.bin"))
+		if err != nil {
+			return err
+		}
+		ortOut, err := readFloats(filepath.Join(*dir, c.Name+".ort.bin"))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %d x %d%s | %d | %.1f | %.1f | **%.2fx** | %.2f-%.2f | %s | %.2g | %.2g | %.2g |\n",
+			c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)), c.Tokens,
+			median(ortRate[i]), median(ssRate[i]), median(ratios), slices.Min(ratios), slices.Max(ratios),
+			cpufallback.Kernels(), maxDiff(outs[i], ref), maxDiff(ortOut, ref), maxDiff(outs[i], ortOut))
+	}
+	fmt.Printf("\nLoad after: %s\n", loadavg())
+	return nil
+}
+
+func readFloats(path string) ([]float32, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f := make([]float32, len(b)/4)
+	for i := range f {
+		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return f, nil
+}
+
+func maxDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return math.Inf(1)
+	}
+	d := 0.0
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// cpuLine names the CPU and its vector extensions from /proc/cpuinfo.
+func cpuLine() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	var model string
+	var flags []string
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "model name":
+			if model == "" {
+				model = strings.TrimSpace(v)
+			}
+		case "flags":
+			if flags == nil {
+				for _, f := range strings.Fields(v) {
+					if f == "avx2" || f == "fma" || strings.HasPrefix(f, "avx512f") || f == "avx512_bf16" || f == "avx512_vnni" || strings.HasPrefix(f, "amx") {
+						flags = append(flags, f)
+					}
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d CPUs (%s)", model, runtime.NumCPU(), strings.Join(flags, " "))
+}
