@@ -49,7 +49,7 @@ deps: $(HELM)
 ## detector, the worker's Python unit tests, the chart and the alert rules)
 test: deps
 	$(GO) test -race -count=1 -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
-	$(GO) test -count=1 ./engine/cpufallback  # the pure-Go BLAS path too
+	$(GO) test -count=1 -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
 

@@ -10,7 +10,7 @@
 // npm (bench/onnx/package-lock.json), run by bench/onnx/ort.js.
 //
 //	make bench-onnx
-//	go run -tags openblas ./bench/ortpeer -rounds 5 -seconds 1
+//	go run ./bench/ortpeer -rounds 7 -seconds 0.7 -kernels avx512,avx2,go
 package main
 
 import (
@@ -44,6 +44,7 @@ var (
 	seconds = flag.Float64("seconds", 1, "seconds each side runs each shape each round")
 	threads = flag.Int("threads", 0, "threads on each side: engine.cpu_threads and ONNX Runtime's intra-op threads (0: every CPU)")
 	only    = flag.String("cases", "", "comma-separated case names to run (all when empty)")
+	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames; the best when empty)")
 )
 
 type caseSpec struct {
@@ -92,7 +93,9 @@ func run() error {
 		cases = slices.DeleteFunc(cases, func(c caseSpec) bool { return !slices.Contains(want, c.Name) })
 	}
 
-	// stepserve: the engine step on every case's bucket.
+	// stepserve: the engine step on every case's bucket, one program per
+	// kernel set compared (each packs the weights for its kernels).
+	loadBefore := loadavg()
 	cpufallback.SetThreads(*threads)
 	m, err := models.Load(filepath.Join(*dir, "model"))
 	if err != nil {
@@ -102,36 +105,41 @@ func run() error {
 	for i, c := range cases {
 		shapes[i] = bucketing.Shape{Batch: c.Batch, Seq: c.Seq}
 	}
-	prog, err := cpufallback.Engine{}.Load(context.Background(), m, shapes)
-	if err != nil {
-		return err
+	sets := cpufallback.KernelNames()[:1]
+	if *kernels != "" {
+		sets = strings.Split(*kernels, ",")
 	}
-	outs := make([][]float32, len(cases))
-	for i, c := range cases {
-		if err := prog.Compile(context.Background(), i); err != nil {
+	progs := make([]engine.Program, len(sets))
+	outs := make([][][]float32, len(sets))
+	for s, set := range sets {
+		if err := cpufallback.SetKernels(set); err != nil {
 			return err
 		}
-		in, out := prog.Staging(i)
-		l := engine.NewLayout(m.Config, shapes[i])
-		clear(in)
-		for _, t := range []struct {
-			input int
-			kind  string
-		}{{models.EncoderInputIDs, "ids"}, {models.EncoderAttentionMask, "mask"}} {
-			b, err := os.ReadFile(filepath.Join(*dir, c.Name+"."+t.kind+".bin"))
-			if err != nil {
-				return err
-			}
-			tl := l.Inputs[t.input]
-			if len(b) != tl.Bytes {
-				return fmt.Errorf("case %s: %s holds %d bytes, the bucket's tensor %d", c.Name, t.kind, len(b), tl.Bytes)
-			}
-			copy(in[tl.Offset:], b)
-		}
-		if _, err := prog.Step(context.Background(), i); err != nil {
+		progs[s], err = cpufallback.Engine{}.Load(context.Background(), m, shapes)
+		if err != nil {
 			return err
 		}
-		outs[i] = slices.Clone(unsafe.Slice((*float32)(unsafe.Pointer(&out[0])), len(out)/4))
+		if outs[s], err = prepare(progs[s], m, shapes, cases); err != nil {
+			return err
+		}
+	}
+	stepRun := func(s, i int, c caseSpec) (float64, error) {
+		if err := cpufallback.SetKernels(sets[s]); err != nil {
+			return 0, err
+		}
+		prog := progs[s]
+		if _, err := prog.Step(context.Background(), i); err != nil { // warm
+			return 0, err
+		}
+		start := time.Now()
+		runs := 0
+		for runs < 2 || time.Since(start).Seconds() < *seconds {
+			if _, err := prog.Step(context.Background(), i); err != nil {
+				return 0, err
+			}
+			runs++
+		}
+		return float64(runs*c.Batch) / time.Since(start).Seconds(), nil
 	}
 
 	// ONNX Runtime: one node process, asked one measurement at a time.
@@ -173,56 +181,40 @@ func run() error {
 		}
 		return float64(a.Runs*c.Batch) / a.Seconds, nil
 	}
-	stepRun := func(i int, c caseSpec) (float64, error) {
-		if _, err := prog.Step(context.Background(), i); err != nil { // warm
-			return 0, err
-		}
-		start := time.Now()
-		runs := 0
-		for runs < 2 || time.Since(start).Seconds() < *seconds {
-			if _, err := prog.Step(context.Background(), i); err != nil {
-				return 0, err
-			}
-			runs++
-		}
-		return float64(runs*c.Batch) / time.Since(start).Seconds(), nil
+	// Side 0 is ONNX Runtime, side 1+s kernel set s; each round starts
+	// with another side, so that none always runs on a machine another just
+	// warmed (or just left busy).
+	sides := 1 + len(sets)
+	rate := make([][][]float64, len(cases)) // [case][side][round]
+	for i := range rate {
+		rate[i] = make([][]float64, sides)
 	}
-
-	ortRate := make([][]float64, len(cases))
-	ssRate := make([][]float64, len(cases))
 	for r := range *rounds {
 		for i, c := range cases {
-			// Alternate who goes first, so that neither always runs on a
-			// machine the other just warmed (or just left busy).
-			for side := range 2 {
-				if (side+r)%2 == 0 {
-					v, err := ortRun(c)
-					if err != nil {
-						return err
-					}
-					ortRate[i] = append(ortRate[i], v)
+			for o := range sides {
+				side := (o + r) % sides
+				var v float64
+				var err error
+				if side == 0 {
+					v, err = ortRun(c)
 				} else {
-					v, err := stepRun(i, c)
-					if err != nil {
-						return err
-					}
-					ssRate[i] = append(ssRate[i], v)
+					v, err = stepRun(side-1, i, c)
 				}
+				if err != nil {
+					return err
+				}
+				rate[i][side] = append(rate[i][side], v)
 			}
 		}
 		fmt.Fprintf(os.Stderr, "round %d of %d done\n", r+1, *rounds)
 	}
 
-	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads) against stepserve's CPU engine step (engine.cpu_threads %d; kernels %s, blas %s), %d interleaved rounds of %gs a side; %s\n",
-		hello.Version, *threads, *threads, cpufallback.Kernels(), cpufallback.BLAS(), *rounds, *seconds, cpuLine())
-	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load before: %s\n\n", manifest.Torch, loadavg())
-	fmt.Println("| shape | tokens | ONNX Runtime seq/s | stepserve seq/s | ratio (median) | ratio spread | kernels | max abs diff stepserve-torch | ORT-torch | stepserve-ORT |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads) against stepserve's CPU engine step (engine.cpu_threads %d) with kernels %s, %d interleaved rounds of %gs a side; %s\n",
+		hello.Version, *threads, *threads, strings.Join(sets, ", "), *rounds, *seconds, cpuLine())
+	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load average before: %s, after: %s\n\n", manifest.Torch, loadBefore, loadavg())
+	fmt.Println("| shape | tokens | ONNX Runtime seq/s | kernels | stepserve seq/s | ratio (median) | ratio spread | max abs diff to torch (stepserve, ORT) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for i, c := range cases {
-		ratios := make([]float64, len(ssRate[i]))
-		for r := range ratios {
-			ratios[r] = ssRate[i][r] / ortRate[i][r]
-		}
 		ref, err := readFloats(filepath.Join(*dir, c.Name+".torch.bin"))
 		if err != nil {
 			return err
@@ -231,13 +223,51 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %d x %d%s | %d | %.1f | %.1f | **%.2fx** | %.2f-%.2f | %s | %.2g | %.2g | %.2g |\n",
-			c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)), c.Tokens,
-			median(ortRate[i]), median(ssRate[i]), median(ratios), slices.Min(ratios), slices.Max(ratios),
-			cpufallback.Kernels(), maxDiff(outs[i], ref), maxDiff(ortOut, ref), maxDiff(outs[i], ortOut))
+		for s, set := range sets {
+			ratios := make([]float64, *rounds)
+			for r := range ratios {
+				ratios[r] = rate[i][1+s][r] / rate[i][0][r]
+			}
+			fmt.Printf("| %d x %d%s | %d | %.1f | %s | %.1f | **%.2fx** | %.2f-%.2f | %.2g, %.2g |\n",
+				c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)), c.Tokens,
+				median(rate[i][0]), set, median(rate[i][1+s]), median(ratios), slices.Min(ratios), slices.Max(ratios),
+				maxDiff(outs[s][i], ref), maxDiff(ortOut, ref))
+		}
 	}
-	fmt.Printf("\nLoad after: %s\n", loadavg())
 	return nil
+}
+
+// prepare copies each case's token ids and mask into its bucket's staging,
+// steps once, and returns the outputs.
+func prepare(prog engine.Program, m *models.Model, shapes []bucketing.Shape, cases []caseSpec) ([][]float32, error) {
+	outs := make([][]float32, len(cases))
+	for i, c := range cases {
+		if err := prog.Compile(context.Background(), i); err != nil {
+			return nil, err
+		}
+		in, out := prog.Staging(i)
+		l := engine.NewLayout(m.Config, shapes[i])
+		clear(in)
+		for _, t := range []struct {
+			input int
+			kind  string
+		}{{models.EncoderInputIDs, "ids"}, {models.EncoderAttentionMask, "mask"}} {
+			b, err := os.ReadFile(filepath.Join(*dir, c.Name+"."+t.kind+".bin"))
+			if err != nil {
+				return nil, err
+			}
+			tl := l.Inputs[t.input]
+			if len(b) != tl.Bytes {
+				return nil, fmt.Errorf("case %s: %s holds %d bytes, the bucket's tensor %d", c.Name, t.kind, len(b), tl.Bytes)
+			}
+			copy(in[tl.Offset:], b)
+		}
+		if _, err := prog.Step(context.Background(), i); err != nil {
+			return nil, err
+		}
+		outs[i] = slices.Clone(unsafe.Slice((*float32)(unsafe.Pointer(&out[0])), len(out)/4))
+	}
+	return outs, nil
 }
 
 func readFloats(path string) ([]float32, error) {

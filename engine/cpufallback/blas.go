@@ -16,9 +16,16 @@ var (
 	tileProducts = true
 )
 
-// BLAS names the implementation of the engine's matrix products: "openblas"
-// or "gonum". It is exported as stepserve_build_info's blas label.
-func BLAS() string { return blasName }
+// BLAS names the implementation of the engine's matrix products: "native"
+// (stepserve's own kernels, Kernels() says for which instruction set),
+// or the build's BLAS, "openblas" or "gonum", where they do not run. It is
+// exported as stepserve_build_info's blas label.
+func BLAS() string {
+	if products != nil {
+		return "native"
+	}
+	return blasName
+}
 
 // blasThreads reads the BLAS's thread bound back (tests); builds with
 // OpenBLAS set it.

@@ -45,6 +45,9 @@ func (Engine) DeviceNames() []string { return []string{Device} }
 // each with its own staging buffers and plans, so that N steps run side by
 // side on the host's cores (each on up to engine.cpu_threads of them).
 func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
+	if kernelsErr != nil {
+		return nil, kernelsErr
+	}
 	if m.MLP == nil && m.Encoder == nil {
 		if m.Config.Architecture == "torch" {
 			return nil, fmt.Errorf("cpufallback: model %s: the CPU engine cannot run architecture torch (a PyTorch module); set engine: %s in its model.yaml",

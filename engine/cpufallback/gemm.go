@@ -19,6 +19,15 @@ const (
 // stride ldb; C is [m, n] with row stride ldc. Strides let it work on one
 // attention head's columns in place.
 func gemm(transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if products != nil {
+		products.gemm(transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	blasGemm(transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// blasGemm is gemm on the build's BLAS: gonum's, or OpenBLAS's.
+func blasGemm(transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	tb := blas.NoTrans
 	if transB {
 		tb = blas.Trans
@@ -41,10 +50,24 @@ func gemm(transB bool, m, n, k int, alpha float32, a []float32, lda int, b []flo
 }
 
 // linear computes y[m, out] = x[m, in] · Wᵀ, the product of a Linear
-// layer, from wT, its weight transposed to [in, out] (see transposed); the
-// bias is added by the caller's fused pass.
-func linear(m, out, in int, x, wT, y []float32) {
-	gemm(false, m, out, in, 1, x, in, wT, out, 0, y, out)
+// layer, from w, its weight as resident (see resident); the bias is added
+// by the caller's fused pass.
+func linear(m, out, in int, x, w, y []float32) {
+	if products != nil {
+		products.linear(m, out, in, x, w, y, nil, actNone, 0, (out+products.width-1)/products.width)
+		return
+	}
+	blasGemm(false, m, out, in, 1, x, in, w, out, 0, y, out)
+}
+
+// resident returns a Linear's weight in the layout the product kernels
+// want: packed in panels of the micro-kernel's width where native kernels
+// run, else transposed to [in, out] for the BLAS.
+func resident(l *models.Linear) []float32 {
+	if products != nil {
+		return products.pack(l.In, l.Out, l.Weight, l.In, true)
+	}
+	return transposed(l)
 }
 
 // transposed returns a Linear's weight in the [in, out] layout the engine
@@ -67,7 +90,7 @@ type residentWeights map[*models.Linear][]float32
 
 func newResidentWeights(m *models.Model) residentWeights {
 	r := residentWeights{}
-	add := func(l *models.Linear) { r[l] = transposed(l) }
+	add := func(l *models.Linear) { r[l] = resident(l) }
 	if m.MLP != nil {
 		for i := range m.MLP.Layers {
 			add(&m.MLP.Layers[i])

@@ -27,8 +27,9 @@ var (
 	layerNormRows = goLayerNormRows
 )
 
-// Kernels names the implementation of the element-wise passes: "avx2" or
-// "go". The startup log says which is in use.
+// Kernels names the instruction set of the engine's kernels (products and
+// element-wise passes): "avx512", "avx2" or "go" (see dispatch.go). The
+// startup log and stepserve_build_info say which is in use.
 func Kernels() string { return kernelName }
 
 // activation is what biasAct applies after the bias.

@@ -1,4 +1,4 @@
-//go:build cgo && openblas
+//go:build cgo && !purego
 
 // The element-wise passes of a step (bias, activations, softmax, layer
 // norm) in AVX2 + FMA, 8 floats at a time. They are the same formulas as

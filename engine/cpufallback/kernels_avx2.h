@@ -1,3 +1,4 @@
+#pragma once
 // The AVX2 element-wise kernels of kernels_avx2.c; see kernels_native.go.
 
 enum { SS_ACT_NONE = 0, SS_ACT_RELU = 1, SS_ACT_GELU = 2 };

@@ -1,4 +1,4 @@
-//go:build cgo && openblas
+//go:build cgo && !purego
 
 package cpufallback
 
@@ -18,12 +18,15 @@ import (
 // The AVX2 + FMA kernels of kernels_avx2.c, installed where the CPU has
 // both. They vectorize the exponentials and erfs that dominated the
 // encoder step in Go (about two thirds of it at every bucket).
-func init() {
+// chooseKernels installs them with the AVX2 or AVX-512 products.
+var _ = func() bool {
 	if C.ss_have_avx2() != 0 {
-		kernelName = "avx2"
-		biasAct, addSoftmaxRows, residualNorm, layerNormRows = avx2BiasAct, avx2AddSoftmaxRows, avx2ResidualNorm, avx2LayerNormRows
+		nativeElementWise = func() {
+			biasAct, addSoftmaxRows, residualNorm, layerNormRows = avx2BiasAct, avx2AddSoftmaxRows, avx2ResidualNorm, avx2LayerNormRows
+		}
 	}
-}
+	return true
+}()
 
 func fp(s []float32) *C.float { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
 

@@ -29,18 +29,26 @@ func (Engine) ResidentBytes(cfg *models.Config, buckets []bucketing.Shape) int64
 	return n
 }
 
-// residentWeightBytes is what newResidentWeights allocates: a transposed
-// copy of every Linear weight.
+// residentWeightBytes is what newResidentWeights allocates: a copy of
+// every Linear weight in the product kernels' layout (transposed, or packed
+// in panels whose last is padded to the kernel's width).
 func residentWeightBytes(cfg *models.Config) int64 {
+	width := int64(1)
+	if products != nil {
+		width = int64(products.width)
+	}
+	weight := func(in, out int) int64 {
+		return 4 * int64(in) * ((int64(out) + width - 1) / width * width)
+	}
 	var n int64
 	switch {
 	case cfg.MLP != nil:
 		for i := 0; i+1 < len(cfg.MLP.Sizes); i++ {
-			n += 4 * int64(cfg.MLP.Sizes[i]) * int64(cfg.MLP.Sizes[i+1])
+			n += weight(cfg.MLP.Sizes[i], cfg.MLP.Sizes[i+1])
 		}
 	case cfg.Encoder != nil:
-		H, I := int64(cfg.Encoder.Hidden), int64(cfg.Encoder.Intermediate)
-		n = int64(cfg.Encoder.Layers) * 4 * (4*H*H + 2*H*I)
+		H, I := cfg.Encoder.Hidden, cfg.Encoder.Intermediate
+		n = int64(cfg.Encoder.Layers) * (4*weight(H, H) + weight(H, I) + weight(I, H))
 	}
 	return n
 }

@@ -1,0 +1,100 @@
+//go:build cgo && !purego
+
+package cpufallback
+
+/*
+#cgo CFLAGS: -O2
+#cgo LDFLAGS: -lm
+#include "gemm_native.h"
+*/
+import "C"
+
+// The matrix-product kernels of gemm_native.c, registered best first for
+// the instruction sets this CPU has (cpuid, through gcc's
+// __builtin_cpu_supports); dispatch.go picks one at start-up.
+var _ = func() bool {
+	level := int(C.ss_cpu_level())
+	for _, isa := range []struct {
+		name  string
+		level int
+	}{{"avx512", C.SS_ISA_AVX512}, {"avx2", C.SS_ISA_AVX2}} {
+		if level >= isa.level {
+			nativeProducts = append(nativeProducts, nativeProductKernel(isa.name, C.int(isa.level)))
+		}
+	}
+	return true
+}()
+
+func nativeProductKernel(name string, isa C.int) productKernel {
+	width := int(C.ss_panel_width(isa))
+	return productKernel{
+		name:  name,
+		width: width,
+		pack: func(k, n int, b []float32, ldb int, trans bool) []float32 {
+			out := make([]float32, (n+width-1)/width*width*k)
+			if len(out) == 0 {
+				return out
+			}
+			checkB(trans, n, k, b, ldb)
+			C.ss_pack_b(C.int(width), C.int(k), C.int(n), fp(b), C.int(ldb), cbool(trans), fp(out))
+			return out
+		},
+		gemm: func(transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+			if m == 0 || n == 0 {
+				return
+			}
+			checkC(m, n, c, ldc)
+			if k > 0 {
+				checkA(m, k, a, lda)
+				checkB(transB, n, k, b, ldb)
+			}
+			if C.ss_gemm(isa, cbool(transB), C.int(m), C.int(n), C.int(k), C.float(alpha), fp(a), C.int(lda), fp(b), C.int(ldb), C.float(beta), fp(c), C.int(ldc)) != 0 {
+				panic("cpufallback: gemm: out of memory for the packing scratch")
+			}
+		},
+		linear: func(m, n, k int, x, packed, y, bias []float32, act activation, p0, p1 int) {
+			if m == 0 || n == 0 || p0 >= p1 {
+				return
+			}
+			if p0 < 0 || p1*width > (n+width-1)/width*width || len(packed) < (n+width-1)/width*width*k || len(x) < m*k || len(y) < m*n || (bias != nil && len(bias) < n) {
+				panic("cpufallback: linear: mismatched shapes")
+			}
+			var pb *C.float
+			if bias != nil {
+				pb = fp(bias)
+			}
+			C.ss_gemm_packed(isa, C.int(m), C.int(n), C.int(k), 1, fp(x), C.int(k), fp(packed), 0, fp(y), C.int(n), pb, C.int(act), C.int(p0), C.int(p1))
+		},
+	}
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// The same length checks as gonum's, so that a bad call panics in Go
+// instead of reading past a slice in C.
+func checkA(m, k int, a []float32, lda int) {
+	if lda < k || len(a) < (m-1)*lda+k {
+		panic("cpufallback: gemm: short A")
+	}
+}
+
+func checkB(trans bool, n, k int, b []float32, ldb int) {
+	rows, cols := k, n
+	if trans {
+		rows, cols = n, k
+	}
+	if ldb < cols || len(b) < (rows-1)*ldb+cols {
+		panic("cpufallback: gemm: short B")
+	}
+}
+
+func checkC(m, n int, c []float32, ldc int) {
+	if ldc < n || len(c) < (m-1)*ldc+n {
+		panic("cpufallback: gemm: short C")
+	}
+}

@@ -1,0 +1,151 @@
+package cpufallback
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+func randMatrix(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// closeTo checks got against gonum's answer want within float32 rounding of
+// a k-term dot product: the kernels sum in a different order.
+func closeTo(t *testing.T, want, got []float32, k int, format string, args ...any) {
+	t.Helper()
+	tol := 2e-6 * math.Sqrt(float64(max(k, 1))) * 4
+	for i := range want {
+		if d := math.Abs(float64(want[i]) - float64(got[i])); d > tol*math.Max(1, math.Abs(float64(want[i]))) {
+			t.Fatalf(format+": element %d: %g, gonum %g (tolerance %g)", append(args, i, got[i], want[i], tol)...)
+		}
+	}
+}
+
+// Every product kernel this build and CPU run, against gonum's Sgemm: odd
+// sizes (1 up to 300, non-multiples of the vector and panel widths), B
+// plain and transposed, strided operands like one attention head's
+// columns, alpha and beta.
+func TestProductKernelsAgainstGonum(t *testing.T) {
+	if len(nativeProducts) == 0 {
+		t.Skip("no native product kernels in this build or on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	sizes := []int{1, 2, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 100, 127, 300}
+	type shape struct{ m, n, k int }
+	var shapes []shape
+	for range 60 {
+		shapes = append(shapes, shape{sizes[rng.IntN(len(sizes))], sizes[rng.IntN(len(sizes))], sizes[rng.IntN(len(sizes))]})
+	}
+	shapes = append(shapes, shape{1, 1, 1}, shape{300, 300, 300}, shape{9, 47, 600}, shape{128, 384, 384})
+	for _, pk := range nativeProducts {
+		for _, s := range shapes {
+			for _, transB := range []bool{false, true} {
+				// Strides wider than the matrices, as for one head of a
+				// [rows, H] activation.
+				lda, ldb, ldc := s.k+3, s.n+5, s.n+2
+				if transB {
+					ldb = s.k + 1
+				}
+				a := randMatrix(rng, s.m*lda)
+				b := randMatrix(rng, max(s.k, s.n)*ldb)
+				c0 := randMatrix(rng, s.m*ldc)
+				for _, ab := range [][2]float32{{1, 0}, {0.125, 0}, {0.5, 1.5}} {
+					want := append([]float32(nil), c0...)
+					tb := blas.NoTrans
+					if transB {
+						tb = blas.Trans
+					}
+					gonum.Implementation{}.Sgemm(blas.NoTrans, tb, s.m, s.n, s.k, ab[0], a, lda, b, ldb, ab[1], want, ldc)
+					got := append([]float32(nil), c0...)
+					pk.gemm(transB, s.m, s.n, s.k, ab[0], a, lda, b, ldb, ab[1], got, ldc)
+					closeTo(t, want, got, s.k, "%s gemm %+v transB %v alpha, beta %v", pk.name, s, transB, ab)
+				}
+			}
+			// linear on packed weights, with the fused bias and activation,
+			// whole and split into panel ranges (as threads split it).
+			x := randMatrix(rng, s.m*s.k)
+			w := randMatrix(rng, s.n*s.k) // torch's [out, in]
+			bias := randMatrix(rng, s.n)
+			packed := pk.pack(s.k, s.n, w, s.k, true)
+			panels := (s.n + pk.width - 1) / pk.width
+			for _, act := range []activation{actNone, actReLU, actGELU} {
+				want := make([]float32, s.m*s.n)
+				gonum.Implementation{}.Sgemm(blas.NoTrans, blas.Trans, s.m, s.n, s.k, 1, x, s.k, w, s.k, 0, want, s.n)
+				goBiasAct(want, bias, act)
+				got := make([]float32, s.m*s.n)
+				mid := panels / 2
+				pk.linear(s.m, s.n, s.k, x, packed, got, bias, act, 0, mid)
+				pk.linear(s.m, s.n, s.k, x, packed, got, bias, act, mid, panels)
+				closeTo(t, want, got, s.k, "%s linear %+v act %d", pk.name, s, act)
+			}
+		}
+	}
+}
+
+// The product path the engine takes (gemm, linear, resident) agrees with
+// the BLAS under each kernel set, the portable one included.
+func TestChosenKernelsAgainstBLAS(t *testing.T) {
+	defer func() { require.NoError(t, chooseKernels("")) }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	m, n, k := 37, 70, 45
+	x := randMatrix(rng, m*k)
+	w := randMatrix(rng, n*k)
+	want := make([]float32, m*n)
+	gonum.Implementation{}.Sgemm(blas.NoTrans, blas.Trans, m, n, k, 1, x, k, w, k, 0, want, n)
+	for _, name := range KernelNames() {
+		require.NoError(t, chooseKernels(name))
+		require.Equal(t, name, Kernels())
+		l := linearOf(w, n, k)
+		got := make([]float32, m*n)
+		linear(m, n, k, x, resident(l), got)
+		closeTo(t, want, got, k, "kernels %s: linear", name)
+		got2 := make([]float32, m*n)
+		gemm(true, m, n, k, 1, x, k, w, k, 0, got2, n)
+		closeTo(t, want, got2, k, "kernels %s: gemm", name)
+	}
+	require.Error(t, chooseKernels("sse9"), "an unknown kernel set is refused")
+}
+
+func linearOf(w []float32, out, in int) *models.Linear {
+	return &models.Linear{In: in, Out: out, Weight: w, Bias: make([]float32, out)}
+}
+
+// The products of one MiniLM-sized layer (hidden 384, intermediate 1536) at
+// 128 and 2048 rows, on one thread, on every kernel set and the BLAS.
+func BenchmarkProducts(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, s := range []struct{ m, n, k int }{{128, 384, 384}, {128, 1536, 384}, {128, 384, 1536}, {2048, 384, 384}, {2048, 1536, 384}, {2048, 384, 1536}} {
+		x := randMatrix(rng, s.m*s.k)
+		w := randMatrix(rng, s.n*s.k)
+		y := make([]float32, s.m*s.n)
+		for _, pk := range append([]productKernel{{name: "blas-" + blasName}}, nativeProducts...) {
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.m, s.n, s.k, pk.name), func(b *testing.B) {
+				var run func()
+				if pk.pack == nil {
+					wT := transposed(linearOf(w, s.n, s.k))
+					run = func() { blasGemm(false, s.m, s.n, s.k, 1, x, s.k, wT, s.n, 0, y, s.n) }
+				} else {
+					packed := pk.pack(s.k, s.n, w, s.k, true)
+					run = func() { pk.linear(s.m, s.n, s.k, x, packed, y, nil, actNone, 0, (s.n+pk.width-1)/pk.width) }
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					run()
+				}
+				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
