@@ -44,7 +44,7 @@ var (
 	seconds = flag.Float64("seconds", 1, "seconds each side runs each shape each round")
 	threads = flag.Int("threads", 0, "threads on each side: engine.cpu_threads and ONNX Runtime's intra-op threads (0: every CPU)")
 	only    = flag.String("cases", "", "comma-separated case names to run (all when empty)")
-	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames; the best when empty)")
+	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames, +bf16 for device_dtype bfloat16: avx512,avx512+bf16,avx2,go; the best when empty)")
 )
 
 type caseSpec struct {
@@ -112,10 +112,19 @@ func run() error {
 	progs := make([]engine.Program, len(sets))
 	outs := make([][][]float32, len(sets))
 	for s, set := range sets {
-		if err := cpufallback.SetKernels(set); err != nil {
+		// "avx512+bf16": the same kernels, the model's device_dtype bfloat16.
+		kset, bf16 := strings.CutSuffix(set, "+bf16")
+		if err := cpufallback.SetKernels(kset); err != nil {
 			return err
 		}
-		progs[s], err = cpufallback.Engine{}.Load(context.Background(), m, shapes)
+		mod := m
+		if bf16 {
+			if mod, err = models.Load(filepath.Join(*dir, "model")); err != nil {
+				return err
+			}
+			mod.Config.DeviceDtype = "bfloat16"
+		}
+		progs[s], err = cpufallback.Engine{}.Load(context.Background(), mod, shapes)
 		if err != nil {
 			return err
 		}
@@ -124,7 +133,8 @@ func run() error {
 		}
 	}
 	stepRun := func(s, i int, c caseSpec) (float64, error) {
-		if err := cpufallback.SetKernels(sets[s]); err != nil {
+		kset, _ := strings.CutSuffix(sets[s], "+bf16")
+		if err := cpufallback.SetKernels(kset); err != nil {
 			return 0, err
 		}
 		prog := progs[s]
@@ -212,8 +222,8 @@ func run() error {
 	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads) against stepserve's CPU engine step (engine.cpu_threads %d) with kernels %s, %d interleaved rounds of %gs a side; %s\n",
 		hello.Version, *threads, *threads, strings.Join(sets, ", "), *rounds, *seconds, cpuLine())
 	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load average before: %s, after: %s\n\n", manifest.Torch, loadBefore, loadavg())
-	fmt.Println("| shape | tokens | ONNX Runtime seq/s | kernels | stepserve seq/s | ratio (median) | ratio spread | max abs diff to torch (stepserve, ORT) |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| shape | tokens | ONNX Runtime seq/s | kernels | stepserve seq/s | ratio (median) | ratio spread | max abs diff to torch (stepserve, ORT) | min cosine to torch |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for i, c := range cases {
 		ref, err := readFloats(filepath.Join(*dir, c.Name+".torch.bin"))
 		if err != nil {
@@ -228,10 +238,10 @@ func run() error {
 			for r := range ratios {
 				ratios[r] = rate[i][1+s][r] / rate[i][0][r]
 			}
-			fmt.Printf("| %d x %d%s | %d | %.1f | %s | %.1f | **%.2fx** | %.2f-%.2f | %.2g, %.2g |\n",
+			fmt.Printf("| %d x %d%s | %d | %.1f | %s | %.1f | **%.2fx** | %.2f-%.2f | %.2g, %.2g | %.6f |\n",
 				c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)), c.Tokens,
 				median(rate[i][0]), set, median(rate[i][1+s]), median(ratios), slices.Min(ratios), slices.Max(ratios),
-				maxDiff(outs[s][i], ref), maxDiff(ortOut, ref))
+				maxDiff(outs[s][i], ref), maxDiff(ortOut, ref), minCosine(outs[s][i], ref, c.Batch))
 		}
 	}
 	return nil
@@ -291,6 +301,24 @@ func maxDiff(a, b []float32) float64 {
 		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
 	}
 	return d
+}
+
+// minCosine is the smallest cosine between a row of a and the same row of
+// b, rows of len(a)/rows floats.
+func minCosine(a, b []float32, rows int) float64 {
+	if len(a) != len(b) || rows == 0 {
+		return math.NaN()
+	}
+	w, worst := len(a)/rows, 1.0
+	for r := range rows {
+		var ab, aa, bb float64
+		for j := r * w; j < (r+1)*w; j++ {
+			x, y := float64(a[j]), float64(b[j])
+			ab, aa, bb = ab+x*y, aa+x*x, bb+y*y
+		}
+		worst = min(worst, ab/math.Sqrt(aa*bb))
+	}
+	return worst
 }
 
 func median(v []float64) float64 {

@@ -48,6 +48,9 @@ func (Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Sha
 	if kernelsErr != nil {
 		return nil, kernelsErr
 	}
+	if err := checkDtype(m.Name, m.Config); err != nil {
+		return nil, err
+	}
 	if m.MLP == nil && m.Encoder == nil {
 		if m.Config.Architecture == "torch" {
 			return nil, fmt.Errorf("cpufallback: model %s: the CPU engine cannot run architecture torch (a PyTorch module); set engine: %s in its model.yaml",

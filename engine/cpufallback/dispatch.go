@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/stepserve/stepserve/models"
 )
 
 // The engine's kernels are chosen once, at start-up, from what the CPU has:
@@ -32,6 +34,26 @@ type productKernel struct {
 	// linear computes y[m, n] = act(x[m, k] · packed + bias), bias nil for
 	// none, on the output columns of panels p0 up to p1.
 	linear func(m, n, k int, x, packed, y, bias []float32, act activation, p0, p1 int)
+	// packBF16 and linearBF16 are pack and linear in bfloat16 (products
+	// summed in float32), where the CPU has AVX512_BF16; nil elsewhere.
+	// packBF16 takes B as torch stores a Linear's weight, [n, k].
+	packBF16   func(k, n int, b []float32, ldb int) []uint16
+	linearBF16 func(m, n, k int, x []float32, packed []uint16, y, bias []float32, act activation, p0, p1 int)
+}
+
+// wantsBF16 says whether a model asks the CPU engine for bfloat16
+// products: model.yaml's device_dtype: bfloat16 (its default, float16, is
+// the rbln engine's; the CPU engine computes that in float32).
+func wantsBF16(cfg *models.Config) bool { return cfg.DeviceDtype == "bfloat16" }
+
+// checkDtype refuses a bfloat16 model where the kernels in use have no
+// bfloat16 products.
+func checkDtype(name string, cfg *models.Config) error {
+	if !wantsBF16(cfg) || (products != nil && products.linearBF16 != nil) {
+		return nil
+	}
+	return fmt.Errorf("cpufallback: model %s: device_dtype bfloat16 needs a CPU with AVX512_BF16 (vdpbf16ps) and the native kernels; this one runs kernels %s%s: remove device_dtype (the CPU engine computes in float32)",
+		name, Kernels(), map[bool]string{true: " without bfloat16 products", false: ""}[products != nil])
 }
 
 var (

@@ -201,3 +201,62 @@ func BenchmarkEncoderStep(b *testing.B) {
 		})
 	}
 }
+
+func cosine(a, b []float64) float64 {
+	var ab, aa, bb float64
+	for i := range a {
+		ab += a[i] * b[i]
+		aa += a[i] * a[i]
+		bb += b[i] * b[i]
+	}
+	return ab / math.Sqrt(aa*bb)
+}
+
+// bf16MinCosine is the agreement the bfloat16 opt-in promises: the cosine
+// of each pooled embedding with torch's float32 one (measured 0.9999+ on
+// the golden encoder; bfloat16 keeps 8 bits of mantissa).
+const bf16MinCosine = 0.999
+
+// TestEncoderBFloat16 runs the golden encoder with device_dtype bfloat16:
+// where the CPU has AVX512_BF16, every pooled embedding is within
+// bf16MinCosine of torch's float32 reference and a step allocates nothing;
+// elsewhere the load is refused and says why.
+func TestEncoderBFloat16(t *testing.T) {
+	m, ref := loadReference(t)
+	m.Config.DeviceDtype = "bfloat16"
+	m.Encoder.Config.Pooling = "mean"
+	grid, err := bucketing.NewGrid([]int{1, 4}, []int{64})
+	require.NoError(t, err)
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+	if err != nil {
+		assert.ErrorContains(t, err, "device_dtype bfloat16 needs a CPU with AVX512_BF16")
+		t.Skipf("refused as it should be on this CPU or build: %v", err)
+	}
+	defer prog.Close()
+	runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+	require.NoError(t, err)
+	H := m.Encoder.Config.Hidden
+	var batch []*steps.Request
+	for _, c := range ref.Cases {
+		batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, H))
+	}
+	require.NoError(t, runner.Run(context.Background(), batch))
+	worst, worstAbs := 1.0, 0.0
+	for i, c := range ref.Cases {
+		got := embedding(batch[i])
+		cos := cosine(got, c.Mean)
+		worst = math.Min(worst, cos)
+		worstAbs = math.Max(worstAbs, maxAbsDiff(got, c.Mean))
+		assert.GreaterOrEqual(t, cos, bf16MinCosine, "sequence %d (length %d)", i, len(c.InputIDs))
+	}
+	t.Logf("bfloat16 against torch float32: min cosine per row 1 - %.1e, max abs diff %.2e", 1-worst, worstAbs)
+	ctx := context.Background()
+	for b := range grid.Shapes() {
+		require.NoError(t, prog.Compile(ctx, b))
+		assert.Zero(t, testing.AllocsPerRun(5, func() {
+			if _, err := prog.Step(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+		}), "bucket %d", b)
+	}
+}

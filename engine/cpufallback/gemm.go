@@ -49,25 +49,74 @@ func blasGemm(transB bool, m, n, k int, alpha float32, a []float32, lda int, b [
 	}
 }
 
-// linear computes y[m, out] = x[m, in] · Wᵀ, the product of a Linear
-// layer, from w, its weight as resident (see resident); the bias is added
-// by the caller's fused pass.
-func linear(m, out, in int, x, w, y []float32) {
-	if products != nil {
-		products.linear(m, out, in, x, w, y, nil, actNone, 0, (out+products.width-1)/products.width)
-		return
-	}
-	blasGemm(false, m, out, in, 1, x, in, w, out, 0, y, out)
+// weight is one Linear's weight as the engine keeps it resident, in the
+// layout its product kernel wants, made once at load.
+type weight struct {
+	in, out int
+	// f32 is packed in panels of the kernel's width where native kernels
+	// run (see productKernel.pack), else transposed to [in, out] for the
+	// BLAS (see transposed).
+	f32 []float32
+	// bf16, where the model asks for bfloat16 (device_dtype) and the CPU
+	// has AVX512_BF16, replaces f32: packed for productKernel.linearBF16.
+	bf16 []uint16
 }
+
+// panels is how many panels of the product kernel's width w's output
+// columns make: the units linearPanels splits among threads.
+func (w *weight) panels() int {
+	if products == nil {
+		return 1
+	}
+	return (w.out + products.width - 1) / products.width
+}
+
+// linear computes y[m, out] = x[m, in] · Wᵀ, the product of a Linear
+// layer, from w, its weight as resident; the bias is added by the
+// caller's fused pass.
+func linear(m, out, in int, x []float32, w *weight, y []float32) {
+	linearPanels(m, x, w, y, nil, actNone, 0, w.panels())
+}
+
+// linearPanels computes act(x · Wᵀ + bias) (bias nil for none) on the
+// output columns of panels p0 up to p1 of w (see panels): the bias and
+// activation are applied in the product's output pass where native kernels
+// run.
+func linearPanels(m int, x []float32, w *weight, y, bias []float32, act activation, p0, p1 int) {
+	switch {
+	case w.bf16 != nil:
+		products.linearBF16(m, w.out, w.in, x, w.bf16, y, bias, act, p0, p1)
+	case products != nil:
+		products.linear(m, w.out, w.in, x, w.f32, y, bias, act, p0, p1)
+	default:
+		blasGemm(false, m, w.out, w.in, 1, x, w.in, w.f32, w.out, 0, y, w.out)
+		if bias != nil || act != actNone {
+			if bias == nil {
+				bias = zeros(w.out)
+			}
+			biasAct(y[:m*w.out], bias, act)
+		}
+	}
+}
+
+// zeros returns n zeros; the portable path's rare bias-less activation.
+func zeros(n int) []float32 { return make([]float32, n) }
 
 // resident returns a Linear's weight in the layout the product kernels
 // want: packed in panels of the micro-kernel's width where native kernels
-// run, else transposed to [in, out] for the BLAS.
-func resident(l *models.Linear) []float32 {
-	if products != nil {
-		return products.pack(l.In, l.Out, l.Weight, l.In, true)
+// run (in bfloat16 when bf16 is set), else transposed to [in, out] for
+// the BLAS.
+func resident(l *models.Linear, bf16 bool) *weight {
+	w := &weight{in: l.In, out: l.Out}
+	switch {
+	case bf16:
+		w.bf16 = products.packBF16(l.In, l.Out, l.Weight, l.In)
+	case products != nil:
+		w.f32 = products.pack(l.In, l.Out, l.Weight, l.In, true)
+	default:
+		w.f32 = transposed(l)
 	}
-	return transposed(l)
+	return w
 }
 
 // transposed returns a Linear's weight in the [in, out] layout the engine
@@ -86,11 +135,14 @@ func transposed(l *models.Linear) []float32 {
 
 // residentWeights are a model's Linear weights in the engine's layout,
 // made once per program and shared by its plans.
-type residentWeights map[*models.Linear][]float32
+type residentWeights map[*models.Linear]*weight
 
+// newResidentWeights makes them, in bfloat16 where the model's
+// device_dtype asks for it (Engine.Load has checked that the CPU can).
 func newResidentWeights(m *models.Model) residentWeights {
 	r := residentWeights{}
-	add := func(l *models.Linear) { r[l] = resident(l) }
+	bf16 := wantsBF16(m.Config)
+	add := func(l *models.Linear) { r[l] = resident(l, bf16) }
 	if m.MLP != nil {
 		for i := range m.MLP.Layers {
 			add(&m.MLP.Layers[i])

@@ -117,25 +117,11 @@ AVX512 INLINE __m512 act16(__m512 v, int act) {
 	return v;
 }
 
-// One tile: 8 rows of A from a (row stride lda; the caller pads a short
-// block with zero rows) times the kc x 32 sliver bp; rows mr of the tile of
-// C (mask: its valid columns) get the result. first: the tile starts from
-// beta*C (else it adds to C); last: the epilogue (bias, activation) runs.
-AVX512 static void tile16x2(int mr, int kc, const float *a, long lda, const float *bp,
-                            float *c, long ldc, __mmask16 m0, __mmask16 m1, float alpha, float beta,
-                            int first, int last, const float *bias, int act) {
-	__m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
-	__m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
-	const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
-	const float *a4 = a + 4 * lda, *a5 = a + 5 * lda, *a6 = a + 6 * lda, *a7 = a + 7 * lda;
-	for (int p = 0; p < kc; p++) {
-		__m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
-		bp += 32;
-#define ROW(i) { __m512 av = _mm512_set1_ps(a##i[p]); c##i##0 = _mm512_fmadd_ps(av, b0, c##i##0); c##i##1 = _mm512_fmadd_ps(av, b1, c##i##1); }
-		ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
-#undef ROW
-	}
-	__m512 acc[8][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+// The epilogue of an AVX-512 tile: rows mr of acc (C = alpha*acc +
+// beta*C, or C += alpha*acc after the first K block), then on the last K
+// block the bias and activation, written once.
+AVX512 INLINE void store16x2(__m512 acc[8][2], int mr, float *c, long ldc, __mmask16 m0, __mmask16 m1, float alpha,
+                             float beta, int first, int last, const float *bias, int act) {
 	__m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 	__m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
 	if (last && bias) {
@@ -163,6 +149,28 @@ AVX512 static void tile16x2(int mr, int kc, const float *a, long lda, const floa
 		_mm512_mask_storeu_ps(ci, m0, v0);
 		_mm512_mask_storeu_ps(ci + 16, m1, v1);
 	}
+}
+
+// One tile: 8 rows of A from a (row stride lda; the caller pads a short
+// block with zero rows) times the kc x 32 sliver bp; rows mr of the tile of
+// C (mask: its valid columns) get the result. first: the tile starts from
+// beta*C (else it adds to C); last: the epilogue (bias, activation) runs.
+AVX512 static void tile16x2(int mr, int kc, const float *a, long lda, const float *bp,
+                            float *c, long ldc, __mmask16 m0, __mmask16 m1, float alpha, float beta,
+                            int first, int last, const float *bias, int act) {
+	__m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+	__m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+	const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
+	const float *a4 = a + 4 * lda, *a5 = a + 5 * lda, *a6 = a + 6 * lda, *a7 = a + 7 * lda;
+	for (int p = 0; p < kc; p++) {
+		__m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+		bp += 32;
+#define ROW(i) { __m512 av = _mm512_set1_ps(a##i[p]); c##i##0 = _mm512_fmadd_ps(av, b0, c##i##0); c##i##1 = _mm512_fmadd_ps(av, b1, c##i##1); }
+		ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
+	}
+	__m512 acc[8][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+	store16x2(acc, mr, c, ldc, m0, m1, alpha, beta, first, last, bias, act);
 }
 
 // The rows of A a short tile reads: the block's last rows copied, zero
@@ -318,6 +326,98 @@ AVX2 static void gemm_avx2(int m, int n, int k, float alpha, const float *a, int
 			}
 		}
 	}
+	}
+}
+
+// ---------------------------------------------------------------- AVX512_BF16
+
+#define BF16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma")))
+
+// float32 to bfloat16, rounded to nearest even (as vcvtne2ps2bf16 does).
+static inline unsigned short bf16_of(float f) {
+	unsigned int u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)((u >> 16) | 0x40); // NaN stays NaN
+	return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+// B [n, k] (torch's [out, in]) with row stride ldb as bfloat16 panels of
+// 32 columns for vdpbf16ps: panel p holds, for each pair of k (the last
+// padded with zero when k is odd), 32 columns of (B[2q][j], B[2q+1][j]).
+void ss_pack_b_bf16(int k, int n, const float *b, int ldb, unsigned short *out) {
+	int panels = (n + 31) / 32, kp = (k + 1) / 2;
+	for (int p = 0; p < panels; p++) {
+		unsigned short *dst = out + (long)p * kp * 64;
+		for (int q = 0; q < kp; q++)
+			for (int j = 0; j < 32; j++) {
+				int col = p * 32 + j;
+				for (int h = 0; h < 2; h++) {
+					int kk = 2 * q + h;
+					dst[(long)q * 64 + 2 * j + h] = col < n && kk < k ? bf16_of(b[(long)col * ldb + kk]) : 0;
+				}
+			}
+	}
+}
+
+// A block of MC rows x KC of A in bfloat16, zero rows and columns padding it.
+static __thread unsigned short blockA[MC * KC];
+
+BF16 static void tile_bf16(int mr, int kp, const unsigned short *a, long lda, const unsigned short *bp,
+                           float *c, long ldc, __mmask16 m0, __mmask16 m1, float alpha, float beta,
+                           int first, int last, const float *bias, int act) {
+	__m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+	__m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+	const int *a0 = (const int *)a, *a1 = (const int *)(a + lda), *a2 = (const int *)(a + 2 * lda), *a3 = (const int *)(a + 3 * lda);
+	const int *a4 = (const int *)(a + 4 * lda), *a5 = (const int *)(a + 5 * lda), *a6 = (const int *)(a + 6 * lda), *a7 = (const int *)(a + 7 * lda);
+	for (int q = 0; q < kp; q++) {
+		__m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 32);
+		bp += 64;
+#define ROW(i) { __m512bh av = (__m512bh)_mm512_set1_epi32(a##i[q]); c##i##0 = _mm512_dpbf16_ps(c##i##0, av, b0); c##i##1 = _mm512_dpbf16_ps(c##i##1, av, b1); }
+		ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
+	}
+	__m512 acc[8][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+	store16x2(acc, mr, c, ldc, m0, m1, alpha, beta, first, last, bias, act);
+}
+
+// y[m, n] = act(x[m, k] . B + bias) on panels p0 up to p1 of B packed by
+// ss_pack_b_bf16: x is rounded to bfloat16 a block at a time, the products
+// summed in float32.
+BF16 void ss_linear_bf16(int m, int n, int k, const float *x, const unsigned short *bp, float *y,
+                         const float *bias, int act, int p0, int p1) {
+	int kpAll = (k + 1) / 2;
+	for (int q0 = p0; q0 < p1; q0 += NC / 32) {
+		int q1 = q0 + NC / 32 < p1 ? q0 + NC / 32 : p1;
+		for (int i0 = 0; i0 < m; i0 += MC) {
+			int mc = m - i0 < MC ? m - i0 : MC, rows = (mc + 7) / 8 * 8;
+			for (int k0 = 0; k0 < k; k0 += KC) {
+				int kc = k - k0 < KC ? k - k0 : KC, kp = (kc + 1) / 2, ld = 2 * kp;
+				int first = k0 == 0, last = k0 + kc == k;
+				for (int i = 0; i < rows; i++) {
+					unsigned short *dst = blockA + (long)i * ld;
+					if (i >= mc) {
+						memset(dst, 0, sizeof(unsigned short) * ld);
+						continue;
+					}
+					const float *src = x + (long)(i0 + i) * k + k0;
+					int p = 0;
+					for (; p + 32 <= kc; p += 32)
+						_mm512_storeu_si512(dst + p, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + p + 16), _mm512_loadu_ps(src + p)));
+					for (; p < kc; p++) dst[p] = bf16_of(src[p]);
+					if (kc & 1) dst[kc] = 0;
+				}
+				for (int p = q0; p < q1; p++) {
+					int j0 = p * 32, w = n - j0;
+					__mmask16 m0 = w >= 16 ? 0xffff : (__mmask16)((1u << w) - 1);
+					__mmask16 m1 = w >= 32 ? 0xffff : w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
+					const unsigned short *bs = bp + (long)p * kpAll * 64 + (long)(k0 / 2) * 64;
+					const float *bb = bias ? bias + j0 : 0;
+					for (int i = 0; i < mc; i += 8)
+						tile_bf16(mc - i < 8 ? mc - i : 8, kp, blockA + (long)i * ld, ld, bs, y + (long)(i0 + i) * n + j0, n,
+						          m0, m1, 1, 0, first, last, bb, act);
+				}
+			}
+		}
 	}
 }
 

@@ -9,6 +9,8 @@ package cpufallback
 */
 import "C"
 
+import "unsafe"
+
 // The matrix-product kernels of gemm_native.c, registered best first for
 // the instruction sets this CPU has (cpuid, through gcc's
 // __builtin_cpu_supports); dispatch.go picks one at start-up.
@@ -19,7 +21,11 @@ var _ = func() bool {
 		level int
 	}{{"avx512", C.SS_ISA_AVX512}, {"avx2", C.SS_ISA_AVX2}} {
 		if level >= isa.level {
-			nativeProducts = append(nativeProducts, nativeProductKernel(isa.name, C.int(isa.level)))
+			k := nativeProductKernel(isa.name, C.int(isa.level))
+			if isa.level == C.SS_ISA_AVX512 && C.ss_have_avx512bf16() != 0 {
+				k.packBF16, k.linearBF16 = packBF16, linearBF16
+			}
+			nativeProducts = append(nativeProducts, k)
 		}
 	}
 	return true
@@ -97,4 +103,28 @@ func checkC(m, n int, c []float32, ldc int) {
 	if ldc < n || len(c) < (m-1)*ldc+n {
 		panic("cpufallback: gemm: short C")
 	}
+}
+
+func packBF16(k, n int, b []float32, ldb int) []uint16 {
+	out := make([]uint16, (n+31)/32*32*((k+1)/2*2))
+	if len(out) == 0 {
+		return out
+	}
+	checkB(true, n, k, b, ldb)
+	C.ss_pack_b_bf16(C.int(k), C.int(n), fp(b), C.int(ldb), (*C.ushort)(unsafe.Pointer(&out[0])))
+	return out
+}
+
+func linearBF16(m, n, k int, x []float32, packed []uint16, y, bias []float32, act activation, p0, p1 int) {
+	if m == 0 || n == 0 || p0 >= p1 {
+		return
+	}
+	if p0 < 0 || p1 > (n+31)/32 || len(packed) < (n+31)/32*32*((k+1)/2*2) || len(x) < m*k || len(y) < m*n || (bias != nil && len(bias) < n) {
+		panic("cpufallback: linear: mismatched shapes")
+	}
+	var pb *C.float
+	if bias != nil {
+		pb = fp(bias)
+	}
+	C.ss_linear_bf16(C.int(m), C.int(n), C.int(k), fp(x), (*C.ushort)(unsafe.Pointer(&packed[0])), fp(y), pb, C.int(act), C.int(p0), C.int(p1))
 }

@@ -12,3 +12,6 @@ void ss_gemm_packed(int isa, int m, int n, int k, float alpha, const float *a, i
                     float beta, float *c, int ldc, const float *bias, int act, int p0, int p1);
 int ss_gemm(int isa, int trans, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
             float beta, float *c, int ldc);
+void ss_pack_b_bf16(int k, int n, const float *b, int ldb, unsigned short *out);
+void ss_linear_bf16(int m, int n, int k, const float *x, const unsigned short *bp, float *y,
+                    const float *bias, int act, int p0, int p1);

@@ -109,7 +109,7 @@ func TestChosenKernelsAgainstBLAS(t *testing.T) {
 		require.Equal(t, name, Kernels())
 		l := linearOf(w, n, k)
 		got := make([]float32, m*n)
-		linear(m, n, k, x, resident(l), got)
+		linear(m, n, k, x, resident(l, false), got)
 		closeTo(t, want, got, k, "kernels %s: linear", name)
 		got2 := make([]float32, m*n)
 		gemm(true, m, n, k, 1, x, k, w, k, 0, got2, n)
@@ -146,6 +146,53 @@ func BenchmarkProducts(b *testing.B) {
 				}
 				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
+		}
+	}
+}
+
+// bf16 rounds to bfloat16 to nearest even, as the kernels do.
+func bf16(f float32) float64 {
+	u := math.Float32bits(f)
+	u = (u + 0x7fff + (u>>16)&1) &^ 0xffff
+	return float64(math.Float32frombits(u))
+}
+
+// The bfloat16 products are the float64 products of the bfloat16-rounded
+// operands, to within float32 summation: odd k (a padded pair), widths not
+// a multiple of the panel, split panel ranges, the epilogue.
+func TestBF16ProductsAgainstRoundedOperands(t *testing.T) {
+	var pk *productKernel
+	for i := range nativeProducts {
+		if nativeProducts[i].linearBF16 != nil {
+			pk = &nativeProducts[i]
+		}
+	}
+	if pk == nil {
+		t.Skip("no bfloat16 products on this CPU (AVX512_BF16) or in this build")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, s := range []struct{ m, n, k int }{{1, 1, 1}, {3, 17, 5}, {9, 33, 257}, {100, 70, 384}, {97, 384, 600}, {8, 64, 1536}} {
+		x := randMatrix(rng, s.m*s.k)
+		w := randMatrix(rng, s.n*s.k)
+		bias := randMatrix(rng, s.n)
+		packed := pk.packBF16(s.k, s.n, w, s.k)
+		panels := (s.n + 31) / 32
+		for _, act := range []activation{actNone, actGELU} {
+			got := make([]float32, s.m*s.n)
+			pk.linearBF16(s.m, s.n, s.k, x, packed, got, bias, act, 0, panels/2)
+			pk.linearBF16(s.m, s.n, s.k, x, packed, got, bias, act, panels/2, panels)
+			want := make([]float32, s.m*s.n)
+			for i := range s.m {
+				for j := range s.n {
+					var d float64
+					for p := range s.k {
+						d += bf16(x[i*s.k+p]) * bf16(w[j*s.k+p])
+					}
+					want[i*s.n+j] = float32(d)
+				}
+			}
+			goBiasAct(want, bias, act)
+			closeTo(t, want, got, s.k, "bf16 linear %+v act %d", s, act)
 		}
 	}
 }

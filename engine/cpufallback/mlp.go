@@ -6,7 +6,7 @@ import "github.com/stepserve/stepserve/models"
 // buffer the step writes, allocated once.
 type mlpPlan struct {
 	m     *models.MLP
-	wT    [][]float32 // layer i's weight, [in, out]
+	w     []*weight // layer i's weight, as resident
 	batch int
 	input []float32   // the bucket's "device" input buffer, [batch, in]
 	acts  [][]float32 // layer i's output, [batch, out_i]
@@ -16,7 +16,7 @@ func newMLPPlan(m *models.MLP, w residentWeights, batch int) *mlpPlan {
 	p := &mlpPlan{m: m, batch: batch, input: make([]float32, batch*m.Layers[0].In)}
 	for i, l := range m.Layers {
 		p.acts = append(p.acts, make([]float32, batch*l.Out))
-		p.wT = append(p.wT, w[&m.Layers[i]])
+		p.w = append(p.w, w[&m.Layers[i]])
 	}
 	return p
 }
@@ -35,7 +35,7 @@ func (p *mlpPlan) run() []float32 {
 	last := len(p.m.Layers) - 1
 	for i, l := range p.m.Layers {
 		y := p.acts[i]
-		linear(p.batch, l.Out, l.In, x, p.wT[i], y)
+		linear(p.batch, l.Out, l.In, x, p.w[i], y)
 		switch {
 		case i < last && p.m.Activation == "gelu":
 			biasAct(y, l.Bias, actGELU)

@@ -33,12 +33,17 @@ func (Engine) ResidentBytes(cfg *models.Config, buckets []bucketing.Shape) int64
 // every Linear weight in the product kernels' layout (transposed, or packed
 // in panels whose last is padded to the kernel's width).
 func residentWeightBytes(cfg *models.Config) int64 {
-	width := int64(1)
+	width, elem := int64(1), int64(4)
 	if products != nil {
 		width = int64(products.width)
 	}
+	bf16 := wantsBF16(cfg)
 	weight := func(in, out int) int64 {
-		return 4 * int64(in) * ((int64(out) + width - 1) / width * width)
+		n := int64(in)
+		if bf16 {
+			n, elem = (n+1)/2*2, 2 // pairs of k, in bfloat16
+		}
+		return elem * n * ((int64(out) + width - 1) / width * width)
 	}
 	var n int64
 	switch {

@@ -53,13 +53,13 @@ func TestResidentBytesIsWhatLoadAllocates(t *testing.T) {
 		p := prog.(*program)
 		var held int64
 		for _, w := range p.weights {
-			held += int64(cap(w)) * 4
+			held += int64(cap(w.f32))*4 + int64(cap(w.bf16))*2
 		}
 		for i := range p.buckets {
 			require.NoError(t, p.Compile(context.Background(), i))
 			b := &p.buckets[i]
 			held += int64(cap(b.in) + cap(b.out))
-			held += heldBytes(reflect.ValueOf(b.plan), "wT")
+			held += heldBytes(reflect.ValueOf(b.plan), "w")
 		}
 		want := Engine{}.ResidentBytes(m.Config, grid.Shapes())
 		assert.Equal(t, want, held, dir)
