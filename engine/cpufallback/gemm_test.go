@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
@@ -194,5 +197,40 @@ func TestBF16ProductsAgainstRoundedOperands(t *testing.T) {
 			goBiasAct(want, bias, act)
 			closeTo(t, want, got, s.k, "bf16 linear %+v act %d", s, act)
 		}
+	}
+}
+
+// linearPar splits a product's panels among threads: the same result as
+// one thread, with nothing allocated per call, also from several callers
+// at once (as replicas step side by side).
+func TestLinearParMatchesSerial(t *testing.T) {
+	defer SetThreads(0)
+	SetThreads(4)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, s := range []struct{ m, n, k int }{{1, 384, 384}, {13, 1536, 384}, {128, 384, 1536}, {5, 7, 9}} {
+		x := randMatrix(rng, s.m*s.k)
+		l := linearOf(randMatrix(rng, s.n*s.k), s.n, s.k)
+		l.Bias = randMatrix(rng, s.n)
+		w := resident(l, false)
+		want := make([]float32, s.m*s.n)
+		linearPanels(s.m, x, w, want, l.Bias, actGELU, 0, w.panels())
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 20 {
+					got := make([]float32, s.m*s.n)
+					linearPar(4, s.m, x, w, got, l.Bias, actGELU)
+					if !slices.Equal(want, got) {
+						t.Errorf("%+v: linearPar differs from one thread", s)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		got := make([]float32, s.m*s.n)
+		assert.Zero(t, testing.AllocsPerRun(20, func() { linearPar(4, s.m, x, w, got, l.Bias, actGELU) }), "%+v", s)
 	}
 }
