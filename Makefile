@@ -151,9 +151,10 @@ image-rbln:
 tiny-encoder:
 	$(GO) run ./cmd/gen-tiny-encoder -out model_repository/tiny-encoder
 
-## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
+## golden: regenerate the encoder references (BERT; every family and head) from torch (Debian python3-torch); not run by `make test`
 golden:
 	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder
+	/usr/bin/python3 engine/cpufallback/testdata/golden_families.py engine/cpufallback/testdata/families
 
 ## proto: regenerate server/inferencepb from proto/inference.proto
 ## (stepserve's statement of the protocol: the published names and field

@@ -438,6 +438,10 @@ func (s *Set) read(ctx context.Context, name string, override Override) (*Model,
 	if err != nil {
 		return nil, err
 	}
+	if n := len(m.Skipped); n > 0 {
+		s.logger.Info("model weights: tensors the model does not use were left unread", "model", name, "count", n,
+			"tensors", strings.Join(m.Skipped[:min(n, 16)], ", ")+map[bool]string{true: fmt.Sprintf(" and %d more", n-16)}[n > 16])
+	}
 	sm, err := s.newModel(ctx, m, grid, batchOpts)
 	if err != nil {
 		return nil, err

@@ -165,6 +165,11 @@ func (p *program) loadRequest() *loadRequest {
 		Buckets:         buckets,
 		staging:         p.staging.f,
 	}
+	if paths := p.model.Weights.Paths; len(paths) > 1 {
+		for _, f := range paths {
+			req.WeightFiles = append(req.WeightFiles, absPath(f))
+		}
+	}
 	if m := cfg.MLP; m != nil {
 		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
 	}
@@ -183,7 +188,9 @@ func (p *program) loadRequest() *loadRequest {
 			VocabSize: e.VocabSize, Hidden: e.Hidden, Layers: e.Layers, Heads: e.Heads,
 			Intermediate: e.Intermediate, MaxPosition: e.MaxPosition, TypeVocabSize: e.TypeVocabSize,
 			LayerNormEps: e.LayerNormEps, Pooling: e.Pooling, Normalize: e.Normalize,
+			Family: e.Family, HiddenAct: e.HiddenAct, PadTokenID: e.PadID(), Head: e.Head, NumLabels: e.NumLabels,
 		}
+		req.SkipTensors = p.model.Skipped
 	}
 	return req
 }

@@ -62,9 +62,15 @@ type pingRequest struct{ header }
 // every bucket's buffers lie in the staging memory sent with it.
 type loadRequest struct {
 	header
-	Model           string       `json:"model"`
-	Slot            uint32       `json:"slot"` // the program's number on the step doorbell
-	Weights         string       `json:"weights"`
+	Model   string `json:"model"`
+	Slot    uint32 `json:"slot"` // the program's number on the step doorbell
+	Weights string `json:"weights"`
+	// WeightFiles are sharded weights' files, in order (Weights is the
+	// first); absent for one file.
+	WeightFiles []string `json:"weight_files,omitempty"`
+	// SkipTensors are the weights' tensors the model does not use
+	// (models.Model.Skipped): the worker does not read them.
+	SkipTensors     []string     `json:"skip_tensors,omitempty"`
 	Architecture    string       `json:"architecture"`
 	DeviceDtype     string       `json:"device_dtype"`
 	ComputeDtype    string       `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
@@ -144,6 +150,14 @@ type encoderSpec struct {
 	LayerNormEps  float64 `json:"layer_norm_eps"`
 	Pooling       string  `json:"pooling"`
 	Normalize     bool    `json:"normalize"`
+	// The family keys (protocol 3 extended: a worker reads each with the
+	// BERT default when it is absent, so a message without them is a BERT
+	// embedding model as before).
+	Family     string `json:"family"`
+	HiddenAct  string `json:"hidden_act"`
+	PadTokenID int    `json:"pad_token_id"`
+	Head       string `json:"head"`
+	NumLabels  int    `json:"num_labels,omitempty"`
 }
 
 // compileRequest builds one bucket's graph and binds its input buffer.

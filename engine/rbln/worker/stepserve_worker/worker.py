@@ -248,7 +248,10 @@ class Worker:
             if user:
                 module = usermodel.build(msg)
             else:
-                module = nets.build(msg, safetensors.load(Path(msg["weights"]))).eval()
+                # Sharded weights come as weight_files; the tensors the
+                # supervisor found unused (skip_tensors) are not read.
+                files = [Path(f) for f in msg.get("weight_files") or [msg["weights"]]]
+                module = nets.build(msg, safetensors.load_all(files, frozenset(msg.get("skip_tensors") or ()))).eval()
             with torch.inference_mode():
                 module = module.to(device=self.rt.device, dtype=compute)  # weights move once
             self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
