@@ -342,7 +342,7 @@ func (b *Batcher) form() {
 	for {
 		b.mu.Lock()
 		b.compact()
-		oldest, rows := b.scan()
+		oldest, rows, seq := b.scan()
 		draining := b.draining
 		resuming := b.resuming > 0 // the running step will queue rows again
 		b.mu.Unlock()
@@ -354,7 +354,7 @@ func (b *Batcher) form() {
 			<-b.wake
 			continue
 		}
-		if wait := b.policy.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && wait > 0 && !draining {
+		if wait := b.policy.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && !b.overBudget(rows, seq) && wait > 0 && !draining {
 			if timer == nil {
 				timer = time.NewTimer(wait)
 			} else {
@@ -404,20 +404,30 @@ func (b *Batcher) compact() {
 	}
 }
 
-// scan finds the oldest queued item and the queued rows of the open levels.
-func (b *Batcher) scan() (oldest *item, rows int) {
+// overBudget reports whether queued rows whose longest sequence is seq
+// would pass the token budget in one step: a batch is then as full as the
+// budget lets it be, and forms without waiting for more.
+func (b *Batcher) overBudget(rows, seq int) bool {
+	return b.policy.MaxBatchTokens > 0 && b.opts.Padded != nil && seq > 0 &&
+		b.opts.Padded(min(rows, b.maxRows), seq) > b.policy.MaxBatchTokens
+}
+
+// scan finds the oldest queued item, and the queued rows of the open
+// levels and their longest sequence.
+func (b *Batcher) scan() (oldest *item, rows, seq int) {
 	for _, q := range b.levels[:b.open()] {
 		for _, it := range q {
 			if it.state != queued {
 				continue
 			}
 			rows += it.req.Rows - it.ran
+			seq = max(seq, it.req.Seq)
 			if oldest == nil || it.enqueued.Before(oldest.enqueued) {
 				oldest = it
 			}
 		}
 	}
-	return oldest, rows
+	return oldest, rows, seq
 }
 
 // take removes a batch from the queue, or adds to batch: items in priority

@@ -119,3 +119,25 @@ func TestMaxBatchTokensPolicy(t *testing.T) {
 	p.MaxBatchTokens = -1
 	assert.ErrorContains(t, p.WithDefaults().Validate(), `batching.max_batch_tokens: "-1"`)
 }
+
+// Queued requests that would pass the budget together form a batch at
+// once: the budget makes it as full as it may be, and it does not wait out
+// max_queue_delay.
+func TestMaxBatchTokensFormsWithoutWaitingWhenOverBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeRunner{max: 64}
+		b := newBatcher(t, f, Options{Padded: gridPadded(t), Policy: Policy{MaxQueueDelay: time.Hour, MaxBatchTokens: 256}})
+		start := time.Now()
+		out := make(chan result, 2)
+		submit(context.Background(), b, seqReq(1, 1, 10), Params{}, start, out)
+		synctest.Wait()
+		submit(context.Background(), b, seqReq(2, 1, 120), Params{}, start, out)
+		r := <-out
+		require.NoError(t, r.err)
+		assert.Equal(t, byte(1), r.id)
+		assert.Zero(t, r.at, "formed as the long one arrived, not an hour later")
+		assert.Equal(t, [][]byte{{1}}, f.seen())
+		require.NoError(t, b.Shutdown(context.Background()))
+		require.NoError(t, (<-out).err)
+	})
+}

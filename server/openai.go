@@ -60,6 +60,14 @@ func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		if req.Model == "" {
 			return t.fail(withParam("model", badRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
 		}
+		tm, err := t.find(req.Model, "/v1/embeddings", kindEmbedding)
+		if err != nil {
+			var ae *apiError
+			if errors.As(err, &ae) && ae.status == http.StatusUnprocessableEntity {
+				err = &apiError{http.StatusBadRequest, ae.msg} // OpenAI answers a bad request 400
+			}
+			return t.fail(withParam("model", err))
+		}
 		if !req.Input.set {
 			return t.fail(withParam("input", badRequest("input is required: a string or an array of strings")))
 		}
@@ -74,14 +82,6 @@ func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 			asBase64 = true
 		default:
 			return t.fail(withParam("encoding_format", badRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", clipName(req.EncodingFormat)))))
-		}
-		tm, err := t.find(req.Model, "/v1/embeddings", kindEmbedding)
-		if err != nil {
-			var ae *apiError
-			if errors.As(err, &ae) && ae.status == http.StatusUnprocessableEntity {
-				err = &apiError{http.StatusBadRequest, ae.msg} // OpenAI answers a bad request 400
-			}
-			return t.fail(withParam("model", err))
 		}
 		m := t.m.Model()
 		dims := tm.width

@@ -30,9 +30,13 @@ var teiAPI = textProtocol{protocol: protocolTEI, writeError: writeTEIError}
 // errEmpty marks the errors TEI calls Empty (400).
 var errEmpty = errors.New("empty")
 
-type emptyError struct{ msg string }
+// emptyError is a 400 TEI calls Empty: a request with nothing to run.
+type emptyError struct{ err *apiError }
 
-func (e *emptyError) Error() string        { return e.msg }
+func emptyRequest(msg string) error { return &emptyError{badRequest(msg)} }
+
+func (e *emptyError) Error() string        { return e.err.msg }
+func (e *emptyError) Unwrap() error        { return e.err }
 func (e *emptyError) Is(target error) bool { return target == errEmpty }
 
 // teiTruncation is the truncation fields every TEI request takes.
@@ -88,15 +92,15 @@ func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
 			return t.fail(err)
 		}
+		tm, err := t.find(req.Model, "/embed", kindEmbedding)
+		if err != nil {
+			return t.fail(err)
+		}
 		if err := refusePromptName(req.PromptName); err != nil {
 			return t.fail(err)
 		}
 		texts := req.Inputs.list
 		if err := t.checkTexts(len(texts), "inputs"); err != nil {
-			return t.fail(err)
-		}
-		tm, err := t.find(req.Model, "/embed", kindEmbedding)
-		if err != nil {
 			return t.fail(err)
 		}
 		m := t.m.Model()
@@ -144,17 +148,17 @@ func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "texts"); err != nil {
 			return t.fail(err)
 		}
+		tm, err := t.find(req.Model, "/rerank", kindReranker)
+		if err != nil {
+			return t.fail(err)
+		}
 		if req.Query == nil {
 			return t.fail(badRequest("query is required: the text the texts are ranked against"))
 		}
 		if len(req.Texts) == 0 {
-			return t.fail(&emptyError{"`texts` cannot be empty"})
+			return t.fail(emptyRequest("`texts` cannot be empty"))
 		}
 		if err := t.checkTexts(len(req.Texts), "texts"); err != nil {
-			return t.fail(err)
-		}
-		tm, err := t.find(req.Model, "/rerank", kindReranker)
-		if err != nil {
 			return t.fail(err)
 		}
 		queries := make([]string, len(req.Texts))
@@ -227,15 +231,15 @@ func (s *Server) teiPredict(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
 			return t.fail(err)
 		}
+		tm, err := t.find(req.Model, "/predict", kindClassifier, kindReranker)
+		if err != nil {
+			return t.fail(err)
+		}
 		in := req.Inputs
 		if !in.set {
 			return t.fail(badRequest("inputs is required: a string, a pair [text, text_pair], or a list of those"))
 		}
 		if err := t.checkTexts(len(in.texts), "inputs"); err != nil {
-			return t.fail(err)
-		}
-		tm, err := t.find(req.Model, "/predict", kindClassifier, kindReranker)
-		if err != nil {
 			return t.fail(err)
 		}
 		if in.pairs != nil && in.singles > 0 {
@@ -318,14 +322,14 @@ func (s *Server) teiTokenize(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
 			return t.fail(err)
 		}
+		if _, err := t.find(req.Model, "/tokenize", kindEmbedding, kindClassifier, kindReranker); err != nil {
+			return t.fail(err)
+		}
 		if err := refusePromptName(req.PromptName); err != nil {
 			return t.fail(err)
 		}
 		texts := req.Inputs.list
 		if err := t.checkTexts(len(texts), "inputs"); err != nil {
-			return t.fail(err)
-		}
-		if _, err := t.find(req.Model, "/tokenize", kindEmbedding, kindClassifier, kindReranker); err != nil {
 			return t.fail(err)
 		}
 		m := t.m.Model()

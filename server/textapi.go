@@ -299,7 +299,7 @@ func (t *textRequest) find(name, endpoint string, kinds ...textKind) (textSig, e
 func (t *textRequest) checkTexts(n int, what string) error {
 	switch limit := min(maxClientBatch, int(min(t.s.opts.MaxRequestElements, math.MaxInt32))); {
 	case n == 0:
-		return badRequest(what + " is empty; send at least one text")
+		return emptyRequest(what + " is empty; send at least one text")
 	case n > limit:
 		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s holds %d texts, more than the %d a request may send; split it", what, n, limit)}
 	}

@@ -18,11 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
+	"github.com/stepserve/stepserve/steps"
 )
 
 // The text APIs' test models: the shipped tiny-encoder on the CPU engine,
@@ -173,17 +175,20 @@ func newTextFixture(t *testing.T, o textOptions) *textFixture {
 			fx.reranker = true
 		}
 	}
-	var err error
-	fx.set, err = serving.New(serving.Options{Repository: repo, DefaultEngine: "cpu",
+	fx.reg = prometheus.NewRegistry()
+	stepMetrics, err := steps.NewMetrics(fx.reg)
+	require.NoError(t, err)
+	batchMetrics, err := batching.NewMetrics(fx.reg)
+	require.NoError(t, err)
+	fx.set, err = serving.New(serving.Options{Repository: repo, DefaultEngine: "cpu", StepMetrics: stepMetrics, BatchMetrics: batchMetrics,
 		Engines: map[string]serving.Engine{
-			"cpu":  {Engine: cpufallback.Engine{}},
+			"cpu":   {Engine: cpufallback.Engine{}},
 			"torch": {Engine: &enginetest.Engine{Label: "torch", Func: fakeLogits}},
 		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { fx.set.Close() })
 	require.NoError(t, fx.set.LoadAll(context.Background()))
 	require.NoError(t, fx.set.Warmup(context.Background()))
-	fx.reg = prometheus.NewRegistry()
 	opts := Options{Models: fx.set, Version: "test", Registerer: fx.reg, Gatherer: fx.reg,
 		InferenceTokens: o.tokens, MaxInflightBytes: 1 << 30, MaxBodyBytes: o.maxBody}
 	if o.maxInflight > 0 {
