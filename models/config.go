@@ -122,6 +122,9 @@ type Batching struct {
 	PriorityLevels       *int           `yaml:"priority_levels"`
 	DefaultPriorityLevel *int           `yaml:"default_priority_level"`
 	DefaultTimeout       *time.Duration `yaml:"default_timeout"`
+	// MaxBatchTokens bounds a batch's padded tokens (batch bucket rows x
+	// seq bucket), for models with seq buckets; 0 is no bound.
+	MaxBatchTokens *int `yaml:"max_batch_tokens"`
 }
 
 // EncoderConfig holds the encoder architecture's hyper-parameters: a

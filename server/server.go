@@ -38,6 +38,12 @@
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
 //	GET  /metrics
+//
+// and, for text models, OpenAI's embeddings API (openai.go) and Hugging
+// Face text-embeddings-inference's (tei.go):
+//
+//	POST /v1/embeddings, GET /v1/models[/{model}]
+//	POST /embed, /rerank, /predict, /tokenize; GET /info
 package server
 
 import (
@@ -121,6 +127,8 @@ type Server struct {
 	logs                              logControl // the logging extension's (logging.go)
 	// grpc is the gRPC API, once built (grpc.go).
 	grpc grpcState
+	// text is the text APIs' state (textapi.go).
+	text textAPIState
 }
 
 // New builds the router for opts.
@@ -217,6 +225,7 @@ func New(opts Options) (*Server, error) {
 		r.Post("/models/{model}/load", api(s.repositoryLoad))
 		r.Post("/models/{model}/unload", api(s.repositoryUnload))
 	})
+	s.textRoutes(r)
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())
 	}

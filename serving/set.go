@@ -592,6 +592,9 @@ func (s *Set) batchingOptions(name string, cfg *models.Config) (batching.Options
 	if b.DefaultTimeout != nil {
 		o.Policy.DefaultTimeout = *b.DefaultTimeout
 	}
+	if b.MaxBatchTokens != nil {
+		o.Policy.MaxBatchTokens = *b.MaxBatchTokens
+	}
 	if err := o.Policy.Validate(); err != nil {
 		return o, fmt.Errorf("model %s: %s: %w", name, models.ConfigFile, err)
 	}
