@@ -49,6 +49,10 @@ func TestREADMEExamples(t *testing.T) {
 			assert.Contains(t, string(out), `"model_name":"digits"`)
 		case strings.Contains(block, "tiny-encoder/infer"):
 			assert.Contains(t, string(out), `"shape":[2,128]`)
+		case strings.Contains(block, "/v1/embeddings"):
+			assert.Contains(t, string(out), `"object":"list"`)
+			assert.Contains(t, string(out), `"usage":{"prompt_tokens":9,"total_tokens":9}`)
+			assert.Contains(t, string(out), `[[`, "/embed's answer")
 		case strings.Contains(block, "advise"):
 			assert.Regexp(t, `advised: +batch \[`, string(out), "the digits examples above are its traffic")
 			assert.Contains(t, string(out), "buckets:\n  batch: [")
