@@ -34,6 +34,7 @@ deps: $(HELM)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
+	@if command -v npm >/dev/null; then cd models/testdata/tokref && npm ci --ignore-scripts --no-audit --no-fund; else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
 	$(PYTHON) -c 'import google.protobuf, grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpcio python3-grpc-tools"; \
