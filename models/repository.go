@@ -89,11 +89,11 @@ type Manifest struct {
 	// Weights lists the weights file's tensors, without their values.
 	Weights *Weights
 
-	dir     string
-	root    *os.Root
-	weights *repoFile
-	tokenizer string   // the tokenizer file the directory has, if any
-	labels  [][]string // the outputs' labels files, read at Open (small)
+	dir       string
+	root      *os.Root
+	weights   *repoFile
+	tokenizer string     // the tokenizer file the directory has, if any
+	labels    [][]string // the outputs' labels files, read at Open (small)
 }
 
 // Open reads model name of the repository at repo up to its weights'
