@@ -89,11 +89,11 @@ type Manifest struct {
 	// Weights lists the weights file's tensors, without their values.
 	Weights *Weights
 
-	dir       string
-	root      *os.Root
-	weights   *repoFile
-	tokenizer string     // the tokenizer file the directory has, if any
-	labels    [][]string // the outputs' labels files, read at Open (small)
+	dir     string
+	root    *os.Root
+	weights *repoFile
+	tokfile string     // the tokenizer file the directory has, if any
+	labels  [][]string // the outputs' labels files, read at Open (small)
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -153,7 +153,7 @@ func (m *Manifest) open() error {
 		return err
 	}
 	if m.Config.Architecture == "encoder" {
-		if m.tokenizer, err = m.findTokenizer(file); err != nil {
+		if m.tokfile, err = m.findTokenizer(file); err != nil {
 			return err
 		}
 	}
@@ -231,7 +231,7 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	if out.Tokenizer, err = m.loadTokenizer(m.tokenizer); err != nil {
+	if out.Tokenizer, err = m.loadTokenizer(m.tokfile); err != nil {
 		return nil, err
 	}
 	return out, nil
