@@ -314,8 +314,8 @@ func (r replace) normalize(t text) text {
 	return b.t
 }
 
-// prepend puts a string before non-empty text, spanning nothing at its
-// start.
+// prepend puts a string before non-empty text, spanning its first
+// character (as tokenizers' Rust aligns it).
 type prepend string
 
 func (p prepend) normalize(t text) text {
@@ -323,8 +323,7 @@ func (p prepend) normalize(t text) text {
 		return t
 	}
 	b := builder{text{make([]byte, 0, len(t.s)+len(p)), make([]span, 0, len(t.s)+len(p))}}
-	at := t.al[0].start
-	b.addString(string(p), span{at, at})
+	b.addString(string(p), t.firstRune())
 	b.copyFrom(t, 0, len(t.s))
 	return b.t
 }

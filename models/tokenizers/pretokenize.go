@@ -236,8 +236,9 @@ func (s patternSplit) preTokenize(pieces []text) []text {
 	return out
 }
 
-// metaspace makes spaces the replacement character (▁), prepends one to
-// a piece as prepend_scheme says (always; first: only to the piece at the
+// metaspace makes spaces the replacement character (▁), prepends one
+// (spanning the piece's first character, as tokenizers' Rust does) to a
+// piece as prepend_scheme says (always; first: only to the piece at the
 // start of the text; never) unless it starts with one, and with split
 // cuts before each.
 type metaspace struct {
@@ -255,8 +256,7 @@ func (m metaspace) preTokenize(pieces []text) []text {
 		b := builder{text{make([]byte, 0, len(p.s)+len(m.replacement)), make([]span, 0, len(p.s)+len(m.replacement))}}
 		startsWith := len(p.s) > 0 && (p.s[0] == ' ' || string(p.s[:min(len(p.s), len(m.replacement))]) == m.replacement)
 		if !startsWith && (m.prepend == "always" || m.prepend == "first" && p.al[0].start == 0) {
-			at := p.al[0].start
-			b.addString(m.replacement, span{at, at})
+			b.addString(m.replacement, p.firstRune())
 		}
 		for i, c := range p.s {
 			if c == ' ' {
@@ -287,8 +287,7 @@ func (bl byteLevelPre) preTokenize(pieces []text) []text {
 		}
 		if bl.prefixSpace && p.s[0] != ' ' {
 			b := builder{text{make([]byte, 0, len(p.s)+1), make([]span, 0, len(p.s)+1)}}
-			at := p.al[0].start
-			b.addString(" ", span{at, at})
+			b.addString(" ", p.firstRune())
 			b.copyFrom(p, 0, len(p.s))
 			p = b.t
 		}

@@ -19,8 +19,7 @@ type span struct{ start, end int32 }
 
 // text is a piece of (normalized, pre-tokenized) text: its bytes, and for
 // each byte the span of the original text it came from. Bytes inserted
-// from nothing (a prepended "▁") have an empty span where they were
-// inserted.
+// before a piece (a prepended "▁") span its first character.
 type text struct {
 	s  []byte
 	al []span
@@ -127,4 +126,11 @@ func mapRunes(t text, f func(b *builder, r rune, sp span)) text {
 		i += n
 	}
 	return b.t
+}
+
+// firstRune is the span of t's first rune, which text inserted before it
+// takes.
+func (t text) firstRune() span {
+	_, n := utf8.DecodeRune(t.s)
+	return t.runeSpan(0, n)
 }
