@@ -223,8 +223,8 @@ type Options struct {
 // at whitespace where there is some, so that a huge text costs no more
 // than its first tokens. Natural text takes under 10 bytes a token.
 const (
-	truncatedBytesPerToken = 256
-	minTruncatedBytes      = 64 << 10
+	truncatedBytesPerToken = 64
+	minTruncatedBytes      = 16 << 10
 )
 
 // Encode tokenizes text, or with hasPair the pair (text, pair), and frames
