@@ -172,10 +172,11 @@ type EncoderConfig struct {
 	MaxTextBytes int `yaml:"max_text_bytes"`
 }
 
-// TextInput reports whether the model takes a text BYTES input, which
-// [Model.PrepareInputs] tokenizes.
+// TextInput reports whether the model takes a text BYTES input (and
+// optionally a second, text_pair), which [Model.PrepareInputs] tokenizes.
 func (c *Config) TextInput() bool {
-	return len(c.Inputs) >= 1 && c.Inputs[0].Datatype == BYTES
+	pair := len(c.Inputs) == 2 && c.Inputs[1].Name == TextPairInput && c.Inputs[1].Datatype == BYTES
+	return (len(c.Inputs) == 1 || pair) && c.Inputs[0].Datatype == BYTES
 }
 
 // MLPConfig holds the mlp architecture's hyper-parameters. Layer i reads the
@@ -583,7 +584,7 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	case len(c.Inputs) == 2 && text(0, "text") && text(1, TextPairInput) && e.Head == HeadClassification:
 	case len(c.Inputs) >= 2 && len(c.Inputs) <= 3 && ids(0, "input_ids") && ids(1, "attention_mask") && (len(c.Inputs) == 2 || ids(2, "token_type_ids")):
 	default:
-		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or text, BYTES [-1] (and, with a classification head, text_pair, BYTES [-1]), with a tokenizer")
+		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or text, BYTES [-1] (and, with a classification head, text_pair, BYTES [-1]), with a tokenizer.json or vocab.txt")
 	}
 	if width, what := e.OutputWidth(), "hidden"; len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, width}) {
 		if e.Head == HeadClassification {

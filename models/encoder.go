@@ -26,10 +26,6 @@ const (
 	HeadClassification = "classification"
 )
 
-// TextPairInput is the optional second text input of a model that scores
-// pairs (a classification head: cross-encoders, rerankers, NLI).
-const TextPairInput = "text_pair"
-
 // HiddenActs are the feed-forward activations encoder.hidden_act takes:
 // gelu is the exact (erf) GELU, gelu_new and gelu_pytorch_tanh its tanh
 // approximation.

@@ -31,8 +31,9 @@ type Model struct {
 	MLP *MLP
 	// Encoder is set when Config.Architecture is "encoder".
 	Encoder *Encoder
-	// Tokenizer is set when the directory holds a vocab.txt.
-	Tokenizer *Tokenizer
+	// Tokenizer is set when the directory holds a tokenizer.json or a
+	// vocab.txt.
+	Tokenizer TextTokenizer
 	// Labels holds, per output (Config.Outputs' order), the class names
 	// its labels file gives each element of a row; nil when no output has
 	// one, and a nil entry for an output without one.
@@ -96,7 +97,7 @@ type Manifest struct {
 	dir     string
 	root    *os.Root
 	weights *repoFile
-	vocab   bool        // whether the directory has a vocab.txt
+	tokfile string      // the tokenizer file the directory has, if any
 	labels  [][]string  // the outputs' labels files, read at Open (small)
 	shards  []*repoFile // sharded weights' files (weights is the first); nil for one file
 	skipped []string    // the tensors the model does not use, dropped at Open
@@ -191,12 +192,8 @@ func (m *Manifest) checkVocab() error {
 	var err error
 	file := path.Join(m.Name, ConfigFile)
 	if m.Config.Architecture == "encoder" {
-		vocab := path.Join(m.Name, VocabFile)
-		if m.vocab, err = statFile(m.root, vocab, maxVocabBytes); err != nil {
+		if m.tokfile, err = m.findTokenizer(file); err != nil {
 			return err
-		}
-		if !m.vocab && m.Config.TextInput() {
-			return fmt.Errorf("%s: %w: inputs: a text input needs a WordPiece %s in the model directory", file, ErrConfig, VocabFile)
 		}
 	}
 	return nil
@@ -277,17 +274,8 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.vocab {
-		// Read through the repository, as Open checked it: a file swapped
-		// for a link or a FIFO since is refused here too.
-		vocab := path.Join(m.Name, VocabFile)
-		b, err := readFile(m.root, vocab, maxVocabBytes)
-		if err != nil {
-			return nil, err
-		}
-		if out.Tokenizer, err = ParseTokenizer(bytes.NewReader(b), vocab, *m.Config.Encoder.Lowercase, m.Config.Encoder.VocabSize); err != nil {
-			return nil, err
-		}
+	if out.Tokenizer, err = m.loadTokenizer(m.tokfile); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

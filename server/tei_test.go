@@ -61,7 +61,9 @@ func TestTEIEmbedTruncation(t *testing.T) {
 	fx := newTextFixture(t, textOptions{onlyTiny: true})
 	m := fx.model(t, "tiny-encoder")
 	long := strings.Repeat("alpha beta ", 100) + "omega end"
-	require.Greater(t, len(m.Tokenizer.Tokens(long)), 128, "longer than the largest bucket")
+	all, err := m.Tokenizer.Tokenize(long)
+	require.NoError(t, err)
+	require.Greater(t, len(all), 128, "longer than the largest bucket")
 
 	// Right: what the model does on its own (encoder.truncate).
 	st, b := fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": true})
@@ -253,7 +255,7 @@ func TestTEITokenize(t *testing.T) {
 	}
 	var got [][]token
 	decodeStrict(t, b, &got)
-	ids, err := m.Tokenizer.Encode(text, 128, false)
+	ids, err := m.Tokenizer.AppendEncode(nil, text, 128, false)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	require.Len(t, got[0], len(ids))

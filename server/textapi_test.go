@@ -39,8 +39,12 @@ import (
 // the text_pair input.
 func fakeLogitsYAML(n int, labels, pair bool, extra string) string {
 	in := "  - {name: text, datatype: BYTES, shape: [-1]}\n"
+	head := ""
 	if pair {
+		// A model that takes pairs is a classifier: its head's tensors
+		// are in the fake's weights (the fake engine ignores them).
 		in += "  - {name: text_pair, datatype: BYTES, shape: [-1]}\n"
+		head = fmt.Sprintf(", head: classification, num_labels: %d", n)
 	}
 	lab := ""
 	if labels {
@@ -48,12 +52,12 @@ func fakeLogitsYAML(n int, labels, pair bool, extra string) string {
 	}
 	return fmt.Sprintf(`architecture: encoder
 engine: torch
-encoder: {vocab_size: 1024, hidden: %[1]d, layers: 1, heads: 1, intermediate: 4, max_position: 128, pooling: cls, lowercase: true, truncate: true}
+encoder: {vocab_size: 1024, hidden: %[1]d, layers: 1, heads: 1, intermediate: 4, max_position: 128, pooling: cls, lowercase: true, truncate: true%[5]s}
 inputs:
 %[2]soutputs:
   - {name: logits, datatype: FP32, shape: [-1, %[1]d]%[3]s}
 buckets: {batch: [1, 4, 16], seq: [32, 64, 128]}
-%[4]s`, n, in, lab, extra)
+%[4]s`, n, in, lab, extra, head)
 }
 
 // writeFakeEncoder writes a fake-engine encoder with zero weights of the
@@ -92,6 +96,10 @@ func writeFakeEncoder(t *testing.T, dir, yaml string, hidden int, labels []strin
 	}
 	for _, n := range []string{"attention.output.LayerNorm", "output.LayerNorm"} {
 		ts = append(ts, zeros(p+n+".weight", H), zeros(p+n+".bias", H))
+	}
+	if strings.Contains(yaml, "head: classification") {
+		ts = append(ts, zeros("pooler.dense.weight", H, H), zeros("pooler.dense.bias", H),
+			zeros("classifier.weight", H, H), zeros("classifier.bias", H))
 	}
 	f, err := os.Create(filepath.Join(dir, models.WeightsFile))
 	require.NoError(t, err)

@@ -53,6 +53,8 @@ func TestREADMEExamples(t *testing.T) {
 			assert.Contains(t, string(out), `"object":"list"`)
 			assert.Contains(t, string(out), `"usage":{"prompt_tokens":9,"total_tokens":9}`)
 			assert.Contains(t, string(out), `[[`, "/embed's answer")
+		case strings.Contains(block, "/rerank"):
+			assert.Regexp(t, `^\[\{"index":[01],"text":"[^"]+","score":0\.\d+\},\{"index":[01],`, string(out))
 		case strings.Contains(block, "advise"):
 			assert.Regexp(t, `advised: +batch \[`, string(out), "the digits examples above are its traffic")
 			assert.Contains(t, string(out), "buckets:\n  batch: [")
