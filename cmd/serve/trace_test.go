@@ -294,13 +294,13 @@ func TestTraceSettingsAndFilesAPI(t *testing.T) {
 
 	// Bad keys and values: 400, naming each.
 	for body, want := range map[string][]string{
-		`{"trace_level":["TENSORS"]}`:            {"trace_level", "TENSORS"},
-		`{"trace_level":["LOUD"]}`:               {"trace_level", "LOUD"},
-		`{"trace_rate":"0","trace_count":"-5"}`:  {"trace_rate", "trace_count"},
-		`{"bogus":"1"}`:                          {"bogus", "unknown"},
-		`{"trace_file":"../etc/passwd"}`:         {"trace_file", "path"},
-		`{"log_frequency":"often"}`:              {"log_frequency", "integer"},
-		`[1,2]`:                                  {"JSON object"},
+		`{"trace_level":["TENSORS"]}`:                       {"trace_level", "TENSORS"},
+		`{"trace_level":["LOUD"]}`:                          {"trace_level", "LOUD"},
+		`{"trace_rate":"0","trace_count":"-5"}`:             {"trace_rate", "trace_count"},
+		`{"bogus":"1"}`:                                     {"bogus", "unknown"},
+		`{"trace_file":"../etc/passwd"}`:                    {"trace_file", "path"},
+		`{"log_frequency":"often"}`:                         {"log_frequency", "integer"},
+		`[1,2]`:                                             {"JSON object"},
 		`{"trace_count":"` + strings.Repeat("9", 40) + `"}`: {"trace_count"},
 	} {
 		code, out := admin(t, "POST", p.base+"/v2/trace/setting", token, body)
