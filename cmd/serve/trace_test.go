@@ -337,3 +337,74 @@ func TestTraceSettingsAndFilesAPI(t *testing.T) {
 	code, _ = admin(t, "GET", p.base+"/v2/trace/files/digits.1.json", "", "")
 	assert.Equal(t, 401, code, "a download needs the repository token")
 }
+
+// TestTraceProfileOfATorchModel takes a PROFILE trace of digits-cnn on the
+// torch engine: the worker's torch.profiler events are merged under a
+// process of their own, each step's stepserve.step range aligned on the
+// step's infer span, with the ATen calls of the step inside it.
+func TestTraceProfileOfATorchModel(t *testing.T) {
+	dir := t.TempDir()
+	const token = "trace-admin-token-0123"
+	p := start(t, "--trace.dir", dir, "--auth.repository.token", token)
+	digits := heldout(t)
+	code, body := admin(t, "POST", p.base+"/v2/models/digits-cnn/trace/setting", token,
+		`{"trace_level":["PROFILE"],"trace_rate":"1","trace_count":"2"}`)
+	require.Equal(t, 200, code, string(body))
+	ids := []string{"c1", "c2"}
+	for i, id := range ids {
+		rows := digits[4*i : 4*i+4]
+		var data []float32
+		for _, d := range rows {
+			data = append(data, d.pixels...)
+		}
+		body, _ := json.Marshal(map[string]any{"id": id, "inputs": []map[string]any{
+			{"name": "image", "datatype": "FP32", "shape": []int{len(rows), 1, 8, 8}, "data": data}}})
+		resp, out := post(t, p.base+"/v2/models/digits-cnn/infer", body)
+		require.Equal(t, 200, resp.StatusCode, string(out))
+	}
+	_, c := waitTrace(t, p.base, token, "digits-cnn.0.json")
+	assert.Equal(t, "PROFILE", c.OtherData.Stepserve.Level)
+	checkTimestamps(t, c, "digits-cnn", "torch device cpu", 2, ids)
+
+	threads, procs := c.threads()
+	assert.Contains(t, procs[3], "worker torch.profiler")
+	var workerRows []string
+	for k, name := range threads {
+		if k[0] == 3 {
+			workerRows = append(workerRows, name)
+		}
+	}
+	require.NotEmpty(t, workerRows, "the worker's threads are named")
+	assert.Contains(t, workerRows[0], "activities CPU", "the row says what was profiled")
+
+	infers := c.spans(1, 1, "infer")
+	require.Len(t, infers, 2)
+	var anchors []chromeEvent
+	aten := 0
+	for _, e := range c.TraceEvents {
+		if e.Pid != 3 || e.Ph != "X" {
+			continue
+		}
+		if strings.HasPrefix(e.Name, "stepserve.step digits-cnn") {
+			anchors = append(anchors, e)
+		}
+	}
+	require.Len(t, anchors, 2, "one stepserve.step range per profiled step")
+	for i, a := range anchors {
+		assert.InDelta(t, infers[i].Ts, a.Ts, 0.002, "step %d: the worker's range starts where the infer span starts", i)
+		assert.True(t, a.within(infers[i]), "step %d: the worker's range lies inside the infer span", i)
+		for _, e := range c.TraceEvents {
+			if e.Pid == 3 && e.Ph == "X" && strings.HasPrefix(e.Name, "aten::") && e.within(a) {
+				aten++
+			}
+		}
+	}
+	assert.Positive(t, aten, "the step's ATen calls are inside its range")
+
+	resp, err := http.Get(p.base + "/metrics")
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Regexp(t, `stepserve_step_device_seconds_count\{bucket="[^"]+",engine="torch",model="digits-cnn"\} [1-9]`, string(metrics),
+		"the worker's step body is the torch engine's device time")
+}
