@@ -46,6 +46,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -222,6 +223,7 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 	}
 
 	enqueued := time.Now()
+	r.Trace.StampAt(trace.Enqueued, enqueued)
 	b.mu.Lock()
 	switch {
 	case b.draining:
@@ -295,6 +297,7 @@ func (b *Batcher) runNow(ctx context.Context, r *steps.Request, enqueued time.Ti
 		return err
 	}
 	r.Queued = max(time.Since(enqueued), time.Nanosecond)
+	r.Trace.Stamp(trace.Batched)
 	b.m.queued(r.Queued)
 	reqs := [1]*steps.Request{r}
 	err := b.runner.Run(context.Background(), reqs[:])
@@ -617,6 +620,7 @@ func (b *Batcher) run() {
 			r := it.req
 			if it.ran == 0 {
 				r.Queued = max(start.Sub(it.enqueued), time.Nanosecond) // nonzero: it was queued
+				r.Trace.StampAt(trace.Batched, start)
 				b.m.queued(r.Queued)
 			}
 			if it.split() {

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -44,6 +45,8 @@ type encoderPlan struct {
 	// group g is sequences groups[g] up to groups[g+1].
 	groups    []int
 	groupDone chan struct{}
+
+	rec *trace.Recorder // a profiled step's spans (profile.go); nil otherwise
 }
 
 func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) *encoderPlan {
@@ -101,10 +104,12 @@ func (p *encoderPlan) step(in, out []byte) error {
 	copy(p.ids, tensor(models.EncoderInputIDs))
 	copy(p.mask, tensor(models.EncoderAttentionMask))
 	copy(p.types, tensor(models.EncoderTokenTypeIDs))
+	t := p.rec.Begin()
 	rows, err := p.embed()
 	if err != nil {
 		return err
 	}
+	p.rec.End("embeddings+layernorm", -1, 0, t)
 	p.split(rows)
 	tasks := (chan groupTask)(nil)
 	if n := len(p.groups) - 1; n > 1 {
@@ -117,9 +122,13 @@ func (p *encoderPlan) step(in, out []byte) error {
 	for g := 1; g < len(p.groups)-1; g++ {
 		<-p.groupDone
 	}
+	t = p.rec.Begin()
 	p.pool()
+	p.rec.End("pooling", -1, 0, t)
 	if p.e.Head != nil {
+		t = p.rec.Begin()
 		p.classify()
+		p.rec.End("classification head", -1, 0, t)
 		copy(floats(out), p.logits)
 		return nil
 	}
@@ -268,7 +277,9 @@ func (p *encoderPlan) runGroup(g int) {
 	}
 	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
 	for i := range p.e.Layers {
+		t := p.rec.Begin()
 		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, p.scores[g])
+		p.rec.End("layer", i, lo, t)
 	}
 }
 
@@ -286,9 +297,14 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		lin *models.Linear
 		out []float32
 	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
+		t := p.rec.Begin()
 		linear(rows, H, H, x, p.w[proj.lin], proj.out)
+		p.rec.End("q/k/v product", -1, lo, t)
+		t = p.rec.Begin()
 		biasAct(proj.out, proj.lin.Bias, actNone)
+		p.rec.End("bias", -1, lo, t)
 	}
+	t := p.rec.Begin()
 
 	scale := float32(1 / math.Sqrt(float64(d)))
 	for b := lo; b < hi; b++ {
@@ -311,14 +327,27 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		}
 	}
 
+	p.rec.End("attention scores+softmax+context", -1, lo, t)
+	t = p.rec.Begin()
 	linear(rows, H, H, ctx, p.w[&l.AttnOut], tmp)
+	p.rec.End("attention output product", -1, lo, t)
+	t = p.rec.Begin()
 	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
+	p.rec.End("residual+layernorm", -1, lo, t)
 
 	inter := p.inter[rowLo*I : rowHi*I]
+	t = p.rec.Begin()
 	linear(rows, I, H, x, p.w[&l.Inter], inter)
+	p.rec.End("feed-forward in product", -1, lo, t)
+	t = p.rec.Begin()
 	biasAct(inter, l.Inter.Bias, p.act)
+	p.rec.End("bias+activation", -1, lo, t)
+	t = p.rec.Begin()
 	linear(rows, H, I, inter, p.w[&l.Out], tmp)
+	p.rec.End("feed-forward out product", -1, lo, t)
+	t = p.rec.Begin()
 	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
+	p.rec.End("residual+layernorm", -1, lo, t)
 }
 
 // pool reduces each sequence to one vector: its first token, its last

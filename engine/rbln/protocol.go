@@ -173,6 +173,9 @@ type stepRequest struct {
 	Model  string `json:"model"`
 	Bucket int    `json:"bucket"`
 	Lane   int    `json:"lane,omitempty"` // the staging lane; 0 when absent
+	// Profile runs the step inside torch.profiler (trace level PROFILE),
+	// whose events come back in the reply.
+	Profile bool `json:"profile,omitempty"`
 }
 
 // unloadRequest frees a model's device memory and staging mappings.
@@ -294,6 +297,21 @@ type compileReply struct {
 // stepReply reports one step.
 type stepReply struct {
 	Explain engine.Explain `json:"explain"`
+	// BodyNS is the time of the step's body in the worker; 0 when it did
+	// not say (a first step, whose body builds the graph).
+	BodyNS  int64         `json:"body_ns"`
+	Profile *profileReply `json:"profile"`
+}
+
+// profileReply is a profiled step's torch.profiler trace: its Chrome
+// events (the worker bounds them), how many it left out, the activities
+// it profiled and the name prefix of its range around the step body.
+type profileReply struct {
+	Events       json.RawMessage `json:"events"`
+	Dropped      int             `json:"dropped"`
+	Activities   []string        `json:"activities"`
+	Anchor       string          `json:"anchor"`
+	DeviceEvents int             `json:"device_events"`
 }
 
 // memoryReply is the device memory per chiplet; empty where the worker
