@@ -153,7 +153,7 @@ type RBLN struct {
 
 // Trace configures where the trace extension writes its traces.
 type Trace struct {
-	// Dir holds the trace files; empty means stepserve-traces under the
+	// Dir holds the trace files; empty means stepserve-traces-<pid> under the
 	// OS temp directory.
 	Dir string
 	// MaxFiles bounds the files kept, the oldest deleted first.
@@ -282,7 +282,7 @@ var keys = []key{
 		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json"), enumKind("text", "json")},
 	{"log.requests", "false", "log every inference request at info (method, path, model, status, rows, bytes, time, request id); otherwise at debug",
 		value(func(c *Config) *bool { return &c.Log.Requests }, strconv.ParseBool, anything, "true or false"), boolKind},
-	{"trace.dir", "", "directory of the trace files the trace extension writes (/v2/trace/setting; listed at /v2/trace/files); empty: stepserve-traces under the OS temp directory",
+	{"trace.dir", "", "directory of the trace files the trace extension writes (/v2/trace/setting; listed at /v2/trace/files); empty: stepserve-traces-<pid> under the OS temp directory, this process's own",
 		value(func(c *Config) *string { return &c.Trace.Dir }, asString, anything, ""), stringKind("path", 0)},
 	{"trace.max_files", "32", "most trace files kept in trace.dir; the oldest is deleted first",
 		value(func(c *Config) *int { return &c.Trace.MaxFiles }, strconv.Atoi, between(1, 10000), "an integer in 1..10000"), intKind(1, 10000)},

@@ -43,6 +43,9 @@ func TestREADMEExamples(t *testing.T) {
 		out, err := exec.Command("bash", "-c", script).CombinedOutput()
 		require.NoError(t, err, "README shell block %d:\n%s\noutput:\n%s", i, block, out)
 		switch {
+		case strings.Contains(block, "trace/setting"):
+			assert.Regexp(t, `"name":"digits\.\d+\.json"`, string(out), "the trace is listed")
+			assert.Contains(t, string(out), `"steps":3`)
 		case strings.Contains(block, "digits/infer") && strings.Contains(block, "od -A n"):
 			assert.Regexp(t, `0\.998\d+`, string(out), "the binary example shows the 7's probability")
 		case strings.Contains(block, "digits/infer"):

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -168,6 +169,17 @@ func (s *Store) write(prefix string, data []byte, info FileInfo) error {
 	defer s.mu.Unlock()
 	if err := os.MkdirAll(s.dir, 0o750); err != nil {
 		return fmt.Errorf("trace: creating trace.dir: %w", err)
+	}
+	if s.dir == defaultDir() {
+		// A directory under the shared temp directory that another user
+		// made first (or a link) is not ours to write traces into.
+		st, err := os.Lstat(s.dir)
+		if err != nil {
+			return fmt.Errorf("trace: %w", err)
+		}
+		if sys, ok := st.Sys().(*syscall.Stat_t); !st.IsDir() || ok && int(sys.Uid) != os.Getuid() {
+			return fmt.Errorf("trace: %s is not a directory of this user's; set trace.dir", s.dir)
+		}
 	}
 	if err := s.scan(); err != nil {
 		return err

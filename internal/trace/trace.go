@@ -17,6 +17,7 @@ import (
 
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,7 @@ import (
 // Options configure a [Tracer].
 type Options struct {
 	// Dir holds the trace files; it is created when the first one is
-	// written. Empty means stepserve-traces under the OS temp directory.
+	// written. Empty means stepserve-traces-<pid> under the OS temp directory.
 	Dir string
 	// MaxFiles bounds the trace files kept: the oldest go first. 0 means 32.
 	MaxFiles int
@@ -70,13 +71,19 @@ type override struct {
 	s   Settings
 }
 
-// DirOr is dir, or the default trace directory (stepserve-traces under
-// the OS temp directory) when dir is empty.
+// DirOr is dir, or the default trace directory when dir is empty:
+// stepserve-traces-<pid> under the OS temp directory, this process's own,
+// so that servers side by side neither list nor prune each other's files
+// (set trace.dir to keep traces across restarts).
 func DirOr(dir string) string {
 	if dir == "" {
-		return filepath.Join(os.TempDir(), "stepserve-traces")
+		return defaultDir()
 	}
 	return dir
+}
+
+func defaultDir() string {
+	return filepath.Join(os.TempDir(), "stepserve-traces-"+strconv.Itoa(os.Getpid()))
 }
 
 // New returns a Tracer with tracing off.
