@@ -120,7 +120,7 @@ func TestTEIErrors(t *testing.T) {
 		{"/embed", `{"inputs":"a","model":"nope"}`, 404, "Validation", `unknown model "nope"`},
 		{"/embed", `{"inputs":5}`, 422, "Validation", "inputs: want a string or an array of strings"},
 		{"/embed", `{"inputs":"a"`, 422, "Validation", "malformed JSON"},
-		{"/predict", `{"inputs":"a"}`, 422, "Validation", "2 models answer /predict; name one with \"model\" in the body or ?model=: classifier, scorer"},
+		{"/predict", `{"inputs":"a"}`, 422, "Validation", "3 models answer /predict; name one with \"model\" in the body or ?model=: classifier, reranker, scorer"},
 		{"/predict", `{"inputs":"a","model":"tiny-encoder"}`, 422, "Validation", "model tiny-encoder serves embeddings (/v1/embeddings, /embed), not /predict"},
 		{"/predict", `{"inputs":["a","b","c"],"model":"classifier"}`, 422, "Validation", "want a string, a pair"},
 		{"/predict", `{"inputs":["a","b"],"model":"classifier"}`, 422, "Validation", `model classifier scores single texts; it takes no "text_pair" input`},
@@ -132,11 +132,6 @@ func TestTEIErrors(t *testing.T) {
 		decodeStrict(t, b, &e)
 		assert.Equal(t, tc.typ, e.ErrorType, tc.body)
 		assert.Contains(t, e.Error, tc.msg, tc.body)
-	}
-	if !fx.reranker {
-		st, b := fx.post(t, "/rerank", `{"query":"q","texts":["a"]}`)
-		assert.Equal(t, 422, st)
-		assert.Contains(t, string(b), "no model served here answers /rerank")
 	}
 }
 
@@ -203,14 +198,10 @@ func TestTEIPredict(t *testing.T) {
 	assert.InDelta(t, sigmoid64(expectedLogits(t, fx.model(t, "scorer"), "some text", 1)[0]), one[0].Score, 1e-6)
 }
 
-// /rerank: written against a reranker on the fake engine; it runs once
-// models take a text_pair input (issue 18's tok and fam branches). The
-// lead switches it to a real cross-encoder after merging.
+// /rerank on a reranker of the fake engine (cmd/serve's
+// TestHubFolderDemosThroughTheirAPIs runs the shipped cross-encoder).
 func TestTEIRerank(t *testing.T) {
 	fx := newTextFixture(t, textOptions{})
-	if !fx.reranker {
-		t.Skip("models do not take a text_pair input yet (issue 18, tok and fam): the reranker does not load")
-	}
 	texts := []string{"first passage", "a second, longer passage", "third"}
 	st, b := fx.post(t, "/rerank", map[string]any{"query": "what?", "texts": texts, "return_text": true})
 	require.Equal(t, 200, st, string(b))
@@ -237,6 +228,12 @@ func TestTEIRerank(t *testing.T) {
 	var e teiError
 	decodeStrict(t, b, &e)
 	assert.Equal(t, "Empty", e.ErrorType)
+
+	// No reranker among the models: 422 saying so.
+	tiny := newTextFixture(t, textOptions{onlyTiny: true})
+	st, b = tiny.post(t, "/rerank", `{"query":"q","texts":["a"]}`)
+	assert.Equal(t, 422, st)
+	assert.Contains(t, string(b), "no model served here answers /rerank")
 }
 
 // /tokenize: ids, texts and offsets of the model's tokenizer.
@@ -298,7 +295,7 @@ func TestTEIInfo(t *testing.T) {
 
 	st, b = fx.get(t, "/info")
 	assert.Equal(t, 422, st, "several models: name one")
-	assert.Contains(t, string(b), "classifier, scorer, tiny-encoder")
+	assert.Contains(t, string(b), "classifier, reranker, scorer, tiny-encoder")
 }
 
 // The TEI endpoints: the inference token, in TEI's shape; the protocol

@@ -144,7 +144,6 @@ type textFixture struct {
 	url      string
 	set      *serving.Set
 	reg      *prometheus.Registry
-	reranker bool // the reranker loaded (models accept text_pair)
 	s        *Server
 }
 
@@ -173,15 +172,7 @@ func newTextFixture(t *testing.T, o textOptions) *textFixture {
 	if !o.onlyTiny {
 		writeFakeEncoder(t, filepath.Join(repo, "classifier"), fakeLogitsYAML(3, true, false, ""), 3, []string{"negative", "neutral", "positive"})
 		writeFakeEncoder(t, filepath.Join(repo, "scorer"), fakeLogitsYAML(1, false, false, ""), 1, nil)
-		rr := filepath.Join(repo, "reranker")
-		writeFakeEncoder(t, rr, fakeLogitsYAML(1, false, true, ""), 1, nil)
-		if _, err := models.Load(rr); err != nil {
-			// Until models take a text_pair input (issue 18, fam and tok).
-			t.Logf("the reranker does not load yet: %v", err)
-			require.NoError(t, os.RemoveAll(rr))
-		} else {
-			fx.reranker = true
-		}
+		writeFakeEncoder(t, filepath.Join(repo, "reranker"), fakeLogitsYAML(1, false, true, ""), 1, nil)
 	}
 	fx.reg = prometheus.NewRegistry()
 	stepMetrics, err := steps.NewMetrics(fx.reg)
