@@ -9,7 +9,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder golden deps clean proto schema image image-rbln
+.PHONY: all build run test chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -34,6 +34,7 @@ deps: $(HELM)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
+	@if command -v npm >/dev/null; then cd models/testdata/tokref && npm ci --ignore-scripts --no-audit --no-fund; else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
 	$(PYTHON) -c 'import google.protobuf, grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpcio python3-grpc-tools"; \
@@ -165,9 +166,16 @@ image-rbln:
 tiny-encoder:
 	$(GO) run ./cmd/gen-tiny-encoder -out model_repository/tiny-encoder
 
-## golden: regenerate the encoder reference from torch (Debian python3-torch); not run by `make test`
+## tiny-xlmr: regenerate the shipped demo Hub folders tiny-xlmr (embedder) and
+## tiny-reranker (cross-encoder): XLM-R layout, Unigram tokenizer.json,
+## random weights, fixed seed
+tiny-xlmr:
+	$(GO) run ./cmd/gen-tiny-xlmr -repo model_repository
+
+## golden: regenerate the encoder references (BERT; every family and head) from torch (Debian python3-torch); not run by `make test`
 golden:
 	/usr/bin/python3 engine/cpufallback/testdata/golden_encoder.py engine/cpufallback/testdata/encoder
+	/usr/bin/python3 engine/cpufallback/testdata/golden_families.py engine/cpufallback/testdata/families
 
 ## proto: regenerate server/inferencepb from proto/inference.proto
 ## (stepserve's statement of the protocol: the published names and field

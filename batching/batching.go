@@ -46,6 +46,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -82,6 +83,12 @@ type Options struct {
 	Policy  Policy
 	Metrics *Metrics // nil records nothing
 	Logger  *slog.Logger
+	// Padded is the padded tokens of a step of rows rows whose longest
+	// sequence is seq: the rows of the batch bucket that holds them times
+	// the seq bucket that holds seq. Policy.MaxBatchTokens bounds it; nil
+	// (or a model without sequences, seq 0) leaves batches unbounded by
+	// tokens.
+	Padded func(rows, seq int) int
 }
 
 // Params are a request's own batching parameters, from its "parameters".
@@ -114,6 +121,9 @@ type item struct {
 	rows  int   // rows in the batch it is in: all that are left, or a part
 	stop  error // set while it runs when its deadline passes or its client goes
 	part  *steps.Request
+	// deferred says the token budget kept it out of a batch once
+	// (counted once, however often the batch being formed is looked at).
+	deferred bool
 }
 
 // split reports whether the batch it is in holds only a part of it.
@@ -213,6 +223,7 @@ func (b *Batcher) Submit(ctx context.Context, r *steps.Request, p Params) error 
 	}
 
 	enqueued := time.Now()
+	r.Trace.StampAt(trace.Enqueued, enqueued)
 	b.mu.Lock()
 	switch {
 	case b.draining:
@@ -286,6 +297,7 @@ func (b *Batcher) runNow(ctx context.Context, r *steps.Request, enqueued time.Ti
 		return err
 	}
 	r.Queued = max(time.Since(enqueued), time.Nanosecond)
+	r.Trace.Stamp(trace.Batched)
 	b.m.queued(r.Queued)
 	reqs := [1]*steps.Request{r}
 	err := b.runner.Run(context.Background(), reqs[:])
@@ -333,7 +345,7 @@ func (b *Batcher) form() {
 	for {
 		b.mu.Lock()
 		b.compact()
-		oldest, rows := b.scan()
+		oldest, rows, seq := b.scan()
 		draining := b.draining
 		resuming := b.resuming > 0 // the running step will queue rows again
 		b.mu.Unlock()
@@ -345,7 +357,7 @@ func (b *Batcher) form() {
 			<-b.wake
 			continue
 		}
-		if wait := b.policy.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && wait > 0 && !draining {
+		if wait := b.policy.MaxQueueDelay - time.Since(oldest.enqueued); rows < maxRows && !b.overBudget(rows, seq) && wait > 0 && !draining {
 			if timer == nil {
 				timer = time.NewTimer(wait)
 			} else {
@@ -395,20 +407,30 @@ func (b *Batcher) compact() {
 	}
 }
 
-// scan finds the oldest queued item and the queued rows of the open levels.
-func (b *Batcher) scan() (oldest *item, rows int) {
+// overBudget reports whether queued rows whose longest sequence is seq
+// would pass the token budget in one step: a batch is then as full as the
+// budget lets it be, and forms without waiting for more.
+func (b *Batcher) overBudget(rows, seq int) bool {
+	return b.policy.MaxBatchTokens > 0 && b.opts.Padded != nil && seq > 0 &&
+		b.opts.Padded(min(rows, b.maxRows), seq) > b.policy.MaxBatchTokens
+}
+
+// scan finds the oldest queued item, and the queued rows of the open
+// levels and their longest sequence.
+func (b *Batcher) scan() (oldest *item, rows, seq int) {
 	for _, q := range b.levels[:b.open()] {
 		for _, it := range q {
 			if it.state != queued {
 				continue
 			}
 			rows += it.req.Rows - it.ran
+			seq = max(seq, it.req.Seq)
 			if oldest == nil || it.enqueued.Before(oldest.enqueued) {
 				oldest = it
 			}
 		}
 	}
-	return oldest, rows
+	return oldest, rows, seq
 }
 
 // take removes a batch from the queue, or adds to batch: items in priority
@@ -418,11 +440,15 @@ func (b *Batcher) scan() (oldest *item, rows int) {
 func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	rows, elements := 0, 0
+	rows, elements, seq := 0, 0, 0
 	for _, it := range batch {
 		rows += it.rows
 		elements += it.elements()
+		seq = max(seq, it.req.Seq)
 	}
+	// closed: the token budget turned a request away, and the batch takes
+	// nothing after it, so that it starts the next batch (FIFO order).
+	closed := false
 	for l, q := range b.levels[:b.open()] {
 		kept := q[:0]
 		for _, it := range q {
@@ -430,8 +456,17 @@ func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 				continue
 			}
 			n := 0
-			if rows < maxRows {
+			if rows < maxRows && !closed {
 				n = b.fits(it, len(batch) == 0, maxRows-rows, elements)
+				if n > 0 && b.tokenBound(it) {
+					if n = b.fitsTokens(it, len(batch) == 0, rows, seq, n); n == 0 {
+						closed = true
+						if !it.deferred {
+							it.deferred = true
+							b.m.deferred()
+						}
+					}
+				}
 			}
 			if n == 0 {
 				kept = append(kept, it)
@@ -441,6 +476,7 @@ func (b *Batcher) take(batch []*item, maxRows int, slot *[]*item) []*item {
 			batch = append(batch, it)
 			rows += n
 			elements += it.elements()
+			seq = max(seq, it.req.Seq)
 		}
 		clear(q[len(kept):])
 		b.levels[l] = kept
@@ -486,6 +522,43 @@ func (b *Batcher) fits(it *item, empty bool, room, elements int) int {
 		n = min(n, (limit-elements)/perRow)
 	}
 	return max(n, 0)
+}
+
+// tokenBound reports whether the token budget applies to it: one is set,
+// and it is a request with a sequence.
+func (b *Batcher) tokenBound(it *item) bool {
+	return b.policy.MaxBatchTokens > 0 && b.opts.Padded != nil && it.req.Seq > 0
+}
+
+// fitsTokens bounds n, the rows of it that the batch (rows rows, longest
+// sequence seq) would take, by the token budget: a request that fits one
+// step joins whole or not at all; one larger than a step is taken as many
+// rows as keep the batch within the budget. An empty batch takes a whole
+// request whatever its tokens, and at least a row of a larger one, so that
+// every request runs.
+func (b *Batcher) fitsTokens(it *item, empty bool, rows, seq, n int) int {
+	budget := b.policy.MaxBatchTokens
+	s := max(seq, it.req.Seq)
+	if it.req.Rows <= b.maxRows {
+		if !empty && b.opts.Padded(rows+n, s) > budget {
+			return 0
+		}
+		return n
+	}
+	// The most rows within the budget: padded tokens only grow with rows.
+	lo, hi := 0, n
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if b.opts.Padded(rows+mid, s) <= budget {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	if empty {
+		return max(lo, 1)
+	}
+	return lo
 }
 
 // run is the goroutine that runs formed batches: one at a time on its own
@@ -547,6 +620,7 @@ func (b *Batcher) run() {
 			r := it.req
 			if it.ran == 0 {
 				r.Queued = max(start.Sub(it.enqueued), time.Nanosecond) // nonzero: it was queued
+				r.Trace.StampAt(trace.Batched, start)
 				b.m.queued(r.Queued)
 			}
 			if it.split() {

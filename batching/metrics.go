@@ -11,6 +11,7 @@ import (
 type Metrics struct {
 	queueDuration *prometheus.HistogramVec
 	queueDepth    *prometheus.GaugeVec
+	deferrals     *prometheus.CounterVec
 }
 
 // NewMetrics registers the batching metrics on reg (nil registers none).
@@ -25,9 +26,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "stepserve_queue_depth",
 			Help: "Requests waiting in the batcher's queue.",
 		}, []string{"model"}),
+		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_batch_token_deferrals_total",
+			Help: "Requests that batching.max_batch_tokens kept out of the batch being formed: each started a later batch rather than pad that one to its length.",
+		}, []string{"model"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queueDuration, m.queueDepth} {
+		for _, c := range []prometheus.Collector{m.queueDuration, m.queueDepth, m.deferrals} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -43,12 +48,14 @@ func (m *Metrics) Forget(model string) {
 	}
 	m.queueDuration.DeleteLabelValues(model)
 	m.queueDepth.DeleteLabelValues(model)
+	m.deferrals.DeleteLabelValues(model)
 }
 
 // modelMetrics is one model's children, resolved once; nil records nothing.
 type modelMetrics struct {
 	queueDuration prometheus.Observer
 	queueDepth    prometheus.Gauge
+	deferrals     prometheus.Counter
 }
 
 func (m *Metrics) forModel(model string) *modelMetrics {
@@ -58,6 +65,7 @@ func (m *Metrics) forModel(model string) *modelMetrics {
 	return &modelMetrics{
 		queueDuration: m.queueDuration.WithLabelValues(model),
 		queueDepth:    m.queueDepth.WithLabelValues(model),
+		deferrals:     m.deferrals.WithLabelValues(model),
 	}
 }
 
@@ -70,5 +78,11 @@ func (m *modelMetrics) depth(n int) {
 func (m *modelMetrics) queued(d time.Duration) {
 	if m != nil {
 		m.queueDuration.Observe(d.Seconds())
+	}
+}
+
+func (m *modelMetrics) deferred() {
+	if m != nil {
+		m.deferrals.Inc()
 	}
 }

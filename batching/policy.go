@@ -28,6 +28,14 @@ type Policy struct {
 	// elements would pass it (a single larger request still runs alone);
 	// 0 means no bound beyond the largest bucket's rows.
 	MaxBatchElements int
+	// MaxBatchTokens closes a batch before its padded tokens (the rows of
+	// the batch bucket it would run in times the seq bucket of its longest
+	// request, as [Options.Padded] counts them) would pass it, so that one
+	// long sequence does not pad many short ones to its length: the
+	// request that does not fit starts the next batch, and a single
+	// request larger than the budget runs alone. 0 means no bound; models
+	// without sequence buckets ignore it.
+	MaxBatchTokens int
 }
 
 // The policy's keys, as a user writes them in the server's configuration
@@ -39,6 +47,7 @@ const (
 	keyDefaultPriority  = "batching.default_priority_level"
 	keyDefaultTimeout   = "batching.default_timeout"
 	keyMaxBatchElements = "batching.max_batch_elements"
+	keyMaxBatchTokens   = "batching.max_batch_tokens"
 )
 
 // MaxPriorityLevels is the most priority levels a policy may have: it
@@ -74,6 +83,7 @@ func (p Policy) Validate() error {
 	}{
 		{keyMaxQueueDelay, p.MaxQueueDelay < 0, p.MaxQueueDelay},
 		{keyMaxBatchElements, p.MaxBatchElements < 0, p.MaxBatchElements},
+		{keyMaxBatchTokens, p.MaxBatchTokens < 0, p.MaxBatchTokens},
 		{keyMaxQueueSize, p.MaxQueueSize < 1, p.MaxQueueSize},
 		{keyDefaultTimeout, p.DefaultTimeout < 0, p.DefaultTimeout},
 		{keyPriorityLevels, p.PriorityLevels < 1 || p.PriorityLevels > MaxPriorityLevels, p.PriorityLevels},
@@ -105,6 +115,8 @@ func (p *Policy) Set(key, text string) error {
 		p.DefaultPriority, err = strconv.Atoi(text)
 	case keyMaxBatchElements:
 		p.MaxBatchElements, err = strconv.Atoi(text)
+	case keyMaxBatchTokens:
+		p.MaxBatchTokens, err = strconv.Atoi(text)
 	default:
 		return fmt.Errorf("batching: %q is not a batching policy key", key)
 	}
@@ -129,6 +141,8 @@ func (p Policy) accepts(key string) string {
 		return fmt.Sprintf("an integer in 1..%d (%s), or 0 for the lowest level", max(p.PriorityLevels, 1), keyPriorityLevels)
 	case keyMaxBatchElements:
 		return "an integer, 0 or more"
+	case keyMaxBatchTokens:
+		return "an integer, 0 (no limit) or more, e.g. 8192"
 	}
 	return "nothing: it is not a batching policy key"
 }

@@ -129,3 +129,21 @@ func PaddingRatio(used int, s Shape) float64 {
 	total := s.Batch * max(s.Seq, 1)
 	return float64(total-used) / float64(total)
 }
+
+// Padded is the tokens a step of rows rows whose longest sequence is seq
+// computes, padding included: the rows of the batch bucket that holds rows
+// times the seq bucket that holds seq (rows alone for a grid without
+// sequence lengths). Past the largest buckets it counts rows and seq as
+// they are.
+func (g *Grid) Padded(rows, seq int) int {
+	if i, ok := smallest(g.batch, rows); ok {
+		rows = g.batch[i]
+	}
+	if len(g.seq) == 0 {
+		return rows
+	}
+	if i, ok := smallest(g.seq, seq); ok {
+		seq = g.seq[i]
+	}
+	return rows * seq
+}

@@ -47,6 +47,7 @@ type Config struct {
 	ModelRepository string
 	Models          Models
 	Log             Log
+	Trace           Trace
 	// File is the configuration file read, or "" when none was.
 	File string
 }
@@ -144,6 +145,21 @@ type RBLN struct {
 	StrictWarmup    bool
 	StallTimeout    time.Duration
 	CompileTimeout  time.Duration
+	// Profiler starts the workers with RBLN_PROFILER=1 (and
+	// RBLN_PROFILER_DIR under the trace directory), so that torch.profiler
+	// sees device activity on NPUs whose bridge records it.
+	Profiler bool
+}
+
+// Trace configures where the trace extension writes its traces.
+type Trace struct {
+	// Dir holds the trace files; empty means stepserve-traces-<pid> under the
+	// OS temp directory.
+	Dir string
+	// MaxFiles bounds the files kept, the oldest deleted first.
+	MaxFiles int
+	// MaxBytes bounds one file: events past it are dropped and counted.
+	MaxBytes int64
 }
 
 // Models bounds what loading one model may take.
@@ -253,6 +269,8 @@ var keys = []key{
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s"), durationKind(false)},
 	{"rbln.compile_timeout", "30m", "one graph build (a load, a compile, a bucket's first step) running longer kills the worker; while it builds, pings go unanswered and the process is watched instead",
 		value(func(c *Config) *time.Duration { return &c.RBLN.CompileTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 30m"), durationKind(false)},
+	{"rbln.profiler", "false", "start the workers with RBLN_PROFILER=1 and RBLN_PROFILER_DIR under trace.dir, so that PROFILE traces show device activity where torch_rbln's profiler bridge records it (Rebel100)",
+		value(func(c *Config) *bool { return &c.RBLN.Profiler }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"model_repository", "./model_repository", "directory of models (<name>/model.yaml + weights.safetensors)", modelRepository, stringKind("path", 1)},
 	{"models.max_model_bytes", "auto", "host memory all served models may hold together, each estimated from its files (weights, staging, the CPU engine's buffers for every bucket) before it loads; auto: half the memory limit (cgroup memory.max, RLIMIT_AS or physical memory)",
 		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)"), autoSizeKind(1 << 20)},
@@ -264,6 +282,12 @@ var keys = []key{
 		oneOf(func(c *Config) *string { return &c.Log.Format }, "text", "json"), enumKind("text", "json")},
 	{"log.requests", "false", "log every inference request at info (method, path, model, status, rows, bytes, time, request id); otherwise at debug",
 		value(func(c *Config) *bool { return &c.Log.Requests }, strconv.ParseBool, anything, "true or false"), boolKind},
+	{"trace.dir", "", "directory of the trace files the trace extension writes (/v2/trace/setting; listed at /v2/trace/files); empty: stepserve-traces-<pid> under the OS temp directory, this process's own",
+		value(func(c *Config) *string { return &c.Trace.Dir }, asString, anything, ""), stringKind("path", 0)},
+	{"trace.max_files", "32", "most trace files kept in trace.dir; the oldest is deleted first",
+		value(func(c *Config) *int { return &c.Trace.MaxFiles }, strconv.Atoi, between(1, 10000), "an integer in 1..10000"), intKind(1, 10000)},
+	{"trace.max_bytes", "16MiB", "largest trace file; events past it are dropped and counted in the file's otherData",
+		value(func(c *Config) *int64 { return &c.Trace.MaxBytes }, ParseBytes, between[int64](64<<10, 1<<30), "a size from 64KiB to 1GiB"), sizeKind(64<<10, false)},
 }
 
 // Keys lists every configuration key, in documentation order.

@@ -65,6 +65,11 @@ type Explain struct {
 	// of them that fell to a host path (torch-rbln's v2v_slow signal).
 	V2V     Count `json:"v2v"`
 	V2VSlow Count `json:"v2v_slow"`
+	// DeviceNS is the time of the step's body where the engine can
+	// measure it apart from the host's work around it: a worker's step
+	// body (copy in, graph, copy out, inside the worker), the CPU engine's
+	// compute. Unknown elsewhere, never zero for unmeasured.
+	DeviceNS Count `json:"device_ns"`
 
 	// Which operator fell back or recompiled, and where data crossed the
 	// host; nil where the engine has nothing to say.
@@ -98,6 +103,7 @@ func Unmeasured() Explain {
 		D2HNS:           Unknown,
 		V2V:             Unknown,
 		V2VSlow:         Unknown,
+		DeviceNS:        Unknown,
 	}
 }
 

@@ -122,22 +122,41 @@ type Batching struct {
 	PriorityLevels       *int           `yaml:"priority_levels"`
 	DefaultPriorityLevel *int           `yaml:"default_priority_level"`
 	DefaultTimeout       *time.Duration `yaml:"default_timeout"`
+	// MaxBatchTokens bounds a batch's padded tokens (batch bucket rows x
+	// seq bucket), for models with seq buckets; 0 is no bound.
+	MaxBatchTokens *int `yaml:"max_batch_tokens"`
 }
 
-// EncoderConfig holds the encoder architecture's hyper-parameters: a BERT
-// layout (post-norm transformer layers, GELU feed-forward) read from tensors
-// with the Hugging Face names.
+// EncoderConfig holds the encoder architecture's hyper-parameters: a
+// post-norm transformer encoder of one of the Hugging Face families (BERT,
+// RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), read from tensors with
+// that family's names, and optionally a sequence classification head.
 type EncoderConfig struct {
+	// Family is the checkpoint's layout: bert (default), roberta,
+	// xlm-roberta, camembert or distilbert (see encoderFamilies).
+	Family        string  `yaml:"family"`
 	VocabSize     int     `yaml:"vocab_size"`
 	Hidden        int     `yaml:"hidden"`
 	Layers        int     `yaml:"layers"`
 	Heads         int     `yaml:"heads"`
 	Intermediate  int     `yaml:"intermediate"`
-	MaxPosition   int     `yaml:"max_position"`    // default 512
-	TypeVocabSize int     `yaml:"type_vocab_size"` // default 2
-	LayerNormEps  float64 `yaml:"layer_norm_eps"`  // default 1e-12
-	// Pooling is cls (the first token's state) or mean (over the attention
-	// mask).
+	MaxPosition   int     `yaml:"max_position"`    // default 512 (514 for the RoBERTa family)
+	TypeVocabSize int     `yaml:"type_vocab_size"` // default 2 (BERT), 1 (RoBERTa, DistilBERT)
+	LayerNormEps  float64 `yaml:"layer_norm_eps"`  // default 1e-12 (BERT, DistilBERT), 1e-5 (RoBERTa)
+	// HiddenAct is the feed-forward's activation: gelu (erf, default),
+	// gelu_new or gelu_pytorch_tanh (the tanh approximation), or relu.
+	HiddenAct string `yaml:"hidden_act"`
+	// PadTokenID is the padding token's id: 0 by default (BERT,
+	// DistilBERT), 1 for the RoBERTa family. The RoBERTa family numbers
+	// the positions of real tokens from PadTokenID+1.
+	PadTokenID *int `yaml:"pad_token_id"`
+	// Head is none (default: the pooled embedding is the output) or
+	// classification (the family's *ForSequenceClassification head on the
+	// first token: logits, [-1, NumLabels]).
+	Head      string `yaml:"head"`
+	NumLabels int    `yaml:"num_labels"`
+	// Pooling is cls (the first token's state), mean (over the attention
+	// mask) or last (the last real token's state).
 	Pooling string `yaml:"pooling"`
 	// Normalize scales each embedding to unit L2 norm.
 	Normalize bool `yaml:"normalize"`
@@ -153,10 +172,11 @@ type EncoderConfig struct {
 	MaxTextBytes int `yaml:"max_text_bytes"`
 }
 
-// TextInput reports whether the model takes a text BYTES input, which
-// [Model.PrepareInputs] tokenizes.
+// TextInput reports whether the model takes a text BYTES input (and
+// optionally a second, text_pair), which [Model.PrepareInputs] tokenizes.
 func (c *Config) TextInput() bool {
-	return len(c.Inputs) == 1 && c.Inputs[0].Datatype == BYTES
+	pair := len(c.Inputs) == 2 && c.Inputs[1].Name == TextPairInput && c.Inputs[1].Datatype == BYTES
+	return (len(c.Inputs) == 1 || pair) && c.Inputs[0].Datatype == BYTES
 }
 
 // MLPConfig holds the mlp architecture's hyper-parameters. Layer i reads the
@@ -472,14 +492,22 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	if e == nil {
 		return bad("encoder", "is required for architecture encoder; give vocab_size, hidden, layers, heads, intermediate")
 	}
+	if err := oneOf(bad, "encoder.family", &e.Family, FamilyBERT, encoderFamilyNames...); err != nil {
+		return err
+	}
+	fam := encoderFamilies[e.Family]
+	if e.PadTokenID == nil {
+		p := fam.pad
+		e.PadTokenID = &p
+	}
 	if e.MaxPosition == 0 {
-		e.MaxPosition = 512
+		e.MaxPosition = 512 + fam.positionOffset(*e.PadTokenID)
 	}
 	if e.TypeVocabSize == 0 {
-		e.TypeVocabSize = 2
+		e.TypeVocabSize = fam.types
 	}
 	if e.LayerNormEps == 0 {
-		e.LayerNormEps = 1e-12
+		e.LayerNormEps = fam.eps
 	}
 	if e.Lowercase == nil {
 		t := true
@@ -509,26 +537,60 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	if e.LayerNormEps < 0 {
 		return bad("encoder.layer_norm_eps", "%v must be positive", e.LayerNormEps)
 	}
-	if err := oneOf(bad, "encoder.pooling", &e.Pooling, "cls", "cls", "mean"); err != nil {
+	if p := *e.PadTokenID; p < 0 || p >= e.VocabSize {
+		return bad("encoder.pad_token_id", "%d is outside the vocabulary; want 0..%d", p, e.VocabSize-1)
+	}
+	if err := oneOf(bad, "encoder.hidden_act", &e.HiddenAct, "gelu", HiddenActs...); err != nil {
+		return err
+	}
+	if err := oneOf(bad, "encoder.head", &e.Head, HeadNone, HeadNone, HeadClassification); err != nil {
+		return err
+	}
+	if e.Head == HeadClassification {
+		// The head reads the first token, as every family's
+		// *ForSequenceClassification does.
+		if e.Pooling != "" && e.Pooling != "cls" {
+			return bad("encoder.pooling", "%q: a classification head reads the first token; remove encoder.pooling or set cls", clip.Clip(e.Pooling, maxNameInError))
+		}
+		if e.Normalize {
+			return bad("encoder.normalize", "a classification head's logits are not normalized; remove encoder.normalize")
+		}
+		if e.NumLabels <= 0 || e.NumLabels > maxWidth {
+			return bad("encoder.num_labels", "%d must be in 1..%d for a classification head", e.NumLabels, maxWidth)
+		}
+	} else if e.NumLabels != 0 {
+		return bad("encoder.num_labels", "%d needs encoder.head: classification", e.NumLabels)
+	}
+	if err := oneOf(bad, "encoder.pooling", &e.Pooling, "cls", "cls", "mean", "last"); err != nil {
 		return err
 	}
 	if len(c.Buckets.Seq) == 0 {
 		return bad("buckets.seq", "is required for an encoder; list the sequence lengths to compile, e.g. [32, 64, 128]")
 	}
-	if last := c.Buckets.Seq[len(c.Buckets.Seq)-1]; last > e.MaxPosition {
+	if last, most := c.Buckets.Seq[len(c.Buckets.Seq)-1], e.MaxSeq(); last > most {
+		if off := e.PositionOffset(); off > 0 {
+			return bad("buckets.seq", "%d exceeds %d, encoder.max_position %d less the %s position offset %d (pad_token_id + 1)", last, most, e.MaxPosition, e.Family, off)
+		}
 		return bad("buckets.seq", "%d exceeds encoder.max_position %d", last, e.MaxPosition)
 	}
 	ids := func(i int, name string) bool {
 		return c.Inputs[i].Name == name && c.Inputs[i].Datatype == INT64 && slices.Equal(c.Inputs[i].Shape, []int{-1, -1})
 	}
+	text := func(i int, name string) bool {
+		return c.Inputs[i].Name == name && c.Inputs[i].Datatype == BYTES && slices.Equal(c.Inputs[i].Shape, []int{-1})
+	}
 	switch {
-	case c.TextInput() && c.Inputs[0].Name == "text" && slices.Equal(c.Inputs[0].Shape, []int{-1}):
+	case len(c.Inputs) == 1 && text(0, "text"):
+	case len(c.Inputs) == 2 && text(0, "text") && text(1, TextPairInput) && e.Head == HeadClassification:
 	case len(c.Inputs) >= 2 && len(c.Inputs) <= 3 && ids(0, "input_ids") && ids(1, "attention_mask") && (len(c.Inputs) == 2 || ids(2, "token_type_ids")):
 	default:
-		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or one text input, BYTES [-1], with a vocab.txt")
+		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or text, BYTES [-1] (and, with a classification head, text_pair, BYTES [-1]), with a tokenizer.json or vocab.txt")
 	}
-	if len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, e.Hidden}) {
-		return bad("outputs", "an encoder with hidden %d gives exactly one FP32 output of shape [-1, %d]", e.Hidden, e.Hidden)
+	if width, what := e.OutputWidth(), "hidden"; len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, width}) {
+		if e.Head == HeadClassification {
+			what = "encoder.num_labels"
+		}
+		return bad("outputs", "an encoder with %s %d gives exactly one FP32 output of shape [-1, %d]", what, width, width)
 	}
 	return nil
 }

@@ -73,9 +73,10 @@ func (c *Config) StepInputs() []TensorSpec {
 }
 
 // OptionalInput reports whether a request may leave the named input out:
-// an encoder's token_type_ids, which default to zeros.
+// an encoder's token_type_ids, which default to zeros, and its text_pair
+// (texts then go alone).
 func (c *Config) OptionalInput(name string) bool {
-	return c.Architecture == "encoder" && name == encoderStepInputs[EncoderTokenTypeIDs].Name
+	return c.Architecture == "encoder" && (name == encoderStepInputs[EncoderTokenTypeIDs].Name || name == TextPairInput)
 }
 
 // Platform names the runtime that serves the model, for the platform field
@@ -120,7 +121,7 @@ func (m *Model) PrepareInputs(dst [][]byte, in []Input) (inputs [][]byte, seq in
 		return dst, 0, fmt.Errorf("models: model %s: an encoder needs its encoder config and seq buckets", m.Name)
 	}
 	if cfg.TextInput() {
-		return m.prepareText(dst, in[0].Strings)
+		return m.prepareText(dst, in)
 	}
 	return m.prepareTokens(dst, in)
 }
@@ -173,58 +174,91 @@ func (c *Config) TextLimit() int {
 	}
 }
 
-// prepareText tokenizes every text and packs the token tensors, each row
-// padded to the longest text of the request.
-func (m *Model) prepareText(dst [][]byte, texts []string) ([][]byte, int, error) {
+// prepareText tokenizes every text (with its text_pair when the request
+// sends one) and packs the token tensors, each row padded to the longest
+// of the request with the tokenizer's pad id; token types come from the
+// tokenizer (1 for a BERT pair's second text), else zero.
+func (m *Model) prepareText(dst [][]byte, in []Input) ([][]byte, int, error) {
 	cfg := m.Config
 	if m.Tokenizer == nil {
-		return dst, 0, fmt.Errorf("models: model %s takes text but has no %s", m.Name, VocabFile)
+		return dst, 0, fmt.Errorf("models: model %s takes text but has no %s or %s", m.Name, TokenizerFile, VocabFile)
+	}
+	texts := in[0].Strings
+	var pairs []string
+	if len(in) > 1 && in[1].Shape != nil {
+		if pairs = in[1].Strings; len(pairs) != len(texts) {
+			return dst, 0, &InputError{cfg.Inputs[1].Name, fmt.Errorf("%d elements for the %d of %q; send one per text", len(pairs), len(texts), cfg.Inputs[0].Name)}
+		}
 	}
 	if limit := cfg.TextLimit(); limit > 0 {
-		for i, text := range texts {
-			if len(text) > limit {
-				return dst, 0, &InputError{cfg.Inputs[0].Name, textTooLong(i, len(text), limit, cfg.Encoder)}
+		for k, list := range [][]string{texts, pairs} {
+			for i, text := range list {
+				if len(text) > limit {
+					return dst, 0, &InputError{cfg.Inputs[k].Name, textTooLong(i, len(text), limit, cfg.Encoder)}
+				}
 			}
 		}
 	}
-	// Every row's ids in one slice, ends[i] the end of row i's, sized for
-	// a token per byte (more than text takes, but for the odd decomposed
-	// character): one allocation for a request of many texts.
+	// Every row's ids (and types, for pairs) in one slice, ends[i] the end
+	// of row i's, sized for a token per byte (more than text takes, but
+	// for the odd decomposed character): one allocation for a request of
+	// many texts.
 	maxSeq := cfg.maxSeq()
 	size := 0
-	for _, text := range texts {
-		size += min(maxSeq, 2+len(text))
+	for i, text := range texts {
+		n := 3 + len(text)
+		if pairs != nil {
+			n += 2 + len(pairs[i])
+		}
+		size += min(maxSeq, n)
 	}
 	flat := make([]int64, 0, size)
+	var flatTypes []int64
+	if pairs != nil {
+		flatTypes = make([]int64, 0, size)
+	}
 	ends := make([]int, len(texts))
 	seq := 0
 	for i, text := range texts {
 		start := len(flat)
 		var err error
-		if flat, err = m.Tokenizer.AppendEncode(flat, text, maxSeq, cfg.Encoder.Truncate); err != nil {
+		if pairs == nil {
+			flat, err = m.Tokenizer.AppendEncode(flat, text, maxSeq, cfg.Encoder.Truncate)
+		} else {
+			flat, flatTypes, err = m.Tokenizer.AppendEncodePair(flat, flatTypes, text, pairs[i], maxSeq, cfg.Encoder.Truncate)
+		}
+		if err != nil {
+			what := fmt.Sprintf("element %d", i)
+			if pairs != nil {
+				what = fmt.Sprintf("element %d with its %s", i, cfg.Inputs[1].Name)
+			}
 			return dst, 0, &InputError{cfg.Inputs[0].Name,
-				fmt.Errorf("element %d: %w (the largest seq bucket); shorten it, or set encoder.truncate: true", i, err)}
+				fmt.Errorf("%s: %w (the largest seq bucket); shorten it, or set encoder.truncate: true", what, err)}
 		}
 		ends[i] = len(flat)
 		seq = max(seq, len(flat)-start)
 	}
-	// The three tensors in one allocation; token types stay zero.
+	// The three tensors in one allocation.
 	n := 8 * len(texts) * seq
 	buf := make([]byte, 3*n)
 	ids, mask, types := buf[:n:n], buf[n:2*n:2*n], buf[2*n:]
+	pad := m.Tokenizer.PadID()
 	start := 0
 	for i, end := range ends {
 		toks := flat[start:end]
-		start = end
 		for j := range seq {
 			at := 8 * (i*seq + j)
-			id := m.Tokenizer.PAD
+			id := pad
 			if j < len(toks) {
 				id = toks[j]
 				binary.LittleEndian.PutUint64(mask[at:], 1)
+				if flatTypes != nil {
+					binary.LittleEndian.PutUint64(types[at:], uint64(flatTypes[start+j]))
+				}
 			}
 			binary.LittleEndian.PutUint64(ids[at:], uint64(id))
 		}
+		start = end
 	}
 	return append(dst, ids, mask, types), seq, nil
 }

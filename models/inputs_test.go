@@ -85,12 +85,13 @@ func TestTextIsTokenized(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, in, 3)
 	ids, mask := int64sOf(in[EncoderInputIDs]), int64sOf(in[EncoderAttentionMask])
-	assert.Equal(t, []string{"the", "water", "is", "warm", "."}, m.Tokenizer.Tokens(texts[0]))
+	wp := m.Tokenizer.(*Tokenizer)
+	assert.Equal(t, []string{"the", "water", "is", "warm", "."}, wp.Tokens(texts[0]))
 	require.Equal(t, 7, seq, "the request is padded to its longest text: [CLS] + 5 + [SEP]")
 	require.Len(t, ids, 2*seq)
 	require.Len(t, mask, 2*seq)
 	for row, text := range texts {
-		want, err := m.Tokenizer.Encode(text, 128, false)
+		want, err := wp.Encode(text, 128, false)
 		require.NoError(t, err)
 		got := ids[row*seq : (row+1)*seq]
 		assert.Equal(t, want, got[:len(want)], text)
@@ -99,7 +100,7 @@ func TestTextIsTokenized(t *testing.T) {
 				assert.Equal(t, int64(1), mask[row*seq+j])
 			} else {
 				assert.Equal(t, int64(0), mask[row*seq+j], "padding is masked")
-				assert.Equal(t, m.Tokenizer.PAD, got[j])
+				assert.Equal(t, wp.PAD, got[j])
 			}
 		}
 	}
@@ -107,7 +108,7 @@ func TestTextIsTokenized(t *testing.T) {
 
 	_, seq, err = m.PrepareInputs(nil, []Input{{Shape: []int64{1}, Strings: []string{"two words"}}})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"two", "word", "##s"}, m.Tokenizer.Tokens("two words"))
+	assert.Equal(t, []string{"two", "word", "##s"}, wp.Tokens("two words"))
 	assert.Equal(t, 5, seq, "[CLS] two word ##s [SEP]")
 }
 

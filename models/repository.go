@@ -31,12 +31,16 @@ type Model struct {
 	MLP *MLP
 	// Encoder is set when Config.Architecture is "encoder".
 	Encoder *Encoder
-	// Tokenizer is set when the directory holds a vocab.txt.
-	Tokenizer *Tokenizer
+	// Tokenizer is set when the directory holds a tokenizer.json or a
+	// vocab.txt.
+	Tokenizer TextTokenizer
 	// Labels holds, per output (Config.Outputs' order), the class names
 	// its labels file gives each element of a row; nil when no output has
 	// one, and a nil entry for an output without one.
 	Labels [][]string
+	// Skipped names the weights' tensors the model does not use, left
+	// unread (sorted), for the load log.
+	Skipped []string
 }
 
 // Load reads the model in dir, named after the directory, as [Open] and
@@ -51,7 +55,9 @@ func Load(dir string) (*Model, error) {
 }
 
 // List names the models of the repository at repo: its directories that
-// hold a model.yaml, in name order. Other entries are ignored.
+// hold a model.yaml or are Hugging Face model folders (config.json and
+// model.safetensors or its shard index), in name order. Other entries are
+// ignored.
 func List(repo string) ([]string, error) {
 	root, err := os.OpenRoot(repo)
 	if err != nil {
@@ -68,7 +74,7 @@ func List(repo string) ([]string, error) {
 			continue
 		}
 		// Lstat: only whether it is there; Open says what is wrong with it.
-		if _, err := root.Lstat(path.Join(e.Name(), ConfigFile)); err != nil {
+		if _, err := root.Lstat(path.Join(e.Name(), ConfigFile)); err != nil && !isHFFolder(root, e.Name()) {
 			continue
 		}
 		out = append(out, e.Name())
@@ -91,8 +97,10 @@ type Manifest struct {
 	dir     string
 	root    *os.Root
 	weights *repoFile
-	vocab   bool       // whether the directory has a vocab.txt
-	labels  [][]string // the outputs' labels files, read at Open (small)
+	tokfile string      // the tokenizer file the directory has, if any
+	labels  [][]string  // the outputs' labels files, read at Open (small)
+	shards  []*repoFile // sharded weights' files (weights is the first); nil for one file
+	skipped []string    // the tensors the model does not use, dropped at Open
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -121,6 +129,16 @@ func Open(repo, name string) (*Manifest, error) {
 
 func (m *Manifest) open() error {
 	file := path.Join(m.Name, ConfigFile)
+	hf, err := m.openHF()
+	if err != nil || hf {
+		if err == nil {
+			err = m.openLayers()
+		}
+		if err == nil {
+			err = m.checkVocab()
+		}
+		return err
+	}
 	b, err := readFile(m.root, file, maxConfigBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: the repository has no %s", ErrNoModel, file)
@@ -148,16 +166,34 @@ func (m *Manifest) open() error {
 		return err
 	}
 	m.Weights.Path = filepath.Join(m.dir, WeightsFile)
-	if _, err := m.layers(); err != nil {
+	if err := m.openLayers(); err != nil {
 		return err
 	}
+	return m.checkVocab()
+}
+
+// openLayers checks the weights' shapes against the architecture, and
+// drops the tensors it does not use, so that they are neither read nor
+// counted.
+func (m *Manifest) openLayers() error {
+	out, err := m.layers()
+	if err != nil {
+		return err
+	}
+	if out.Encoder != nil {
+		m.skipped = out.Encoder.Unused
+		m.Weights.Drop(m.skipped)
+	}
+	return nil
+}
+
+// checkVocab finds a text encoder's tokenizer files.
+func (m *Manifest) checkVocab() error {
+	var err error
+	file := path.Join(m.Name, ConfigFile)
 	if m.Config.Architecture == "encoder" {
-		vocab := path.Join(m.Name, VocabFile)
-		if m.vocab, err = statFile(m.root, vocab, maxVocabBytes); err != nil {
+		if m.tokfile, err = m.findTokenizer(file); err != nil {
 			return err
-		}
-		if !m.vocab && m.Config.TextInput() {
-			return fmt.Errorf("%s: %w: inputs: a text input needs a WordPiece %s in the model directory", file, ErrConfig, VocabFile)
 		}
 	}
 	return nil
@@ -205,7 +241,7 @@ func (m *Model) ModulePath() string {
 // layers builds the architecture's layers from the weights: their shapes
 // alone before the values are read.
 func (m *Manifest) layers() (*Model, error) {
-	out := &Model{Name: m.Name, Version: m.Config.Version, Dir: m.dir, Config: m.Config, Weights: m.Weights, Labels: m.labels}
+	out := &Model{Name: m.Name, Version: m.Config.Version, Dir: m.dir, Config: m.Config, Weights: m.Weights, Labels: m.labels, Skipped: m.skipped}
 	var err error
 	switch m.Config.Architecture {
 	case "mlp":
@@ -227,24 +263,19 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 	if m.weights == nil {
 		return nil, fmt.Errorf("models: model %s: the manifest was loaded or closed already", m.Name)
 	}
-	if err := m.Weights.readData(ctx, m.weights); err != nil {
+	files := []*repoFile{m.weights}
+	if m.shards != nil {
+		files = m.shards
+	}
+	if err := m.Weights.readData(ctx, files...); err != nil {
 		return nil, err
 	}
 	out, err := m.layers()
 	if err != nil {
 		return nil, err
 	}
-	if m.vocab {
-		// Read through the repository, as Open checked it: a file swapped
-		// for a link or a FIFO since is refused here too.
-		vocab := path.Join(m.Name, VocabFile)
-		b, err := readFile(m.root, vocab, maxVocabBytes)
-		if err != nil {
-			return nil, err
-		}
-		if out.Tokenizer, err = ParseTokenizer(bytes.NewReader(b), vocab, *m.Config.Encoder.Lowercase, m.Config.Encoder.VocabSize); err != nil {
-			return nil, err
-		}
+	if out.Tokenizer, err = m.loadTokenizer(m.tokfile); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -252,6 +283,12 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 // Close releases the files Open kept open. It is idempotent.
 func (m *Manifest) Close() error {
 	var errs []error
+	for _, f := range m.shards {
+		if f != m.weights {
+			errs = append(errs, f.Close())
+		}
+	}
+	m.shards = nil
 	if m.weights != nil {
 		errs = append(errs, m.weights.Close())
 		m.weights = nil

@@ -37,6 +37,7 @@ type Tensor struct {
 	Data []float32
 
 	begin, end int64 // the tensor's bytes in the data section
+	shard      int   // the file that holds it: an index into Weights.Paths (0 for one file)
 }
 
 // Numel is the number of elements the shape holds.
@@ -52,8 +53,24 @@ type Weights struct {
 	Name     string
 	Tensors  map[string]*Tensor
 	Metadata map[string]string
+	// Paths are the files on disk, for weights sharded over several (a
+	// model.safetensors.index.json's shards), Path their first; nil for
+	// one file.
+	Paths []string
 
 	dataStart int64 // where the data section starts in the file
+	// shardStarts are where each shard's data section starts, for
+	// sharded weights.
+	shardStarts []int64
+}
+
+// Drop forgets the named tensors: they are not read, and not counted in
+// [Weights.ResidentBytes]. A model drops the tensors it does not use
+// before its weights are read.
+func (w *Weights) Drop(names []string) {
+	for _, n := range names {
+		delete(w.Tensors, n)
+	}
 }
 
 // Tensor returns the named tensor checked against the expected shape; the
@@ -166,12 +183,15 @@ const readChunk = 1 << 20
 
 // readData reads every tensor's values from f, whose header w was read
 // from, in file order and a chunk at a time, checking ctx between chunks.
-func (w *Weights) readData(ctx context.Context, f *repoFile) error {
+// Sharded weights take one opened file per shard, in Paths' order.
+func (w *Weights) readData(ctx context.Context, files ...*repoFile) error {
 	sorted := make([]*Tensor, 0, len(w.Tensors))
 	for _, t := range w.Tensors {
 		sorted = append(sorted, t)
 	}
-	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmp.Compare(a.begin, b.begin) })
+	slices.SortFunc(sorted, func(a, b *Tensor) int {
+		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.begin, b.begin))
+	})
 	buf := make([]byte, readChunk)
 	for _, t := range sorted {
 		if !floatDtypes[t.Dtype] {
@@ -180,6 +200,13 @@ func (w *Weights) readData(ctx context.Context, f *repoFile) error {
 			// refuses it by name if an architecture asks for it.
 			continue
 		}
+		f, start := files[0], w.dataStart
+		if w.shardStarts != nil {
+			if t.shard >= len(files) {
+				return fmt.Errorf("%s: tensor %q is in shard %d of %d opened", w.name(), clip.Clip(t.Name, maxNameInError), t.shard, len(files))
+			}
+			f, start = files[t.shard], w.shardStarts[t.shard]
+		}
 		size := int64(safetensorsDtypeSize[t.Dtype])
 		t.Data = make([]float32, t.Numel())
 		for done := int64(0); done < t.end-t.begin; {
@@ -187,15 +214,39 @@ func (w *Weights) readData(ctx context.Context, f *repoFile) error {
 				return fmt.Errorf("%s: reading the weights: %w", w.name(), err)
 			}
 			chunk := buf[:min(int64(len(buf)), t.end-t.begin-done)]
-			if _, err := f.ReadAt(chunk, w.dataStart+t.begin+done); err != nil {
+			if _, err := f.ReadAt(chunk, start+t.begin+done); err != nil {
 				return fmt.Errorf("%s: %w: tensor %q: reading its data: %v (the file changed while it was read?)",
-					w.name(), ErrSafetensors, clip.Clip(t.Name, maxNameInError), unwrapPath(err))
+					f.Name, ErrSafetensors, clip.Clip(t.Name, maxNameInError), unwrapPath(err))
 			}
 			decodeInto(t.Dtype, chunk, t.Data[done/size:])
 			done += int64(len(chunk))
 		}
 	}
 	return nil
+}
+
+// mergeShards makes one Weights of the shards' headers, each tensor
+// remembering its shard; a tensor in two shards is an error. name is how
+// errors name the whole (the index file).
+func mergeShards(name string, shards []*Weights, paths []string) (*Weights, error) {
+	out := &Weights{Name: name, Tensors: map[string]*Tensor{}, Paths: paths, shardStarts: make([]int64, len(shards))}
+	if len(paths) > 0 {
+		out.Path = paths[0]
+	}
+	for i, s := range shards {
+		out.shardStarts[i] = s.dataStart
+		for n, t := range s.Tensors {
+			if _, dup := out.Tensors[n]; dup {
+				return nil, fmt.Errorf("%s: %w: tensor %q is in two shards (the second %s)", name, ErrSafetensors, clip.Clip(n, maxNameInError), s.Name)
+			}
+			t.shard = i
+			out.Tensors[n] = t
+		}
+		if out.Metadata == nil {
+			out.Metadata = s.Metadata
+		}
+	}
+	return out, nil
 }
 
 // ParseSafetensors decodes a safetensors file held in memory. The returned

@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/stepserve/stepserve/models/tokenizers"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -32,10 +33,13 @@ const tooLong = "text is longer than the largest sequence bucket"
 var ErrTooLong = errors.New("models: " + tooLong)
 
 // tooLongError is ErrTooLong with the counts a user needs to fix the text.
-type tooLongError struct{ tokens, limit int }
+type tooLongError struct {
+	tokens, limit int
+	specials      string // what the count includes: "[CLS] and [SEP]"
+}
 
 func (e *tooLongError) Error() string {
-	return fmt.Sprintf("%s: %d tokens with [CLS] and [SEP], the limit is %d", tooLong, e.tokens, e.limit)
+	return fmt.Sprintf("%s: %d tokens with %s, the limit is %d", tooLong, e.tokens, e.specials, e.limit)
 }
 
 func (e *tooLongError) Is(target error) bool { return target == ErrTooLong }
@@ -54,6 +58,9 @@ type Tokenizer struct {
 	longest   int
 	lowercase bool
 	scanners  sync.Pool // of *scanner
+	// hf is the same tokenizer as a tokenizer.json pipeline, for pairs
+	// and offsets.
+	hf *tokenizers.Tokenizer
 	// The special tokens' ids.
 	CLS, SEP, UNK, PAD int64
 }
@@ -100,6 +107,10 @@ func ParseTokenizer(r io.Reader, path string, lowercase bool, vocabSize int) (*T
 			return nil, fmt.Errorf("%s: the special token %s is missing", path, sp.name)
 		}
 		*sp.id = id
+	}
+	var err error
+	if t.hf, err = bert(t.vocab, lowercase); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
 }
@@ -155,7 +166,7 @@ func (t *Tokenizer) encode(dst []int64, text string, maxLen int, truncate bool) 
 	s.ids = nil
 	t.scanners.Put(s)
 	if over > 0 {
-		return dst[:start], read, &tooLongError{maxLen + over, maxLen}
+		return dst[:start], read, &tooLongError{maxLen + over, maxLen, "[CLS] and [SEP]"}
 	}
 	return append(dst, t.SEP), read, nil
 }

@@ -158,6 +158,7 @@ func FuzzTokensMatchTheReference(f *testing.F) {
 			if want, got := heads(refWords(tok.lowercase, s)), basicWords(tok.lowercase, s); !slices.Equal(want, got) {
 				t.Fatalf("lowercase %v: %q: reference words %q, got %q", tok.lowercase, s, want, got)
 			}
+			assertSamePipeline(t, tok, s) // pairs and offsets go through it
 		}
 	})
 }

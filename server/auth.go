@@ -67,6 +67,12 @@ func (t *tokens) match(given string) bool {
 // bearer requires one of t's tokens as an "Authorization: Bearer" header;
 // while t holds no token it lets everything through.
 func bearer(t *tokens) func(http.Handler) http.Handler {
+	return bearerAs(t, writeError)
+}
+
+// bearerAs is bearer answering a refusal with deny, which writes the
+// status and message in an API's own error shape.
+func bearerAs(t *tokens, deny func(w http.ResponseWriter, status int, msg string)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if len(*t.digests.Load()) == 0 {
@@ -80,7 +86,7 @@ func bearer(t *tokens) func(http.Handler) http.Handler {
 				if ok {
 					msg = "invalid bearer token"
 				}
-				writeError(w, http.StatusUnauthorized, msg)
+				deny(w, http.StatusUnauthorized, msg)
 				return
 			}
 			next.ServeHTTP(w, r)

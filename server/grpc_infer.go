@@ -92,9 +92,13 @@ func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, r 
 	// The model's statistics, as the HTTP path feeds them: from the
 	// request's arrival (whole, for gRPC) to its answer built.
 	began := time.Now()
+	tr := s.opts.Tracer.Sample(m.Model().Name) // nil unless tracing samples it
 	defer func() {
 		if err != nil {
 			m.Report(nil, false, time.Since(began))
+		}
+		if tr != nil {
+			tr.Done(traceStatus(err))
 		}
 	}()
 	if !m.Ready() {
@@ -115,6 +119,7 @@ func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, r 
 		return nil, err
 	}
 	protoOutputs(m.Model(), req)
+	req.trace = tr
 	m, sr, err := s.run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
 	if err != nil {
 		return nil, err

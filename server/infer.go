@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -50,6 +51,7 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 	name := m.Model().Name
 	var info requestInfo
 	status := s.serveInfer(w, r, m, &info)
+	info.trace.Done(status) // its response is written
 	took := time.Since(start)
 	s.metrics.observe(protocolHTTP, name, status, took)
 	s.logRequest(r.Context(), protocolHTTP, r.Method, r.URL.Path, name, status, info, r.ContentLength, took)
@@ -57,8 +59,9 @@ func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, versi
 
 // requestInfo is what a request's log line says of it beyond its status.
 type requestInfo struct {
-	rows int
-	id   string
+	rows  int
+	id    string
+	trace *trace.Request // nil unless tracing sampled the request
 }
 
 // logRequest logs one inference request: at info with log.requests, else
@@ -116,6 +119,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	// A reload may have replaced the model while the body arrived: the
 	// request goes to the version served now.
 	m = s.current(m)
+	info.trace = s.opts.Tracer.Sample(m.Model().Name) // one atomic load while tracing is off
 	headerLen := -1
 	if h := r.Header.Get(headerContentLength); h != "" {
 		n, perr := strconv.Atoi(h)
@@ -129,6 +133,9 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 		return fail(err)
 	}
 	info.rows, info.id = req.rows, req.id
+	if tr := info.trace; tr != nil {
+		req.trace, tr.ID, tr.Rows = tr, req.id, req.rows
+	}
 	m, sr, err := s.run(r.Context(), &ch, m, req, f)
 	if err != nil {
 		return fail(err)
@@ -152,10 +159,13 @@ func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inf
 	if err := req.decodeValues(m.Model()); err != nil {
 		return m, nil, err
 	}
+	req.trace.Stamp(trace.Decoded)
 	sr, err := prepare(m.Model(), req)
 	if err != nil {
 		return m, nil, err
 	}
+	req.trace.Stamp(trace.Prepared)
+	sr.Trace = req.trace
 	err = m.Infer(ctx, sr, req.params)
 	if errors.Is(err, batching.ErrDraining) {
 		// Replaced between the lookup and the queue: the old version
@@ -163,6 +173,7 @@ func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inf
 		if cur := s.current(m); cur != m && sameSignature(cur.Model(), m.Model()) {
 			m = cur
 			if sr, err = prepare(m.Model(), req); err == nil {
+				sr.Trace = req.trace
 				err = m.Infer(ctx, sr, req.params)
 			}
 		}

@@ -16,9 +16,11 @@ var outcomeLabels = [...]string{"success", "rejected", "timeout", "cancelled", "
 const (
 	protocolHTTP = iota
 	protocolGRPC
+	protocolOpenAI // /v1/embeddings (openai.go)
+	protocolTEI    // /embed, /rerank, /predict, /tokenize (tei.go)
 )
 
-var protocolLabels = [...]string{"http", "grpc"}
+var protocolLabels = [...]string{"http", "grpc", "openai", "tei"}
 
 type metrics struct {
 	requests *prometheus.CounterVec
@@ -46,11 +48,11 @@ func newMetrics(reg prometheus.Registerer, b *budget) (*metrics, error) {
 		models: map[string]*modelMetrics{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_requests_total",
-			Help: "Inference requests answered, by model, outcome and protocol (http, grpc).",
+			Help: "Inference requests answered, by model, outcome and protocol (http, grpc, openai, tei).",
 		}, []string{"model", "outcome", "protocol"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepserve_request_duration_seconds",
-			Help:    "Time from receiving an inference request to answering it, by model and protocol (http, grpc).",
+			Help:    "Time from receiving an inference request to answering it, by model and protocol (http, grpc, openai, tei).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"model", "protocol"}),
 	}

@@ -103,6 +103,7 @@ func (s *Server) unload(ctx context.Context, name string) error {
 		return fmt.Errorf("unload %s: %w", clipName(name), err)
 	}
 	s.metrics.forget(name)
+	s.opts.Tracer.Forget(name) // its trace override, as Triton drops it with the model
 	s.logger.Info("model unloaded through the repository API", "model", name)
 	return nil
 }

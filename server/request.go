@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -126,6 +127,7 @@ func (p wireParams) get(key string) (json.RawMessage, bool) {
 type inferRequest struct {
 	id      string
 	rows    int
+	trace   *trace.Request // nil unless tracing sampled the request
 	inputs  []models.Input // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
 	params  batching.Params

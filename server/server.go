@@ -34,10 +34,18 @@
 //	GET  /v2/models/{model}[/versions/{version}]/buckets (stepserve's per-bucket view)
 //	GET  /v2/models/{model}[/versions/{version}]/config  (Triton's model configuration)
 //	GET  /v2/logging, POST /v2/logging                  (the log level at run time)
+//	GET  /v2[/models/{model}[/versions/{version}]]/trace/setting, POST too (Triton's trace extension)
+//	GET  /v2/trace/files, /v2/trace/files/{name}        (the traces written)
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
 //	GET  /metrics
+//
+// and, for text models, OpenAI's embeddings API (openai.go) and Hugging
+// Face text-embeddings-inference's (tei.go):
+//
+//	POST /v1/embeddings, GET /v1/models[/{model}]
+//	POST /embed, /rerank, /predict, /tokenize; GET /info
 package server
 
 import (
@@ -54,6 +62,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stepserve/stepserve/internal/memlimit"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -101,6 +110,9 @@ type Options struct {
 	LogFormat string
 	// LogRequests logs every inference request at info, not debug.
 	LogRequests bool
+	// Tracer takes the traces Triton's trace extension asks for
+	// (/v2/trace/setting, trace.go); nil leaves the extension off.
+	Tracer *trace.Tracer
 }
 
 // Server is the HTTP API. It is an [http.Handler].
@@ -121,6 +133,8 @@ type Server struct {
 	logs                              logControl // the logging extension's (logging.go)
 	// grpc is the gRPC API, once built (grpc.go).
 	grpc grpcState
+	// text is the text APIs' state (textapi.go).
+	text textAPIState
 }
 
 // New builds the router for opts.
@@ -198,7 +212,6 @@ func New(opts Options) (*Server, error) {
 			r.Get(m+v+"/config", api(s.modelConfiguration))
 			r.Post(m+v+"/infer", s.infer)
 		}
-		r.HandleFunc(m+"/trace/setting", notImplemented("trace", traceInstead))
 		r.Get("/v2/models/stats", api(s.stats)) // every model's
 		r.Get(m+"/", api(s.modelMetadata))
 	})
@@ -211,12 +224,28 @@ func New(opts Options) (*Server, error) {
 		r.Use(bearer(s.repositoryTokens)) // an administrator's, as the repository API
 		r.Get("/v2/logging", api(s.loggingSettings))
 		r.Post("/v2/logging", api(s.loggingSettings))
+		if opts.Tracer == nil {
+			r.HandleFunc("/v2/trace/setting", notImplemented("trace", traceInstead))
+			r.HandleFunc("/v2/models/{model}/trace/setting", notImplemented("trace", traceInstead))
+			r.HandleFunc("/v2/models/{model}/versions/{version}/trace/setting", notImplemented("trace", traceInstead))
+			return
+		}
+		// Trace settings and files: an administrator's too (trace.go).
+		r.Get("/v2/trace/setting", api(s.traceSettings))
+		r.Post("/v2/trace/setting", api(s.traceSettings))
+		for _, v := range []string{"", "/versions/{version}"} {
+			r.Get("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
+			r.Post("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
+		}
+		r.Get("/v2/trace/files", api(s.traceFiles))
+		r.Get("/v2/trace/files/{name}", s.traceFile)
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(bearer(s.repositoryTokens))
 		r.Post("/models/{model}/load", api(s.repositoryLoad))
 		r.Post("/models/{model}/unload", api(s.repositoryUnload))
 	})
+	s.textRoutes(r)
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())
 	}
@@ -320,12 +349,16 @@ var extensions = []string{
 	"schedule_policy",     // the priority and timeout request parameters
 	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
 	"logging",             // /v2/logging (logging.go), where Options.LogLevel is set
+	"trace",               // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
 }
 
 func (s *Server) serverMetadata(r *http.Request) (any, error) {
 	ext := extensions
 	if s.opts.LogLevel == nil {
 		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
+	}
+	if s.opts.Tracer == nil {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "trace" })
 	}
 	return map[string]any{
 		"name":       "stepserve",

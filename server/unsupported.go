@@ -8,8 +8,9 @@ import (
 // unsupportedExtensions are the endpoints of Triton's extensions that
 // stepserve does not implement: they answer 501 Not Implemented naming the
 // extension, so that a client learns what is missing rather than guessing
-// at a 404. (The per-model trace setting is routed with the model routes,
-// behind their token.)
+// at a 404. (The trace extension answers 501 where the server has no
+// tracer: it is routed with the logging extension, behind the repository
+// token.)
 var unsupportedExtensions = []struct {
 	path, extension, instead string
 }{
@@ -17,7 +18,6 @@ var unsupportedExtensions = []struct {
 	{"/v2/systemsharedmemory/*", "system_shared_memory", sharedMemoryInstead},
 	{"/v2/cudasharedmemory", "cuda_shared_memory", sharedMemoryInstead},
 	{"/v2/cudasharedmemory/*", "cuda_shared_memory", sharedMemoryInstead},
-	{"/v2/trace/setting", "trace", traceInstead},
 }
 
 const (

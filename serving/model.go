@@ -88,6 +88,7 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 		runner = &failover{primary: runner, fallback: sm.fallback, primaryHealthy: sm.replicas.anyHealthy,
 			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
 	}
+	batchOpts.Padded = grid.Padded // for batching.max_batch_tokens
 	if sm.batcher, err = batching.New(runner, batchOpts); err != nil {
 		sm.Close()
 		return nil, err

@@ -438,6 +438,10 @@ func (s *Set) read(ctx context.Context, name string, override Override) (*Model,
 	if err != nil {
 		return nil, err
 	}
+	if n := len(m.Skipped); n > 0 {
+		s.logger.Info("model weights: tensors the model does not use were left unread", "model", name, "count", n,
+			"tensors", strings.Join(m.Skipped[:min(n, 16)], ", ")+map[bool]string{true: fmt.Sprintf(" and %d more", n-16)}[n > 16])
+	}
 	sm, err := s.newModel(ctx, m, grid, batchOpts)
 	if err != nil {
 		return nil, err
@@ -587,6 +591,9 @@ func (s *Set) batchingOptions(name string, cfg *models.Config) (batching.Options
 	}
 	if b.DefaultTimeout != nil {
 		o.Policy.DefaultTimeout = *b.DefaultTimeout
+	}
+	if b.MaxBatchTokens != nil {
+		o.Policy.MaxBatchTokens = *b.MaxBatchTokens
 	}
 	if err := o.Policy.Validate(); err != nil {
 		return o, fmt.Errorf("model %s: %s: %w", name, models.ConfigFile, err)

@@ -2,6 +2,7 @@ package steps
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ type Metrics struct {
 	batchSize       *prometheus.HistogramVec
 	padding         *prometheus.HistogramVec
 	stepDuration    *prometheus.HistogramVec
+	deviceDuration  *prometheus.HistogramVec
 	steps           *prometheus.CounterVec
 	signals         *prometheus.CounterVec
 	hostBounceBytes *prometheus.CounterVec
@@ -39,6 +41,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepserve_step_duration_seconds",
 			Help:    "Time of one step: copy in, the compiled graph, copy out.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, bucketLabels),
+		deviceDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stepserve_step_device_seconds",
+			Help:    "Time of one step's body where the engine measures it apart from the host's work: a worker's step body (copy in, graph, copy out, inside the worker), the CPU engine's compute. Absent where not measured; the step duration less this is host overhead.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, bucketLabels),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -77,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.batchSize, m.padding, m.stepDuration, m.steps, m.signals,
+	return []prometheus.Collector{m.batchSize, m.padding, m.stepDuration, m.deviceDuration, m.steps, m.signals,
 		m.hostBounceBytes, m.transfers, m.compileDuration, m.deviceSteps}
 }
 
@@ -98,6 +105,7 @@ func (m *Metrics) Forget(model string) {
 type bucketMetrics struct {
 	padding               prometheus.Observer
 	duration              prometheus.Observer
+	device                *lazyObserver
 	clean, overhead       prometheus.Counter
 	unmeasured            prometheus.Counter
 	signals               [numSignals]prometheus.Counter
@@ -126,6 +134,7 @@ func (m *Metrics) forRunner(model, engine, device string, shapes []bucketing.Sha
 		b := bucketMetrics{
 			padding:     m.padding.WithLabelValues(model, l),
 			duration:    m.stepDuration.WithLabelValues(model, l, engine),
+			device:      &lazyObserver{vec: m.deviceDuration, labels: [3]string{model, l, engine}},
 			clean:       m.steps.WithLabelValues(model, l, engine, "clean"),
 			overhead:    m.steps.WithLabelValues(model, l, engine, "overhead"),
 			unmeasured:  m.steps.WithLabelValues(model, l, engine, "unmeasured"),
@@ -167,6 +176,9 @@ func (r *runnerMetrics) observe(bucket int, o *Observation) {
 	}
 	b.padding.Observe(o.Padding)
 	b.duration.Observe(o.Duration.Seconds())
+	if ns := o.Explain.DeviceNS; ns.Known() {
+		b.device.observe(float64(ns) / 1e9)
+	}
 	switch {
 	case o.Verdict.Unmeasured:
 		b.unmeasured.Inc()
@@ -236,4 +248,27 @@ func (l *explainLog) list() []Record {
 		out = append(out, l.records[j])
 	}
 	return out
+}
+
+// lazyObserver is a histogram's child resolved on its first observation:
+// an engine that never measures a value exports no series for it, rather
+// than an empty one that reads as measured.
+type lazyObserver struct {
+	vec    *prometheus.HistogramVec
+	labels [3]string
+	ready  atomic.Bool
+	mu     sync.Mutex
+	o      prometheus.Observer
+}
+
+func (l *lazyObserver) observe(v float64) {
+	if !l.ready.Load() {
+		l.mu.Lock()
+		if l.o == nil {
+			l.o = l.vec.WithLabelValues(l.labels[:]...)
+		}
+		l.ready.Store(true)
+		l.mu.Unlock()
+	}
+	l.o.Observe(v)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -53,6 +54,10 @@ type Request struct {
 	// compute for each of its requests). Run adds to it; a Part's steps
 	// add to the request it is a part of.
 	Compute Compute
+	// Trace is the request's trace record when tracing sampled it (nil
+	// otherwise): a step that runs its rows is traced, while the model's
+	// trace_count lasts.
+	Trace *trace.Request
 
 	whole *Request // the request a Part is of; nil for a whole request
 }
@@ -261,9 +266,13 @@ func (r *Runner) checkRequest(q *Request) error {
 // unpacks. It returns the cursor after the rows it ran.
 func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows int) (cursor, error) {
 	seq, used := 0, 0
+	var traced *trace.Request
 	end := walk(reqs, from, rows, func(q *Request, _, count int) {
 		seq = max(seq, q.Seq)
 		used += count * max(q.Seq, 1)
+		if t := q.root().Trace; t != nil {
+			traced = t
+		}
 	})
 	bucket, ok := r.opts.Grid.Choose(rows, seq)
 	if !ok {
@@ -297,11 +306,15 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 		clear(dst[n:]) // padding rows: never a previous step's data
 	}
 
+	st := traced.BeginStep() // nil unless a request of the step is traced
 	start := time.Now()
 	packed := start.Sub(packStart)
-	x, err := r.opts.Program.Step(ctx, bucket)
+	x, err := r.runProgram(ctx, bucket, st)
 	elapsed := time.Since(start)
 	if err != nil {
+		if st != nil {
+			r.traceStep(st, reqs, from, rows, layout, packStart, start, start.Add(elapsed), nil, err)
+		}
 		return end, fmt.Errorf("steps: model %s bucket %s: %w", r.opts.Model.Name, layout.Bucket.Label(), err)
 	}
 	o := Observation{Bucket: layout.Bucket, Rows: rows, Explain: x, Verdict: Check(&x), Duration: elapsed}
@@ -335,6 +348,9 @@ func (r *Runner) step(ctx context.Context, reqs []*Request, from cursor, rows in
 		})
 	}
 	c := Compute{Steps: 1, Input: packed, Infer: elapsed, Output: time.Since(unpackStart)}
+	if st != nil {
+		r.traceStep(st, reqs, from, rows, layout, packStart, start, start.Add(elapsed), &o, nil)
+	}
 	r.stats.executed(rows, c)
 	walk(reqs, from, rows, func(q *Request, _, _ int) {
 		w := q.root()
@@ -446,4 +462,47 @@ func (r *Runner) Warmup(ctx context.Context) ([]time.Duration, error) {
 		}
 	}
 	return compile, nil
+}
+
+// runProgram runs the program's step for bucket, profiled when st asks for
+// it and the program can.
+func (r *Runner) runProgram(ctx context.Context, bucket int, st *trace.Step) (engine.Explain, error) {
+	if st != nil && st.Profile != nil {
+		if p, ok := r.opts.Program.(engine.Profiler); ok {
+			return p.StepProfile(ctx, bucket, st.Profile)
+		}
+	}
+	return r.opts.Program.Step(ctx, bucket)
+}
+
+// traceStep fills in a traced step (o is nil when it failed with err),
+// attaches the traced requests whose rows it ran, and adds it to its trace.
+func (r *Runner) traceStep(st *trace.Step, reqs []*Request, from cursor, rows int, layout *engine.Layout,
+	packStart, inferStart, inferEnd time.Time, o *Observation, err error) {
+	st.Engine, st.Device, st.Bucket, st.Rows = r.opts.Engine, r.opts.Device, layout.Bucket.Label(), rows
+	st.Start, st.InferStart, st.InferEnd, st.End = packStart, inferStart, inferEnd, time.Now()
+	if st.Device == "" {
+		st.Device = "0"
+	}
+	if o != nil {
+		st.Padding = o.Padding
+		switch {
+		case o.Verdict.Unmeasured:
+			st.Verdict = "unmeasured"
+		case o.Verdict.Clean:
+			st.Verdict = "clean"
+		default:
+			st.Verdict = "overhead"
+		}
+		if o.Explain.DeviceNS.Known() {
+			st.DeviceNS = int64(o.Explain.DeviceNS)
+		}
+	} else {
+		st.Verdict, st.Err = "failed", err.Error()
+	}
+	walk(reqs, from, rows, func(q *Request, _, _ int) {
+		st.Requests++
+		q.root().Trace.Attach(st)
+	})
+	st.Finish()
 }

@@ -31,6 +31,9 @@ import (
 	"time"
 )
 
+// tokenBudget is section 2b's batching.max_batch_tokens.
+const tokenBudget = 2048
+
 var (
 	duration = flag.Duration("d", 9*time.Second, "wrk time per measurement, split over its rounds")
 	rounds   = flag.Int("rounds", 3, "rounds per measurement, interleaved with the figures it is compared to; the median counts")
@@ -160,6 +163,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	budget, err := budgetRepository(tmp, tokenBudget)
+	if err != nil {
+		return err
+	}
+	serveTB, err := start("stepserve (token budget)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", budget, "--log.level", "warn"}, nil, "/v2/health/ready")
+	if err != nil {
+		return err
+	}
 	base, err := start("baseline", []string{*baseline, "-addr", "ADDR"}, nil, "/")
 	if err != nil {
 		return err
@@ -226,6 +237,24 @@ func run() error {
 	}
 	r.line("")
 	r.line("The encoder request is one short sentence (13 tokens with [CLS] and [SEP], bucket s32); in both modes the CPU engine computes its real tokens only. A request that finds its model idle runs at once on its own goroutine; batches form from what arrives while a step runs.")
+	r.line("")
+
+	// 2b. Embeddings through the OpenAI API, with and without a token budget.
+	fmt.Fprintln(os.Stderr, "embeddings")
+	r.line("## 2b. Embeddings: OpenAI `/v1/embeddings` on the tiny-xlmr demo at 64 connections, mixed lengths")
+	r.line("")
+	r.line("Seven short queries (5-15 tokens) for every passage of about 100 tokens, one text per request, through `POST /v1/embeddings` on the XLM-R-layout demo (Unigram tokenizer.json, CPU engine, buckets batch [1, 4, 16, 64] x seq [32, 64, 128]); the same server binary with and without `batching.max_batch_tokens: %d` on the model, interleaved.", tokenBudget)
+	r.line("")
+	r.line("| | no token budget | max_batch_tokens %d | throughput ratio | p99 ratio | mean padding per step (no budget / budget) |", tokenBudget)
+	r.line("|---|---|---|---|---|---|")
+	{
+		rs := interleaved(64, target{url: serve + "/v1/embeddings", script: bodies["embed-mixed"]}, target{url: serveTB + "/v1/embeddings", script: bodies["embed-mixed"]})
+		n, b := rs[0], rs[1]
+		r.line("| tiny-xlmr | %s | %s | %.2fx | %.2fx lower | %.0f%% / %.0f%% |", n, b, b.rps/n.rps, float64(n.p99)/float64(max(b.p99, 1)),
+			100*meanPadding(serve, "tiny-xlmr"), 100*meanPadding(serveTB, "tiny-xlmr"))
+	}
+	r.line("")
+	r.line("Without a budget a passage pads every short query that shares its step to its 128-token bucket (the CPU engine computes real tokens only, so on it the cost is mostly attention over the longer bucket and the copies; on an NPU every padded token is device work). With the budget a step holds at most %d padded tokens: the passage rides with at most 15 others.", tokenBudget)
 	r.line("")
 
 	// 3. Engine steps against OpenBLAS.
@@ -337,7 +366,80 @@ func writeBodies(dir string) (map[string]string, error) {
 		}
 		scripts[name] = script
 	}
+	mixed, err := writeMixedEmbeddings(dir)
+	if err != nil {
+		return nil, err
+	}
+	scripts["embed-mixed"] = mixed
 	return scripts, nil
+}
+
+// writeMixedEmbeddings writes a wrk script that cycles through OpenAI
+// embeddings requests for the tiny-xlmr demo of mixed lengths, as a search
+// service sees them: seven short queries (5 to 15 tokens) for every long
+// passage (about 100 tokens).
+func writeMixedEmbeddings(dir string) (string, error) {
+	short := []string{"what is a bucket", "how do steps batch requests", "the fox jumps", "search embeddings for similar text",
+		"a server answers requests", "rerank the passages", "tokenizers split words into pieces"}
+	long := strings.Repeat("An inference server answers requests; it batches them, pads them to a compiled shape, and runs the model once per step. ", 6)
+	var lua strings.Builder
+	lua.WriteString("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nlocal bodies = {\n")
+	for i := range 16 {
+		text := short[i%len(short)]
+		if i%8 == 7 {
+			text = long
+		}
+		b, err := json.Marshal(map[string]any{"model": "tiny-xlmr", "input": text})
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&lua, "  %q,\n", b)
+	}
+	lua.WriteString("}\nlocal i = 0\nrequest = function()\n  i = i %% #bodies + 1\n  return wrk.format(nil, nil, nil, bodies[i])\nend\n")
+	script := filepath.Join(dir, "embed-mixed.lua")
+	return script, os.WriteFile(script, []byte(strings.ReplaceAll(lua.String(), "%%", "%")), 0o644)
+}
+
+// meanPadding is the mean padding ratio of a model's steps so far on the
+// server at base (stepserve_padding_ratio's sum over its count, every
+// bucket), or NaN when it cannot be read.
+func meanPadding(base, model string) float64 {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return math.NaN()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sum, count float64
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 || !strings.Contains(f[0], `model="`+model+`"`) {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch {
+		case strings.HasPrefix(f[0], "stepserve_padding_ratio_sum{"):
+			sum += v
+		case strings.HasPrefix(f[0], "stepserve_padding_ratio_count{"):
+			count += v
+		}
+	}
+	return sum / count
+}
+
+// budgetRepository copies the shipped models with a token budget on the
+// tiny-xlmr demo (batching.max_batch_tokens).
+func budgetRepository(dir string, budget int) (string, error) {
+	root := filepath.Join(dir, "budget")
+	if err := os.CopyFS(root, os.DirFS("model_repository")); err != nil {
+		return "", err
+	}
+	p := filepath.Join(root, "tiny-xlmr", "model.yaml")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	return root, os.WriteFile(p, fmt.Appendf(b, "batching:\n  max_batch_tokens: %d\n", budget), 0o644)
 }
 
 // noBatchRepository copies the shipped models with batch bucket [1].

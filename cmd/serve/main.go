@@ -142,6 +142,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		LogLevel:           logLevel,
 		LogFormat:          cfg.Log.Format,
 		LogRequests:        cfg.Log.Requests,
+		Tracer:             newTracer(cfg, logger),
 		Registerer:         reg,
 		Gatherer:           reg,
 	})
@@ -242,7 +243,7 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 				}
 			}
 			return rbln.New(rbln.Options{
-				Device: device, Python: r.Python, Devices: devices, Workers: n, Env: r.Env, CompileCacheDir: r.CompileCacheDir,
+				Device: device, Python: r.Python, Devices: devices, Workers: n, Env: workerEnv(cfg), CompileCacheDir: r.CompileCacheDir,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
 				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})
@@ -283,6 +284,7 @@ func shutdown(s *http.Server, api *server.Server, set *serving.Set, grace time.D
 	}
 	<-drained
 	<-drained
+	api.CloseTracer() // writes the traces being taken
 	return cause
 }
 

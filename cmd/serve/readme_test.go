@@ -43,12 +43,21 @@ func TestREADMEExamples(t *testing.T) {
 		out, err := exec.Command("bash", "-c", script).CombinedOutput()
 		require.NoError(t, err, "README shell block %d:\n%s\noutput:\n%s", i, block, out)
 		switch {
+		case strings.Contains(block, "trace/setting"):
+			assert.Regexp(t, `"name":"digits\.\d+\.json"`, string(out), "the trace is listed")
+			assert.Contains(t, string(out), `"steps":3`)
 		case strings.Contains(block, "digits/infer") && strings.Contains(block, "od -A n"):
 			assert.Regexp(t, `0\.998\d+`, string(out), "the binary example shows the 7's probability")
 		case strings.Contains(block, "digits/infer"):
 			assert.Contains(t, string(out), `"model_name":"digits"`)
 		case strings.Contains(block, "tiny-encoder/infer"):
 			assert.Contains(t, string(out), `"shape":[2,128]`)
+		case strings.Contains(block, "/v1/embeddings"):
+			assert.Contains(t, string(out), `"object":"list"`)
+			assert.Contains(t, string(out), `"usage":{"prompt_tokens":9,"total_tokens":9}`)
+			assert.Contains(t, string(out), `[[`, "/embed's answer")
+		case strings.Contains(block, "/rerank"):
+			assert.Regexp(t, `^\[\{"index":[01],"text":"[^"]+","score":0\.\d+\},\{"index":[01],`, string(out))
 		case strings.Contains(block, "advise"):
 			assert.Regexp(t, `advised: +batch \[`, string(out), "the digits examples above are its traffic")
 			assert.Contains(t, string(out), "buckets:\n  batch: [")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -100,6 +101,8 @@ type bucketState struct {
 // must not allocate.
 type plan interface {
 	step(in, out []byte) error
+	// record has the next steps record their spans into rec; nil stops.
+	record(rec *trace.Recorder)
 }
 
 func (p *program) bucket(i int) (*bucketState, error) {
@@ -141,6 +144,18 @@ func (p *program) planFor(bucket int) (pl plan, built bool, err error) {
 // Step implements [engine.Program]. On a compiled bucket it does not
 // allocate.
 func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) {
+	return p.step(ctx, bucket, nil)
+}
+
+// StepProfile implements [engine.Profiler]: the step, with its plan's
+// spans (each layer's products and element-wise kernels) recorded.
+func (p *program) StepProfile(ctx context.Context, bucket int, prof *trace.Profile) (engine.Explain, error) {
+	return p.step(ctx, bucket, &prof.Recorder)
+}
+
+// step runs bucket's plan, recording its spans into rec when it is not
+// nil.
+func (p *program) step(ctx context.Context, bucket int, rec *trace.Recorder) (engine.Explain, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return engine.Explain{}, err
@@ -150,7 +165,16 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 		return engine.Explain{}, err
 	}
 	b := &p.buckets[bucket]
-	if err := pl.step(b.in, b.out); err != nil {
+	if rec != nil {
+		pl.record(rec)
+	}
+	compute := time.Now()
+	err = pl.step(b.in, b.out)
+	computed := time.Since(compute)
+	if rec != nil {
+		pl.record(nil)
+	}
+	if err != nil {
 		return engine.Explain{}, fmt.Errorf("model %s bucket %s: %w", p.model.Name, b.shape.Label(), err)
 	}
 
@@ -169,6 +193,9 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 		D2HNS:   engine.Unknown,
 		V2V:     0,
 		V2VSlow: 0,
+		// The CPU is the device: its compute is the plan's step, the
+		// rest (the plan lookup, the context check) the host's.
+		DeviceNS: engine.Count(computed),
 	}
 	if built {
 		x.Recompiles = 1

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -37,18 +38,22 @@ type encoderPlan struct {
 	inter            []float32   // [B*S, I]
 	scores           [][]float32 // per group: [S, S], one head at a time
 	pooled           []float32   // [B, H]
+	act              activation  // the feed-forward's
+	headX, logits    []float32   // a classification head's: [B, H], [B, num_labels]
 
 	// The step's split of its sequences into groups that run side by side:
 	// group g is sequences groups[g] up to groups[g+1].
 	groups    []int
 	groupDone chan struct{}
+
+	rec *trace.Recorder // a profiled step's spans (profile.go); nil otherwise
 }
 
 func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) *encoderPlan {
 	c := e.Config
 	b, s := layout.Bucket.Batch, layout.Bucket.Seq
 	t := b * s
-	return &encoderPlan{
+	p := &encoderPlan{
 		e: e, w: w, batch: b, seq: s, heads: c.Heads, headDim: c.Hidden / c.Heads, layout: layout,
 		ids: make([]int64, t), mask: make([]int64, t), types: make([]int64, t),
 		maskAdd: make([]float32, t), zeros: make([]float32, s),
@@ -60,6 +65,23 @@ func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) 
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
 		pooled:    make([]float32, b*c.Hidden),
+		act:       hiddenAct(c.HiddenAct),
+	}
+	if e.Head != nil {
+		p.headX, p.logits = make([]float32, b*c.Hidden), make([]float32, b*c.NumLabels)
+	}
+	return p
+}
+
+// hiddenAct is encoder.hidden_act's activation.
+func hiddenAct(name string) activation {
+	switch name {
+	case "gelu_new", "gelu_pytorch_tanh":
+		return actGELUTanh
+	case "relu":
+		return actReLU
+	default:
+		return actGELU
 	}
 }
 
@@ -82,10 +104,12 @@ func (p *encoderPlan) step(in, out []byte) error {
 	copy(p.ids, tensor(models.EncoderInputIDs))
 	copy(p.mask, tensor(models.EncoderAttentionMask))
 	copy(p.types, tensor(models.EncoderTokenTypeIDs))
+	t := p.rec.Begin()
 	rows, err := p.embed()
 	if err != nil {
 		return err
 	}
+	p.rec.End("embeddings+layernorm", -1, 0, t)
 	p.split(rows)
 	tasks := (chan groupTask)(nil)
 	if n := len(p.groups) - 1; n > 1 {
@@ -98,9 +122,36 @@ func (p *encoderPlan) step(in, out []byte) error {
 	for g := 1; g < len(p.groups)-1; g++ {
 		<-p.groupDone
 	}
+	t = p.rec.Begin()
 	p.pool()
+	p.rec.End("pooling", -1, 0, t)
+	if p.e.Head != nil {
+		t = p.rec.Begin()
+		p.classify()
+		p.rec.End("classification head", -1, 0, t)
+		copy(floats(out), p.logits)
+		return nil
+	}
 	copy(floats(out), p.pooled)
 	return nil
+}
+
+// classify runs the classification head on the pooled first tokens:
+// dense, tanh or ReLU, then the classifier, into p.logits.
+func (p *encoderPlan) classify() {
+	h := p.e.Head
+	H, L := p.e.Config.Hidden, p.e.Config.NumLabels
+	linear(p.batch, H, H, p.pooled, p.w[&h.Dense], p.headX)
+	if h.Act == "relu" {
+		biasAct(p.headX, h.Dense.Bias, actReLU)
+	} else {
+		biasAct(p.headX, h.Dense.Bias, actNone)
+		for i, v := range p.headX {
+			p.headX[i] = float32(math.Tanh(float64(v)))
+		}
+	}
+	linear(p.batch, L, H, p.headX, p.w[&h.Classifier], p.logits)
+	biasAct(p.logits, h.Classifier.Bias, actNone)
 }
 
 // compact reports whether the step may leave padded tokens out: a padded
@@ -138,14 +189,28 @@ func (p *encoderPlan) embed() (int, error) {
 	c := p.e.Config
 	H := c.Hidden
 	compact := p.compact()
+	types := p.e.TypeEmb != nil
+	// The RoBERTa family's positions: pad_token_id for a padding id, and
+	// pad_token_id + n for the n-th id of the sequence that is not
+	// padding (HF's create_position_ids_from_input_ids).
+	offset, pad := c.OffsetPositions(), int64(c.PadID())
 	r := 0
 	for b := range p.batch {
 		p.seqOff[b] = r
+		real := 0
 		for s := range p.seq {
 			t := b*p.seq + s
 			id, tt := p.ids[t], p.types[t]
-			if id < 0 || id >= int64(c.VocabSize) || tt < 0 || tt >= int64(c.TypeVocabSize) {
+			if id < 0 || id >= int64(c.VocabSize) || types && (tt < 0 || tt >= int64(c.TypeVocabSize)) {
 				return 0, fmt.Errorf("cpufallback: token %d: id %d or type %d outside the vocabulary (%d ids, %d types)", t, id, tt, c.VocabSize, c.TypeVocabSize)
+			}
+			pos := s
+			if offset {
+				pos = int(pad)
+				if id != pad {
+					real++
+					pos += real
+				}
 			}
 			if compact && p.mask[t] == 0 {
 				continue
@@ -156,10 +221,16 @@ func (p *encoderPlan) embed() (int, error) {
 			}
 			row := p.x[r*H : (r+1)*H]
 			w := p.e.WordEmb[int(id)*H:]
-			ps := p.e.PosEmb[s*H:]
-			ty := p.e.TypeEmb[int(tt)*H:]
-			for j := range row {
-				row[j] = w[j] + ps[j] + ty[j]
+			ps := p.e.PosEmb[pos*H : (pos+1)*H]
+			if types {
+				ty := p.e.TypeEmb[int(tt)*H:]
+				for j := range row {
+					row[j] = w[j] + ps[j] + ty[j]
+				}
+			} else {
+				for j := range row {
+					row[j] = w[j] + ps[j]
+				}
 			}
 			r++
 		}
@@ -206,7 +277,9 @@ func (p *encoderPlan) runGroup(g int) {
 	}
 	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
 	for i := range p.e.Layers {
+		t := p.rec.Begin()
 		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, p.scores[g])
+		p.rec.End("layer", i, lo, t)
 	}
 }
 
@@ -224,9 +297,14 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		lin *models.Linear
 		out []float32
 	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
+		t := p.rec.Begin()
 		linear(rows, H, H, x, p.w[proj.lin], proj.out)
+		p.rec.End("q/k/v product", -1, lo, t)
+		t = p.rec.Begin()
 		biasAct(proj.out, proj.lin.Bias, actNone)
+		p.rec.End("bias", -1, lo, t)
 	}
+	t := p.rec.Begin()
 
 	scale := float32(1 / math.Sqrt(float64(d)))
 	for b := lo; b < hi; b++ {
@@ -249,18 +327,32 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		}
 	}
 
+	p.rec.End("attention scores+softmax+context", -1, lo, t)
+	t = p.rec.Begin()
 	linear(rows, H, H, ctx, p.w[&l.AttnOut], tmp)
+	p.rec.End("attention output product", -1, lo, t)
+	t = p.rec.Begin()
 	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
+	p.rec.End("residual+layernorm", -1, lo, t)
 
 	inter := p.inter[rowLo*I : rowHi*I]
+	t = p.rec.Begin()
 	linear(rows, I, H, x, p.w[&l.Inter], inter)
-	biasAct(inter, l.Inter.Bias, actGELU)
+	p.rec.End("feed-forward in product", -1, lo, t)
+	t = p.rec.Begin()
+	biasAct(inter, l.Inter.Bias, p.act)
+	p.rec.End("bias+activation", -1, lo, t)
+	t = p.rec.Begin()
 	linear(rows, H, I, inter, p.w[&l.Out], tmp)
+	p.rec.End("feed-forward out product", -1, lo, t)
+	t = p.rec.Begin()
 	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
+	p.rec.End("residual+layernorm", -1, lo, t)
 }
 
-// pool reduces each sequence to one vector: its first token, or the mean
-// over the attention mask; then optionally scales it to unit length. A
+// pool reduces each sequence to one vector: its first token, its last
+// real token, or the mean over the attention mask; then optionally scales
+// it to unit length. A
 // sequence with no tokens at all (a padding row of the batch) pools to
 // zeros.
 func (p *encoderPlan) pool() {
@@ -274,6 +366,14 @@ func (p *encoderPlan) pool() {
 		case n == 0:
 		case c.Pooling == "cls":
 			copy(dst, p.x[off*H:(off+1)*H])
+		case c.Pooling == "last":
+			last := n - 1
+			for !p.compacted && last >= 0 && p.mask[b*p.seq+last] == 0 {
+				last--
+			}
+			if last >= 0 {
+				copy(dst, p.x[(off+last)*H:(off+last+1)*H])
+			}
 		default:
 			real := 0
 			for s := range n {

@@ -202,15 +202,6 @@ func BenchmarkEncoderStep(b *testing.B) {
 	}
 }
 
-func cosine(a, b []float64) float64 {
-	var ab, aa, bb float64
-	for i := range a {
-		ab += a[i] * b[i]
-		aa += a[i] * a[i]
-		bb += b[i] * b[i]
-	}
-	return ab / math.Sqrt(aa*bb)
-}
 
 // bf16MinCosine is the agreement the bfloat16 opt-in promises: the cosine
 // of each pooled embedding with torch's float32 one (measured 0.9999+ on

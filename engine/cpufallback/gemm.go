@@ -155,6 +155,10 @@ func newResidentWeights(m *models.Model) residentWeights {
 				add(lin)
 			}
 		}
+		if h := m.Encoder.Head; h != nil {
+			add(&h.Dense)
+			add(&h.Classifier)
+		}
 	}
 	return r
 }

@@ -111,8 +111,17 @@ AVX512 INLINE __m512 gelu16(__m512 v) {
 	return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(one, erf));
 }
 
+// GELU's tanh approximation, x / (1 + e^-2u), u = sqrt(2/pi) (x +
+// 0.044715 x^3), as gelu_tanh8 in kernels_avx2.c.
+AVX512 INLINE __m512 gelu_tanh16(__m512 v) {
+	__m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+	__m512 u = _mm512_mul_ps(_mm512_set1_ps(-2.0f * 0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), v3, v));
+	return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(u)));
+}
+
 AVX512 INLINE __m512 act16(__m512 v, int act) {
 	if (act == SS_ACT_GELU) return gelu16(v);
+	if (act == SS_ACT_GELU_TANH) return gelu_tanh16(v);
 	if (act == SS_ACT_RELU) return _mm512_max_ps(v, _mm512_setzero_ps());
 	return v;
 }
@@ -246,8 +255,15 @@ AVX2 INLINE __m256 gelu8n(__m256 v) {
 	return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(one, erf));
 }
 
+AVX2 INLINE __m256 gelu_tanh8n(__m256 v) {
+	__m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+	__m256 u = _mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), v3, v));
+	return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8n(u)));
+}
+
 AVX2 INLINE __m256 act8(__m256 v, int act) {
 	if (act == SS_ACT_GELU) return gelu8n(v);
+	if (act == SS_ACT_GELU_TANH) return gelu_tanh8n(v);
 	if (act == SS_ACT_RELU) return _mm256_max_ps(v, _mm256_setzero_ps());
 	return v;
 }
@@ -435,6 +451,7 @@ void ss_gemm_packed(int isa, int m, int n, int k, float alpha, const float *a, i
 				if (bias) v += bias[j];
 				if (act == SS_ACT_RELU && v < 0) v = 0;
 				if (act == SS_ACT_GELU) v = 0.5f * v * (1 + erff(v * 0.70710678118654752f));
+				if (act == SS_ACT_GELU_TANH) v = v / (1 + expf(-2 * 0.7978845608028654f * (v + 0.044715f * v * v * v)));
 				c[(long)i * ldc + j] = v;
 			}
 		return;

@@ -70,6 +70,8 @@ var _ = func() bool {
 							v = max(v, 0)
 						case actGELU:
 							v = 0.5 * v * (1 + erf32(v*(1/math.Sqrt2)))
+						case actGELUTanh:
+							v = v / (1 + exp32(-2*sqrt2OverPi*(v+0.044715*v*v*v)))
 						}
 						row[j] = v
 					}

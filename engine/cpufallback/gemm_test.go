@@ -83,7 +83,7 @@ func TestProductKernelsAgainstGonum(t *testing.T) {
 			bias := randMatrix(rng, s.n)
 			packed := pk.pack(s.k, s.n, w, s.k, true)
 			panels := (s.n + pk.width - 1) / pk.width
-			for _, act := range []activation{actNone, actReLU, actGELU} {
+			for _, act := range []activation{actNone, actReLU, actGELU, actGELUTanh} {
 				want := make([]float32, s.m*s.n)
 				gonum.Implementation{}.Sgemm(blas.NoTrans, blas.Trans, s.m, s.n, s.k, 1, x, s.k, w, s.k, 0, want, s.n)
 				goBiasAct(want, bias, act)
@@ -180,7 +180,7 @@ func TestBF16ProductsAgainstRoundedOperands(t *testing.T) {
 		bias := randMatrix(rng, s.n)
 		packed := pk.packBF16(s.k, s.n, w, s.k)
 		panels := (s.n + 31) / 32
-		for _, act := range []activation{actNone, actGELU} {
+		for _, act := range []activation{actNone, actGELU, actGELUTanh} {
 			got := make([]float32, s.m*s.n)
 			pk.linearBF16(s.m, s.n, s.k, x, packed, got, bias, act, 0, panels/2)
 			pk.linearBF16(s.m, s.n, s.k, x, packed, got, bias, act, panels/2, panels)

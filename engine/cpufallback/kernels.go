@@ -39,7 +39,14 @@ const (
 	actNone activation = iota
 	actReLU
 	actGELU
+	// actGELUTanh is GELU's tanh approximation (gelu_new,
+	// gelu_pytorch_tanh): x/2 (1 + tanh(u)) = x / (1 + e^-2u), u =
+	// sqrt(2/pi) (x + 0.044715 x^3).
+	actGELUTanh
 )
+
+// sqrt2OverPi is sqrt(2/pi), of GELU's tanh approximation.
+const sqrt2OverPi = 0.7978845608028654
 
 func goBiasAct(y, bias []float32, act activation) {
 	n := len(bias)
@@ -51,6 +58,11 @@ func goBiasAct(y, bias []float32, act activation) {
 			for j, b := range bias {
 				v := row[j] + b
 				row[j] = 0.5 * v * (1 + erf32(v*(1/math.Sqrt2)))
+			}
+		case actGELUTanh:
+			for j, b := range bias {
+				v := row[j] + b
+				row[j] = v / (1 + exp32(-2*sqrt2OverPi*(v+0.044715*v*v*v)))
 			}
 		case actReLU:
 			for j, b := range bias {

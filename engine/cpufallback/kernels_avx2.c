@@ -58,6 +58,14 @@ AVX2 static inline __m256 gelu8(__m256 v) {
 	return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(one, erf));
 }
 
+// GELU's tanh approximation, x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715
+// x^3), for 8 lanes; e^-2u is +Inf for large negative x, and x/Inf is -0.
+AVX2 static inline __m256 gelu_tanh8(__m256 v) {
+	__m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+	__m256 u = _mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), v3, v));
+	return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(u)));
+}
+
 // The scalar tails run the same lane code on a padded copy, so that a
 // column count that is not a multiple of 8 answers exactly as the rest.
 AVX2 static inline __m256 load_tail(const float *p, int n) {
@@ -79,6 +87,7 @@ AVX2 void ss_bias_act(float *y, const float *bias, int rows, int cols, int act) 
 		for (; j + 8 <= cols; j += 8) {
 			__m256 v = _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(bias + j));
 			if (act == SS_ACT_GELU) v = gelu8(v);
+			else if (act == SS_ACT_GELU_TANH) v = gelu_tanh8(v);
 			else if (act == SS_ACT_RELU) v = _mm256_max_ps(v, _mm256_setzero_ps());
 			_mm256_storeu_ps(row + j, v);
 		}
@@ -86,6 +95,7 @@ AVX2 void ss_bias_act(float *y, const float *bias, int rows, int cols, int act) 
 			int n = cols - j;
 			__m256 v = _mm256_add_ps(load_tail(row + j, n), load_tail(bias + j, n));
 			if (act == SS_ACT_GELU) v = gelu8(v);
+			else if (act == SS_ACT_GELU_TANH) v = gelu_tanh8(v);
 			else if (act == SS_ACT_RELU) v = _mm256_max_ps(v, _mm256_setzero_ps());
 			store_tail(row + j, v, n);
 		}

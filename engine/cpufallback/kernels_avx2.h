@@ -1,7 +1,7 @@
 #pragma once
 // The AVX2 element-wise kernels of kernels_avx2.c; see kernels_native.go.
 
-enum { SS_ACT_NONE = 0, SS_ACT_RELU = 1, SS_ACT_GELU = 2 };
+enum { SS_ACT_NONE = 0, SS_ACT_RELU = 1, SS_ACT_GELU = 2, SS_ACT_GELU_TANH = 3 };
 
 int ss_have_avx2(void);
 void ss_bias_act(float *y, const float *bias, int rows, int cols, int act);

@@ -32,7 +32,7 @@ func TestKernelsAgainstFloat64(t *testing.T) {
 			x[1] = -40 // and of a large negative one, zero
 		}
 
-		for _, act := range []activation{actNone, actReLU, actGELU} {
+		for _, act := range []activation{actNone, actReLU, actGELU, actGELUTanh} {
 			y := append([]float32(nil), x...)
 			biasAct(y, bias, act)
 			for i, v := range x {
@@ -43,6 +43,8 @@ func TestKernelsAgainstFloat64(t *testing.T) {
 					want = math.Max(z, 0)
 				case actGELU:
 					want = 0.5 * z * (1 + math.Erf(z/math.Sqrt2))
+				case actGELUTanh:
+					want = 0.5 * z * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(z+0.044715*z*z*z)))
 				}
 				require.InDelta(t, want, y[i], 2e-5*math.Max(1, math.Abs(want)), "act %d cols %d at %d", act, cols, i)
 			}
@@ -136,7 +138,7 @@ func TestKernelsMatchGo(t *testing.T) {
 	for i := range bias {
 		bias[i] = float32(rng.NormFloat64())
 	}
-	for _, act := range []activation{actNone, actReLU, actGELU} {
+	for _, act := range []activation{actNone, actReLU, actGELU, actGELUTanh} {
 		a, b := append([]float32(nil), x...), append([]float32(nil), x...)
 		biasAct(a, bias, act)
 		goBiasAct(b, bias, act)

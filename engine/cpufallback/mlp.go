@@ -1,6 +1,9 @@
 package cpufallback
 
-import "github.com/stepserve/stepserve/models"
+import (
+	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/models"
+)
 
 // mlpPlan is one bucket's compiled MLP: the resident weights, and every
 // buffer the step writes, allocated once.
@@ -10,7 +13,10 @@ type mlpPlan struct {
 	batch int
 	input []float32   // the bucket's "device" input buffer, [batch, in]
 	acts  [][]float32 // layer i's output, [batch, out_i]
+	rec   *trace.Recorder
 }
+
+func (p *mlpPlan) record(rec *trace.Recorder) { p.rec = rec }
 
 func newMLPPlan(m *models.MLP, w residentWeights, batch int) *mlpPlan {
 	p := &mlpPlan{m: m, batch: batch, input: make([]float32, batch*m.Layers[0].In)}
@@ -35,7 +41,10 @@ func (p *mlpPlan) run() []float32 {
 	last := len(p.m.Layers) - 1
 	for i, l := range p.m.Layers {
 		y := p.acts[i]
+		t := p.rec.Begin()
 		linear(p.batch, l.Out, l.In, x, p.w[i], y)
+		p.rec.End("product", i, 0, t)
+		t = p.rec.Begin()
 		switch {
 		case i < last && p.m.Activation == "gelu":
 			biasAct(y, l.Bias, actGELU)
@@ -46,6 +55,7 @@ func (p *mlpPlan) run() []float32 {
 		default:
 			biasAct(y, l.Bias, actNone)
 		}
+		p.rec.End("bias+activation", i, 0, t)
 		x = y
 	}
 	return x

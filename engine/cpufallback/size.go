@@ -54,6 +54,9 @@ func residentWeightBytes(cfg *models.Config) int64 {
 	case cfg.Encoder != nil:
 		H, I := cfg.Encoder.Hidden, cfg.Encoder.Intermediate
 		n = int64(cfg.Encoder.Layers) * (4*weight(H, H) + weight(H, I) + weight(I, H))
+		if cfg.Encoder.Head == models.HeadClassification {
+			n += weight(H, H) + weight(H, cfg.Encoder.NumLabels)
+		}
 	}
 	return n
 }
@@ -81,9 +84,18 @@ func planBytes(cfg *models.Config, s bucketing.Shape) int64 {
 			4*t*I + // inter
 			4*groups*seq*seq + // scores
 			8*(b+1) + // groups
-			4*b*H // pooled
+			4*b*H + // pooled
+			headBytes(c, b)
 	}
 	return 0
+}
+
+// headBytes is what a classification head's plan buffers take.
+func headBytes(c *models.EncoderConfig, b int64) int64 {
+	if c.Head != models.HeadClassification {
+		return 0
+	}
+	return 4*b*int64(c.Hidden) + 4*b*int64(c.NumLabels)
 }
 
 // alignedSize is what alignedBytes(n) allocates.

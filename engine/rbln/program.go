@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -165,6 +166,11 @@ func (p *program) loadRequest() *loadRequest {
 		Buckets:         buckets,
 		staging:         p.staging.f,
 	}
+	if paths := p.model.Weights.Paths; len(paths) > 1 {
+		for _, f := range paths {
+			req.WeightFiles = append(req.WeightFiles, absPath(f))
+		}
+	}
 	if m := cfg.MLP; m != nil {
 		req.MLP = &mlpSpec{Sizes: m.Sizes, Activation: m.Activation, OutputActivation: m.OutputActivation}
 	}
@@ -183,7 +189,9 @@ func (p *program) loadRequest() *loadRequest {
 			VocabSize: e.VocabSize, Hidden: e.Hidden, Layers: e.Layers, Heads: e.Heads,
 			Intermediate: e.Intermediate, MaxPosition: e.MaxPosition, TypeVocabSize: e.TypeVocabSize,
 			LayerNormEps: e.LayerNormEps, Pooling: e.Pooling, Normalize: e.Normalize,
+			Family: e.Family, HiddenAct: e.HiddenAct, PadTokenID: e.PadID(), Head: e.Head, NumLabels: e.NumLabels,
 		}
+		req.SkipTensors = p.model.Skipped
 	}
 	return req
 }
@@ -318,17 +326,38 @@ func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, e
 			return x, err
 		}
 		p.bodyNS.Add(body)
+		x.DeviceNS = engine.Unknown // 0: the worker timed no body
+		if body > 0 {
+			x.DeviceNS = engine.Count(body)
+		}
 		return x, nil
 	}
+	return p.stepMessage(ctx, bucket, lane, nil)
+}
+
+// stepMessage runs one step as a message rather than over the doorbell: a
+// bucket's first in the worker's life (it builds the graph), or a profiled
+// step, whose events come back in the reply into prof.
+func (p *program) stepMessage(ctx context.Context, bucket, lane int, prof *trace.Profile) (engine.Explain, error) {
 	r := stepReply{Explain: engine.Unmeasured()} // a result without a report measured nothing
-	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket, Lane: lane}, &r); err != nil {
+	if err := p.w.call(ctx, &stepRequest{Model: p.key, Bucket: bucket, Lane: lane, Profile: prof != nil}, &r); err != nil {
 		return engine.Explain{}, err
 	}
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.ran[bucket] = true
 	p.mu.Unlock()
-	return r.Explain, nil
+	x := r.Explain
+	if r.BodyNS > 0 {
+		x.DeviceNS = engine.Count(r.BodyNS)
+	}
+	if prof != nil && r.Profile != nil {
+		name := fmt.Sprintf("%s worker, device %s, activities %s", p.w.e.Name(), p.Device(), strings.Join(r.Profile.Activities, "+"))
+		if err := prof.SetWorker(name, r.Profile.Events, r.Profile.Dropped, r.Profile.Activities, r.Profile.Anchor); err != nil {
+			p.w.logger.Warn("profile of a step dropped", "model", p.model.Name, "err", err)
+		}
+	}
+	return x, nil
 }
 
 func (p *program) check(bucket int) error {

@@ -62,9 +62,15 @@ type pingRequest struct{ header }
 // every bucket's buffers lie in the staging memory sent with it.
 type loadRequest struct {
 	header
-	Model           string       `json:"model"`
-	Slot            uint32       `json:"slot"` // the program's number on the step doorbell
-	Weights         string       `json:"weights"`
+	Model   string `json:"model"`
+	Slot    uint32 `json:"slot"` // the program's number on the step doorbell
+	Weights string `json:"weights"`
+	// WeightFiles are sharded weights' files, in order (Weights is the
+	// first); absent for one file.
+	WeightFiles []string `json:"weight_files,omitempty"`
+	// SkipTensors are the weights' tensors the model does not use
+	// (models.Model.Skipped): the worker does not read them.
+	SkipTensors     []string     `json:"skip_tensors,omitempty"`
 	Architecture    string       `json:"architecture"`
 	DeviceDtype     string       `json:"device_dtype"`
 	ComputeDtype    string       `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
@@ -144,6 +150,14 @@ type encoderSpec struct {
 	LayerNormEps  float64 `json:"layer_norm_eps"`
 	Pooling       string  `json:"pooling"`
 	Normalize     bool    `json:"normalize"`
+	// The family keys (protocol 3 extended: a worker reads each with the
+	// BERT default when it is absent, so a message without them is a BERT
+	// embedding model as before).
+	Family     string `json:"family"`
+	HiddenAct  string `json:"hidden_act"`
+	PadTokenID int    `json:"pad_token_id"`
+	Head       string `json:"head"`
+	NumLabels  int    `json:"num_labels,omitempty"`
 }
 
 // compileRequest builds one bucket's graph and binds its input buffer.
@@ -159,6 +173,9 @@ type stepRequest struct {
 	Model  string `json:"model"`
 	Bucket int    `json:"bucket"`
 	Lane   int    `json:"lane,omitempty"` // the staging lane; 0 when absent
+	// Profile runs the step inside torch.profiler (trace level PROFILE),
+	// whose events come back in the reply.
+	Profile bool `json:"profile,omitempty"`
 }
 
 // unloadRequest frees a model's device memory and staging mappings.
@@ -280,6 +297,21 @@ type compileReply struct {
 // stepReply reports one step.
 type stepReply struct {
 	Explain engine.Explain `json:"explain"`
+	// BodyNS is the time of the step's body in the worker; 0 when it did
+	// not say (a first step, whose body builds the graph).
+	BodyNS  int64         `json:"body_ns"`
+	Profile *profileReply `json:"profile"`
+}
+
+// profileReply is a profiled step's torch.profiler trace: its Chrome
+// events (the worker bounds them), how many it left out, the activities
+// it profiled and the name prefix of its range around the step body.
+type profileReply struct {
+	Events       json.RawMessage `json:"events"`
+	Dropped      int             `json:"dropped"`
+	Activities   []string        `json:"activities"`
+	Anchor       string          `json:"anchor"`
+	DeviceEvents int             `json:"device_events"`
 }
 
 // memoryReply is the device memory per chiplet; empty where the worker

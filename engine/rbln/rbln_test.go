@@ -279,8 +279,13 @@ func TestExplainScenarios(t *testing.T) {
 			x, err := prog.Step(context.Background(), 0)
 			require.NoError(t, err)
 			assert.Greater(t, prog.(*program).bodyNS.Load(), body, "the second step went over the doorbell")
+			// Each says the time of its own body: measured, and not the same.
+			assert.Positive(t, int64(viaMessage.DeviceNS), "the message's step body was timed")
+			assert.Positive(t, int64(x.DeviceNS), "the doorbell's step body was timed")
+			viaMessage.DeviceNS, x.DeviceNS = 0, 0
 			want, _ := json.Marshal(viaMessage)
 			got, _ := json.Marshal(x)
+			x.DeviceNS = engine.Count(prog.(*program).bodyNS.Load() - body)
 			assert.JSONEq(t, string(want), string(got), "the binary report says what the message said")
 			v := steps.Check(&x)
 			tc.check(t, x, v)

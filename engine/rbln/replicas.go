@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -129,6 +130,26 @@ func (l *lane) Step(ctx context.Context, bucket int) (engine.Explain, error) {
 	}
 	l.pack(bucket)
 	x, err := p.step(ctx, bucket, l.n)
+	if err != nil {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
+	}
+	l.unpack(bucket)
+	return x, nil
+}
+
+// StepProfile implements [engine.Profiler]: the step as Step runs it, but
+// as a message (never over the doorbell) that asks the worker to run it
+// inside torch.profiler; its events come back into prof.
+func (l *lane) StepProfile(ctx context.Context, bucket int, prof *trace.Profile) (engine.Explain, error) {
+	p := l.p
+	if err := p.check(bucket); err != nil {
+		return engine.Explain{}, err
+	}
+	if !p.healthy.Load() {
+		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
+	}
+	l.pack(bucket)
+	x, err := p.stepMessage(ctx, bucket, l.n, prof)
 	if err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 	}

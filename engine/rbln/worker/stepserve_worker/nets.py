@@ -95,20 +95,64 @@ class MLP(nn.Module):
         return torch.softmax(x, dim=-1) if self.softmax else x
 
 
-class EncoderLayer(nn.Module):
-    """One post-norm BERT layer, with the Hugging Face tensor names."""
+#: The RoBERTa family: positions from pad_token_id + 1, one token type.
+ROBERTA_FAMILIES = ("roberta", "xlm-roberta", "camembert")
 
-    def __init__(self, t: dict[str, torch.Tensor], p: str, h: int, i: int, heads: int, eps: float) -> None:
+#: Each family's tensor names after its prefix: the embeddings, the layer
+#: pattern, and in a layer query, key, value, attention output, its norm,
+#: the feed-forward's two linears and its norm (models/encoder.go).
+_BERT_NAMES = {"word": "embeddings.word_embeddings", "pos": "embeddings.position_embeddings",
+               "types": "embeddings.token_type_embeddings", "norm": "embeddings.LayerNorm",
+               "layer": "encoder.layer.{}.", "query": "attention.self.query", "key": "attention.self.key",
+               "value": "attention.self.value", "attn_out": "attention.output.dense",
+               "attn_norm": "attention.output.LayerNorm", "inter": "intermediate.dense", "out": "output.dense",
+               "out_norm": "output.LayerNorm"}
+_DISTIL_NAMES = {"word": "embeddings.word_embeddings", "pos": "embeddings.position_embeddings",
+                 "norm": "embeddings.LayerNorm", "layer": "transformer.layer.{}.", "query": "attention.q_lin",
+                 "key": "attention.k_lin", "value": "attention.v_lin", "attn_out": "attention.out_lin",
+                 "attn_norm": "sa_layer_norm", "inter": "ffn.lin1", "out": "ffn.lin2", "out_norm": "output_layer_norm"}
+
+
+def family_layout(family: str) -> tuple[str, dict[str, str], tuple[str, str, str] | None]:
+    """A family's base prefix, tensor names, and classification head: the
+    dense layer's name (under the prefix when it starts with "."), its
+    activation, and the classifier's name."""
+    if family == "bert":
+        return "bert.", _BERT_NAMES, (".pooler.dense", "tanh", "classifier")
+    if family in ROBERTA_FAMILIES:
+        return "roberta.", _BERT_NAMES, ("classifier.dense", "tanh", "classifier.out_proj")
+    if family == "distilbert":
+        return "distilbert.", _DISTIL_NAMES, ("pre_classifier", "relu", "classifier")
+    raise LoadError(f"encoder family {family!r} is not supported; want bert, roberta, xlm-roberta, camembert or distilbert")
+
+
+def hidden_act(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """encoder.hidden_act: gelu (erf), gelu_new / gelu_pytorch_tanh (tanh), relu."""
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("", "gelu"):
+        return F.gelu
+    raise LoadError(f"hidden_act {name!r} is not supported; want gelu, gelu_new, gelu_pytorch_tanh or relu")
+
+
+class EncoderLayer(nn.Module):
+    """One post-norm layer, with the family's Hugging Face tensor names."""
+
+    def __init__(self, t: dict[str, torch.Tensor], p: str, h: int, i: int, heads: int, eps: float,
+                 names: dict[str, str] = _BERT_NAMES, act: Callable[[torch.Tensor], torch.Tensor] = F.gelu) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, h // heads
-        self.query = _linear(t, p + "attention.self.query", h, h)
-        self.key = _linear(t, p + "attention.self.key", h, h)
-        self.value = _linear(t, p + "attention.self.value", h, h)
-        self.attn_out = _linear(t, p + "attention.output.dense", h, h)
-        self.attn_norm = _norm(t, p + "attention.output.LayerNorm", h, eps)
-        self.inter = _linear(t, p + "intermediate.dense", i, h)
-        self.out = _linear(t, p + "output.dense", h, i)
-        self.out_norm = _norm(t, p + "output.LayerNorm", h, eps)
+        self.query = _linear(t, p + names["query"], h, h)
+        self.key = _linear(t, p + names["key"], h, h)
+        self.value = _linear(t, p + names["value"], h, h)
+        self.attn_out = _linear(t, p + names["attn_out"], h, h)
+        self.attn_norm = _norm(t, p + names["attn_norm"], h, eps)
+        self.inter = _linear(t, p + names["inter"], i, h)
+        self.out = _linear(t, p + names["out"], h, i)
+        self.out_norm = _norm(t, p + names["out_norm"], h, eps)
+        self.act = act
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """pad is True at padded keys, shaped [batch, 1, 1, seq]."""
@@ -125,38 +169,80 @@ class EncoderLayer(nn.Module):
         scores = masked_scores((q / math.sqrt(self.head_dim)) @ k.transpose(-1, -2), pad)
         ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, h)
         x = self.attn_norm(x + self.attn_out(ctx))
-        return self.out_norm(x + self.out(F.gelu(self.inter(x))))
+        return self.out_norm(x + self.out(self.act(self.inter(x))))
 
 
 class Encoder(nn.Module):
-    """BERT embeddings + post-norm layers + cls or masked-mean pooling."""
+    """A post-norm encoder of one of the families (encoder.family: bert,
+    roberta, xlm-roberta, camembert, distilbert): embeddings (RoBERTa's
+    positions from pad_token_id + 1; DistilBERT without token types),
+    layers, then cls, masked-mean or last-token pooling (optionally
+    normalized), or the family's classification head on the first token."""
 
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
-        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
+        family = cfg.get("family") or "bert"
+        prefix, names, head = family_layout(family)
+        if prefix + names["word"] + ".weight" not in tensors:
+            prefix = ""
         t = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         h, eps = cfg["hidden"], cfg["layer_norm_eps"]
-        self.word = nn.Parameter(_take(t, "embeddings.word_embeddings.weight", (cfg["vocab_size"], h)).clone())
-        self.pos = nn.Parameter(_take(t, "embeddings.position_embeddings.weight", (cfg["max_position"], h)).clone())
-        self.types = nn.Parameter(_take(t, "embeddings.token_type_embeddings.weight", (cfg["type_vocab_size"], h)).clone())
-        self.norm = _norm(t, "embeddings.LayerNorm", h, eps)
+        self.roberta = family in ROBERTA_FAMILIES
+        self.pad = int(cfg.get("pad_token_id", 1 if self.roberta else 0))
+        self.word = nn.Parameter(_take(t, names["word"] + ".weight", (cfg["vocab_size"], h)).clone())
+        self.pos = nn.Parameter(_take(t, names["pos"] + ".weight", (cfg["max_position"], h)).clone())
+        self.types = None
+        if "types" in names:
+            self.types = nn.Parameter(_take(t, names["types"] + ".weight", (cfg["type_vocab_size"], h)).clone())
+        self.norm = _norm(t, names["norm"], h, eps)
+        act = hidden_act(cfg.get("hidden_act") or "gelu")
         self.layers = nn.ModuleList(
-            EncoderLayer(t, f"encoder.layer.{i}.", h, cfg["intermediate"], cfg["heads"], eps)
+            EncoderLayer(t, names["layer"].format(i), h, cfg["intermediate"], cfg["heads"], eps, names, act)
             for i in range(cfg["layers"]))
-        self.mean = cfg.get("pooling") == "mean"
+        self.pooling = cfg.get("pooling") or "cls"
         self.normalize = bool(cfg.get("normalize"))
+        self.head = None
+        if (cfg.get("head") or "none") == "classification":
+            dense, self.head_act, classifier = head
+            labels = int(cfg["num_labels"])
+            dense_t = t if dense.startswith(".") else tensors
+            self.head = nn.ModuleDict({
+                "dense": _linear(dense_t, dense.lstrip("."), h, h),
+                "classifier": _linear(tensors, classifier, labels, h)})
+
+    def positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Position ids: 0.. for BERT and DistilBERT; for the RoBERTa family
+        HF's create_position_ids_from_input_ids, pad_token_id + the count of
+        non-padding ids so far for a real token, pad_token_id for padding."""
+        s = ids.shape[1]
+        if not self.roberta:
+            return torch.arange(s, device=ids.device).unsqueeze(0).expand(ids.shape[0], s)
+        real = (ids != self.pad).to(torch.int32)
+        return torch.cumsum(real, dim=1).to(torch.int32) * real + self.pad
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        s = ids.shape[1]
         # F.embedding, not indexing: ids arrive as int32 (the staging's
         # narrowest integer type), which torch indexes only as embeddings.
-        x = self.norm(F.embedding(ids, self.word) + self.pos[:s].unsqueeze(0) + F.embedding(types, self.types))
+        x = F.embedding(ids, self.word) + F.embedding(self.positions(ids), self.pos)
+        if self.types is not None:
+            x = x + F.embedding(types, self.types)
+        x = self.norm(x)
         maskf = mask.to(x.dtype)
         pad = (mask == 0)[:, None, None, :]
         for layer in self.layers:
             x = layer(x, pad)
-        if self.mean:
+        if self.head is not None:
+            y = self.head["dense"](x[:, 0])
+            y = torch.relu(y) if self.head_act == "relu" else torch.tanh(y)
+            return self.head["classifier"](y)
+        if self.pooling == "mean":
             pooled = (x * maskf.unsqueeze(-1)).sum(1) / maskf.sum(1, keepdim=True).clamp(min=1)
+        elif self.pooling == "last":
+            # The last real token: a one-hot of mask's last 1 (none for an
+            # all-padding row), as a product rather than a gather.
+            last = (mask.sum(1, keepdim=True) - 1).clamp(min=0)
+            pick = (torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) == last) & (mask != 0)
+            pooled = (x * pick.to(x.dtype).unsqueeze(-1)).sum(1)
         else:
             pooled = x[:, 0]
         if self.normalize:
@@ -223,7 +309,9 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
     if arch == "encoder":
         # The order Go packs the token tensors in, stated once in
         # models/inputs.go (encoderStepInputs).
-        return Boundary(torch.int32, 3 * shape.seq, compute, spec["encoder"]["hidden"])
+        enc = spec["encoder"]
+        width = int(enc["num_labels"]) if (enc.get("head") or "none") == "classification" else enc["hidden"]
+        return Boundary(torch.int32, 3 * shape.seq, compute, width)
     if arch == "torch":
         # A byte row: every input (output) in its device type at a multiple
         # of 64 bytes (usermodel.fields), viewed out of it in the graph.

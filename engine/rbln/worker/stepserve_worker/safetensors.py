@@ -22,40 +22,62 @@ class SafetensorsError(ValueError):
     """The file is malformed; the message names the file and the tensor."""
 
 
-def load(path: Path, keep_dtype: bool = False) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, as CPU tensors: floating ones as float32
-    unless keep_dtype, integer and boolean ones as stored."""
-    raw = Path(path).read_bytes()
-    if len(raw) < 8:
-        raise SafetensorsError(f"{path}: {len(raw)} bytes, shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > _MAX_HEADER or n > len(raw) - 8:
-        raise SafetensorsError(f"{path}: header length {n} runs past the end of the {len(raw)}-byte file")
-    try:
-        header = json.loads(raw[8:8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise SafetensorsError(f"{path}: header is not a JSON object")
-    data = raw[8 + n:]
-    out: dict[str, torch.Tensor] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
+def load(path: Path, keep_dtype: bool = False, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of the file but those in skip, as CPU tensors: floating
+    ones as float32 unless keep_dtype, integer and boolean ones as stored.
+    Each tensor's bytes are read on their own, so that a skipped one (a
+    masked LM's lm_head, say) is never read and the file is never held
+    whole."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorsError(f"{path}: {size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > _MAX_HEADER or n > size - 8:
+            raise SafetensorsError(f"{path}: header length {n} runs past the end of the {size}-byte file")
         try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise SafetensorsError(f"{path}: tensor {name!r}: bad header entry") from None
-        if dtype not in _DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r}: dtype {dtype!r} is not supported; want one of {', '.join(_DTYPES)}")
-        count = 1
-        for d in shape:
-            count *= d
-        if not (0 <= begin <= end <= len(data)) or end - begin != count * _SIZES[dtype]:
-            raise SafetensorsError(f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] do not hold {dtype}{shape}")
-        t = torch.frombuffer(bytearray(data[begin:end]), dtype=_DTYPES[dtype]) if count else torch.empty(0, dtype=_DTYPES[dtype])
-        t = t.reshape(shape)
-        out[name] = t.float() if t.is_floating_point() and not keep_dtype else t
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise SafetensorsError(f"{path}: header is not a JSON object")
+        start, data_len = 8 + n, size - 8 - n
+        out: dict[str, torch.Tensor] = {}
+        for name, entry in header.items():
+            if name == "__metadata__" or name in skip:
+                continue
+            try:
+                dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise SafetensorsError(f"{path}: tensor {name!r}: bad header entry") from None
+            if dtype not in _DTYPES:
+                raise SafetensorsError(f"{path}: tensor {name!r}: dtype {dtype!r} is not supported; want one of {', '.join(_DTYPES)}")
+            count = 1
+            for d in shape:
+                count *= d
+            if not (0 <= begin <= end <= data_len) or end - begin != count * _SIZES[dtype]:
+                raise SafetensorsError(f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] do not hold {dtype}{shape}")
+            if count:
+                f.seek(start + begin)
+                t = torch.frombuffer(bytearray(f.read(end - begin)), dtype=_DTYPES[dtype])
+            else:
+                t = torch.empty(0, dtype=_DTYPES[dtype])
+            t = t.reshape(shape)
+            out[name] = t.float() if t.is_floating_point() and not keep_dtype else t
+    return out
+
+
+def load_all(paths: list[Path], skip: frozenset[str] | set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """The tensors of weights sharded over several files (one file is one
+    shard), one shard read at a time; a tensor in two shards is an error."""
+    out: dict[str, torch.Tensor] = {}
+    for path in paths:
+        for name, t in load(path, skip=skip).items():
+            if name in out:
+                raise SafetensorsError(f"{path}: tensor {name!r} is in two shards")
+            out[name] = t
     return out
 
 

@@ -30,6 +30,7 @@ from . import PROTOCOL_VERSION
 from . import doorbell as bell
 from . import explain as ex
 from . import nets
+from . import profile as prof
 from . import safetensors, usermodel
 from .protocol import ProtocolError, Writer, read_message
 
@@ -248,7 +249,10 @@ class Worker:
             if user:
                 module = usermodel.build(msg)
             else:
-                module = nets.build(msg, safetensors.load(Path(msg["weights"]))).eval()
+                # Sharded weights come as weight_files; the tensors the
+                # supervisor found unused (skip_tensors) are not read.
+                files = [Path(f) for f in msg.get("weight_files") or [msg["weights"]]]
+                module = nets.build(msg, safetensors.load_all(files, frozenset(msg.get("skip_tensors") or ()))).eval()
             with torch.inference_mode():
                 module = module.to(device=self.rt.device, dtype=compute)  # weights move once
             self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
@@ -311,18 +315,32 @@ class Worker:
         return {"compile_seconds": time.monotonic() - start}
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
-        _, b = self._bucket(msg)
+        """A step asked for as a message: its explain report, the ns its
+        body took (body_ns; absent for a first step, whose body builds the
+        graph), and, when msg asks for "profile", the step's torch.profiler
+        events (profile.py)."""
+        m, b = self._bucket(msg)
         lane = msg.get("lane", 0)
-        if b.graph is None:
+        first = b.graph is None
+        if first:
             # Lazy warm-up: the graph is built now, which is a recompile
             # whatever explain saw (the build happens outside its region).
             self.compile(msg)
-            report = self._run(b, lane)
+        reply: dict[str, Any] = {}
+        if msg.get("profile"):
+            with prof.StepProfile(self.rt.rbln, f"{prof.ANCHOR} {m.name} bucket {msg['bucket']}") as p:
+                report, ns = self._run_timed(b, lane)
+            reply["profile"] = p.result()
+        else:
+            report, ns = self._run_timed(b, lane)
+        if first:
             report.recompiles = (report.recompiles or 0) + 1
             report.clean = False
             report.reasons.append("recompile: the bucket's graph was built on first use, not at load")
-            return {"explain": report.to_wire()}
-        return {"explain": self._run(b, lane).to_wire()}
+        else:
+            reply["body_ns"] = ns
+        reply["explain"] = report.to_wire()
+        return reply
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)
@@ -385,11 +403,14 @@ class Worker:
         return time.perf_counter_ns() - start
 
     def _run(self, b: Bucket, lane: int = 0) -> ex.Report:
-        kind, value, _ = self._measure(b, lane)
+        return self._run_timed(b, lane)[0]
+
+    def _run_timed(self, b: Bucket, lane: int = 0) -> tuple[ex.Report, int]:
+        kind, value, ns = self._measure(b, lane)
         if kind == "clean":
             verdict, dump = value
-            return ex.normalize(verdict, dump, None)
-        return value
+            return ex.normalize(verdict, dump, None), ns
+        return value, ns
 
     def _measure(self, b: Bucket, lane: int = 0) -> tuple[str, Any, int]:
         """Run the step inside an explain region: ("clean", (verdict, dump),

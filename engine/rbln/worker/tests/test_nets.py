@@ -105,6 +105,47 @@ class EncoderDtypeTest(unittest.TestCase):
             self.assertGreaterEqual(cos.min().item(), 0.999, f"{pooling}: cosine per row {cos.tolist()}")
 
 
+FAMILIES_DIR = HERE.parents[3] / "engine" / "cpufallback" / "testdata" / "families"
+
+
+class FamiliesTest(unittest.TestCase):
+    """Every family and head (golden_families.py's references, HF folders)
+    built from the load message's encoder spec: float32 matches torch's own
+    modules, bfloat16 stays close, and the step boundary is num_labels wide
+    for a classification head."""
+
+    def test_families_match_reference(self) -> None:
+        for case in sorted(p.name for p in FAMILIES_DIR.iterdir()):
+            with self.subTest(case=case):
+                ref = json.loads((FAMILIES_DIR / case / "reference.json").read_text())
+                spec, seq, cases = ref["spec"], ref["seq"], ref["cases"]
+                files = sorted(FAMILIES_DIR.joinpath(case).glob("model*.safetensors"))
+                tensors = safetensors.load_all(files, skip={"lm_head.dense.weight"})
+                self.assertNotIn("lm_head.dense.weight", tensors, "a skipped tensor is not read")
+                pad = spec["pad_token_id"]
+                ids = torch.tensor([c["input_ids"] + [pad] * (seq - len(c["input_ids"])) for c in cases])
+                types = torch.tensor([c["token_type_ids"] + [0] * (seq - len(c["input_ids"])) for c in cases])
+                mask = torch.tensor([[1] * len(c["input_ids"]) + [0] * (seq - len(c["input_ids"])) for c in cases])
+                model = nets.build({"architecture": "encoder", "encoder": spec}, tensors).eval()
+                with torch.no_grad():
+                    got = model(ids, mask, types)
+                    half = model.to(torch.bfloat16)(ids, mask, types).float()
+                want = torch.tensor([c["batched"] for c in cases])
+                self.assertLess((got - want).abs().max().item(), 1e-4)
+                if want.shape[1] > 1:
+                    self.assertGreaterEqual(cosine(half, want).min().item(), 0.999)
+                width = spec["num_labels"] if spec["head"] == "classification" else spec["hidden"]
+                bound = nets.boundary({"architecture": "encoder", "encoder": spec}, nets.Shape(4, 64), torch.bfloat16)
+                self.assertEqual((width, 64), (bound.out_cols, bound.out_row))
+
+    def test_missing_head_is_named(self) -> None:
+        ref = json.loads((FAMILIES_DIR / "xlm-roberta-reranker" / "reference.json").read_text())
+        tensors = safetensors.load(FAMILIES_DIR / "xlm-roberta-reranker" / "model.safetensors",
+                                   skip={"classifier.out_proj.weight"})
+        with self.assertRaisesRegex(nets.LoadError, r"'classifier.out_proj.weight' is missing \(want shape \[1, 32\]\)"):
+            nets.build({"architecture": "encoder", "encoder": ref["spec"]}, tensors)
+
+
 class StepBodyTest(unittest.TestCase):
     """The step graph's boundary: [batch, in_row] in, [batch, out_row] out,
     rows padded to multiples of 64, in the dtypes the staging holds."""

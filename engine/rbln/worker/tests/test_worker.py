@@ -375,3 +375,54 @@ class StepStructureTest(Fixture):
         self.assertIsNone(module(), "the module is freed on unload")
         self.assertIsNone(graph(), "and the bucket's compiled body")
         self.assertEqual([1], emptied, "and the device allocator's cache is emptied")
+
+
+class ProfileTest(Fixture):
+    """Trace level PROFILE: a step asked for with "profile" runs inside
+    torch.profiler and returns its events, bounded."""
+
+    def profiled(self, w: Worker) -> dict:
+        w.load(self.load)
+        w.compile({"model": "m", "bucket": 1})
+        self.put(1, torch.tensor([[1.0, 2, 3, 4], [-1, 0, 0.5, 2]]))
+        return w.step({"model": "m", "bucket": 1, "profile": True})
+
+    def test_a_profiled_step_returns_its_events_around_the_anchor(self) -> None:
+        reply = self.profiled(self.worker())
+        p = reply["profile"]
+        self.assertEqual(["CPU"], p["activities"], "no PrivateUse1 in torch 1.13 without the bridge")
+        self.assertEqual("stepserve.step", p["anchor"])
+        names = [e.get("name") for e in p["events"]]
+        self.assertEqual("stepserve.step m bucket 1", names[0], "the range the supervisor aligns on comes first")
+        anchor = p["events"][0]
+        inside = [e for e in p["events"][1:] if e.get("ph") == "X" and e["ts"] >= anchor["ts"]
+                  and e["ts"] + e["dur"] <= anchor["ts"] + anchor["dur"]]
+        self.assertTrue(any(str(e["name"]).startswith("aten::") for e in inside), names)
+        self.assertEqual(0, p["dropped"])
+        self.assertGreater(reply["body_ns"], 0)
+        self.assertEqual((1, 1), (reply["explain"]["h2d"], reply["explain"]["d2h"]), "the step ran as ever")
+        self.assertNotIn("profile", self.workers[0].step({"model": "m", "bucket": 1}), "only when asked")
+
+    def test_privateuse1_is_asked_for_where_the_bridge_can_be_active(self) -> None:
+        if not torch_rbln.install_privateuse1():
+            self.skipTest("this torch has ProfilerActivity.PrivateUse1 of its own")
+        self.addCleanup(torch_rbln.uninstall_privateuse1)
+        from stepserve_worker import profile as prof
+        self.assertIsNone(prof.device_activity(torch.rbln), "RBLN_PROFILER unset: the runtime records nothing")
+        os.environ[prof.BRIDGE_ENV] = "1"
+        self.addCleanup(os.environ.pop, prof.BRIDGE_ENV, None)
+        self.assertIsNone(prof.device_activity(None), "no torch_rbln: no bridge")
+        self.assertIs(torch.profiler.ProfilerActivity.PrivateUse1, prof.device_activity(torch.rbln))
+        p = self.profiled(self.worker())["profile"]
+        self.assertEqual(["CPU", "PrivateUse1"], p["activities"])
+        self.assertEqual("stepserve.step m bucket 1", p["events"][0]["name"])
+
+    def test_events_past_the_bound_are_dropped_and_counted(self) -> None:
+        from stepserve_worker import profile as prof
+        events = [{"name": f"op{i}", "ph": "X", "ts": i, "dur": 1} for i in range(100)]
+        events.insert(50, {"name": "stepserve.step m bucket 0", "ph": "X", "ts": 0, "dur": 200})
+        kept, dropped = prof.bound(events, 600, "stepserve.step m bucket 0")
+        self.assertEqual("stepserve.step m bucket 0", kept[0]["name"], "the anchor is kept first")
+        self.assertEqual(101, len(kept) + dropped)
+        self.assertGreater(dropped, 0)
+        self.assertLessEqual(len(json.dumps(kept)), 600)

@@ -40,6 +40,31 @@ from typing import Any, Iterable
 import torch
 
 SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
+#: Where "1" at import, install_privateuse1() runs (for workers a test starts).
+PRIVATEUSE1_ENV = "STEPSERVE_FAKE_RBLN_PRIVATEUSE1"
+
+
+def install_privateuse1() -> bool:
+    """Stand in for a torch whose profiler has a PrivateUse1 activity (the
+    device, as torch_rbln's Kineto bridge records it): torch 1.13 has none,
+    so ProfilerActivity.PrivateUse1 is made an alias of CPU. The worker's
+    probe (stepserve_worker/profile.py: device_activity) then finds it and
+    asks for it, which is the path under test; no device events come of it,
+    since this double has no device. Returns whether it was installed (False
+    on a torch that has the activity already)."""
+    acts = torch.profiler.ProfilerActivity
+    if hasattr(acts, "PrivateUse1"):
+        return False
+    acts.PrivateUse1 = acts.CPU
+    return True
+
+
+def uninstall_privateuse1() -> None:
+    """Undo install_privateuse1."""
+    acts = torch.profiler.ProfilerActivity
+    if getattr(acts, "PrivateUse1", None) is acts.CPU:
+        del acts.PrivateUse1
+
 REGIONS_ENV = "STEPSERVE_FAKE_RBLN_REGIONS"
 
 CLEAN: dict[str, Any] = {
@@ -155,3 +180,7 @@ rbln = types.SimpleNamespace(
     place=ALLOCATOR.place,  # the test double's own, not torch-rbln's
 )
 torch.rbln = rbln  # type: ignore[attr-defined]
+
+
+if os.environ.get(PRIVATEUSE1_ENV) == "1":
+    install_privateuse1()
