@@ -202,7 +202,6 @@ func BenchmarkEncoderStep(b *testing.B) {
 	}
 }
 
-
 // bf16MinCosine is the agreement the bfloat16 opt-in promises: the cosine
 // of each pooled embedding with torch's float32 one (measured 0.9999+ on
 // the golden encoder; bfloat16 keeps 8 bits of mantissa).
