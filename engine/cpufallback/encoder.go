@@ -36,7 +36,7 @@ type encoderPlan struct {
 	x, q, k, v, ctx  []float32   // [B*S, H]
 	tmp              []float32   // [B*S, H]
 	inter            []float32   // [B*S, I]
-	scores           [][]float32 // per group: [S, S], one head at a time
+	scores           [][]float32 // per thread: [S, S], one head at a time
 	pooled           []float32   // [B, H]
 	act              activation  // the feed-forward's
 	headX, logits    []float32   // a classification head's: [B, H], [B, num_labels]
@@ -45,6 +45,11 @@ type encoderPlan struct {
 	// group g is sequences groups[g] up to groups[g+1].
 	groups    []int
 	groupDone chan struct{}
+	// threads is how many threads each group's products and attention
+	// heads split among: more than one when the step has fewer groups than
+	// engine.cpu_threads (a step of one sequence uses every allowed CPU).
+	threads int
+	attn    []attnTask // per group
 
 	rec *trace.Recorder // a profiled step's spans (profile.go); nil otherwise
 }
@@ -61,7 +66,8 @@ func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) 
 		x: make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
 		v: make([]float32, t*c.Hidden), ctx: make([]float32, t*c.Hidden), tmp: make([]float32, t*c.Hidden),
 		inter:     make([]float32, t*c.Intermediate),
-		scores:    scoreBuffers(min(b, runtime.NumCPU()), s),
+		scores:    scoreBuffers(runtime.NumCPU(), s),
+		attn:      make([]attnTask, min(b, runtime.NumCPU())),
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
 		pooled:    make([]float32, b*c.Hidden),
@@ -245,8 +251,13 @@ func (p *encoderPlan) embed() (int, error) {
 // about equal rows, each of at least minGroupRows; one group when the
 // step is small.
 func (p *encoderPlan) split(rows int) {
-	n := min(int(parallelism.Load()), rows/minGroupRows, len(p.scores))
+	threads := int(parallelism.Load())
+	n := min(threads, rows/minGroupRows, len(p.attn), len(p.scores))
 	n = max(n, 1)
+	defer func() {
+		// The threads the groups leave idle go to their products and heads.
+		p.threads = max(1, min(threads, len(p.scores))/(len(p.groups)-1))
+	}()
 	p.groups = append(p.groups[:0], 0)
 	for b, g := 0, 1; g < n; g++ {
 		// The first sequence at which the rows so far reach g/n of them.
@@ -260,7 +271,8 @@ func (p *encoderPlan) split(rows int) {
 	p.groups = append(p.groups, p.batch)
 }
 
-// scoreBuffers allocates one attention score matrix per group that may run.
+// scoreBuffers allocates one attention score matrix per thread that may
+// run a head.
 func scoreBuffers(groups, seq int) [][]float32 {
 	s := make([][]float32, groups)
 	for i := range s {
@@ -278,14 +290,14 @@ func (p *encoderPlan) runGroup(g int) {
 	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
 	for i := range p.e.Layers {
 		t := p.rec.Begin()
-		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, p.scores[g])
+		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, g)
 		p.rec.End("layer", i, lo, t)
 	}
 }
 
 // layer runs one encoder layer on sequences lo up to hi, which are rows
 // rowLo up to rowHi of p.x.
-func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, scoresBuf []float32) {
+func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int) {
 	c := p.e.Config
 	H, I := c.Hidden, c.Intermediate
 	d := p.headDim
@@ -298,38 +310,30 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 		out []float32
 	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
 		t := p.rec.Begin()
-		linear(rows, H, H, x, p.w[proj.lin], proj.out)
-		p.rec.End("q/k/v product", -1, lo, t)
-		t = p.rec.Begin()
-		biasAct(proj.out, proj.lin.Bias, actNone)
-		p.rec.End("bias", -1, lo, t)
+		linearPar(p.threads, rows, x, p.w[proj.lin], proj.out, proj.lin.Bias, actNone)
+		p.rec.End("q/k/v product+bias", -1, lo, t)
 	}
 	t := p.rec.Begin()
 
-	scale := float32(1 / math.Sqrt(float64(d)))
+	// Each sequence's heads, split among the group's threads: thread j
+	// takes heads j, j+threads, ... on its own score buffer.
+	a := &p.attn[g]
+	*a = attnTask{p: p, q: q, k: k, v: v, ctx: ctx, scale: float32(1 / math.Sqrt(float64(d))), rowLo: rowLo,
+		threads: min(p.threads, p.heads), scores: p.scores[g*p.threads:]}
 	for b := lo; b < hi; b++ {
-		S := p.seqLen[b]
-		if S == 0 {
-			continue
-		}
-		// The keys' mask: none left to mask when padding was left out.
-		keys := p.zeros[:S]
-		if !p.compacted {
-			keys = p.maskAdd[b*p.seq : b*p.seq+S]
-		}
-		scores := scoresBuf[:S*S]
-		for h := range p.heads {
-			off := (p.seqOff[b]-rowLo)*H + h*d
-			// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
-			gemm(true, S, S, d, scale, q[off:], H, k[off:], H, 0, scores, S)
-			addSoftmaxRows(scores, keys)
-			gemm(false, S, d, S, 1, scores, S, v[off:], H, 0, ctx[off:], H)
+		a.b = b
+		if S := p.seqLen[b]; S > 0 {
+			threads := a.threads
+			if 2*S*S*H < minParallelWork {
+				threads = 1 // the same chunks, on this thread
+			}
+			parallelRun(a, a.threads, threads)
 		}
 	}
 
 	p.rec.End("attention scores+softmax+context", -1, lo, t)
 	t = p.rec.Begin()
-	linear(rows, H, H, ctx, p.w[&l.AttnOut], tmp)
+	linearPar(p.threads, rows, ctx, p.w[&l.AttnOut], tmp, nil, actNone)
 	p.rec.End("attention output product", -1, lo, t)
 	t = p.rec.Begin()
 	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
@@ -337,17 +341,46 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi int, sc
 
 	inter := p.inter[rowLo*I : rowHi*I]
 	t = p.rec.Begin()
-	linear(rows, I, H, x, p.w[&l.Inter], inter)
-	p.rec.End("feed-forward in product", -1, lo, t)
+	linearPar(p.threads, rows, x, p.w[&l.Inter], inter, l.Inter.Bias, p.act)
+	p.rec.End("feed-forward in product+bias+activation", -1, lo, t)
 	t = p.rec.Begin()
-	biasAct(inter, l.Inter.Bias, p.act)
-	p.rec.End("bias+activation", -1, lo, t)
-	t = p.rec.Begin()
-	linear(rows, H, I, inter, p.w[&l.Out], tmp)
+	linearPar(p.threads, rows, inter, p.w[&l.Out], tmp, nil, actNone)
 	p.rec.End("feed-forward out product", -1, lo, t)
 	t = p.rec.Begin()
 	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
 	p.rec.End("residual+layernorm", -1, lo, t)
+}
+
+// attnTask is one layer's attention for sequence b of a group, its heads
+// split among threads (see parallelRun): chunk j runs heads j,
+// j+threads, ... on score buffer scores[j], one head's [S, S] block at a
+// time.
+type attnTask struct {
+	p            *encoderPlan
+	q, k, v, ctx []float32 // the group's rows
+	scores       [][]float32
+	scale        float32
+	rowLo, b     int
+	threads      int
+}
+
+func (a *attnTask) run(j int) {
+	p := a.p
+	H, d := p.e.Config.Hidden, p.headDim
+	S := p.seqLen[a.b]
+	// The keys' mask: none left to mask when padding was left out.
+	keys := p.zeros[:S]
+	if !p.compacted {
+		keys = p.maskAdd[a.b*p.seq : a.b*p.seq+S]
+	}
+	scores := a.scores[j][:S*S]
+	for h := j; h < p.heads; h += a.threads {
+		off := (p.seqOff[a.b]-a.rowLo)*H + h*d
+		// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
+		gemm(true, S, S, d, a.scale, a.q[off:], H, a.k[off:], H, 0, scores, S)
+		addSoftmaxRows(scores, keys)
+		gemm(false, S, d, S, 1, scores, S, a.v[off:], H, 0, a.ctx[off:], H)
+	}
 }
 
 // pool reduces each sequence to one vector: its first token, its last

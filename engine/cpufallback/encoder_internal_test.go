@@ -91,6 +91,7 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 		SetThreads(threads)
 		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
 		p.scores = scoreBuffers(8, shape.Seq) // room for 8 groups whatever the CPUs
+		p.attn = make([]attnTask, 8)
 		o := make([]byte, layout.OutBytes)
 		require.NoError(t, p.step(in, o))
 		return append([]float32(nil), floats(o)...), len(p.groups) - 1
@@ -101,5 +102,41 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 		split, groups := run(threads)
 		assert.Greater(t, groups, 1, "%d threads split the step", threads)
 		assert.InDeltaSlice(t, whole, split, 1e-6, "%d threads (%d groups)", threads, groups)
+	}
+}
+
+// A step with fewer sequences than threads splits each product's panels
+// and each layer's heads among them: a one-sequence step answers as on one
+// thread, and allocates nothing.
+func TestOneSequenceUsesEveryThread(t *testing.T) {
+	m, err := models.Load("testdata/encoder")
+	require.NoError(t, err)
+	defer SetThreads(0)
+	defer func(w int) { minParallelWork = w }(minParallelWork)
+	minParallelWork = 0 // the golden encoder's products are small
+	rng := rand.New(rand.NewPCG(11, 12))
+	shape := bucketing.Shape{Batch: 1, Seq: 64}
+	layout := engine.NewLayout(m.Config, shape)
+	in := make([]byte, layout.InBytes)
+	ids, mask := int64s(in[layout.Inputs[models.EncoderInputIDs].Offset:]), int64s(in[layout.Inputs[models.EncoderAttentionMask].Offset:])
+	for s := range 50 {
+		ids[s] = int64(rng.IntN(m.Encoder.Config.VocabSize))
+		mask[s] = 1
+	}
+	run := func(threads int) ([]float32, int) {
+		SetThreads(threads)
+		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
+		p.scores = scoreBuffers(8, shape.Seq) // room for 8 threads whatever the CPUs
+		o := make([]byte, layout.OutBytes)
+		require.NoError(t, p.step(in, o))
+		require.Zero(t, testing.AllocsPerRun(3, func() { require.NoError(t, p.step(in, o)) }), "%d threads", threads)
+		return append([]float32(nil), floats(o)...), p.threads
+	}
+	whole, n := run(1)
+	require.Equal(t, 1, n)
+	for _, threads := range []int{2, 3, 8} {
+		split, n := run(threads)
+		assert.Equal(t, threads, n, "one group takes every thread")
+		assert.InDeltaSlice(t, whole, split, 1e-6, "%d threads", threads)
 	}
 }

@@ -3,6 +3,7 @@ package cpufallback
 import (
 	"math"
 	"runtime"
+	"unsafe"
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
@@ -76,13 +77,14 @@ func planBytes(cfg *models.Config, s bucketing.Shape) int64 {
 		c := cfg.Encoder
 		seq := int64(s.Seq)
 		t, H, I := b*seq, int64(c.Hidden), int64(c.Intermediate)
-		groups := min(b, int64(runtime.NumCPU()))
+		groups, threads := min(b, int64(runtime.NumCPU())), int64(runtime.NumCPU())
 		return 3*8*t + // ids, mask, types
 			4*t + 4*seq + // maskAdd, zeros
 			2*8*b + // seqOff, seqLen
 			6*4*t*H + // x, q, k, v, ctx, tmp
 			4*t*I + // inter
-			4*groups*seq*seq + // scores
+			4*threads*seq*seq + // scores
+			groups*int64(unsafe.Sizeof(attnTask{})) + // attn
 			8*(b+1) + // groups
 			4*b*H + // pooled
 			headBytes(c, b)

@@ -45,6 +45,10 @@ var team struct {
 
 const maxJobs = 64
 
+// minParallelWork is the fewest multiply-adds worth splitting: below it,
+// waking a helper costs about what it would save. Tests lower it.
+var minParallelWork = 1 << 19
+
 func teamInit() {
 	team.free = make(chan *job, maxJobs)
 	for range maxJobs {
@@ -166,7 +170,7 @@ func (t *linearTask) run(i int) {
 // threads, each taking panels a chunk at a time.
 func linearPar(threads, m int, x []float32, w *weight, y, bias []float32, act activation) {
 	panels := w.panels()
-	if threads <= 1 || panels <= 1 || m == 0 {
+	if threads <= 1 || panels <= 1 || m*w.in*w.out < minParallelWork {
 		linearPanels(m, x, w, y, bias, act, 0, panels)
 		return
 	}
