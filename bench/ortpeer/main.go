@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,7 @@ var (
 	seconds = flag.Float64("seconds", 1, "seconds each side runs each shape each round")
 	threads = flag.Int("threads", 0, "threads on each side: engine.cpu_threads and ONNX Runtime's intra-op threads (0: every CPU)")
 	only    = flag.String("cases", "", "comma-separated case names to run (all when empty)")
+	profile = flag.String("cpuprofile", "", "write a CPU profile of stepserve's side to this file (ONNX Runtime runs in its own process)")
 	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames, +bf16 for device_dtype bfloat16: avx512,avx512+bf16,avx2,go; the best when empty)")
 )
 
@@ -190,6 +192,17 @@ func run() error {
 			return 0, err
 		}
 		return float64(a.Runs*c.Batch) / a.Seconds, nil
+	}
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	// Side 0 is ONNX Runtime, side 1+s kernel set s; each round starts
 	// with another side, so that none always runs on a machine another just

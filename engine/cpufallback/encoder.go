@@ -305,15 +305,11 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 	r0, r1 := rowLo*H, rowHi*H
 	x, q, k, v, ctx, tmp := p.x[r0:r1], p.q[r0:r1], p.k[r0:r1], p.v[r0:r1], p.ctx[r0:r1], p.tmp[r0:r1]
 
-	for _, proj := range []struct {
-		lin *models.Linear
-		out []float32
-	}{{&l.Query, q}, {&l.Key, k}, {&l.Value, v}} {
-		t := p.rec.Begin()
-		linearPar(p.threads, rows, x, p.w[proj.lin], proj.out, proj.lin.Bias, actNone)
-		p.rec.End("q/k/v product+bias", -1, lo, t)
-	}
 	t := p.rec.Begin()
+	linearParN(p.threads, rows, x, 3, [3]*weight{p.w[&l.Query], p.w[&l.Key], p.w[&l.Value]},
+		[3][]float32{q, k, v}, [3][]float32{l.Query.Bias, l.Key.Bias, l.Value.Bias}, actNone)
+	p.rec.End("q/k/v product+bias", -1, lo, t)
+	t = p.rec.Begin()
 
 	// Each sequence's heads, split among the group's threads: thread j
 	// takes heads j, j+threads, ... on its own score buffer.

@@ -234,3 +234,24 @@ func TestLinearParMatchesSerial(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(20, func() { linearPar(4, s.m, x, w, got, l.Bias, actGELU) }), "%+v", s)
 	}
 }
+
+// linearPar at MiniLM's products of one 128-token sequence, on 1 and 2
+// threads: how far splitting panels scales.
+func BenchmarkLinearPar(b *testing.B) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, s := range []struct{ m, n, k int }{{128, 384, 384}, {128, 1536, 384}, {128, 384, 1536}} {
+		x := randMatrix(rng, s.m*s.k)
+		w := resident(linearOf(randMatrix(rng, s.n*s.k), s.n, s.k), false)
+		y := make([]float32, s.m*s.n)
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%dx%dx%d/%d", s.m, s.n, s.k, threads), func(b *testing.B) {
+				defer SetThreads(0)
+				SetThreads(threads)
+				for b.Loop() {
+					linearPar(threads, s.m, x, w, y, nil, actNone)
+				}
+				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
