@@ -47,7 +47,9 @@ type Config struct {
 	// Engine is "cpu", "torch" or "rbln"; empty means the server's default engine.
 	Engine string `yaml:"engine"`
 	// DeviceDtype is the dtype the rbln engine computes in: float16 or
-	// bfloat16. The CPU engine always computes in float32.
+	// bfloat16. The CPU engine computes in float32, except that bfloat16
+	// there opts in to bfloat16 weights and products (float32 sums) on a
+	// CPU with AVX512_BF16, and is refused on one without.
 	DeviceDtype string `yaml:"device_dtype"`
 	// Instances places the model on its engine's devices: which, how many
 	// replicas each, and how many must be healthy for it to be ready.

@@ -291,7 +291,7 @@ func shutdown(s *http.Server, api *server.Server, set *serving.Set, grace time.D
 func newBuildInfo(version, blas, kernels string) prometheus.Collector {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "stepserve_build_info",
-		Help: "Always 1; the labels say which build is running, which BLAS the CPU engine's products use and which kernels its element-wise passes.",
+		Help: "Always 1; the labels say which build is running, what runs the CPU engine's products (native: its own kernels; else the BLAS, openblas or gonum) and for which instruction set its kernels are (avx512, avx2 or go, chosen from cpuid or STEPSERVE_CPU_KERNELS).",
 	}, []string{"version", "go_version", "blas", "kernels"})
 	g.WithLabelValues(version, runtime.Version(), blas, kernels).Set(1)
 	return g

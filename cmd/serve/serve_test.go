@@ -416,7 +416,7 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 	wantSuccess := len(digits) + (len(digits)+49)/50 + 20
 	assert.Contains(t, string(metrics), fmt.Sprintf(`stepserve_requests_total{model="digits",outcome="success",protocol="http"} %d`, wantSuccess))
 	assert.Contains(t, string(metrics), `stepserve_requests_total{model="digits",outcome="invalid",protocol="http"} 16`)
-	assert.Regexp(t, `stepserve_build_info\{blas="(gonum|openblas)",go_version="[^"]+",kernels="(avx2|go)"`, string(metrics))
+	assert.Regexp(t, `stepserve_build_info\{blas="(native|gonum|openblas)",go_version="[^"]+",kernels="(avx512|avx2|go)"`, string(metrics))
 
 	// SIGTERM: stop accepting, finish, exit 0.
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))

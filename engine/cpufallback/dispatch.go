@@ -41,15 +41,20 @@ type productKernel struct {
 	linearBF16 func(m, n, k int, x []float32, packed []uint16, y, bias []float32, act activation, p0, p1 int)
 }
 
-// wantsBF16 says whether a model asks the CPU engine for bfloat16
-// products: model.yaml's device_dtype: bfloat16 (its default, float16, is
-// the rbln engine's; the CPU engine computes that in float32).
-func wantsBF16(cfg *models.Config) bool { return cfg.DeviceDtype == "bfloat16" }
+// wantsBF16 says whether a model gets bfloat16 products on the CPU
+// engine: model.yaml's device_dtype: bfloat16 (its default, float16, is
+// the rbln engine's; the CPU engine computes that in float32), where the
+// kernels in use have them.
+func wantsBF16(cfg *models.Config) bool {
+	return cfg.DeviceDtype == "bfloat16" && products != nil && products.linearBF16 != nil
+}
 
-// checkDtype refuses a bfloat16 model where the kernels in use have no
-// bfloat16 products.
+// checkDtype refuses a model that asks the CPU engine itself (engine: cpu)
+// for bfloat16 where the kernels in use have no bfloat16 products. A model
+// written for another engine (the CPU engine as its failover, or as the
+// server's default) computes in float32 there, as before.
 func checkDtype(name string, cfg *models.Config) error {
-	if !wantsBF16(cfg) || (products != nil && products.linearBF16 != nil) {
+	if cfg.DeviceDtype != "bfloat16" || cfg.Engine != "cpu" || wantsBF16(cfg) {
 		return nil
 	}
 	return fmt.Errorf("cpufallback: model %s: device_dtype bfloat16 needs a CPU with AVX512_BF16 (vdpbf16ps) and the native kernels; this one runs kernels %s%s: remove device_dtype (the CPU engine computes in float32)",
@@ -58,7 +63,7 @@ func checkDtype(name string, cfg *models.Config) error {
 
 var (
 	// nativeProducts are the product kernels this build and CPU can run,
-	// best first; registered by gemm_native.go's init.
+	// best first; registered by gemm_native.go's package variables.
 	nativeProducts []productKernel
 	// nativeElementWise installs the native element-wise passes, nil where
 	// the build or CPU has none (kernels_native.go).

@@ -207,19 +207,24 @@ func BenchmarkEncoderStep(b *testing.B) {
 // the golden encoder; bfloat16 keeps 8 bits of mantissa).
 const bf16MinCosine = 0.999
 
-// TestEncoderBFloat16 runs the golden encoder with device_dtype bfloat16:
-// where the CPU has AVX512_BF16, every pooled embedding is within
-// bf16MinCosine of torch's float32 reference and a step allocates nothing;
-// elsewhere the load is refused and says why.
+// TestEncoderBFloat16 runs the golden encoder with engine: cpu and
+// device_dtype bfloat16: where the CPU has AVX512_BF16, every pooled
+// embedding is within bf16MinCosine of torch's float32 reference and a
+// step allocates nothing; elsewhere the load is refused and says why (and
+// a model written for another engine loads, in float32).
 func TestEncoderBFloat16(t *testing.T) {
 	m, ref := loadReference(t)
-	m.Config.DeviceDtype = "bfloat16"
+	m.Config.DeviceDtype, m.Config.Engine = "bfloat16", "cpu"
 	m.Encoder.Config.Pooling = "mean"
 	grid, err := bucketing.NewGrid([]int{1, 4}, []int{64})
 	require.NoError(t, err)
 	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
 	if err != nil {
 		assert.ErrorContains(t, err, "device_dtype bfloat16 needs a CPU with AVX512_BF16")
+		m.Config.Engine = "rbln" // the CPU engine as its failover
+		fb, fbErr := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+		require.NoError(t, fbErr, "a model written for another engine loads, in float32")
+		fb.Close()
 		t.Skipf("refused as it should be on this CPU or build: %v", err)
 	}
 	defer prog.Close()
