@@ -46,7 +46,8 @@ var (
 	threads = flag.Int("threads", 0, "threads on each side: engine.cpu_threads and ONNX Runtime's intra-op threads (0: every CPU)")
 	only    = flag.String("cases", "", "comma-separated case names to run (all when empty)")
 	profile = flag.String("cpuprofile", "", "write a CPU profile of stepserve's side to this file (ONNX Runtime runs in its own process)")
-	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames, +bf16 for device_dtype bfloat16: avx512,avx512+bf16,avx2,go; the best when empty)")
+	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames, +bf16 for device_dtype bfloat16: avx512,avx512+bf16,avx2,go), all for every one, the best when empty")
+	ortSpin = flag.Bool("ort-spin", true, "ONNX Runtime's intra-op threads spin while they wait (its default)")
 )
 
 type caseSpec struct {
@@ -108,7 +109,15 @@ func run() error {
 		shapes[i] = bucketing.Shape{Batch: c.Batch, Seq: c.Seq}
 	}
 	sets := cpufallback.KernelNames()[:1]
-	if *kernels != "" {
+	switch *kernels {
+	case "":
+	case "all":
+		// Every set this build and CPU run, and bfloat16 where it has it.
+		sets = cpufallback.KernelNames()
+		if cpufallback.BFloat16() {
+			sets = slices.Insert(sets, 1, sets[0]+"+bf16")
+		}
+	default:
 		sets = strings.Split(*kernels, ",")
 	}
 	progs := make([]engine.Program, len(sets))
@@ -157,6 +166,7 @@ func run() error {
 	// ONNX Runtime: one node process, asked one measurement at a time.
 	node := exec.Command(*nodeBin, "bench/onnx/ort.js", filepath.Join(*dir, "encoder.onnx"), fmt.Sprint(*threads))
 	node.Stderr = os.Stderr
+	node.Env = append(os.Environ(), fmt.Sprintf("ORT_SPIN=%d", map[bool]int{false: 0, true: 1}[*ortSpin]))
 	stdin, err := node.StdinPipe()
 	if err != nil {
 		return err
@@ -232,8 +242,8 @@ func run() error {
 		fmt.Fprintf(os.Stderr, "round %d of %d done\n", r+1, *rounds)
 	}
 
-	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads) against stepserve's CPU engine step (engine.cpu_threads %d) with kernels %s, %d interleaved rounds of %gs a side; %s\n",
-		hello.Version, *threads, *threads, strings.Join(sets, ", "), *rounds, *seconds, cpuLine())
+	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads, spinning %v) against stepserve's CPU engine step (engine.cpu_threads %d) with kernels %s, %d interleaved rounds of %gs a side; %s\n",
+		hello.Version, *threads, *ortSpin, *threads, strings.Join(sets, ", "), *rounds, *seconds, cpuLine())
 	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load average before: %s, after: %s\n\n", manifest.Torch, loadBefore, loadavg())
 	fmt.Println("| shape | tokens | ONNX Runtime seq/s | kernels | stepserve seq/s | ratio (median) | ratio spread | max abs diff to torch (stepserve, ORT) | min cosine to torch |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")

@@ -138,3 +138,7 @@ func SetKernels(name string) error {
 	kernelsErr = err
 	return err
 }
+
+// BFloat16 reports whether the kernels in use have bfloat16 products
+// (device_dtype: bfloat16 runs in bfloat16).
+func BFloat16() bool { return products != nil && products.linearBF16 != nil }
