@@ -1,6 +1,7 @@
 package cpufallback
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 
+	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -119,6 +121,15 @@ func TestChosenKernelsAgainstBLAS(t *testing.T) {
 		closeTo(t, want, got2, k, "kernels %s: gemm", name)
 	}
 	require.Error(t, chooseKernels("sse9"), "an unknown kernel set is refused")
+
+	// STEPSERVE_CPU_KERNELS naming a set this CPU or build lacks: every
+	// load says so, rather than run on other kernels.
+	require.Error(t, SetKernels("sse9"))
+	defer func() { require.NoError(t, SetKernels("")) }()
+	model, err := models.Load("testdata/encoder")
+	require.NoError(t, err)
+	_, err = Engine{}.Load(context.Background(), model, []bucketing.Shape{{Batch: 1, Seq: 32}})
+	require.ErrorContains(t, err, KernelsEnv+"=sse9: this build and CPU run")
 }
 
 func linearOf(w []float32, out, in int) *models.Linear {
