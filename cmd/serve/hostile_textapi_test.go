@@ -224,3 +224,36 @@ func TestHostileTokenizerNormalizerExpansion(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode)
 }
+
+// TestHostileTokenizerHugeAddedToken loads, through the repository API, a
+// copy of tiny-xlmr whose tokenizer.json (20 MB, under the 64 MiB limit
+// on the file) holds one added token of 20 million bytes. Building the
+// added-token trie (tokenizers.newAddedMatcher: a map entry a byte) takes
+// the heap past the cap and the server dies at load ("fatal error: out
+// of memory"); a 5 MB token already lifts the peak RSS from 59 to
+// 265 MiB. The load must fail with a 400 (an added token longer than
+// any text could match, or a trie over its budget) and the server live.
+func TestHostileTokenizerHugeAddedToken(t *testing.T) {
+	repo := textRepo(t)
+	p := startCapped(t, hostileMemoryCap, "--model_repository", repo, "--server.enable_model_control")
+	dir := filepath.Join(repo, "long-token")
+	require.NoError(t, os.CopyFS(dir, os.DirFS("../../model_repository/tiny-xlmr")))
+	var tok map[string]any
+	b, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &tok))
+	tok["added_tokens"] = append(tok["added_tokens"].([]any), map[string]any{
+		"id": 5, "content": strings.Repeat("a", 20_000_000), "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": true})
+	b, err = json.Marshal(tok)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644))
+
+	status, out, err := exchangeWithin(p.base+"/v2/repository/models/long-token/load", []byte(`{}`), 120*time.Second)
+	require.NoError(t, err, "no answer to the load: the server crashed")
+	t.Logf("load: %d %.300s", status, out)
+	assert.Equal(t, 400, status, out)
+	require.True(t, p.alive(), "the server died")
+	status, out, err = exchangeWithin(p.base+"/embed", []byte(`{"model":"tiny-xlmr","inputs":"still serving"}`), 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, 200, status, out)
+}
