@@ -583,10 +583,12 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 	}
 	switch {
 	case len(c.Inputs) == 1 && text(0, "text"):
-	case len(c.Inputs) == 2 && text(0, "text") && text(1, TextPairInput) && e.Head == HeadClassification:
+	case len(c.Inputs) == 2 && text(0, "text") && text(1, TextPairInput):
+		// Pairs: a cross-encoder's (query, passage), NLI's (premise,
+		// hypothesis); an embedder may embed (title, body) pairs too.
 	case len(c.Inputs) >= 2 && len(c.Inputs) <= 3 && ids(0, "input_ids") && ids(1, "attention_mask") && (len(c.Inputs) == 2 || ids(2, "token_type_ids")):
 	default:
-		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or text, BYTES [-1] (and, with a classification head, text_pair, BYTES [-1]), with a tokenizer.json or vocab.txt")
+		return bad("inputs", "an encoder takes input_ids and attention_mask (and optionally token_type_ids), INT64 [-1, -1], in that order; or text, BYTES [-1] (and optionally text_pair, BYTES [-1]), with a tokenizer.json or vocab.txt")
 	}
 	if width, what := e.OutputWidth(), "hidden"; len(c.Outputs) != 1 || c.Outputs[0].Datatype != FP32 || !slices.Equal(c.Outputs[0].Shape, []int{-1, width}) {
 		if e.Head == HeadClassification {

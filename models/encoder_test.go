@@ -51,5 +51,7 @@ func TestEncoderFamilyKeys(t *testing.T) {
 	_, err = ParseConfig(strings.NewReader(pair))
 	assert.NoError(t, err, "a classification head takes text and text_pair")
 	_, err = ParseConfig(strings.NewReader(strings.Replace(strings.Replace(pair, ", head: classification, num_labels: 1", "", 1), "[-1, 1]", "[-1, 8]", 1)))
-	assert.ErrorContains(t, err, "with a classification head, text_pair", "text_pair without a head")
+	assert.NoError(t, err, "an embedder may take (title, body) pairs")
+	_, err = ParseConfig(strings.NewReader(strings.Replace(pair, "name: text_pair", "name: second", 1)))
+	assert.ErrorContains(t, err, "(and optionally text_pair, BYTES [-1])", "only text_pair is a second text input")
 }

@@ -41,12 +41,12 @@ func TestTEIEmbed(t *testing.T) {
 	require.Equal(t, 200, st, string(b))
 	var got [][]float32
 	decodeStrict(t, b, &got)
-	assert.Equal(t, want, got)
+	assertVectors(t, want, got)
 
 	st, b = fx.post(t, "/embed?model=tiny-encoder", `{"inputs":"hello world","normalize":true,"truncate":true,"truncation_direction":"Right"}`)
 	require.Equal(t, 200, st, string(b))
 	decodeStrict(t, b, &got)
-	assert.Equal(t, want[:1], got)
+	assertVectors(t, want[:1], got)
 
 	st, b = fx.post(t, "/embed", `{"inputs":"hello world","dimensions":8,"model":"tiny-encoder"}`)
 	require.Equal(t, 200, st, string(b))
@@ -70,7 +70,7 @@ func TestTEIEmbedTruncation(t *testing.T) {
 	require.Equal(t, 200, st, string(b))
 	var right [][]float32
 	decodeStrict(t, b, &right)
-	assert.Equal(t, fx.oipEmbeddings(t, "tiny-encoder", []string{long}), right)
+	assertVectors(t, fx.oipEmbeddings(t, "tiny-encoder", []string{long}), right)
 
 	// Left: the last 126 tokens, and their embedding is that text's.
 	st, b = fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": true, "truncation_direction": "Left"})
@@ -82,7 +82,7 @@ func TestTEIEmbedTruncation(t *testing.T) {
 	words := toks[1 : len(toks)-1]
 	tail := long[words[len(words)-126].Start:]
 	assert.True(t, strings.HasSuffix(tail, "omega end"))
-	assert.Equal(t, fx.oipEmbeddings(t, "tiny-encoder", []string{tail}), leftGot)
+	assertVectors(t, fx.oipEmbeddings(t, "tiny-encoder", []string{tail}), leftGot)
 	assert.NotEqual(t, right, leftGot)
 
 	st, b = fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": false})

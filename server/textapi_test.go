@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/batching"
@@ -141,10 +142,10 @@ func fakeLogits(l engine.Layout, in, out []byte) error {
 
 // textFixture is a started server with the text models.
 type textFixture struct {
-	url      string
-	set      *serving.Set
-	reg      *prometheus.Registry
-	s        *Server
+	url string
+	set *serving.Set
+	reg *prometheus.Registry
+	s   *Server
 }
 
 type textOptions struct {
@@ -284,4 +285,30 @@ func tokenCount(t *testing.T, m *models.Model, text string) int {
 	ids, err := m.Tokenizer.AppendEncode(nil, text, m.Config.MaxSeq(), m.Config.Encoder.Truncate)
 	require.NoError(t, err)
 	return len(ids)
+}
+
+// vectorTolerance is how far an embedding may move with the batch it ran
+// in: the products' blocking follows the step's rows, so the last bits
+// of a float32 sum differ between a text alone and in a batch.
+const vectorTolerance = 1e-5
+
+// assertVector checks that got is want, element by element, within
+// vectorTolerance.
+func assertVector(t *testing.T, want, got []float32, msg ...any) {
+	t.Helper()
+	require.Len(t, got, len(want), msg...)
+	for i := range want {
+		if math.Abs(float64(want[i]-got[i])) > vectorTolerance {
+			assert.InDelta(t, want[i], got[i], vectorTolerance, append([]any{"element %d: "}, msg...)...)
+			return
+		}
+	}
+}
+
+func assertVectors(t *testing.T, want, got [][]float32) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	for i := range want {
+		assertVector(t, want[i], got[i], "row %d", i)
+	}
 }

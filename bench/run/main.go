@@ -163,11 +163,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	budget, err := budgetRepository(tmp, tokenBudget)
+	embedNB, err := embedRepository(tmp, "embed", 0)
 	if err != nil {
 		return err
 	}
-	serveTB, err := start("stepserve (token budget)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", budget, "--log.level", "warn"}, nil, "/v2/health/ready")
+	embedTB, err := embedRepository(tmp, "embed-budget", tokenBudget)
+	if err != nil {
+		return err
+	}
+	serveE, err := start("stepserve (embeddings)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", embedNB, "--log.level", "warn"}, nil, "/v2/health/ready")
+	if err != nil {
+		return err
+	}
+	serveTB, err := start("stepserve (token budget)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", embedTB, "--log.level", "warn"}, nil, "/v2/health/ready")
 	if err != nil {
 		return err
 	}
@@ -243,15 +251,15 @@ func run() error {
 	fmt.Fprintln(os.Stderr, "embeddings")
 	r.line("## 2b. Embeddings: OpenAI `/v1/embeddings` on the tiny-xlmr demo at 64 connections, mixed lengths")
 	r.line("")
-	r.line("Seven short queries (5-15 tokens) for every passage of about 100 tokens, one text per request, through `POST /v1/embeddings` on the XLM-R-layout demo (Unigram tokenizer.json, CPU engine, buckets batch [1, 4, 16, 64] x seq [32, 64, 128]); the same server binary with and without `batching.max_batch_tokens: %d` on the model, interleaved.", tokenBudget)
+	r.line("Seven short queries (5-15 tokens) for every passage of about 100 tokens, one text per request, through `POST /v1/embeddings` on the XLM-R-layout demo (Unigram tokenizer.json, CPU engine, buckets batch [1, 4, 16, 64] x seq [32, 64, 128], each server serving it alone); the same server binary with and without `batching.max_batch_tokens: %d` on the model, interleaved.", tokenBudget)
 	r.line("")
 	r.line("| | no token budget | max_batch_tokens %d | throughput ratio | p99 ratio | mean padding per step (no budget / budget) |", tokenBudget)
 	r.line("|---|---|---|---|---|---|")
 	{
-		rs := interleaved(64, target{url: serve + "/v1/embeddings", script: bodies["embed-mixed"]}, target{url: serveTB + "/v1/embeddings", script: bodies["embed-mixed"]})
+		rs := interleaved(64, target{url: serveE + "/v1/embeddings", script: bodies["embed-mixed"]}, target{url: serveTB + "/v1/embeddings", script: bodies["embed-mixed"]})
 		n, b := rs[0], rs[1]
 		r.line("| tiny-xlmr | %s | %s | %.2fx | %.2fx lower | %.0f%% / %.0f%% |", n, b, b.rps/n.rps, float64(n.p99)/float64(max(b.p99, 1)),
-			100*meanPadding(serve, "tiny-xlmr"), 100*meanPadding(serveTB, "tiny-xlmr"))
+			100*meanPadding(serveE, "tiny-xlmr"), 100*meanPadding(serveTB, "tiny-xlmr"))
 	}
 	r.line("")
 	r.line("Without a budget a passage pads every short query that shares its step to its 128-token bucket (the CPU engine computes real tokens only, so on it the cost is mostly attention over the longer bucket and the copies; on an NPU every padded token is device work). With the budget a step holds at most %d padded tokens: the passage rides with at most 15 others.", tokenBudget)
@@ -427,11 +435,13 @@ func meanPadding(base, model string) float64 {
 	return sum / count
 }
 
-// budgetRepository copies the shipped models with a token budget on the
-// tiny-xlmr demo (batching.max_batch_tokens).
-func budgetRepository(dir string, budget int) (string, error) {
-	root := filepath.Join(dir, "budget")
-	if err := os.CopyFS(root, os.DirFS("model_repository")); err != nil {
+// embedRepository is a repository of the tiny-xlmr demo alone, with the
+// batch buckets a serving deployment would have ([1, 4, 16, 64]: the
+// shipped demo keeps its buffers small) and, when budget is not 0,
+// batching.max_batch_tokens.
+func embedRepository(dir, name string, budget int) (string, error) {
+	root := filepath.Join(dir, name)
+	if err := os.CopyFS(filepath.Join(root, "tiny-xlmr"), os.DirFS("model_repository/tiny-xlmr")); err != nil {
 		return "", err
 	}
 	p := filepath.Join(root, "tiny-xlmr", "model.yaml")
@@ -439,7 +449,11 @@ func budgetRepository(dir string, budget int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return root, os.WriteFile(p, fmt.Appendf(b, "batching:\n  max_batch_tokens: %d\n", budget), 0o644)
+	b = regexp.MustCompile(`(?m)^(\s*)batch: \[[^\]]*\]`).ReplaceAll(b, []byte("${1}batch: [1, 4, 16, 64]"))
+	if budget > 0 {
+		b = fmt.Appendf(b, "batching:\n  max_batch_tokens: %d\n", budget)
+	}
+	return root, os.WriteFile(p, b, 0o644)
 }
 
 // noBatchRepository copies the shipped models with batch bucket [1].

@@ -123,6 +123,7 @@ func TestResultDecodesIntoExplain(t *testing.T) {
 		D2HNS:              engine.Unknown, // absent
 		V2V:                engine.Unknown, // absent
 		V2VSlow:            0,
+		DeviceNS:           engine.Unknown, // left out: unknown
 		CPUFallbackByOp:    map[string]int64{"aten::nonzero": 2},
 		CPUFallbackReasons: map[string]int64{"dtype-not-fp16": 2},
 		Notes:              []string{"dispatch/cpu_fallback: graph mode"},
