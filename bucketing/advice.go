@@ -192,6 +192,8 @@ type Advice struct {
 	Exact bool  `json:"exact"`
 	// YAML is the buckets block to paste into model.yaml.
 	YAML string `json:"model_yaml"`
+
+	ops int64 // the search's cost, for tests
 }
 
 // Advise returns the bucket lists of at most maxBuckets programs (the
@@ -243,20 +245,31 @@ func Advise(h Histogram, batch, seq []int, maxBuckets int) (Advice, error) {
 	cost := func(b, s []int) float64 { return work(h, b, s) }
 	now := cost(batch, seq)
 	bestB, bestS, best := []int(nil), []int(nil), math.Inf(1)
+	var ops int64 // dynamic-programming cells evaluated: the search's cost
 	if len(seq) == 0 {
-		bestB, best = oneDim(h.Rows, rowW, rows, maxBuckets)
-		a.Exact = true
+		cand := thin(rows, rowW, h.Rows, maxCandidates1D)
+		bestB, best = oneDim(h.Rows, rowW, cand, maxBuckets, &ops)
+		a.Exact = len(cand) == len(rows)
 	} else {
-		for kb := 1; kb <= min(maxBuckets, len(rows)); kb++ {
-			ks := min(maxBuckets/kb, len(seqs))
-			if ks < 1 {
-				break
+		// The candidates are thinned to a bound, and of the splits of
+		// maxBuckets between the two lists only those that give the seq
+		// list a different length are tried (for one seq length, more
+		// batch sizes never cost more): the search's cost is bounded
+		// whatever the grid and max_buckets.
+		cr := thin(rows, rowW, h.Rows, maxCandidates2D)
+		cs := thin(seqs, seqW, h.Seq, maxCandidates2D)
+		lastKs := -1
+		for kb := min(maxBuckets, len(cr)); kb >= 1; kb-- {
+			ks := min(maxBuckets/kb, len(cs))
+			if ks < 1 || ks == lastKs {
+				continue
 			}
-			b, s := fit(batch, rows, kb), fit(seq, seqs, ks)
+			lastKs = ks
+			b, s := fit(batch, cr, kb), fit(seq, cs, ks)
 			c := cost(b, s)
-			for range 50 {
-				nb, _ := oneDim(h.Rows, weighBatch(h, s), rows, kb)
-				ns, _ := oneDim(h.Seq, weighSeq(h, nb), seqs, ks)
+			for range maxAlternations {
+				nb, _ := oneDim(h.Rows, weighBatch(h, s), cr, kb, &ops)
+				ns, _ := oneDim(h.Seq, weighSeq(h, nb), cs, ks, &ops)
 				nc := cost(nb, ns)
 				if nc >= c*(1-1e-12) {
 					break
@@ -267,8 +280,9 @@ func Advise(h Histogram, batch, seq []int, maxBuckets int) (Advice, error) {
 				bestB, bestS, best = b, s, c
 			}
 		}
-		a.Exact = len(rows) == 1 || maxBuckets == 1
+		a.Exact = (len(rows) == 1 || maxBuckets == 1) && len(cr) == len(rows) && len(cs) == len(seqs)
 	}
+	a.ops = ops
 	if len(batch)*max(len(seq), 1) <= maxBuckets && now <= best {
 		// The current lists fit and are at least as good: keep them.
 		bestB, bestS, best = slices.Clone(batch), slices.Clone(seq), now
@@ -280,6 +294,43 @@ func Advise(h Histogram, batch, seq []int, maxBuckets int) (Advice, error) {
 	a.WorkRatio = best / now
 	a.YAML = bucketsYAML(a.Batch, a.Seq)
 	return a, nil
+}
+
+// The bounds of the search (see Advise): candidates per dimension, and
+// alternations of the two-dimensional search.
+const (
+	maxCandidates1D = 256
+	maxCandidates2D = 48
+	maxAlternations = 8
+)
+
+// thin is cand (ascending sizes that occur, with weights w over sizes) cut
+// to at most n: its largest always, and the others where the weight's
+// running total crosses each n-th of the whole, so that where traffic is
+// dense, buckets may be too. With no more than n, cand is returned.
+func thin(cand []int, w []float64, sizes []int, n int) []int {
+	if len(cand) <= n {
+		return cand
+	}
+	total := 0.0
+	for _, x := range w {
+		total += x
+	}
+	out := make([]int, 0, n)
+	run, next := 0.0, total/float64(n)
+	for i, s := range sizes {
+		if w[i] == 0 || s >= cand[len(cand)-1] {
+			continue
+		}
+		run += w[i]
+		if run >= next && len(out) < n-1 {
+			out = append(out, s)
+			for next <= run {
+				next += total / float64(n)
+			}
+		}
+	}
+	return append(out, cand[len(cand)-1])
 }
 
 // occurring is the sizes whose weight is not zero.
@@ -380,7 +431,7 @@ func fit(cur, cand []int, k int) []int {
 // where w is given for every size of sizes. Dynamic programming over the
 // candidates: best[j][n] is the least cost of covering every size up to
 // cand[n] with j buckets, the last of them cand[n]; O(k x len(cand)^2).
-func oneDim(sizes []int, w []float64, cand []int, k int) ([]int, float64) {
+func oneDim(sizes []int, w []float64, cand []int, k int, ops *int64) ([]int, float64) {
 	n := len(cand)
 	// mass[i] is the weight of the sizes in (cand[i-1], cand[i]].
 	mass := make([]float64, n)
@@ -413,6 +464,7 @@ func oneDim(sizes []int, w []float64, cand []int, k int) ([]int, float64) {
 		from[1][i] = -1
 	}
 	for j := 2; j <= k; j++ {
+		*ops += int64(n) * int64(n-1) / 2
 		for i := range n {
 			for p := range i {
 				if best[j-1][p] == inf {

@@ -221,7 +221,13 @@ func (hc *hfConfig) config(folder *hfFolder) (*Config, error) {
 	if family == FamilyDistilBERT {
 		e.TypeVocabSize = 0 // the family's default: DistilBERT has no token types
 	}
-	if e.MaxPosition <= 0 {
+	if e.MaxPosition < 0 {
+		return nil, bad("max_position_embeddings", "%d is negative; want the model's position count (e.g. 512)", e.MaxPosition)
+	}
+	if id := e.padID(); id < 0 || id >= e.VocabSize {
+		return nil, bad("pad_token_id", "%d is outside the vocabulary (0..%d)", id, e.VocabSize-1)
+	}
+	if e.MaxPosition == 0 { // absent
 		e.MaxPosition = 512 + encoderFamilies[family].positionOffset(e.padID())
 	}
 	if e.Pooling == "" && head == HeadNone {

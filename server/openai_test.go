@@ -188,11 +188,21 @@ func TestOpenAIEmbeddingsTooManyInputs(t *testing.T) {
 	require.NotNil(t, e.Error.Code)
 	assert.Equal(t, "request_too_large", *e.Error.Code)
 
-	// A body of many tiny strings costs its decoding budget first: with a
-	// small in-flight budget it is refused whole, not decoded.
+	// A body of many values is refused unread, strings or not (an array
+	// of nulls or empty objects builds as much as one of strings).
+	for _, v := range []string{`"",`, `null,`, `{},`, `0,`} {
+		many := `{"model":"tiny-encoder","input":[` + strings.Repeat(v, 200_000) + `""]}`
+		st, b = fx.post(t, "/v1/embeddings", many)
+		assert.Equal(t, 413, st, v)
+		decodeStrict(t, b, &e)
+		assert.Contains(t, e.Error.Message, "more than 7168 JSON values", v)
+	}
+
+	// Under the value bound, decoding costs its budget first: with a
+	// small in-flight budget a large body is refused whole, not decoded.
 	small := newTextFixture(t, textOptions{onlyTiny: true, maxInflight: 4 << 20})
-	many := `{"model":"tiny-encoder","input":[` + strings.Repeat(`"",`, 200_000) + `""]}`
-	st, b = small.post(t, "/v1/embeddings", many)
+	big := `{"model":"tiny-encoder","input":[` + strings.Repeat(`"`+strings.Repeat("x", 2000)+`",`, 2000) + `""]}`
+	st, b = small.post(t, "/v1/embeddings", big)
 	assert.Equal(t, 413, st)
 	decodeStrict(t, b, &e)
 	assert.Contains(t, e.Error.Message, "in-flight budget")

@@ -356,6 +356,14 @@ func (s *Server) teiTokenize(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return t.fail(&tokenizerError{err})
 			}
+			// Normalizing may make more tokens than bytes (NFKC turns
+			// U+FDFA's 3 bytes into 18 characters): what is over the
+			// charge above is taken now, before the next text.
+			if extra := int64(len(toks)) - int64(len(text)) - 4; extra > 0 {
+				if err := t.ch.take(r.Context(), extra*tokenBytes, "tokenizing the request"); err != nil {
+					return t.fail(err)
+				}
+			}
 			if !special {
 				toks = slices.DeleteFunc(toks, func(tok textToken) bool { return tok.Special })
 			}

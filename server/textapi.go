@@ -179,6 +179,7 @@ func (s *Server) serveText(w http.ResponseWriter, r *http.Request, api *textProt
 		t.began = time.Now()
 		status = handle(t, body)
 	}
+	t.info.trace.Done(status) // its response is written
 	took := time.Since(start)
 	name := ""
 	if t.m != nil {
@@ -233,9 +234,18 @@ func (t *textRequest) ok(body []byte, sr *steps.Request) int {
 // field names the body's texts in the message of a texts field that does
 // not decode.
 func (t *textRequest) decodeJSON(body []byte, v any, field string) error {
-	const perString = 48 // a string header, and the slice growth that holds it
-	strs := int64(bytes.Count(body, []byte{'"'})/2 + 1)
-	if err := t.ch.take(t.r.Context(), int64(len(body))+perString*strs, "decoding the request"); err != nil {
+	// What decoding builds is bounded before it is built: every JSON value
+	// (a string, a null, an empty object) may become a header of up to 48
+	// bytes in a slice that doubles as it grows, whatever its own length.
+	// No request of these APIs needs more values than its texts (2048, or
+	// 2048 pairs) and a few keys, so more is refused unread.
+	const perValue = 48
+	values := jsonValues(body)
+	if values > maxTextValues {
+		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+			"the request holds more than %d JSON values; a request sends at most %d texts (or pairs): split it", maxTextValues, maxClientBatch)}
+	}
+	if err := t.ch.take(t.r.Context(), int64(len(body))+perValue*int64(values+1), "decoding the request"); err != nil {
 		return err
 	}
 	if !utf8.Valid(body) {
@@ -249,6 +259,33 @@ func (t *textRequest) decodeJSON(body []byte, v any, field string) error {
 		return badRequest(jsonErrorMessage(body, err))
 	}
 	return nil
+}
+
+// maxTextValues bounds the JSON values of a text API request: 2048 pairs
+// (three values each) and room for the other keys.
+const maxTextValues = 3*maxClientBatch + 1024
+
+// jsonValues counts the values in a JSON document, as the elements and
+// members its arrays and objects hold (a comma or an opening bracket each,
+// outside strings), in one pass: a bound, not a parse.
+func jsonValues(b []byte) int {
+	n, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ',' || c == '[' || c == '{':
+			n++
+		}
+	}
+	return n
 }
 
 // find chooses the model a request names (name, or the query's model=),
@@ -343,6 +380,11 @@ func (t *textRequest) infer(tm textSig, texts, pairs []string, extraJSON int64) 
 	f.json += extraJSON
 	var sr *steps.Request
 	var err error
+	if t.info.trace == nil {
+		// Traced as OIP requests are: one atomic load while tracing is off.
+		t.info.trace = t.s.opts.Tracer.Sample(t.m.Model().Name)
+	}
+	req.trace = t.info.trace
 	t.m, sr, err = t.s.run(t.r.Context(), &t.ch, t.m, req, f)
 	t.info.rows = req.rows
 	return sr, f.json, err

@@ -56,6 +56,9 @@ func (s *Server) traceFiles(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if files == nil {
+		files = []trace.FileInfo{} // [] when there are none, not null
+	}
 	return map[string]any{"dir": s.opts.Tracer.Dir(), "files": files}, nil
 }
 

@@ -72,8 +72,10 @@ type stats struct {
 	labels  []string
 	buckets []bucketStats
 	execs   []execStats // by the rows of a step, 1..the largest bucket's
-	// traffic is the steps' sizes before padding, for bucket advice.
+	// traffic is the steps' sizes before padding, for bucket advice;
+	// advice its recent answers.
 	traffic *bucketing.Traffic
+	advice  adviceCache
 }
 
 type execStats struct {

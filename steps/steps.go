@@ -401,8 +401,45 @@ func (r *Runner) Executions() []Execution { return r.stats.executions() }
 // would have padded the model's recorded steps least (every replica's,
 // decayed over time), beside what its current lists cost on them; see
 // [bucketing.Advise].
+//
+// An answer is kept for adviceTTL per maxBuckets, and one advice is
+// computed at a time in the process: it is open to any inference client,
+// and a dashboard scrapes it.
 func (r *Runner) Advise(maxBuckets int) (bucketing.Advice, error) {
-	return bucketing.Advise(r.stats.traffic.Snapshot(), r.opts.Grid.Batch(), r.opts.Grid.Seq(), maxBuckets)
+	c := &r.stats.advice
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byK[maxBuckets]; ok && time.Since(e.at) < adviceTTL {
+		return e.a, nil
+	}
+	adviceMu.Lock()
+	a, err := bucketing.Advise(r.stats.traffic.Snapshot(), r.opts.Grid.Batch(), r.opts.Grid.Seq(), maxBuckets)
+	adviceMu.Unlock()
+	if err != nil {
+		return a, err
+	}
+	if c.byK == nil || len(c.byK) >= 8 {
+		c.byK = map[int]cachedAdvice{}
+	}
+	c.byK[maxBuckets] = cachedAdvice{a: a, at: time.Now()}
+	return a, nil
+}
+
+// adviceTTL is how long an advice is served again rather than computed.
+const adviceTTL = 10 * time.Second
+
+// adviceMu lets one advice be computed at a time, whatever the model.
+var adviceMu sync.Mutex
+
+// adviceCache is a model's recent advice, by max_buckets.
+type adviceCache struct {
+	mu  sync.Mutex
+	byK map[int]cachedAdvice
+}
+
+type cachedAdvice struct {
+	a  bucketing.Advice
+	at time.Time
 }
 
 // Explains returns the last non-clean steps, newest first.

@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stepserve/stepserve/bucketing"
 )
@@ -70,7 +72,7 @@ block to paste.
 		if json.Unmarshal(body, &e) != nil || e.Error == "" {
 			e.Error = strings.TrimSpace(string(body))
 		}
-		fmt.Fprintf(stderr, "stepserve advise: %s: %s\n", resp.Status, e.Error)
+		fmt.Fprintf(stderr, "stepserve advise: %s: %s\n", printable(resp.Status), printable(e.Error))
 		return 1
 	}
 	var out struct {
@@ -83,6 +85,7 @@ block to paste.
 		return 1
 	}
 	a := out.Advice
+	out.Name, a.YAML = printable(out.Name), printable(a.YAML)
 	how := "the best of a search over both dimensions"
 	if a.Exact {
 		how = "the optimum"
@@ -93,6 +96,18 @@ block to paste.
 	fmt.Fprintf(stdout, "  advised: %-40s %3d programs, %5.1f%% of the device work is padding\n\n", lists(a.Batch, a.Seq), a.Programs, 100*a.PaddingAdvised)
 	fmt.Fprintf(stdout, "With at most %d programs, the advised lists are %s for this traffic: %.2fx the device work of today's.\nmodel.yaml:\n\n%s", out.MaxBuckets, how, a.WorkRatio, a.YAML)
 	return 0
+}
+
+// printable is s as it may reach a terminal: control characters other than
+// newlines (an escape sequence a hostile server sends to retitle or clear
+// the operator's terminal) become U+FFFD.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || !unicode.IsControl(r) {
+			return r
+		}
+		return utf8.RuneError
+	}, s)
 }
 
 func lists(batch, seq []int) string {

@@ -25,6 +25,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/engine/cpufallback"
+
 	"github.com/stepserve/stepserve/config"
 )
 
@@ -41,7 +43,14 @@ func TestMain(m *testing.M) {
 	// Every server a test starts serves gRPC on a free loopback port, not
 	// on the default :8001 that servers started side by side would share.
 	os.Setenv("STEPSERVE_SERVER_GRPC_ADDR", "127.0.0.1:0")
-	build := exec.Command("go", "build", "-o", binPath, ".")
+	// The server under test is built as this test binary was: with
+	// OpenBLAS when make test's -tags openblas built it, so that the
+	// end-to-end tests run the build make build and the image ship.
+	args := []string{"build", "-o", binPath}
+	if cpufallback.BLAS() == "openblas" {
+		args = append(args, "-tags", "openblas")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the server:", err)

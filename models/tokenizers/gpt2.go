@@ -15,6 +15,8 @@ func isGPT2Pattern(p string) bool { return p == gpt2Pattern }
 // (?!\S) is outside RE2. Its matches tile the text.
 type gpt2Matcher struct{}
 
+func (gpt2Matcher) minLen() int { return 1 }
+
 func (gpt2Matcher) findAll(s []byte) [][2]int {
 	var out [][2]int
 	for i := 0; i < len(s); {

@@ -16,6 +16,55 @@ type normalizer interface {
 	normalize(t text) text
 }
 
+// maxGrowth bounds how many bytes a normalizer chain may make of one byte
+// of text, worst case, as a tokenizer.json describes it. The normalizers
+// real tokenizers use stay far below it (NFKC at most 11 in UTF-8: U+FDFA
+// is 3 bytes and becomes 33; BERT's CJK spacing and lowercasing; a
+// Replace of a space by U+2581), while a chain of Replaces each turning
+// one character into a hundred would make a 700-byte request 10^8 bytes.
+const maxGrowth = 256
+
+// growth is the most bytes n may make of one byte of text (and of the
+// empty text: a Prepend adds bytes to any), a bound, not an estimate.
+func growth(n normalizer) (perByte, added int) {
+	switch n := n.(type) {
+	case sequenceNormalizer:
+		perByte = 1
+		for _, m := range n {
+			p, a := growth(m)
+			perByte, added = min(perByte*p, 1<<30), min(added*p+a, 1<<30)
+		}
+		return perByte, added
+	case bertNormalizer:
+		return 2 * 4 * 2, 0 // CJK spacing, NFD, lowercasing
+	case unicodeForm:
+		if n.form == norm.NFKC || n.form == norm.NFKD {
+			return 18, 0 // U+FDFA: one character, 18 in NFKD
+		}
+		return 4, 0
+	case lowercase:
+		return 2, 0
+	case replace:
+		return n.growth(), 0
+	case prepend:
+		return 1, len(n)
+	case *precompiled:
+		return n.longest, 0
+	case nmtFallback:
+		return 18, 0
+	}
+	return 1, 0
+}
+
+// growthError refuses a normalizer chain that could expand text more than
+// maxGrowth-fold.
+func growthError(n normalizer) error {
+	if p, a := growth(n); p > maxGrowth || a > maxGrowth*64 {
+		return fmt.Errorf("the normalizers could make up to %d bytes of each byte of text (and add %d); stepserve serves at most %d-fold growth", p, a, maxGrowth)
+	}
+	return nil
+}
+
 // normalizerConfig is a tokenizer.json normalizer, every type's fields.
 type normalizerConfig struct {
 	Type string `json:"type"`
@@ -296,6 +345,13 @@ func (s strip) normalize(t text) text {
 type replace struct {
 	pattern matcher
 	content string
+}
+
+// growth is the most bytes one byte of text may become: the content for
+// each byte of the shortest match (every position, for a pattern that
+// matches the empty string).
+func (r replace) growth() int {
+	return len(r.content)/max(r.pattern.minLen(), 1) + 1
 }
 
 func (r replace) normalize(t text) text {

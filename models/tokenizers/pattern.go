@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"regexp/syntax"
 	"strings"
+	"unicode/utf8"
 )
 
 // matcher finds the non-overlapping matches of a pattern, leftmost first,
@@ -13,6 +15,9 @@ import (
 type matcher interface {
 	// findAll returns the byte ranges [start, end) of the matches in s.
 	findAll(s []byte) [][2]int
+	// minLen is the fewest bytes a match spans (0: it may match the
+	// empty string).
+	minLen() int
 }
 
 // patternConfig is a tokenizer.json pattern: {"String": "..."} or
@@ -68,6 +73,49 @@ func (l literal) findAll(s []byte) [][2]int {
 }
 
 type regexMatcher struct{ re *regexp.Regexp }
+
+func (l literal) minLen() int { return len(l) }
+
+func (m regexMatcher) minLen() int {
+	re, err := syntax.Parse(m.re.String(), syntax.Perl)
+	if err != nil {
+		return 0
+	}
+	return minMatch(re.Simplify())
+}
+
+// minMatch is the fewest bytes re matches.
+func minMatch(re *syntax.Regexp) int {
+	switch re.Op {
+	case syntax.OpLiteral:
+		n := 0
+		for _, r := range re.Rune {
+			n += utf8.RuneLen(r)
+		}
+		return n
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return 1
+	case syntax.OpCapture:
+		return minMatch(re.Sub[0])
+	case syntax.OpPlus:
+		return minMatch(re.Sub[0])
+	case syntax.OpRepeat:
+		return min(re.Min*minMatch(re.Sub[0]), 1<<20)
+	case syntax.OpConcat:
+		n := 0
+		for _, sub := range re.Sub {
+			n = min(n+minMatch(sub), 1<<20)
+		}
+		return n
+	case syntax.OpAlternate:
+		n := 1 << 20
+		for _, sub := range re.Sub {
+			n = min(n, minMatch(sub))
+		}
+		return n
+	}
+	return 0 // empty, star, quest, anchors and boundaries
+}
 
 func (m regexMatcher) findAll(s []byte) [][2]int {
 	var out [][2]int

@@ -24,6 +24,7 @@ import (
 type precompiled struct {
 	trie       []uint32
 	normalized []byte // NUL-terminated strings; the trie's values index it
+	longest    int    // the longest of them, in bytes
 }
 
 // nmtFallback is Precompiled without a usable charsmap.
@@ -46,6 +47,10 @@ func newPrecompiled(charsmap []byte) normalizer {
 	}
 	if len(p.normalized) > 0 && p.normalized[len(p.normalized)-1] != 0 {
 		return nmtFallback{}
+	}
+	// The longest replacement bounds the growth of one byte of text.
+	for _, r := range bytes.Split(p.normalized, []byte{0}) {
+		p.longest = max(p.longest, len(r))
 	}
 	return p
 }

@@ -48,6 +48,10 @@ type Tokenizer struct {
 	specialTokens map[int64]bool
 }
 
+// maxAddedTokenBytes bounds one added token: each of its bytes is a node
+// of the matcher's trie.
+const maxAddedTokenBytes = 1024
+
 // addedToken is an entry of added_tokens.
 type addedToken struct {
 	ID         int64  `json:"id"`
@@ -92,6 +96,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer.json: model: %w", err)
 	}
 	if t.normalizer, err = parseNormalizer(c.Normalizer, 0); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: normalizer: %w", err)
+	}
+	if err := growthError(t.normalizer); t.normalizer != nil && err != nil {
 		return nil, fmt.Errorf("tokenizer.json: normalizer: %w", err)
 	}
 	if t.preTokenizer, err = parsePreTokenizer(c.PreTokenizer, 0); err != nil {
@@ -142,6 +149,9 @@ func (t *Tokenizer) addTokens(list []addedToken) error {
 		}
 		if a.Content == "" {
 			return fmt.Errorf("tokenizer.json: added_tokens[%d]: empty content", i)
+		}
+		if len(a.Content) > maxAddedTokenBytes {
+			return fmt.Errorf("tokenizer.json: added_tokens[%d]: content of %d bytes; want at most %d (added tokens are markers like <s> or [MASK])", i, len(a.Content), maxAddedTokenBytes)
 		}
 		t.vocab.add(a.Content, a.ID)
 		t.vocab.ids[a.Content] = a.ID
@@ -379,7 +389,9 @@ func (t *Tokenizer) encodeText(s string, base, seq int) []Token {
 				pieces = t.model.tokenize(pieces[:0], w.s)
 				for _, p := range pieces {
 					from, to := w.origin(p.start, p.end)
-					out = append(out, Token{ID: p.id, Start: from, Stop: to, Special: t.specialTokens[p.id], Seq: seq})
+					// What the model makes of text is the text's, never special:
+					// an <unk> stands for characters the input holds.
+					out = append(out, Token{ID: p.id, Start: from, Stop: to, Seq: seq})
 				}
 			}
 		}

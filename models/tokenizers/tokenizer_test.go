@@ -208,3 +208,34 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// TestNormalizersThatExplodeAreRefused: a tokenizer.json whose normalizers
+// could make much more text than they are given is refused at load, with
+// the growth named; the chains real tokenizers use load.
+func TestNormalizersThatExplodeAreRefused(t *testing.T) {
+	wordPiece := `"model":{"type":"WordPiece","unk_token":"[UNK]","vocab":{"[UNK]":0,"a":1}}`
+	rep := func(pattern, content string) string {
+		return `{"type":"Replace","pattern":` + pattern + `,"content":"` + content + `"}`
+	}
+	hundred := strings.Repeat("a", 100)
+	for _, tc := range []struct {
+		normalizer string
+		ok         bool
+	}{
+		{`{"type":"Sequence","normalizers":[` + strings.Repeat(rep(`{"String":"a"}`, hundred)+",", 3) + rep(`{"String":"a"}`, hundred) + `]}`, false},
+		{rep(`{"Regex":"x*"}`, strings.Repeat("b", 300)), false}, // matches the empty string: content at every position
+		{rep(`{"String":"a"}`, strings.Repeat("b", 300)), false},
+		{`{"type":"BertNormalizer"}`, true},
+		{`{"type":"Sequence","normalizers":[{"type":"NFKC"},` + rep(`{"Regex":" {2,}"}`, "\u2581") + `]}`, true},
+		{`{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"\u2581"},` + rep(`{"String":" "}`, "\u2581") + `]}`, true},
+	} {
+		_, err := Parse([]byte(`{"normalizer":` + tc.normalizer + `,` + wordPiece + `}`))
+		if tc.ok {
+			assert.NoError(t, err, tc.normalizer)
+		} else {
+			assert.ErrorContains(t, err, "could make up to", tc.normalizer)
+		}
+	}
+	_, err := Parse([]byte(`{"added_tokens":[{"id":2,"content":"` + strings.Repeat("x", 5000) + `","special":true}],` + wordPiece + `}`))
+	assert.ErrorContains(t, err, "added_tokens[0]: content of 5000 bytes; want at most 1024")
+}
