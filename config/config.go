@@ -359,7 +359,8 @@ func wrap(w io.Writer, text, indent string, width int) {
 // checkEnv refuses a STEPSERVE_ variable that names no key, with the
 // nearest key's variable: a misspelt variable would otherwise be ignored.
 // The worker's and the tests' own variables (STEPSERVE_WORKER_...,
-// STEPSERVE_FAKE_..., STEPSERVE_SOAK) pass.
+// STEPSERVE_FAKE_..., STEPSERVE_SOAK) pass, and STEPSERVE_CPU_KERNELS (the
+// CPU engine's kernel set, forced for measuring).
 func checkEnv(environ []string) error {
 	known := map[string]bool{"STEPSERVE_CONFIG": true}
 	var names []string
@@ -371,7 +372,7 @@ func checkEnv(environ []string) error {
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
 		if !strings.HasPrefix(name, "STEPSERVE_") || known[name] || strings.HasPrefix(name, "STEPSERVE_WORKER_") ||
-			strings.HasPrefix(name, "STEPSERVE_FAKE_") || name == "STEPSERVE_SOAK" {
+			strings.HasPrefix(name, "STEPSERVE_FAKE_") || name == "STEPSERVE_SOAK" || name == "STEPSERVE_CPU_KERNELS" {
 			continue
 		}
 		if best := nearest(name, names); best != "" {
