@@ -207,7 +207,8 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 }
 
 // grpcScope is the tokens that guard an RPC: the repository scope's for
-// Repository*, the inference scope's for the service's other RPCs, none
+// Repository* and TraceSetting (as their HTTP endpoints), the inference
+// scope's for the service's other RPCs, none
 // for ServerLive, ServerReady, ServerMetadata and health, which are open
 // as their HTTP endpoints are.
 func (s *Server) grpcScope(fullMethod string) *tokens {
@@ -218,7 +219,7 @@ func (s *Server) grpcScope(fullMethod string) *tokens {
 	switch {
 	case method == "ServerLive" || method == "ServerReady" || method == "ServerMetadata":
 		return nil
-	case strings.HasPrefix(method, "Repository"):
+	case strings.HasPrefix(method, "Repository") || method == "TraceSetting":
 		return s.repositoryTokens
 	}
 	return s.inferenceTokens

@@ -30,6 +30,7 @@ import (
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/serving"
@@ -829,4 +830,49 @@ func TestGRPCClassification(t *testing.T) {
 	assert.Equal(t, "BYTES", resp.Outputs[0].Datatype)
 	assert.Equal(t, []int64{1, 2}, resp.Outputs[0].Shape)
 	assert.Equal(t, [][]byte{[]byte("6:0"), []byte("3:1")}, resp.Outputs[0].Contents.BytesContents)
+}
+
+// TestGRPCTraceSetting: Triton's TraceSetting RPC reads and changes the
+// settings the HTTP trace endpoints do, behind the repository token.
+func TestGRPCTraceSetting(t *testing.T) {
+	const repoTok = "repo-token-0123456789"
+	f := newSumMax(t)
+	tracer := trace.New(trace.Options{Dir: t.TempDir()})
+	s, err := New(Options{Models: f.set, RepositoryTokens: []string{repoTok}, Tracer: tracer})
+	require.NoError(t, err)
+	c, _ := grpcClients(t, s)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+repoTok)
+	val := func(v ...string) *pb.TraceSettingRequest_SettingValue {
+		return &pb.TraceSettingRequest_SettingValue{Value: v}
+	}
+
+	_, err = c.TraceSetting(context.Background(), &pb.TraceSettingRequest{})
+	code, _ := codeOf(err)
+	assert.Equal(t, codes.Unauthenticated, code, "the repository token guards it")
+
+	got, err := c.TraceSetting(ctx, &pb.TraceSettingRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"OFF"}, got.Settings["trace_level"].GetValue())
+
+	got, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{ModelName: "summax",
+		Settings: map[string]*pb.TraceSettingRequest_SettingValue{"trace_level": val("TIMESTAMPS"), "trace_count": val("5")}})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"TIMESTAMPS"}, got.Settings["trace_level"].GetValue())
+	assert.Equal(t, []string{"5"}, got.Settings["trace_count"].GetValue())
+	assert.Equal(t, "TIMESTAMPS", tracer.Settings("summax")["trace_level"].([]string)[0], "the tracer HTTP reads is the one changed")
+	assert.Equal(t, "OFF", tracer.Settings("")["trace_level"].([]string)[0], "the global settings stay")
+
+	// A setting without values clears the model's override.
+	got, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{ModelName: "summax",
+		Settings: map[string]*pb.TraceSettingRequest_SettingValue{"trace_level": val()}})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"OFF"}, got.Settings["trace_level"].GetValue())
+
+	_, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{Settings: map[string]*pb.TraceSettingRequest_SettingValue{"trace_level": val("LOUD")}})
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.InvalidArgument, code)
+	assert.Contains(t, msg, "trace_level")
+	_, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{ModelName: "nosuch"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code)
 }

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/inferencepb"
 )
 
 // The trace extension (Triton's): GET and POST /v2/trace/setting and
@@ -92,4 +95,66 @@ func traceStatus(err error) int {
 		return http.StatusOK
 	}
 	return statusOf(err)
+}
+
+// TraceSetting is the trace extension over gRPC, as Triton serves it:
+// the request's settings (a setting without values clears the model's
+// override of it) applied as POST .../trace/setting applies them, and the
+// settings in force answered, every value as a list of strings. Behind the
+// repository token, as the HTTP endpoints are.
+func (g *grpcServer) TraceSetting(ctx context.Context, r *inferencepb.TraceSettingRequest) (*inferencepb.TraceSettingResponse, error) {
+	s := g.s
+	if s.opts.Tracer == nil {
+		return nil, grpcError(&apiError{http.StatusNotImplemented, "tracing is not configured on this server"})
+	}
+	model := ""
+	if name := r.GetModelName(); name != "" {
+		m, err := s.lookupName(name, "")
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		model = m.Model().Name
+	}
+	settings := s.opts.Tracer.Settings(model)
+	if len(r.GetSettings()) > 0 {
+		if len(r.GetSettings()) > 64 {
+			return nil, grpcError(badRequest(fmt.Sprintf("%d trace settings; there are 5 (trace_level, trace_rate, trace_count, log_frequency, trace_file)", len(r.GetSettings()))))
+		}
+		body := make(map[string]any, len(r.GetSettings()))
+		for key, v := range r.GetSettings() {
+			switch vals := v.GetValue(); {
+			case len(vals) == 0:
+				body[key] = nil // clears the model's override
+			case key == "trace_level" || len(vals) > 1:
+				body[key] = vals
+			default:
+				body[key] = vals[0]
+			}
+		}
+		b, err := json.Marshal(body)
+		if err != nil || len(b) > trace.MaxSettingsBytes {
+			return nil, grpcError(&apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("trace settings are at most %d bytes", trace.MaxSettingsBytes)})
+		}
+		if settings, err = s.opts.Tracer.Update(model, b); err != nil {
+			var bad *trace.BadSettingsError
+			if errors.As(err, &bad) {
+				return nil, grpcError(badRequest(bad.Error()))
+			}
+			return nil, grpcError(err)
+		}
+	}
+	out := &inferencepb.TraceSettingResponse{Settings: map[string]*inferencepb.TraceSettingResponse_SettingValue{}}
+	for key, v := range settings {
+		var vals []string
+		switch v := v.(type) {
+		case []string:
+			vals = v
+		case string:
+			vals = []string{v}
+		default:
+			vals = []string{fmt.Sprint(v)}
+		}
+		out.Settings[key] = &inferencepb.TraceSettingResponse_SettingValue{Value: vals}
+	}
+	return out, nil
 }

@@ -2892,6 +2892,104 @@ func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
 	return nil
 }
 
+// The trace extension: a setting with no value clears a model's override
+// of it; model_name empty is the global settings.
+type TraceSettingRequest struct {
+	state         protoimpl.MessageState                       `protogen:"open.v1"`
+	Settings      map[string]*TraceSettingRequest_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ModelName     string                                       `protobuf:"bytes,2,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingRequest) Reset() {
+	*x = TraceSettingRequest{}
+	mi := &file_inference_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingRequest) ProtoMessage() {}
+
+func (x *TraceSettingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingRequest.ProtoReflect.Descriptor instead.
+func (*TraceSettingRequest) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *TraceSettingRequest) GetSettings() map[string]*TraceSettingRequest_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+func (x *TraceSettingRequest) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+type TraceSettingResponse struct {
+	state         protoimpl.MessageState                        `protogen:"open.v1"`
+	Settings      map[string]*TraceSettingResponse_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingResponse) Reset() {
+	*x = TraceSettingResponse{}
+	mi := &file_inference_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingResponse) ProtoMessage() {}
+
+func (x *TraceSettingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingResponse.ProtoReflect.Descriptor instead.
+func (*TraceSettingResponse) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *TraceSettingResponse) GetSettings() map[string]*TraceSettingResponse_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
 type ModelMetadataResponse_TensorMetadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2903,7 +3001,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_inference_proto_msgTypes[39]
+	mi := &file_inference_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3013,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[39]
+	mi := &file_inference_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2965,7 +3063,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_inference_proto_msgTypes[40]
+	mi := &file_inference_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2977,7 +3075,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[40]
+	mi := &file_inference_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3136,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_inference_proto_msgTypes[41]
+	mi := &file_inference_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3050,7 +3148,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[41]
+	mi := &file_inference_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3093,7 +3191,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_inference_proto_msgTypes[45]
+	mi := &file_inference_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3203,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[45]
+	mi := &file_inference_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3168,7 +3266,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_inference_proto_msgTypes[48]
+	mi := &file_inference_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3180,7 +3278,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[48]
+	mi := &file_inference_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3233,7 +3331,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_inference_proto_msgTypes[51]
+	mi := &file_inference_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3343,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[51]
+	mi := &file_inference_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3276,7 +3374,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_inference_proto_msgTypes[52]
+	mi := &file_inference_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3386,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[52]
+	mi := &file_inference_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3411,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_inference_proto_msgTypes[53]
+	mi := &file_inference_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3423,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[53]
+	mi := &file_inference_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,6 +3442,94 @@ func (*ModelVersionPolicy_Specific) Descriptor() ([]byte, []int) {
 func (x *ModelVersionPolicy_Specific) GetVersions() []int64 {
 	if x != nil {
 		return x.Versions
+	}
+	return nil
+}
+
+type TraceSettingRequest_SettingValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []string               `protobuf:"bytes,1,rep,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingRequest_SettingValue) Reset() {
+	*x = TraceSettingRequest_SettingValue{}
+	mi := &file_inference_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingRequest_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingRequest_SettingValue) ProtoMessage() {}
+
+func (x *TraceSettingRequest_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingRequest_SettingValue.ProtoReflect.Descriptor instead.
+func (*TraceSettingRequest_SettingValue) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{39, 0}
+}
+
+func (x *TraceSettingRequest_SettingValue) GetValue() []string {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type TraceSettingResponse_SettingValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []string               `protobuf:"bytes,1,rep,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingResponse_SettingValue) Reset() {
+	*x = TraceSettingResponse_SettingValue{}
+	mi := &file_inference_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingResponse_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingResponse_SettingValue) ProtoMessage() {}
+
+func (x *TraceSettingResponse_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingResponse_SettingValue.ProtoReflect.Descriptor instead.
+func (*TraceSettingResponse_SettingValue) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{40, 0}
+}
+
+func (x *TraceSettingResponse_SettingValue) GetValue() []string {
+	if x != nil {
+		return x.Value
 	}
 	return nil
 }
@@ -3632,7 +3818,23 @@ const file_inference_proto_rawDesc = "" +
 	"batchStats\"V\n" +
 	"\x17ModelStatisticsResponse\x12;\n" +
 	"\vmodel_stats\x18\x01 \x03(\v2\x1a.inference.ModelStatisticsR\n" +
-	"modelStats*\xfa\x01\n" +
+	"modelStats\"\x8e\x02\n" +
+	"\x13TraceSettingRequest\x12H\n" +
+	"\bsettings\x18\x01 \x03(\v2,.inference.TraceSettingRequest.SettingsEntryR\bsettings\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\x02 \x01(\tR\tmodelName\x1a$\n" +
+	"\fSettingValue\x12\x14\n" +
+	"\x05value\x18\x01 \x03(\tR\x05value\x1ah\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12A\n" +
+	"\x05value\x18\x02 \x01(\v2+.inference.TraceSettingRequest.SettingValueR\x05value:\x028\x01\"\xf2\x01\n" +
+	"\x14TraceSettingResponse\x12I\n" +
+	"\bsettings\x18\x01 \x03(\v2-.inference.TraceSettingResponse.SettingsEntryR\bsettings\x1a$\n" +
+	"\fSettingValue\x12\x14\n" +
+	"\x05value\x18\x01 \x03(\tR\x05value\x1ai\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12B\n" +
+	"\x05value\x18\x02 \x01(\v2,.inference.TraceSettingResponse.SettingValueR\x05value:\x028\x01*\xfa\x01\n" +
 	"\bDataType\x12\x10\n" +
 	"\fTYPE_INVALID\x10\x00\x12\r\n" +
 	"\tTYPE_BOOL\x10\x01\x12\x0e\n" +
@@ -3653,7 +3855,7 @@ const file_inference_proto_rawDesc = "" +
 	"\tTYPE_FP32\x10\v\x12\r\n" +
 	"\tTYPE_FP64\x10\f\x12\x0f\n" +
 	"\vTYPE_STRING\x10\r\x12\r\n" +
-	"\tTYPE_BF16\x10\x0e2\xda\a\n" +
+	"\tTYPE_BF16\x10\x0e2\xad\b\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -3668,7 +3870,8 @@ const file_inference_proto_rawDesc = "" +
 	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
-	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00B3Z1github.com/stepserve/stepserve/server/inferencepbb\x06proto3"
+	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00\x12Q\n" +
+	"\fTraceSetting\x12\x1e.inference.TraceSettingRequest\x1a\x1f.inference.TraceSettingResponse\"\x00B3Z1github.com/stepserve/stepserve/server/inferencepbb\x06proto3"
 
 var (
 	file_inference_proto_rawDescOnce sync.Once
@@ -3683,7 +3886,7 @@ func file_inference_proto_rawDescGZIP() []byte {
 }
 
 var file_inference_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_inference_proto_goTypes = []any{
 	(DataType)(0),                                        // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                         // 1: inference.ModelInstanceGroup.Kind
@@ -3728,52 +3931,58 @@ var file_inference_proto_goTypes = []any{
 	(*InferBatchStatistics)(nil),                         // 40: inference.InferBatchStatistics
 	(*ModelStatistics)(nil),                              // 41: inference.ModelStatistics
 	(*ModelStatisticsResponse)(nil),                      // 42: inference.ModelStatisticsResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 43: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 44: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 45: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 46: inference.ModelInferRequest.ParametersEntry
-	nil, // 47: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 48: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 49: inference.ModelInferResponse.InferOutputTensor
-	nil, // 50: inference.ModelInferResponse.ParametersEntry
-	nil, // 51: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 52: inference.RepositoryIndexResponse.ModelIndex
-	nil,                                 // 53: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil,                                 // 54: inference.RepositoryModelUnloadRequest.ParametersEntry
-	(*ModelVersionPolicy_Latest)(nil),   // 55: inference.ModelVersionPolicy.Latest
-	(*ModelVersionPolicy_All)(nil),      // 56: inference.ModelVersionPolicy.All
-	(*ModelVersionPolicy_Specific)(nil), // 57: inference.ModelVersionPolicy.Specific
-	nil,                                 // 58: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	nil,                                 // 59: inference.ModelConfig.ParametersEntry
+	(*TraceSettingRequest)(nil),                          // 43: inference.TraceSettingRequest
+	(*TraceSettingResponse)(nil),                         // 44: inference.TraceSettingResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 45: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 46: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 47: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 48: inference.ModelInferRequest.ParametersEntry
+	nil, // 49: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 51: inference.ModelInferResponse.InferOutputTensor
+	nil, // 52: inference.ModelInferResponse.ParametersEntry
+	nil, // 53: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 54: inference.RepositoryIndexResponse.ModelIndex
+	nil,                                      // 55: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil,                                      // 56: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelVersionPolicy_Latest)(nil),        // 57: inference.ModelVersionPolicy.Latest
+	(*ModelVersionPolicy_All)(nil),           // 58: inference.ModelVersionPolicy.All
+	(*ModelVersionPolicy_Specific)(nil),      // 59: inference.ModelVersionPolicy.Specific
+	nil,                                      // 60: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	nil,                                      // 61: inference.ModelConfig.ParametersEntry
+	(*TraceSettingRequest_SettingValue)(nil), // 62: inference.TraceSettingRequest.SettingValue
+	nil,                                      // 63: inference.TraceSettingRequest.SettingsEntry
+	(*TraceSettingResponse_SettingValue)(nil), // 64: inference.TraceSettingResponse.SettingValue
+	nil, // 65: inference.TraceSettingResponse.SettingsEntry
 }
 var file_inference_proto_depIdxs = []int32{
-	43, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	43, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	46, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	44, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	45, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	50, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	49, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	45, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	45, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	48, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	46, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	47, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	52, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	51, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	37, // 7: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
-	52, // 8: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	53, // 9: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	54, // 10: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	54, // 8: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	55, // 9: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	56, // 10: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
 	1,  // 11: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
 	0,  // 12: inference.ModelInput.data_type:type_name -> inference.DataType
 	2,  // 13: inference.ModelInput.format:type_name -> inference.ModelInput.Format
 	0,  // 14: inference.ModelOutput.data_type:type_name -> inference.DataType
-	55, // 15: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
-	56, // 16: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
-	57, // 17: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
+	57, // 15: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
+	58, // 16: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
+	59, // 17: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
 	3,  // 18: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
 	32, // 19: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
-	58, // 20: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	60, // 20: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
 	31, // 21: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
 	29, // 22: inference.ModelConfig.input:type_name -> inference.ModelInput
 	30, // 23: inference.ModelConfig.output:type_name -> inference.ModelOutput
 	28, // 24: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
 	33, // 25: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
-	59, // 26: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	61, // 26: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
 	35, // 27: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
 	36, // 28: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
 	38, // 29: inference.InferStatistics.success:type_name -> inference.StatisticDuration
@@ -3790,47 +3999,53 @@ var file_inference_proto_depIdxs = []int32{
 	39, // 40: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
 	40, // 41: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
 	41, // 42: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	47, // 43: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	15, // 44: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	48, // 45: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	14, // 46: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 47: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 48: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	51, // 49: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	15, // 50: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	14, // 51: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 52: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	23, // 53: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	23, // 54: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	32, // 55: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
-	34, // 56: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
-	4,  // 57: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	6,  // 58: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	8,  // 59: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	10, // 60: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	12, // 61: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	16, // 62: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	18, // 63: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
-	20, // 64: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	21, // 65: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	24, // 66: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	26, // 67: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	5,  // 68: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	7,  // 69: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	9,  // 70: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	11, // 71: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	13, // 72: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	17, // 73: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	19, // 74: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
-	42, // 75: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	22, // 76: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	25, // 77: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	27, // 78: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	68, // [68:79] is the sub-list for method output_type
-	57, // [57:68] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	63, // 43: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
+	65, // 44: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
+	49, // 45: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	15, // 46: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	50, // 47: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	14, // 48: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 49: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	53, // 51: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	15, // 52: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	14, // 53: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 54: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	23, // 55: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	23, // 56: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	32, // 57: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
+	34, // 58: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	62, // 59: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
+	64, // 60: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
+	4,  // 61: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	6,  // 62: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	8,  // 63: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	10, // 64: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	12, // 65: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	16, // 66: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	18, // 67: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	20, // 68: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	21, // 69: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	24, // 70: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	26, // 71: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	43, // 72: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
+	5,  // 73: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	7,  // 74: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	9,  // 75: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	11, // 76: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	13, // 77: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	17, // 78: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	19, // 79: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	42, // 80: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	22, // 81: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	25, // 82: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	27, // 83: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	44, // 84: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
+	73, // [73:85] is the sub-list for method output_type
+	61, // [61:73] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_inference_proto_init() }
@@ -3865,7 +4080,7 @@ func file_inference_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inference_proto_rawDesc), len(file_inference_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   56,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
