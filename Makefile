@@ -31,10 +31,12 @@ HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
 ## as the protocol's messages); installs with apt as root. After it, make
 ## test runs offline.
 deps: $(HELM)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
-	@if command -v npm >/dev/null; then cd models/testdata/tokref && npm ci --ignore-scripts --no-audit --no-fund; else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
+	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
+	elif command -v npm >/dev/null; then cd models/testdata/tokref && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
 	$(PYTHON) -c 'import google.protobuf, grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpcio python3-grpc-tools"; \
