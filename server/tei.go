@@ -542,30 +542,46 @@ func cutToTokens(m *models.Model, text string, maxSeq int, left bool) (string, e
 			text = text[:i]
 		}
 	}
-	toks, err := tokenize(m, text)
-	if err != nil {
-		return "", err
-	}
-	var words []textToken
-	specials := 0
-	for _, tok := range toks {
-		if tok.Special {
-			specials++
+	// A cut follows token offsets, moved to a character boundary (a
+	// byte-level BPE token may end inside a character, and a stray byte
+	// would come back as U+FFFD, several tokens more); the cut text is
+	// tokenized again and cut shorter until it fits.
+	for range 8 {
+		toks, err := tokenize(m, text)
+		if err != nil {
+			return "", err
+		}
+		var words []textToken
+		specials := 0
+		for _, tok := range toks {
+			if tok.Special {
+				specials++
+			} else {
+				words = append(words, tok)
+			}
+		}
+		room := max(maxSeq-specials, 0)
+		if len(words) <= room {
+			return text, nil
+		}
+		if room == 0 {
+			return "", nil
+		}
+		if left {
+			i := words[len(words)-room].Start
+			for i < len(text) && !utf8.RuneStart(text[i]) {
+				i++
+			}
+			text = text[i:]
 		} else {
-			words = append(words, tok)
+			i := words[room-1].Stop
+			for i > 0 && i < len(text) && !utf8.RuneStart(text[i]) {
+				i--
+			}
+			text = text[:i]
 		}
 	}
-	room := max(maxSeq-specials, 0)
-	if len(words) <= room {
-		return text, nil
-	}
-	if room == 0 {
-		return "", nil
-	}
-	if left {
-		return text[words[len(words)-room].Start:], nil
-	}
-	return text[:words[room-1].Stop], nil
+	return "", fmt.Errorf("the text could not be cut to %d tokens at a character boundary", maxSeq)
 }
 
 // writeTEIError writes err in TEI's shape, {"error", "error_type"}, with

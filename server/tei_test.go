@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -316,4 +317,29 @@ func TestTEIAuthAndMetrics(t *testing.T) {
 	m := fx.metrics(t)
 	assert.Contains(t, m, `stepserve_requests_total{model="tiny-encoder",outcome="success",protocol="tei"} 2`)
 	assert.Contains(t, m, `stepserve_requests_total{model="tiny-encoder",outcome="invalid",protocol="tei"} 1`)
+}
+
+// A byte-level BPE tokenizer's tokens may end inside a character: /tokenize
+// still answers valid JSON (the partial bytes as U+FFFD), and a Left
+// truncation cuts at a character boundary, within the bucket.
+func TestTEIByteLevelTokensInsideCharacters(t *testing.T) {
+	fx := newTextFixture(t, textOptions{onlyTiny: true, tokenizer: "bpe"})
+	st, b := fx.post(t, "/tokenize", `{"inputs":"a 😀 日本語のテキスト"}`)
+	require.Equal(t, 200, st, string(b))
+	assert.True(t, utf8.Valid(b), "the answer is UTF-8: %q", b)
+	var toks [][]struct {
+		ID          int64  `json:"id"`
+		Text        string `json:"text"`
+		Special     bool   `json:"special"`
+		Start, Stop *int
+	}
+	decodeStrict(t, b, &toks)
+	require.NotEmpty(t, toks[0])
+	assert.Contains(t, string(b), `"text":"の"`, "whole characters are the input's own")
+
+	long := strings.Repeat("héllo 😀😀 wörld 日本語のテキスト ", 40)
+	for _, dir := range []string{"Left", "Right"} {
+		st, b = fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": true, "truncation_direction": dir})
+		require.Equal(t, 200, st, "%s: %s", dir, b)
+	}
 }

@@ -570,8 +570,19 @@ func appendJSONText(b []byte, s string) []byte {
 			b = append(b, '\\', 't')
 		case c < 0x20:
 			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
+		case c < utf8.RuneSelf:
 			b = append(b, c)
+		default:
+			// Invalid UTF-8 (a byte-level token's part of a character)
+			// is written as U+FFFD, as encoding/json writes it: the
+			// answer stays valid JSON.
+			r, n := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				b = append(b, `\ufffd`...)
+				continue
+			}
+			b = append(b, s[i:i+n]...)
+			i += n - 1
 		}
 	}
 	return append(b, '"')

@@ -154,6 +154,10 @@ type textOptions struct {
 	tinyBatch   string // model.yaml batching section for tiny-encoder
 	maxInflight int64
 	maxBody     int64
+	// tokenizer, when set, is a test tokenizer.json (models/testdata/
+	// tokenizers: wordpiece, unigram or bpe) tiny-encoder reads instead
+	// of its vocab.txt.
+	tokenizer string
 }
 
 func newTextFixture(t *testing.T, o textOptions) *textFixture {
@@ -168,6 +172,11 @@ func newTextFixture(t *testing.T, o textOptions) *textFixture {
 			b = append(b, o.tinyBatch...)
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(tiny, f), b, 0o644))
+	}
+	if o.tokenizer != "" {
+		b, err := os.ReadFile(filepath.Join("../models/testdata/tokenizers", o.tokenizer+".json"))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(tiny, models.TokenizerFile), b, 0o644))
 	}
 	fx := &textFixture{}
 	if !o.onlyTiny {

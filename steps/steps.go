@@ -408,8 +408,9 @@ func (r *Runner) Executions() []Execution { return r.stats.executions() }
 func (r *Runner) Advise(maxBuckets int) (bucketing.Advice, error) {
 	c := &r.stats.advice
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.byK[maxBuckets]; ok && time.Since(e.at) < adviceTTL {
+	e, ok := c.byK[maxBuckets]
+	c.mu.Unlock()
+	if ok && time.Since(e.at) < adviceTTL {
 		return e.a, nil
 	}
 	adviceMu.Lock()
@@ -418,10 +419,12 @@ func (r *Runner) Advise(maxBuckets int) (bucketing.Advice, error) {
 	if err != nil {
 		return a, err
 	}
+	c.mu.Lock()
 	if c.byK == nil || len(c.byK) >= 8 {
 		c.byK = map[int]cachedAdvice{}
 	}
 	c.byK[maxBuckets] = cachedAdvice{a: a, at: time.Now()}
+	c.mu.Unlock()
 	return a, nil
 }
 

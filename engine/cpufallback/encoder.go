@@ -3,7 +3,6 @@ package cpufallback
 import (
 	"fmt"
 	"math"
-	"runtime"
 	"unsafe"
 
 	"github.com/stepserve/stepserve/engine"
@@ -66,8 +65,8 @@ func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) 
 		x: make([]float32, t*c.Hidden), q: make([]float32, t*c.Hidden), k: make([]float32, t*c.Hidden),
 		v: make([]float32, t*c.Hidden), ctx: make([]float32, t*c.Hidden), tmp: make([]float32, t*c.Hidden),
 		inter:     make([]float32, t*c.Intermediate),
-		scores:    scoreBuffers(runtime.NumCPU(), s),
-		attn:      make([]attnTask, min(b, runtime.NumCPU())),
+		scores:    scoreBuffers(stepThreads(), s),
+		attn:      make([]attnTask, min(b, stepThreads())),
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
 		pooled:    make([]float32, b*c.Hidden),

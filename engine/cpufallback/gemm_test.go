@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -265,4 +266,34 @@ func BenchmarkLinearPar(b *testing.B) {
 			})
 		}
 	}
+}
+
+// panicky is a rangeTask whose chunk bad panics.
+type panicky struct {
+	bad  int
+	done atomic.Int64
+}
+
+func (p *panicky) run(i int) {
+	if i == p.bad {
+		panic("chunk failed")
+	}
+	p.done.Add(1)
+}
+
+// TestTeamPanicReachesTheCaller: a chunk that panics on a helper does not
+// end the process from the helper's goroutine: the caller gets the panic
+// once every chunk has run, and the team serves the next call.
+func TestTeamPanicReachesTheCaller(t *testing.T) {
+	for bad := range 16 {
+		p := &panicky{bad: bad}
+		func() {
+			defer func() { assert.Equal(t, "chunk failed", recover()) }()
+			parallelRun(p, 16, 2)
+		}()
+		assert.Equal(t, int64(15), p.done.Load(), "every other chunk ran")
+	}
+	ok := &panicky{bad: -1}
+	parallelRun(ok, 64, 2)
+	assert.Equal(t, int64(64), ok.done.Load())
 }

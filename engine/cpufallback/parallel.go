@@ -69,3 +69,9 @@ func ensureWorkers(n int) chan groupTask {
 	}
 	return workers.tasks
 }
+
+// stepThreads is how many threads one step may use now (engine.cpu_threads,
+// at most the CPUs): a plan holds an attention score block for each, so
+// that a server told to use 4 of 64 CPUs does not hold 64 blocks of
+// seq x seq floats per bucket.
+func stepThreads() int { return max(1, min(int(parallelism.Load()), runtime.NumCPU())) }

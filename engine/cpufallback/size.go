@@ -2,7 +2,6 @@ package cpufallback
 
 import (
 	"math"
-	"runtime"
 	"unsafe"
 
 	"github.com/stepserve/stepserve/bucketing"
@@ -77,7 +76,7 @@ func planBytes(cfg *models.Config, s bucketing.Shape) int64 {
 		c := cfg.Encoder
 		seq := int64(s.Seq)
 		t, H, I := b*seq, int64(c.Hidden), int64(c.Intermediate)
-		groups, threads := min(b, int64(runtime.NumCPU())), int64(runtime.NumCPU())
+		groups, threads := min(b, int64(stepThreads())), int64(stepThreads())
 		return 3*8*t + // ids, mask, types
 			4*t + 4*seq + // maskAdd, zeros
 			2*8*b + // seqOff, seqLen

@@ -29,6 +29,11 @@ type job struct {
 	gen    atomic.Uint64 // bumped when the call ends
 	finish chan struct{} // the chunk that completes the job signals here
 	lin    linearTask    // the job's task when it is a product
+	// panicked is a chunk's panic, raised again on the caller's goroutine
+	// once every chunk is done: a helper's panic would otherwise end the
+	// process from a goroutine no one can recover on.
+	panicMu  sync.Mutex
+	panicked any
 }
 
 type jobTicket struct {
@@ -121,11 +126,25 @@ func (j *job) work() {
 		if i >= j.chunks {
 			return
 		}
-		j.task.run(int(i))
+		j.runChunk(int(i))
 		if j.done.Add(1) == j.chunks {
 			j.finish <- struct{}{}
 		}
 	}
+}
+
+// runChunk runs chunk i, keeping a panic for the caller.
+func (j *job) runChunk(i int) {
+	defer func() {
+		if p := recover(); p != nil {
+			j.panicMu.Lock()
+			if j.panicked == nil {
+				j.panicked = p
+			}
+			j.panicMu.Unlock()
+		}
+	}()
+	j.task.run(i)
 }
 
 // parallelRun runs t's chunks 0 up to chunks on up to threads threads (the
@@ -146,7 +165,14 @@ func parallelRun(t rangeTask, chunks, threads int) {
 		return
 	}
 	runJob(j, t, chunks, threads)
+	j.panicMu.Lock()
+	p := j.panicked
+	j.panicked = nil
+	j.panicMu.Unlock()
 	releaseJob(j)
+	if p != nil {
+		panic(p)
+	}
 }
 
 func acquireJob() *job {
