@@ -338,6 +338,18 @@ func TestTEIByteLevelTokensInsideCharacters(t *testing.T) {
 	assert.Contains(t, string(b), `"text":"の"`, "whole characters are the input's own")
 
 	long := strings.Repeat("héllo 😀😀 wörld 日本語のテキスト ", 40)
+	// The cut itself: whole characters, within the bucket, either side.
+	m := fx.model(t, "tiny-encoder")
+	for _, left := range []bool{true, false} {
+		for _, maxSeq := range []int{5, 6, 7, 12, 24, 31, 32, 64} {
+			cut, err := cutToTokens(m, long, maxSeq, left)
+			require.NoError(t, err)
+			assert.True(t, utf8.ValidString(cut), "left %v, %d tokens: %q", left, maxSeq, cut)
+			ids, err := m.Tokenizer.AppendEncode(nil, cut, 1<<20, false)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, len(ids), maxSeq, "left %v: %q", left, cut)
+		}
+	}
 	for _, dir := range []string{"Left", "Right"} {
 		st, b = fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": true, "truncation_direction": dir})
 		require.Equal(t, 200, st, "%s: %s", dir, b)

@@ -11,11 +11,11 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -115,56 +115,8 @@ func write(dir string) error {
 		return err
 	}
 
-	rng := rand.New(rand.NewPCG(seed, seed))
-	normal := func(n int) []float32 { // BERT's initialisation: N(0, 0.02)
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = float32(rng.NormFloat64() * 0.02)
-		}
-		return out
-	}
-	fill := func(n int, v float32) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = v
-		}
-		return out
-	}
-	var ts []*models.Tensor
-	add := func(name string, data []float32, shape ...int) {
-		ts = append(ts, &models.Tensor{Name: name, Shape: shape, Data: data})
-	}
-	norm := func(name string) {
-		add(name+".weight", fill(hidden, 1), hidden)
-		add(name+".bias", fill(hidden, 0), hidden)
-	}
-	lin := func(name string, out, in int) {
-		add(name+".weight", normal(out*in), out, in)
-		add(name+".bias", fill(out, 0), out)
-	}
-	add("embeddings.word_embeddings.weight", normal(vocabSize*hidden), vocabSize, hidden)
-	add("embeddings.position_embeddings.weight", normal(maxPosition*hidden), maxPosition, hidden)
-	add("embeddings.token_type_embeddings.weight", normal(2*hidden), 2, hidden)
-	norm("embeddings.LayerNorm")
-	for i := range layers {
-		p := fmt.Sprintf("encoder.layer.%d.", i)
-		lin(p+"attention.self.query", hidden, hidden)
-		lin(p+"attention.self.key", hidden, hidden)
-		lin(p+"attention.self.value", hidden, hidden)
-		lin(p+"attention.output.dense", hidden, hidden)
-		norm(p + "attention.output.LayerNorm")
-		lin(p+"intermediate.dense", intermediate, hidden)
-		lin(p+"output.dense", hidden, intermediate)
-		norm(p + "output.LayerNorm")
-	}
-	wf, err := os.Create(filepath.Join(dir, models.WeightsFile))
-	if err != nil {
-		return err
-	}
-	meta := map[string]string{"format": "pt", "generator": "cmd/gen-tiny-encoder", "seed": fmt.Sprint(seed), "weights": "random"}
-	if err := models.WriteSafetensors(wf, ts, meta); err != nil {
-		wf.Close()
-		return err
-	}
-	return wf.Close()
+	rw := randweights.New(seed, seed)
+	rw.Encoder("", randweights.Encoder{Vocab: vocabSize, Positions: maxPosition, Types: 2, Hidden: hidden, Intermediate: intermediate, Layers: layers})
+	return rw.Write(filepath.Join(dir, models.WeightsFile),
+		map[string]string{"format": "pt", "generator": "cmd/gen-tiny-encoder", "seed": fmt.Sprint(seed), "weights": "random"})
 }

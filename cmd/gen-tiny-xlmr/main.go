@@ -16,10 +16,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 
+	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -149,66 +149,17 @@ func config(vocab, labels int) map[string]any {
 // embedder (its pooler included: the server leaves it unread), under
 // roberta. with the classification head beside it for the reranker.
 func weights(path string, vocab, labels int) error {
-	rng := rand.New(rand.NewPCG(seed, uint64(labels)))
-	normal := func(n int) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = float32(rng.NormFloat64() * 0.02)
-		}
-		return out
-	}
-	fill := func(n int, v float32) []float32 {
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = v
-		}
-		return out
-	}
 	prefix := ""
 	if labels > 0 {
 		prefix = "roberta."
 	}
-	var ts []*models.Tensor
-	add := func(name string, data []float32, shape ...int) {
-		ts = append(ts, &models.Tensor{Name: name, Shape: shape, Data: data})
-	}
-	norm := func(name string) {
-		add(name+".weight", fill(hidden, 1), hidden)
-		add(name+".bias", fill(hidden, 0), hidden)
-	}
-	lin := func(name string, out, in int) {
-		add(name+".weight", normal(out*in), out, in)
-		add(name+".bias", fill(out, 0), out)
-	}
-	add(prefix+"embeddings.word_embeddings.weight", normal(vocab*hidden), vocab, hidden)
-	add(prefix+"embeddings.position_embeddings.weight", normal(maxPosition*hidden), maxPosition, hidden)
-	add(prefix+"embeddings.token_type_embeddings.weight", normal(hidden), 1, hidden)
-	norm(prefix + "embeddings.LayerNorm")
-	for i := range layers {
-		p := fmt.Sprintf("%sencoder.layer.%d.", prefix, i)
-		lin(p+"attention.self.query", hidden, hidden)
-		lin(p+"attention.self.key", hidden, hidden)
-		lin(p+"attention.self.value", hidden, hidden)
-		lin(p+"attention.output.dense", hidden, hidden)
-		norm(p + "attention.output.LayerNorm")
-		lin(p+"intermediate.dense", intermediate, hidden)
-		lin(p+"output.dense", hidden, intermediate)
-		norm(p + "output.LayerNorm")
-	}
+	w := randweights.New(seed, uint64(labels))
+	w.Encoder(prefix, randweights.Encoder{Vocab: vocab, Positions: maxPosition, Types: 1, Hidden: hidden, Intermediate: intermediate, Layers: layers})
 	if labels == 0 {
-		lin("pooler.dense", hidden, hidden)
+		w.Linear("pooler.dense", hidden, hidden)
 	} else {
-		lin("classifier.dense", hidden, hidden)
-		lin("classifier.out_proj", labels, hidden)
+		w.Linear("classifier.dense", hidden, hidden)
+		w.Linear("classifier.out_proj", labels, hidden)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	meta := map[string]string{"format": "pt", "generator": "cmd/gen-tiny-xlmr", "seed": fmt.Sprint(seed), "weights": "random"}
-	if err := models.WriteSafetensors(f, ts, meta); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return w.Write(path, map[string]string{"format": "pt", "generator": "cmd/gen-tiny-xlmr", "seed": fmt.Sprint(seed), "weights": "random"})
 }

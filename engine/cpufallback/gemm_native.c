@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avx2_math.h"
 #include "gemm_native.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
@@ -219,52 +220,9 @@ AVX512 static void gemm_avx512(int m, int n, int k, float alpha, const float *a,
 
 // ---------------------------------------------------------------- AVX2
 
-AVX2 INLINE __m256 exp8n(__m256 x) {
-	__m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-	__m256 hi = _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ);
-	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-	__m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.442695041f));
-	__m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m256 f = _mm256_sub_ps(t, n);
-	__m256 p = _mm256_set1_ps(0.001333355f);
-	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.009618129f));
-	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.05550411f));
-	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.2402265f));
-	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931472f));
-	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-	__m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-	__m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-	r = _mm256_andnot_ps(lo, r);
-	return _mm256_blendv_ps(r, _mm256_set1_ps(INFINITY), hi);
-}
-
-AVX2 INLINE __m256 gelu8n(__m256 v) {
-	const __m256 one = _mm256_set1_ps(1.0f);
-	__m256 x = _mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f));
-	__m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
-	__m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-	__m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), ax, one));
-	__m256 p = _mm256_set1_ps(1.061405429f);
-	p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
-	p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
-	p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
-	p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
-	p = _mm256_mul_ps(p, t);
-	__m256 e = exp8n(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(ax, ax)));
-	__m256 erf = _mm256_fnmadd_ps(p, e, one);
-	erf = _mm256_or_ps(erf, sign);
-	return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(one, erf));
-}
-
-AVX2 INLINE __m256 gelu_tanh8n(__m256 v) {
-	__m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
-	__m256 u = _mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), v3, v));
-	return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8n(u)));
-}
-
 AVX2 INLINE __m256 act8(__m256 v, int act) {
-	if (act == SS_ACT_GELU) return gelu8n(v);
-	if (act == SS_ACT_GELU_TANH) return gelu_tanh8n(v);
+	if (act == SS_ACT_GELU) return gelu8(v);
+	if (act == SS_ACT_GELU_TANH) return gelu_tanh8(v);
 	if (act == SS_ACT_RELU) return _mm256_max_ps(v, _mm256_setzero_ps());
 	return v;
 }
