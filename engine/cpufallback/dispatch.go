@@ -23,6 +23,9 @@ const KernelsEnv = "STEPSERVE_CPU_KERNELS"
 // productKernel is one instruction set's matrix products.
 type productKernel struct {
 	name string // "avx512", "avx2": Kernels() while in use
+	// isa is the native kernels' instruction set (gemm_native.h's
+	// SS_ISA_*), for a crew's threads to call them; 0 for others.
+	isa int
 	// width is the micro-kernel's panel width: resident weights are packed
 	// in panels of width output columns.
 	width int

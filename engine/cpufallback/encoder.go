@@ -49,6 +49,7 @@ type encoderPlan struct {
 	// engine.cpu_threads (a step of one sequence uses every allowed CPU).
 	threads int
 	attn    []attnTask // per group
+	crews   []*crew    // per group: the threads it holds while it runs (crew.go)
 
 	rec *trace.Recorder // a profiled step's spans (profile.go); nil otherwise
 }
@@ -67,6 +68,7 @@ func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) 
 		inter:     make([]float32, t*c.Intermediate),
 		scores:    scoreBuffers(stepThreads(), s),
 		attn:      make([]attnTask, min(b, stepThreads())),
+		crews:     make([]*crew, min(b, stepThreads())),
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
 		pooled:    make([]float32, b*c.Hidden),
@@ -271,11 +273,13 @@ func (p *encoderPlan) split(rows int) {
 }
 
 // scoreBuffers allocates one attention score matrix per thread that may
-// run a head.
-func scoreBuffers(groups, seq int) [][]float32 {
-	s := make([][]float32, groups)
+// run a head, one after another in one block (a crew's threads find
+// theirs by index).
+func scoreBuffers(threads, seq int) [][]float32 {
+	all := make([]float32, threads*seq*seq)
+	s := make([][]float32, threads)
 	for i := range s {
-		s[i] = make([]float32, seq*seq)
+		s[i] = all[i*seq*seq : (i+1)*seq*seq : (i+1)*seq*seq]
 	}
 	return s
 }
@@ -287,11 +291,21 @@ func (p *encoderPlan) runGroup(g int) {
 		return
 	}
 	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
+	if p.threads > 1 && rowHi > rowLo {
+		p.crews[g] = beginCrew(p.threads)
+	}
+	defer p.endCrew(g)
 	for i := range p.e.Layers {
 		t := p.rec.Begin()
 		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, g)
 		p.rec.End("layer", i, lo, t)
 	}
+}
+
+// endCrew lets group g's crew go, if it holds one.
+func (p *encoderPlan) endCrew(g int) {
+	p.crews[g].end()
+	p.crews[g] = nil
 }
 
 // layer runs one encoder layer on sequences lo up to hi, which are rows
@@ -304,8 +318,9 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 	r0, r1 := rowLo*H, rowHi*H
 	x, q, k, v, ctx, tmp := p.x[r0:r1], p.q[r0:r1], p.k[r0:r1], p.v[r0:r1], p.ctx[r0:r1], p.tmp[r0:r1]
 
+	cr := p.crews[g]
 	t := p.rec.Begin()
-	linearParN(p.threads, rows, x, 3, [3]*weight{p.w[&l.Query], p.w[&l.Key], p.w[&l.Value]},
+	linearParN(cr, p.threads, rows, x, 3, [3]*weight{p.w[&l.Query], p.w[&l.Key], p.w[&l.Value]},
 		[3][]float32{q, k, v}, [3][]float32{l.Query.Bias, l.Key.Bias, l.Value.Bias}, actNone)
 	p.rec.End("q/k/v product+bias", -1, lo, t)
 	t = p.rec.Begin()
@@ -317,32 +332,36 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 		threads: min(p.threads, p.heads), scores: p.scores[g*p.threads:]}
 	for b := lo; b < hi; b++ {
 		a.b = b
-		if S := p.seqLen[b]; S > 0 {
-			threads := a.threads
-			if 2*S*S*H < minParallelWork {
-				threads = 1 // the same chunks, on this thread
-			}
-			parallelRun(a, a.threads, threads)
+		S := p.seqLen[b]
+		switch {
+		case S == 0:
+		case 2*S*S*H < minParallelWork:
+			parallelRun(a, a.threads, 1) // the same chunks, on this thread
+		case cr != nil:
+			off := (p.seqOff[b] - rowLo) * H
+			cr.nat.attention(a, p.heads, S, H, d, q[off:], k[off:], v[off:], a.keys(), ctx[off:], cr.threads)
+		default:
+			parallelRun(a, a.threads, a.threads)
 		}
 	}
 
 	p.rec.End("attention scores+softmax+context", -1, lo, t)
 	t = p.rec.Begin()
-	linearPar(p.threads, rows, ctx, p.w[&l.AttnOut], tmp, nil, actNone)
+	linearPar(cr, p.threads, rows, ctx, p.w[&l.AttnOut], tmp, nil, actNone)
 	p.rec.End("attention output product", -1, lo, t)
 	t = p.rec.Begin()
-	residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
+	cr.residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
 	p.rec.End("residual+layernorm", -1, lo, t)
 
 	inter := p.inter[rowLo*I : rowHi*I]
 	t = p.rec.Begin()
-	linearPar(p.threads, rows, x, p.w[&l.Inter], inter, l.Inter.Bias, p.act)
+	linearPar(cr, p.threads, rows, x, p.w[&l.Inter], inter, l.Inter.Bias, p.act)
 	p.rec.End("feed-forward in product+bias+activation", -1, lo, t)
 	t = p.rec.Begin()
-	linearPar(p.threads, rows, inter, p.w[&l.Out], tmp, nil, actNone)
+	linearPar(cr, p.threads, rows, inter, p.w[&l.Out], tmp, nil, actNone)
 	p.rec.End("feed-forward out product", -1, lo, t)
 	t = p.rec.Begin()
-	residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
+	cr.residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)
 	p.rec.End("residual+layernorm", -1, lo, t)
 }
 
@@ -359,15 +378,22 @@ type attnTask struct {
 	threads      int
 }
 
+// keys is the mask added to sequence b's attention scores: none left to
+// mask when padding was left out.
+func (a *attnTask) keys() []float32 {
+	p := a.p
+	S := p.seqLen[a.b]
+	if p.compacted {
+		return p.zeros[:S]
+	}
+	return p.maskAdd[a.b*p.seq : a.b*p.seq+S]
+}
+
 func (a *attnTask) run(j int) {
 	p := a.p
 	H, d := p.e.Config.Hidden, p.headDim
 	S := p.seqLen[a.b]
-	// The keys' mask: none left to mask when padding was left out.
-	keys := p.zeros[:S]
-	if !p.compacted {
-		keys = p.maskAdd[a.b*p.seq : a.b*p.seq+S]
-	}
+	keys := a.keys()
 	scores := a.scores[j][:S*S]
 	for h := j; h < p.heads; h += a.threads {
 		off := (p.seqOff[a.b]-a.rowLo)*H + h*d

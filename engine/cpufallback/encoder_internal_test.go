@@ -92,6 +92,7 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
 		p.scores = scoreBuffers(8, shape.Seq) // room for 8 groups whatever the CPUs
 		p.attn = make([]attnTask, 8)
+		p.crews = make([]*crew, 8)
 		o := make([]byte, layout.OutBytes)
 		require.NoError(t, p.step(in, o))
 		return append([]float32(nil), floats(o)...), len(p.groups) - 1
@@ -123,6 +124,7 @@ func TestOneSequenceUsesEveryThread(t *testing.T) {
 		ids[s] = int64(rng.IntN(m.Encoder.Config.VocabSize))
 		mask[s] = 1
 	}
+	withCrewCPUs(t, 8) // a crew of up to 8 threads whatever the CPUs
 	run := func(threads int) ([]float32, int) {
 		SetThreads(threads)
 		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
@@ -134,9 +136,26 @@ func TestOneSequenceUsesEveryThread(t *testing.T) {
 	}
 	whole, n := run(1)
 	require.Equal(t, 1, n)
+	helped := crewHelped()
 	for _, threads := range []int{2, 3, 8} {
 		split, n := run(threads)
 		assert.Equal(t, threads, n, "one group takes every thread")
 		assert.InDeltaSlice(t, whole, split, 1e-6, "%d threads", threads)
 	}
+	if products != nil && products.isa != 0 {
+		assert.Greater(t, crewHelped(), helped, "the crews' threads ran some of the chunks")
+	}
+}
+
+// crewHelped counts the chunks every crew's threads have run.
+func crewHelped() int {
+	n := 0
+	for range maxCrews {
+		c := <-crews
+		if c.nat != nil {
+			n += c.nat.helped()
+		}
+		crews <- c
+	}
+	return n
 }

@@ -35,6 +35,7 @@ func nativeProductKernel(name string, isa C.int) productKernel {
 	width := int(C.ss_panel_width(isa))
 	return productKernel{
 		name:  name,
+		isa:   int(isa),
 		width: width,
 		pack: func(k, n int, b []float32, ldb int, trans bool) []float32 {
 			out := make([]float32, (n+width-1)/width*width*k)

@@ -233,7 +233,7 @@ func TestLinearParMatchesSerial(t *testing.T) {
 				defer wg.Done()
 				for range 20 {
 					got := make([]float32, s.m*s.n)
-					linearPar(4, s.m, x, w, got, l.Bias, actGELU)
+					linearPar(nil, 4, s.m, x, w, got, l.Bias, actGELU)
 					if !slices.Equal(want, got) {
 						t.Errorf("%+v: linearPar differs from one thread", s)
 						return
@@ -243,7 +243,7 @@ func TestLinearParMatchesSerial(t *testing.T) {
 		}
 		wg.Wait()
 		got := make([]float32, s.m*s.n)
-		assert.Zero(t, testing.AllocsPerRun(20, func() { linearPar(4, s.m, x, w, got, l.Bias, actGELU) }), "%+v", s)
+		assert.Zero(t, testing.AllocsPerRun(20, func() { linearPar(nil, 4, s.m, x, w, got, l.Bias, actGELU) }), "%+v", s)
 	}
 }
 
@@ -260,7 +260,7 @@ func BenchmarkLinearPar(b *testing.B) {
 				defer SetThreads(0)
 				SetThreads(threads)
 				for b.Loop() {
-					linearPar(threads, s.m, x, w, y, nil, actNone)
+					linearPar(nil, threads, s.m, x, w, y, nil, actNone)
 				}
 				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})

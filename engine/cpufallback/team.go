@@ -249,15 +249,15 @@ func (t *linearTask) run(i int) {
 	}
 }
 
-// linearPar is linearPanels over every panel of w on up to threads
-// threads, each taking panels a chunk at a time.
-func linearPar(threads, m int, x []float32, w *weight, y, bias []float32, act activation) {
-	linearParN(threads, m, x, 1, [3]*weight{w}, [3][]float32{y}, [3][]float32{bias}, act)
+// linearPar is linearPanels over every panel of w on the crew c, or with
+// none on up to threads threads, each taking panels a chunk at a time.
+func linearPar(c *crew, threads, m int, x []float32, w *weight, y, bias []float32, act activation) {
+	linearParN(c, threads, m, x, 1, [3]*weight{w}, [3][]float32{y}, [3][]float32{bias}, act)
 }
 
 // linearParN is linearPar of n (up to 3) products of the same x, as one
 // split: one hand-off for the three, and chunks that balance across them.
-func linearParN(threads, m int, x []float32, n int, w [3]*weight, y, bias [3][]float32, act activation) {
+func linearParN(c *crew, threads, m int, x []float32, n int, w [3]*weight, y, bias [3][]float32, act activation) {
 	t := linearTask{m: m, x: x, n: n, w: w, y: y, bias: bias, act: act}
 	work := 0
 	for k := range n {
@@ -265,9 +265,16 @@ func linearParN(threads, m int, x []float32, n int, w [3]*weight, y, bias [3][]f
 		work += m * w[k].in * w[k].out
 	}
 	panels := t.first[n]
+	if c != nil {
+		threads = c.threads
+	}
 	if threads <= 1 || panels <= 1 || work < minParallelWork {
 		t.per = panels
 		t.run(0)
+		return
+	}
+	if c != nil {
+		c.linear(&t)
 		return
 	}
 	j := acquireJob()

@@ -1,0 +1,130 @@
+package cpufallback
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+// withCrewCPUs lets crews run n threads whatever the machine has.
+func withCrewCPUs(t *testing.T, n int) {
+	old := crewCPUs
+	crewCPUs = n
+	t.Cleanup(func() { crewCPUs = old })
+}
+
+// A crew's products and layer norms answer bit for bit as one thread's
+// (each output column is one kernel call's either way), in float32 and
+// in bfloat16, on 2 to 5 threads (more than this machine may have CPUs:
+// threads the OS runs late still finish the phase), with nothing
+// allocated per call.
+func TestCrewAnswersAsOneThread(t *testing.T) {
+	withCrewCPUs(t, 8)
+	if c := beginCrew(2); c == nil {
+		t.Skipf("no native crew with kernels %s in this build", Kernels())
+	} else {
+		c.end()
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, bf16 := range []bool{false, true} {
+		if bf16 && !BFloat16() {
+			continue
+		}
+		for _, s := range []struct{ m, k, n int }{{1, 384, 384}, {13, 96, 1000}, {128, 384, 1152}, {64, 1536, 384}, {7, 33, 65}} {
+			x := randMatrix(rng, s.m*s.k)
+			var w [3]*weight
+			var bias, want [3][]float32
+			for i := range w {
+				l := linearOf(randMatrix(rng, s.n*s.k), s.n, s.k)
+				w[i] = resident(l, bf16)
+				bias[i] = randMatrix(rng, s.n)
+				want[i] = make([]float32, s.m*s.n)
+				linearPanels(s.m, x, w[i], want[i], bias[i], actGELU, 0, w[i].panels())
+			}
+			for _, threads := range []int{2, 3, 5} {
+				c := beginCrew(threads)
+				require.NotNil(t, c)
+				var got [3][]float32
+				for i := range got {
+					got[i] = make([]float32, s.m*s.n)
+				}
+				run := func() {
+					linearParN(c, threads, s.m, x, 3, w, got, bias, actGELU)
+				}
+				run()
+				for i := range got {
+					require.True(t, slices.Equal(want[i], got[i]), "bf16 %v %+v on %d threads: product %d differs", bf16, s, threads, i)
+				}
+				assert.Zero(t, testing.AllocsPerRun(5, run), "bf16 %v %+v", bf16, s)
+				c.end()
+			}
+		}
+	}
+
+	norm := models.Norm{Weight: randMatrix(rng, 384), Bias: randMatrix(rng, 384)}
+	for _, rows := range []int{16, 17, 128, 333} {
+		x, y, bias := randMatrix(rng, rows*384), randMatrix(rng, rows*384), randMatrix(rng, 384)
+		want := slices.Clone(x)
+		residualNorm(want, y, bias, norm, 1e-12)
+		for _, threads := range []int{2, 3, 5} {
+			c := beginCrew(threads)
+			got := slices.Clone(x)
+			c.residualNorm(got, y, bias, norm, 1e-12)
+			require.True(t, slices.Equal(want, got), "%d rows on %d threads", rows, threads)
+			c.end()
+		}
+	}
+}
+
+// Steps hold crews side by side (replicas, groups of sequences): more at
+// once than there are crews, the ones without run on the team, and every
+// answer is the one thread's.
+func TestCrewsSideBySide(t *testing.T) {
+	withCrewCPUs(t, 4)
+	if c := beginCrew(2); c == nil {
+		t.Skipf("no native crew with kernels %s in this build", Kernels())
+	} else {
+		c.end()
+	}
+	defer func(w int) { minParallelWork = w }(minParallelWork)
+	minParallelWork = 0
+	rng := rand.New(rand.NewPCG(23, 24))
+	const m, k, n = 32, 128, 640
+	x := randMatrix(rng, m*k)
+	l := linearOf(randMatrix(rng, n*k), n, k)
+	w := resident(l, false)
+	want := make([]float32, m*n)
+	linearPanels(m, x, w, want, l.Bias, actReLU, 0, w.panels())
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*maxCrews)
+	for g := range 2 * maxCrews {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := make([]float32, m*n)
+			for range 50 {
+				c := beginCrew(2 + g%3)
+				clear(got)
+				linearPar(c, 2, m, x, w, got, l.Bias, actReLU)
+				c.end()
+				if !slices.Equal(want, got) {
+					errs <- fmt.Errorf("goroutine %d: the product differs", g)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Len(t, crews, maxCrews, "every crew went back")
+}
