@@ -121,15 +121,16 @@ BENCHTIME ?= 9s
 ## ONNX by Debian's torch from the golden-encoder module (under bench/out,
 ## not shipped); interleaved rounds in one run, ratios with their spread,
 ## outputs checked against torch's, every kernel set this build and CPU run
-## (avx512, avx512+bf16, avx2, go: the BLAS) (issue 20). ORT_ROUNDS,
-## ORT_SECONDS, ORT_KERNELS (e.g. avx512,avx2).
+## (avx512, avx512+bf16, avx2, go: the BLAS), and the server's HTTP
+## binary path on the same cases (issue 20). ORT_ROUNDS, ORT_SECONDS,
+## ORT_KERNELS (e.g. avx512,avx2).
 ORT_ROUNDS  ?= 7
 ORT_SECONDS ?= 0.7
 ORT_KERNELS ?= all
-bench-onnx:
+bench-onnx: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/onnx && npm ci --no-audit --no-fund
-	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS) -kernels $(ORT_KERNELS)
+	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS) -kernels $(ORT_KERNELS) -server bin/stepserve
 
 ## digits: retrain the shipped digits model from data/ (reproducible)
 digits:

@@ -48,6 +48,7 @@ var (
 	profile = flag.String("cpuprofile", "", "write a CPU profile of stepserve's side to this file (ONNX Runtime runs in its own process)")
 	kernels = flag.String("kernels", "", "comma-separated kernel sets to compare (cpufallback.KernelNames, +bf16 for device_dtype bfloat16: avx512,avx512+bf16,avx2,go), all for every one, the best when empty")
 	ortSpin = flag.Bool("ort-spin", true, "ONNX Runtime's intra-op threads spin while they wait (its default)")
+	server  = flag.String("server", "", "the stepserve binary, to measure its HTTP binary path too (none when empty)")
 )
 
 type caseSpec struct {
@@ -214,10 +215,30 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	// Side 0 is ONNX Runtime, side 1+s kernel set s; each round starts
-	// with another side, so that none always runs on a machine another just
-	// warmed (or just left busy).
+	// The server, when asked: its own process, its best kernels.
+	var peer *httpPeer
+	var httpOuts [][]float32
+	if *server != "" {
+		if peer, err = startHTTPPeer(*server, *dir, *threads, cases); err != nil {
+			return err
+		}
+		defer peer.stop()
+		for _, c := range cases {
+			out, err := peer.infer(c)
+			if err != nil {
+				return err
+			}
+			httpOuts = append(httpOuts, out)
+		}
+	}
+	// Side 0 is ONNX Runtime, side 1+s kernel set s, the last the HTTP
+	// path when measured; each round starts with another side, so that
+	// none always runs on a machine another just warmed (or just left
+	// busy).
 	sides := 1 + len(sets)
+	if peer != nil {
+		sides++
+	}
 	rate := make([][][]float64, len(cases)) // [case][side][round]
 	for i := range rate {
 		rate[i] = make([][]float64, sides)
@@ -228,9 +249,12 @@ func run() error {
 				side := (o + r) % sides
 				var v float64
 				var err error
-				if side == 0 {
+				switch {
+				case side == 0:
 					v, err = ortRun(c)
-				} else {
+				case side == 1+len(sets):
+					v, err = peer.rate(c, *seconds)
+				default:
 					v, err = stepRun(side-1, i, c)
 				}
 				if err != nil {
@@ -266,6 +290,26 @@ func run() error {
 				median(rate[i][0]), set, median(rate[i][1+s]), median(ratios), slices.Min(ratios), slices.Max(ratios),
 				maxDiff(outs[s][i], ref), maxDiff(ortOut, ref), minCosine(outs[s][i], ref, c.Batch))
 		}
+	}
+	if peer == nil {
+		return nil
+	}
+	fmt.Printf("\nThe same cases through stepserve's HTTP API (its binary tensor extension: the token tensors as raw bytes after the JSON header, the embeddings back the same way), one client sending back to back, against ONNX Runtime's run call in the same rounds; the server's own kernels (%s), engine.cpu_threads %d, on loopback:\n\n", cpufallback.KernelNames()[0], *threads)
+	fmt.Println("| shape | ONNX Runtime seq/s | stepserve HTTP binary seq/s | ratio (median) | ratio spread | max abs diff to torch |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for i, c := range cases {
+		ref, err := readFloats(filepath.Join(*dir, c.Name+".torch.bin"))
+		if err != nil {
+			return err
+		}
+		h := sides - 1
+		ratios := make([]float64, *rounds)
+		for r := range ratios {
+			ratios[r] = rate[i][h][r] / rate[i][0][r]
+		}
+		fmt.Printf("| %d x %d%s | %.1f | %.1f | **%.2fx** | %.2f-%.2f | %.2g |\n",
+			c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)),
+			median(rate[i][0]), median(rate[i][h]), median(ratios), slices.Min(ratios), slices.Max(ratios), maxDiff(httpOuts[i], ref))
 	}
 	return nil
 }
