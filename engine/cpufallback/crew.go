@@ -2,6 +2,7 @@ package cpufallback
 
 import (
 	"runtime"
+	"sync"
 
 	"github.com/stepserve/stepserve/models"
 )
@@ -24,10 +25,20 @@ type crew struct {
 	nat     *nativeCrew
 }
 
-var crews = make(chan *crew, maxCrews)
+// crews are the crews not held, most recently held last (its threads may
+// still be spinning: the next step takes it), and busy the CPUs that
+// running groups of sequences and the crews' threads take, so that crews
+// side by side (replicas, models stepping at once) do not ask for more
+// threads than there are CPUs: spinning threads beyond them only slow the
+// threads doing work.
+var crews struct {
+	mu   sync.Mutex
+	free []*crew
+	busy int
+}
 
-// crewCPUs bounds a crew's threads; tests raise it to run more threads
-// than the machine has CPUs.
+// crewCPUs bounds a crew's threads and what busy counts against; tests
+// raise it to run more threads than the machine has CPUs.
 var crewCPUs = runtime.NumCPU()
 
 // maxCrews bounds the crews alive at once: steps (or groups of a step's
@@ -37,33 +48,54 @@ const maxCrews = 16
 
 func init() {
 	for range maxCrews {
-		crews <- &crew{}
+		crews.free = append(crews.free, &crew{})
 	}
 }
 
-// beginCrew holds a crew for a step that splits its work among threads
-// threads (the caller's among them); nil when threads is 1, the kernels in
-// use have no native crew, or every crew is held.
-func beginCrew(threads int) *crew {
-	threads = min(threads, crewCPUs)
-	if threads <= 1 || products == nil || products.isa == 0 {
-		return nil
+// groupRunning counts a group of sequences that runs on its own thread
+// while it does (n 1 at its start, -1 at its end).
+func groupRunning(n int) {
+	crews.mu.Lock()
+	crews.busy += n
+	crews.mu.Unlock()
+}
+
+// beginCrew holds a crew for a group of sequences that may split its work
+// among want threads (its own among them), and returns it with the
+// threads the group is to use: the crew's; 1 when the other groups and
+// crews running take every CPU; want, with no crew, when the kernels in
+// use have none or every crew is held (the team splits the calls then).
+func beginCrew(want int) (*crew, int) {
+	want = min(want, crewCPUs)
+	if want <= 1 {
+		return nil, 1
 	}
-	var c *crew
-	select {
-	case c = <-crews:
-	default:
-		return nil
+	if products == nil || products.isa == 0 {
+		return nil, want
 	}
+	crews.mu.Lock()
+	extra := min(want-1, crewCPUs-max(crews.busy, 1))
+	if extra < 1 || len(crews.free) == 0 {
+		crews.mu.Unlock()
+		if extra < 1 {
+			return nil, 1
+		}
+		return nil, want
+	}
+	c := crews.free[len(crews.free)-1]
+	crews.free = crews.free[:len(crews.free)-1]
+	crews.busy += extra
+	crews.mu.Unlock()
 	if c.nat == nil {
 		if c.nat = newNativeCrew(); c.nat == nil {
-			crews <- c
-			return nil
+			c.threads = 1 + extra
+			c.release()
+			return nil, want
 		}
 	}
-	c.threads = threads
-	c.nat.begin(threads)
-	return c
+	c.threads = 1 + extra
+	c.nat.begin(c.threads)
+	return c, c.threads
 }
 
 // end lets the crew's threads go: they spin a little while for the next
@@ -73,7 +105,14 @@ func (c *crew) end() {
 		return
 	}
 	c.nat.end()
-	crews <- c
+	c.release()
+}
+
+func (c *crew) release() {
+	crews.mu.Lock()
+	crews.busy -= c.threads - 1
+	crews.free = append(crews.free, c)
+	crews.mu.Unlock()
 }
 
 // linear runs t's products on the crew, chunks of panels at a time.

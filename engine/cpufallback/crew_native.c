@@ -39,8 +39,9 @@ struct ss_crew {
 	_Atomic unsigned long session; // steps begun; odd while one holds the crew
 	_Atomic int inside;            // threads inside a session
 	_Atomic long helped;           // chunks the crew's threads ran (tests)
-	int want;                      // threads asked for by the session
+	_Atomic int want;              // threads asked for by the session
 	int started;                   // threads created
+	int cannot;                    // a thread could not be created: try no more
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	ss_job jobs[2];
@@ -180,25 +181,31 @@ ss_crew *ss_crew_new(void) {
 void ss_crew_begin(ss_crew *c, int threads) {
 	if (threads > SS_CREW_MAX) threads = SS_CREW_MAX;
 	pthread_mutex_lock(&c->mu);
-	while (c->started < threads - 1) {
+	while (!c->cannot && c->started < threads - 1) {
 		ss_member *m = malloc(sizeof *m);
-		if (!m) break;
+		if (!m) {
+			c->cannot = 1;
+			break;
+		}
 		m->c = c;
 		m->tid = c->started + 1;
 		pthread_t th;
 		pthread_attr_t attr;
 		pthread_attr_init(&attr);
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		pthread_attr_setstacksize(&attr, 256 << 10);
+		// The kernels' thread-local blocks (about 86 KiB) live in the stack's
+		// allocation too.
+		pthread_attr_setstacksize(&attr, 1 << 20);
 		int err = pthread_create(&th, &attr, member, m);
 		pthread_attr_destroy(&attr);
 		if (err) {
 			free(m);
+			c->cannot = 1;
 			break;
 		}
 		c->started++;
 	}
-	c->want = threads - 1 < c->started ? threads - 1 : c->started;
+	atomic_store(&c->want, threads - 1 < c->started ? threads - 1 : c->started);
 	atomic_fetch_add(&c->session, 1); // odd: held
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
@@ -210,7 +217,10 @@ void ss_crew_begin(ss_crew *c, int threads) {
 static int run(ss_crew *c, int chunks) {
 	unsigned long ph = atomic_load(&c->phase) + 1;
 	ss_job *j = &c->jobs[ph & 1];
-	while (atomic_load(&j->refs) != 0) cpu_relax(); // a thread late for phase ph-2
+	for (int spins = 1; atomic_load(&j->refs) != 0; spins++) { // a thread late for phase ph-2
+		cpu_relax();
+		if (spins % 256 == 0) sched_yield();
+	}
 	j->task = c->staged;
 	j->chunks = chunks;
 	atomic_store(&j->next, 0);
@@ -224,6 +234,9 @@ static int run(ss_crew *c, int chunks) {
 		if (++spins % 256 == 0) sched_yield();
 	}
 	atomic_store(&j->gen, 0); // retired
+	// The task's pointers are the Go caller's, for this call only.
+	memset(&j->task, 0, sizeof j->task);
+	memset(&c->staged, 0, sizeof c->staged);
 	return atomic_load(&j->failed) ? -1 : 0;
 }
 
@@ -233,7 +246,10 @@ long ss_crew_helped(ss_crew *c) { return atomic_load(&c->helped); }
 // and returns once none is inside the step.
 void ss_crew_end(ss_crew *c) {
 	atomic_fetch_add(&c->session, 1); // even: free
-	while (atomic_load(&c->inside) != 0) cpu_relax();
+	for (int spins = 1; atomic_load(&c->inside) != 0; spins++) {
+		cpu_relax();
+		if (spins % 256 == 0) sched_yield();
+	}
 }
 
 // The phases. Their pointers are the Go caller's, valid for the call: the

@@ -84,8 +84,13 @@ func (n *nativeCrew) attention(a *attnTask, heads, S, H, d int, q, k, v, keys, c
 	if S*S > stride || len(keys) < S || len(q) < (S-1)*H+heads*d || len(k) < len(q) || len(v) < len(q) || len(ctx) < len(q) {
 		panic("cpufallback: attention: mismatched shapes")
 	}
-	if len(a.scores) < threads || unsafe.SliceData(a.scores[threads-1]) != (*float32)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(a.scores[0])), (threads-1)*stride*4)) {
-		panic("cpufallback: attention: score blocks not contiguous")
+	if len(a.scores) < threads {
+		panic("cpufallback: attention: fewer score blocks than threads")
+	}
+	for i, s := range a.scores[:threads] {
+		if len(s) != stride || unsafe.SliceData(s) != (*float32)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(a.scores[0])), i*stride*4)) {
+			panic("cpufallback: attention: score blocks not one after another")
+		}
 	}
 	failed(C.ss_crew_attention(n.c(), C.int(products.isa), C.int(heads), C.int(S), C.int(H), C.int(d), C.float(a.scale),
 		fp(q), fp(k), fp(v), fp(keys), fp(ctx), fp(unsafe.Slice(unsafe.SliceData(a.scores[0]), threads*stride)), C.long(stride), C.int(threads)))

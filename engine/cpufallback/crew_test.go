@@ -27,7 +27,7 @@ func withCrewCPUs(t *testing.T, n int) {
 // allocated per call.
 func TestCrewAnswersAsOneThread(t *testing.T) {
 	withCrewCPUs(t, 8)
-	if c := beginCrew(2); c == nil {
+	if c, _ := beginCrew(2); c == nil {
 		t.Skipf("no native crew with kernels %s in this build", Kernels())
 	} else {
 		c.end()
@@ -49,8 +49,9 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 				linearPanels(s.m, x, w[i], want[i], bias[i], actGELU, 0, w[i].panels())
 			}
 			for _, threads := range []int{2, 3, 5} {
-				c := beginCrew(threads)
+				c, n := beginCrew(threads)
 				require.NotNil(t, c)
+				require.Equal(t, threads, n)
 				var got [3][]float32
 				for i := range got {
 					got[i] = make([]float32, s.m*s.n)
@@ -74,7 +75,7 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 		want := slices.Clone(x)
 		residualNorm(want, y, bias, norm, 1e-12)
 		for _, threads := range []int{2, 3, 5} {
-			c := beginCrew(threads)
+			c, _ := beginCrew(threads)
 			got := slices.Clone(x)
 			c.residualNorm(got, y, bias, norm, 1e-12)
 			require.True(t, slices.Equal(want, got), "%d rows on %d threads", rows, threads)
@@ -88,7 +89,7 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 // answer is the one thread's.
 func TestCrewsSideBySide(t *testing.T) {
 	withCrewCPUs(t, 4)
-	if c := beginCrew(2); c == nil {
+	if c, _ := beginCrew(2); c == nil {
 		t.Skipf("no native crew with kernels %s in this build", Kernels())
 	} else {
 		c.end()
@@ -110,9 +111,9 @@ func TestCrewsSideBySide(t *testing.T) {
 			defer wg.Done()
 			got := make([]float32, m*n)
 			for range 50 {
-				c := beginCrew(2 + g%3)
+				c, n := beginCrew(2 + g%3)
 				clear(got)
-				linearPar(c, 2, m, x, w, got, l.Bias, actReLU)
+				linearPar(c, n, m, x, w, got, l.Bias, actReLU)
 				c.end()
 				if !slices.Equal(want, got) {
 					errs <- fmt.Errorf("goroutine %d: the product differs", g)
@@ -126,5 +127,36 @@ func TestCrewsSideBySide(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	assert.Len(t, crews, maxCrews, "every crew went back")
+	assert.Len(t, crews.free, maxCrews, "every crew went back")
+	assert.Zero(t, crews.busy, "and its CPUs")
+}
+
+// Crews take only the CPUs the groups of sequences and crews already
+// running leave: on 2 CPUs, a second group stepping beside a crew runs on
+// its own thread; the most recently ended crew (its threads still
+// spinning) is the next one held.
+func TestCrewsLeaveTheCPUsOthersTake(t *testing.T) {
+	withCrewCPUs(t, 2)
+	groupRunning(1)
+	a, n := beginCrew(4)
+	if a == nil {
+		groupRunning(-1)
+		t.Skipf("no native crew with kernels %s in this build", Kernels())
+	}
+	assert.Equal(t, 2, n, "one group on 2 CPUs: a crew of 2")
+	groupRunning(1)
+	b, n := beginCrew(2)
+	assert.Nil(t, b)
+	assert.Equal(t, 1, n, "the CPUs are taken: one thread")
+	groupRunning(-1)
+	a.end()
+	groupRunning(-1)
+	assert.Zero(t, crews.busy)
+
+	groupRunning(1)
+	c, n := beginCrew(2)
+	assert.Same(t, a, c, "the crew last ended is held again")
+	assert.Equal(t, 2, n)
+	c.end()
+	groupRunning(-1)
 }

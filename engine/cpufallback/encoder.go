@@ -47,9 +47,10 @@ type encoderPlan struct {
 	// threads is how many threads each group's products and attention
 	// heads split among: more than one when the step has fewer groups than
 	// engine.cpu_threads (a step of one sequence uses every allowed CPU).
-	threads int
-	attn    []attnTask // per group
-	crews   []*crew    // per group: the threads it holds while it runs (crew.go)
+	threads  int
+	attn     []attnTask // per group
+	crews    []*crew    // per group: the threads it holds while it runs (crew.go)
+	gthreads []int      // per group: the threads it splits its work among
 
 	rec *trace.Recorder // a profiled step's spans (profile.go); nil otherwise
 }
@@ -69,6 +70,7 @@ func newEncoderPlan(e *models.Encoder, w residentWeights, layout engine.Layout) 
 		scores:    scoreBuffers(stepThreads(), s),
 		attn:      make([]attnTask, min(b, stepThreads())),
 		crews:     make([]*crew, min(b, stepThreads())),
+		gthreads:  make([]int, min(b, stepThreads())),
 		groups:    make([]int, 0, b+1),
 		groupDone: make(chan struct{}, b),
 		pooled:    make([]float32, b*c.Hidden),
@@ -291,8 +293,11 @@ func (p *encoderPlan) runGroup(g int) {
 		return
 	}
 	rowLo, rowHi := p.seqOff[lo], p.seqOff[hi-1]+p.seqLen[hi-1]
-	if p.threads > 1 && rowHi > rowLo {
-		p.crews[g] = beginCrew(p.threads)
+	groupRunning(1)
+	defer groupRunning(-1)
+	p.crews[g], p.gthreads[g] = nil, 1
+	if rowHi > rowLo {
+		p.crews[g], p.gthreads[g] = beginCrew(p.threads)
 	}
 	defer p.endCrew(g)
 	for i := range p.e.Layers {
@@ -318,9 +323,9 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 	r0, r1 := rowLo*H, rowHi*H
 	x, q, k, v, ctx, tmp := p.x[r0:r1], p.q[r0:r1], p.k[r0:r1], p.v[r0:r1], p.ctx[r0:r1], p.tmp[r0:r1]
 
-	cr := p.crews[g]
+	cr, threads := p.crews[g], p.gthreads[g]
 	t := p.rec.Begin()
-	linearParN(cr, p.threads, rows, x, 3, [3]*weight{p.w[&l.Query], p.w[&l.Key], p.w[&l.Value]},
+	linearParN(cr, threads, rows, x, 3, [3]*weight{p.w[&l.Query], p.w[&l.Key], p.w[&l.Value]},
 		[3][]float32{q, k, v}, [3][]float32{l.Query.Bias, l.Key.Bias, l.Value.Bias}, actNone)
 	p.rec.End("q/k/v product+bias", -1, lo, t)
 	t = p.rec.Begin()
@@ -329,7 +334,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 	// takes heads j, j+threads, ... on its own score buffer.
 	a := &p.attn[g]
 	*a = attnTask{p: p, q: q, k: k, v: v, ctx: ctx, scale: float32(1 / math.Sqrt(float64(d))), rowLo: rowLo,
-		threads: min(p.threads, p.heads), scores: p.scores[g*p.threads:]}
+		threads: min(threads, p.heads), scores: p.scores[g*p.threads:]}
 	for b := lo; b < hi; b++ {
 		a.b = b
 		S := p.seqLen[b]
@@ -347,7 +352,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 
 	p.rec.End("attention scores+softmax+context", -1, lo, t)
 	t = p.rec.Begin()
-	linearPar(cr, p.threads, rows, ctx, p.w[&l.AttnOut], tmp, nil, actNone)
+	linearPar(cr, threads, rows, ctx, p.w[&l.AttnOut], tmp, nil, actNone)
 	p.rec.End("attention output product", -1, lo, t)
 	t = p.rec.Begin()
 	cr.residualNorm(x, tmp, l.AttnOut.Bias, l.AttnNorm, c.LayerNormEps)
@@ -355,10 +360,10 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 
 	inter := p.inter[rowLo*I : rowHi*I]
 	t = p.rec.Begin()
-	linearPar(cr, p.threads, rows, x, p.w[&l.Inter], inter, l.Inter.Bias, p.act)
+	linearPar(cr, threads, rows, x, p.w[&l.Inter], inter, l.Inter.Bias, p.act)
 	p.rec.End("feed-forward in product+bias+activation", -1, lo, t)
 	t = p.rec.Begin()
-	linearPar(cr, p.threads, rows, inter, p.w[&l.Out], tmp, nil, actNone)
+	linearPar(cr, threads, rows, inter, p.w[&l.Out], tmp, nil, actNone)
 	p.rec.End("feed-forward out product", -1, lo, t)
 	t = p.rec.Begin()
 	cr.residualNorm(x, tmp, l.Out.Bias, l.OutNorm, c.LayerNormEps)

@@ -92,7 +92,7 @@ func TestGroupsAnswerAsOneStep(t *testing.T) {
 		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
 		p.scores = scoreBuffers(8, shape.Seq) // room for 8 groups whatever the CPUs
 		p.attn = make([]attnTask, 8)
-		p.crews = make([]*crew, 8)
+		p.crews, p.gthreads = make([]*crew, 8), make([]int, 8)
 		o := make([]byte, layout.OutBytes)
 		require.NoError(t, p.step(in, o))
 		return append([]float32(nil), floats(o)...), len(p.groups) - 1
@@ -149,13 +149,13 @@ func TestOneSequenceUsesEveryThread(t *testing.T) {
 
 // crewHelped counts the chunks every crew's threads have run.
 func crewHelped() int {
+	crews.mu.Lock()
+	defer crews.mu.Unlock()
 	n := 0
-	for range maxCrews {
-		c := <-crews
+	for _, c := range crews.free {
 		if c.nat != nil {
 			n += c.nat.helped()
 		}
-		crews <- c
 	}
 	return n
 }

@@ -85,6 +85,7 @@ func planBytes(cfg *models.Config, s bucketing.Shape) int64 {
 			4*threads*seq*seq + // scores
 			groups*int64(unsafe.Sizeof(attnTask{})) + // attn
 			8*groups + // crews
+			8*groups + // gthreads
 			8*(b+1) + // groups
 			4*b*H + // pooled
 			headBytes(c, b)
