@@ -124,7 +124,7 @@ static void *member(void *arg) {
 		// Wait for a session that wants this thread: spin a while, then sleep.
 		unsigned long s;
 		long since = now_ns();
-		for (int spins = 1;; spins++) {
+		for (unsigned spins = 1;; spins++) {
 			s = atomic_load(&c->session);
 			if ((s & 1) && s != last && m.tid <= c->want) break;
 			if (spins % 64 != 0 || now_ns() - since < LINGER_NS) {
@@ -147,7 +147,7 @@ static void *member(void *arg) {
 		unsigned long seen = atomic_load(&c->phase);
 		// A phase posted before this thread arrived may still have chunks.
 		seen = seen ? seen - 1 : 0;
-		int spins = 0;
+		unsigned spins = 0;
 		while (atomic_load(&c->session) == s) {
 			unsigned long ph = atomic_load(&c->phase);
 			if (ph != seen) {
@@ -217,7 +217,7 @@ void ss_crew_begin(ss_crew *c, int threads) {
 static int run(ss_crew *c, int chunks) {
 	unsigned long ph = atomic_load(&c->phase) + 1;
 	ss_job *j = &c->jobs[ph & 1];
-	for (int spins = 1; atomic_load(&j->refs) != 0; spins++) { // a thread late for phase ph-2
+	for (unsigned spins = 1; atomic_load(&j->refs) != 0; spins++) { // a thread late for phase ph-2
 		cpu_relax();
 		if (spins % 256 == 0) sched_yield();
 	}
@@ -229,7 +229,7 @@ static int run(ss_crew *c, int chunks) {
 	atomic_store(&j->gen, ph);
 	atomic_store(&c->phase, ph);
 	work(j, 0);
-	for (int spins = 0; atomic_load(&j->done) != chunks;) {
+	for (unsigned spins = 0; atomic_load(&j->done) != chunks;) {
 		cpu_relax();
 		if (++spins % 256 == 0) sched_yield();
 	}
@@ -246,7 +246,7 @@ long ss_crew_helped(ss_crew *c) { return atomic_load(&c->helped); }
 // and returns once none is inside the step.
 void ss_crew_end(ss_crew *c) {
 	atomic_fetch_add(&c->session, 1); // even: free
-	for (int spins = 1; atomic_load(&c->inside) != 0; spins++) {
+	for (unsigned spins = 1; atomic_load(&c->inside) != 0; spins++) {
 		cpu_relax();
 		if (spins % 256 == 0) sched_yield();
 	}
