@@ -20,6 +20,15 @@ func withCrewCPUs(t *testing.T, n int) {
 	t.Cleanup(func() { crewCPUs = old })
 }
 
+// skipWithoutCrews skips where the kernels in use have no native crew.
+func skipWithoutCrews(t *testing.T) {
+	c, _ := beginCrew(2)
+	if c == nil {
+		t.Skipf("no native crew with kernels %s in this build", Kernels())
+	}
+	c.end()
+}
+
 // A crew's products and layer norms answer bit for bit as one thread's
 // (each output column is one kernel call's either way), in float32 and
 // in bfloat16, on 2 to 5 threads (more than this machine may have CPUs:
@@ -27,11 +36,7 @@ func withCrewCPUs(t *testing.T, n int) {
 // allocated per call.
 func TestCrewAnswersAsOneThread(t *testing.T) {
 	withCrewCPUs(t, 8)
-	if c, _ := beginCrew(2); c == nil {
-		t.Skipf("no native crew with kernels %s in this build", Kernels())
-	} else {
-		c.end()
-	}
+	skipWithoutCrews(t)
 	rng := rand.New(rand.NewPCG(21, 22))
 	for _, bf16 := range []bool{false, true} {
 		if bf16 && !BFloat16() {
@@ -89,11 +94,7 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 // answer is the one thread's.
 func TestCrewsSideBySide(t *testing.T) {
 	withCrewCPUs(t, 4)
-	if c, _ := beginCrew(2); c == nil {
-		t.Skipf("no native crew with kernels %s in this build", Kernels())
-	} else {
-		c.end()
-	}
+	skipWithoutCrews(t)
 	defer func(w int) { minParallelWork = w }(minParallelWork)
 	minParallelWork = 0
 	rng := rand.New(rand.NewPCG(23, 24))
