@@ -73,11 +73,9 @@ static int run_chunk(const ss_task *t, long c, long chunks, int tid) {
 		return 0;
 	}
 	case SS_TASK_ATTENTION: {
-		int S = t->S, off = (int)c * t->d;
-		float *scores = t->scores[tid];
-		if (ss_gemm(t->isa, 1, S, S, t->d, t->scale, t->q + off, t->H, t->kv + off, t->H, 0, scores, S)) return -1;
-		ss_add_softmax(scores, t->keys, S, S);
-		return ss_gemm(t->isa, 0, S, t->d, S, 1, scores, S, t->v + off, t->H, 0, t->ctx + off, t->H);
+		int off = (int)c * t->d;
+		return ss_attention_head(t->isa, t->S, t->d, t->H, t->scale, t->q + off, t->kv + off, t->v + off, t->keys,
+		                         t->ctx + off, t->scores[tid]);
 	}
 	case SS_TASK_NORM: {
 		int r0 = (int)c * t->per, r1 = r0 + t->per < t->rows ? r0 + t->per : t->rows;

@@ -81,7 +81,7 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 // score block (a.scores[t], every block the same length).
 func (n *nativeCrew) attention(a *attnTask, heads, S, H, d int, q, k, v, keys, ctx []float32, threads int) {
 	stride := len(a.scores[0])
-	if S*S > stride || len(keys) < S || len(q) < (S-1)*H+heads*d || len(k) < len(q) || len(v) < len(q) || len(ctx) < len(q) {
+	if S*S > stride || (keys != nil && len(keys) < S) || len(q) < (S-1)*H+heads*d || len(k) < len(q) || len(v) < len(q) || len(ctx) < len(q) {
 		panic("cpufallback: attention: mismatched shapes")
 	}
 	if len(a.scores) < threads {

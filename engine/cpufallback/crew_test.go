@@ -2,6 +2,7 @@ package cpufallback
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -160,4 +161,42 @@ func TestCrewsLeaveTheCPUsOthersTake(t *testing.T) {
 	assert.Equal(t, 2, n)
 	c.end()
 	groupRunning(-1)
+}
+
+// The native attention head (softmax left unscaled, the context rows
+// scaled instead) answers as the three passes it replaces, with and
+// without a key mask, at odd lengths and head widths.
+func TestAttentionHeadAsThreePasses(t *testing.T) {
+	if products == nil || products.attention == nil {
+		t.Skipf("no native attention head with kernels %s in this build", Kernels())
+	}
+	rng := rand.New(rand.NewPCG(25, 26))
+	for _, s := range []struct{ S, d, heads int }{{1, 8, 1}, {7, 32, 3}, {33, 64, 2}, {128, 32, 12}, {200, 24, 4}} {
+		H := s.d * s.heads
+		q, k, v := randMatrix(rng, s.S*H), randMatrix(rng, s.S*H), randMatrix(rng, s.S*H)
+		mask := make([]float32, s.S)
+		for i := range mask {
+			if i%3 == 2 {
+				mask[i] = maskedScore
+			}
+		}
+		for _, keys := range [][]float32{nil, mask} {
+			want, got := make([]float32, s.S*H), make([]float32, s.S*H)
+			scores := make([]float32, s.S*s.S)
+			for h := range s.heads {
+				off := h * s.d
+				gemm(true, s.S, s.S, s.d, 0.125, q[off:], H, k[off:], H, 0, scores, s.S)
+				add := keys
+				if add == nil {
+					add = make([]float32, s.S)
+				}
+				addSoftmaxRows(scores, add)
+				gemm(false, s.S, s.d, s.S, 1, scores, s.S, v[off:], H, 0, want[off:], H)
+				products.attention(s.S, s.d, H, 0.125, q[off:], k[off:], v[off:], keys, got[off:], scores)
+			}
+			for i := range want {
+				require.InDelta(t, want[i], got[i], 1e-6*(1+math.Abs(float64(want[i]))), "%+v masked %v: element %d", s, keys != nil, i)
+			}
+		}
+	}
 }

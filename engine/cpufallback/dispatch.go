@@ -37,6 +37,11 @@ type productKernel struct {
 	// linear computes y[m, n] = act(x[m, k] · packed + bias), bias nil for
 	// none, on the output columns of panels p0 up to p1.
 	linear func(m, n, k int, x, packed, y, bias []float32, act activation, p0, p1 int)
+	// attention is one head of one sequence of S rows (row stride ld):
+	// ctx = softmax(q · kᵀ · scale + keys) · v, keys nil for no mask, on
+	// the S x S block scores; nil where the kernels have none (the step
+	// then runs gemm, addSoftmaxRows, gemm).
+	attention func(S, d, ld int, scale float32, q, k, v, keys, ctx, scores []float32)
 	// packBF16 and linearBF16 are pack and linear in bfloat16 (products
 	// summed in float32), where the CPU has AVX512_BF16; nil elsewhere.
 	// packBF16 takes B as torch stores a Linear's weight, [n, k].

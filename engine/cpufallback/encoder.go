@@ -344,7 +344,7 @@ func (p *encoderPlan) layer(l *models.EncoderLayer, lo, hi, rowLo, rowHi, g int)
 			parallelRun(a, a.threads, 1) // the same chunks, on this thread
 		case cr != nil:
 			off := (p.seqOff[b] - rowLo) * H
-			cr.nat.attention(a, p.heads, S, H, d, q[off:], k[off:], v[off:], a.keys(), ctx[off:], cr.threads)
+			cr.nat.attention(a, p.heads, S, H, d, q[off:], k[off:], v[off:], a.maskedKeys(), ctx[off:], cr.threads)
 		default:
 			parallelRun(a, a.threads, a.threads)
 		}
@@ -394,12 +394,29 @@ func (a *attnTask) keys() []float32 {
 	return p.maskAdd[a.b*p.seq : a.b*p.seq+S]
 }
 
+// maskedKeys is keys, or nil when no key is masked (padding left out):
+// the native head then skips adding it.
+func (a *attnTask) maskedKeys() []float32 {
+	if a.p.compacted {
+		return nil
+	}
+	return a.keys()
+}
+
 func (a *attnTask) run(j int) {
 	p := a.p
 	H, d := p.e.Config.Hidden, p.headDim
 	S := p.seqLen[a.b]
 	keys := a.keys()
 	scores := a.scores[j][:S*S]
+	if products != nil && products.attention != nil {
+		mk := a.maskedKeys()
+		for h := j; h < p.heads; h += a.threads {
+			off := (p.seqOff[a.b]-a.rowLo)*H + h*d
+			products.attention(S, d, H, a.scale, a.q[off:], a.k[off:], a.v[off:], mk, a.ctx[off:], scores)
+		}
+		return
+	}
 	for h := j; h < p.heads; h += a.threads {
 		off := (p.seqOff[a.b]-a.rowLo)*H + h*d
 		// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h

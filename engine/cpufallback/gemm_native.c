@@ -442,3 +442,30 @@ int ss_gemm(int isa, int trans, int m, int n, int k, float alpha, const float *a
 	ss_gemm_packed(isa, m, n, k, alpha, a, lda, scratch, beta, c, ldc, 0, SS_ACT_NONE, 0, (n + nr - 1) / nr);
 	return 0;
 }
+
+// The reciprocal row sums of an attention head's softmax, grown as needed
+// and kept for the thread's life, as scratch is.
+static __thread float *invSums;
+static __thread long invLen;
+
+// ss_attention_head is one attention head of one sequence of S rows (row
+// stride ld): scores = q . k^T * scale + keys (keys NULL: none), its rows'
+// softmax, ctx = softmax . v, on the S x S block scores. The softmax is
+// left unscaled and ctx's rows (d wide) are scaled by the reciprocal sums
+// instead. 0, or -1 out of memory for the packing scratch.
+int ss_attention_head(int isa, int S, int d, long ld, float scale, const float *q, const float *k, const float *v,
+                      const float *keys, float *ctx, float *scores) {
+	if (S <= 0) return 0;
+	if (S > invLen) {
+		float *s = malloc(sizeof(float) * S);
+		if (!s) return -1;
+		free(invSums);
+		invSums = s;
+		invLen = S;
+	}
+	if (ss_gemm(isa, 1, S, S, d, scale, q, ld, k, ld, 0, scores, S)) return -1;
+	ss_softmax_rows_unscaled(scores, keys, S, S, invSums);
+	if (ss_gemm(isa, 0, S, d, S, 1, scores, S, v, ld, 0, ctx, ld)) return -1;
+	ss_scale_rows(ctx, S, d, ld, invSums);
+	return 0;
+}

@@ -59,6 +59,12 @@ func nativeProductKernel(name string, isa C.int) productKernel {
 				panic("cpufallback: gemm: out of memory for the packing scratch")
 			}
 		},
+		attention: func(S, d, ld int, scale float32, q, k, v, keys, ctx, scores []float32) {
+			checkHead(S, d, ld, q, k, v, keys, ctx, scores)
+			if C.ss_attention_head(isa, C.int(S), C.int(d), C.long(ld), C.float(scale), fp(q), fp(k), fp(v), fp(keys), fp(ctx), fp(scores)) != 0 {
+				panic("cpufallback: attention: out of memory for the packing scratch")
+			}
+		},
 		linear: func(m, n, k int, x, packed, y, bias []float32, act activation, p0, p1 int) {
 			if m == 0 || n == 0 || p0 >= p1 {
 				return
@@ -72,6 +78,17 @@ func nativeProductKernel(name string, isa C.int) productKernel {
 			}
 			C.ss_gemm_packed(isa, C.int(m), C.int(n), C.int(k), 1, fp(x), C.int(k), fp(packed), 0, fp(y), C.int(n), pb, C.int(act), C.int(p0), C.int(p1))
 		},
+	}
+}
+
+// checkHead checks what one attention head reads and writes before C
+// does: S rows of d columns at row stride ld in q, k, v and ctx, S keys
+// (or none), an S x S score block.
+func checkHead(S, d, ld int, q, k, v, keys, ctx, scores []float32) {
+	need := (S-1)*ld + d
+	if S <= 0 || d <= 0 || ld < d || len(q) < need || len(k) < need || len(v) < need || len(ctx) < need ||
+		(keys != nil && len(keys) < S) || len(scores) < S*S {
+		panic("cpufallback: attention: mismatched shapes")
 	}
 }
 

@@ -15,3 +15,5 @@ int ss_gemm(int isa, int trans, int m, int n, int k, float alpha, const float *a
 void ss_pack_b_bf16(int k, int n, const float *b, int ldb, unsigned short *out);
 void ss_linear_bf16(int m, int n, int k, const float *x, const unsigned short *bp, float *y,
                     const float *bias, int act, int p0, int p1);
+int ss_attention_head(int isa, int S, int d, long ld, float scale, const float *q, const float *k, const float *v,
+                      const float *keys, float *ctx, float *scores);

@@ -8,3 +8,5 @@ void ss_bias_act(float *y, const float *bias, int rows, int cols, int act);
 void ss_add_softmax(float *y, const float *add, int rows, int cols);
 void ss_residual_norm(float *x, const float *y, const float *bias, const float *w, const float *b, int rows, int cols, float eps);
 void ss_layer_norm(float *x, const float *w, const float *b, int rows, int cols, float eps);
+void ss_softmax_rows_unscaled(float *y, const float *add, int rows, int cols, float *inv);
+void ss_scale_rows(float *y, int rows, int cols, long ld, const float *s);
