@@ -66,11 +66,26 @@ func groupRunning(n int) {
 // crews running take every CPU; want, with no crew, when the kernels in
 // use have none or every crew is held (the team splits the calls then).
 func beginCrew(want int) (*crew, int) {
+	return beginCrewFor(want, minCrewWork)
+}
+
+// minCrewWork is the fewest multiply-adds of a group's step that a crew is
+// worth holding for: a crew's thread spins through the step and lingers
+// after it, which a step of a few tokens does not repay, and the CPU it
+// spins on is the one that HTTP, tokenizing and encoding beside the steps
+// need under load (at 64 connections of 13-token texts, one step each,
+// crews cost a quarter of the server's throughput). Smaller steps split
+// their larger products on the team, as before crews.
+var minCrewWork = 1 << 25 // tests lower it
+
+// beginCrewFor is beginCrew for a group whose step does work
+// multiply-adds: below minCrewWork, no crew.
+func beginCrewFor(want, work int) (*crew, int) {
 	want = min(want, crewCPUs)
 	if want <= 1 {
 		return nil, 1
 	}
-	if products == nil || products.isa == 0 {
+	if products == nil || products.isa == 0 || work < minCrewWork {
 		return nil, want
 	}
 	crews.mu.Lock()

@@ -105,7 +105,7 @@ typedef struct {
 // How long a thread spins for the next step once one ended, before it
 // sleeps: steps come back to back under load, and waking a sleeping thread
 // costs tens of microseconds on a virtual machine.
-enum { LINGER_NS = 200 * 1000 };
+enum { LINGER_NS = 50 * 1000 };
 
 static long now_ns(void) {
 	struct timespec ts;

@@ -160,6 +160,12 @@ func TestCrewsLeaveTheCPUsOthersTake(t *testing.T) {
 	assert.Same(t, a, c, "the crew last ended is held again")
 	assert.Equal(t, 2, n)
 	c.end()
+
+	// A step of a few tokens is not worth a crew's spinning: it splits on
+	// the team.
+	c, n = beginCrewFor(2, minCrewWork-1)
+	assert.Nil(t, c)
+	assert.Equal(t, 2, n)
 	groupRunning(-1)
 }
 

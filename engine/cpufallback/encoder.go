@@ -297,7 +297,7 @@ func (p *encoderPlan) runGroup(g int) {
 	defer groupRunning(-1)
 	p.crews[g], p.gthreads[g] = nil, 1
 	if rowHi > rowLo {
-		p.crews[g], p.gthreads[g] = beginCrew(p.threads)
+		p.crews[g], p.gthreads[g] = beginCrewFor(p.threads, p.work(rowHi-rowLo))
 	}
 	defer p.endCrew(g)
 	for i := range p.e.Layers {
@@ -305,6 +305,14 @@ func (p *encoderPlan) runGroup(g int) {
 		p.layer(&p.e.Layers[i], lo, hi, rowLo, rowHi, g)
 		p.rec.End("layer", i, lo, t)
 	}
+}
+
+// work is about how many multiply-adds a step of rows rows does: its
+// products (attention's, a few percent at the lengths that matter here,
+// left out).
+func (p *encoderPlan) work(rows int) int {
+	c := p.e.Config
+	return rows * len(p.e.Layers) * (4*c.Hidden*c.Hidden + 2*c.Hidden*c.Intermediate)
 }
 
 // endCrew lets group g's crew go, if it holds one.

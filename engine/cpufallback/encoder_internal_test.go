@@ -125,6 +125,8 @@ func TestOneSequenceUsesEveryThread(t *testing.T) {
 		mask[s] = 1
 	}
 	withCrewCPUs(t, 8) // a crew of up to 8 threads whatever the CPUs
+	defer func(w int) { minCrewWork = w }(minCrewWork)
+	minCrewWork = 0
 	run := func(threads int) ([]float32, int) {
 		SetThreads(threads)
 		p := newEncoderPlan(m.Encoder, newResidentWeights(m), layout)
