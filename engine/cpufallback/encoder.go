@@ -415,19 +415,16 @@ func (a *attnTask) run(j int) {
 	p := a.p
 	H, d := p.e.Config.Hidden, p.headDim
 	S := p.seqLen[a.b]
-	keys := a.keys()
+	keys, masked := a.keys(), a.maskedKeys()
 	scores := a.scores[j][:S*S]
-	if products != nil && products.attention != nil {
-		mk := a.maskedKeys()
-		for h := j; h < p.heads; h += a.threads {
-			off := (p.seqOff[a.b]-a.rowLo)*H + h*d
-			products.attention(S, d, H, a.scale, a.q[off:], a.k[off:], a.v[off:], mk, a.ctx[off:], scores)
-		}
-		return
-	}
+	native := products != nil && products.attention != nil
 	for h := j; h < p.heads; h += a.threads {
 		off := (p.seqOff[a.b]-a.rowLo)*H + h*d
 		// scores = q_h · k_hᵀ / sqrt(d) + mask; ctx_h = softmax(scores) · v_h
+		if native {
+			products.attention(S, d, H, a.scale, a.q[off:], a.k[off:], a.v[off:], masked, a.ctx[off:], scores)
+			continue
+		}
 		gemm(true, S, S, d, a.scale, a.q[off:], H, a.k[off:], H, 0, scores, S)
 		addSoftmaxRows(scores, keys)
 		gemm(false, S, d, S, 1, scores, S, a.v[off:], H, 0, a.ctx[off:], H)

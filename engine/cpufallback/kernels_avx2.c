@@ -70,40 +70,74 @@ AVX2 static inline float hmax8(__m256 v) {
 	return _mm_cvtss_f32(s);
 }
 
-AVX2 void ss_add_softmax(float *y, const float *add, int rows, int cols) {
-	for (int r = 0; r < rows; r++) {
-		float *row = y + (long)r * cols;
-		__m256 mx = _mm256_set1_ps(-INFINITY);
-		int j = 0;
+// softmax_row_unscaled makes row (cols wide) e^(row + add - max), add
+// NULL for none, and returns the reciprocal of its sum.
+AVX2 static inline float softmax_row_unscaled(float *row, const float *add, int cols) {
+	__m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
+	int j = 0;
+	if (add) {
 		for (; j + 8 <= cols; j += 8) {
 			__m256 v = _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(add + j));
 			_mm256_storeu_ps(row + j, v);
-			mx = _mm256_max_ps(mx, v);
+			mx0 = _mm256_max_ps(mx0, v);
 		}
-		float m = hmax8(mx);
-		for (; j < cols; j++) {
-			row[j] += add[j];
-			if (row[j] > m) m = row[j];
+	} else {
+		for (; j + 16 <= cols; j += 16) {
+			mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+			mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
 		}
-		__m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
-		for (j = 0; j + 8 <= cols; j += 8) {
-			__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
-			_mm256_storeu_ps(row + j, e);
-			sum = _mm256_add_ps(sum, e);
+		for (; j + 8 <= cols; j += 8) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+	}
+	float m = hmax8(_mm256_max_ps(mx0, mx1));
+	for (; j < cols; j++) {
+		if (add) row[j] += add[j];
+		if (row[j] > m) m = row[j];
+	}
+	__m256 vm = _mm256_set1_ps(m), sum0 = _mm256_setzero_ps(), sum1 = sum0, sum2 = sum0, sum3 = sum0;
+	// Four vectors at a time: exp8 is a chain of dependent steps, and
+	// four chains keep the FMA units busy where one waits on latency.
+	for (j = 0; j + 32 <= cols; j += 32) {
+		__m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+		__m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
+		__m256 e2 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 16), vm));
+		__m256 e3 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 24), vm));
+		_mm256_storeu_ps(row + j, e0);
+		_mm256_storeu_ps(row + j + 8, e1);
+		_mm256_storeu_ps(row + j + 16, e2);
+		_mm256_storeu_ps(row + j + 24, e3);
+		sum0 = _mm256_add_ps(sum0, e0);
+		sum1 = _mm256_add_ps(sum1, e1);
+		sum2 = _mm256_add_ps(sum2, e2);
+		sum3 = _mm256_add_ps(sum3, e3);
+	}
+	sum0 = _mm256_add_ps(sum0, sum2);
+	sum1 = _mm256_add_ps(sum1, sum3);
+	for (; j + 8 <= cols; j += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+		_mm256_storeu_ps(row + j, e);
+		sum0 = _mm256_add_ps(sum0, e);
+	}
+	float tail = 0;
+	if (j < cols) {
+		int n = cols - j;
+		float buf[8];
+		_mm256_storeu_ps(buf, exp8(_mm256_sub_ps(load_tail(row + j, n), vm)));
+		for (int i = 0; i < n; i++) {
+			row[j + i] = buf[i];
+			tail += buf[i];
 		}
-		float tail = 0;
-		if (j < cols) {
-			int n = cols - j;
-			float buf[8];
-			_mm256_storeu_ps(buf, exp8(_mm256_sub_ps(load_tail(row + j, n), vm)));
-			for (int i = 0; i < n; i++) {
-				row[j + i] = buf[i];
-				tail += buf[i];
-			}
-		}
-		__m256 inv = _mm256_set1_ps(1.0f / (hsum8(sum) + tail));
-		for (j = 0; j + 8 <= cols; j += 8) _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
-		for (; j < cols; j++) row[j] *= _mm256_cvtss_f32(inv);
+	}
+	return 1.0f / (hsum8(_mm256_add_ps(sum0, sum1)) + tail);
+}
+
+AVX2 void ss_add_softmax(float *y, const float *add, int rows, int cols) {
+	for (int r = 0; r < rows; r++) {
+		float *row = y + (long)r * cols;
+		float s = softmax_row_unscaled(row, add, cols);
+		__m256 inv = _mm256_set1_ps(s);
+		int j = 0;
+		for (; j + 8 <= cols; j += 8) _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
+		for (; j < cols; j++) row[j] *= s;
 	}
 }
 
@@ -113,64 +147,7 @@ AVX2 void ss_add_softmax(float *y, const float *add, int rows, int cols) {
 // row (an attention head scales its context rows, S/d times fewer floats
 // than the scores).
 AVX2 void ss_softmax_rows_unscaled(float *y, const float *add, int rows, int cols, float *inv) {
-	for (int r = 0; r < rows; r++) {
-		float *row = y + (long)r * cols;
-		__m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
-		int j = 0;
-		if (add) {
-			for (; j + 8 <= cols; j += 8) {
-				__m256 v = _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(add + j));
-				_mm256_storeu_ps(row + j, v);
-				mx0 = _mm256_max_ps(mx0, v);
-			}
-		} else {
-			for (; j + 16 <= cols; j += 16) {
-				mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
-				mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
-			}
-			for (; j + 8 <= cols; j += 8) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
-		}
-		float m = hmax8(_mm256_max_ps(mx0, mx1));
-		for (; j < cols; j++) {
-			if (add) row[j] += add[j];
-			if (row[j] > m) m = row[j];
-		}
-		__m256 vm = _mm256_set1_ps(m), sum0 = _mm256_setzero_ps(), sum1 = sum0, sum2 = sum0, sum3 = sum0;
-		// Four vectors at a time: exp8 is a chain of dependent steps, and
-		// four chains keep the FMA units busy where one waits on latency.
-		for (j = 0; j + 32 <= cols; j += 32) {
-			__m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
-			__m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
-			__m256 e2 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 16), vm));
-			__m256 e3 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 24), vm));
-			_mm256_storeu_ps(row + j, e0);
-			_mm256_storeu_ps(row + j + 8, e1);
-			_mm256_storeu_ps(row + j + 16, e2);
-			_mm256_storeu_ps(row + j + 24, e3);
-			sum0 = _mm256_add_ps(sum0, e0);
-			sum1 = _mm256_add_ps(sum1, e1);
-			sum2 = _mm256_add_ps(sum2, e2);
-			sum3 = _mm256_add_ps(sum3, e3);
-		}
-		sum0 = _mm256_add_ps(sum0, sum2);
-		sum1 = _mm256_add_ps(sum1, sum3);
-		for (; j + 8 <= cols; j += 8) {
-			__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
-			_mm256_storeu_ps(row + j, e);
-			sum0 = _mm256_add_ps(sum0, e);
-		}
-		float tail = 0;
-		if (j < cols) {
-			int n = cols - j;
-			float buf[8];
-			_mm256_storeu_ps(buf, exp8(_mm256_sub_ps(load_tail(row + j, n), vm)));
-			for (int i = 0; i < n; i++) {
-				row[j + i] = buf[i];
-				tail += buf[i];
-			}
-		}
-		inv[r] = 1.0f / (hsum8(_mm256_add_ps(sum0, sum1)) + tail);
-	}
+	for (int r = 0; r < rows; r++) inv[r] = softmax_row_unscaled(y + (long)r * cols, add, cols);
 }
 
 // ss_scale_rows multiplies row r of y (cols wide, row stride ld) by s[r].
