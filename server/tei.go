@@ -45,12 +45,34 @@ type teiTruncation struct {
 	TruncationDirection string `json:"truncation_direction"`
 }
 
-type teiEmbedRequest struct {
+// teiInputs is what /embed and /tokenize read alike: the texts, the
+// model, and TEI's prompt_name (refused).
+type teiInputs struct {
 	Inputs     stringOrList `json:"inputs"`
-	Normalize  *bool        `json:"normalize"`
-	Dimensions *int         `json:"dimensions"`
 	PromptName *string      `json:"prompt_name"`
 	Model      string       `json:"model"`
+}
+
+// texts finds in's model for endpoint among kinds, refuses a prompt_name
+// and checks the number of texts, in that order.
+func (in *teiInputs) texts(t *textRequest, endpoint string, kinds ...textKind) (textSig, []string, error) {
+	tm, err := t.find(in.Model, endpoint, kinds...)
+	if err != nil {
+		return textSig{}, nil, err
+	}
+	if err := refusePromptName(in.PromptName); err != nil {
+		return textSig{}, nil, err
+	}
+	if err := t.checkTexts(len(in.Inputs.list), "inputs"); err != nil {
+		return textSig{}, nil, err
+	}
+	return tm, in.Inputs.list, nil
+}
+
+type teiEmbedRequest struct {
+	teiInputs
+	Normalize  *bool `json:"normalize"`
+	Dimensions *int  `json:"dimensions"`
 	teiTruncation
 }
 
@@ -71,10 +93,8 @@ type teiPredictRequest struct {
 }
 
 type teiTokenizeRequest struct {
-	Inputs           stringOrList `json:"inputs"`
-	AddSpecialTokens *bool        `json:"add_special_tokens"`
-	PromptName       *string      `json:"prompt_name"`
-	Model            string       `json:"model"`
+	teiInputs
+	AddSpecialTokens *bool `json:"add_special_tokens"`
 }
 
 // refusePromptName refuses TEI's prompt_name: stepserve's models carry no
@@ -92,15 +112,8 @@ func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
 			return t.fail(err)
 		}
-		tm, err := t.find(req.Model, "/embed", kindEmbedding)
+		tm, texts, err := req.texts(t, "/embed", kindEmbedding)
 		if err != nil {
-			return t.fail(err)
-		}
-		if err := refusePromptName(req.PromptName); err != nil {
-			return t.fail(err)
-		}
-		texts := req.Inputs.list
-		if err := t.checkTexts(len(texts), "inputs"); err != nil {
 			return t.fail(err)
 		}
 		m := t.m.Model()
@@ -322,14 +335,8 @@ func (s *Server) teiTokenize(w http.ResponseWriter, r *http.Request) {
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
 			return t.fail(err)
 		}
-		if _, err := t.find(req.Model, "/tokenize", kindEmbedding, kindClassifier, kindReranker); err != nil {
-			return t.fail(err)
-		}
-		if err := refusePromptName(req.PromptName); err != nil {
-			return t.fail(err)
-		}
-		texts := req.Inputs.list
-		if err := t.checkTexts(len(texts), "inputs"); err != nil {
+		_, texts, err := req.texts(t, "/tokenize", kindEmbedding, kindClassifier, kindReranker)
+		if err != nil {
 			return t.fail(err)
 		}
 		m := t.m.Model()
