@@ -121,26 +121,18 @@ func (l *lane) Compile(ctx context.Context, bucket int) error {
 // Step implements [engine.Replica]: the lane's inputs converted into its
 // device staging, the step on them, its outputs converted back.
 func (l *lane) Step(ctx context.Context, bucket int) (engine.Explain, error) {
-	p := l.p
-	if err := p.check(bucket); err != nil {
-		return engine.Explain{}, err
-	}
-	if !p.healthy.Load() {
-		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
-	}
-	l.pack(bucket)
-	x, err := p.step(ctx, bucket, l.n)
-	if err != nil {
-		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
-	}
-	l.unpack(bucket)
-	return x, nil
+	return l.step(ctx, bucket, nil)
 }
 
 // StepProfile implements [engine.Profiler]: the step as Step runs it, but
 // as a message (never over the doorbell) that asks the worker to run it
 // inside torch.profiler; its events come back into prof.
 func (l *lane) StepProfile(ctx context.Context, bucket int, prof *trace.Profile) (engine.Explain, error) {
+	return l.step(ctx, bucket, prof)
+}
+
+// step is Step, or StepProfile when prof is not nil.
+func (l *lane) step(ctx context.Context, bucket int, prof *trace.Profile) (engine.Explain, error) {
 	p := l.p
 	if err := p.check(bucket); err != nil {
 		return engine.Explain{}, err
@@ -149,7 +141,13 @@ func (l *lane) StepProfile(ctx context.Context, bucket int, prof *trace.Profile)
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, errWorkerDown)
 	}
 	l.pack(bucket)
-	x, err := p.stepMessage(ctx, bucket, l.n, prof)
+	var x engine.Explain
+	var err error
+	if prof != nil {
+		x, err = p.stepMessage(ctx, bucket, l.n, prof)
+	} else {
+		x, err = p.step(ctx, bucket, l.n)
+	}
 	if err != nil {
 		return engine.Explain{}, fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
 	}
