@@ -23,6 +23,9 @@ run: build
 
 HELM_VERSION := v3.22.0
 HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
+# staticcheck 2026.2.2 is module version v0.8.2 of honnef.co/go/tools.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK         := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)
 
 ## deps: everything the tests need: Go modules (the server's, deploy/test's
 ## and Helm, built from its module), and Debian's python3-torch (the rbln
@@ -30,7 +33,7 @@ HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
 ## python3-protobuf and python3-grpc-tools (which parse the Triton answers
 ## as the protocol's messages); installs with apt as root. After it, make
 ## test runs offline.
-deps: $(HELM)
+deps: $(HELM) $(STATICCHECK)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
@@ -56,6 +59,10 @@ test: deps
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
 
+$(STATICCHECK):
+	GOBIN=$(CURDIR)/bin/staticcheck-build $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(CURDIR)/bin/staticcheck-build/staticcheck $(STATICCHECK) && rmdir $(CURDIR)/bin/staticcheck-build
+
 $(HELM):
 	GOBIN=$(CURDIR)/bin/helm-build $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	mv $(CURDIR)/bin/helm-build/helm $(HELM) && rmdir $(CURDIR)/bin/helm-build
@@ -70,11 +77,21 @@ chart-test: $(HELM) build
 	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
 	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 ./...
 
-## lint: gofmt and go vet
-lint:
+## lint: gofmt, go vet, staticcheck (pinned; it finds dead code) and
+## go mod tidy -diff (every module's requirements as tidy writes them), for
+## the server's module and deploy/test's. A finding is fixed, or kept with a
+## //lint:ignore line (or a package's staticcheck.conf) that says why.
+lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags purego ./engine/cpufallback
 	cd deploy/test && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags openblas ./...
+	$(STATICCHECK) -tags purego ./...
+	cd deploy/test && $(STATICCHECK) ./...
+	$(GO) mod tidy -diff
+	cd deploy/test && $(GO) mod tidy -diff
 
 FUZZTIME ?= 60s
 FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWire engine/rbln:FuzzReadFrame \

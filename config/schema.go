@@ -16,12 +16,9 @@ type kind struct {
 	schema map[string]any
 }
 
-// goDuration matches what time.ParseDuration reads: a sequence of decimal
-// numbers, each with a unit, or a bare 0.
-const goDuration = `^[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-
-// nonNegDuration is goDuration without a sign: the keys that take one
-// want 0 or more.
+// nonNegDuration matches what time.ParseDuration reads without a sign (a
+// sequence of decimal numbers, each with a unit, or a bare 0): the keys
+// that take a duration want 0 or more.
 const nonNegDuration = `^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 
 // sizeText matches what ParseBytes reads.

@@ -313,14 +313,6 @@ func bodyError(err error, tooLarge func() error) error {
 	return badRequest(fmt.Sprintf("reading the request body: %v", err))
 }
 
-type responseTensor struct {
-	Name       string          `json:"name"`
-	Datatype   models.Datatype `json:"datatype"`
-	Shape      []int           `json:"shape"`
-	Parameters map[string]int  `json:"parameters,omitempty"`
-	Data       json.RawMessage `json:"data,omitempty"`
-}
-
 // writeResponse encodes the outputs: JSON data inline, and binary outputs
 // after the JSON header as Triton's extension lays them out.
 //

@@ -104,9 +104,9 @@ func TestLoadTimeoutBoundsALoad(t *testing.T) {
 // panicky is a fake engine whose Load panics, as a bug would.
 type panicky struct{ *enginetest.Engine }
 
-func (panicky) Load(context.Context, *models.Model, []bucketing.Shape) (engine.Program, error) {
-	var m map[string]int
-	m["boom"]++ // a nil map write: a runtime panic
+func (panicky) Load(_ context.Context, m *models.Model, _ []bucketing.Shape) (engine.Program, error) {
+	var inputs []models.Tensor
+	_ = inputs[len(m.Name)] // an index out of range: a runtime panic, as a bug would be
 	return nil, nil
 }
 

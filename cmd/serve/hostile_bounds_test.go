@@ -30,11 +30,11 @@ import (
 
 // boundsReply is one answer read off a raw connection.
 type boundsReply struct {
-	status     int
-	header     http.Header
-	msg        string // the error message of a JSON error body
-	body       []byte
-	took, peak time.Duration
+	status int
+	header http.Header
+	msg    string // the error message of a JSON error body
+	body   []byte
+	took   time.Duration
 }
 
 // rssSampler records the server's peak RSS while a request runs.

@@ -65,8 +65,6 @@ func (t *tally) quantile(q float64) time.Duration {
 	return l[min(int(q*float64(len(l))), len(l)-1)]
 }
 
-func (t *tally) sent() int { t.mu.Lock(); defer t.mu.Unlock(); return len(t.outcomes) }
-
 func errClass(err error) string {
 	s := err.Error()
 	switch {

@@ -176,7 +176,6 @@ func checkTimestamps(t *testing.T, c chromeTrace, model, device string, steps in
 		whole := c.spans(1, tid, "request")
 		require.Len(t, whole, 1, "request %s: one received..written span", id)
 		assert.Equal(t, float64(200), whole[0].Args["status"])
-		var order []string
 		prev := whole[0].Ts
 		for _, name := range []string{"decode", "prepare", "queue", "step", "respond"} {
 			sp := c.spans(1, tid, name)
@@ -184,7 +183,6 @@ func checkTimestamps(t *testing.T, c chromeTrace, model, device string, steps in
 			assert.True(t, sp[0].within(whole[0]), "request %s: %s inside received..written", id, name)
 			assert.GreaterOrEqual(t, sp[0].Ts+0.002, prev, "request %s: %s after the phase before it", id, name)
 			prev = sp[0].end()
-			order = append(order, name)
 		}
 		// The request's step is one of the device's.
 		st := c.spans(1, tid, "step")[0]

@@ -402,9 +402,8 @@ func (t *Tokenizer) encodeText(s string, base, seq int) []Token {
 // addedMatcher finds added tokens, leftmost-longest, with a byte trie:
 // at each position it walks at most the longest token's length.
 type addedMatcher struct {
-	next   map[uint64]int32
-	tok    []*addedToken // by node
-	longes int
+	next map[uint64]int32
+	tok  []*addedToken // by node
 }
 
 func newAddedMatcher(list []addedToken) *addedMatcher {

@@ -70,7 +70,7 @@ func TestPrecompiledCharsmap(t *testing.T) {
 	units := make([]uint32, 0x62)
 	units[0] = 1 << 10
 	units[0x60] = 0x61 | 1<<8 | 1<<10
-	units[0x61] = 1<<31 | 0
+	units[0x61] = 1 << 31 // leaf flag, value offset 0
 	blob := []byte("b\x00")
 	charsmap := binary.LittleEndian.AppendUint32(nil, uint32(4*len(units)))
 	for _, u := range units {
