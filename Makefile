@@ -1,5 +1,7 @@
 # stepserve: the two commands a newcomer needs are `make run` and `make test`.
 
+# bash, for set -o pipefail where a recipe filters go test's output.
+SHELL   := /bin/bash
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
@@ -9,7 +11,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
+.PHONY: all build run test test-long chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -51,13 +53,30 @@ deps: $(HELM) $(STATICCHECK)
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	fi
 
-## test: install what the tests need, then run every test (Go with the race
-## detector, the worker's Python unit tests, the chart and the alert rules)
+## test: install what the tests need, then run every test in its short
+## form (Go with the race detector, the kernel sets this CPU runs, the
+## worker's Python unit tests, the chart and the alert rules); about 6
+## minutes warm on 2 cores (README: "Testing")
 test: deps
-	$(GO) test -race -count=1 -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
-	$(GO) test -count=1 -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
+	$(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
+	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
+	@set -o pipefail; $(GO) test -count=1 -timeout 5m -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback \
+		| grep -E '^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX)' \
+		| sed -E 's/^ +//; s/TestEveryKernelSetMatchesTorch\///'
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
+
+## test-long: the long tests (CI runs them after make test): retraining
+## the shipped models in a fresh clone, twice; the tokenizers on 1 MB
+## hostile texts; the long soak and overload forms (make soak); each fuzz
+## target for FUZZTIME_LONG
+FUZZTIME_LONG ?= 20s
+test-long: deps build
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -v -run '^(TestFreshCloneBuildsAndRetrains|TestHostileTextIsLinear)$$' ./cmd/serve ./models/tokenizers \
+		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: '
+	$(MAKE) soak
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_LONG)
 
 $(STATICCHECK):
 	GOBIN=$(CURDIR)/bin/staticcheck-build $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -75,7 +94,7 @@ chart-test: $(HELM) build
 	$(HELM) lint --strict deploy/helm/stepserve
 	promtool check rules deploy/helm/stepserve/files/stepserve-rules.yaml
 	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
-	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 ./...
+	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 -timeout 10m ./...
 
 ## lint: gofmt, go vet, staticcheck (pinned; it finds dead code) and
 ## go mod tidy -diff (every module's requirements as tidy writes them), for
@@ -101,7 +120,7 @@ FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWi
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
-		out=$$($(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) 2>&1); rc=$$?; \
+		out=$$($(GO) test -timeout 10m ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) 2>&1); rc=$$?; \
 		execs=$$(echo "$$out" | grep -o 'execs: [0-9]*' | tail -1); \
 		printf '%-22s %-12s %s\n' "$$name" "$$( [ $$rc = 0 ] && echo ok || echo FAILED)" "$$execs"; \
 		[ $$rc = 0 ] || { echo "$$out" | tail -30; exit 1; }; \
@@ -110,7 +129,7 @@ fuzz:
 ## soak: the long forms of the overload, drain, repository-churn and soak
 ## tests (bounded, loopback only), with their summaries
 soak: build
-	STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve \
+	set -o pipefail; STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve \
 		-run 'TestOverload|TestDrainUnderLoad|TestRepositoryChangesUnderLoad|TestHungWorkerUnderLoad|TestWorkerKilledMidLoad|TestSoak' \
 		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: [A-Za-z0-9]'
 

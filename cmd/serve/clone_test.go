@@ -5,16 +5,35 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // TestFreshCloneBuildsAndRetrains: a clone of the repository on its own
 // (nothing outside the repository) builds the server and retrains the
-// shipped models to the same bytes as shipped: make build, make digits,
-// make digits-cnn.
+// shipped models reproducibly: make build, then make digits and make
+// digits-cnn twice.
+//
+// What is held, and why not the shipped bytes: training is float
+// arithmetic, and its last bits depend on the machine. torch picks its
+// convolution and matrix kernels by cpuid (Debian's OpenBLAS takes some
+// Xeons for "Prescott"), and forty epochs of Adam carry a last-bit
+// difference into every weight, so a retrain on another CPU writes other
+// bytes of the same quality (0.9911 on a Xeon where the shipped file, made
+// on an EPYC, scores 0.9867). So:
+//   - two retrains on this machine write the same bytes (the trainers are
+//     deterministic: fixed seeds, one thread, deterministic kernels);
+//   - each reaches a floor of held-out accuracy;
+//   - the held-out rows equal the shipped file's byte for byte: they are
+//     integers chosen by a seeded integer generator, no float involved.
 func TestFreshCloneBuildsAndRetrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("retrains two models twice (minutes): make test-long runs it")
+	}
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("git is not installed")
 	}
@@ -26,20 +45,49 @@ func TestFreshCloneBuildsAndRetrains(t *testing.T) {
 	clone := filepath.Join(t.TempDir(), "stepserve")
 	out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	// The clone has the last commit: its retrained files are held to
-	// that commit's shipped ones.
-	for _, target := range []string{"build", "digits", "digits-cnn"} {
-		cmd := exec.Command("make", "-C", clone, target, "GOTAGS=")
-		out, err := cmd.CombinedOutput()
+
+	makeTarget := func(target string) string {
+		t.Helper()
+		out, err := exec.Command("make", "-C", clone, target, "GOTAGS=").CombinedOutput()
 		require.NoError(t, err, "make %s in a fresh clone:\n%s", target, out)
+		return string(out)
 	}
+	makeTarget("build")
 	require.FileExists(t, filepath.Join(clone, "bin", "stepserve"))
-	for _, f := range []string{"model_repository/digits/weights.safetensors", "cmd/serve/testdata/digits-heldout.csv",
-		"model_repository/digits-cnn/weights.safetensors"} {
-		shipped, err := exec.Command("git", "-C", root, "show", "HEAD:"+f).Output()
-		require.NoError(t, err)
-		retrained, err := os.ReadFile(filepath.Join(clone, f))
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(shipped, retrained), "%s: retrained in a fresh clone, it differs from the shipped file", f)
+
+	files := map[string]string{
+		"digits":     "model_repository/digits/weights.safetensors",
+		"digits-cnn": "model_repository/digits-cnn/weights.safetensors",
 	}
+	accuracy := regexp.MustCompile(`held-out accuracy ([0-9.]+)`)
+	first := map[string][]byte{}
+	for round := range 2 {
+		for _, target := range []string{"digits", "digits-cnn"} {
+			out := makeTarget(target)
+			m := accuracy.FindStringSubmatch(out)
+			require.NotNil(t, m, "make %s prints its held-out accuracy:\n%s", target, out)
+			acc, err := strconv.ParseFloat(m[1], 64)
+			require.NoError(t, err)
+			t.Logf("make %s, round %d: held-out accuracy %.4f", target, round+1, acc)
+			// Both shipped models score 0.9867 (445 of 451) where they were
+			// trained; 0.97 leaves room for another CPU's rounding and
+			// still fails a trainer that broke.
+			assert.GreaterOrEqual(t, acc, 0.97, "make %s: held-out accuracy", target)
+
+			b, err := os.ReadFile(filepath.Join(clone, files[target]))
+			require.NoError(t, err)
+			if round == 0 {
+				first[target] = b
+			} else {
+				assert.True(t, bytes.Equal(first[target], b), "make %s twice on one machine wrote different %s", target, files[target])
+			}
+		}
+	}
+
+	const heldout = "cmd/serve/testdata/digits-heldout.csv"
+	shipped, err := exec.Command("git", "-C", root, "show", "HEAD:"+heldout).Output()
+	require.NoError(t, err)
+	written, err := os.ReadFile(filepath.Join(clone, heldout))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(shipped, written), "%s: make digits in a fresh clone chose other rows than the shipped file", heldout)
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -433,15 +436,9 @@ func TestSlowReaderHoldsItsBudget(t *testing.T) {
 // and not by what the bodies would inflate to.
 func TestHostileCompressionBombs(t *testing.T) {
 	p := startCapped(t, hostileMemoryCap, "--model_repository", hostileRepo(t), "--server.max_body_bytes", "4MiB")
-	var gz, zl bytes.Buffer
-	zeros := make([]byte, 1<<20)
-	gw, zw := gzip.NewWriter(&gz), zlib.NewWriter(&zl)
-	for range 256 { // 256 MiB of zeros each, about 256 KiB compressed: under the limit as sent
-		gw.Write(zeros)
-		zw.Write(zeros)
-	}
-	gw.Close()
-	zw.Close()
+	// 256 MiB of zeros each, about 256 KiB compressed: under the limit as
+	// sent.
+	gz, zl := zeroBomb(t, "gzip", 256), zeroBomb(t, "deflate", 256)
 	require.Less(t, gz.Len(), 4<<20)
 	baseline := p.rss(t)
 	rss := sampleRSS(p)
@@ -463,4 +460,64 @@ func TestHostileCompressionBombs(t *testing.T) {
 	t.Logf("6 compression bombs of %d KiB inflating to 256 MiB each, limit 4 MiB: peak RSS %.0f MiB (baseline %.0f MiB)",
 		gz.Len()>>10, float64(peak)/(1<<20), float64(baseline)/(1<<20))
 	assert.Less(t, peak, baseline+128<<20)
+}
+
+// zeroBomb is a gzip or zlib ("deflate") stream of mib MiB of zeros, made
+// without compressing them all (256 MiB take 40 s under the race
+// detector): the compressor's output for one MiB of zeros after a window of
+// zeros, cut at a sync flush, decodes to one MiB of zeros after any window
+// of zeros, so it is repeated, then closed with an empty final block and
+// the format's checksum. A small bomb is decoded here to hold the
+// construction to the standard library's readers.
+func zeroBomb(t *testing.T, encoding string, mib int) *bytes.Buffer {
+	t.Helper()
+	build := func(mib int) *bytes.Buffer {
+		var deflated bytes.Buffer
+		fw, err := flate.NewWriter(&deflated, flate.BestCompression)
+		require.NoError(t, err)
+		zeros := make([]byte, 1<<20)
+		fw.Write(zeros)
+		fw.Flush()
+		first := deflated.Len()
+		fw.Write(zeros)
+		fw.Flush()
+		chunk := bytes.Clone(deflated.Bytes()[first:])
+		stream := bytes.Clone(deflated.Bytes()[:first])
+		for range mib - 1 {
+			stream = append(stream, chunk...)
+		}
+		stream = append(stream, 0x03, 0x00) // an empty final block (fixed Huffman codes, end of block)
+
+		n := uint64(mib) << 20
+		var out bytes.Buffer
+		if encoding == "gzip" {
+			out.Write([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff})
+			out.Write(stream)
+			crc := crc32.Update(0, crc32.IEEETable, nil)
+			for range mib {
+				crc = crc32.Update(crc, crc32.IEEETable, zeros)
+			}
+			out.Write(binary.LittleEndian.AppendUint32(nil, crc))
+			out.Write(binary.LittleEndian.AppendUint32(nil, uint32(n)))
+		} else {
+			out.Write([]byte{0x78, 0xda})
+			out.Write(stream)
+			// Adler-32 of n zero bytes: a stays 1, b adds a once a byte.
+			out.Write(binary.BigEndian.AppendUint32(nil, uint32(n%65521)<<16|1))
+		}
+		return &out
+	}
+	small := build(3)
+	var r io.Reader
+	var err error
+	if encoding == "gzip" {
+		r, err = gzip.NewReader(bytes.NewReader(small.Bytes()))
+	} else {
+		r, err = zlib.NewReader(bytes.NewReader(small.Bytes()))
+	}
+	require.NoError(t, err)
+	got, err := io.ReadAll(r)
+	require.NoError(t, err, "a 3 MiB %s bomb decodes, checksum and all", encoding)
+	require.Equal(t, make([]byte, 3<<20), got)
+	return build(mib)
 }

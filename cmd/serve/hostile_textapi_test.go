@@ -141,11 +141,10 @@ func TestHostileTextArraysOfNonStrings(t *testing.T) {
 // still answers 200. The rerank must answer (or be refused) within a
 // minute.
 //
-// The hang is OpenBLAS's: run this test with GOFLAGS=-tags=openblas (as
-// make build and the image build the server). TestMain's go build passes
-// no -tags, so without GOFLAGS the servers these tests start use the
-// pure-Go products, and this one passes (in about 25 s) — the e2e tests,
-// make test included, never start the OpenBLAS server the image ships.
+// The hang is OpenBLAS's, where the portable kernel set runs on it: run
+// this test with GOFLAGS=-tags=openblas and STEPSERVE_CPU_KERNELS=go to
+// reach it. TestMain builds the server without tags, and on a CPU with
+// AVX2 or AVX-512 the native kernels do the products in either build.
 func TestRerankAnswersAfterMemoryPressure(t *testing.T) {
 	p := startCapped(t, hostileMemoryCap, "--model_repository", textRepo(t))
 	var body []byte

@@ -138,7 +138,9 @@ func TestTorchModelMatchesTorch(t *testing.T) {
 			maxDiff = max(maxDiff, math.Abs(float64(v-scores[k])))
 		}
 		assert.InDeltaSlice(t, flat(want[i].Scores), scores, 1e-5, "JSON, %d rows", rows)
-		assert.Equal(t, flat(want[i].Best), best, "JSON, %d rows", rows)
+		for k := range want[i].Best {
+			assertBest(t, want[i].Scores[k], best[k], "JSON, %d rows, row %d", rows, k)
+		}
 
 		// Binary.
 		header := fmt.Sprintf(`{"inputs":[{"name":"image","datatype":"FP32","shape":[%d,2,3],"parameters":{"binary_data_size":%d}},`+
@@ -163,11 +165,25 @@ func TestTorchModelMatchesTorch(t *testing.T) {
 			got := math.Float32frombits(binary.LittleEndian.Uint32(data[4*k:]))
 			assert.InDelta(t, v, got, 1e-5, "binary, %d rows, score %d", rows, k)
 		}
-		for k, v := range flat(want[i].Best) {
-			assert.Equal(t, v, int64(binary.LittleEndian.Uint64(data[rows*20+8*k:])), "binary, %d rows, best %d", rows, k)
+		for k := range want[i].Best {
+			assertBest(t, want[i].Scores[k], int64(binary.LittleEndian.Uint64(data[rows*20+8*k:])), "binary, %d rows, row %d", rows, k)
 		}
 	}
 	t.Logf("architecture torch against torch directly: max |diff| %.3g over %d requests of 1..11 rows", maxDiff, len(cases))
+}
+
+// assertBest holds a served argmax to torch's scores for the row: the
+// index of the best score, or, where scores tie within the 1e-5 the scores
+// are held to (the served step pads rows to a bucket, and torch may block a
+// batch of another size differently, moving float32 sums by a few ulps),
+// any of the tied ones.
+func assertBest(t *testing.T, scores []float32, got int64, msgAndArgs ...any) {
+	t.Helper()
+	top := scores[argmax(scores)]
+	if !assert.Less(t, int(got), len(scores), msgAndArgs...) || got < 0 {
+		return
+	}
+	assert.LessOrEqual(t, float64(top-scores[got]), 2e-5, msgAndArgs...)
 }
 
 // TestBadTorchModelsFailTheirLoad: each broken module fails its load with
@@ -249,11 +265,48 @@ func TestLoadingCodeNeedsTheRepositoryToken(t *testing.T) {
 }
 
 // TestDigitsCNNEndToEnd classifies the held-out digits with the shipped
-// architecture torch example over HTTP: the accuracy is the trainer's.
+// architecture torch example over HTTP. Its answers are held to torch run
+// directly on this machine, on the same weights, not to a figure taken on
+// another CPU: torch's convolution and matrix kernels (oneDNN, OpenBLAS)
+// are chosen by cpuid, so the last bits, and a label whose two best
+// probabilities nearly tie, can differ between machines.
 func TestDigitsCNNEndToEnd(t *testing.T) {
 	p := start(t)
 	digits := heldout(t)
-	correct := 0
+
+	// torch itself, on one batch of every held-out image.
+	dir := t.TempDir()
+	for _, f := range []string{"model.py", "weights.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("../../model_repository/digits-cnn", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
+	}
+	spec, _ := json.Marshal(map[string]any{
+		"module": "model.py", "config": map[string]any{"channels": 16, "hidden": 64},
+		"inputs":  []map[string]string{{"name": "image", "datatype": "FP32"}},
+		"outputs": []map[string]string{{"name": "probabilities", "datatype": "FP32"}},
+	})
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"), spec, 0o644))
+	images := make([][][][]float32, len(digits))
+	for i, d := range digits {
+		images[i] = [][][]float32{make([][]float32, 8)}
+		for y := range 8 {
+			images[i][0][y] = d.pixels[8*y : 8*y+8]
+		}
+	}
+	cases, _ := json.Marshal([]map[string]any{{"image": images}})
+	casesPath := filepath.Join(dir, "cases.json")
+	require.NoError(t, os.WriteFile(casesPath, cases, 0o644))
+	out, err := exec.Command(python, "testdata/torch_reference.py", dir, casesPath).Output()
+	require.NoError(t, err)
+	var ref []struct {
+		Probabilities [][]float32 `json:"probabilities"`
+	}
+	require.NoError(t, json.Unmarshal(out, &ref))
+	require.Len(t, ref, 1)
+	require.Len(t, ref[0].Probabilities, len(digits))
+
+	correct, compared := 0, 0
 	for start := 0; start < len(digits); start += 40 {
 		rows := digits[start:min(start+40, len(digits))]
 		var data []float32
@@ -267,13 +320,45 @@ func TestDigitsCNNEndToEnd(t *testing.T) {
 		var r inferResponse
 		require.NoError(t, json.Unmarshal(out, &r))
 		for i, d := range rows {
-			if argmax(r.Outputs[0].Data[10*i:10*i+10]) == d.label {
+			got, want := r.Outputs[0].Data[10*i:10*i+10], ref[0].Probabilities[start+i]
+			// 1e-5 absolute on probabilities: the served step runs the
+			// rows padded to a bucket (batch 32 and 16 here, 451 at once
+			// for the reference), and torch's kernels may block a batch
+			// differently, which moves float32 sums by a few ulps.
+			for k := range want {
+				assert.InDelta(t, want[k], got[k], 1e-5, "held-out row %d, class %d", start+i, k)
+			}
+			// The label is torch's wherever torch's two best are not a tie
+			// at that tolerance.
+			if top2Gap(want) > 1e-4 {
+				compared++
+				assert.Equal(t, argmax(want), argmax(got), "held-out row %d: the served label is not torch's", start+i)
+			}
+			if argmax(got) == d.label {
 				correct++
 			}
 		}
 	}
-	t.Logf("digits-cnn held-out accuracy over HTTP: %.4f (%d of %d)", float64(correct)/float64(len(digits)), correct, len(digits))
-	assert.Equal(t, 445, correct, "the trainer's held-out figure (model_repository/digits-cnn/train.py): 445 of 451")
+	acc := float64(correct) / float64(len(digits))
+	t.Logf("digits-cnn held-out accuracy over HTTP: %.4f (%d of %d); labels held to torch's on %d rows", acc, correct, len(digits), compared)
+	// The shipped weights score 0.9867 (445 of 451) on the machine that
+	// trained them; 0.98 leaves room for a few near-tie rows to go either
+	// way on another CPU and still catches a model that is broken.
+	assert.GreaterOrEqual(t, acc, 0.98, "held-out accuracy of the shipped digits-cnn")
+}
+
+// top2Gap is how far the best of p is ahead of the second best.
+func top2Gap(p []float32) float32 {
+	best, second := float32(math.Inf(-1)), float32(math.Inf(-1))
+	for _, v := range p {
+		switch {
+		case v > best:
+			best, second = v, best
+		case v > second:
+			second = v
+		}
+	}
+	return best - second
 }
 
 // TestTorchVariableDimensionIsBucketedAndPadded: an input whose second

@@ -296,4 +296,13 @@ func TestTeamPanicReachesTheCaller(t *testing.T) {
 	ok := &panicky{bad: -1}
 	parallelRun(ok, 64, 2)
 	assert.Equal(t, int64(64), ok.done.Load())
+
+	// On one CPU (or with every job slot taken) the chunks run on the
+	// caller, under the same contract.
+	p := &panicky{bad: 3}
+	func() {
+		defer func() { assert.Equal(t, "chunk failed", recover()) }()
+		serialRun(p, 16)
+	}()
+	assert.Equal(t, int64(15), p.done.Load(), "every other chunk ran on the caller")
 }

@@ -152,16 +152,12 @@ func (j *job) runChunk(i int) {
 func parallelRun(t rangeTask, chunks, threads int) {
 	threads = min(threads, chunks, runtime.NumCPU())
 	if threads <= 1 {
-		for i := range chunks {
-			t.run(i)
-		}
+		serialRun(t, chunks)
 		return
 	}
 	j := acquireJob()
 	if j == nil {
-		for i := range chunks {
-			t.run(i)
-		}
+		serialRun(t, chunks)
 		return
 	}
 	runJob(j, t, chunks, threads)
@@ -173,6 +169,28 @@ func parallelRun(t rangeTask, chunks, threads int) {
 	if p != nil {
 		panic(p)
 	}
+}
+
+// serialRun runs t's chunks on the caller, with parallelRun's contract
+// however many CPUs there are: every chunk runs, and a panic reaches the
+// caller after the last.
+func serialRun(t rangeTask, chunks int) {
+	var first any
+	for i := range chunks {
+		if p := runCaught(t, i); p != nil && first == nil {
+			first = p
+		}
+	}
+	if first != nil {
+		panic(first)
+	}
+}
+
+// runCaught runs chunk i and returns its panic, if it panicked.
+func runCaught(t rangeTask, i int) (p any) {
+	defer func() { p = recover() }()
+	t.run(i)
+	return nil
 }
 
 func acquireJob() *job {

@@ -88,7 +88,12 @@ func cosine(a, b []float64) float64 {
 }
 
 // TestBFloat16DigitsMatchTheCPUEngine runs digits in bfloat16 in a real
-// worker and in float32 on the Go CPU engine: every row's class agrees.
+// worker and in float32 on the Go CPU engine: every probability within
+// 0.05, and so every row's class agrees where the float32 engine's best
+// two are more than 0.1 apart. Closer rows are not held to one class:
+// torch's bfloat16 products are chosen by cpuid (oneDNN's AVX512-BF16 or
+// AMX kernels, or ATen's own), and their rounding may settle a near tie
+// either way on another CPU.
 func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 	requireTorch(t)
 	e, _ := newEngine(t, Options{Env: inDeviceDtype})
@@ -98,7 +103,7 @@ func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 	require.NoError(t, err)
 	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, m, cpufallback.Engine{}, grid)
 	stagedAs(t, onlyProgram(t, e), "bfloat16")
-	worst, rows := 0.0, 0
+	worst, rows, decided := 0.0, 0, 0
 	for _, n := range []int{1, 3, 17, 40} {
 		a, b := digitsRequest(n, float32(n)), digitsRequest(n, float32(n))
 		require.NoError(t, onWorker.Run(context.Background(), []*steps.Request{a}))
@@ -106,16 +111,34 @@ func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 		fa, fb := floats(a.Outputs[0]), floats(b.Outputs[0])
 		for r := range n {
 			pa, pb := fa[10*r:10*r+10], fb[10*r:10*r+10]
-			assert.Equal(t, argmax(pb), argmax(pa), "batch of %d, row %d: %v against %v", n, r, pa, pb)
+			if top2Gap(pb) > 0.1 {
+				assert.Equal(t, argmax(pb), argmax(pa), "batch of %d, row %d: %v against %v", n, r, pa, pb)
+				decided++
+			}
 			for i := range pa {
 				worst = math.Max(worst, math.Abs(pa[i]-pb[i]))
 			}
 			rows++
 		}
 	}
-	t.Logf("digits, bfloat16 worker against float32 Go: argmax equal on %d rows, probabilities differ by %.2g at most", rows, worst)
+	t.Logf("digits, bfloat16 worker against float32 Go: %d rows, argmax held on the %d clear ones, probabilities differ by %.2g at most", rows, decided, worst)
+	assert.Greater(t, decided, rows/2, "most rows have a clear class")
 	assert.Greater(t, worst, 0.0, "the worker computed in bfloat16, not float32")
 	assert.Less(t, worst, 0.05)
+}
+
+// top2Gap is how far the best of p is ahead of the second best.
+func top2Gap(p []float64) float64 {
+	best, second := math.Inf(-1), math.Inf(-1)
+	for _, v := range p {
+		switch {
+		case v > best:
+			best, second = v, best
+		case v > second:
+			second = v
+		}
+	}
+	return best - second
 }
 
 // TestBFloat16EncoderMatchesTheCPUEngine runs tiny-encoder in bfloat16 in a

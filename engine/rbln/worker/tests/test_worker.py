@@ -127,7 +127,11 @@ class WorkerTest(Fixture):
         self.assertEqual((1, 1), (rep["h2d"], rep["d2h"]))
         got = self.got(1)
         want = torch.softmax(torch.relu(x @ self.w1.T + self.b1) @ self.w2.T + self.b2, -1)
-        self.assertLess((got[:, :3] - want).abs().max().item(), 1e-6)
+        # 1e-5 on probabilities: the worker multiplies the rows padded to
+        # the bucket's 64 columns, the reference the 4 given, and the BLAS
+        # (chosen by cpuid) may block and order the two sums differently:
+        # a few float32 ulps, never more.
+        self.assertLess((got[:, :3] - want).abs().max().item(), 1e-5)
         self.assertTrue(torch.equal(got[:, 3:], torch.zeros(2, 61)), "the output's row padding is zeros")
 
     def regions(self) -> int:

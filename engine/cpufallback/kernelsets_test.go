@@ -1,0 +1,101 @@
+package cpufallback_test
+
+import (
+	"context"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// kernelSets is every kernel set the CPU engine has, whichever this CPU
+// and build run: the AVX-512 products (with bfloat16 products where the CPU
+// has AVX512_BF16, for device_dtype bfloat16), the AVX2 products, and the
+// portable set ("go": the build's BLAS, gonum or OpenBLAS).
+var kernelSets = []string{"avx512", "avx512+bf16", "avx2", "go"}
+
+// TestEveryKernelSetMatchesTorch runs the golden encoder and every family
+// and head end to end on each kernel set this CPU and build can run,
+// against torch's references: float32 sets within 1e-4 (the references'
+// own test bound; the engine measures a few 1e-7), bfloat16 at a cosine of
+// bf16MinCosine. A set this machine cannot run is skipped by name, so the
+// run's -v output says what was and was not tested here (make test prints
+// it).
+func TestEveryKernelSetMatchesTorch(t *testing.T) {
+	defer func() { require.NoError(t, cpufallback.SetKernels("")) }()
+	for _, set := range kernelSets {
+		t.Run(set, func(t *testing.T) {
+			name, bf16 := strings.CutSuffix(set, "+bf16")
+			if !slices.Contains(cpufallback.KernelNames(), name) {
+				t.Skipf("kernel set %s: this CPU or build cannot run it (it runs %s)", set, strings.Join(cpufallback.KernelNames(), ", "))
+			}
+			require.NoError(t, cpufallback.SetKernels(name))
+			require.Equal(t, name, cpufallback.Kernels())
+			if bf16 && !cpufallback.BFloat16() {
+				t.Skipf("kernel set %s: this CPU has no AVX512_BF16 (or this build no bfloat16 products)", set)
+			}
+			t.Logf("kernel set %s, BLAS %s", set, cpufallback.BLAS())
+
+			m, ref := loadReference(t)
+			m.Encoder.Config.Pooling = "mean"
+			if bf16 {
+				m.Config.DeviceDtype, m.Config.Engine = "bfloat16", "cpu"
+			}
+			grid, err := bucketing.NewGrid([]int{1, 4}, []int{64})
+			require.NoError(t, err)
+			prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+			require.NoError(t, err)
+			defer prog.Close()
+			runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+			require.NoError(t, err)
+			H := m.Encoder.Config.Hidden
+			var batch []*steps.Request
+			for _, c := range ref.Cases {
+				batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, H))
+			}
+			require.NoError(t, runner.Run(context.Background(), batch))
+			worst, minCos := 0.0, 1.0
+			for i, c := range ref.Cases {
+				got := embedding(batch[i])
+				worst = math.Max(worst, maxAbsDiff(got, c.Mean))
+				minCos = math.Min(minCos, cosine(got, c.Mean))
+				if bf16 {
+					assert.GreaterOrEqual(t, cosine(got, c.Mean), bf16MinCosine, "sequence %d", i)
+				} else {
+					assert.Less(t, maxAbsDiff(got, c.Mean), 1e-4, "sequence %d", i)
+				}
+			}
+			t.Logf("golden encoder: max abs error vs torch %.2e, cosine 1 - %.1e at least", worst, 1-minCos)
+			if bf16 {
+				return // the families' bfloat16 runs are TestEncoderBFloat16's and the worker's
+			}
+			for _, family := range familyCases {
+				m, ref := loadFamily(t, family)
+				grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
+				require.NoError(t, err)
+				prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+				require.NoError(t, err)
+				runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+				require.NoError(t, err)
+				width, pad := m.Config.Encoder.OutputWidth(), int64(m.Config.Encoder.PadID())
+				worst := 0.0
+				for i, c := range ref.Cases {
+					alone := padRequest(c.InputIDs, c.TokenTypeIDs, len(c.InputIDs), pad, width)
+					require.NoError(t, runner.Run(context.Background(), []*steps.Request{alone}))
+					d := maxAbsDiff(embedding(alone), c.Alone)
+					worst = math.Max(worst, d)
+					assert.Less(t, d, 1e-4, "%s: sequence %d", family, i)
+				}
+				prog.Close()
+				t.Logf("%s: max abs error vs torch %.2e", family, worst)
+			}
+		})
+	}
+}
