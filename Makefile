@@ -173,7 +173,8 @@ digits:
 	$(GO) run ./cmd/train-digits -data data/digits.csv.gz
 
 ## digits-cnn: retrain the shipped PyTorch example (model_repository/digits-cnn)
-## on the same rows, the same held out (reproducible: the same bytes every run)
+## on the same rows, the same held out (reproducible: the same bytes every run
+## on one machine; torch picks its kernels by CPU)
 digits-cnn:
 	$(PYTHON) model_repository/digits-cnn/train.py
 

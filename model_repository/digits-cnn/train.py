@@ -1,8 +1,9 @@
 """Trains model_repository/digits-cnn reproducibly: the same rows held out
 as the shipped MLP (cmd/serve/testdata/digits-heldout.csv, written by
 cmd/train-digits), a fixed seed, one thread and deterministic kernels, so
-every run writes the same weights.safetensors. Run from the repository root
-with `make digits-cnn`.
+every run on one machine writes the same weights.safetensors (torch picks
+its kernels by CPU, so another CPU writes other bytes of the same quality).
+Run from the repository root with `make digits-cnn`.
 
 Prints the held-out accuracy, which the README quotes."""
 
