@@ -1,7 +1,16 @@
 # stepserve: the two commands a newcomer needs are `make run` and `make test`.
 
-# bash, for set -o pipefail where a recipe filters go test's output.
+# bash, for the filtered test runs below.
 SHELL   := /bin/bash
+
+# filtered runs a command (1) with its output in a file, prints the lines
+# that match the extended regular expression (2), and on failure the last
+# 300 lines as well, so that a filter never hides why a run failed; it
+# exits with the command's status.
+define filtered
+log=$$(mktemp); { $(1); } >$$log 2>&1; rc=$$?; grep -E '$(2)' $$log; \
+	if [ $$rc != 0 ]; then echo "--- exit status $$rc; the last 300 lines of the run:"; tail -300 $$log; fi; rm -f $$log; exit $$rc
+endef
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
@@ -55,15 +64,13 @@ deps: $(HELM) $(STATICCHECK)
 
 ## test: install what the tests need, then run every test in its short
 ## form (Go with the race detector, the kernel sets this CPU runs, the
-## worker's Python unit tests, the chart and the alert rules); about 6
+## worker's Python unit tests, the chart and the alert rules); about 3.5
 ## minutes warm on 2 cores (README: "Testing")
 test: deps
 	$(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
-	@set -o pipefail; $(GO) test -count=1 -timeout 5m -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback \
-		| grep -E '^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX)' \
-		| sed -E 's/^ +//; s/TestEveryKernelSetMatchesTorch\///'
+	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
 
@@ -73,8 +80,7 @@ test: deps
 ## target for FUZZTIME_LONG
 FUZZTIME_LONG ?= 20s
 test-long: deps build
-	set -o pipefail; $(GO) test -count=1 -timeout 30m -v -run '^(TestFreshCloneBuildsAndRetrains|TestHostileTextIsLinear)$$' ./cmd/serve ./models/tokenizers \
-		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: '
+	@$(call filtered,$(GO) test -count=1 -timeout 30m -v -run '^(TestFreshCloneBuildsAndRetrains|TestHostileTextIsLinear)$$' ./cmd/serve ./models/tokenizers,^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: )
 	$(MAKE) soak
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_LONG)
 
@@ -115,7 +121,8 @@ lint: $(STATICCHECK)
 
 FUZZTIME ?= 60s
 FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWire engine/rbln:FuzzReadFrame \
-	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server:FuzzCheckLimits
+	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server:FuzzCheckLimits \
+	models/tokenizers:FuzzEncode
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)
 fuzz:
@@ -130,9 +137,7 @@ fuzz:
 ## soak: the long forms of the overload, drain, repository-churn and soak
 ## tests (bounded, loopback only), with their summaries
 soak: build
-	set -o pipefail; STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve \
-		-run 'TestOverload|TestDrainUnderLoad|TestRepositoryChangesUnderLoad|TestHungWorkerUnderLoad|TestWorkerKilledMidLoad|TestSoak' \
-		| grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: [A-Za-z0-9]'
+	@$(call filtered,STEPSERVE_SOAK=1 $(GO) test -count=1 -timeout 30m -v ./cmd/serve -run 'TestOverload|TestDrainUnderLoad|TestRepositoryChangesUnderLoad|TestHungWorkerUnderLoad|TestWorkerKilledMidLoad|TestSoak',^(=== RUN|--- |ok|FAIL|PASS)|_test.go:[0-9]+: [A-Za-z0-9])
 
 ## bench: every benchmark in one run, written to bench/REPORT.md (and
 ## printed): HTTP serving against the plain net/http baseline and the

@@ -610,7 +610,7 @@ type stepRows struct {
 
 func goBenchmarks() (stepRows, error) {
 	tags := os.Getenv("GOTAGS")
-	out, err := exec.Command("go", "test", "-tags", tags, "./engine/cpufallback", "-run", "^$", "-bench", "^(BenchmarkDigitsStep|BenchmarkEncoderStep)$", "-benchmem", "-benchtime", "1s").CombinedOutput()
+	out, err := exec.Command("go", "test", "-timeout", "10m", "-tags", tags, "./engine/cpufallback", "-run", "^$", "-bench", "^(BenchmarkDigitsStep|BenchmarkEncoderStep)$", "-benchmem", "-benchtime", "1s").CombinedOutput()
 	if err != nil {
 		return stepRows{}, fmt.Errorf("go test -bench: %v\n%s", err, out)
 	}
@@ -652,7 +652,7 @@ func numpyBenchmarks() (map[string]float64, error) {
 type roundTrip struct{ roundTripUS, hostUS, hostP90US, cpuUS, messageUS float64 }
 
 func workerRoundTrip() (roundTrip, error) {
-	out, err := exec.Command("go", "test", "./engine/rbln", "-run", "^$", "-bench", "^BenchmarkStepRoundTrip$", "-benchtime", "5000x").CombinedOutput()
+	out, err := exec.Command("go", "test", "-timeout", "10m", "./engine/rbln", "-run", "^$", "-bench", "^BenchmarkStepRoundTrip$", "-benchtime", "5000x").CombinedOutput()
 	if err != nil {
 		return roundTrip{}, fmt.Errorf("go test -bench: %v\n%s", err, out)
 	}
@@ -672,7 +672,7 @@ func workerRoundTrip() (roundTrip, error) {
 type allocs struct{ allocs, bytes int }
 
 func handlerAllocs() (allocs, error) {
-	out, err := exec.Command("go", "test", "./server", "-run", "^$", "-bench", "^BenchmarkInferJSON$", "-benchmem").CombinedOutput()
+	out, err := exec.Command("go", "test", "-timeout", "10m", "./server", "-run", "^$", "-bench", "^BenchmarkInferJSON$", "-benchmem").CombinedOutput()
 	if err != nil {
 		return allocs{}, fmt.Errorf("go test -bench: %v\n%s", err, out)
 	}

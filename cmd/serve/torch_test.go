@@ -180,7 +180,7 @@ func TestTorchModelMatchesTorch(t *testing.T) {
 func assertBest(t *testing.T, scores []float32, got int64, msgAndArgs ...any) {
 	t.Helper()
 	top := scores[argmax(scores)]
-	if !assert.Less(t, int(got), len(scores), msgAndArgs...) || got < 0 {
+	if !assert.GreaterOrEqual(t, got, int64(0), msgAndArgs...) || !assert.Less(t, int(got), len(scores), msgAndArgs...) {
 		return
 	}
 	assert.LessOrEqual(t, float64(top-scores[got]), 2e-5, msgAndArgs...)

@@ -173,24 +173,28 @@ func parallelRun(t rangeTask, chunks, threads int) {
 
 // serialRun runs t's chunks on the caller, with parallelRun's contract
 // however many CPUs there are: every chunk runs, and a panic reaches the
-// caller after the last.
+// caller after the last. The chunks run plainly (this is the hot path of
+// short sequences); only when one panics does the deferred call run the
+// rest, each caught, before the first panic goes on up with its own stack.
 func serialRun(t rangeTask, chunks int) {
-	var first any
-	for i := range chunks {
-		if p := runCaught(t, i); p != nil && first == nil {
-			first = p
+	i := 0
+	defer func() {
+		if i < chunks { // chunk i panicked
+			for i++; i < chunks; i++ {
+				runCaught(t, i)
+			}
 		}
-	}
-	if first != nil {
-		panic(first)
+	}()
+	for ; i < chunks; i++ {
+		t.run(i)
 	}
 }
 
-// runCaught runs chunk i and returns its panic, if it panicked.
-func runCaught(t rangeTask, i int) (p any) {
-	defer func() { p = recover() }()
+// runCaught runs chunk i, recovering its panic (a later chunk's, after
+// the first has been kept).
+func runCaught(t rangeTask, i int) {
+	defer func() { _ = recover() }()
 	t.run(i)
-	return nil
 }
 
 func acquireJob() *job {

@@ -107,12 +107,11 @@ func TestWorkerFamiliesMatchTorch(t *testing.T) {
 			require.NoError(t, warmRunner(t, &mb, bf16, grid).Run(context.Background(), []*steps.Request{a}))
 			require.NoError(t, warmRunner(t, m, cpufallback.Engine{}, grid).Run(context.Background(), []*steps.Request{b}))
 			ga, gb := floats(a.Outputs[0]), floats(b.Outputs[0])
-			minCos, diff, scale := 1.0, 0.0, 1.0
+			minCos, diff := 1.0, 0.0
 			for r := range ref.Cases {
 				ra, rb := ga[width*r:width*(r+1)], gb[width*r:width*(r+1)]
 				for i := range ra {
 					diff = math.Max(diff, math.Abs(ra[i]-rb[i]))
-					scale = math.Max(scale, math.Abs(rb[i]))
 				}
 				if width > 1 {
 					minCos = math.Min(minCos, cosine(ra, rb))
@@ -121,13 +120,13 @@ func TestWorkerFamiliesMatchTorch(t *testing.T) {
 			if width > 1 {
 				assert.GreaterOrEqual(t, minCos, 0.999)
 			} else {
-				// bfloat16 keeps 8 significant bits (a relative step of
-				// 2^-8 = 0.004 per rounding); through the layers the one
-				// logit drifts by a few of those relative to its size.
-				// 0.1 of the largest logit, or 0.1 for logits under 1,
-				// holds that on any CPU's bfloat16 kernels and still fails
-				// a score computed from the wrong tensors.
-				assert.Less(t, diff, 0.1*scale, "a reranker's one score, bfloat16 against float32")
+				// The test reranker's scores are 0.03 to 0.1; torch's
+				// bfloat16 on this project's CPUs lands within 5e-4 of the
+				// Go engine's float32. 0.01 leaves a 20-fold margin for
+				// another CPU's bfloat16 kernels (oneDNN's AVX512-BF16 or
+				// AMX) and still fails a score from the wrong tensors,
+				// which misses by the score's own size.
+				assert.Less(t, diff, 0.01, "a reranker's one score, bfloat16 against float32")
 			}
 			assert.Greater(t, diff, 0.0, "the worker computed in bfloat16, not float32")
 			t.Logf("%s: float32 worker vs torch reference %.2e; bfloat16 worker vs Go float32: cosine %.5f at least, elements differ by %.2g at most", name, worst, minCos, diff)
