@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/stepserve/stepserve/batching"
-	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 )
@@ -40,13 +38,13 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, serving.ErrUnknownModel):
 		return http.StatusNotFound
-	case errors.Is(err, serving.ErrBadModel), errors.Is(err, batching.ErrBadParameter):
+	case errors.Is(err, serving.ErrBadModel), errors.Is(err, serving.ErrBadParameter):
 		return http.StatusBadRequest
 	case errors.Is(err, models.ErrInput):
 		return http.StatusBadRequest
-	case errors.Is(err, batching.ErrQueueFull), errors.Is(err, batching.ErrDraining), errors.Is(err, engine.ErrUnavailable):
+	case errors.Is(err, serving.ErrQueueFull), errors.Is(err, serving.ErrDraining), errors.Is(err, serving.ErrUnavailable):
 		return http.StatusServiceUnavailable
-	case errors.Is(err, batching.ErrDeadline):
+	case errors.Is(err, serving.ErrDeadline):
 		return http.StatusGatewayTimeout
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout

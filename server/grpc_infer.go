@@ -13,7 +13,6 @@ import (
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/serving"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // ModelInfer is gRPC inference. The request is translated into the HTTP
@@ -120,12 +119,12 @@ func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, r 
 	}
 	protoOutputs(m.Model(), req)
 	req.trace = tr
-	m, sr, err := s.run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
+	m, res, err := s.run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
 	if err != nil {
 		return nil, err
 	}
-	resp := protoResponse(m.Model(), req, sr)
-	m.Report(sr, true, time.Since(began))
+	resp := protoResponse(m.Model(), req, res)
+	m.Report(res, true, time.Since(began))
 	return resp, nil
 }
 
@@ -444,13 +443,13 @@ func protoFootprint(m *models.Model, req *inferRequest, decoded int64, seq int) 
 
 // protoResponse encodes the outputs of a request that ran: raw outputs are
 // the step's own output buffers, not copies.
-func protoResponse(m *models.Model, req *inferRequest, sr *steps.Request) *inferencepb.ModelInferResponse {
+func protoResponse(m *models.Model, req *inferRequest, res *serving.Result) *inferencepb.ModelInferResponse {
 	resp := &inferencepb.ModelInferResponse{ModelName: m.Name, ModelVersion: m.Version, Id: req.id}
 	tensors := make([]inferencepb.ModelInferResponse_InferOutputTensor, len(req.outputs))
 	resp.Outputs = make([]*inferencepb.ModelInferResponse_InferOutputTensor, len(req.outputs))
 	for i, c := range req.outputs {
 		spec := m.Config.Outputs[c.index]
-		data := sr.Outputs[c.index]
+		data := res.Outputs[c.index]
 		t := &tensors[i]
 		resp.Outputs[i] = t
 		t.Name, t.Datatype = spec.Name, string(spec.Datatype)

@@ -9,18 +9,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // headerContentLength is Triton's binary-tensor extension header: the
@@ -118,7 +115,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	began = time.Now()
 	// A reload may have replaced the model while the body arrived: the
 	// request goes to the version served now.
-	m = s.current(m)
+	m = m.Current()
 	info.trace = s.opts.Tracer.Sample(m.Model().Name) // one atomic load while tracing is off
 	headerLen := -1
 	if h := r.Header.Get(headerContentLength); h != "" {
@@ -136,23 +133,23 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 	if tr := info.trace; tr != nil {
 		req.trace, tr.ID, tr.Rows = tr, req.id, req.rows
 	}
-	m, sr, err := s.run(r.Context(), &ch, m, req, f)
+	m, res, err := s.run(r.Context(), &ch, m, req, f)
 	if err != nil {
 		return fail(err)
 	}
-	if err := s.writeResponse(w, m.Model(), req, sr, f.json); err != nil {
+	if err := s.writeResponse(w, m.Model(), req, res, f.json); err != nil {
 		return fail(err)
 	}
-	m.Report(sr, true, time.Since(began))
+	m.Report(res, true, time.Since(began))
 	return http.StatusOK
 }
 
 // run runs a checked request on m, whichever protocol it came by: it
 // takes the request's footprint from the in-flight budget (on top of what
-// ch holds already), decodes its values, and has the model run its
-// steps. It returns the model that ran it, which is m's successor when a
-// reload replaced m meanwhile, and the step request holding the outputs.
-func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inferRequest, f footprint) (*serving.Model, *steps.Request, error) {
+// ch holds already), decodes its values, and has the model run it. It
+// returns the model that ran it (m's successor when a reload replaced m
+// meanwhile) and the result holding the outputs.
+func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inferRequest, f footprint) (*serving.Model, *serving.Result, error) {
 	if err := s.admit(ctx, ch, f); err != nil {
 		return m, nil, err
 	}
@@ -160,48 +157,13 @@ func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inf
 		return m, nil, err
 	}
 	req.trace.Stamp(trace.Decoded)
-	sr, err := prepare(m.Model(), req)
-	if err != nil {
-		return m, nil, err
-	}
-	req.trace.Stamp(trace.Prepared)
-	sr.Trace = req.trace
-	err = m.Infer(ctx, sr, req.params)
-	if errors.Is(err, batching.ErrDraining) {
-		// Replaced between the lookup and the queue: the old version
-		// stopped taking requests, the new one takes this one.
-		if cur := s.current(m); cur != m && sameSignature(cur.Model(), m.Model()) {
-			m = cur
-			if sr, err = prepare(m.Model(), req); err == nil {
-				sr.Trace = req.trace
-				err = m.Infer(ctx, sr, req.params)
-			}
-		}
-	}
-	return m, sr, err
+	return m.Infer(ctx, req.forModel())
 }
 
 // bodyStart is the most a body's buffer starts with, whatever its
 // Content-Length says: the buffer grows with what arrives, so a client
 // that declares a large body and sends little of it costs little.
 const bodyStart = 64 << 10
-
-// current is the model served now under m's name and version: m, unless a
-// reload replaced it.
-func (s *Server) current(m *serving.Model) *serving.Model {
-	cur, ok := s.opts.Models.Model(m.Model().Name)
-	if !ok || cur == m || cur.Model().Version != m.Model().Version {
-		return m
-	}
-	return cur
-}
-
-// sameSignature reports whether a request decoded for a's inputs and
-// outputs fits b.
-func sameSignature(a, b *models.Model) bool {
-	return slices.EqualFunc(a.Config.Inputs, b.Config.Inputs, models.TensorSpec.Equal) &&
-		slices.EqualFunc(a.Config.Outputs, b.Config.Outputs, models.TensorSpec.Equal)
-}
 
 // readBody reads the whole body within the configured limit, into a
 // buffer that grows with what arrives, each size charged to ch before it
@@ -318,7 +280,7 @@ func bodyError(err error, tooLarge func() error) error {
 //
 // jsonBound is the most the JSON may take (footprint.json), which the
 // buffer is sized to: it is charged already, and never grows.
-func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, sr *steps.Request, jsonBound int64) error {
+func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, res *serving.Result, jsonBound int64) error {
 	b := make([]byte, 0, jsonBound)
 	b = append(b, `{"model_name":`...)
 	b = strconv.AppendQuote(b, m.Name)
@@ -334,7 +296,7 @@ func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *infe
 	binaryParts := parts[:0]
 	for i, c := range req.outputs {
 		spec := m.Config.Outputs[c.index]
-		data := sr.Outputs[c.index]
+		data := res.Outputs[c.index]
 		if i > 0 {
 			b = append(b, ',')
 		}

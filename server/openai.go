@@ -94,13 +94,13 @@ func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		// The answer beyond OIP's JSON bound: each row's object, the model
 		// name and usage; base64 is shorter than the floats OIP bounds.
 		extra := int64(len(texts))*64 + 128 + 6*int64(len(m.Name))
-		sr, bound, err := t.infer(tm, texts, nil, extra)
+		res, bound, err := t.infer(tm, texts, nil, extra)
 		if err != nil {
 			return t.fail(withParam("input", err))
 		}
 		m = t.m.Model()
 		normalized := m.Config.Encoder != nil && m.Config.Encoder.Normalize
-		out := sr.Outputs[tm.output]
+		out := res.Outputs[tm.output]
 		b := make([]byte, 0, bound)
 		b = append(b, `{"object":"list","data":[`...)
 		var raw []byte
@@ -131,7 +131,7 @@ func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 			}
 			b = append(b, '}')
 		}
-		n := tokensUsed(m, sr)
+		n := res.Tokens()
 		b = append(b, `],"model":`...)
 		b = strconv.AppendQuote(b, m.Name)
 		b = append(b, `,"usage":{"prompt_tokens":`...)
@@ -139,7 +139,7 @@ func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		b = append(b, `,"total_tokens":`...)
 		b = strconv.AppendInt(b, int64(n), 10)
 		b = append(b, "}}"...)
-		return t.ok(b, sr)
+		return t.ok(b, res)
 	})
 }
 

@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // decodeStrings reads a checked BYTES input of n elements: a JSON array of
@@ -131,41 +130,4 @@ func scanStrings(raw []byte, rank int, out []string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// prepare builds the step request: the model prepares its step inputs from
-// the decoded inputs, and every output gets room in one buffer.
-func prepare(m *models.Model, req *inferRequest) (*steps.Request, error) {
-	// The step request and the usual few buffer headers in one allocation.
-	bundle := new(struct {
-		sr           steps.Request
-		inputs, outs [3][]byte
-	})
-	sr := &bundle.sr
-	sr.Rows = req.rows
-	var err error
-	if sr.Inputs, sr.Seq, err = m.PrepareInputs(bundle.inputs[:0], req.inputs); err != nil {
-		return nil, err
-	}
-	for _, t := range req.inputs {
-		if n, ok := declaredElements(t.Shape); ok {
-			sr.Elements += int(n)
-		}
-	}
-	outputs := m.Config.Outputs
-	sr.Outputs = bundle.outs[:0]
-	if len(outputs) > len(bundle.outs) {
-		sr.Outputs = make([][]byte, 0, len(outputs))
-	}
-	total := 0
-	for _, o := range outputs {
-		total += req.rows * o.RowBytes(sr.Seq)
-	}
-	outs := make([]byte, total)
-	for _, o := range outputs {
-		n := req.rows * o.RowBytes(sr.Seq)
-		sr.Outputs = append(sr.Outputs, outs[:n:n])
-		outs = outs[n:]
-	}
-	return sr, nil
 }

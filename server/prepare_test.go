@@ -15,21 +15,6 @@ import (
 	"github.com/stepserve/stepserve/models"
 )
 
-func TestPrepareHandsDecodedInputsToTheModel(t *testing.T) {
-	m := newSumMax(t).program().Model
-	req, err := decodeRequest([]byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[1,2,3,4,5,6]}]}`), -1, m, 1<<20)
-	require.NoError(t, err)
-	sr, err := prepare(m, req)
-	require.NoError(t, err)
-	assert.Equal(t, 2, sr.Rows)
-	assert.Zero(t, sr.Seq)
-	assert.Equal(t, 6, sr.Elements)
-	require.Len(t, sr.Inputs, 1)
-	assert.Same(t, &req.inputs[0].Data[0], &sr.Inputs[0][0], "the decoded data goes to the step as it is")
-	require.Len(t, sr.Outputs, 1)
-	assert.Len(t, sr.Outputs[0], 2*8, "room for 2 rows of y (FP32 [-1 2])")
-}
-
 // A model's refusal of a request's values is the client's to fix: a 400
 // with the model's message, counted as invalid.
 func TestModelInputErrorIs400(t *testing.T) {

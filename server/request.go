@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/serving"
 )
 
 // The wire form of an Open Inference Protocol v2 inference request, with
@@ -130,7 +130,7 @@ type inferRequest struct {
 	trace   *trace.Request // nil unless tracing sampled the request
 	inputs  []models.Input // one per model input, in model order; absent optional inputs are zero
 	outputs []outputChoice
-	params  batching.Params
+	params  serving.Params
 
 	// The inputs as sent, in order, each with its binary data, which
 	// decodeValues reads once the request is admitted.
@@ -140,6 +140,11 @@ type inferRequest struct {
 	// one allocation rather than three.
 	inputsBuf  [3]models.Input
 	outputsBuf [2]outputChoice
+}
+
+// forModel is the request as the model runs it.
+func (req *inferRequest) forModel() *serving.Request {
+	return &serving.Request{Rows: req.rows, Inputs: req.inputs, Params: req.params, Trace: req.trace}
 }
 
 // outputChoice is one output to return, and how.
@@ -290,7 +295,7 @@ func checkRequest(wr *wireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 	if err != nil {
 		return nil, 0, 0, badRequest(err.Error() + " (microseconds)")
 	}
-	req.params = batching.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
+	req.params = serving.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(wireParams{wr.Parameters, wr.pairs}, "binary_data_output")
 	if err != nil {

@@ -65,7 +65,6 @@ import (
 	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // Options configure a [Server].
@@ -418,7 +417,7 @@ func (s *Server) explain(r *http.Request) (any, error) {
 	}
 	recs := m.Explains()
 	if recs == nil {
-		recs = []steps.Record{}
+		recs = []serving.Record{}
 	}
 	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs}, nil
 }

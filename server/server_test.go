@@ -252,7 +252,7 @@ func TestRequestParameters(t *testing.T) {
 	body := []byte(`{"parameters":{"priority":1,"timeout":1500},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
 	req, err := decodeRequest(body, -1, f.program().Model, 1<<20)
 	require.NoError(t, err)
-	assert.Equal(t, batching.Params{Priority: 1, Timeout: 1500 * time.Microsecond}, req.params)
+	assert.Equal(t, serving.Params{Priority: 1, Timeout: 1500 * time.Microsecond}, req.params)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body)
 	require.Equal(t, 200, w.Code, w.Body.String())
 

@@ -9,9 +9,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/serving"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // Triton's statistics extension: GET /v2/models/stats (every model) and
@@ -142,7 +140,7 @@ func (s *Server) buckets(r *http.Request) (any, error) {
 	}
 	b := m.Stats()
 	if b == nil {
-		b = []steps.BucketStats{}
+		b = []serving.BucketStats{}
 	}
 	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "buckets": b}, nil
 }
@@ -165,7 +163,7 @@ func (s *Server) bucketAdvice(r *http.Request) (any, error) {
 	}
 	a, err := m.Advise(k)
 	if err != nil {
-		if errors.Is(err, bucketing.ErrNoTraffic) {
+		if errors.Is(err, serving.ErrNoTraffic) {
 			return nil, &apiError{http.StatusConflict, fmt.Sprintf("model %s: %v", m.Model().Name, err)}
 		}
 		return nil, badRequest(err.Error())

@@ -132,11 +132,11 @@ func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
 		if texts, err = t.truncate(tm, req.teiTruncation, texts, false); err != nil {
 			return t.fail(err)
 		}
-		sr, bound, err := t.infer(tm, texts, nil, int64(len(texts))*4+16)
+		res, bound, err := t.infer(tm, texts, nil, int64(len(texts))*4+16)
 		if err != nil {
 			return t.fail(err)
 		}
-		out := sr.Outputs[tm.output]
+		out := res.Outputs[tm.output]
 		b := make([]byte, 0, bound)
 		b = append(b, '[')
 		for i := range texts {
@@ -151,7 +151,7 @@ func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
 				return t.fail(fmt.Errorf("model %s: %w", m.Name, err))
 			}
 		}
-		return t.ok(append(b, ']'), sr)
+		return t.ok(append(b, ']'), res)
 	})
 }
 
@@ -189,7 +189,7 @@ func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
 				extra += 6 * int64(len(s))
 			}
 		}
-		sr, bound, err := t.infer(tm, queries, req.Texts, extra)
+		res, bound, err := t.infer(tm, queries, req.Texts, extra)
 		if err != nil {
 			return t.fail(err)
 		}
@@ -199,7 +199,7 @@ func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
 			score float32
 		}
 		ranks := make([]rank, len(req.Texts))
-		out := sr.Outputs[tm.output]
+		out := res.Outputs[tm.output]
 		for i := range ranks {
 			score := rowFloats(out, i, 1)[0]
 			if !req.RawScores {
@@ -234,7 +234,7 @@ func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
 			}
 			b = append(b, '}')
 		}
-		return t.ok(append(b, ']'), sr)
+		return t.ok(append(b, ']'), res)
 	})
 }
 
@@ -268,12 +268,12 @@ func (s *Server) teiPredict(w http.ResponseWriter, r *http.Request) {
 		for _, l := range labels {
 			labelBytes += 6*int64(len(l)) + 48
 		}
-		sr, bound, err := t.infer(tm, texts, in.pairs, int64(len(texts))*labelBytes)
+		res, bound, err := t.infer(tm, texts, in.pairs, int64(len(texts))*labelBytes)
 		if err != nil {
 			return t.fail(err)
 		}
 		m = t.m.Model()
-		out := sr.Outputs[tm.output]
+		out := res.Outputs[tm.output]
 		type prediction struct {
 			label int
 			score float32
@@ -325,7 +325,7 @@ func (s *Server) teiPredict(w http.ResponseWriter, r *http.Request) {
 		if in.batch {
 			b = append(b, ']')
 		}
-		return t.ok(b, sr)
+		return t.ok(b, res)
 	})
 }
 

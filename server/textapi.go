@@ -26,10 +26,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // The names of the text models' tensors (issue 18's contract).
@@ -214,14 +212,14 @@ func (t *textRequest) fail(err error) int {
 
 // ok writes a JSON answer, and reports a request that ran (sr) to the
 // model's statistics.
-func (t *textRequest) ok(body []byte, sr *steps.Request) int {
+func (t *textRequest) ok(body []byte, res *serving.Result) int {
 	h := t.w.Header()
 	h["Content-Type"] = contentTypeJSON
 	h["Content-Length"] = []string{strconv.Itoa(len(body))}
 	t.w.WriteHeader(http.StatusOK)
 	t.w.Write(body)
-	if t.m != nil && sr != nil {
-		t.m.Report(sr, true, time.Since(t.began))
+	if t.m != nil && res != nil {
+		t.m.Report(res, true, time.Since(t.began))
 	}
 	return http.StatusOK
 }
@@ -350,7 +348,7 @@ func (t *textRequest) checkTexts(n int, what string) error {
 // step request, whose Outputs hold the model's outputs and whose Inputs
 // the token tensors, and the footprint's JSON bound (what the response's
 // buffer may take, charged already).
-func (t *textRequest) infer(tm textSig, texts, pairs []string, extraJSON int64) (*steps.Request, int64, error) {
+func (t *textRequest) infer(tm textSig, texts, pairs []string, extraJSON int64) (*serving.Result, int64, error) {
 	m := t.m.Model()
 	cfg := m.Config
 	req := &inferRequest{rows: len(texts)}
@@ -378,16 +376,16 @@ func (t *textRequest) infer(tm textSig, texts, pairs []string, extraJSON int64) 
 	req.outputs = append(req.outputsBuf[:0], outputChoice{index: tm.output})
 	f := footprintOf(m, req, decoded, 0)
 	f.json += extraJSON
-	var sr *steps.Request
+	var res *serving.Result
 	var err error
 	if t.info.trace == nil {
 		// Traced as OIP requests are: one atomic load while tracing is off.
 		t.info.trace = t.s.opts.Tracer.Sample(t.m.Model().Name)
 	}
 	req.trace = t.info.trace
-	t.m, sr, err = t.s.run(t.r.Context(), &t.ch, t.m, req, f)
+	t.m, res, err = t.s.run(t.r.Context(), &t.ch, t.m, req, f)
 	t.info.rows = req.rows
-	return sr, f.json, err
+	return res, f.json, err
 }
 
 // rowFloats is row i of an FP32 output of width values a row.
@@ -398,22 +396,6 @@ func rowFloats(out []byte, i, width int) []float32 {
 		row[k] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*k:]))
 	}
 	return row
-}
-
-// tokensUsed counts the tokens the model ran for its texts, special
-// tokens included: the attention mask's ones.
-func tokensUsed(m *models.Model, sr *steps.Request) int {
-	if m.Config.Architecture != "encoder" || len(sr.Inputs) <= models.EncoderAttentionMask {
-		return 0
-	}
-	n := 0
-	mask := sr.Inputs[models.EncoderAttentionMask]
-	for i := 0; i+8 <= len(mask); i += 8 {
-		if binary.LittleEndian.Uint64(mask[i:]) != 0 {
-			n++
-		}
-	}
-	return n
 }
 
 // normalize scales v to unit L2 norm (a zero vector stays zero).
@@ -526,7 +508,7 @@ func (s *stringOrList) UnmarshalJSON(b []byte) error {
 // is going away: the APIs answer those with statuses of their own.
 func overloaded(err error) bool {
 	var ae *apiError
-	return errors.Is(err, batching.ErrQueueFull) ||
+	return errors.Is(err, serving.ErrQueueFull) ||
 		errors.As(err, &ae) && ae.status == http.StatusServiceUnavailable && strings.HasPrefix(ae.msg, busyPrefix)
 }
 

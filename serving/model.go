@@ -221,24 +221,17 @@ func (m *Model) Ready() bool {
 // now.
 func (m *Model) Replicas() (total, healthy int) { return len(m.runners), m.replicas.Healthy() }
 
-// Infer queues r for the model's next batch and waits for its outputs.
-// It returns the batcher's errors ([batching.ErrQueueFull], ...), an
-// engine's, or ctx's.
-func (m *Model) Infer(ctx context.Context, r *steps.Request, p batching.Params) error {
-	return m.batcher.Submit(ctx, r, p)
-}
-
 // Explains lists the model's last non-clean steps, newest first, on any
 // replica.
-func (m *Model) Explains() []steps.Record { return m.runners[0].Explains() }
+func (m *Model) Explains() []Record { return m.runners[0].Explains() }
 
 // Stats summarises the model's steps per bucket since load, every
 // replica's.
-func (m *Model) Stats() []steps.BucketStats { return m.runners[0].Stats() }
+func (m *Model) Stats() []BucketStats { return m.runners[0].Stats() }
 
 // Advise returns bucket advice for the model's traffic since it loaded
 // (every replica's); see [steps.Runner.Advise].
-func (m *Model) Advise(maxBuckets int) (bucketing.Advice, error) {
+func (m *Model) Advise(maxBuckets int) (Advice, error) {
 	return m.runners[0].Advise(maxBuckets)
 }
 

@@ -45,7 +45,7 @@ func BenchmarkReplicas(b *testing.B) {
 				start := time.Now()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
-						if err := m.Infer(context.Background(), request(), batching.Params{}); err != nil {
+						if err := m.submit(context.Background(), request(), batching.Params{}); err != nil {
 							b.Error(err)
 							return
 						}

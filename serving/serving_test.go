@@ -79,7 +79,7 @@ func infer(ctx context.Context, s *Set, name string, x ...float32) ([]float32, e
 		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(v))
 	}
 	r := &steps.Request{Rows: 1, Inputs: [][]byte{in}, Outputs: [][]byte{make([]byte, 8)}}
-	if err := m.Infer(ctx, r, batching.Params{}); err != nil {
+	if err := m.submit(ctx, r, batching.Params{}); err != nil {
 		return nil, err
 	}
 	return []float32{math.Float32frombits(binary.LittleEndian.Uint32(r.Outputs[0])),
@@ -418,7 +418,7 @@ func TestLazyWarmupCountsRecompiles(t *testing.T) {
 		_, err := infer(ctx, w.set, "a", 1, 2, 3)
 		require.NoError(t, err)
 		r := &steps.Request{Rows: 3, Inputs: [][]byte{in3}, Outputs: [][]byte{make([]byte, 24)}}
-		require.NoError(t, m.Infer(ctx, r, batching.Params{}))
+		require.NoError(t, m.submit(ctx, r, batching.Params{}))
 	}
 	for _, b := range []string{"b1", "b4"} {
 		for verdict, want := range map[string]float64{"overhead": 1, "clean": 1} {

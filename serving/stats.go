@@ -57,11 +57,14 @@ type requestStats struct {
 // Report records a request the model was asked to serve, as the protocol
 // that answered it saw it: whether it succeeded, and took, how long it
 // took from when its body had been read to when its answer was written.
-// r is the request's step request, when it got that far; a successful
-// request's rows, queue time and step times ([steps.Request.Compute])
-// come from it. Every protocol reports each request it looked up the
+// res is the request's result ([Model.Infer]), when it got that far; a
+// successful request's rows, queue time and step times come from it. Every protocol reports each request it looked up the
 // model for exactly once.
-func (m *Model) Report(r *steps.Request, ok bool, took time.Duration) {
+func (m *Model) Report(res *Result, ok bool, took time.Duration) {
+	var r *steps.Request
+	if res != nil {
+		r = res.step
+	}
 	now := time.Now()
 	s := &m.requests
 	s.mu.Lock()
