@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/stepserve/stepserve/internal/half"
 )
 
 // Datatype is a tensor element type, spelled as the Open Inference Protocol
@@ -64,9 +66,9 @@ func (d Datatype) Encode(v float64) []byte {
 	case UINT64, INT64:
 		binary.LittleEndian.PutUint64(b, uint64(int64(v)))
 	case FP16:
-		binary.LittleEndian.PutUint16(b, float16Bits(float32(v)))
+		binary.LittleEndian.PutUint16(b, half.FromFloat32(float32(v)))
 	case BF16:
-		binary.LittleEndian.PutUint16(b, uint16(math.Float32bits(float32(v))>>16))
+		binary.LittleEndian.PutUint16(b, half.BFloat16FromFloat32(float32(v)))
 	case FP32:
 		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
 	case FP64:
@@ -75,23 +77,6 @@ func (d Datatype) Encode(v float64) []byte {
 		return nil
 	}
 	return b
-}
-
-// float16Bits is f as IEEE binary16, for pad values (exact for the small
-// integers and simple fractions a pad value is; others truncate).
-func float16Bits(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23&0xff) - 127 + 15
-	switch {
-	case b&0x7fffffff == 0:
-		return sign
-	case exp >= 31:
-		return sign | 0x7c00
-	case exp <= 0:
-		return sign // below float16's normal range: zero
-	}
-	return sign | uint16(exp)<<10 | uint16(b>>13&0x3ff)
 }
 
 // ParseDatatype checks that s names a protocol datatype.

@@ -16,6 +16,7 @@ import (
 	"sort"
 
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/half"
 )
 
 // maxSafetensorsHeader bounds the JSON header, as the reference
@@ -376,34 +377,12 @@ func decodeInto(dtype string, b []byte, dst []float32) {
 		}
 	case "F16":
 		for i := range len(b) / 2 {
-			dst[i] = Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+			dst[i] = half.ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
 		}
 	case "BF16":
 		for i := range len(b) / 2 {
-			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
+			dst[i] = half.BFloat16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
 		}
-	}
-}
-
-// Float16ToFloat32 converts an IEEE 754 half-precision value.
-func Float16ToFloat32(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h) & 0x3ff
-	switch {
-	case exp == 0x1f: // Inf or NaN
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	case exp == 0 && mant == 0:
-		return math.Float32frombits(sign)
-	case exp == 0: // subnormal: normalise into float32's wider exponent
-		e := uint32(127 - 15 + 1)
-		for mant&0x400 == 0 {
-			mant <<= 1
-			e--
-		}
-		return math.Float32frombits(sign | e<<23 | (mant&0x3ff)<<13)
-	default:
-		return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
 	}
 }
 

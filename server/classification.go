@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -153,29 +154,11 @@ func floatAt(row []byte, i int, dt models.Datatype) float64 {
 	case models.FP64:
 		return math.Float64frombits(binary.LittleEndian.Uint64(row[8*i:]))
 	case models.FP16:
-		return float64(float16(binary.LittleEndian.Uint16(row[2*i:])))
+		return float64(half.ToFloat32(binary.LittleEndian.Uint16(row[2*i:])))
 	case models.BF16:
-		return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(row[2*i:])) << 16))
+		return float64(half.BFloat16ToFloat32(binary.LittleEndian.Uint16(row[2*i:])))
 	}
 	return float64(math.Float32frombits(binary.LittleEndian.Uint32(row[4*i:])))
-}
-
-// float16 is an IEEE binary16 value as a float32.
-func float16(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	frac := uint32(h & 0x3ff)
-	switch exp {
-	case 0: // zero or subnormal: frac x 2^-24
-		f := float32(frac) * (1.0 / (1 << 24))
-		if sign != 0 {
-			f = -f
-		}
-		return f
-	case 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | frac<<13)
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | frac<<13)
 }
 
 // appendValue appends the element at the front of b as text: integers in

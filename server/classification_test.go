@@ -16,6 +16,7 @@ import (
 
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 )
@@ -174,8 +175,8 @@ func TestClassifyDatatypes(t *testing.T) {
 		assert.Equal(t, tt.want, classify(spec, nil, tt.data, 1, tt.width), tt.dt)
 	}
 	// Subnormal and negative half floats read right.
-	assert.Equal(t, float32(-2), float16(0xc000))
-	assert.Equal(t, float32(5.960464477539063e-08), float16(0x0001))
+	assert.Equal(t, float32(-2), half.ToFloat32(0xc000))
+	assert.Equal(t, float32(5.960464477539063e-08), half.ToFloat32(0x0001))
 }
 
 // A response with classified outputs stays within the JSON its footprint

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -114,11 +115,11 @@ func TestPackAndUnpack(t *testing.T) {
 	devOut := p.staging.buffer(p.lanes[0].out[0])
 	require.Len(t, devOut, 2*128*2, "two rows of 128 bfloat16")
 	for i := range 2 * 128 {
-		le.PutUint16(devOut[2*i:], float32ToBFloat16(float32(i)+0.5))
+		le.PutUint16(devOut[2*i:], half.BFloat16FromFloat32(float32(i)+0.5))
 	}
 	p.lanes[0].unpack(0)
 	for i := range 2 * 128 {
-		assert.Equal(t, bfloat16ToFloat32(float32ToBFloat16(float32(i)+0.5)), math.Float32frombits(le.Uint32(out[4*i:])), "element %d", i)
+		assert.Equal(t, half.BFloat16ToFloat32(half.BFloat16FromFloat32(float32(i)+0.5)), math.Float32frombits(le.Uint32(out[4*i:])), "element %d", i)
 	}
 }
 
@@ -136,7 +137,7 @@ func TestUnpackSlicesThePadding(t *testing.T) {
 			if j >= 10 {
 				v = float32(math.NaN()) // padding the host must never see
 			}
-			le.PutUint16(dev[2*(64*r+j):], float32ToFloat16(v))
+			le.PutUint16(dev[2*(64*r+j):], half.FromFloat32(v))
 		}
 	}
 	p.lanes[0].unpack(0)

@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -71,8 +71,9 @@ func TestReplicasOnTwoWorkers(t *testing.T) {
 	onCPU := runners(t, m.Model(), cpufallback.Engine{})
 	check := func(rows int, seed float32) {
 		t.Helper()
-		got, want := digitsRequest(rows, seed), digitsRequest(rows, seed)
-		require.NoError(t, m.Infer(ctx, got, batching.Params{}))
+		want := digitsRequest(rows, seed)
+		_, got, err := m.Infer(ctx, &serving.Request{Rows: rows, Inputs: []models.Input{{Shape: []int64{int64(rows), 64}, Data: want.Inputs[0]}}})
+		require.NoError(t, err)
 		require.NoError(t, onCPU.Run(ctx, []*steps.Request{want}))
 		assert.InDeltaSlice(t, floats(want.Outputs[0]), floats(got.Outputs[0]), 1e-4)
 	}
@@ -155,7 +156,8 @@ func BenchmarkReplicasOnWorkers(b *testing.B) {
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if err := m.Infer(context.Background(), digitsRequest(1, 3), batching.Params{}); err != nil {
+					in := digitsRequest(1, 3).Inputs[0]
+					if _, _, err := m.Infer(context.Background(), &serving.Request{Rows: 1, Inputs: []models.Input{{Shape: []int64{1, 64}, Data: in}}}); err != nil {
 						b.Error(err)
 						return
 					}
