@@ -582,8 +582,8 @@ func (c *Config) validateEncoder(bad func(string, string, ...any) error) error {
 		return c.Inputs[i].Name == name && c.Inputs[i].Datatype == BYTES && slices.Equal(c.Inputs[i].Shape, []int{-1})
 	}
 	switch {
-	case len(c.Inputs) == 1 && text(0, "text"):
-	case len(c.Inputs) == 2 && text(0, "text") && text(1, TextPairInput):
+	case len(c.Inputs) == 1 && text(0, TextInput):
+	case len(c.Inputs) == 2 && text(0, TextInput) && text(1, TextPairInput):
 		// Pairs: a cross-encoder's (query, passage), NLI's (premise,
 		// hypothesis); an embedder may embed (title, body) pairs too.
 	case len(c.Inputs) >= 2 && len(c.Inputs) <= 3 && ids(0, "input_ids") && ids(1, "attention_mask") && (len(c.Inputs) == 2 || ids(2, "token_type_ids")):

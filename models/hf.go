@@ -240,7 +240,7 @@ func (hc *hfConfig) config(folder *hfFolder) (*Config, error) {
 		Description:  fmt.Sprintf("Hugging Face %s folder (%s)", family, strings.Join(hc.Architectures, ", ")),
 		Architecture: "encoder",
 		Encoder:      e,
-		Inputs:       []TensorSpec{{Name: "text", Datatype: BYTES, Shape: []int{-1}}},
+		Inputs:       []TensorSpec{{Name: TextInput, Datatype: BYTES, Shape: []int{-1}}},
 	}
 	if head == HeadClassification {
 		labels, err := hfLabels(hc.ID2Label)
@@ -250,9 +250,9 @@ func (hc *hfConfig) config(folder *hfFolder) (*Config, error) {
 		e.NumLabels = len(labels)
 		folder.labels = labels
 		c.Inputs = append(c.Inputs, TensorSpec{Name: TextPairInput, Datatype: BYTES, Shape: []int{-1}})
-		c.Outputs = []TensorSpec{{Name: "logits", Datatype: FP32, Shape: []int{-1, e.NumLabels}}}
+		c.Outputs = []TensorSpec{{Name: LogitsOutput, Datatype: FP32, Shape: []int{-1, e.NumLabels}}}
 	} else {
-		c.Outputs = []TensorSpec{{Name: "embedding", Datatype: FP32, Shape: []int{-1, e.Hidden}}}
+		c.Outputs = []TensorSpec{{Name: EmbeddingOutput, Datatype: FP32, Shape: []int{-1, e.Hidden}}}
 	}
 	most := min(hfMaxSeq, e.MaxPosition-encoderFamilies[family].positionOffset(e.padID()))
 	c.Buckets = Buckets{Batch: slices.Clone(HFBatchBuckets), Seq: hfSeqBuckets(most)}

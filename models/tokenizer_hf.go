@@ -14,10 +14,21 @@ import (
 // directory may hold; with it, vocab.txt is not read.
 const TokenizerFile = "tokenizer.json"
 
-// TextPairInput is the optional second BYTES input of a model that scores
-// text pairs (rerankers, NLI): each element is tokenized with the text
-// element of the same index, as the model's family frames a pair.
-const TextPairInput = "text_pair"
+// The names of a text model's tensors, which Hub folders are served with
+// and which the text APIs (OpenAI, TEI) look for in any model.
+const (
+	// TextInput is a text model's BYTES input: one text per element.
+	TextInput = "text"
+	// TextPairInput is the optional second BYTES input of a model that
+	// scores text pairs (rerankers, NLI): each element is tokenized with
+	// the text element of the same index, as the model's family frames a
+	// pair.
+	TextPairInput = "text_pair"
+	// EmbeddingOutput is an embedding model's FP32 output, [n, hidden].
+	EmbeddingOutput = "embedding"
+	// LogitsOutput is a classifier's or reranker's FP32 output, [n, labels].
+	LogitsOutput = "logits"
+)
 
 // maxTokenizerBytes bounds tokenizer.json: multilingual SentencePiece
 // files (XLM-R's 250,000 pieces) are about 17 MB.

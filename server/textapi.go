@@ -30,14 +30,8 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
-// The names of the text models' tensors (issue 18's contract).
-const (
-	textInput     = "text"
-	textPairInput = "text_pair"
-	embeddingName = "embedding"
-	logitsName    = "logits"
-	labelFormat   = "LABEL_%d" // a class without a name, as Hugging Face names it
-)
+// labelFormat names a class without a name, as Hugging Face does.
+const labelFormat = "LABEL_%d"
 
 // maxClientBatch bounds the texts of one request of the text APIs, as
 // OpenAI's embeddings endpoint bounds its input list.
@@ -84,9 +78,9 @@ func textSigOf(m *models.Model) textSig {
 			continue
 		}
 		switch in.Name {
-		case textInput:
+		case models.TextInput:
 			tm.text = i
-		case textPairInput:
+		case models.TextPairInput:
 			tm.pair = i
 		}
 	}
@@ -98,9 +92,9 @@ func textSigOf(m *models.Model) textSig {
 			continue
 		}
 		switch o.Name {
-		case embeddingName:
+		case models.EmbeddingOutput:
 			tm.kind, tm.output, tm.width = kindEmbedding, i, o.Shape[1]
-		case logitsName:
+		case models.LogitsOutput:
 			if tm.kind != kindEmbedding {
 				tm.kind, tm.output, tm.width = kindClassifier, i, o.Shape[1]
 				if tm.width == 1 && tm.pair >= 0 {
@@ -366,7 +360,7 @@ func (t *textRequest) infer(tm textSig, texts, pairs []string, extraJSON int64) 
 	req.inputs[tm.text] = models.Input{Shape: shape, Strings: texts}
 	if pairs != nil {
 		if tm.pair < 0 {
-			return nil, 0, &apiError{http.StatusUnprocessableEntity, fmt.Sprintf("model %s scores single texts; it takes no %q input for pairs", m.Name, textPairInput)}
+			return nil, 0, &apiError{http.StatusUnprocessableEntity, fmt.Sprintf("model %s scores single texts; it takes no %q input for pairs", m.Name, models.TextPairInput)}
 		}
 		req.inputs[tm.pair] = models.Input{Shape: shape, Strings: pairs}
 		for _, s := range pairs {
