@@ -20,9 +20,17 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all build run test test-long chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
 
 all: build
+
+## help: the targets, each with its comment
+help:
+	@awk '/^## [a-z-]+:/ { if (t) print t; t = $$0; sub(/^## /, "", t); next } \
+		/^## / && t { l = $$0; sub(/^## /, "", l); t = t " " l; next } \
+		{ if (t) print t; t = "" }' $(MAKEFILE_LIST) \
+		| sed -E 's/^([a-z-]+): /\1\t/' | while IFS=$$'\t' read -r target text; do \
+			printf '  make %-13s ' "$$target"; echo "$$text" | fold -s -w 80 | sed '2,$$s/^/                     /'; done
 
 ## build: the server binary at bin/stepserve
 build:
