@@ -299,9 +299,6 @@ func Keys() []string {
 	return out
 }
 
-// Load reads the configuration for a process started with args (without the
-// program name). It returns [pflag.ErrHelp] when -h or --help was given,
-// after printing the usage to the flag set's output.
 // ErrVersion is returned by Load for --version: the caller prints the
 // version and exits.
 var ErrVersion = errors.New("config: --version")
@@ -436,6 +433,10 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+// Load reads the configuration for a process started with args (without the
+// program name). It returns [pflag.ErrHelp] when -h or --help was given,
+// after printing the usage to the flag set's output, and [ErrVersion] for
+// --version (or a first argument "version").
 func Load(args []string) (*Config, error) {
 	fs := pflag.NewFlagSet("stepserve", pflag.ContinueOnError)
 	file := fs.String("config", "", "YAML configuration file")

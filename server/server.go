@@ -1,6 +1,10 @@
-// Package server is stepserve's HTTP front: the Open Inference Protocol v2
-// REST API (JSON, and Triton's binary-tensor extension), health and metadata
-// endpoints, /metrics, and the one mapping from errors to status codes.
+// Package server is stepserve's front door, every protocol it speaks: the
+// Open Inference Protocol v2 over HTTP (JSON, and Triton's binary-tensor
+// extension) and over gRPC (grpc.go, Triton's and KServe's
+// GRPCInferenceService), Triton's extensions (model repository, model
+// configuration, statistics, logging, trace), OpenAI's and Hugging Face
+// TEI's text APIs, health and metadata endpoints, /metrics, and the one
+// mapping from errors to status codes.
 //
 // It decodes and validates every request against the model's signature
 // before anything reaches a model, so that a model only ever sees
@@ -10,11 +14,12 @@
 // to an in-flight budget that all requests share until their responses
 // are written.
 //
-// It owns the protocol, not the models: the live model set
-// ([serving.Set]) finds, loads and runs them, and each model prepares its
-// own step inputs from the decoded tensors. It knows nothing of engines,
-// of how a model turns its inputs into a step, or of the shapes a step is
-// compiled for.
+// It owns the protocols, not the models: the live model set
+// ([serving.Set]) finds and loads them, and [serving.Model.Infer] runs the
+// decoded tensors (preparing the step, queueing it, retrying on a reloaded
+// model's successor). It imports none of steps, batching, engine or
+// bucketing: it knows nothing of engines, of how a model turns its inputs
+// into a step, or of the shapes a step is compiled for.
 //
 // It also guards the listeners: bearer tokens per scope, replaceable while
 // serving ([Server.SetTokens]), and a bound on each listener's connections

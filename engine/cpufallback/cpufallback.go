@@ -1,13 +1,45 @@
-// Package cpufallback is the pure-Go engine: it runs the same models as the
+// Package cpufallback is the CPU engine: it runs the same models as the
 // NPU engine on the host CPU, so that a laptop, CI and a node without an NPU
 // serve the same API.
 //
 // It follows the device's step structure on purpose. Weights stay resident
-// from load; each bucket has its own staging buffers and a plan built once
-// (its "device" input buffer, the activations of every layer); a step copies
-// the input staging into the plan once, runs the layers, and copies the
-// result out once, with no heap allocation. Matrix products go through
-// gonum's BLAS API, so a faster BLAS can be routed in behind the same calls.
+// from load, packed for the kernels in use; each bucket has its own staging
+// buffers and a plan built once (its "device" input buffer, the
+// activations of every layer); a step copies the input staging into the
+// plan once, runs the layers, and copies the result out once, with no heap
+// allocation.
+//
+// # Kernels
+//
+// The matrix products and the element-wise passes (bias and activation,
+// softmax, layer norm, one attention head in one call) are C, through cgo
+// (gemm_native.c, kernels_avx2.c, crew_native.c), in two sets chosen from
+// the CPU at start by cpuid: avx512 (with bfloat16 products where the CPU
+// has AVX512_BF16, for device_dtype bfloat16) and avx2. The portable set,
+// "go", is Go over the BLAS the build has: gonum, or OpenBLAS with the
+// openblas build tag. Builds without cgo, or with the purego tag, have only
+// "go". STEPSERVE_CPU_KERNELS names a set ([SetKernels]); [Kernels] and
+// [BLAS] say which runs.
+//
+// # Threads: which scheme runs when
+//
+// engine.cpu_threads bounds the threads one step uses ([SetThreads]).
+//
+//   - A step of several sequences splits them into groups, at most one per
+//     thread, each group run by one goroutine from its first layer to its
+//     last (encoder.go, split).
+//   - A group left with spare threads (fewer groups than threads) splits
+//     its own work: with the native kernels and at least about 33 million
+//     multiply-adds (minCrewWork), it holds a crew of POSIX threads that
+//     spin between the layer's phases (crew.go, crew_native.c); otherwise
+//     each product of at least half a million multiply-adds
+//     (minParallelWork) splits its panels on the team of helper goroutines
+//     (team.go).
+//   - Smaller work runs on the calling goroutine.
+//
+// Crews and groups count against the machine's CPUs together, so that
+// replicas and models stepping side by side do not spin more threads than
+// there are CPUs.
 package cpufallback
 
 import (
