@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,7 +48,7 @@ func TestLoadsCancelledByShutdownAre503(t *testing.T) {
 	require.Eventually(t, func() bool { return f.eng.Loads() == 2 }, 5*time.Second, time.Millisecond)
 	second := make(chan *httptest.ResponseRecorder, 1)
 	go func() { second <- do(t, s, "POST", "/v2/repository/models/summax/load", nil) }()
-	time.Sleep(50 * time.Millisecond) // the second waits for the first's lock
+	require.Eventually(t, func() bool { return f.set.Waiting() == 1 }, 5*time.Second, time.Millisecond, "the second waits for the first's lock")
 	f.set.Drain(context.Background())
 	w1, w2 := <-first, <-second
 	for _, w := range []*httptest.ResponseRecorder{w1, w2} {
@@ -65,12 +66,13 @@ func TestInflightRequestAcrossReloadAndUnload(t *testing.T) {
 			f := newSumMax(t)
 			s, reg := controlServer(t, f)
 			pr, pw := io.Pipe()
-			req := httptest.NewRequest("POST", "/v2/models/summax/infer", pr)
+			reading := make(chan struct{})
+			req := httptest.NewRequest("POST", "/v2/models/summax/infer", &firstRead{r: pr, first: reading})
 			req.ContentLength = -1
 			rec := httptest.NewRecorder()
 			done := make(chan struct{})
 			go func() { s.ServeHTTP(rec, req); close(done) }()
-			time.Sleep(20 * time.Millisecond) // looked up, reading the body
+			<-reading // looked up (the handler reads the body after the lookup), reading the body
 			w := do(t, s, "POST", "/v2/repository/models/summax/"+op, nil)
 			require.Equal(t, http.StatusOK, w.Code, w.Body.String())
 			io.WriteString(pw, `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
@@ -83,4 +85,16 @@ func TestInflightRequestAcrossReloadAndUnload(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstRead closes first when its reader is first read.
+type firstRead struct {
+	r     io.Reader
+	first chan struct{}
+	once  sync.Once
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	f.once.Do(func() { close(f.first) })
+	return f.r.Read(p)
 }

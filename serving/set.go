@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,6 +92,8 @@ type Set struct {
 	// changing holds a token while a load or an unload runs: one at a
 	// time, and one waiting gives up when its context ends.
 	changing chan struct{}
+	// waiting counts the loads and unloads waiting for changing.
+	waiting atomic.Int32
 
 	// stopping ends when Drain starts: loads in progress are cancelled,
 	// since a stopping server will never serve what they load.
@@ -377,6 +380,13 @@ func (s *Set) lock(ctx context.Context, name string) error {
 	select {
 	case s.changing <- struct{}{}:
 		return nil
+	default:
+	}
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	select {
+	case s.changing <- struct{}{}:
+		return nil
 	case <-ctx.Done():
 		if s.stopping.Err() != nil {
 			return fmt.Errorf("%w: %s is neither loaded nor unloaded now", ErrStopping, name)
@@ -386,6 +396,10 @@ func (s *Set) lock(ctx context.Context, name string) error {
 }
 
 func (s *Set) unlock() { <-s.changing }
+
+// Waiting counts the loads and unloads waiting for another load or unload
+// to finish (they run one at a time).
+func (s *Set) Waiting() int { return int(s.waiting.Load()) }
 
 // guard runs one model's load, turning a panic in it (a bug in a loader
 // or an engine, met on a file nobody foresaw) into the load's error, so

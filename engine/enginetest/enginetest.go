@@ -49,6 +49,7 @@ type Engine struct {
 	programs []*Program
 	next     int // the device of the next model that names none
 	loads    atomic.Int32
+	compiles atomic.Int32 // Compile calls begun, gated or not
 }
 
 func (e *Engine) devices() []string {
@@ -68,6 +69,10 @@ func (e *Engine) Name() string {
 
 // Loads counts the Load calls, finished or not.
 func (e *Engine) Loads() int { return int(e.loads.Load()) }
+
+// Compiles counts the Compile calls begun on the engine's programs,
+// including those a CompileGate holds.
+func (e *Engine) Compiles() int { return int(e.compiles.Load()) }
 
 // Programs returns the programs loaded so far, oldest first: one per
 // replica.
@@ -187,6 +192,7 @@ func (p *Program) Compile(ctx context.Context, bucket int) error {
 	if bucket < 0 || bucket >= len(p.layouts) {
 		return engine.ErrBucket
 	}
+	p.e.compiles.Add(1)
 	if err := wait(ctx, p.e.CompileGate); err != nil {
 		return err
 	}
