@@ -31,12 +31,7 @@ func newLabelledSumMax(t *testing.T, labels string) *Server {
 	yaml := strings.Replace(enginetest.SumMaxYAML, "shape: [-1, 2]}", "shape: [-1, 2], labels: labels.txt}", 1)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, models.ConfigFile), []byte(yaml), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "labels.txt"), []byte(labels), 0o644))
-	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake",
-		Engines: map[string]serving.Engine{"fake": {Engine: &enginetest.Engine{Func: enginetest.SumMax}}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { set.Close() })
-	require.NoError(t, set.LoadAll(context.Background()))
-	require.NoError(t, set.Warmup(context.Background()))
+	set := liveSet(t, repo, &enginetest.Engine{Func: enginetest.SumMax})
 	s, err := New(Options{Models: set, MaxBodyBytes: 4096})
 	require.NoError(t, err)
 	return s

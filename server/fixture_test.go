@@ -3,11 +3,13 @@ package server
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/serving"
 )
@@ -24,14 +26,36 @@ func newSumMax(tb testing.TB) *fixture {
 	tb.Helper()
 	f := &fixture{repo: tb.TempDir(), eng: &enginetest.Engine{Func: enginetest.SumMax}}
 	require.NoError(tb, enginetest.WriteSumMax(filepath.Join(f.repo, "summax")))
-	var err error
-	f.set, err = serving.New(serving.Options{Repository: f.repo, DefaultEngine: "fake",
-		Engines: map[string]serving.Engine{"fake": {Engine: f.eng}}})
-	require.NoError(tb, err)
-	require.NoError(tb, f.set.LoadAll(context.Background()))
-	require.NoError(tb, f.set.Warmup(context.Background()))
-	tb.Cleanup(func() { f.set.Close() })
+	f.set = liveSet(tb, f.repo, f.eng)
 	return f
+}
+
+// liveSet is a model set over repo on the fake engine eng, every model
+// loaded and warmed up, closed when the test ends.
+func liveSet(tb testing.TB, repo string, eng *enginetest.Engine) *serving.Set {
+	tb.Helper()
+	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake",
+		Engines: map[string]serving.Engine{"fake": {Engine: eng}}})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { set.Close() })
+	require.NoError(tb, set.LoadAll(context.Background()))
+	require.NoError(tb, set.Warmup(context.Background()))
+	return set
+}
+
+// gatedSumMax serves summax on an engine whose steps wait while the
+// returned gate is set.
+func gatedSumMax(tb testing.TB) (*serving.Set, *enginetest.Engine, *atomic.Pointer[chan struct{}]) {
+	var gate atomic.Pointer[chan struct{}]
+	eng := &enginetest.Engine{Func: func(l engine.Layout, in, out []byte) error {
+		if g := gate.Load(); g != nil {
+			<-*g
+		}
+		return enginetest.SumMax(l, in, out)
+	}}
+	repo := tb.TempDir()
+	require.NoError(tb, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
+	return liveSet(tb, repo, eng), eng, &gate
 }
 
 // program is the engine program summax runs on now.

@@ -9,9 +9,7 @@ import (
 	"io"
 	"math"
 	"net"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,11 +27,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stepserve/stepserve/engine"
-	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
-	"github.com/stepserve/stepserve/serving"
 )
 
 // grpcClients serves s's gRPC API on an in-memory listener until the test
@@ -367,26 +363,6 @@ func TestGRPCModelFailures(t *testing.T) {
 		assert.Contains(t, msg, tt.err.Error())
 		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome, "grpc")))
 	}
-}
-
-// gatedSumMax serves summax on an engine whose steps wait while the
-// returned gate is set.
-func gatedSumMax(t *testing.T) (*serving.Set, *enginetest.Engine, *atomic.Pointer[chan struct{}]) {
-	var gate atomic.Pointer[chan struct{}]
-	eng := &enginetest.Engine{Func: func(l engine.Layout, in, out []byte) error {
-		if g := gate.Load(); g != nil {
-			<-*g
-		}
-		return enginetest.SumMax(l, in, out)
-	}}
-	repo := t.TempDir()
-	require.NoError(t, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
-	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake", Engines: map[string]serving.Engine{"fake": {Engine: eng}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { set.Close() })
-	require.NoError(t, set.LoadAll(context.Background()))
-	require.NoError(t, set.Warmup(context.Background()))
-	return set, eng, &gate
 }
 
 // A client's deadline and its going away are the HTTP path's 504 and 499.

@@ -2,23 +2,16 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/stepserve/stepserve/engine"
-	"github.com/stepserve/stepserve/engine/enginetest"
-	"github.com/stepserve/stepserve/serving"
 )
 
 // TestOnlyServerErrorsAreLogged: what a client causes (a bad request, its
@@ -27,20 +20,7 @@ import (
 func TestOnlyServerErrorsAreLogged(t *testing.T) {
 	// A summax whose steps wait while gate is set, so that a request can
 	// be made to wait in the queue past its deadline.
-	var gate atomic.Pointer[chan struct{}]
-	eng := &enginetest.Engine{Func: func(l engine.Layout, in, out []byte) error {
-		if g := gate.Load(); g != nil {
-			<-*g
-		}
-		return enginetest.SumMax(l, in, out)
-	}}
-	repo := t.TempDir()
-	require.NoError(t, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
-	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake", Engines: map[string]serving.Engine{"fake": {Engine: eng}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { set.Close() })
-	require.NoError(t, set.LoadAll(context.Background()))
-	require.NoError(t, set.Warmup(context.Background()))
+	set, eng, gate := gatedSumMax(t)
 
 	var mu sync.Mutex
 	var log bytes.Buffer

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"path/filepath"
 	"strconv"
@@ -12,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/engine/enginetest"
-	"github.com/stepserve/stepserve/serving"
 )
 
 func getStats(t *testing.T, s *Server, path string) statsResponse {
@@ -94,12 +92,7 @@ func TestStatisticsOfEveryModel(t *testing.T) {
 	for _, name := range []string{"b", "a"} {
 		require.NoError(t, enginetest.WriteSumMax(filepath.Join(repo, name)))
 	}
-	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake",
-		Engines: map[string]serving.Engine{"fake": {Engine: &enginetest.Engine{Func: enginetest.SumMax}}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { set.Close() })
-	require.NoError(t, set.LoadAll(context.Background()))
-	require.NoError(t, set.Warmup(context.Background()))
+	set := liveSet(t, repo, &enginetest.Engine{Func: enginetest.SumMax})
 	s, err := New(Options{Models: set})
 	require.NoError(t, err)
 	require.Equal(t, 200, do(t, s, "POST", "/v2/models/b/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[2,3],"data":[1,2,3,4,5,6]}]}`)).Code)
