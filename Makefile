@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -194,6 +194,34 @@ digits-cnn:
 
 clean:
 	rm -rf bin
+
+## tokenizer-files: regenerate the test tokenizer.json files under
+## models/testdata/tokenizers from their corpus
+tokenizer-files:
+	cd models/tokenizers && $(GO) test -count=1 -timeout 5m -run '^TestGeneratedFilesAreCurrent$$' -update .
+
+# What the generators write, but the torch references (make golden).
+GENERATED := deploy/helm/stepserve/values.schema.json server/inferencepb models/testdata/tokenizers \
+	model_repository/tiny-encoder model_repository/tiny-xlmr model_repository/tiny-reranker
+
+## generate: run every generator: the chart's schema, server/inferencepb
+## (proto), the test tokenizer files, the demo models (tiny-encoder,
+## tiny-xlmr, tiny-reranker) and the torch references (golden, which needs
+## Debian's python3-torch and writes bytes that depend on the CPU)
+generate: schema proto tokenizer-files tiny-encoder tiny-xlmr golden
+
+## check-generated: run every generator but the torch references and fail
+## when any generated file differs from what they write (the tree is left
+## as it was). The torch references are float output whose last bits
+## depend on the CPU; the tests hold the engines to them within tolerances.
+check-generated:
+	@tmp=$$(mktemp -d); mkdir $$tmp/before $$tmp/now; tar cf $$tmp/before.tar $(GENERATED); tar xf $$tmp/before.tar -C $$tmp/before; \
+	$(MAKE) --no-print-directory schema proto tokenizer-files tiny-encoder tiny-xlmr >$$tmp/log 2>&1; rc=$$?; \
+	tar cf - $(GENERATED) | tar xf - -C $$tmp/now; rm -rf $(GENERATED); tar xf $$tmp/before.tar; \
+	if [ $$rc != 0 ]; then cat $$tmp/log; rm -rf $$tmp; exit $$rc; fi; \
+	if ! diff -r --brief $$tmp/before $$tmp/now; then \
+		echo "check-generated: stale: run make generate (schema, proto, tokenizer-files, tiny-encoder, tiny-xlmr) and commit what it writes"; rm -rf $$tmp; exit 1; fi; \
+	rm -rf $$tmp; echo "check-generated: every generated file is current ($(GENERATED))"
 
 ## schema: regenerate the chart's values.schema.json from the server's
 ## configuration keys (a test fails while it is not current)
