@@ -9,15 +9,19 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -78,9 +82,10 @@ func (s *Server) GRPCServer() *grpc.Server {
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.grpcRecover, s.grpcAuth),
+		grpc.ForceServerCodecV2(grpcCodec{encoding.GetCodecV2(protoenc.Name)}),
 		grpc.ChainStreamInterceptor(s.grpcRecoverStream, s.grpcAuthStream),
 	)
-	inferencepb.RegisterGRPCInferenceServiceServer(gs, &grpcServer{s: s, health: h})
+	gs.RegisterService(grpcServiceDesc(), &grpcServer{s: s, health: h})
 	healthpb.RegisterHealthServer(gs, h)
 	s.grpc.server, s.grpc.health = gs, h
 	return gs
@@ -470,4 +475,69 @@ func (s *Server) logFailure(ctx context.Context, model string, st int, err error
 	if s.logger.Enabled(ctx, level) {
 		s.logger.Log(ctx, level, "inference failed", "model", model, "status", st, "protocol", "grpc", "err", err)
 	}
+}
+
+// rawInfer is a ModelInfer message as it arrived, before decoding: the
+// handler bounds and charges what it decodes to first (grpc_limits.go).
+type rawInfer struct {
+	buf  mem.Buffer
+	done bool
+}
+
+func (r *rawInfer) bytes() []byte {
+	if r.buf == nil || r.done {
+		return nil
+	}
+	return r.buf.ReadOnlyData()
+}
+
+// free gives the message's buffer back to gRPC's pool, once.
+func (r *rawInfer) free() {
+	if r.buf != nil && !r.done {
+		r.done = true
+		r.buf.Free()
+	}
+}
+
+// grpcCodec is gRPC's protobuf codec but for rawInfer, whose bytes it
+// keeps undecoded.
+type grpcCodec struct{ encoding.CodecV2 }
+
+func (c grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*rawInfer); ok {
+		r.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
+		return nil
+	}
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+// grpcServiceDesc is the inference service with its ModelInfer handler
+// taking the message undecoded.
+func grpcServiceDesc() *grpc.ServiceDesc {
+	d := inferencepb.GRPCInferenceService_ServiceDesc
+	d.Methods = slices.Clone(d.Methods)
+	for i := range d.Methods {
+		if d.Methods[i].MethodName == "ModelInfer" {
+			d.Methods[i].Handler = grpcModelInferHandler
+		}
+	}
+	return &d
+}
+
+// grpcModelInferHandler is the generated ModelInfer handler, but reading
+// the message as rawInfer: the interceptors (recovery, tokens) see it
+// before anything is decoded.
+func grpcModelInferHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(rawInfer)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	handle := func(ctx context.Context, req any) (any, error) {
+		return srv.(*grpcServer).modelInferRaw(ctx, req.(*rawInfer))
+	}
+	if interceptor == nil {
+		return handle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: inferencepb.GRPCInferenceService_ModelInfer_FullMethodName}
+	return interceptor(ctx, in, info, handle)
 }

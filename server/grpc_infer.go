@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/inferencepb"
@@ -28,9 +31,66 @@ import (
 // form per response, so an output with no typed field (FP16, BF16)
 // makes them all raw.
 func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
+	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), func(ctx context.Context, ch *charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
+		// The message arrived decoded (a caller in this process): what
+		// it holds is charged as an HTTP body is.
+		return r, ch.take(ctx, protoRequestBytes(r), "the request body")
+	})
+}
+
+// modelInferRaw is ModelInfer on the message as it arrived, which the
+// server's ModelInfer handler hands it (grpcModelInferHandler): it is
+// walked, bounded and charged for what it decodes to before it is
+// decoded (grpc_limits.go).
+func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferencepb.ModelInferResponse, error) {
+	defer raw.free()
+	sc, scanErr := scanInferRequest(raw.bytes(), g.s.opts.MaxRequestElements)
+	return g.modelInfer(ctx, sc.model, sc.version, func(ctx context.Context, ch *charge, m *models.Model) (*inferencepb.ModelInferRequest, error) {
+		switch {
+		case errors.Is(scanErr, errProtoMalformed):
+			err := proto.Unmarshal(raw.bytes(), new(inferencepb.ModelInferRequest))
+			return nil, badRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
+		case scanErr != nil:
+			return nil, scanErr
+		}
+		// Counts a little past the model's are left to the checks after
+		// decoding, which name a repeated input; far past, they are
+		// refused here.
+		cfg := m.Config
+		if sc.inputs > len(cfg.Inputs)+pbExtraTensors {
+			return nil, badRequest(fmt.Sprintf("the request names %d inputs; model %s takes %s", sc.inputs, m.Name, signature(cfg.Inputs)))
+		}
+		if sc.outputs > len(cfg.Outputs)+pbExtraTensors {
+			return nil, badRequest(fmt.Sprintf("the request names %d outputs; model %s gives %s", sc.outputs, m.Name, signature(cfg.Outputs)))
+		}
+		if sc.raw > len(cfg.Inputs)+pbExtraTensors {
+			return nil, badRequest(fmt.Sprintf("raw_input_contents has %d entries; model %s takes %d %s", sc.raw, m.Name, len(cfg.Inputs), plural(len(cfg.Inputs), "input")))
+		}
+		if err := ch.take(ctx, sc.decoded, "the request body"); err != nil {
+			return nil, err
+		}
+		r := new(inferencepb.ModelInferRequest)
+		if err := proto.Unmarshal(raw.bytes(), r); err != nil {
+			return nil, badRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
+		}
+		raw.free()
+		if n := protoRequestBytes(r); n > sc.decoded { // not expected: the walk's bound is above it
+			if err := ch.take(ctx, n-sc.decoded, "the request body"); err != nil {
+				return nil, err
+			}
+		}
+		return r, nil
+	})
+}
+
+// protoDecoder yields a request's message once its model is known,
+// charged to ch.
+type protoDecoder func(ctx context.Context, ch *charge, m *models.Model) (*inferencepb.ModelInferRequest, error)
+
+func (g *grpcServer) modelInfer(ctx context.Context, model, version string, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
 	s := g.s
 	start := time.Now()
-	m, err := s.lookupName(r.GetModelName(), r.GetModelVersion())
+	m, err := s.lookupName(model, version)
 	if err != nil {
 		// Unknown names are not counted: they would let any client create
 		// series without bound.
@@ -44,7 +104,7 @@ func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRe
 			ch.release() // failed, or panicked
 		}
 	}()
-	resp, err := s.inferGRPC(ctx, ch, m, r)
+	resp, r, err := s.inferGRPC(ctx, ch, m, decode)
 	st := http.StatusOK
 	if err != nil {
 		st = statusOf(err)
@@ -87,7 +147,7 @@ func atDeadline(ctx context.Context) bool {
 
 // inferGRPC answers one gRPC inference request on m, charging what it
 // holds to ch.
-func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, r *inferencepb.ModelInferRequest) (_ *inferencepb.ModelInferResponse, err error) {
+func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, decode protoDecoder) (_ *inferencepb.ModelInferResponse, r *inferencepb.ModelInferRequest, err error) {
 	// The model's statistics, as the HTTP path feeds them: from the
 	// request's arrival (whole, for gRPC) to its answer built.
 	began := time.Now()
@@ -101,31 +161,29 @@ func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, r 
 		}
 	}()
 	if !m.Ready() {
-		return nil, notReady(m.Model().Name)
+		return nil, nil, notReady(m.Model().Name)
 	}
-	// The message arrived whole (within server.max_body_bytes); what its
-	// decoded form holds is charged as an HTTP body is.
+	if r, err = decode(ctx, ch, m.Model()); err != nil {
+		return nil, r, err
+	}
 	size := protoRequestBytes(r)
-	if err := ch.take(ctx, size, "the request body"); err != nil {
-		return nil, err
-	}
 	wr, err := wireFromProto(r)
 	if err != nil {
-		return nil, err
+		return nil, r, err
 	}
 	req, decoded, seq, err := checkRequest(&wr, nil, int(min(size, math.MaxInt32)), m.Model(), s.opts.MaxRequestElements)
 	if err != nil {
-		return nil, err
+		return nil, r, err
 	}
 	protoOutputs(m.Model(), req)
 	req.trace = tr
 	m, res, err := s.run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
 	if err != nil {
-		return nil, err
+		return nil, r, err
 	}
 	resp := protoResponse(m.Model(), req, res)
 	m.Report(res, true, time.Since(began))
-	return resp, nil
+	return resp, r, nil
 }
 
 // protoRequestBytes is the memory a decoded request holds, at least a byte
