@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Input is one request input as a protocol decoded it, before the model
@@ -17,6 +18,19 @@ type Input struct {
 	Data []byte
 	// Strings holds the elements of a BYTES input.
 	Strings []string
+}
+
+// ShapeElements is the element count of shape, and false when a
+// dimension is negative or the count overflows an int64.
+func ShapeElements(shape []int64) (int64, bool) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
 }
 
 // ErrInput is matched by every error [Model.PrepareInputs] returns for a

@@ -84,7 +84,7 @@ func (in *wireInput) binTerm() string {
 // binary_data_size when it has one. (Read again rather than kept, so that
 // a request stays the size it was.)
 func (in *wireInput) declared() (elems int64, binSize int, hasBin bool) {
-	elems, _ = declaredElements(in.Shape)
+	elems, _ = models.ShapeElements(in.Shape)
 	binSize, hasBin, _ = intParam(wireParams{in.Parameters, in.pairs}, "binary_data_size")
 	return elems, binSize, hasBin
 }
@@ -240,7 +240,7 @@ func checkRequest(wr *wireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 			return nil, 0, 0, badRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
-		if n, ok := declaredElements(in.Shape); ok {
+		if n, ok := models.ShapeElements(in.Shape); ok {
 			if elements += n; elements > maxElements {
 				return nil, 0, 0, badRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
@@ -474,20 +474,6 @@ func decodeValues(in *wireInput, spec models.TensorSpec) (data []byte, strs []st
 		return nil, nil, err
 	}
 	return data, nil, nil
-}
-
-// declaredElements is the product of a shape's dimensions, when they are
-// all non-negative and the product fits; the detailed shape checks come
-// later.
-func declaredElements(shape []int64) (int64, bool) {
-	n := int64(1)
-	for _, d := range shape {
-		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
-			return 0, false
-		}
-		n *= d
-	}
-	return n, true
 }
 
 func specIndex(specs []models.TensorSpec, name string) int {

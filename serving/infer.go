@@ -3,7 +3,6 @@ package serving
 import (
 	"context"
 	"errors"
-	"math"
 	"slices"
 	"time"
 
@@ -166,7 +165,7 @@ func prepare(m *models.Model, req *Request) (*Result, error) {
 		return nil, err
 	}
 	for _, t := range req.Inputs {
-		if n, ok := elements(t.Shape); ok {
+		if n, ok := models.ShapeElements(t.Shape); ok {
 			sr.Elements += int(n)
 		}
 	}
@@ -187,17 +186,4 @@ func prepare(m *models.Model, req *Request) (*Result, error) {
 	}
 	res.Outputs, res.Rows, res.Seq = sr.Outputs, sr.Rows, sr.Seq
 	return res, nil
-}
-
-// elements is the element count of a shape, when it has no negative or
-// overflowing dimension.
-func elements(shape []int64) (int64, bool) {
-	n := int64(1)
-	for _, d := range shape {
-		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
-			return 0, false
-		}
-		n *= d
-	}
-	return n, true
 }
