@@ -196,13 +196,18 @@ func hostileCases() []hostileCase {
 	}
 }
 
-type serverStats struct{ goroutines, heap, errors, invalid float64 }
+// serverStats are a server's own figures: its goroutines, its heap now
+// (garbage included), the heap goal its last GC set (twice the heap that
+// GC found live, at GOGC 100: it follows live memory, not garbage), and
+// its failed requests.
+type serverStats struct{ goroutines, heap, nextGC, errors, invalid float64 }
 
 func stats(t *testing.T, base string) serverStats {
 	m := scrape(t, base)
 	return serverStats{
 		goroutines: metricSum(t, m, "go_goroutines"),
 		heap:       metricSum(t, m, "go_memstats_heap_alloc_bytes"),
+		nextGC:     metricSum(t, m, "go_memstats_next_gc_bytes"),
 		errors:     metricSum(t, m, "stepserve_requests_total", `outcome="error"`),
 		invalid:    metricSum(t, m, "stepserve_requests_total", `outcome="invalid"`),
 	}
