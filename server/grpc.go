@@ -505,7 +505,8 @@ type grpcCodec struct{ encoding.CodecV2 }
 
 func (c grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawInfer); ok {
-		r.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
+		r.free() // a second message on a unary call replaces the first
+		r.buf, r.done = data.MaterializeToBuffer(mem.DefaultBufferPool()), false
 		return nil
 	}
 	return c.CodecV2.Unmarshal(data, v)
@@ -529,6 +530,7 @@ func grpcServiceDesc() *grpc.ServiceDesc {
 // before anything is decoded.
 func grpcModelInferHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	in := new(rawInfer)
+	defer in.free() // when an interceptor refuses the call before the handler runs
 	if err := dec(in); err != nil {
 		return nil, err
 	}

@@ -31,7 +31,7 @@ import (
 // form per response, so an output with no typed field (FP16, BF16)
 // makes them all raw.
 func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
-	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), func(ctx context.Context, ch *charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
+	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(ctx context.Context, ch *charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
 		// The message arrived decoded (a caller in this process): what
 		// it holds is charged as an HTTP body is.
 		return r, ch.take(ctx, protoRequestBytes(r), "the request body")
@@ -44,15 +44,22 @@ func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRe
 // decoded (grpc_limits.go).
 func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferencepb.ModelInferResponse, error) {
 	defer raw.free()
+	wireBytes := int64(len(raw.bytes()))
 	sc, scanErr := scanInferRequest(raw.bytes(), g.s.opts.MaxRequestElements)
-	return g.modelInfer(ctx, sc.model, sc.version, func(ctx context.Context, ch *charge, m *models.Model) (*inferencepb.ModelInferRequest, error) {
-		switch {
-		case errors.Is(scanErr, errProtoMalformed):
-			err := proto.Unmarshal(raw.bytes(), new(inferencepb.ModelInferRequest))
-			return nil, badRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
-		case scanErr != nil:
+	malformed := errors.Is(scanErr, errProtoMalformed)
+	if scanErr != nil && !malformed && sc.model == "" {
+		// A limit the walk met before any model name: the same refusal
+		// whatever the model (and not counted, as an unknown name is not).
+		return nil, grpcError(scanErr)
+	}
+	return g.modelInfer(ctx, sc.model, sc.version, wireBytes, func(ctx context.Context, ch *charge, m *models.Model) (*inferencepb.ModelInferRequest, error) {
+		if scanErr != nil && !malformed {
 			return nil, scanErr
 		}
+		// Malformed bytes are bounded as well-formed ones are, up to where
+		// the walk stopped: the protobuf library builds what comes before
+		// them, then fails at the same place and says why.
+		//
 		// Counts a little past the model's are left to the checks after
 		// decoding, which name a repeated input; far past, they are
 		// refused here.
@@ -87,7 +94,10 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 // charged to ch.
 type protoDecoder func(ctx context.Context, ch *charge, m *models.Model) (*inferencepb.ModelInferRequest, error)
 
-func (g *grpcServer) modelInfer(ctx context.Context, model, version string, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
+// modelInfer answers a ModelInfer request for model and version, whose
+// message decode yields; wireBytes is the message's size for the log
+// when it was never decoded.
+func (g *grpcServer) modelInfer(ctx context.Context, model, version string, wireBytes int64, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
 	s := g.s
 	start := time.Now()
 	m, err := s.lookupName(model, version)
@@ -125,8 +135,12 @@ func (g *grpcServer) modelInfer(ctx context.Context, model, version string, deco
 	if ins := r.GetInputs(); len(ins) > 0 && len(ins[0].GetShape()) > 0 {
 		rows = int(ins[0].GetShape()[0])
 	}
+	size := wireBytes
+	if r != nil {
+		size = protoRequestBytes(r)
+	}
 	s.logRequest(ctx, protocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", name, st,
-		requestInfo{rows: rows, id: r.GetId()}, int64(protoRequestBytes(r)), took)
+		requestInfo{rows: rows, id: r.GetId()}, size, took)
 	if err != nil {
 		return nil, grpcError(err)
 	}

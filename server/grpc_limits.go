@@ -69,7 +69,11 @@ type protoScan struct {
 	model, version       string
 	inputs, outputs, raw int
 	elements             int64 // typed contents values, all inputs
-	// decoded is what decoding the message would allocate, at most.
+	// decoded bounds what decoding the message allocates: each part at
+	// its Go size with slice growth, and the message's bytes once more
+	// (strings, bytes and unknown fields copied out of it); within a
+	// small constant factor of what protobuf builds, never a multiple of
+	// the wire size beyond that.
 	decoded int64
 }
 

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
@@ -84,7 +85,7 @@ func (r *Result) Tokens() int {
 	mask := r.step.Inputs[models.EncoderAttentionMask]
 	n := 0
 	for i := 0; i+8 <= len(mask); i += 8 {
-		if mask[i] != 0 {
+		if binary.LittleEndian.Uint64(mask[i:]) != 0 {
 			n++
 		}
 	}

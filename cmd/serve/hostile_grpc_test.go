@@ -58,13 +58,16 @@ func amplifying() map[string]wireMessage {
 	// int64_contents (3) packing 60M one-byte varints, 8 bytes each
 	// decoded, in an input's contents (5).
 	contents := protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), make([]byte, 60<<20))
+	malformed := func(m wireMessage) wireMessage { return append(m, 0x80) } // a varint that never ends
 	return map[string]wireMessage{
-		"30M empty inputs":        repeat(empty(5), 30_000_000),
-		"30M empty outputs":       repeat(empty(6), 30_000_000),
-		"30M empty parameters":    repeat(empty(4), 30_000_000),
-		"30M empty raw contents":  repeat(empty(7), 30_000_000),
-		"60M packed int64 values": input(protowire.AppendBytes(protowire.AppendTag(nil, 5, protowire.BytesType), contents)),
-		"15M packed shape dims":   input(protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), make([]byte, 15<<20))),
+		"30M empty inputs":                         repeat(empty(5), 30_000_000),
+		"30M empty inputs, then a malformed byte":  malformed(repeat(empty(5), 30_000_000)),
+		"30M empty outputs, then a malformed byte": malformed(repeat(empty(6), 30_000_000)),
+		"30M empty outputs":                        repeat(empty(6), 30_000_000),
+		"30M empty parameters":                     repeat(empty(4), 30_000_000),
+		"30M empty raw contents":                   repeat(empty(7), 30_000_000),
+		"60M packed int64 values":                  input(protowire.AppendBytes(protowire.AppendTag(nil, 5, protowire.BytesType), contents)),
+		"15M packed shape dims":                    input(protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), make([]byte, 15<<20))),
 	}
 }
 

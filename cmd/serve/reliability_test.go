@@ -465,5 +465,9 @@ func TestSoak(t *testing.T) {
 		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), res.byStatus, res.errs, lost, res.quantile(0.99),
 		before.goroutines, after.goroutines, before.heap/(1<<20), after.heap/(1<<20), before.nextGC/(1<<20), mid.nextGC/(1<<20), after.nextGC/(1<<20))
 	assert.Zero(t, lost)
+	require.Positive(t, mid.nextGC, "the server exports go_memstats_next_gc_bytes")
+	if soak() {
+		require.Greater(t, after.gcs, mid.gcs, "the second half of the load ran a GC, which measured the live heap")
+	}
 	assert.Less(t, after.nextGC, mid.nextGC+64<<20, "the live heap grew between the first and the second half of the load")
 }
