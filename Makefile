@@ -42,6 +42,10 @@ run: build
 
 HELM_VERSION := v3.22.0
 HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)
+# An older Helm the chart must also lint and template with (3.19 refused
+# an enum holding both "0" and 0, which 3.22 accepts).
+HELM_COMPAT_VERSION := v3.19.5
+HELM_COMPAT         := $(CURDIR)/bin/helm-$(HELM_COMPAT_VERSION)
 # staticcheck 2026.2.2 is module version v0.8.2 of honnef.co/go/tools.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK         := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)
@@ -52,8 +56,8 @@ STATICCHECK         := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)
 ## python3-protobuf and python3-grpc-tools (which parse the Triton answers
 ## as the protocol's messages); installs with apt as root. After it, make
 ## test runs offline.
-deps: $(HELM) $(STATICCHECK)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
+deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
@@ -99,16 +103,18 @@ $(STATICCHECK):
 	GOBIN=$(CURDIR)/bin/staticcheck-build $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	mv $(CURDIR)/bin/staticcheck-build/staticcheck $(STATICCHECK) && rmdir $(CURDIR)/bin/staticcheck-build
 
-$(HELM):
-	GOBIN=$(CURDIR)/bin/helm-build $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
-	mv $(CURDIR)/bin/helm-build/helm $(HELM) && rmdir $(CURDIR)/bin/helm-build
+$(CURDIR)/bin/helm-%:
+	GOBIN=$(CURDIR)/bin/helm-build-$* $(GO) install helm.sh/helm/v3/cmd/helm@$*
+	mv $(CURDIR)/bin/helm-build-$*/helm $@ && rmdir $(CURDIR)/bin/helm-build-$*
 
 ## chart-test: helm lint/template (Helm from its Go module, pinned), promtool
 ## check/test of the alert rules, and the deploy tests: manifests decoded
 ## into Kubernetes types, PromQL against the exported metrics, a real
 ## Prometheus firing an alert on a real server
-chart-test: $(HELM) build
+chart-test: $(HELM) $(HELM_COMPAT) build
 	$(HELM) lint --strict deploy/helm/stepserve
+	$(HELM_COMPAT) lint --strict deploy/helm/stepserve
+	$(HELM_COMPAT) template stepserve deploy/helm/stepserve >/dev/null
 	promtool check rules deploy/helm/stepserve/files/stepserve-rules.yaml
 	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
 	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 -timeout 10m ./...

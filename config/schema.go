@@ -74,10 +74,14 @@ func intKind(lo, hi int) kind {
 	return kind{"integer", map[string]any{"anyOf": []any{s, map[string]any{"type": "string", "pattern": `^[-+]?[0-9]+$`}}}}
 }
 
-// boolKind is a boolean, or what strconv.ParseBool reads.
+// boolKind is a boolean, or what strconv.ParseBool reads: the strings, and
+// the integers 0 and 1. The strings and the integers are separate enums:
+// Helm 3.19's schema validator refuses one enum holding both "0" and 0
+// (it takes them for duplicate items).
 var boolKind = kind{"boolean", map[string]any{"anyOf": []any{
 	map[string]any{"type": "boolean"},
-	map[string]any{"enum": []any{"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False", 0, 1}},
+	map[string]any{"type": "string", "enum": []any{"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"}},
+	map[string]any{"type": "integer", "enum": []any{0, 1}},
 }}}
 
 func enumKind(words ...string) kind {
