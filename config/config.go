@@ -238,7 +238,7 @@ var keys = []key{
 	{"auth.repository.token", "", "bearer token required by the repository API", nil, stringKind("token", 0)},
 	{"auth.repository.token_file", "", "file of bearer tokens (one per line) for the repository API; re-read on SIGHUP",
 		tokensOf("auth.repository", func(c *Config) (*[]string, *tokenSource) { return &c.Auth.RepositoryTokens, &c.Auth.repository }), stringKind("path", 0)},
-	{"auth.repository.allow_anonymous", "false", "with model control on and an inference token, leave the repository API without a token on purpose",
+	{"auth.repository.allow_anonymous", "false", "with an inference token, leave the repository API (with model control on) and the administrator's endpoints (logging, trace) without a token on purpose",
 		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
 		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false"), boolKind},

@@ -111,6 +111,32 @@ func indexAuth(modelControl bool, repository, inference *tokens) func(http.Handl
 	}
 }
 
+// adminClosed reports whether the administrator's endpoints have no token
+// of their own while inference has one, and were not left open on
+// purpose (auth.repository.allow_anonymous): they are never more open
+// than inference, so they are closed.
+func (s *Server) adminClosed() bool {
+	return !s.opts.RepositoryAnonymous && len(*s.repositoryTokens.digests.Load()) == 0 && len(*s.inferenceTokens.digests.Load()) > 0
+}
+
+// adminClosedMsg says why, and what opens them.
+const adminClosedMsg = "the administrator's endpoints (logging, trace settings and files) need a token while inference has one: " +
+	"set auth.repository.token or auth.repository.token_file, or auth.repository.allow_anonymous: true to leave them open on purpose"
+
+// adminAuth guards the administrator's endpoints: the repository tokens,
+// or closed (403) while only inference has tokens ([Server.adminClosed]).
+// Tokens are read at each request, so that a SIGHUP reload applies.
+func (s *Server) adminAuth(next http.Handler) http.Handler {
+	viaRepo := bearer(s.repositoryTokens)(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.adminClosed() {
+			writeError(w, http.StatusForbidden, adminClosedMsg)
+			return
+		}
+		viaRepo.ServeHTTP(w, r)
+	})
+}
+
 // bearerToken is the token of an Authorization header of the Bearer scheme,
 // whose name is case-insensitive (RFC 9110, section 11.1).
 func bearerToken(h string) (string, bool) {

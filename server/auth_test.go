@@ -2,12 +2,21 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stepserve/stepserve/internal/trace"
+	pb "github.com/stepserve/stepserve/server/inferencepb"
 )
 
 func TestBearerScheme(t *testing.T) {
@@ -104,4 +113,76 @@ func TestSetTokensTurningAuthenticationOff(t *testing.T) {
 	assert.Equal(t, 200, do(t, s, "GET", "/v2/models/summax", nil).Code)
 	assert.Contains(t, log.String(), `level=WARN msg="bearer tokens reloaded" scope=auth.inference tokens=0 added=0 removed=1`)
 	assert.Contains(t, log.String(), `level=INFO msg="bearer tokens reloaded" scope=auth.repository tokens=0 added=0 removed=0`)
+}
+
+// The administrator's endpoints are never more open than inference: with
+// an inference token and no repository token they are closed (403 over
+// HTTP, PERMISSION_DENIED over gRPC) unless left open on purpose; with a
+// repository token they take it; with no token anywhere they are open as
+// inference is.
+func TestAdminEndpointsAreNeverMoreOpenThanInference(t *testing.T) {
+	const inferTok, repoTok = "infer-token-0123456789", "repo-token-0123456789"
+	admin := []struct{ method, path string }{
+		{"GET", "/v2/logging"}, {"POST", "/v2/logging"},
+		{"GET", "/v2/trace/setting"}, {"POST", "/v2/trace/setting"},
+		{"GET", "/v2/models/summax/trace/setting"},
+		{"GET", "/v2/trace/files"}, {"GET", "/v2/trace/files/x.json"},
+	}
+	for _, tc := range []struct {
+		name       string
+		opts       Options
+		token      string
+		httpStatus int
+		grpcCode   codes.Code
+	}{
+		{"inference token only", Options{InferenceTokens: []string{inferTok}}, inferTok, http.StatusForbidden, codes.PermissionDenied},
+		{"inference token only, left open on purpose", Options{InferenceTokens: []string{inferTok}, RepositoryAnonymous: true}, "", 0, codes.OK},
+		{"a repository token", Options{InferenceTokens: []string{inferTok}, RepositoryTokens: []string{repoTok}}, inferTok, http.StatusUnauthorized, codes.Unauthenticated},
+		{"no token anywhere", Options{}, "", 0, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := tc.opts
+			opts.Models = newSumMax(t).set
+			opts.LogLevel = new(slog.LevelVar)
+			opts.Tracer = trace.New(trace.Options{Dir: t.TempDir()})
+			s, err := New(opts)
+			require.NoError(t, err)
+			for _, a := range admin {
+				body := []byte(nil)
+				if a.method == "POST" {
+					body = []byte(`{}`)
+				}
+				req := httptest.NewRequest(a.method, a.path, bytes.NewReader(body))
+				if tc.token != "" {
+					req.Header.Set("Authorization", "Bearer "+tc.token)
+				}
+				w := httptest.NewRecorder()
+				s.ServeHTTP(w, req)
+				if tc.httpStatus != 0 {
+					assert.Equal(t, tc.httpStatus, w.Code, "%s %s", a.method, a.path)
+				} else {
+					assert.NotContains(t, []int{http.StatusUnauthorized, http.StatusForbidden}, w.Code, "%s %s: open", a.method, a.path)
+				}
+				if tc.httpStatus == http.StatusForbidden {
+					assert.Contains(t, w.Body.String(), "auth.repository.allow_anonymous")
+				}
+			}
+			// And its own token opens them where there is one.
+			if len(tc.opts.RepositoryTokens) > 0 {
+				req := httptest.NewRequest("GET", "/v2/logging", nil)
+				req.Header.Set("Authorization", "Bearer "+repoTok)
+				w := httptest.NewRecorder()
+				s.ServeHTTP(w, req)
+				assert.Equal(t, http.StatusOK, w.Code)
+			}
+
+			c, _ := grpcClients(t, s)
+			ctx := context.Background()
+			if tc.token != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tc.token)
+			}
+			_, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{})
+			assert.Equal(t, tc.grpcCode, status.Code(err), "TraceSetting: %v", err)
+		})
+	}
 }

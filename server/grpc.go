@@ -252,6 +252,9 @@ func grpcAuthorize(ctx context.Context, t *tokens) error {
 }
 
 func (s *Server) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName && s.adminClosed() {
+		return nil, status.Error(codes.PermissionDenied, adminClosedMsg)
+	}
 	if err := grpcAuthorize(ctx, s.grpcScope(info.FullMethod)); err != nil {
 		return nil, err
 	}

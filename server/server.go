@@ -106,6 +106,11 @@ type Options struct {
 	// [Server.SetTokens] replaces them.
 	InferenceTokens  []string
 	RepositoryTokens []string
+	// RepositoryAnonymous leaves the administrator's endpoints (the
+	// repository API, logging, trace settings and files) open on purpose
+	// while inference has tokens and they have none; without it they are
+	// closed then (adminAuth).
+	RepositoryAnonymous bool
 	// LogLevel is the level of the log Logger writes to, which the
 	// logging extension (POST /v2/logging) changes at run time; nil leaves
 	// the extension off. LogFormat is that log's format (text or json),
@@ -225,7 +230,7 @@ func New(opts Options) (*Server, error) {
 	r.Method(http.MethodPost, "/v2/repository/index", index)
 	r.Method(http.MethodGet, "/v2/repository/index", index)
 	r.Group(func(r chi.Router) {
-		r.Use(bearer(s.repositoryTokens)) // an administrator's, as the repository API
+		r.Use(s.adminAuth) // an administrator's, as the repository API
 		r.Get("/v2/logging", api(s.loggingSettings))
 		r.Post("/v2/logging", api(s.loggingSettings))
 		if opts.Tracer == nil {
