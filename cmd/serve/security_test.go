@@ -75,3 +75,25 @@ func TestWeakTokensAreRefused(t *testing.T) {
 		assert.NotContains(t, out, "has a space", "a token is never echoed")
 	}
 }
+
+// TestAdminEndpointsClosedWithOnlyAnInferenceToken: a server started with
+// an inference token and no repository token (model control off, so it
+// starts) keeps the administrator's endpoints closed, with or without the
+// inference token: nobody turns its logging off, sets tracing or reads the
+// trace files, which hold other clients' request ids.
+func TestAdminEndpointsClosedWithOnlyAnInferenceToken(t *testing.T) {
+	const tok = "infer-token-0123456789"
+	p := start(t, "--auth.inference.token", tok, "--trace.dir", t.TempDir())
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v2/logging", ""},
+		{"POST", "/v2/logging", `{"log_verbose_level":0,"log_info":false}`},
+		{"GET", "/v2/trace/setting", ""},
+		{"POST", "/v2/trace/setting", `{"trace_level":["TIMESTAMPS"],"trace_rate":"1","trace_count":"-1"}`},
+		{"GET", "/v2/trace/files", ""},
+	} {
+		for _, token := range []string{"", tok} {
+			assert.Equal(t, 403, do(t, c.method, p.base+c.path, token, c.body), "%s %s, token %q", c.method, c.path, token)
+		}
+	}
+	assert.Equal(t, 200, do(t, "POST", p.base+"/v2/models/digits/infer", tok, string(jsonRequest("a", heldout(t)[:1]))), "inference is served")
+}
