@@ -77,6 +77,10 @@ type Server struct {
 	GRPCAddr string
 	// EnableModelControl turns on the repository API (load, unload).
 	EnableModelControl bool
+	// StrictReadiness: /v2/health/ready is 200 only when every model is
+	// ready, a model that failed at start included; false: once the
+	// server is up.
+	StrictReadiness bool
 	// MaxConnections bounds the open connections on Addr; 0 leaves the
 	// bound to the descriptor limit (see server.ConnectionCap).
 	MaxConnections int
@@ -169,6 +173,9 @@ type Models struct {
 	MaxModelBytes int64
 	// LoadTimeout bounds one model's load.
 	LoadTimeout time.Duration
+	// ExitOnError stops the server at start when any model fails to load
+	// or warm up, naming every one that failed; false serves the others.
+	ExitOnError bool
 }
 
 // Log configures the server log.
@@ -242,6 +249,8 @@ var keys = []key{
 		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
 		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false"), boolKind},
+	{"server.strict_readiness", "true", "/v2/health/ready (and gRPC ServerReady) answer ready only when every model is ready, one that failed at start included (Triton's --strict-readiness); false: ready once the server is up, whatever its models",
+		value(func(c *Config) *bool { return &c.Server.StrictReadiness }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey, durationKind(true)},
 	{"batching.max_batch_elements", strconv.Itoa(defaultPolicy.MaxBatchElements), "default for models: a batch takes no more requests once it holds this many input elements (0: only the largest bucket bounds it)", policyKey, intKind(0, 0)},
 	{"batching.max_queue_size", strconv.Itoa(defaultPolicy.MaxQueueSize), "default for models: queued requests before new ones get 503", policyKey, intKind(1, 0)},
@@ -276,6 +285,8 @@ var keys = []key{
 		value(func(c *Config) *int64 { return &c.Models.MaxModelBytes }, parseAutoBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "auto, or a size of at least 1MiB (64MiB, 4GiB)"), autoSizeKind(1 << 20)},
 	{"models.load_timeout", "10m", "how long one model's load (reading, loading, warm-up) may take before it fails",
 		value(func(c *Config) *time.Duration { return &c.Models.LoadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10m"), durationKind(false)},
+	{"models.exit_on_error", "true", "at start, stop when any model fails to load or warm up, naming every one that failed (Triton's --exit-on-error); false: serve the models that loaded, the repository index listing the others UNAVAILABLE with their reasons",
+		value(func(c *Config) *bool { return &c.Models.ExitOnError }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"log.level", "info", "log level: debug, info, warn or error",
 		value(func(c *Config) *slog.Level { return &c.Log.Level }, parseLevel, anything, "debug, info, warn or error"), levelKind},
 	{"log.format", "text", "log format: text or json",

@@ -29,6 +29,7 @@ func TestDefaults(t *testing.T) {
 	assert.Zero(t, c.Server.MaxInflightBytes, "0: the server takes half the memory limit it finds")
 	assert.Equal(t, 30*time.Second, c.Server.ShutdownGrace)
 	assert.Equal(t, 10*time.Second, c.Server.ReadHeaderTimeout)
+	assert.True(t, c.Server.StrictReadiness, "as Triton: ready when every model is")
 	assert.Equal(t, dir, c.ModelRepository)
 	assert.Equal(t, slog.LevelInfo, c.Log.Level)
 	assert.Equal(t, "text", c.Log.Format)
@@ -36,7 +37,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, 1024, c.Batching.MaxQueueSize)
 	assert.Zero(t, c.Batching.DefaultTimeout)
 	assert.Equal(t, 1, c.Batching.PriorityLevels)
-	assert.Equal(t, Models{MaxModelBytes: 0, LoadTimeout: 10 * time.Minute}, c.Models, "auto: the model set takes half the memory limit")
+	assert.Equal(t, Models{MaxModelBytes: 0, LoadTimeout: 10 * time.Minute, ExitOnError: true}, c.Models, "auto: the model set takes half the memory limit")
 }
 
 func TestModelLimits(t *testing.T) {
@@ -44,7 +45,11 @@ func TestModelLimits(t *testing.T) {
 	t.Setenv("STEPSERVE_MODELS_MAX_MODEL_BYTES", "4GiB")
 	c, err := Load([]string{"--model_repository", dir, "--models.load_timeout", "90s"})
 	require.NoError(t, err)
-	assert.Equal(t, Models{MaxModelBytes: 4 << 30, LoadTimeout: 90 * time.Second}, c.Models)
+	assert.Equal(t, Models{MaxModelBytes: 4 << 30, LoadTimeout: 90 * time.Second, ExitOnError: true}, c.Models)
+	c, err = Load([]string{"--model_repository", dir, "--models.exit_on_error=false", "--server.strict_readiness=false"})
+	require.NoError(t, err)
+	assert.False(t, c.Models.ExitOnError)
+	assert.False(t, c.Server.StrictReadiness)
 	for _, tc := range []struct {
 		args []string
 		want string

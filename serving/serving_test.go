@@ -605,3 +605,51 @@ func TestUnavailableEngineAtStartServesOnFailover(t *testing.T) {
 	w = newWorld(t, []string{"a"}, func(o *Options) { o.Engines["dev"] = Engine{Engine: downEngine{}} })
 	assert.ErrorIs(t, w.set.LoadAll(context.Background()), engine.ErrUnavailable)
 }
+
+// breakModel writes a model.yaml no loader takes into name's directory.
+func breakModel(t *testing.T, w *world, name string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(w.repo, name, models.ConfigFile), []byte("architecture: nonsense\n"), 0o644))
+}
+
+// At start, a bad model stops the load naming every model that failed
+// (models.exit_on_error, Triton's default); with KeepGoing the others are
+// served, the failed ones listed UNAVAILABLE with their reasons, and
+// strict readiness waits for them until they load.
+func TestStartWithBadModels(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, []string{"a", "b", "c"})
+	breakModel(t, w, "b")
+	breakModel(t, w, "c")
+	err := w.set.LoadAll(ctx)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "2 of 3 models failed to load")
+	assert.ErrorContains(t, err, "model b:")
+	assert.ErrorContains(t, err, "model c:", "every failed model is named, not only the first")
+
+	for _, strict := range []bool{true, false} {
+		w := newWorld(t, []string{"a", "b", "c"}, func(o *Options) { o.KeepGoing, o.StrictReadiness = true, strict })
+		breakModel(t, w, "b")
+		require.NoError(t, w.set.LoadAll(ctx))
+		require.NoError(t, w.set.Warmup(ctx))
+		_, err := infer(ctx, w.set, "a", 1, 2, 3)
+		require.NoError(t, err, "the good model is served")
+		index, err := w.set.Index(ctx)
+		require.NoError(t, err)
+		require.Len(t, index, 3)
+		assert.Equal(t, "READY", index[0].State)
+		assert.Equal(t, "UNAVAILABLE", index[1].State)
+		assert.Contains(t, index[1].Reason, "invalid model.yaml", "the reason is listed")
+		ready, which := w.set.Ready()
+		if strict {
+			assert.False(t, ready, "strict: a model that failed at start is not ready")
+			assert.Equal(t, "b", which)
+			require.NoError(t, enginetest.WriteSumMax(filepath.Join(w.repo, "b")))
+			require.NoError(t, w.set.Load(ctx, "b"))
+			ready, _ = w.set.Ready()
+			assert.True(t, ready, "ready once it loads")
+		} else {
+			assert.True(t, ready, "not strict: ready with the models it has")
+		}
+	}
+}

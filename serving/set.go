@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -65,6 +66,14 @@ type Options struct {
 	// LoadTimeout bounds one model's load: reading, loading on its
 	// engines and, through [Set.Load], warming up. 0 means 10 minutes.
 	LoadTimeout time.Duration
+	// KeepGoing serves the models that load and warm up at start and
+	// leaves the others unserved, each listed UNAVAILABLE with its reason
+	// (models.exit_on_error false); without it, [Set.LoadAll] and
+	// [Set.Warmup] fail on any model, LoadAll naming every one that failed.
+	KeepGoing bool
+	// StrictReadiness makes [Set.Ready] false while a model that failed
+	// at start (with KeepGoing) is not served (server.strict_readiness).
+	StrictReadiness bool
 
 	// StepMetrics and BatchMetrics record every model's steps and queues;
 	// nil records nothing. The set deletes a model's series on unload.
@@ -88,6 +97,9 @@ type Set struct {
 	mu     sync.RWMutex
 	served map[string]*Model
 	failed map[string]string // why a model last failed to load
+	// startFailed are the models that failed at start, until one of them
+	// loads.
+	startFailed map[string]bool
 
 	// changing holds a token while a load or an unload runs: one at a
 	// time, and one waiting gives up when its context ends.
@@ -114,7 +126,7 @@ func New(opts Options) (*Set, error) {
 	if err := opts.Batching.Validate(); err != nil {
 		return nil, fmt.Errorf("serving: batching defaults: %w", err)
 	}
-	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{},
+	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{}, startFailed: map[string]bool{},
 		changing: make(chan struct{}, 1), limit: newModelLimit(opts.MaxModelBytes)}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	if s.logger == nil {
@@ -164,13 +176,22 @@ func (s *Set) Ready() (bool, string) {
 			return false, m.model.Name
 		}
 	}
+	if s.opts.StrictReadiness {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		if len(s.startFailed) > 0 {
+			return false, slices.Sorted(maps.Keys(s.startFailed))[0]
+		}
+	}
 	return true, ""
 }
 
 // LoadAll loads every model of the repository onto its engine, without
 // warming it up: a server answers liveness while [Set.Warmup] compiles.
-// One bad model fails the whole load, so that a server never starts with
-// part of what it was asked to serve. Each model is checked and bounded as
+// A bad model fails the whole load, naming every model that failed, so
+// that a server never starts with part of what it was asked to serve;
+// with KeepGoing the others are served and the failed ones listed
+// UNAVAILABLE with their reasons. Each model is checked and bounded as
 // [Set.Load] does. It honours ctx.
 func (s *Set) LoadAll(ctx context.Context) error {
 	names, err := models.List(s.opts.Repository)
@@ -180,20 +201,39 @@ func (s *Set) LoadAll(ctx context.Context) error {
 	if len(names) == 0 {
 		return fmt.Errorf("models: repository %s holds no model (no <name>/%s)", s.opts.Repository, models.ConfigFile)
 	}
+	var failed []error
 	for _, name := range names {
 		err := s.add(ctx, name)
-		if errors.Is(err, ErrEngineUnavailable) {
+		switch {
+		case errors.Is(err, ErrEngineUnavailable):
 			s.logger.Warn("model skipped: its engine cannot run on this machine", "model", name, "err", err)
 			s.mu.Lock()
 			s.failed[name] = err.Error()
 			s.mu.Unlock()
-			continue
-		}
-		if err != nil {
+		case err != nil && (ctx.Err() != nil || s.stopping.Err() != nil):
 			return fmt.Errorf("model repository %s: %w", s.opts.Repository, err)
+		case err != nil:
+			failed = append(failed, s.startFailure(name, err))
 		}
 	}
+	if len(failed) > 0 && !s.opts.KeepGoing {
+		return fmt.Errorf("model repository %s: %d of %d models failed to load (models.exit_on_error: false serves the others):\n%w",
+			s.opts.Repository, len(failed), len(names), errors.Join(failed...))
+	}
 	return nil
+}
+
+// startFailure records that name failed at start, and returns err naming
+// it; with KeepGoing it is logged, and the set serves on without it.
+func (s *Set) startFailure(name string, err error) error {
+	s.mu.Lock()
+	s.failed[name] = err.Error()
+	s.startFailed[name] = true
+	s.mu.Unlock()
+	if s.opts.KeepGoing {
+		s.logger.Error("model failed at start; serving the others (models.exit_on_error false)", "model", name, "err", err)
+	}
+	return fmt.Errorf("model %s: %w", name, err)
 }
 
 // add reads name and serves it, not yet warmed up (not ready). It
@@ -227,9 +267,25 @@ func (s *Set) Warmup(ctx context.Context) error {
 	ctx, cancel := s.untilStopping(ctx)
 	defer cancel()
 	for _, m := range s.Models() {
-		if err := s.warmup(ctx, m); err != nil {
+		err := s.warmup(ctx, m)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil || !s.opts.KeepGoing {
 			return err
 		}
+		// Served no more: listed UNAVAILABLE with why; the others go on.
+		name := m.model.Name
+		s.mu.Lock()
+		cur, ok := s.served[name]
+		if ok && cur == m {
+			delete(s.served, name)
+		}
+		s.mu.Unlock()
+		if ok && cur == m {
+			s.retire(m, true)
+		}
+		s.startFailure(name, err)
 	}
 	return nil
 }
@@ -359,6 +415,9 @@ func (s *Set) LoadWith(ctx context.Context, name string, override Override) erro
 		}
 		return fmt.Errorf("%w: %w", ErrBadModel, err)
 	}
+	s.mu.Lock()
+	delete(s.startFailed, name) // loaded at last: ready again, where it was all that was missing
+	s.mu.Unlock()
 	return nil
 }
 

@@ -95,18 +95,20 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		return err
 	}
 	set, err := serving.New(serving.Options{
-		Repository:    cfg.ModelRepository,
-		Engines:       engines(cfg, logger, reg),
-		DefaultEngine: cfg.Engine.Default,
-		Failover:      failoverEngine(cfg.Engine.Failover),
-		Batching:      cfg.Batching,
-		DrainGrace:    cfg.Server.ShutdownGrace,
-		MaxModelBytes: cfg.Models.MaxModelBytes,
-		LoadTimeout:   cfg.Models.LoadTimeout,
-		StepMetrics:   stepMetrics,
-		BatchMetrics:  batchMetrics,
-		Registerer:    reg,
-		Logger:        logger,
+		Repository:      cfg.ModelRepository,
+		Engines:         engines(cfg, logger, reg),
+		DefaultEngine:   cfg.Engine.Default,
+		Failover:        failoverEngine(cfg.Engine.Failover),
+		Batching:        cfg.Batching,
+		DrainGrace:      cfg.Server.ShutdownGrace,
+		MaxModelBytes:   cfg.Models.MaxModelBytes,
+		LoadTimeout:     cfg.Models.LoadTimeout,
+		KeepGoing:       !cfg.Models.ExitOnError,
+		StrictReadiness: cfg.Server.StrictReadiness,
+		StepMetrics:     stepMetrics,
+		BatchMetrics:    batchMetrics,
+		Registerer:      reg,
+		Logger:          logger,
 	})
 	if err != nil {
 		return err
