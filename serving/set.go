@@ -233,6 +233,9 @@ func (s *Set) startFailure(name string, err error) error {
 	if s.opts.KeepGoing {
 		s.logger.Error("model failed at start; serving the others (models.exit_on_error false)", "model", name, "err", err)
 	}
+	if strings.HasPrefix(err.Error(), "model "+name+":") {
+		return err // it names the model already
+	}
 	return fmt.Errorf("model %s: %w", name, err)
 }
 
