@@ -482,13 +482,10 @@ func (s *Server) logFailure(ctx context.Context, model string, st int, err error
 
 // rawInfer is a ModelInfer message as it arrived, before decoding: the
 // handler bounds and charges what it decodes to first (grpc_limits.go).
-type rawInfer struct {
-	buf  mem.Buffer
-	done bool
-}
+type rawInfer struct{ buf mem.Buffer }
 
 func (r *rawInfer) bytes() []byte {
-	if r.buf == nil || r.done {
+	if r.buf == nil {
 		return nil
 	}
 	return r.buf.ReadOnlyData()
@@ -496,9 +493,9 @@ func (r *rawInfer) bytes() []byte {
 
 // free gives the message's buffer back to gRPC's pool, once.
 func (r *rawInfer) free() {
-	if r.buf != nil && !r.done {
-		r.done = true
+	if r.buf != nil {
 		r.buf.Free()
+		r.buf = nil
 	}
 }
 
@@ -509,7 +506,7 @@ type grpcCodec struct{ encoding.CodecV2 }
 func (c grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawInfer); ok {
 		r.free() // a second message on a unary call replaces the first
-		r.buf, r.done = data.MaterializeToBuffer(mem.DefaultBufferPool()), false
+		r.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
 		return nil
 	}
 	return c.CodecV2.Unmarshal(data, v)

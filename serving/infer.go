@@ -101,7 +101,7 @@ func (r *Result) Tokens() int {
 func (m *Model) Infer(ctx context.Context, req *Request) (*Model, *Result, error) {
 	res, err := m.infer(ctx, req)
 	if errors.Is(err, batching.ErrDraining) {
-		if cur := m.current(); cur != m && sameSignature(cur.model, m.model) {
+		if cur := m.Current(); cur != m && sameSignature(cur.model, m.model) {
 			m = cur
 			res, err = m.infer(ctx, req)
 		}
@@ -124,9 +124,9 @@ func (m *Model) submit(ctx context.Context, r *steps.Request, p batching.Params)
 	return m.batcher.Submit(ctx, r, p)
 }
 
-// current is the model served now under m's name and version: m, unless a
+// Current is the model served now under m's name and version: m, unless a
 // reload replaced it.
-func (m *Model) current() *Model {
+func (m *Model) Current() *Model {
 	if m.set == nil {
 		return m
 	}
@@ -136,10 +136,6 @@ func (m *Model) current() *Model {
 	}
 	return cur
 }
-
-// Current is the model served now under m's name and version: m, unless a
-// reload replaced it.
-func (m *Model) Current() *Model { return m.current() }
 
 // sameSignature reports whether a request decoded for a's inputs and
 // outputs fits b.

@@ -83,11 +83,7 @@ func TestEncoderFamiliesMatchTorch(t *testing.T) {
 			m, ref := loadFamily(t, name)
 			grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
 			require.NoError(t, err)
-			prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
-			require.NoError(t, err)
-			defer prog.Close()
-			runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
-			require.NoError(t, err)
+			runner := runnerFor(t, m, grid)
 			_, err = runner.Warmup(context.Background())
 			require.NoError(t, err)
 

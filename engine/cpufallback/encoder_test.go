@@ -70,6 +70,39 @@ func embedding(r *steps.Request) []float64 {
 	return out
 }
 
+// runnerFor loads m on the CPU engine for grid's buckets and returns a
+// runner over it; the program is closed when the test ends.
+func runnerFor(t testing.TB, m *models.Model, grid *bucketing.Grid) *steps.Runner {
+	t.Helper()
+	prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
+	require.NoError(t, err)
+	t.Cleanup(func() { prog.Close() })
+	return runnerOver(t, m, prog, grid)
+}
+
+func runnerOver(t testing.TB, m *models.Model, prog engine.Program, grid *bucketing.Grid) *steps.Runner {
+	t.Helper()
+	runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
+	require.NoError(t, err)
+	return runner
+}
+
+// goldenEmbeddings runs every golden case in one step and returns their
+// pooled embeddings, in order.
+func goldenEmbeddings(t testing.TB, runner *steps.Runner, m *models.Model, ref reference) [][]float64 {
+	t.Helper()
+	var batch []*steps.Request
+	for _, c := range ref.Cases {
+		batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, m.Encoder.Config.Hidden))
+	}
+	require.NoError(t, runner.Run(context.Background(), batch))
+	out := make([][]float64, len(batch))
+	for i, r := range batch {
+		out[i] = embedding(r)
+	}
+	return out
+}
+
 func maxAbsDiff(a, b []float64) float64 {
 	d := 0.0
 	for i := range a {
@@ -228,17 +261,10 @@ func TestEncoderBFloat16(t *testing.T) {
 		t.Skipf("refused as it should be on this CPU or build: %v", err)
 	}
 	defer prog.Close()
-	runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
-	require.NoError(t, err)
-	H := m.Encoder.Config.Hidden
-	var batch []*steps.Request
-	for _, c := range ref.Cases {
-		batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, H))
-	}
-	require.NoError(t, runner.Run(context.Background(), batch))
+	embeddings := goldenEmbeddings(t, runnerOver(t, m, prog, grid), m, ref)
 	worst, worstAbs := 1.0, 0.0
 	for i, c := range ref.Cases {
-		got := embedding(batch[i])
+		got := embeddings[i]
 		cos := cosine(got, c.Mean)
 		worst = math.Min(worst, cos)
 		worstAbs = math.Max(worstAbs, maxAbsDiff(got, c.Mean))

@@ -58,20 +58,10 @@ func TestEveryKernelSetMatchesTorch(t *testing.T) {
 			}
 			grid, err := bucketing.NewGrid([]int{1, 4}, []int{64})
 			require.NoError(t, err)
-			prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
-			require.NoError(t, err)
-			defer prog.Close()
-			runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
-			require.NoError(t, err)
-			H := m.Encoder.Config.Hidden
-			var batch []*steps.Request
-			for _, c := range ref.Cases {
-				batch = append(batch, encodeRequest(c.InputIDs, c.TokenTypeIDs, H))
-			}
-			require.NoError(t, runner.Run(context.Background(), batch))
+			embeddings := goldenEmbeddings(t, runnerFor(t, m, grid), m, ref)
 			worst, minCos := 0.0, 1.0
 			for i, c := range ref.Cases {
-				got := embedding(batch[i])
+				got := embeddings[i]
 				worst = math.Max(worst, maxAbsDiff(got, c.Mean))
 				minCos = math.Min(minCos, cosine(got, c.Mean))
 				if bf16 {
@@ -88,10 +78,7 @@ func TestEveryKernelSetMatchesTorch(t *testing.T) {
 				}
 				grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, m.Config.Buckets.Seq)
 				require.NoError(t, err)
-				prog, err := cpufallback.Engine{}.Load(context.Background(), m, grid.Shapes())
-				require.NoError(t, err)
-				runner, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid})
-				require.NoError(t, err)
+				runner := runnerFor(t, m, grid)
 				width, pad := m.Config.Encoder.OutputWidth(), int64(m.Config.Encoder.PadID())
 				worst, minCos := 0.0, 1.0
 				for i, c := range ref.Cases {
@@ -112,7 +99,6 @@ func TestEveryKernelSetMatchesTorch(t *testing.T) {
 						assert.Less(t, d, bf16MaxScoreError, "%s: sequence %d, its one score", family, i)
 					}
 				}
-				prog.Close()
 				t.Logf("%s: max abs error vs torch %.2e, cosine 1 - %.1e at least", family, worst, 1-minCos)
 			}
 		})
