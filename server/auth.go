@@ -115,7 +115,7 @@ func indexAuth(modelControl bool, repository, inference *tokens) func(http.Handl
 // of their own while inference has one, and were not left open on
 // purpose (auth.repository.allow_anonymous): they are never more open
 // than inference, so they are closed.
-func (s *Server) adminClosed() bool {
+func (s *Core) adminClosed() bool {
 	return !s.opts.RepositoryAnonymous && len(*s.repositoryTokens.digests.Load()) == 0 && len(*s.inferenceTokens.digests.Load()) > 0
 }
 
@@ -126,7 +126,7 @@ const adminClosedMsg = "the administrator's endpoints (logging, trace settings a
 // adminAuth guards the administrator's endpoints: the repository tokens,
 // or closed (403) while only inference has tokens ([Server.adminClosed]).
 // Tokens are read at each request, so that a SIGHUP reload applies.
-func (s *Server) adminAuth(next http.Handler) http.Handler {
+func (s *Core) adminAuth(next http.Handler) http.Handler {
 	viaRepo := bearer(s.repositoryTokens)(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.adminClosed() {

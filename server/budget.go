@@ -205,7 +205,7 @@ func footprintOf(m *models.Model, req *inferRequest, inputs int64, seq int) foot
 
 // admit checks a parsed request's footprint against the response limit
 // and takes its memory from the in-flight budget, on top of its body's.
-func (s *Server) admit(ctx context.Context, ch *charge, f footprint) error {
+func (s *Core) admit(ctx context.Context, ch *charge, f footprint) error {
 	if f.response() > s.opts.MaxResponseBytes {
 		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
 		if f.json > f.binary && !f.protobuf {

@@ -49,7 +49,7 @@ const grpcMaxStreams = 1024
 // grpcServer is the GRPCInferenceService of a [Server].
 type grpcServer struct {
 	inferencepb.UnimplementedGRPCInferenceServiceServer
-	s      *Server
+	s      *grpcAPI
 	health *grpcHealth
 }
 
@@ -64,14 +64,14 @@ type grpcState struct {
 // the health service, with s's limits, tokens and metrics. Requests over
 // gRPC are counted with protocol="grpc" from now on. Serve it with
 // [Server.ServeGRPC], or on a listener of the caller's own (tests).
-func (s *Server) GRPCServer() *grpc.Server {
-	s.grpc.mu.Lock()
-	defer s.grpc.mu.Unlock()
-	if s.grpc.server != nil {
-		return s.grpc.server
+func (s *grpcAPI) grpcServer() *grpc.Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.server != nil {
+		return s.server
 	}
 	s.metrics.serve(protocolGRPC)
-	h := newGRPCHealth(s)
+	h := newGRPCHealth(s.Core)
 	gs := grpc.NewServer(
 		// A message is a request body: the same bound.
 		grpc.MaxRecvMsgSize(int(min(s.opts.MaxBodyBytes, 1<<31-1))),
@@ -87,24 +87,24 @@ func (s *Server) GRPCServer() *grpc.Server {
 	)
 	gs.RegisterService(grpcServiceDesc(), &grpcServer{s: s, health: h})
 	healthpb.RegisterHealthServer(gs, h)
-	s.grpc.server, s.grpc.health = gs, h
+	s.server, s.health = gs, h
 	return gs
 }
 
 // ServeGRPC serves the gRPC API on ln until [Server.StopGRPC]; it returns
 // as [grpc.Server.Serve] does.
-func (s *Server) ServeGRPC(ln net.Listener) error {
-	return s.GRPCServer().Serve(ln)
+func (s *grpcAPI) serve(ln net.Listener) error {
+	return s.grpcServer().Serve(ln)
 }
 
 // StopGRPC stops the gRPC API gracefully: the health service answers
 // NOT_SERVING, new streams are refused, and requests in flight are
 // answered. When ctx ends first, the connections are closed. It does
 // nothing when the gRPC API is not served.
-func (s *Server) StopGRPC(ctx context.Context) {
-	s.grpc.mu.Lock()
-	gs, h := s.grpc.server, s.grpc.health
-	s.grpc.mu.Unlock()
+func (s *grpcAPI) stop(ctx context.Context) {
+	s.mu.Lock()
+	gs, h := s.server, s.health
+	s.mu.Unlock()
 	if gs == nil {
 		return
 	}
@@ -130,7 +130,7 @@ func (s *Server) StopGRPC(ctx context.Context) {
 // shutdown, so that it does not hold the graceful stop.
 type grpcHealth struct {
 	*health.Server
-	s    *Server
+	s    *Core
 	stop chan struct{} // closed at shutdown
 	mu   sync.Mutex
 	down bool
@@ -139,7 +139,7 @@ type grpcHealth struct {
 // grpcHealthReady are the services whose status is the server's readiness.
 var grpcHealthReady = []string{"", inferencepb.GRPCInferenceService_ServiceDesc.ServiceName, "ready"}
 
-func newGRPCHealth(s *Server) *grpcHealth {
+func newGRPCHealth(s *Core) *grpcHealth {
 	h := &grpcHealth{Server: health.NewServer(), s: s, stop: make(chan struct{})}
 	h.SetServingStatus("live", healthpb.HealthCheckResponse_SERVING)
 	h.refresh()
@@ -216,7 +216,7 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 // scope's for the service's other RPCs, none
 // for ServerLive, ServerReady, ServerMetadata and health, which are open
 // as their HTTP endpoints are.
-func (s *Server) grpcScope(fullMethod string) *tokens {
+func (s *grpcAPI) grpcScope(fullMethod string) *tokens {
 	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || service != inferencepb.GRPCInferenceService_ServiceDesc.ServiceName {
 		return nil
@@ -251,7 +251,7 @@ func grpcAuthorize(ctx context.Context, t *tokens) error {
 	return nil
 }
 
-func (s *Server) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func (s *grpcAPI) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if info.FullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName && s.adminClosed() {
 		return nil, status.Error(codes.PermissionDenied, adminClosedMsg)
 	}
@@ -261,7 +261,7 @@ func (s *Server) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerIn
 	return handler(ctx, req)
 }
 
-func (s *Server) grpcAuthStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (s *grpcAPI) grpcAuthStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if err := grpcAuthorize(ss.Context(), s.grpcScope(info.FullMethod)); err != nil {
 		return err
 	}
@@ -270,17 +270,17 @@ func (s *Server) grpcAuthStream(srv any, ss grpc.ServerStream, info *grpc.Stream
 
 // grpcRecover answers a handler's panic with Internal, as net/http
 // survives one in an HTTP handler: the server keeps serving.
-func (s *Server) grpcRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+func (s *grpcAPI) grpcRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer s.recoverGRPC(info.FullMethod, &err)
 	return handler(ctx, req)
 }
 
-func (s *Server) grpcRecoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+func (s *grpcAPI) grpcRecoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 	defer s.recoverGRPC(info.FullMethod, &err)
 	return handler(srv, ss)
 }
 
-func (s *Server) recoverGRPC(method string, err *error) {
+func (s *grpcAPI) recoverGRPC(method string, err *error) {
 	if p := recover(); p != nil {
 		s.logger.Error("gRPC handler panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
 		*err = status.Error(codes.Internal, "internal error")
@@ -470,7 +470,7 @@ func (g *grpcServer) RepositoryModelUnload(ctx context.Context, r *inferencepb.R
 // logFailure logs a failed request as the HTTP path does: client errors,
 // timeouts and overload at debug (they are counted), the server's own
 // failures at error.
-func (s *Server) logFailure(ctx context.Context, model string, st int, err error) {
+func (s *grpcAPI) logFailure(ctx context.Context, model string, st int, err error) {
 	level := slog.LevelDebug
 	if st >= 500 && st != http.StatusServiceUnavailable && st != http.StatusGatewayTimeout {
 		level = slog.LevelError

@@ -161,7 +161,7 @@ func atDeadline(ctx context.Context) bool {
 
 // inferGRPC answers one gRPC inference request on m, charging what it
 // holds to ch.
-func (s *Server) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, decode protoDecoder) (_ *inferencepb.ModelInferResponse, r *inferencepb.ModelInferRequest, err error) {
+func (s *grpcAPI) inferGRPC(ctx context.Context, ch *charge, m *serving.Model, decode protoDecoder) (_ *inferencepb.ModelInferResponse, r *inferencepb.ModelInferRequest, err error) {
 	// The model's statistics, as the HTTP path feeds them: from the
 	// request's arrival (whole, for gRPC) to its answer built.
 	began := time.Now()

@@ -780,7 +780,7 @@ func BenchmarkGRPCInferRaw(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g := &grpcServer{s: s}
+	g := &grpcServer{s: s.grpc}
 	req := rawX([]int64{1, 3}, fp32(1.5, 2, 3))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -22,7 +22,7 @@ import (
 
 // tritonConfigJSON is model m's configuration in Triton's JSON form (GET
 // /v2/models/{m}/config).
-func tritonConfigJSON(s *Server, m *serving.Model) ([]byte, error) {
+func tritonConfigJSON(s *Core, m *serving.Model) ([]byte, error) {
 	return json.Marshal(tritonConfig(m))
 }
 
@@ -30,7 +30,7 @@ func tritonConfigJSON(s *Server, m *serving.Model) ([]byte, error) {
 // name is empty) in Triton's JSON form, {"model_stats": [...]} (GET
 // /v2/models[/{m}]/stats); its errors are the HTTP API's (unknown model:
 // 404).
-func tritonStatsJSON(s *Server, name, version string) ([]byte, error) {
+func tritonStatsJSON(s *Core, name, version string) ([]byte, error) {
 	ms, err := s.statsModels(name, version)
 	if err != nil {
 		return nil, err
@@ -53,7 +53,7 @@ func (g *grpcServer) ModelConfig(ctx context.Context, r *inferencepb.ModelConfig
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	doc, err := tritonConfigJSON(g.s, m)
+	doc, err := tritonConfigJSON(g.s.Core, m)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -70,7 +70,7 @@ func (g *grpcServer) ModelStatistics(ctx context.Context, r *inferencepb.ModelSt
 			return nil, grpcError(err)
 		}
 	}
-	doc, err := tritonStatsJSON(g.s, r.GetName(), r.GetVersion())
+	doc, err := tritonStatsJSON(g.s.Core, r.GetName(), r.GetVersion())
 	if err != nil {
 		return nil, grpcError(err)
 	}

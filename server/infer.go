@@ -32,11 +32,11 @@ var (
 	contentTypeOctets = []string{"application/octet-stream"}
 )
 
-func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
+func (s *oipAPI) infer(w http.ResponseWriter, r *http.Request) {
 	s.inferNamed(w, r, chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 }
 
-func (s *Server) inferNamed(w http.ResponseWriter, r *http.Request, model, version string) {
+func (s *oipAPI) inferNamed(w http.ResponseWriter, r *http.Request, model, version string) {
 	start := time.Now()
 	m, err := s.lookupName(model, version)
 	if err != nil {
@@ -63,7 +63,7 @@ type requestInfo struct {
 
 // logRequest logs one inference request: at info with log.requests, else
 // at debug (and nothing is built for a line nobody logs).
-func (s *Server) logRequest(ctx context.Context, protocol int, method, path, model string, status int, info requestInfo, bytes int64, took time.Duration) {
+func (s *Core) logRequest(ctx context.Context, protocol int, method, path, model string, status int, info requestInfo, bytes int64, took time.Duration) {
 	level := slog.LevelDebug
 	if s.opts.LogRequests {
 		level = slog.LevelInfo
@@ -78,7 +78,7 @@ func (s *Server) logRequest(ctx context.Context, protocol int, method, path, mod
 
 // serveInfer answers one inference request and returns the status it
 // answered with.
-func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model, info *requestInfo) int {
+func (s *oipAPI) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model, info *requestInfo) int {
 	// The model's statistics time a request from when its body has been
 	// read (a slow upload is the client's) to when its answer is written.
 	began := time.Now()
@@ -149,7 +149,7 @@ func (s *Server) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.M
 // ch holds already), decodes its values, and has the model run it. It
 // returns the model that ran it (m's successor when a reload replaced m
 // meanwhile) and the result holding the outputs.
-func (s *Server) run(ctx context.Context, ch *charge, m *serving.Model, req *inferRequest, f footprint) (*serving.Model, *serving.Result, error) {
+func (s *Core) run(ctx context.Context, ch *charge, m *serving.Model, req *inferRequest, f footprint) (*serving.Model, *serving.Result, error) {
 	if err := s.admit(ctx, ch, f); err != nil {
 		return m, nil, err
 	}
@@ -168,7 +168,7 @@ const bodyStart = 64 << 10
 // readBody reads the whole body within the configured limit, into a
 // buffer that grows with what arrives, each size charged to ch before it
 // is allocated.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([]byte, error) {
+func (s *Core) readBody(w http.ResponseWriter, r *http.Request, ch *charge) ([]byte, error) {
 	limit := s.opts.MaxBodyBytes
 	tooLarge := func() error {
 		return &apiError{http.StatusRequestEntityTooLarge,
@@ -280,7 +280,7 @@ func bodyError(err error, tooLarge func() error) error {
 //
 // jsonBound is the most the JSON may take (footprint.json), which the
 // buffer is sized to: it is charged already, and never grows.
-func (s *Server) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, res *serving.Result, jsonBound int64) error {
+func (s *oipAPI) writeResponse(w http.ResponseWriter, m *models.Model, req *inferRequest, res *serving.Result, jsonBound int64) error {
 	b := make([]byte, 0, jsonBound)
 	b = append(b, `{"model_name":`...)
 	b = strconv.AppendQuote(b, m.Name)

@@ -66,13 +66,13 @@ type logControl struct {
 }
 
 // logSettings reports the settings in force.
-func (s *Server) logSettings() logSettings {
+func (s *Core) logSettings() logSettings {
 	s.logs.mu.Lock()
 	defer s.logs.mu.Unlock()
 	return s.logSettingsLocked()
 }
 
-func (s *Server) logSettingsLocked() logSettings {
+func (s *Core) logSettingsLocked() logSettings {
 	level := s.opts.LogLevel.Level()
 	st := logSettings{LogInfo: level <= slog.LevelInfo, LogWarnings: level <= slog.LevelWarn,
 		LogErrors: level <= slog.LevelError, LogFormat: s.opts.LogFormat}
@@ -85,7 +85,7 @@ func (s *Server) logSettingsLocked() logSettings {
 // updateLogSettings applies u, in full or not at all, and reports the
 // settings then in force. Its errors are the client's (400, or
 // InvalidArgument).
-func (s *Server) updateLogSettings(u logUpdate) (logSettings, error) {
+func (s *Core) updateLogSettings(u logUpdate) (logSettings, error) {
 	s.logs.mu.Lock()
 	defer s.logs.mu.Unlock()
 	cur := s.logSettingsLocked()
@@ -156,7 +156,7 @@ func levelName(l slog.Level) string {
 const maxLogSettingsBytes = 4 << 10
 
 // loggingSettings answers GET and POST /v2/logging.
-func (s *Server) loggingSettings(r *http.Request) (any, error) {
+func (s *adminAPI) loggingSettings(r *http.Request) (any, error) {
 	if s.opts.LogLevel == nil {
 		return nil, &apiError{http.StatusNotImplemented, "the logging extension is not available: this server was started without a log level to control"}
 	}

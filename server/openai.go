@@ -51,7 +51,7 @@ func withParam(param string, err error) error {
 	return &paramError{param, err}
 }
 
-func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 	s.serveText(w, r, &openaiAPI, func(t *textRequest, body []byte) int {
 		var req openaiEmbeddingsRequest
 		if err := t.decodeJSON(body, &req, "input"); err != nil {
@@ -156,7 +156,7 @@ func newOpenAIModel(name string) openaiModel {
 }
 
 // openaiModels lists the models that serve embeddings.
-func (s *Server) openaiModels(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) openaiModels(w http.ResponseWriter, r *http.Request) {
 	list := []openaiModel{}
 	for _, m := range s.opts.Models.Models() {
 		if textSigOf(m.Model()).kind == kindEmbedding {
@@ -176,7 +176,7 @@ func (s *Server) openaiModels(w http.ResponseWriter, r *http.Request) {
 }
 
 // openaiModelInfo answers one model, when it serves embeddings.
-func (s *Server) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "model")
 	m, err := s.lookupName(name, "")
 	if err == nil && textSigOf(m.Model()).kind != kindEmbedding {

@@ -15,7 +15,7 @@ import (
 // unless Options.ModelControl is set, since loading and unloading change
 // what every client sees.
 
-func (s *Server) control() error {
+func (s *Core) control() error {
 	if !s.opts.ModelControl {
 		return &apiError{http.StatusForbidden, "model control is disabled; start the server with --server.enable_model_control to load and unload models"}
 	}
@@ -24,7 +24,7 @@ func (s *Server) control() error {
 
 // repositoryIndex lists the repository's models. It only reads, so it
 // answers with model control off too.
-func (s *Server) repositoryIndex(r *http.Request) (any, error) {
+func (s *adminAPI) repositoryIndex(r *http.Request) (any, error) {
 	// The optional body {"ready": true} asks for ready models only.
 	var body struct {
 		Ready bool `json:"ready"`
@@ -39,7 +39,7 @@ func (s *Server) repositoryIndex(r *http.Request) (any, error) {
 
 // index lists the repository's models, or its ready ones only, for either
 // protocol.
-func (s *Server) index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
+func (s *Core) index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
 	index, err := s.opts.Models.Index(ctx)
 	if err != nil {
 		return nil, err
@@ -53,7 +53,7 @@ func (s *Server) index(ctx context.Context, readyOnly bool) ([]serving.IndexEntr
 	return out, nil
 }
 
-func (s *Server) repositoryLoad(r *http.Request) (any, error) {
+func (s *adminAPI) repositoryLoad(r *http.Request) (any, error) {
 	if err := s.control(); err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func (s *Server) repositoryLoad(r *http.Request) (any, error) {
 
 // load loads or reloads a model, its configuration changed by override
 // (nil: none), for either protocol.
-func (s *Server) load(ctx context.Context, name string, override serving.Override) error {
+func (s *Core) load(ctx context.Context, name string, override serving.Override) error {
 	if len(*s.repositoryTokens.digests.Load()) == 0 && s.opts.Models.RunsCode(name) {
 		// A module is code the worker runs: whoever may load one may run
 		// code on the server.
@@ -86,7 +86,7 @@ func (s *Server) load(ctx context.Context, name string, override serving.Overrid
 	return nil
 }
 
-func (s *Server) repositoryUnload(r *http.Request) (any, error) {
+func (s *adminAPI) repositoryUnload(r *http.Request) (any, error) {
 	if err := s.control(); err != nil {
 		return nil, err
 	}
@@ -98,7 +98,7 @@ func (s *Server) repositoryUnload(r *http.Request) (any, error) {
 }
 
 // unload stops serving a model, for either protocol.
-func (s *Server) unload(ctx context.Context, name string) error {
+func (s *Core) unload(ctx context.Context, name string) error {
 	if err := s.opts.Models.Unload(ctx, name); err != nil {
 		return fmt.Errorf("unload %s: %w", clipName(name), err)
 	}

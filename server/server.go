@@ -54,9 +54,12 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -124,26 +127,42 @@ type Options struct {
 	Tracer *trace.Tracer
 }
 
-// Server is the HTTP API. It is an [http.Handler].
-type Server struct {
+// Core is what every front door shares.
+type Core struct {
 	opts    Options
-	router  chi.Router
 	logger  *slog.Logger
 	metrics *metrics
 	budget  *budget
 	// budgetWait is how long a request waits for in-flight memory others
 	// hold: budgetWait, shorter in tests.
 	budgetWait time.Duration
-	// inferDirect is the inference handler behind its middleware, for
-	// requests ServeHTTP routes without the router.
-	inferDirect http.Handler
 	// The bearer tokens in force, per scope.
 	inferenceTokens, repositoryTokens *tokens
 	logs                              logControl // the logging extension's (logging.go)
-	// grpc is the gRPC API, once built (grpc.go).
-	grpc grpcState
-	// text is the text APIs' state (textapi.go).
-	text textAPIState
+}
+
+type oipAPI struct{ *Core }
+type adminAPI struct{ *Core }
+type grpcAPI struct {
+	*Core
+	grpcState
+}
+type textAPI struct {
+	*Core
+	textAPIState
+}
+
+// Server is the HTTP API. It is an [http.Handler].
+type Server struct {
+	*Core
+	router chi.Router
+	// inferDirect is the inference handler behind its middleware, for
+	// requests ServeHTTP routes without the router.
+	inferDirect http.Handler
+	oip         *oipAPI
+	admin       *adminAPI
+	grpc        *grpcAPI
+	text        *textAPI
 }
 
 // New builds the router for opts.
@@ -169,11 +188,13 @@ func New(opts Options) (*Server, error) {
 	if opts.Models == nil {
 		return nil, errors.New("server: Options.Models is required")
 	}
-	s := &Server{opts: opts, logger: opts.Logger,
+	s := &Server{Core: &Core{opts: opts, logger: opts.Logger,
 		inferenceTokens:  newTokens("auth.inference", opts.InferenceTokens),
 		repositoryTokens: newTokens("auth.repository", opts.RepositoryTokens),
 		budget:           newBudget(opts.MaxInflightBytes), budgetWait: budgetWait,
-	}
+	}}
+	s.oip, s.admin = &oipAPI{s.Core}, &adminAPI{s.Core}
+	s.grpc, s.text = &grpcAPI{Core: s.Core}, &textAPI{Core: s.Core}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -197,71 +218,16 @@ func New(opts Options) (*Server, error) {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
 	})
-	r.Get("/v2/health/live", api(s.live))
-	r.Get("/v2/health/ready", api(s.ready))
-	r.Get("/v2", api(s.serverMetadata))
-	r.Get("/v2/", api(s.serverMetadata))
-	// Triton's extensions stepserve does not implement answer 501 naming
-	// the extension, rather than a 404 that reads like a typo.
-	for _, u := range unsupportedExtensions {
-		r.HandleFunc(u.path, notImplemented(u.extension, u.instead))
-	}
-	// A group, not a mounted sub-router: the same routes, one tree walk
-	// per request instead of two.
-	r.Group(func(r chi.Router) {
-		r.Use(bearer(s.inferenceTokens))
-		const m = "/v2/models/{model}"
-		for _, v := range []string{"", "/versions/{version}"} {
-			r.Get(m+v, api(s.modelMetadata))
-			r.Get(m+v+"/ready", api(s.modelReady))
-			r.Get(m+v+"/explain", api(s.explain))
-			r.Get(m+v+"/stats", api(s.stats))
-			r.Get(m+v+"/buckets", api(s.buckets))
-			r.Get(m+v+"/buckets/advice", api(s.bucketAdvice))
-			r.Get(m+v+"/config", api(s.modelConfiguration))
-			r.Post(m+v+"/infer", s.infer)
-		}
-		r.Get("/v2/models/stats", api(s.stats)) // every model's
-		r.Get(m+"/", api(s.modelMetadata))
-	})
-	// The index only reads: with the repository token where one is set,
-	// else the inference token.
-	index := indexAuth(opts.ModelControl, s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
-	r.Method(http.MethodPost, "/v2/repository/index", index)
-	r.Method(http.MethodGet, "/v2/repository/index", index)
-	r.Group(func(r chi.Router) {
-		r.Use(s.adminAuth) // an administrator's, as the repository API
-		r.Get("/v2/logging", api(s.loggingSettings))
-		r.Post("/v2/logging", api(s.loggingSettings))
-		if opts.Tracer == nil {
-			r.HandleFunc("/v2/trace/setting", notImplemented("trace", traceInstead))
-			r.HandleFunc("/v2/models/{model}/trace/setting", notImplemented("trace", traceInstead))
-			r.HandleFunc("/v2/models/{model}/versions/{version}/trace/setting", notImplemented("trace", traceInstead))
-			return
-		}
-		// Trace settings and files: an administrator's too (trace.go).
-		r.Get("/v2/trace/setting", api(s.traceSettings))
-		r.Post("/v2/trace/setting", api(s.traceSettings))
-		for _, v := range []string{"", "/versions/{version}"} {
-			r.Get("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
-			r.Post("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
-		}
-		r.Get("/v2/trace/files", api(s.traceFiles))
-		r.Get("/v2/trace/files/{name}", s.traceFile)
-	})
-	r.Route("/v2/repository", func(r chi.Router) {
-		r.Use(bearer(s.repositoryTokens))
-		r.Post("/models/{model}/load", api(s.repositoryLoad))
-		r.Post("/models/{model}/unload", api(s.repositoryUnload))
-	})
-	s.textRoutes(r)
+	s.oip.routes(r)
+	s.admin.routes(r)
+	s.text.routes(r)
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())
 	}
 	s.router = r
 	s.inferDirect = compressResponses(bearer(s.inferenceTokens)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name, _ := inferPath(r)
-		s.inferNamed(w, r, name, "")
+		s.oip.inferNamed(w, r, name, "")
 	})))
 	return s, nil
 }
@@ -315,12 +281,12 @@ func inferPath(r *http.Request) (string, bool) {
 }
 
 // lookup finds the model and version a route names.
-func (s *Server) lookup(r *http.Request) (*serving.Model, error) {
+func (s *Core) lookup(r *http.Request) (*serving.Model, error) {
 	return s.lookupName(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 }
 
 // lookupName finds a model by name and, when v is not empty, version.
-func (s *Server) lookupName(name, v string) (*serving.Model, error) {
+func (s *Core) lookupName(name, v string) (*serving.Model, error) {
 	m, ok := s.opts.Models.Model(name)
 	if !ok {
 		return nil, modelNotFound(name)
@@ -335,12 +301,12 @@ func notReady(name string) error {
 	return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name)}
 }
 
-func (s *Server) live(r *http.Request) (any, error) {
+func (s *Core) live(r *http.Request) (any, error) {
 	return map[string]bool{"live": true}, nil
 }
 
 // ready is 200 only when every model has loaded and warmed up.
-func (s *Server) ready(r *http.Request) (any, error) {
+func (s *Core) ready(r *http.Request) (any, error) {
 	if ok, name := s.opts.Models.Ready(); !ok {
 		return nil, notReady(name)
 	}
@@ -361,7 +327,7 @@ var extensions = []string{
 	"trace",               // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
 }
 
-func (s *Server) serverMetadata(r *http.Request) (any, error) {
+func (s *Core) serverMetadata(r *http.Request) (any, error) {
 	ext := extensions
 	if s.opts.LogLevel == nil {
 		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
@@ -382,7 +348,7 @@ type metadataTensor struct {
 	Shape    []int           `json:"shape"`
 }
 
-func (s *Server) modelMetadata(r *http.Request) (any, error) {
+func (s *oipAPI) modelMetadata(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err
@@ -408,7 +374,7 @@ func (s *Server) modelMetadata(r *http.Request) (any, error) {
 	return md, nil
 }
 
-func (s *Server) modelReady(r *http.Request) (any, error) {
+func (s *oipAPI) modelReady(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err
@@ -420,7 +386,7 @@ func (s *Server) modelReady(r *http.Request) (any, error) {
 }
 
 // explain lists the model's last non-clean steps with their reasons.
-func (s *Server) explain(r *http.Request) (any, error) {
+func (s *oipAPI) explain(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err
@@ -435,3 +401,92 @@ func (s *Server) explain(r *http.Request) (any, error) {
 type slogPromLogger struct{ l *slog.Logger }
 
 func (l slogPromLogger) Println(v ...any) { l.l.Error("metrics", "err", fmt.Sprint(v...)) }
+
+// routes mounts the OIP endpoints on r.
+func (s *oipAPI) routes(r chi.Router) {
+	r.Get("/v2/health/live", api(s.live))
+	r.Get("/v2/health/ready", api(s.ready))
+	r.Get("/v2", api(s.serverMetadata))
+	r.Get("/v2/", api(s.serverMetadata))
+	// A group, not a mounted sub-router: the same routes, one tree walk
+	// per request instead of two.
+	r.Group(func(r chi.Router) {
+		r.Use(bearer(s.inferenceTokens))
+		const m = "/v2/models/{model}"
+		for _, v := range []string{"", "/versions/{version}"} {
+			r.Get(m+v, api(s.modelMetadata))
+			r.Get(m+v+"/ready", api(s.modelReady))
+			r.Get(m+v+"/explain", api(s.explain))
+			r.Get(m+v+"/buckets", api(s.buckets))
+			r.Get(m+v+"/buckets/advice", api(s.bucketAdvice))
+			r.Post(m+v+"/infer", s.infer)
+		}
+		r.Get(m+"/", api(s.modelMetadata))
+	})
+}
+
+// routes mounts Triton's extensions on r.
+func (s *adminAPI) routes(r chi.Router) {
+	// Triton's extensions stepserve does not implement answer 501 naming
+	// the extension, rather than a 404 that reads like a typo.
+	for _, u := range unsupportedExtensions {
+		r.HandleFunc(u.path, notImplemented(u.extension, u.instead))
+	}
+	// Statistics and configuration read what inference reads: the
+	// inference token guards them.
+	r.Group(func(r chi.Router) {
+		r.Use(bearer(s.inferenceTokens))
+		const m = "/v2/models/{model}"
+		for _, v := range []string{"", "/versions/{version}"} {
+			r.Get(m+v+"/stats", api(s.stats))
+			r.Get(m+v+"/config", api(s.modelConfiguration))
+		}
+		r.Get("/v2/models/stats", api(s.stats)) // every model's
+	})
+	// The index only reads: with the repository token where one is set,
+	// else the inference token.
+	index := indexAuth(s.opts.ModelControl, s.repositoryTokens, s.inferenceTokens)(api(s.repositoryIndex))
+	r.Method(http.MethodPost, "/v2/repository/index", index)
+	r.Method(http.MethodGet, "/v2/repository/index", index)
+	r.Group(func(r chi.Router) {
+		r.Use(s.adminAuth) // an administrator's, as the repository API
+		r.Get("/v2/logging", api(s.loggingSettings))
+		r.Post("/v2/logging", api(s.loggingSettings))
+		if s.opts.Tracer == nil {
+			r.HandleFunc("/v2/trace/setting", notImplemented("trace", traceInstead))
+			r.HandleFunc("/v2/models/{model}/trace/setting", notImplemented("trace", traceInstead))
+			r.HandleFunc("/v2/models/{model}/versions/{version}/trace/setting", notImplemented("trace", traceInstead))
+			return
+		}
+		// Trace settings and files: an administrator's too (trace.go).
+		r.Get("/v2/trace/setting", api(s.traceSettings))
+		r.Post("/v2/trace/setting", api(s.traceSettings))
+		for _, v := range []string{"", "/versions/{version}"} {
+			r.Get("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
+			r.Post("/v2/models/{model}"+v+"/trace/setting", api(s.modelTraceSettings))
+		}
+		r.Get("/v2/trace/files", api(s.traceFiles))
+		r.Get("/v2/trace/files/{name}", s.traceFile)
+	})
+	r.Route("/v2/repository", func(r chi.Router) {
+		r.Use(bearer(s.repositoryTokens))
+		r.Post("/models/{model}/load", api(s.repositoryLoad))
+		r.Post("/models/{model}/unload", api(s.repositoryUnload))
+	})
+}
+
+// GRPCServer builds the gRPC server of s's API: the inference service and
+// the health service, with s's limits, tokens and metrics. Requests over
+// gRPC are counted with protocol="grpc" from now on. Serve it with
+// [Server.ServeGRPC], or on a listener of the caller's own (tests).
+func (s *Server) GRPCServer() *grpc.Server { return s.grpc.grpcServer() }
+
+// ServeGRPC serves the gRPC API on ln until [Server.StopGRPC]; it returns
+// as [grpc.Server.Serve] does.
+func (s *Server) ServeGRPC(ln net.Listener) error { return s.grpc.serve(ln) }
+
+// StopGRPC stops the gRPC API gracefully: the health service answers
+// NOT_SERVING, new streams are refused, and requests in flight are
+// answered. When ctx ends first, the connections are closed. It does
+// nothing when the gRPC API is not served.
+func (s *Server) StopGRPC(ctx context.Context) { s.grpc.stop(ctx) }

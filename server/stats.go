@@ -111,7 +111,7 @@ func tritonModelStats(m *serving.Model) modelStats {
 // statsModels are the models a statistics request names: every model
 // served, by name, when name is empty; otherwise the one named, at
 // version when that is not empty.
-func (s *Server) statsModels(name, version string) ([]*serving.Model, error) {
+func (s *Core) statsModels(name, version string) ([]*serving.Model, error) {
 	if name == "" {
 		return s.opts.Models.Models(), nil // in name order
 	}
@@ -124,7 +124,7 @@ func (s *Server) statsModels(name, version string) ([]*serving.Model, error) {
 
 // stats answers the statistics extension for the model the route names,
 // or for every model (GET /v2/models/stats).
-func (s *Server) stats(r *http.Request) (any, error) {
+func (s *adminAPI) stats(r *http.Request) (any, error) {
 	ms, err := s.statsModels(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 	if err != nil {
 		return nil, err
@@ -133,7 +133,7 @@ func (s *Server) stats(r *http.Request) (any, error) {
 }
 
 // buckets summarises the model's steps per bucket: stepserve's own view.
-func (s *Server) buckets(r *http.Request) (any, error) {
+func (s *oipAPI) buckets(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err
@@ -150,7 +150,7 @@ func (s *Server) buckets(r *http.Request) (any, error) {
 // have padded the steps it served least, with the padding of the current
 // lists and of the advised ones on the same steps, and the model.yaml
 // block to paste.
-func (s *Server) bucketAdvice(r *http.Request) (any, error) {
+func (s *oipAPI) bucketAdvice(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err

@@ -106,7 +106,7 @@ func refusePromptName(p *string) error {
 	return nil
 }
 
-func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) teiEmbed(w http.ResponseWriter, r *http.Request) {
 	s.serveText(w, r, &teiAPI, func(t *textRequest, body []byte) int {
 		var req teiEmbedRequest
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
@@ -155,7 +155,7 @@ func (s *Server) teiEmbed(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) teiRerank(w http.ResponseWriter, r *http.Request) {
 	s.serveText(w, r, &teiAPI, func(t *textRequest, body []byte) int {
 		var req teiRerankRequest
 		if err := t.decodeJSON(body, &req, "texts"); err != nil {
@@ -238,7 +238,7 @@ func (s *Server) teiRerank(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) teiPredict(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) teiPredict(w http.ResponseWriter, r *http.Request) {
 	s.serveText(w, r, &teiAPI, func(t *textRequest, body []byte) int {
 		var req teiPredictRequest
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
@@ -329,7 +329,7 @@ func (s *Server) teiPredict(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) teiTokenize(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) teiTokenize(w http.ResponseWriter, r *http.Request) {
 	s.serveText(w, r, &teiAPI, func(t *textRequest, body []byte) int {
 		var req teiTokenizeRequest
 		if err := t.decodeJSON(body, &req, "inputs"); err != nil {
@@ -433,7 +433,7 @@ func textBytesLimit(m *models.Model) int {
 
 // teiInfo answers GET /info: TEI's description of the model, as far as it
 // applies.
-func (s *Server) teiInfo(w http.ResponseWriter, r *http.Request) {
+func (s *textAPI) teiInfo(w http.ResponseWriter, r *http.Request) {
 	t := &textRequest{s: s, w: w, r: r, api: &teiAPI}
 	tm, err := t.find("", "/info", kindEmbedding, kindClassifier, kindReranker)
 	if err != nil && (t.m == nil || tm.kind == kindNone) {

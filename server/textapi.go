@@ -141,7 +141,7 @@ type textAPIState struct {
 
 // textRequest is one request of a text API as it goes through the server.
 type textRequest struct {
-	s     *Server
+	s     *textAPI
 	w     http.ResponseWriter
 	r     *http.Request
 	api   *textProtocol
@@ -156,9 +156,9 @@ type textRequest struct {
 // OIP requests are, under the API's protocol label. handle chooses the
 // model (t.m) and answers, through t.fail or t.ok, with the status it
 // returns.
-func (s *Server) serveText(w http.ResponseWriter, r *http.Request, api *textProtocol, handle func(t *textRequest, body []byte) int) {
+func (s *textAPI) serveText(w http.ResponseWriter, r *http.Request, api *textProtocol, handle func(t *textRequest, body []byte) int) {
 	start := time.Now()
-	s.text.served[api.protocol].Do(func() { s.metrics.serve(api.protocol) })
+	s.served[api.protocol].Do(func() { s.metrics.serve(api.protocol) })
 	t := &textRequest{s: s, w: w, r: r, api: api, ch: charge{b: s.budget, wait: s.budgetWait}, began: start}
 	defer t.ch.release()
 	if id := r.Header.Get("X-Request-Id"); id != "" {
@@ -511,7 +511,7 @@ const busyPrefix = "the server is busy"
 
 // textRoutes adds the text APIs' routes, behind the inference tokens,
 // each refusing in its own API's error shape.
-func (s *Server) textRoutes(r chi.Router) {
+func (s *textAPI) routes(r chi.Router) {
 	deny := func(api *textProtocol) func(http.ResponseWriter, int, string) {
 		return func(w http.ResponseWriter, status int, msg string) { api.writeError(w, status, errors.New(msg)) }
 	}

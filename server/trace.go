@@ -20,13 +20,13 @@ import (
 // All of them are an administrator's: behind the repository token.
 
 // traceSettings answers the global settings.
-func (s *Server) traceSettings(r *http.Request) (any, error) {
+func (s *adminAPI) traceSettings(r *http.Request) (any, error) {
 	return s.traceSettingsOf(r, "")
 }
 
 // modelTraceSettings answers a model's settings: its own over the
 // global ones.
-func (s *Server) modelTraceSettings(r *http.Request) (any, error) {
+func (s *adminAPI) modelTraceSettings(r *http.Request) (any, error) {
 	m, err := s.lookupName(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 	if err != nil {
 		return nil, err
@@ -34,7 +34,7 @@ func (s *Server) modelTraceSettings(r *http.Request) (any, error) {
 	return s.traceSettingsOf(r, m.Model().Name)
 }
 
-func (s *Server) traceSettingsOf(r *http.Request, model string) (any, error) {
+func (s *adminAPI) traceSettingsOf(r *http.Request, model string) (any, error) {
 	if r.Method == http.MethodGet {
 		return s.opts.Tracer.Settings(model), nil
 	}
@@ -54,7 +54,7 @@ func (s *Server) traceSettingsOf(r *http.Request, model string) (any, error) {
 }
 
 // traceFiles lists the trace files, newest first.
-func (s *Server) traceFiles(r *http.Request) (any, error) {
+func (s *adminAPI) traceFiles(r *http.Request) (any, error) {
 	files, err := s.opts.Tracer.Files().List()
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func (s *Server) traceFiles(r *http.Request) (any, error) {
 }
 
 // traceFile downloads one trace file.
-func (s *Server) traceFile(w http.ResponseWriter, r *http.Request) {
+func (s *adminAPI) traceFile(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "name")
 	f, info, err := s.opts.Tracer.Files().Open(name)
 	switch {

@@ -277,7 +277,7 @@ func joinInts(v []int) string {
 }
 
 // modelConfiguration answers the model configuration extension.
-func (s *Server) modelConfiguration(r *http.Request) (any, error) {
+func (s *adminAPI) modelConfiguration(r *http.Request) (any, error) {
 	m, err := s.lookup(r)
 	if err != nil {
 		return nil, err
