@@ -137,8 +137,8 @@ lint: $(STATICCHECK)
 	cd deploy/test && $(GO) mod tidy -diff
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := server:FuzzDecodeJSON server:FuzzDecodeBinary server:FuzzParseWire engine/rbln:FuzzReadFrame \
-	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server:FuzzCheckLimits \
+FUZZ_TARGETS := server/core:FuzzDecodeJSON server/core:FuzzDecodeBinary server/core:FuzzParseWire engine/rbln:FuzzReadFrame \
+	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server/core:FuzzCheckLimits \
 	models/tokenizers:FuzzEncode
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)

@@ -38,7 +38,7 @@ func BenchmarkInferBinary(b *testing.B) {
 	for b.Loop() {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest("POST", "/v2/models/summax/infer", bytes.NewReader(body))
-		r.Header.Set(headerContentLength, strconv.Itoa(len(hdr)))
+		r.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(hdr)))
 		s.ServeHTTP(w, r)
 		if w.Code != 200 {
 			b.Fatal(w.Body.String())

@@ -18,6 +18,7 @@ import (
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -124,15 +125,6 @@ func TestClassificationErrors(t *testing.T) {
 		assert.Equal(t, 400, w.Code, tt.param)
 		assert.Contains(t, errorOf(t, w), tt.want, tt.param)
 	}
-	// Outputs classification cannot rank.
-	for _, spec := range []models.TensorSpec{
-		{Name: "t", Datatype: models.BYTES, Shape: []int{-1, 4}},
-		{Name: "b", Datatype: models.BOOL, Shape: []int{-1, 4}},
-		{Name: "s", Datatype: models.FP32, Shape: []int{-1, -1}},
-	} {
-		_, err := classificationParam(wireParams{pairs: paramPairs{{"classification", json.RawMessage("1")}}}, spec)
-		assert.Error(t, err, spec.Name)
-	}
 }
 
 // Ranking compares in the output's own datatype: integers beyond
@@ -167,39 +159,11 @@ func TestClassifyDatatypes(t *testing.T) {
 		{models.FP32, 4, nan, []string{"2:1", "1:0", "0:3", "NaN:2"}},
 	} {
 		spec := models.TensorSpec{Name: "o", Datatype: tt.dt, Shape: []int{-1, tt.width}}
-		assert.Equal(t, tt.want, classify(spec, nil, tt.data, 1, tt.width), tt.dt)
+		assert.Equal(t, tt.want, core.Classify(spec, nil, tt.data, 1, tt.width), tt.dt)
 	}
 	// Subnormal and negative half floats read right.
 	assert.Equal(t, float32(-2), half.ToFloat32(0xc000))
 	assert.Equal(t, float32(5.960464477539063e-08), half.ToFloat32(0x0001))
-}
-
-// A response with classified outputs stays within the JSON its footprint
-// charged, whatever the labels hold.
-func TestClassificationFitsItsFootprint(t *testing.T) {
-	labels := []string{strings.Repeat(`"\`, models.MaxLabelBytes/2), "tab\there"}
-	m := &models.Model{Name: "summax", Version: "1", Labels: [][]string{labels}, Config: &models.Config{
-		Outputs: []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
-	}}
-	data := pack32(-1.1754944e-38, -3.4028235e+38, 1, 2)
-	for _, bin := range []bool{false, true} {
-		req := &inferRequest{rows: 2, outputs: []outputChoice{{index: 0, binary: bin, classes: 2}}}
-		f := footprintOf(m, req, 0, 0)
-		b := []byte{}
-		b, parts := appendClassOutput(b, nil, m, req.outputs[0], data, 2)
-		if bin {
-			require.Len(t, parts, 1)
-			assert.LessOrEqual(t, int64(len(parts[0])), f.classes)
-		} else {
-			require.Empty(t, parts)
-			assert.True(t, json.Valid(b), string(b))
-			var out struct{ Data []string }
-			require.NoError(t, json.Unmarshal(b, &out))
-			assert.Equal(t, labels[0], strings.SplitN(out.Data[0], ":", 3)[2])
-			assert.Equal(t, labels[1], strings.SplitN(out.Data[1], ":", 3)[2])
-		}
-		assert.LessOrEqual(t, int64(len(b)), f.json, "binary %v", bin)
-	}
 }
 
 func pack32(vals ...float32) []byte {

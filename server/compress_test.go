@@ -71,7 +71,7 @@ func TestCompressionRefusals(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, w.Code)
 	assert.Contains(t, errorOf(t, w), "the body is not gzip")
 
-	s.opts.MaxBodyBytes = 64 << 10
+	s.c.Opts.MaxBodyBytes = 64 << 10
 	bomb := compressed(t, "gzip", bytes.Repeat([]byte{' '}, 64<<20)) // 64 MiB of spaces: about 64 KiB compressed
 	require.Less(t, len(bomb), 64<<10, "the bomb itself is under the limit")
 	w = do(t, s, "POST", "/v2/models/summax/infer", bomb, "Content-Encoding", "gzip")
@@ -91,7 +91,7 @@ func TestCompressedResponses(t *testing.T) {
 	rows := 1000
 	data := strings.TrimSuffix(strings.Repeat("1,2,3,", rows), ",")
 	body := []byte(fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"FP32","shape":[%d,3],"data":[%s]}]}`, rows, data))
-	s.opts.MaxBodyBytes = 1 << 20
+	s.c.Opts.MaxBodyBytes = 1 << 20
 
 	for _, tc := range []struct{ accept, want string }{
 		{"gzip", "gzip"}, {"deflate", "deflate"}, {"deflate, gzip", "gzip"}, {"gzip;q=0, deflate", "deflate"},

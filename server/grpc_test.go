@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,11 +22,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/internal/trace"
-	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 )
 
@@ -96,7 +93,7 @@ func TestGRPCServerAndModelRPCs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "stepserve", md.Name)
 	assert.Equal(t, "test", md.Version)
-	httpMD, _ := s.serverMetadata(nil)
+	httpMD, _ := s.c.ServerMetadata(nil)
 	assert.Equal(t, httpMD.(map[string]any)["extensions"], md.Extensions, "the extensions GET /v2 lists")
 	assert.NotEmpty(t, md.Extensions)
 
@@ -157,7 +154,7 @@ func TestGRPCModelNotReady(t *testing.T) {
 	code, msg := codeOf(err)
 	assert.Equal(t, codes.Unavailable, code)
 	assert.Equal(t, "model summax is not ready", msg)
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "rejected", "grpc")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "rejected", "grpc")))
 	_ = reg
 
 	f.program().SetHealthy(true)
@@ -167,27 +164,6 @@ func TestGRPCModelNotReady(t *testing.T) {
 	_, err = h.Check(ctx, &healthpb.HealthCheckRequest{Service: "nope"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
-}
-
-func TestGRPCHealthAtShutdown(t *testing.T) {
-	s, _ := newTestServer(t, newSumMax(t))
-	_, h := grpcClients(t, s)
-	ctx := context.Background()
-	watch, err := h.Watch(ctx, &healthpb.HealthCheckRequest{Service: ""})
-	require.NoError(t, err)
-	first, err := watch.Recv()
-	require.NoError(t, err)
-	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, first.Status)
-
-	s.grpc.health.shutdown() // what StopGRPC does first
-	next, err := watch.Recv()
-	require.NoError(t, err)
-	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, next.Status, "a draining server is not serving")
-	_, err = watch.Recv()
-	assert.ErrorIs(t, err, io.EOF, "and the watch ends, so that it does not hold the graceful stop")
-	hr, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: "live"})
-	require.NoError(t, err)
-	assert.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, hr.Status)
 }
 
 func TestGRPCInferTypedAndRaw(t *testing.T) {
@@ -259,8 +235,8 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 	}
 	_, err = c.ModelInfer(ctx, req)
 	require.NoError(t, err)
-	assert.Equal(t, 7.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")))
-	assert.Zero(t, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
+	assert.Equal(t, 7.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")))
+	assert.Zero(t, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "http")))
 }
 
 // Every bad request gets the code its HTTP status maps to and the HTTP
@@ -337,9 +313,9 @@ func TestGRPCInferErrors(t *testing.T) {
 			assert.Contains(t, msg, tt.want)
 			assert.Zero(t, f.steps(), "a bad request must never reach the model")
 			if tt.code == codes.InvalidArgument {
-				assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "grpc")))
+				assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "invalid", "grpc")))
 			}
-			assert.Eventually(t, func() bool { return s.budget.used.Load() == 0 }, time.Second, time.Millisecond, "the budget is given back")
+			assert.Eventually(t, func() bool { return s.c.Budget.InUse() == 0 }, time.Second, time.Millisecond, "the budget is given back")
 		})
 	}
 }
@@ -361,7 +337,7 @@ func TestGRPCModelFailures(t *testing.T) {
 		code, msg := codeOf(err)
 		assert.Equal(t, tt.code, code)
 		assert.Contains(t, msg, tt.err.Error())
-		assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", tt.outcome, "grpc")))
+		assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", tt.outcome, "grpc")))
 	}
 }
 
@@ -396,7 +372,7 @@ func TestGRPCDeadlineAndCancel(t *testing.T) {
 	// cancelled, or as success when it was in the batch that the held step
 	// was forming as its client left (as over HTTP).
 	count := func(o string) float64 {
-		return testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", o, "grpc"))
+		return testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", o, "grpc"))
 	}
 	assert.Eventually(t, func() bool {
 		return count("timeout") == 1 && count("cancelled")+count("success") == 2
@@ -424,140 +400,17 @@ func TestGRPCLimits(t *testing.T) {
 	assert.Contains(t, msg, "more than the server's whole in-flight budget of 1 MiB (server.max_inflight_bytes)")
 
 	// Budget spent by others: Unavailable, to retry.
-	s.budget.used.Add(1 << 20)
+	s.c.Budget.TryTake(1 << 20)
 	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.Unavailable, code)
 	assert.Contains(t, msg, "the server is busy")
-	s.budget.used.Add(-1 << 20)
+	s.c.Budget.Give(1 << 20)
 
 	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	require.NoError(t, err)
 	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
-	assert.Eventually(t, func() bool { return s.budget.used.Load() == 0 }, time.Second, time.Millisecond, "given back when the RPC ends")
-}
-
-// The encoded response never outgrows the bound the budget charged.
-func TestGRPCResponseFitsItsFootprint(t *testing.T) {
-	f := newSumMax(t)
-	m := f.program().Model
-	for _, r := range []*pb.ModelInferRequest{
-		typedX([]int64{4, 3}, -1.1754944e-38, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -3.4028235e38),
-		rawX([]int64{4, 3}, fp32(-1.1754944e-38, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -3.4028235e38)),
-	} {
-		r.Id = strings.Repeat("<", 40)
-		wr, err := wireFromProto(r)
-		require.NoError(t, err)
-		req, decoded, seq, err := checkRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
-		require.NoError(t, err)
-		protoOutputs(m, req)
-		fp := protoFootprint(m, req, decoded, seq)
-		require.NoError(t, req.decodeValues(m))
-		_, res, err := f.set.Models()[0].Infer(context.Background(), req.forModel())
-		require.NoError(t, err)
-		resp := protoResponse(m, req, res)
-		assert.LessOrEqual(t, int64(proto.Size(resp)), fp.json)
-		assert.Zero(t, fp.binary)
-		assert.GreaterOrEqual(t, protoRequestBytes(r), int64(12), "at least a byte a value")
-	}
-}
-
-// BYTES inputs, typed and raw, decode as the HTTP path's do.
-func TestGRPCStringInputs(t *testing.T) {
-	m := stringsModel()
-	decode := func(r *pb.ModelInferRequest) ([]string, error) {
-		wr, err := wireFromProto(r)
-		if err != nil {
-			return nil, err
-		}
-		req, _, _, err := checkRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
-		if err != nil {
-			return nil, err
-		}
-		if err := req.decodeValues(m); err != nil {
-			return nil, err
-		}
-		return req.inputs[0].Strings, nil
-	}
-	typed := func(shape int64, vs ...string) *pb.ModelInferRequest {
-		c := &pb.InferTensorContents{}
-		for _, v := range vs {
-			c.BytesContents = append(c.BytesContents, []byte(v))
-		}
-		return &pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{shape}, Contents: c}}}
-	}
-	raw := func(shape int64, vs ...string) *pb.ModelInferRequest {
-		var blob []byte
-		for _, v := range vs {
-			blob = binary.LittleEndian.AppendUint32(blob, uint32(len(v)))
-			blob = append(blob, v...)
-		}
-		return &pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{shape}}},
-			RawInputContents: [][]byte{blob}}
-	}
-	for _, r := range []*pb.ModelInferRequest{typed(2, "The water is warm.", ""), raw(2, "The water is warm.", "")} {
-		strs, err := decode(r)
-		require.NoError(t, err)
-		assert.Equal(t, []string{"The water is warm.", ""}, strs)
-	}
-	for _, tc := range []struct {
-		req  *pb.ModelInferRequest
-		want string
-	}{
-		{typed(1, "caf\xe9"), `input "s": element 0 is not valid UTF-8`},
-		{raw(1, "caf\xe9"), `input "s": element 0 is not valid UTF-8`},
-		{typed(2, "a"), `input "s": shape [2] needs 2 strings, contents has 1`},
-		{typed(1, "a", "b"), `input "s": more strings than the shape holds (1)`},
-		{raw(1, "a", "b"), `input "s": more strings than the shape holds (1)`},
-		{raw(2, "a"), `input "s": shape [2] needs 2 strings, contents has 1`},
-		{&pb.ModelInferRequest{Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "s", Datatype: "BYTES", Shape: []int64{1},
-			Contents: &pb.InferTensorContents{Fp32Contents: []float32{1}}}}}, `input "s": contents hold fp32_contents, but a BYTES input's values go in bytes_contents`},
-	} {
-		_, err := decode(tc.req)
-		require.Error(t, err)
-		assert.Equal(t, 400, statusOf(err))
-		assert.ErrorContains(t, err, tc.want)
-	}
-}
-
-// Typed contents of every datatype with a typed field pack as raw data
-// would, narrow integers range-checked.
-func TestProtoContentsPack(t *testing.T) {
-	c := protoContents{&pb.InferTensorContents{IntContents: []int32{-128, 127}}}
-	dst := make([]byte, 2)
-	require.NoError(t, c.put("INT8", dst))
-	assert.Equal(t, []byte{0x80, 0x7f}, dst)
-	c = protoContents{&pb.InferTensorContents{IntContents: []int32{128}}}
-	assert.ErrorContains(t, c.put("INT8", make([]byte, 1)), "element 0: 128 is not in the INT8 range")
-	c = protoContents{&pb.InferTensorContents{UintContents: []uint32{65536}}}
-	assert.ErrorContains(t, c.put("UINT16", make([]byte, 2)), "element 0: 65536 is not in the UINT16 range")
-	c = protoContents{&pb.InferTensorContents{Int64Contents: []int64{-2}}}
-	dst = make([]byte, 8)
-	require.NoError(t, c.put("INT64", dst))
-	assert.Equal(t, int64(-2), int64(binary.LittleEndian.Uint64(dst)))
-	c = protoContents{&pb.InferTensorContents{BoolContents: []bool{true, false}}}
-	dst = make([]byte, 2)
-	require.NoError(t, c.put("BOOL", dst))
-	assert.Equal(t, []byte{1, 0}, dst)
-	_, err := protoContents{&pb.InferTensorContents{Fp32Contents: []float32{1}}}.count("FP16")
-	assert.ErrorContains(t, err, "FP16 values have no typed contents field; send them as raw_input_contents")
-
-	// And back, for outputs.
-	for _, dt := range []string{"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64", "BOOL"} {
-		size := map[string]int{"INT8": 1, "UINT8": 1, "BOOL": 1, "INT16": 2, "UINT16": 2, "INT32": 4, "UINT32": 4, "FP32": 4}[dt]
-		if size == 0 {
-			size = 8
-		}
-		data := make([]byte, 2*size)
-		data[0] = 1
-		c := protoContents{typedContentsOf(data, models.Datatype(dt))}
-		n, err := c.count(models.Datatype(dt))
-		require.NoError(t, err, dt)
-		assert.Equal(t, 2, n, dt)
-		back := make([]byte, len(data))
-		require.NoError(t, c.put(models.Datatype(dt), back), dt)
-		assert.Equal(t, data, back, dt)
-	}
+	assert.Eventually(t, func() bool { return s.c.Budget.InUse() == 0 }, time.Second, time.Millisecond, "given back when the RPC ends")
 }
 
 func TestGRPCAuth(t *testing.T) {
@@ -677,7 +530,7 @@ func TestGRPCRepository(t *testing.T) {
 	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	require.NoError(t, err)
 	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")), "a loaded model's grpc series are back")
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")), "a loaded model's grpc series are back")
 	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "nope"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
@@ -700,19 +553,19 @@ func TestGRPCMetricsProtocolLabel(t *testing.T) {
 	s, reg := newTestServer(t, newSumMax(t))
 	n, err := testutil.GatherAndCount(reg, "stepserve_requests_total")
 	require.NoError(t, err)
-	assert.Equal(t, len(outcomeLabels), n, "http only, until gRPC is served")
+	assert.Equal(t, len(core.OutcomeLabels), n, "http only, until gRPC is served")
 	c, _ := grpcClients(t, s)
 	n, err = testutil.GatherAndCount(reg, "stepserve_requests_total")
 	require.NoError(t, err)
-	assert.Equal(t, 2*len(outcomeLabels), n)
+	assert.Equal(t, 2*len(core.OutcomeLabels), n)
 	_, err = c.ModelInfer(context.Background(), typedX([]int64{1, 3}, 1, 2, 3))
 	require.NoError(t, err)
 	require.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)).Code)
 	_, err = c.ModelInfer(context.Background(), typedX([]int64{1, 4}, 1, 2, 3, 4))
 	require.Error(t, err)
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "grpc")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "grpc")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "http")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "invalid", "grpc")))
 	n, err = testutil.GatherAndCount(reg, "stepserve_request_duration_seconds")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "a duration series per protocol")
@@ -756,40 +609,6 @@ func TestGRPCModelConfigAndStatistics(t *testing.T) {
 	_, err = c.ModelStatistics(ctx, &pb.ModelStatisticsRequest{Name: "nope"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
-}
-
-func TestGRPCCodes(t *testing.T) {
-	for st, want := range map[int]codes.Code{
-		200: codes.OK, 400: codes.InvalidArgument, 401: codes.Unauthenticated, 403: codes.PermissionDenied, 404: codes.NotFound,
-		408: codes.DeadlineExceeded, 413: codes.ResourceExhausted, 429: codes.ResourceExhausted, 499: codes.Canceled,
-		500: codes.Internal, 501: codes.Unimplemented, 503: codes.Unavailable, 504: codes.DeadlineExceeded, 431: codes.InvalidArgument, 502: codes.Internal,
-	} {
-		assert.Equal(t, want, grpcCode(st), "%d", st)
-	}
-	long := grpcError(badRequest(strings.Repeat("x", 100_000)))
-	_, msg := codeOf(long)
-	assert.LessOrEqual(t, len(msg), maxGRPCMessage+8, "a message fits a trailer")
-}
-
-// BenchmarkGRPCInferRaw measures the gRPC handler's path of a single-row
-// request with raw contents (translate, validate, batcher, step on a fake
-// engine, build the response), without the transport, beside
-// BenchmarkInferBinary.
-func BenchmarkGRPCInferRaw(b *testing.B) {
-	s, err := New(Options{Models: newSumMax(b).set})
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := &grpcServer{s: s.grpc}
-	req := rawX([]int64{1, 3}, fp32(1.5, 2, 3))
-	b.ReportAllocs()
-	for b.Loop() {
-		ctx, cancel := context.WithCancel(context.Background())
-		if _, err := g.ModelInfer(ctx, req); err != nil {
-			b.Fatal(err)
-		}
-		cancel() // the RPC ends
-	}
 }
 
 // TestGRPCClassification: an output asked for with the classification

@@ -48,8 +48,8 @@ func TestOnlyServerErrorsAreLogged(t *testing.T) {
 	quiet := log.String()
 	mu.Unlock()
 	assert.NotContains(t, quiet, "inference failed", "client-caused outcomes are not logged at info")
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "timeout", "http")), "but counted")
-	assert.Equal(t, 2.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "http")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "timeout", "http")), "but counted")
+	assert.Equal(t, 2.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "invalid", "http")))
 
 	eng.Last().Fail(errors.New("device on fire"))
 	assert.Equal(t, 500, infer(`{`+row))

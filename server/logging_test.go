@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stepserve/stepserve/server/core"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,9 +31,9 @@ func newLoggingServer(t *testing.T, opts Options) (*Server, *slog.LevelVar, func
 	}
 }
 
-func logSettingsOf(t *testing.T, body string) logSettings {
+func logSettingsOf(t *testing.T, body string) core.LogSettings {
 	t.Helper()
-	var st logSettings
+	var st core.LogSettings
 	dec := json.NewDecoder(strings.NewReader(body))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&st), body)
@@ -54,7 +55,7 @@ func TestLoggingChangesTheLevel(t *testing.T) {
 
 	w = do(t, s, "POST", "/v2/logging", []byte(`{"log_verbose_level":1}`))
 	require.Equal(t, 200, w.Code, w.Body.String())
-	assert.Equal(t, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 1, LogFormat: "text"}, logSettingsOf(t, w.Body.String()))
+	assert.Equal(t, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 1, LogFormat: "text"}, logSettingsOf(t, w.Body.String()))
 	assert.Equal(t, slog.LevelDebug, level.Level())
 	assert.Contains(t, log(), `msg="log level changed (POST /v2/logging)" from=INFO to=DEBUG`)
 	require.Equal(t, 400, do(t, s, "POST", "/v2/models/summax/infer", bad).Code)
@@ -63,18 +64,18 @@ func TestLoggingChangesTheLevel(t *testing.T) {
 
 	for _, tt := range []struct {
 		body  string
-		want  logSettings
+		want  core.LogSettings
 		level slog.Level
 	}{
-		{`{"log_verbose_level":0}`, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true}, slog.LevelInfo},
-		{`{"log_info":false}`, logSettings{LogWarnings: true, LogErrors: true}, slog.LevelWarn},
-		{`{"log_warnings":false}`, logSettings{LogErrors: true}, slog.LevelError},
-		{`{"log_errors":false}`, logSettings{}, levelOff},
-		{`{"log_warnings":true}`, logSettings{LogWarnings: true, LogErrors: true}, slog.LevelWarn},
-		{`{"log_info":true,"log_warnings":true,"log_errors":true,"log_verbose_level":0,"log_file":"","log_format":"text"}`, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true}, slog.LevelInfo},
-		{`{"log_verbose_level":3,"log_info":true}`, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
-		{`{}`, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
-		{`{"log_info":null}`, logSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
+		{`{"log_verbose_level":0}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true}, slog.LevelInfo},
+		{`{"log_info":false}`, core.LogSettings{LogWarnings: true, LogErrors: true}, slog.LevelWarn},
+		{`{"log_warnings":false}`, core.LogSettings{LogErrors: true}, slog.LevelError},
+		{`{"log_errors":false}`, core.LogSettings{}, core.LevelOff},
+		{`{"log_warnings":true}`, core.LogSettings{LogWarnings: true, LogErrors: true}, slog.LevelWarn},
+		{`{"log_info":true,"log_warnings":true,"log_errors":true,"log_verbose_level":0,"log_file":"","log_format":"text"}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true}, slog.LevelInfo},
+		{`{"log_verbose_level":3,"log_info":true}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
+		{`{}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
+		{`{"log_info":null}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
 	} {
 		w := do(t, s, "POST", "/v2/logging", []byte(tt.body))
 		require.Equal(t, 200, w.Code, "%s: %s", tt.body, w.Body.String())

@@ -176,7 +176,7 @@ func TestOpenAIEmbeddingsErrors(t *testing.T) {
 // Too many texts: 413 in OpenAI's shape, before any of them runs.
 func TestOpenAIEmbeddingsTooManyInputs(t *testing.T) {
 	fx := newTextFixture(t, textOptions{onlyTiny: true})
-	texts := make([]string, maxClientBatch+1)
+	texts := make([]string, 2048 /* max_client_batch_size */ +1)
 	for i := range texts {
 		texts[i] = "a"
 	}

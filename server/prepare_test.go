@@ -13,14 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
 )
 
 // A model's refusal of a request's values is the client's to fix: a 400
 // with the model's message, counted as invalid.
 func TestModelInputErrorIs400(t *testing.T) {
 	refusal := &models.InputError{Input: "x", Err: errors.New("element 2 is 100; want 0..99")}
-	assert.Equal(t, http.StatusBadRequest, statusOf(fmt.Errorf("step: %w", refusal)))
-	assert.Equal(t, http.StatusBadRequest, statusOf(models.ErrInput))
+	assert.Equal(t, http.StatusBadRequest, core.StatusOf(fmt.Errorf("step: %w", refusal)))
+	assert.Equal(t, http.StatusBadRequest, core.StatusOf(models.ErrInput))
 
 	f := newSumMax(t)
 	f.program().Fail(refusal)
@@ -28,7 +29,7 @@ func TestModelInputErrorIs400(t *testing.T) {
 	w := do(t, s, "POST", "/v2/models/summax/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`))
 	assert.Equal(t, http.StatusBadRequest, w.Code)
 	assert.Contains(t, errorOf(t, w), `input "x": element 2 is 100; want 0..99`)
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "invalid", "http")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "invalid", "http")))
 }
 
 // stringsModel takes one BYTES input, s.
@@ -41,9 +42,9 @@ func stringsModel() *models.Model {
 
 func TestStringInputs(t *testing.T) {
 	m := stringsModel()
-	req, err := decodeRequest([]byte(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"data":["The water is warm.","hello"]}]}`), -1, m, 1<<20)
+	req, err := core.DecodeRequest([]byte(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"data":["The water is warm.","hello"]}]}`), -1, m, 1<<20)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"The water is warm.", "hello"}, req.inputs[0].Strings)
+	assert.Equal(t, []string{"The water is warm.", "hello"}, req.Inputs[0].Strings)
 
 	var blob []byte
 	for _, s := range []string{"one", "two words"} {
@@ -51,10 +52,10 @@ func TestStringInputs(t *testing.T) {
 		blob = append(blob, s...)
 	}
 	header := fmt.Sprintf(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"parameters":{"binary_data_size":%d}}]}`, len(blob))
-	req, err = decodeRequest([]byte(header+string(blob)), len(header), m, 1<<20)
+	req, err = core.DecodeRequest([]byte(header+string(blob)), len(header), m, 1<<20)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"one", "two words"}, req.inputs[0].Strings)
-	assert.Equal(t, 2, req.rows)
+	assert.Equal(t, []string{"one", "two words"}, req.Inputs[0].Strings)
+	assert.Equal(t, 2, req.Rows)
 
 	lying := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":8}}]}`
 	for _, tc := range []struct {
@@ -68,9 +69,9 @@ func TestStringInputs(t *testing.T) {
 		{`{"inputs":[{"name":"s","datatype":"FP32","shape":[1],"data":[7]}]}`, -1, "datatype FP32, want BYTES"},
 		{lying + "\x09\x00\x00\x00abcd", len(lying), "element 0: length 9 runs past the 4 bytes of binary data left"},
 	} {
-		_, err := decodeRequest([]byte(tc.body), tc.headerLen, m, 1<<20)
+		_, err := core.DecodeRequest([]byte(tc.body), tc.headerLen, m, 1<<20)
 		require.Error(t, err, tc.body)
-		assert.Equal(t, 400, statusOf(err))
+		assert.Equal(t, 400, core.StatusOf(err))
 		assert.ErrorContains(t, err, tc.want)
 	}
 }
@@ -83,48 +84,20 @@ func TestVariableLengthInputs(t *testing.T) {
 		},
 		Outputs: []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
 	}}
-	req, err := decodeRequest([]byte(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2,3],"data":[[5,6,7],[8,9,0]]},{"name":"mask","datatype":"INT64","shape":[2,3],"data":[[1,1,1],[1,1,0]]}]}`), -1, m, 1<<20)
+	req, err := core.DecodeRequest([]byte(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2,3],"data":[[5,6,7],[8,9,0]]},{"name":"mask","datatype":"INT64","shape":[2,3],"data":[[1,1,1],[1,1,0]]}]}`), -1, m, 1<<20)
 	require.NoError(t, err)
-	assert.Equal(t, []int64{2, 3}, req.inputs[0].Shape)
-	assert.Len(t, req.inputs[0].Data, 6*8)
+	assert.Equal(t, []int64{2, 3}, req.Inputs[0].Shape)
+	assert.Len(t, req.Inputs[0].Data, 6*8)
 
 	for _, tc := range []struct{ body, want string }{
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,0],"data":[]},{"name":"mask","datatype":"INT64","shape":[1,0],"data":[]}]}`, `input "ids": shape [1 0]: dimension 1`},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2]}]}`, `missing input "mask"`},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2.5]},{"name":"mask","datatype":"INT64","shape":[1,2],"data":[1,1]}]}`, `element 1: 2.5 is not an integer in the INT64 range`},
 	} {
-		_, err := decodeRequest([]byte(tc.body), -1, m, 1<<20)
+		_, err := core.DecodeRequest([]byte(tc.body), -1, m, 1<<20)
 		require.Error(t, err, tc.body)
-		assert.Equal(t, 400, statusOf(err), tc.body)
+		assert.Equal(t, 400, core.StatusOf(err), tc.body)
 		assert.ErrorContains(t, err, tc.want)
-	}
-}
-
-func TestScanStringsCountsAsItGoes(t *testing.T) {
-	cases := []struct {
-		data string
-		rank int
-		n    int
-		want []string
-		err  string
-	}{
-		{data: `["a","b"]`, rank: 1, n: 2, want: []string{"a", "b"}},
-		{data: ` [ ["a"] , ["\u00e9\n"] ] `, rank: 2, n: 2, want: []string{"a", "é\n"}},
-		{data: `[]`, rank: 1, n: 0, want: []string{}},
-		{data: `["a","b","c"]`, rank: 1, n: 2, err: "more strings than the shape holds"},
-		{data: `[["a"]]`, rank: 1, n: 1, err: "data is nested deeper than its shape's 1 dimensions"},
-		{data: `["a",42]`, rank: 1, n: 2, err: "element 1 is 42; want a string"},
-		{data: `["a",{"b":1}]`, rank: 1, n: 2, err: `element 1 is {"b":1}; want a string`},
-		{data: `"a"`, rank: 1, n: 1, err: "data must be an array of strings"},
-	}
-	for _, c := range cases {
-		got, err := scanStrings([]byte(c.data), c.rank, make([]string, 0, c.n))
-		if c.err != "" {
-			assert.ErrorContains(t, err, c.err, c.data)
-			continue
-		}
-		require.NoError(t, err, c.data)
-		assert.Equal(t, c.want, got, c.data)
 	}
 }
 
@@ -133,7 +106,7 @@ func TestManyStringsForAShapeOfOne(t *testing.T) {
 	m := stringsModel()
 	body := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"data":[` + strings.Repeat(`"",`, 1<<20) + `""]}]}`
 	allocs := testing.AllocsPerRun(1, func() {
-		_, err := decodeRequest([]byte(body), -1, m, 1<<30)
+		_, err := core.DecodeRequest([]byte(body), -1, m, 1<<30)
 		assert.ErrorContains(t, err, `input "s": more strings than the shape holds (1)`)
 	})
 	assert.Less(t, allocs, 20.0, "nothing is built past the first string")
@@ -143,6 +116,6 @@ func TestManyStringsForAShapeOfOne(t *testing.T) {
 		blob = binary.LittleEndian.AppendUint32(blob, 0)
 	}
 	hdr := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"parameters":{"binary_data_size":12}}]}`
-	_, err := decodeRequest([]byte(hdr+string(blob)), len(hdr), m, 1<<20)
+	_, err := core.DecodeRequest([]byte(hdr+string(blob)), len(hdr), m, 1<<20)
 	assert.ErrorContains(t, err, `input "s": more strings than the shape holds (2)`)
 }

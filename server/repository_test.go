@@ -51,7 +51,7 @@ func TestRepositoryAPI(t *testing.T) {
 	w = do(t, s, "POST", "/v2/repository/models/summax/load", nil)
 	require.Equal(t, 200, w.Code, w.Body.String())
 	assert.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", infer).Code)
-	assert.Equal(t, 1.0, testutil.ToFloat64(s.metrics.requests.WithLabelValues("summax", "success", "http")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "http")))
 
 	w = do(t, s, "POST", "/v2/repository/models/nope/load", nil)
 	assert.Equal(t, 404, w.Code)

@@ -78,7 +78,7 @@ func TestTEIEmbedTruncation(t *testing.T) {
 	require.Equal(t, 200, st, string(b))
 	var leftGot [][]float32
 	decodeStrict(t, b, &leftGot)
-	toks, err := tokenize(m, long)
+	toks, err := m.Tokenizer.Tokenize(long)
 	require.NoError(t, err)
 	words := toks[1 : len(toks)-1]
 	tail := long[words[len(words)-126].Start:]
@@ -102,7 +102,7 @@ func TestTEIEmbedTruncation(t *testing.T) {
 // Errors in TEI's shape and statuses.
 func TestTEIErrors(t *testing.T) {
 	fx := newTextFixture(t, textOptions{})
-	many := make([]string, maxClientBatch+1)
+	many := make([]string, 2048 /* max_client_batch_size */ +1)
 	for i := range many {
 		many[i] = "a"
 	}
@@ -284,7 +284,7 @@ func TestTEIInfo(t *testing.T) {
 	assert.Equal(t, "tiny-encoder", info["model_id"])
 	assert.Equal(t, map[string]any{"embedding": map[string]any{"pooling": "mean"}}, info["model_type"])
 	assert.Equal(t, 128.0, info["max_input_length"])
-	assert.Equal(t, float64(maxClientBatch), info["max_client_batch_size"])
+	assert.Equal(t, float64(2048 /* max_client_batch_size */), info["max_client_batch_size"])
 	assert.Equal(t, true, info["auto_truncate"])
 
 	st, b = fx.get(t, "/info?model=classifier")
@@ -338,18 +338,6 @@ func TestTEIByteLevelTokensInsideCharacters(t *testing.T) {
 	assert.Contains(t, string(b), `"text":"の"`, "whole characters are the input's own")
 
 	long := strings.Repeat("héllo 😀😀 wörld 日本語のテキスト ", 40)
-	// The cut itself: whole characters, within the bucket, either side.
-	m := fx.model(t, "tiny-encoder")
-	for _, left := range []bool{true, false} {
-		for _, maxSeq := range []int{5, 6, 7, 12, 24, 31, 32, 64} {
-			cut, err := cutToTokens(m, long, maxSeq, left)
-			require.NoError(t, err)
-			assert.True(t, utf8.ValidString(cut), "left %v, %d tokens: %q", left, maxSeq, cut)
-			ids, err := m.Tokenizer.AppendEncode(nil, cut, 1<<20, false)
-			require.NoError(t, err)
-			assert.LessOrEqual(t, len(ids), maxSeq, "left %v: %q", left, cut)
-		}
-	}
 	for _, dir := range []string{"Left", "Right"} {
 		st, b = fx.post(t, "/embed", map[string]any{"inputs": long, "truncate": true, "truncation_direction": dir})
 		require.Equal(t, 200, st, "%s: %s", dir, b)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -39,7 +40,7 @@ func getConfig(t *testing.T, s *Server, path string) string {
 	t.Helper()
 	w := do(t, s, "GET", path, nil)
 	require.Equal(t, 200, w.Code, "%s: %s", path, w.Body.String())
-	var c modelConfig
+	var c core.ModelConfig
 	dec := json.NewDecoder(strings.NewReader(w.Body.String()))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&c), path)
@@ -118,12 +119,12 @@ instances: {devices: [0, 1], per_device: 2, min_ready: 3}
 	s, err := New(Options{Models: set})
 	require.NoError(t, err)
 
-	var c modelConfig
+	var c core.ModelConfig
 	require.NoError(t, json.Unmarshal([]byte(getConfig(t, s, "/v2/models/summax/config")), &c))
-	assert.Equal(t, &dynamicBatching{PreferredBatchSize: []int32{1, 4}, MaxQueueDelayMicroseconds: 2500, PriorityLevels: 3, DefaultPriorityLevel: 2,
-		DefaultQueuePolicy: queuePolicy{TimeoutAction: "REJECT", DefaultTimeoutMicroseconds: 1500, AllowTimeoutOverride: true, MaxQueueSize: 10}}, c.DynamicBatching)
+	assert.Equal(t, &core.DynamicBatching{PreferredBatchSize: []int32{1, 4}, MaxQueueDelayMicroseconds: 2500, PriorityLevels: 3, DefaultPriorityLevel: 2,
+		DefaultQueuePolicy: core.QueuePolicy{TimeoutAction: "REJECT", DefaultTimeoutMicroseconds: 1500, AllowTimeoutOverride: true, MaxQueueSize: 10}}, c.DynamicBatching)
 	assert.Equal(t, int32(4), c.MaxBatchSize)
-	assert.Equal(t, []instanceGroup{
+	assert.Equal(t, []core.InstanceGroup{
 		{Name: "summax_rbln0", Kind: "KIND_MODEL", Count: 2},
 		{Name: "summax_rbln1", Kind: "KIND_MODEL", Count: 2},
 		{Name: "summax_failover_cpu", Kind: "KIND_CPU", Count: 1, Passive: true},
@@ -132,30 +133,4 @@ instances: {devices: [0, 1], per_device: 2, min_ready: 3}
 	assert.Equal(t, "cpu", c.Parameters["stepserve.failover_engine"].StringValue)
 	assert.Equal(t, "0,1,0,1", c.Parameters["stepserve.devices"].StringValue, "a device per replica, as placed")
 	assert.Equal(t, "3", c.Parameters["stepserve.instances.min_ready"].StringValue)
-
-	// An encoder's token_type_ids are optional.
-	enc, err := models.ParseConfig(strings.NewReader(`architecture: encoder
-encoder: {vocab_size: 8, hidden: 4, layers: 1, heads: 1, intermediate: 8, max_position: 32}
-inputs:
-  - {name: input_ids, datatype: INT64, shape: [-1, -1]}
-  - {name: attention_mask, datatype: INT64, shape: [-1, -1]}
-  - {name: token_type_ids, datatype: INT64, shape: [-1, -1]}
-outputs: [{name: e, datatype: FP32, shape: [-1, 4]}]
-buckets: {batch: [1], seq: [32]}
-`))
-	require.NoError(t, err)
-	for _, in := range enc.Inputs {
-		assert.Equal(t, in.Name == "token_type_ids", enc.OptionalInput(in.Name), in.Name)
-		assert.Equal(t, []int64{-1}, dims(in), "the sequence is variable")
-	}
-}
-
-func TestTritonDatatypes(t *testing.T) {
-	for dt, want := range map[models.Datatype]string{
-		models.BOOL: "TYPE_BOOL", models.UINT8: "TYPE_UINT8", models.UINT64: "TYPE_UINT64", models.INT8: "TYPE_INT8",
-		models.INT32: "TYPE_INT32", models.INT64: "TYPE_INT64", models.FP16: "TYPE_FP16", models.BF16: "TYPE_BF16",
-		models.FP32: "TYPE_FP32", models.FP64: "TYPE_FP64", models.BYTES: "TYPE_STRING",
-	} {
-		assert.Equal(t, want, tritonDatatype(dt))
-	}
 }

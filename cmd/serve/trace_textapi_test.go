@@ -9,7 +9,7 @@ import (
 
 // TestTraceCoversTheTextAPIs: with tracing on, requests through TEI's
 // /embed and OpenAI's /v1/embeddings are never sampled (only OIP's infer
-// calls Tracer.Sample, server/infer.go): 120 text API requests with
+// calls Tracer.Sample, server/oip/infer.go): 120 text API requests with
 // trace_level TIMESTAMPS and log_frequency 1 left no trace file, while
 // OIP requests to the same model did. A text API request must be traced
 // as its OIP equivalent is.

@@ -1,0 +1,16 @@
+package admin
+
+import (
+	"net/http"
+
+	"github.com/stepserve/stepserve/server/core"
+)
+
+// modelConfiguration answers the model configuration extension.
+func (s *API) modelConfiguration(r *http.Request) (any, error) {
+	m, err := s.c.LookupRoute(r)
+	if err != nil {
+		return nil, err
+	}
+	return core.TritonConfig(m), nil
+}

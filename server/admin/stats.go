@@ -1,0 +1,18 @@
+package admin
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/stepserve/stepserve/server/core"
+)
+
+// stats answers the statistics extension for the model the route names,
+// or for every model (GET /v2/models/stats).
+func (s *API) stats(r *http.Request) (any, error) {
+	ms, err := s.c.StatsModels(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+	if err != nil {
+		return nil, err
+	}
+	return core.TritonStats(ms...), nil
+}

@@ -1,0 +1,222 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stepserve/stepserve/internal/bytesize"
+	"github.com/stepserve/stepserve/models"
+)
+
+// DefaultBudgetWait is how long a request waits for in-flight memory that others
+// hold before it is answered 503: long enough to ride out a burst, short
+// enough that a client retries rather than times out.
+const DefaultBudgetWait = time.Second
+
+// A Budget is the memory all requests in flight may hold together. A
+// request takes its bytes before it allocates them (its body as it grows,
+// then, from its declared shapes, its tensors, outputs and response) and
+// gives them back once its response is written, so that concurrency cannot
+// multiply one request's bound into more memory than the process has.
+//
+// Taking and giving are an atomic add each; only a request that finds the
+// Budget spent waits, on a channel closed whenever bytes are given back.
+// It is safe for concurrent use.
+type Budget struct {
+	limit   int64
+	used    atomic.Int64
+	waiting atomic.Int32
+	mu      sync.Mutex
+	freed   chan struct{} // closed, and replaced, when bytes are given back to a waiter
+}
+
+func NewBudget(limit int64) *Budget {
+	return &Budget{limit: limit, freed: make(chan struct{})}
+}
+
+// InUse is what requests in flight hold now.
+func (b *Budget) InUse() int64 { return b.used.Load() }
+
+// TryTake takes n bytes if they are free.
+func (b *Budget) TryTake(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u+n > b.limit {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+// wait takes n bytes, waiting up to wait for others to give them back:
+// errBudgetBusy if they do not in time.
+func (b *Budget) wait(ctx context.Context, n int64, wait time.Duration) error {
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		freed := b.freed
+		b.mu.Unlock()
+		// Tried after freed is read: bytes given back since then are
+		// either seen here or close the channel read.
+		if b.TryTake(n) {
+			return nil
+		}
+		select {
+		case <-freed:
+		case <-timer.C:
+			return errBudgetBusy
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Give gives back n bytes taken before.
+func (b *Budget) Give(n int64) {
+	b.used.Add(-n)
+	if b.waiting.Load() > 0 {
+		b.mu.Lock()
+		close(b.freed)
+		b.freed = make(chan struct{})
+		b.mu.Unlock()
+	}
+}
+
+var errBudgetBusy = errors.New("server: the in-flight budget stayed spent")
+
+// A Charge is what one request holds of the budget; release gives it all
+// back. It is used by one request's goroutine.
+type Charge struct {
+	Budget *Budget
+	Wait   time.Duration // how long a take waits for others to give back
+	held   int64
+}
+
+// Take adds n bytes to the charge, waiting briefly when others hold the
+// budget. Its errors are the answers: 413 when the request alone would
+// need more than the whole budget, 503 (with Retry-After) when others hold
+// it. what names the request's part that needs the bytes.
+func (c *Charge) Take(ctx context.Context, n int64, what string) error {
+	if n <= 0 {
+		return nil
+	}
+	if c.held+n > c.Budget.limit {
+		return &Error{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+			"%s would take about %s of memory, more than the server's whole in-flight budget of %s (server.max_inflight_bytes); send a smaller request",
+			what, bytesize.Format(c.held+n), bytesize.Format(c.Budget.limit))}
+	}
+	if !c.Budget.TryTake(n) {
+		if err := c.Budget.wait(ctx, n, c.Wait); err != nil {
+			if err != errBudgetBusy {
+				return err
+			}
+			return &Error{http.StatusServiceUnavailable, fmt.Sprintf(
+				"the server is busy: requests in flight hold %s of its %s in-flight budget (server.max_inflight_bytes), and %s needs %s more; retry",
+				bytesize.Format(c.Budget.used.Load()), bytesize.Format(c.Budget.limit), what, bytesize.Format(n))}
+		}
+	}
+	c.held += n
+	return nil
+}
+
+// Release gives back the whole charge.
+func (c *Charge) Release() {
+	if c.held != 0 {
+		c.Budget.Give(c.held)
+		c.held = 0
+	}
+}
+
+// A Footprint is what a request will hold in memory until its response is
+// written, bounded from its declared shapes before any of it is built.
+type Footprint struct {
+	rows    int
+	inputs  int64 // the decoded tensors
+	step    int64 // what the model builds for the step from them
+	Outputs int64 // the output buffers
+	JSON    int64 // the response's JSON (for gRPC: the whole encoded response)
+	Binary  int64 // the binary outputs written after the JSON (the output buffers themselves)
+	classes int64 // binary classification outputs, built for the response
+	scratch int64 // what building the response takes besides (classification's ranking)
+	// Protobuf says the response is gRPC's: json is then its encoding,
+	// raw outputs included, and binary is zero.
+	Protobuf bool
+}
+
+// memory is what the request will take beyond its body.
+func (f Footprint) memory() int64 {
+	return f.inputs + f.step + f.Outputs + f.JSON + f.classes + f.scratch
+}
+
+// response is the size of the response.
+func (f Footprint) response() int64 { return f.JSON + f.Binary + f.classes }
+
+// FootprintOf bounds what a parsed request will cost, given the bytes its
+// inputs take decoded and the longest sequence they declare (0: none): the
+// model's step inputs and every output at the longest sequence the request
+// may take, and its response at the longest JSON each value may take.
+func FootprintOf(m *models.Model, req *InferRequest, inputs int64, seq int) Footprint {
+	cfg := m.Config
+	f := Footprint{rows: req.Rows, inputs: inputs}
+	if seq == 0 {
+		seq = cfg.MaxSeq() // text: its tokens may be as long as the longest bucket
+	}
+	rows := int64(req.Rows)
+	f.step = m.StepBytes(req.Rows, seq)
+	// The JSON around the values: names, shapes and punctuation; an id may
+	// be escaped six bytes to one.
+	f.JSON = 64 + int64(len(m.Name)+len(m.Version)+6*len(req.ID))
+	for i, o := range cfg.Outputs {
+		rowBytes := rows * int64(o.RowBytes(seq))
+		f.Outputs += rowBytes
+		for _, c := range req.Outputs {
+			switch {
+			case c.Index != i:
+			case c.Classes > 0:
+				f.JSON += 112 + int64(len(o.Name)+21*2)
+				var labels []string
+				if i < len(m.Labels) {
+					labels = m.Labels[i]
+				}
+				f.scratch = max(f.scratch, classScratch(o)) // one output at a time
+				strs := rows * int64(c.Classes) * classElementBytes(o.Datatype, o.RowElements(seq), labels, !c.Binary)
+				if c.Binary {
+					f.classes += strs
+				} else {
+					f.JSON += strs
+				}
+			case c.Binary:
+				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape))
+				f.Binary += rowBytes
+			default:
+				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape)) + rows*int64(o.RowElements(seq)*jsonValueBytes(o.Datatype))
+			}
+		}
+	}
+	return f
+}
+
+// admit checks a parsed request's footprint against the response limit
+// and takes its memory from the in-flight budget, on top of its body's.
+func (s *Core) admit(ctx context.Context, ch *Charge, f Footprint) error {
+	if f.response() > s.Opts.MaxResponseBytes {
+		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
+		if f.JSON > f.Binary && !f.Protobuf {
+			of, advice = " of JSON", "send fewer rows or ask for binary outputs"
+		}
+		return &Error{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
+			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(s.Opts.MaxResponseBytes), advice)}
+	}
+	return ch.Take(ctx, f.memory(), "the request")
+}

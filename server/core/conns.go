@@ -1,0 +1,319 @@
+package core
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ConnLimitOptions configure a [ConnLimit].
+type ConnLimitOptions struct {
+	// Max is the most connections open at once; it must be positive.
+	Max int
+	// Listener names the listener in the metrics' listener label and the
+	// log: api, metrics.
+	Listener string
+	// Key is the configuration key that sets Max, named in the 503 and
+	// the log; empty when no key does.
+	Key        string
+	Logger     *slog.Logger          // nil discards
+	Registerer prometheus.Registerer // nil registers no metrics
+}
+
+// ConnLimit bounds the connections one listener holds open, so that
+// clients cannot take every file descriptor and leave none for the
+// process's other listeners, files and workers.
+//
+// A connection that arrives at the limit takes the place of the one that
+// has waited longest without a request in progress (an idle keep-alive
+// connection, or one that has sent nothing yet): its client reconnects
+// when it next needs to, as after an idle timeout. nginx reuses its
+// keep-alive connections the same way. Only when every connection is busy
+// with a request is the newcomer refused: answered 503 at once and closed.
+// Accept never waits for a free slot: a connection left in the kernel's
+// backlog looks to its client, and to a health probe, like a server that
+// hangs.
+//
+// A ConnLimit is for one listener and one [http.Server]; use [ConnLimit.Serve].
+type ConnLimit struct {
+	opts   ConnLimitOptions
+	logger *slog.Logger
+	// refusal is the whole HTTP response a refused connection gets.
+	refusal string
+
+	mu   sync.Mutex
+	open int
+	// waiting holds the open connections with no request in progress,
+	// longest-waiting first.
+	waiting  idleList
+	lastWarn time.Time
+
+	closedIdle, refused prometheus.Counter
+}
+
+// NewConnLimit makes the limit opts describe and registers its metrics:
+// stepserve_connections_open, stepserve_connections_max,
+// stepserve_connections_closed_idle_total and
+// stepserve_connections_refused_total, labelled with the listener.
+func NewConnLimit(opts ConnLimitOptions) (*ConnLimit, error) {
+	if opts.Max < 1 {
+		return nil, fmt.Errorf("server: ConnLimitOptions.Max is %d; want at least 1", opts.Max)
+	}
+	l := &ConnLimit{opts: opts, logger: opts.Logger}
+	if l.logger == nil {
+		l.logger = slog.New(slog.DiscardHandler)
+	}
+	key := ""
+	if opts.Key != "" {
+		key = " (" + opts.Key + ")"
+	}
+	body := fmt.Sprintf(`{"error":"the server has %d connections open, every one busy with a request%s; retry shortly"}`+"\n", opts.Max, key)
+	l.refusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+
+	labels := prometheus.Labels{"listener": opts.Listener}
+	l.closedIdle = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stepserve_connections_closed_idle_total", ConstLabels: labels,
+		Help: "Connections without a request in progress closed to make room for a new one at the connection limit.",
+	})
+	l.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stepserve_connections_refused_total", ConstLabels: labels,
+		Help: "Connections answered 503 and closed at the connection limit because every open one was busy with a request.",
+	})
+	collectors := []prometheus.Collector{
+		l.closedIdle, l.refused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "stepserve_connections_open", ConstLabels: labels,
+			Help: "Client connections open on the listener.",
+		}, func() float64 { l.mu.Lock(); defer l.mu.Unlock(); return float64(l.open) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "stepserve_connections_max", ConstLabels: labels,
+			Help: "The most client connections the listener holds open.",
+		}, func() float64 { return float64(opts.Max) }),
+	}
+	if opts.Registerer != nil {
+		for _, c := range collectors {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return l, nil
+}
+
+// Serve serves hs on ln within the limit; it returns as hs.Serve does. It
+// sets hs.ConnState, which tells the limit which connections are busy.
+func (l *ConnLimit) Serve(hs *http.Server, ln net.Listener) error {
+	hs.ConnState = l.track
+	return hs.Serve(&limitListener{Listener: ln, limit: l})
+}
+
+type limitListener struct {
+	net.Listener
+	limit *ConnLimit
+}
+
+// Accept returns the next connection admitted; it answers and closes the
+// ones refused itself.
+func (ln *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := ln.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if lc := ln.limit.admit(c); lc != nil {
+			return lc, nil
+		}
+		ln.limit.refuse(c)
+	}
+}
+
+// limitedConn is an admitted connection; closing it frees its slot.
+type limitedConn struct {
+	net.Conn
+	limit *ConnLimit
+	// Under limit.mu: its links in limit.waiting and whether it is in it
+	// (not while a request is in progress); and whether its slot is free.
+	prev, next *limitedConn
+	idle       bool
+	released   bool
+}
+
+// idleList is the connections without a request in progress, longest
+// idle first, linked through the connections themselves: a connection
+// goes in and out of it with every request, so it must not allocate.
+type idleList struct {
+	head, tail *limitedConn
+	n          int
+}
+
+func (q *idleList) push(c *limitedConn) {
+	if c.idle {
+		return
+	}
+	c.idle, c.prev, c.next = true, q.tail, nil
+	if q.tail != nil {
+		q.tail.next = c
+	} else {
+		q.head = c
+	}
+	q.tail = c
+	q.n++
+}
+
+func (q *idleList) remove(c *limitedConn) {
+	if !c.idle {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		q.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		q.tail = c.prev
+	}
+	c.idle, c.prev, c.next = false, nil, nil
+	q.n--
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.limit.release(c)
+	return err
+}
+
+// admit counts c in, first closing the longest-waiting connection if the
+// limit is reached; it returns nil if every open connection is busy.
+func (l *ConnLimit) admit(c net.Conn) *limitedConn {
+	l.mu.Lock()
+	if l.open >= l.opts.Max {
+		victim := l.waiting.head
+		if victim == nil {
+			l.mu.Unlock()
+			return nil
+		}
+		l.waiting.remove(victim)
+		l.mu.Unlock()
+		victim.Close() // frees its slot: open < Max from here
+		l.closedIdle.Inc()
+		l.warn("connection limit reached: closing the longest-idle connections to make room")
+		l.mu.Lock()
+	}
+	l.open++
+	lc := &limitedConn{Conn: c, limit: l}
+	l.waiting.push(lc) // no request yet
+	l.mu.Unlock()
+	return lc
+}
+
+// refuse answers c 503 and closes it. The write goes to a new socket's
+// empty send buffer, so it does not wait; the deadline is a safeguard for
+// the accept loop it runs on.
+func (l *ConnLimit) refuse(c net.Conn) {
+	l.refused.Inc() // first: counted by the time the client reads the answer
+	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	io.WriteString(c, l.refusal)
+	c.Close()
+	l.warn("connection limit reached with every connection busy: refusing new connections with 503")
+}
+
+func (l *ConnLimit) release(c *limitedConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.released {
+		return
+	}
+	c.released = true
+	l.open--
+	l.waiting.remove(c)
+}
+
+// track keeps l.waiting to the connections without a request in progress.
+func (l *ConnLimit) track(c net.Conn, state http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch state {
+	case http.StateIdle: // between requests
+		if !lc.released {
+			l.waiting.push(lc)
+		}
+	case http.StateActive, http.StateHijacked, http.StateClosed:
+		l.waiting.remove(lc)
+	}
+}
+
+// warnEvery spaces the limit's warnings: the counters say how often it acts.
+const warnEvery = 10 * time.Second
+
+func (l *ConnLimit) warn(msg string) {
+	l.mu.Lock()
+	now := time.Now()
+	quiet := now.Sub(l.lastWarn) < warnEvery
+	if !quiet {
+		l.lastWarn = now
+	}
+	l.mu.Unlock()
+	if !quiet {
+		l.logger.Warn(msg, "listener", l.opts.Listener, "max_connections", l.opts.Max)
+	}
+}
+
+// connReserve is the descriptors the default connection limit leaves for
+// everything else: model files being read, the device workers' sockets and
+// pipes, the metrics listener and its [MetricsConns] connections, and the
+// runtime's own.
+const connReserve = 256
+
+// MetricsConns bounds the metrics listener's connections: health probes
+// and a scraper or two need few.
+const MetricsConns = 64
+
+// maxDefaultConns bounds the default connection limit by memory: an idle
+// connection holds about 16 KiB (its goroutine's stack and its buffers), so
+// that idle connections alone take at most 256 MiB, where a descriptor
+// limit of a million would let them take 16 GiB.
+const maxDefaultConns = 16384
+
+// ConnectionCap is the connection limit for the API listener: configured
+// when it is positive; otherwise what the descriptor limit leaves after a
+// reserve (at least half of it), and at most [maxDefaultConns]. The
+// descriptor limit is RLIMIT_NOFILE's soft limit, which the Go runtime
+// raises to the hard limit at start. A configured limit above what the
+// descriptors leave is kept, with a warning: accept would then fail for
+// want of descriptors before the limit is reached, the failure the limit
+// is there to prevent.
+func ConnectionCap(configured int, logger *slog.Logger) int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		if configured > 0 {
+			return configured
+		}
+		logger.Warn("reading RLIMIT_NOFILE failed; limiting connections to 1024 (server.max_connections)", "err", err)
+		return 1024
+	}
+	files := int(min(rl.Cur, 1<<24))
+	room := max(files-connReserve, files/2)
+	if configured > room {
+		logger.Warn("server.max_connections is above what the descriptor limit leaves for connections; raise the limit (ulimit -n) or lower the key",
+			"max_connections", configured, "rlimit_nofile", files, "room", room)
+	}
+	if configured > 0 {
+		return configured
+	}
+	return min(room, maxDefaultConns)
+}

@@ -1,0 +1,192 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stepserve/stepserve/internal/memlimit"
+	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// Options configure a [Server].
+type Options struct {
+	// Models is the live model set the server serves.
+	Models *serving.Set
+	// ModelControl enables the repository API (load and unload); without
+	// it the API answers 403.
+	ModelControl bool
+	// MaxBodyBytes bounds a request body; 0 means 64 MiB.
+	MaxBodyBytes int64
+	// Version is reported by GET /v2.
+	Version string
+	Logger  *slog.Logger // nil discards
+	// Registerer receives the server's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Gatherer serves /metrics; nil serves no /metrics endpoint.
+	Gatherer prometheus.Gatherer
+	// MetricsElsewhere leaves /metrics off this handler, for a server that
+	// serves [Server.MetricsHandler] on a listener of its own.
+	MetricsElsewhere bool
+	// MaxRequestElements bounds the tensor elements a request may declare;
+	// 0 means 16Mi.
+	MaxRequestElements int64
+	// MaxResponseBytes bounds the response a request may ask for, as its
+	// shapes bound it before it runs; 0 means 64 MiB.
+	MaxResponseBytes int64
+	// MaxInflightBytes bounds the memory all requests in flight hold
+	// together (bodies, tensors, outputs, responses not yet written);
+	// 0 means half of [MemoryLimit].
+	MaxInflightBytes int64
+	// InferenceTokens, when any, are the bearer tokens /v2/models/...
+	// requires; RepositoryTokens likewise for /v2/repository/....
+	// [Server.SetTokens] replaces them.
+	InferenceTokens  []string
+	RepositoryTokens []string
+	// RepositoryAnonymous leaves the administrator's endpoints (the
+	// repository API, logging, trace settings and files) open on purpose
+	// while inference has tokens and they have none; without it they are
+	// closed then (adminAuth).
+	RepositoryAnonymous bool
+	// LogLevel is the level of the log Logger writes to, which the
+	// logging extension (POST /v2/logging) changes at run time; nil leaves
+	// the extension off. LogFormat is that log's format (text or json),
+	// as GET /v2/logging reports it.
+	LogLevel  *slog.LevelVar
+	LogFormat string
+	// LogRequests logs every inference request at info, not debug.
+	LogRequests bool
+	// Tracer takes the traces Triton's trace extension asks for
+	// (/v2/trace/setting, trace.go); nil leaves the extension off.
+	Tracer *trace.Tracer
+}
+
+// Core is what every front door shares: the models, the limits, the
+// in-flight budget, the tokens, the metrics and the log. The doors hold
+// one and reach everything through it.
+type Core struct {
+	Opts    Options
+	Logger  *slog.Logger
+	Metrics *Metrics
+	Budget  *Budget
+	// BudgetWait is how long a request waits for in-flight memory others
+	// hold: BudgetWait, shorter in tests.
+	BudgetWait time.Duration
+	// The bearer tokens in force, per scope.
+	InferenceTokens, RepositoryTokens *Tokens
+	logs                              LogControl // the logging extension's (logging.go)
+}
+
+// LookupRoute finds the model and version a route names.
+func (s *Core) LookupRoute(r *http.Request) (*serving.Model, error) {
+	return s.Lookup(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+}
+
+// Lookup finds a model by name and, when v is not empty, version.
+func (s *Core) Lookup(name, v string) (*serving.Model, error) {
+	m, ok := s.Opts.Models.Model(name)
+	if !ok {
+		return nil, modelNotFound(name)
+	}
+	if v != "" && v != m.Model().Version {
+		return nil, NotFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, ClipName(v), m.Model().Version))
+	}
+	return m, nil
+}
+
+func NotReady(name string) error {
+	return &Error{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name)}
+}
+
+func (s *Core) Live(r *http.Request) (any, error) {
+	return map[string]bool{"live": true}, nil
+}
+
+// Ready is 200 only when every model has loaded and warmed up.
+func (s *Core) Ready(r *http.Request) (any, error) {
+	if ok, name := s.Opts.Models.Ready(); !ok {
+		return nil, NotReady(name)
+	}
+	return map[string]bool{"ready": true}, nil
+}
+
+// extensions are the protocol extensions the server implements, as
+// GET /v2 lists them: Triton's names, and only those whose endpoints and
+// parameters really work. Add an extension here when it is implemented.
+var extensions = []string{
+	"binary_tensor_data",  // JSON header, binary tensors after it (request.go, infer.go)
+	"classification",      // an output's top k classes (classification.go)
+	"model_configuration", // /v2/models/{model}[/versions/{version}]/config (triton_config.go)
+	"model_repository",    // /v2/repository/index, load, unload
+	"schedule_policy",     // the priority and timeout request parameters
+	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
+	"logging",             // /v2/logging (logging.go), where Options.LogLevel is set
+	"trace",               // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
+}
+
+func (s *Core) ServerMetadata(r *http.Request) (any, error) {
+	ext := extensions
+	if s.Opts.LogLevel == nil {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
+	}
+	if s.Opts.Tracer == nil {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "trace" })
+	}
+	return map[string]any{
+		"name":       "stepserve",
+		"version":    s.Opts.Version,
+		"extensions": ext,
+	}, nil
+}
+
+// New builds the core for opts, filling in the defaults of its zero
+// fields.
+func New(opts Options) (*Core, error) {
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 64 << 20
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.MaxRequestElements == 0 {
+		opts.MaxRequestElements = 1 << 24
+	}
+	if opts.MaxResponseBytes == 0 {
+		opts.MaxResponseBytes = 64 << 20
+	}
+	if opts.MaxInflightBytes == 0 {
+		opts.MaxInflightBytes = memlimit.Read().Bytes / 2
+	}
+	if opts.MaxInflightBytes <= 0 {
+		return nil, errors.New("server: Options.MaxInflightBytes is unset and no memory limit could be read; set it")
+	}
+	if opts.Models == nil {
+		return nil, errors.New("server: Options.Models is required")
+	}
+	c := &Core{Opts: opts, Logger: opts.Logger,
+		InferenceTokens:  NewTokens("auth.inference", opts.InferenceTokens),
+		RepositoryTokens: NewTokens("auth.repository", opts.RepositoryTokens),
+		Budget:           NewBudget(opts.MaxInflightBytes), BudgetWait: DefaultBudgetWait,
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
+		c.Logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",
+			"inference_token", len(opts.InferenceTokens) > 0)
+	}
+	var err error
+	if c.Metrics, err = NewMetrics(opts.Registerer, c.Budget); err != nil {
+		return nil, err
+	}
+	for _, m := range opts.Models.Models() {
+		c.Metrics.AddModel(m.Model().Name)
+	}
+	return c, nil
+}

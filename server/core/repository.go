@@ -1,0 +1,65 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/stepserve/stepserve/serving"
+)
+
+// The repository API (Triton's model repository extension). It is off
+// unless Options.ModelControl is set, since loading and unloading change
+// what every client sees.
+
+func (s *Core) Control() error {
+	if !s.Opts.ModelControl {
+		return &Error{http.StatusForbidden, "model control is disabled; start the server with --server.enable_model_control to load and unload models"}
+	}
+	return nil
+}
+
+// Index lists the repository's models, or its ready ones only, for either
+// protocol.
+func (s *Core) Index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
+	index, err := s.Opts.Models.Index(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]serving.IndexEntry, 0, len(index))
+	for _, e := range index {
+		if !readyOnly || e.State == "READY" {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// Load loads or reloads a model, its configuration changed by override
+// (nil: none), for either protocol.
+func (s *Core) Load(ctx context.Context, name string, override serving.Override) error {
+	if s.RepositoryTokens.None() && s.Opts.Models.RunsCode(name) {
+		// A module is code the worker runs: whoever may load one may run
+		// code on the server.
+		return &Error{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
+			"loading it through the repository API requires auth.repository.token (or token_file); "+
+			"without one, put it in the repository before the server starts", ClipName(name))}
+	}
+	if err := s.Opts.Models.LoadWith(ctx, name, override); err != nil {
+		return fmt.Errorf("load %s: %w", ClipName(name), err)
+	}
+	s.Metrics.AddModel(name)
+	s.Logger.Info("model loaded through the repository API", "model", name)
+	return nil
+}
+
+// Unload stops serving a model, for either protocol.
+func (s *Core) Unload(ctx context.Context, name string) error {
+	if err := s.Opts.Models.Unload(ctx, name); err != nil {
+		return fmt.Errorf("unload %s: %w", ClipName(name), err)
+	}
+	s.Metrics.forget(name)
+	s.Opts.Tracer.Forget(name) // its trace override, as Triton drops it with the model
+	s.Logger.Info("model unloaded through the repository API", "model", name)
+	return nil
+}

@@ -1,0 +1,225 @@
+package core
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"unsafe"
+
+	"github.com/stepserve/stepserve/models"
+)
+
+// decodeJSONData writes the values of a JSON "data" array (flat or nested,
+// row-major) into dst as packed elements of type dt, and returns how many it
+// wrote. The bytes are already known to be valid JSON. It never writes past
+// dst: a value beyond its capacity is an error, so a body cannot make the
+// server write more than the declared shape.
+// Nesting deeper than the shape's rank is refused, so that a hostile body
+// of brackets costs nothing.
+func decodeJSONData(raw []byte, dt models.Datatype, dst []byte, rank int) (int, error) {
+	size := dt.Size()
+	if size == 0 || dt == models.FP16 || dt == models.BF16 {
+		return 0, fmt.Errorf("%s data must be sent as binary tensor data", dt)
+	}
+	capacity := len(dst) / size
+	i, n := 0, 0
+	for i < len(raw) && isSpace(raw[i]) {
+		i++
+	}
+	if i == len(raw) || raw[i] != '[' {
+		return 0, fmt.Errorf("data must be an array of %s values", dt)
+	}
+	depth := 0
+	for i < len(raw) {
+		c := raw[i]
+		switch {
+		case c == '[':
+			if depth++; depth > rank {
+				return n, fmt.Errorf("data is nested deeper than its shape's %d dimensions", rank)
+			}
+			i++
+			continue
+		case c == ']':
+			depth--
+			i++
+			continue
+		case c == ',' || isSpace(c):
+			i++
+			continue
+		case c == '"':
+			return n, fmt.Errorf("element %d is a string; want %s numbers", n, dt)
+		case c == '{':
+			return n, fmt.Errorf("element %d is an object; want %s numbers", n, dt)
+		case c == 'n':
+			return n, fmt.Errorf("element %d is null; want %s numbers", n, dt)
+		}
+		j := i
+		for j < len(raw) && !isDelim(raw[j]) {
+			j++
+		}
+		tok := raw[i:j]
+		i = j
+		if n == capacity {
+			return n + 1, fmt.Errorf("more values than the shape holds (%d)", capacity)
+		}
+		if err := putValue(dst[n*size:], dt, tok); err != nil {
+			return n, fmt.Errorf("element %d: %w", n, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func isDelim(c byte) bool { return c == ',' || c == ']' || c == '[' || isSpace(c) }
+
+// putValue parses one JSON scalar as dt and stores it little-endian.
+func putValue(dst []byte, dt models.Datatype, tok []byte) error {
+	s := unsafe.String(unsafe.SliceData(tok), len(tok)) // parsed only, never kept
+	if dt == models.BOOL {
+		switch s {
+		case "true":
+			dst[0] = 1
+		case "false":
+			dst[0] = 0
+		default:
+			return fmt.Errorf("%s is not a boolean; want true or false", strconv.Quote(s))
+		}
+		return nil
+	}
+	if s == "true" || s == "false" {
+		return fmt.Errorf("%s is a boolean; want a %s number", s, dt)
+	}
+	switch dt {
+	case models.FP32:
+		f, err := strconv.ParseFloat(s, 32)
+		if err != nil || math.IsInf(f, 0) {
+			return fmt.Errorf("%s is not a finite FP32 value", s)
+		}
+		binary.LittleEndian.PutUint32(dst, math.Float32bits(float32(f)))
+	case models.FP64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsInf(f, 0) {
+			return fmt.Errorf("%s is not a finite FP64 value", s)
+		}
+		binary.LittleEndian.PutUint64(dst, math.Float64bits(f))
+	case models.INT8, models.INT16, models.INT32, models.INT64:
+		bits := 8 * dt.Size()
+		v, err := strconv.ParseInt(s, 10, bits)
+		if err != nil {
+			return fmt.Errorf("%s is not an integer in the %s range", s, dt)
+		}
+		PutInt(dst, uint64(v), dt.Size())
+	case models.UINT8, models.UINT16, models.UINT32, models.UINT64:
+		bits := 8 * dt.Size()
+		v, err := strconv.ParseUint(s, 10, bits)
+		if err != nil {
+			return fmt.Errorf("%s is not an integer in the %s range", s, dt)
+		}
+		PutInt(dst, v, dt.Size())
+	default:
+		return fmt.Errorf("datatype %s cannot be sent as JSON", dt)
+	}
+	return nil
+}
+
+func PutInt(dst []byte, v uint64, size int) {
+	switch size {
+	case 1:
+		dst[0] = byte(v)
+	case 2:
+		binary.LittleEndian.PutUint16(dst, uint16(v))
+	case 4:
+		binary.LittleEndian.PutUint32(dst, uint32(v))
+	case 8:
+		binary.LittleEndian.PutUint64(dst, v)
+	}
+}
+
+// checkFinite reports the first NaN or infinity in a packed float tensor.
+func checkFinite(data []byte, dt models.Datatype) error {
+	switch dt {
+	case models.FP32:
+		for i := 0; i+4 <= len(data); i += 4 {
+			f := math.Float32frombits(binary.LittleEndian.Uint32(data[i:]))
+			if f != f || math.IsInf(float64(f), 0) {
+				return fmt.Errorf("element %d is %v; values must be finite", i/4, f)
+			}
+		}
+	case models.FP64:
+		for i := 0; i+8 <= len(data); i += 8 {
+			f := math.Float64frombits(binary.LittleEndian.Uint64(data[i:]))
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return fmt.Errorf("element %d is %v; values must be finite", i/8, f)
+			}
+		}
+	case models.FP16:
+		for i := 0; i+2 <= len(data); i += 2 {
+			if binary.LittleEndian.Uint16(data[i:])&0x7c00 == 0x7c00 {
+				return fmt.Errorf("element %d is not finite; values must be finite", i/2)
+			}
+		}
+	case models.BF16:
+		for i := 0; i+2 <= len(data); i += 2 {
+			if binary.LittleEndian.Uint16(data[i:])&0x7f80 == 0x7f80 {
+				return fmt.Errorf("element %d is not finite; values must be finite", i/2)
+			}
+		}
+	}
+	return nil
+}
+
+// jsonValueBytes is the most bytes appendJSONData writes for one value of
+// dt, with its comma: the longest shortest-form float ("-1.2345678e-38" for
+// FP32), integer or boolean.
+func jsonValueBytes(dt models.Datatype) int {
+	switch dt {
+	case models.FP32:
+		return 16
+	case models.INT32:
+		return 12
+	case models.INT64:
+		return 21
+	case models.BOOL:
+		return 6
+	}
+	return 25 // FP64: "-1.2345678901234567e-308"
+}
+
+// AppendJSONData appends a packed tensor as a flat JSON array. Non-finite
+// float values (which a model should never produce) are an error rather
+// than invalid JSON.
+func AppendJSONData(b []byte, data []byte, dt models.Datatype) ([]byte, error) {
+	b = append(b, '[')
+	size := dt.Size()
+	for i := 0; i+size <= len(data); i += size {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		switch dt {
+		case models.FP32:
+			f := math.Float32frombits(binary.LittleEndian.Uint32(data[i:]))
+			if f != f || math.IsInf(float64(f), 0) {
+				return b, fmt.Errorf("element %d is %v", i/size, f)
+			}
+			b = strconv.AppendFloat(b, float64(f), 'g', -1, 32)
+		case models.FP64:
+			f := math.Float64frombits(binary.LittleEndian.Uint64(data[i:]))
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return b, fmt.Errorf("element %d is %v", i/size, f)
+			}
+			b = strconv.AppendFloat(b, f, 'g', -1, 64)
+		case models.INT64:
+			b = strconv.AppendInt(b, int64(binary.LittleEndian.Uint64(data[i:])), 10)
+		case models.INT32:
+			b = strconv.AppendInt(b, int64(int32(binary.LittleEndian.Uint32(data[i:]))), 10)
+		case models.BOOL:
+			b = strconv.AppendBool(b, data[i] != 0)
+		default:
+			return b, fmt.Errorf("datatype %s cannot be returned as JSON; request it as binary data", dt)
+		}
+	}
+	return append(b, ']'), nil
+}

@@ -1,0 +1,629 @@
+package grpcapi
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// ModelInfer is gRPC inference. The request is translated into the HTTP
+// path's wire form (inputs with their raw data or typed contents, and
+// parameters as JSON values) and from there takes the path every request
+// takes: checkRequest, the in-flight budget, decodeValues, the model's
+// batcher. Only the translation and the response's encoding are gRPC's.
+//
+// Outputs come back as raw_output_contents, as Triton answers, when the
+// request sent raw_input_contents (or asked with the binary_data_output
+// or binary_data parameters); otherwise as typed contents, the form a
+// KServe client that sent typed contents reads. The protocol allows one
+// form per response, so an output with no typed field (FP16, BF16)
+// makes them all raw.
+func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
+	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(ctx context.Context, ch *core.Charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
+		// The message arrived decoded (a caller in this process): what
+		// it holds is charged as an HTTP body is.
+		return r, ch.Take(ctx, protoRequestBytes(r), "the request body")
+	})
+}
+
+// modelInferRaw is ModelInfer on the message as it arrived, which the
+// server's ModelInfer handler hands it (grpcModelInferHandler): it is
+// walked, bounded and charged for what it decodes to before it is
+// decoded (grpc_limits.go).
+func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferencepb.ModelInferResponse, error) {
+	defer raw.free()
+	wireBytes := int64(len(raw.bytes()))
+	sc, scanErr := scanInferRequest(raw.bytes(), g.s.c.Opts.MaxRequestElements)
+	malformed := errors.Is(scanErr, errProtoMalformed)
+	if scanErr != nil && !malformed && sc.model == "" {
+		// A limit the walk met before any model name: the same refusal
+		// whatever the model (and not counted, as an unknown name is not).
+		return nil, core.GRPCError(scanErr)
+	}
+	return g.modelInfer(ctx, sc.model, sc.version, wireBytes, func(ctx context.Context, ch *core.Charge, m *models.Model) (*inferencepb.ModelInferRequest, error) {
+		if scanErr != nil && !malformed {
+			return nil, scanErr
+		}
+		// Malformed bytes are bounded as well-formed ones are, up to where
+		// the walk stopped: the protobuf library builds what comes before
+		// them, then fails at the same place and says why.
+		//
+		// Counts a little past the model's are left to the checks after
+		// decoding, which name a repeated input; far past, they are
+		// refused here.
+		cfg := m.Config
+		if sc.inputs > len(cfg.Inputs)+pbExtraTensors {
+			return nil, core.BadRequest(fmt.Sprintf("the request names %d inputs; model %s takes %s", sc.inputs, m.Name, core.Signature(cfg.Inputs)))
+		}
+		if sc.outputs > len(cfg.Outputs)+pbExtraTensors {
+			return nil, core.BadRequest(fmt.Sprintf("the request names %d outputs; model %s gives %s", sc.outputs, m.Name, core.Signature(cfg.Outputs)))
+		}
+		if sc.raw > len(cfg.Inputs)+pbExtraTensors {
+			return nil, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries; model %s takes %d %s", sc.raw, m.Name, len(cfg.Inputs), core.Plural(len(cfg.Inputs), "input")))
+		}
+		if err := ch.Take(ctx, sc.decoded, "the request body"); err != nil {
+			return nil, err
+		}
+		r := new(inferencepb.ModelInferRequest)
+		if err := proto.Unmarshal(raw.bytes(), r); err != nil {
+			return nil, core.BadRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
+		}
+		raw.free()
+		if n := protoRequestBytes(r); n > sc.decoded { // not expected: the walk's bound is above it
+			if err := ch.Take(ctx, n-sc.decoded, "the request body"); err != nil {
+				return nil, err
+			}
+		}
+		return r, nil
+	})
+}
+
+// protoDecoder yields a request's message once its model is known,
+// charged to ch.
+type protoDecoder func(ctx context.Context, ch *core.Charge, m *models.Model) (*inferencepb.ModelInferRequest, error)
+
+// modelInfer answers a ModelInfer request for model and version, whose
+// message decode yields; wireBytes is the message's size for the log
+// when it was never decoded.
+func (g *grpcServer) modelInfer(ctx context.Context, model, version string, wireBytes int64, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
+	s := g.s
+	start := time.Now()
+	m, err := s.c.Lookup(model, version)
+	if err != nil {
+		// Unknown names are not counted: they would let any client create
+		// series without bound.
+		return nil, core.GRPCError(err)
+	}
+	name := m.Model().Name
+	ch := &core.Charge{Budget: s.c.Budget, Wait: s.c.BudgetWait}
+	handed := false
+	defer func() {
+		if !handed {
+			ch.Release() // failed, or panicked
+		}
+	}()
+	resp, r, err := s.inferGRPC(ctx, ch, m, decode)
+	st := http.StatusOK
+	if err != nil {
+		st = core.StatusOf(err)
+		if st == core.StatusClientClosed && atDeadline(ctx) {
+			st = http.StatusGatewayTimeout // the client gave up at its deadline
+		}
+		s.logFailure(ctx, name, st, err)
+	} else {
+		// gRPC encodes and sends the response after this returns: what
+		// the request holds of the budget, its response included, is
+		// given back when its RPC ends.
+		handed = true
+		context.AfterFunc(ctx, ch.Release)
+	}
+	took := time.Since(start)
+	s.c.Metrics.Observe(core.ProtocolGRPC, name, st, took)
+	var rows int
+	if ins := r.GetInputs(); len(ins) > 0 && len(ins[0].GetShape()) > 0 {
+		rows = int(ins[0].GetShape()[0])
+	}
+	size := wireBytes
+	if r != nil {
+		size = protoRequestBytes(r)
+	}
+	s.c.LogRequest(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", name, st,
+		core.RequestInfo{Rows: rows, ID: r.GetId()}, size, took)
+	if err != nil {
+		return nil, core.GRPCError(err)
+	}
+	return resp, nil
+}
+
+// deadlineSlack is how close to its deadline a request cancelled by its
+// client counts as timed out rather than cancelled: a client cancels its
+// call at its deadline, which arrives before the server's own copy of the
+// deadline (grpc-timeout, counted from a moment later) passes.
+const deadlineSlack = 20 * time.Millisecond
+
+// atDeadline reports whether ctx's deadline has passed, or is about to.
+func atDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && time.Until(dl) < deadlineSlack
+}
+
+// inferGRPC answers one gRPC inference request on m, charging what it
+// holds to ch.
+func (s *API) inferGRPC(ctx context.Context, ch *core.Charge, m *serving.Model, decode protoDecoder) (_ *inferencepb.ModelInferResponse, r *inferencepb.ModelInferRequest, err error) {
+	// The model's statistics, as the HTTP path feeds them: from the
+	// request's arrival (whole, for gRPC) to its answer built.
+	began := time.Now()
+	tr := s.c.Opts.Tracer.Sample(m.Model().Name) // nil unless tracing samples it
+	defer func() {
+		if err != nil {
+			m.Report(nil, false, time.Since(began))
+		}
+		if tr != nil {
+			tr.Done(core.TraceStatus(err))
+		}
+	}()
+	if !m.Ready() {
+		return nil, nil, core.NotReady(m.Model().Name)
+	}
+	if r, err = decode(ctx, ch, m.Model()); err != nil {
+		return nil, r, err
+	}
+	size := protoRequestBytes(r)
+	wr, err := wireFromProto(r)
+	if err != nil {
+		return nil, r, err
+	}
+	req, decoded, seq, err := core.CheckRequest(&wr, nil, int(min(size, math.MaxInt32)), m.Model(), s.c.Opts.MaxRequestElements)
+	if err != nil {
+		return nil, r, err
+	}
+	protoOutputs(m.Model(), req)
+	req.Trace = tr
+	m, res, err := s.c.Run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
+	if err != nil {
+		return nil, r, err
+	}
+	resp := protoResponse(m.Model(), req, res)
+	m.Report(res, true, time.Since(began))
+	return resp, r, nil
+}
+
+// protoRequestBytes is the memory a decoded request holds, at least a byte
+// for every value it carries (the bound checkInput puts on shapes): its
+// typed values as Go holds them, its raw and string bytes, and room for
+// its names and headers.
+func protoRequestBytes(r *inferencepb.ModelInferRequest) int64 {
+	n := int64(256 + len(r.GetId()) + 64*len(r.GetParameters()))
+	for _, in := range r.GetInputs() {
+		n += int64(128 + len(in.GetName()) + 8*len(in.GetShape()) + 64*len(in.GetParameters()))
+		if c := in.GetContents(); c != nil {
+			n += int64(len(c.BoolContents) + 4*len(c.IntContents) + 8*len(c.Int64Contents) + 4*len(c.UintContents) +
+				8*len(c.Uint64Contents) + 4*len(c.Fp32Contents) + 8*len(c.Fp64Contents) + 24*len(c.BytesContents))
+			for _, b := range c.BytesContents {
+				n += int64(len(b))
+			}
+		}
+	}
+	for _, o := range r.GetOutputs() {
+		n += int64(64 + len(o.GetName()) + 64*len(o.GetParameters()))
+	}
+	for _, b := range r.GetRawInputContents() {
+		n += int64(24 + len(b))
+	}
+	return n
+}
+
+// wireFromProto translates a gRPC request into the wire form the HTTP
+// decoders produce: raw_input_contents become each input's binary data
+// (with its binary_data_size), typed contents stay typed, and parameters
+// become the JSON values the shared checks read.
+func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
+	raw, ins := r.GetRawInputContents(), r.GetInputs()
+	if len(raw) > 0 && len(raw) != len(ins) {
+		return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs; send one per input, in the inputs' order, or none", len(raw), len(ins)))
+	}
+	wr := core.WireRequest{ID: r.GetId(), Pairs: protoParams(r.GetParameters())}
+	if _, set := (core.WireParams{Pairs: wr.Pairs}).Get("binary_data_output"); len(raw) > 0 && !set {
+		// Raw inputs, raw outputs: as Triton answers its clients.
+		wr.Pairs = append(wr.Pairs, core.ParamPair{Key: "binary_data_output", Raw: json.RawMessage("true")})
+	}
+	wr.Inputs = make([]core.WireInput, len(ins))
+	for i, in := range ins {
+		if len(in.GetShape()) > core.MaxRank {
+			return core.WireRequest{}, core.BadRequest(fmt.Sprintf("input %q: the shape has more than %d dimensions", core.ClipName(in.GetName()), core.MaxRank))
+		}
+		w := &wr.Inputs[i]
+		w.Name, w.Datatype, w.Shape, w.Proto = in.GetName(), in.GetDatatype(), in.GetShape(), true
+		w.Pairs = protoParams(in.GetParameters())
+		if c := in.GetContents(); !contentsEmpty(c) {
+			w.Contents = protoContents{c}
+		}
+		if len(raw) > 0 {
+			w.Bin, w.BinSet = raw[i], true
+			w.Pairs = append(w.Pairs, core.ParamPair{Key: "binary_data_size", Raw: strconv.AppendInt(nil, int64(len(raw[i])), 10)})
+		}
+	}
+	if outs := r.GetOutputs(); len(outs) > 0 {
+		wr.Outputs = make([]core.WireOutput, len(outs))
+		for i, o := range outs {
+			wr.Outputs[i] = core.WireOutput{Name: o.GetName(), Pairs: protoParams(o.GetParameters())}
+		}
+	}
+	return wr, nil
+}
+
+// protoParams are gRPC parameters as the JSON values the shared checks
+// read: priority and timeout as integers, binary_data as a boolean.
+func protoParams(params map[string]*inferencepb.InferParameter) core.ParamPairs {
+	if len(params) == 0 {
+		return nil
+	}
+	pairs := make(core.ParamPairs, 0, len(params))
+	for k, p := range params {
+		pairs = append(pairs, core.ParamPair{Key: k, Raw: paramJSON(p)})
+	}
+	return pairs
+}
+
+func paramJSON(p *inferencepb.InferParameter) json.RawMessage {
+	switch v := p.GetParameterChoice().(type) {
+	case *inferencepb.InferParameter_BoolParam:
+		return strconv.AppendBool(nil, v.BoolParam)
+	case *inferencepb.InferParameter_Int64Param:
+		return strconv.AppendInt(nil, v.Int64Param, 10)
+	case *inferencepb.InferParameter_Uint64Param:
+		return strconv.AppendUint(nil, v.Uint64Param, 10)
+	case *inferencepb.InferParameter_DoubleParam:
+		if math.IsNaN(v.DoubleParam) || math.IsInf(v.DoubleParam, 0) {
+			return strconv.AppendQuote(nil, strconv.FormatFloat(v.DoubleParam, 'g', -1, 64))
+		}
+		return strconv.AppendFloat(nil, v.DoubleParam, 'g', -1, 64)
+	case *inferencepb.InferParameter_StringParam:
+		b, _ := json.Marshal(v.StringParam)
+		return b
+	}
+	return json.RawMessage("null")
+}
+
+// protoContents are an input's typed contents ([typedContents]).
+type protoContents struct {
+	c *inferencepb.InferTensorContents
+}
+
+// contentsFields are InferTensorContents' fields, by name, with how many
+// values each holds.
+func contentsFields(c *inferencepb.InferTensorContents) [8]struct {
+	name string
+	n    int
+} {
+	return [8]struct {
+		name string
+		n    int
+	}{
+		{"bool_contents", len(c.GetBoolContents())}, {"int_contents", len(c.GetIntContents())},
+		{"int64_contents", len(c.GetInt64Contents())}, {"uint_contents", len(c.GetUintContents())},
+		{"uint64_contents", len(c.GetUint64Contents())}, {"fp32_contents", len(c.GetFp32Contents())},
+		{"fp64_contents", len(c.GetFp64Contents())}, {"bytes_contents", len(c.GetBytesContents())},
+	}
+}
+
+func contentsEmpty(c *inferencepb.InferTensorContents) bool {
+	for _, f := range contentsFields(c) {
+		if f.n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// contentsField is the field of InferTensorContents that carries dt, as
+// the protocol assigns them; "" for datatypes only raw contents carry.
+func contentsField(dt models.Datatype) string {
+	switch dt {
+	case models.BOOL:
+		return "bool_contents"
+	case models.INT8, models.INT16, models.INT32:
+		return "int_contents"
+	case models.INT64:
+		return "int64_contents"
+	case models.UINT8, models.UINT16, models.UINT32:
+		return "uint_contents"
+	case models.UINT64:
+		return "uint64_contents"
+	case models.FP32:
+		return "fp32_contents"
+	case models.FP64:
+		return "fp64_contents"
+	case models.BYTES:
+		return "bytes_contents"
+	}
+	return ""
+}
+
+func (p protoContents) Count(dt models.Datatype) (int, error) {
+	want := contentsField(dt)
+	if want == "" {
+		return 0, fmt.Errorf("%s values have no typed contents field; send them as raw_input_contents", dt)
+	}
+	n := 0
+	for _, f := range contentsFields(p.c) {
+		switch {
+		case f.name == want:
+			n = f.n
+		case f.n > 0:
+			return 0, fmt.Errorf("contents hold %s, but a %s input's values go in %s", f.name, dt, want)
+		}
+	}
+	return n, nil
+}
+
+func (p protoContents) Put(dt models.Datatype, dst []byte) error {
+	c := p.c
+	intRange := func(i int, v, lo, hi int64) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("element %d: %d is not in the %s range", i, v, dt)
+		}
+		return nil
+	}
+	switch dt {
+	case models.BOOL:
+		for i, v := range c.BoolContents {
+			dst[i] = 0
+			if v {
+				dst[i] = 1
+			}
+		}
+	case models.INT8, models.INT16, models.INT32:
+		size := dt.Size()
+		lo, hi := int64(math.MinInt32), int64(math.MaxInt32)
+		if size < 4 {
+			hi = 1<<(8*size-1) - 1
+			lo = -hi - 1
+		}
+		for i, v := range c.IntContents {
+			if err := intRange(i, int64(v), lo, hi); err != nil {
+				return err
+			}
+			core.PutInt(dst[i*size:], uint64(int64(v)), size)
+		}
+	case models.INT64:
+		for i, v := range c.Int64Contents {
+			binary.LittleEndian.PutUint64(dst[8*i:], uint64(v))
+		}
+	case models.UINT8, models.UINT16, models.UINT32:
+		size := dt.Size()
+		hi := int64(1)<<(8*size) - 1
+		for i, v := range c.UintContents {
+			if err := intRange(i, int64(v), 0, hi); err != nil {
+				return err
+			}
+			core.PutInt(dst[i*size:], uint64(v), size)
+		}
+	case models.UINT64:
+		for i, v := range c.Uint64Contents {
+			binary.LittleEndian.PutUint64(dst[8*i:], v)
+		}
+	case models.FP32:
+		for i, v := range c.Fp32Contents {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case models.FP64:
+		for i, v := range c.Fp64Contents {
+			binary.LittleEndian.PutUint64(dst[8*i:], math.Float64bits(v))
+		}
+	default:
+		return fmt.Errorf("%s values have no typed contents field; send them as raw_input_contents", dt)
+	}
+	return nil
+}
+
+func (p protoContents) Strings(out []string) []string {
+	for _, b := range p.c.BytesContents {
+		out = append(out, string(b))
+	}
+	return out
+}
+
+func (p protoContents) TextBytes() int64 {
+	n := int64(0)
+	for _, b := range p.c.BytesContents {
+		n += int64(len(b))
+	}
+	return n
+}
+
+// typedOutput reports whether outputs of dt can travel as typed contents.
+func typedOutput(dt models.Datatype) bool { return dt != models.BYTES && contentsField(dt) != "" }
+
+// protoOutputs makes a request's outputs all raw or all typed, as the
+// protocol requires of a response: raw when any is.
+func protoOutputs(m *models.Model, req *core.InferRequest) {
+	raw := false
+	for _, c := range req.Outputs {
+		raw = raw || c.Binary || !typedOutput(m.Config.Outputs[c.Index].Datatype)
+	}
+	for i := range req.Outputs {
+		req.Outputs[i].Binary = raw
+	}
+}
+
+// protoValueBytes is the most one value of dt takes in a packed repeated
+// field: varints of negative 32-bit integers take ten bytes.
+func protoValueBytes(dt models.Datatype) int64 {
+	switch dt {
+	case models.BOOL:
+		return 1
+	case models.FP32:
+		return 4
+	case models.FP64:
+		return 8
+	case models.UINT8, models.UINT16, models.UINT32:
+		return 5
+	}
+	return 10
+}
+
+// goValueBytes is what one value of dt takes in the Go slice of a typed
+// contents field.
+func goValueBytes(dt models.Datatype) int64 {
+	switch dt {
+	case models.BOOL:
+		return 1
+	case models.INT64, models.UINT64, models.FP64:
+		return 8
+	}
+	return 4
+}
+
+// protoFootprint is [footprintOf] with the response gRPC sends: json is
+// the encoded message, every output's bytes or values in it; typed
+// outputs also hold their Go slices until it is encoded.
+func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq int) core.Footprint {
+	f := core.FootprintOf(m, req, decoded, seq)
+	cfg := m.Config
+	if seq == 0 {
+		seq = cfg.MaxSeq()
+	}
+	rows := int64(req.Rows)
+	f.Protobuf, f.Binary = true, 0
+	f.JSON = 64 + int64(len(m.Name)+len(m.Version)+len(req.ID))
+	for _, c := range req.Outputs {
+		o := cfg.Outputs[c.Index]
+		f.JSON += 48 + int64(len(o.Name)+11*len(o.Shape))
+		if c.Binary {
+			f.JSON += rows * int64(o.RowBytes(seq))
+			continue
+		}
+		elems := rows * int64(o.RowElements(seq))
+		f.JSON += elems * protoValueBytes(o.Datatype)
+		f.Outputs += elems * goValueBytes(o.Datatype)
+	}
+	return f
+}
+
+// protoResponse encodes the outputs of a request that ran: raw outputs are
+// the step's own output buffers, not copies.
+func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result) *inferencepb.ModelInferResponse {
+	resp := &inferencepb.ModelInferResponse{ModelName: m.Name, ModelVersion: m.Version, Id: req.ID}
+	tensors := make([]inferencepb.ModelInferResponse_InferOutputTensor, len(req.Outputs))
+	resp.Outputs = make([]*inferencepb.ModelInferResponse_InferOutputTensor, len(req.Outputs))
+	for i, c := range req.Outputs {
+		spec := m.Config.Outputs[c.Index]
+		data := res.Outputs[c.Index]
+		t := &tensors[i]
+		resp.Outputs[i] = t
+		t.Name, t.Datatype = spec.Name, string(spec.Datatype)
+		t.Shape = make([]int64, len(spec.Shape))
+		t.Shape[0] = int64(req.Rows)
+		for d, n := range spec.Shape[1:] {
+			t.Shape[1+d] = int64(n)
+		}
+		if c.Classes > 0 {
+			// Triton's classification: the top classes per row, as BYTES.
+			var labels []string
+			if c.Index < len(m.Labels) {
+				labels = m.Labels[c.Index]
+			}
+			t.Datatype, t.Shape = string(models.BYTES), []int64{int64(req.Rows), int64(c.Classes)}
+			classes := core.Classify(spec, labels, data, req.Rows, c.Classes)
+			if c.Binary {
+				var raw []byte
+				for _, v := range classes {
+					raw = binary.LittleEndian.AppendUint32(raw, uint32(len(v)))
+					raw = append(raw, v...)
+				}
+				resp.RawOutputContents = append(resp.RawOutputContents, raw)
+				continue
+			}
+			t.Contents = &inferencepb.InferTensorContents{BytesContents: make([][]byte, len(classes))}
+			for k, v := range classes {
+				t.Contents.BytesContents[k] = []byte(v)
+			}
+			continue
+		}
+		if c.Binary {
+			resp.RawOutputContents = append(resp.RawOutputContents, data)
+			continue
+		}
+		t.Contents = typedContentsOf(data, spec.Datatype)
+	}
+	return resp
+}
+
+// typedContentsOf is a packed output as the typed field of its datatype
+// (one [typedOutput] takes).
+func typedContentsOf(data []byte, dt models.Datatype) *inferencepb.InferTensorContents {
+	c := &inferencepb.InferTensorContents{}
+	n := len(data) / dt.Size()
+	switch dt {
+	case models.BOOL:
+		c.BoolContents = make([]bool, n)
+		for i := range n {
+			c.BoolContents[i] = data[i] != 0
+		}
+	case models.INT8:
+		c.IntContents = make([]int32, n)
+		for i := range n {
+			c.IntContents[i] = int32(int8(data[i]))
+		}
+	case models.INT16:
+		c.IntContents = make([]int32, n)
+		for i := range n {
+			c.IntContents[i] = int32(int16(binary.LittleEndian.Uint16(data[2*i:])))
+		}
+	case models.INT32:
+		c.IntContents = make([]int32, n)
+		for i := range n {
+			c.IntContents[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+	case models.INT64:
+		c.Int64Contents = make([]int64, n)
+		for i := range n {
+			c.Int64Contents[i] = int64(binary.LittleEndian.Uint64(data[8*i:]))
+		}
+	case models.UINT8:
+		c.UintContents = make([]uint32, n)
+		for i := range n {
+			c.UintContents[i] = uint32(data[i])
+		}
+	case models.UINT16:
+		c.UintContents = make([]uint32, n)
+		for i := range n {
+			c.UintContents[i] = uint32(binary.LittleEndian.Uint16(data[2*i:]))
+		}
+	case models.UINT32:
+		c.UintContents = make([]uint32, n)
+		for i := range n {
+			c.UintContents[i] = binary.LittleEndian.Uint32(data[4*i:])
+		}
+	case models.UINT64:
+		c.Uint64Contents = make([]uint64, n)
+		for i := range n {
+			c.Uint64Contents[i] = binary.LittleEndian.Uint64(data[8*i:])
+		}
+	case models.FP32:
+		c.Fp32Contents = make([]float32, n)
+		for i := range n {
+			c.Fp32Contents[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+	case models.FP64:
+		c.Fp64Contents = make([]float64, n)
+		for i := range n {
+			c.Fp64Contents[i] = math.Float64frombits(binary.LittleEndian.Uint64(data[8*i:]))
+		}
+	}
+	return c
+}

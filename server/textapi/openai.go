@@ -1,0 +1,241 @@
+package textapi
+
+// OpenAI's embeddings API, for the models that serve embeddings:
+//
+//	POST /v1/embeddings
+//	GET  /v1/models
+//	GET  /v1/models/{model}
+//
+// Bodies, answers and errors are OpenAI's shapes, so that an OpenAI client
+// works unchanged with base_url pointing here.
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/stepserve/stepserve/server/core"
+)
+
+var openaiAPI = textProtocol{protocol: core.ProtocolOpenAI, writeError: writeOpenAIError}
+
+// openaiEmbeddingsRequest is the body of POST /v1/embeddings.
+type openaiEmbeddingsRequest struct {
+	Input          stringOrList `json:"input"`
+	Model          string       `json:"model"`
+	EncodingFormat string       `json:"encoding_format"`
+	Dimensions     *int         `json:"dimensions"`
+	User           string       `json:"user"` // accepted, and ignored
+}
+
+// paramError is a request error about one of the body's fields: OpenAI's
+// errors name it as their param.
+type paramError struct {
+	param string
+	err   error
+}
+
+func (e *paramError) Error() string { return e.err.Error() }
+func (e *paramError) Unwrap() error { return e.err }
+
+func withParam(param string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &paramError{param, err}
+}
+
+func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
+	s.serveText(w, r, &openaiAPI, func(t *textRequest, body []byte) int {
+		var req openaiEmbeddingsRequest
+		if err := t.decodeJSON(body, &req, "input"); err != nil {
+			return t.fail(withParam("input", err))
+		}
+		if req.Model == "" {
+			return t.fail(withParam("model", core.BadRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
+		}
+		tm, err := t.find(req.Model, "/v1/embeddings", kindEmbedding)
+		if err != nil {
+			var ae *core.Error
+			if errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity {
+				err = &core.Error{Status: http.StatusBadRequest, Msg: ae.Msg} // OpenAI answers a bad request 400
+			}
+			return t.fail(withParam("model", err))
+		}
+		if !req.Input.set {
+			return t.fail(withParam("input", core.BadRequest("input is required: a string or an array of strings")))
+		}
+		texts := req.Input.list
+		if err := t.checkTexts(len(texts), "input"); err != nil {
+			return t.fail(withParam("input", err))
+		}
+		asBase64 := false
+		switch req.EncodingFormat {
+		case "", "float":
+		case "base64":
+			asBase64 = true
+		default:
+			return t.fail(withParam("encoding_format", core.BadRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", core.ClipName(req.EncodingFormat)))))
+		}
+		m := t.m.Model()
+		dims := tm.width
+		if req.Dimensions != nil {
+			if d := *req.Dimensions; d < 1 || d > tm.width {
+				return t.fail(withParam("dimensions", core.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.width))))
+			}
+			dims = *req.Dimensions
+		}
+		// The answer beyond OIP's JSON bound: each row's object, the model
+		// name and usage; base64 is shorter than the floats OIP bounds.
+		extra := int64(len(texts))*64 + 128 + 6*int64(len(m.Name))
+		res, bound, err := t.infer(tm, texts, nil, extra)
+		if err != nil {
+			return t.fail(withParam("input", err))
+		}
+		m = t.m.Model()
+		normalized := m.Config.Encoder != nil && m.Config.Encoder.Normalize
+		out := res.Outputs[tm.output]
+		b := make([]byte, 0, bound)
+		b = append(b, `{"object":"list","data":[`...)
+		var raw []byte
+		for i := range texts {
+			v := rowFloats(out, i, tm.width)
+			if dims < tm.width {
+				v = v[:dims]
+				if normalized {
+					normalize(v)
+				}
+			}
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"object":"embedding","index":`...)
+			b = strconv.AppendInt(b, int64(i), 10)
+			b = append(b, `,"embedding":`...)
+			if asBase64 {
+				raw = raw[:0]
+				for _, x := range v {
+					raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(x))
+				}
+				b = append(b, '"')
+				b = base64.StdEncoding.AppendEncode(b, raw)
+				b = append(b, '"')
+			} else if b, err = appendFloats(b, v); err != nil {
+				return t.fail(fmt.Errorf("model %s: %w", m.Name, err))
+			}
+			b = append(b, '}')
+		}
+		n := res.Tokens()
+		b = append(b, `],"model":`...)
+		b = strconv.AppendQuote(b, m.Name)
+		b = append(b, `,"usage":{"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(n), 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, int64(n), 10)
+		b = append(b, "}}"...)
+		return t.ok(b, res)
+	})
+}
+
+// openaiModel is OpenAI's model object.
+type openaiModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func newOpenAIModel(name string) openaiModel {
+	return openaiModel{ID: name, Object: "model", OwnedBy: "stepserve"}
+}
+
+// openaiModels lists the models that serve embeddings.
+func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
+	list := []openaiModel{}
+	for _, m := range s.c.Opts.Models.Models() {
+		if textSigOf(m.Model()).kind == kindEmbedding {
+			list = append(list, newOpenAIModel(m.Model().Name))
+		}
+	}
+	slices.SortFunc(list, func(a, b openaiModel) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	core.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": list})
+}
+
+// openaiModelInfo answers one model, when it serves embeddings.
+func (s *API) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "model")
+	m, err := s.c.Lookup(name, "")
+	if err == nil && textSigOf(m.Model()).kind != kindEmbedding {
+		err = core.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, textSigOf(m.Model()).kind))
+	}
+	if err != nil {
+		writeOpenAIError(w, http.StatusNotFound, withParam("model", err))
+		return
+	}
+	core.WriteJSON(w, http.StatusOK, newOpenAIModel(m.Model().Name))
+}
+
+// writeOpenAIError writes err in OpenAI's error shape:
+// {"error":{"message","type","param","code"}}.
+func writeOpenAIError(w http.ResponseWriter, status int, err error) {
+	if status == core.StatusClientClosed {
+		return
+	}
+	typ, code := "invalid_request_error", ""
+	switch {
+	case status == http.StatusUnauthorized:
+		code = "invalid_api_key"
+	case status == http.StatusNotFound:
+		code = "model_not_found"
+	case status == http.StatusRequestEntityTooLarge:
+		code = "request_too_large"
+	case status == http.StatusServiceUnavailable && overloaded(err):
+		typ, code = "server_error", "overloaded"
+	case status == http.StatusServiceUnavailable:
+		typ, code = "server_error", "model_not_ready"
+	case status == http.StatusGatewayTimeout:
+		typ, code = "server_error", "timeout"
+	case status >= 500:
+		typ = "server_error"
+	}
+	var param *string
+	var pe *paramError
+	if errors.As(err, &pe) && status < 500 && status != http.StatusUnauthorized {
+		param = &pe.param
+	}
+	var codePtr *string
+	if code != "" {
+		codePtr = &code
+	}
+	type detail struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	b, _ := json.Marshal(struct {
+		Error detail `json:"error"`
+	}{detail{err.Error(), typ, param, codePtr}})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
