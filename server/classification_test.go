@@ -166,14 +166,6 @@ func TestClassifyDatatypes(t *testing.T) {
 	assert.Equal(t, float32(5.960464477539063e-08), half.ToFloat32(0x0001))
 }
 
-func pack32(vals ...float32) []byte {
-	var b []byte
-	for _, v := range vals {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
-	return b
-}
-
 // The shipped digits model on the CPU engine: a held-out 7 classified
 // with the shipped labels.
 func TestClassifyShippedDigits(t *testing.T) {

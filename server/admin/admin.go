@@ -1,3 +1,8 @@
+// Package admin is Triton's extensions over HTTP: the model repository
+// (index, load, unload), model configuration, statistics, logging and
+// trace settings and files, and a 501 naming each extension stepserve does
+// not implement. The operations behind them are [core.Core]'s, shared with
+// the gRPC door.
 package admin
 
 import (

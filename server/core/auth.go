@@ -118,8 +118,8 @@ func IndexAuth(modelControl bool, repository, inference *Tokens) func(http.Handl
 // of their own while inference has one, and were not left open on
 // purpose (auth.repository.allow_anonymous): they are never more open
 // than inference, so they are closed.
-func (s *Core) AdminClosed() bool {
-	return !s.Opts.RepositoryAnonymous && len(*s.RepositoryTokens.digests.Load()) == 0 && len(*s.InferenceTokens.digests.Load()) > 0
+func (c *Core) AdminClosed() bool {
+	return !c.Opts.RepositoryAnonymous && len(*c.RepositoryTokens.digests.Load()) == 0 && len(*c.InferenceTokens.digests.Load()) > 0
 }
 
 // AdminClosedMsg says why, and what opens them.
@@ -129,10 +129,10 @@ const AdminClosedMsg = "the administrator's endpoints (logging, trace settings a
 // AdminAuth guards the administrator's endpoints: the repository tokens,
 // or closed (403) while only inference has tokens ([Server.adminClosed]).
 // Tokens are read at each request, so that a SIGHUP reload applies.
-func (s *Core) AdminAuth(next http.Handler) http.Handler {
-	viaRepo := Bearer(s.RepositoryTokens)(next)
+func (c *Core) AdminAuth(next http.Handler) http.Handler {
+	viaRepo := Bearer(c.RepositoryTokens)(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.AdminClosed() {
+		if c.AdminClosed() {
 			WriteError(w, http.StatusForbidden, AdminClosedMsg)
 			return
 		}
@@ -155,16 +155,16 @@ func BearerToken(h string) (string, bool) {
 // them. It logs, per scope, how many tokens there are (0: no
 // authentication) and how many were added and removed; never a token. It
 // is safe to call while serving.
-func (s *Core) SetTokens(inference, repository []string) {
+func (c *Core) SetTokens(inference, repository []string) {
 	for _, u := range []struct {
 		t    *Tokens
 		list []string
-	}{{s.InferenceTokens, inference}, {s.RepositoryTokens, repository}} {
+	}{{c.InferenceTokens, inference}, {c.RepositoryTokens, repository}} {
 		added, removed := u.t.set(u.list)
 		level := slog.LevelInfo
 		if len(u.list) == 0 && removed > 0 {
 			level = slog.LevelWarn // authentication turned off
 		}
-		s.Logger.Log(context.Background(), level, "bearer tokens reloaded", "scope", u.t.scope, "tokens", len(u.list), "added", added, "removed", removed)
+		c.Logger.Log(context.Background(), level, "bearer tokens reloaded", "scope", u.t.scope, "tokens", len(u.list), "added", added, "removed", removed)
 	}
 }

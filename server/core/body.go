@@ -32,15 +32,15 @@ type RequestInfo struct {
 
 // LogRequest logs one inference request: at info with log.requests, else
 // at debug (and nothing is built for a line nobody logs).
-func (s *Core) LogRequest(ctx context.Context, protocol int, method, path, model string, status int, info RequestInfo, bytes int64, took time.Duration) {
+func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model string, status int, info RequestInfo, bytes int64, took time.Duration) {
 	level := slog.LevelDebug
-	if s.Opts.LogRequests {
+	if c.Opts.LogRequests {
 		level = slog.LevelInfo
 	}
-	if !s.Logger.Enabled(ctx, level) {
+	if !c.Logger.Enabled(ctx, level) {
 		return
 	}
-	s.Logger.LogAttrs(ctx, level, "request", slog.String("protocol", ProtocolLabels[protocol]), slog.String("method", method),
+	c.Logger.LogAttrs(ctx, level, "request", slog.String("protocol", ProtocolLabels[protocol]), slog.String("method", method),
 		slog.String("path", path), slog.String("model", model), slog.Int("status", status), slog.Int("rows", info.Rows),
 		slog.Int64("bytes", bytes), slog.String("took", took.String()), slog.String("id", ClipName(info.ID)))
 }
@@ -50,8 +50,8 @@ func (s *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 // ch holds already), decodes its values, and has the model Run it. It
 // returns the model that ran it (m's successor when a reload replaced m
 // meanwhile) and the result holding the outputs.
-func (s *Core) Run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
-	if err := s.admit(ctx, ch, f); err != nil {
+func (c *Core) Run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
+	if err := c.admit(ctx, ch, f); err != nil {
 		return m, nil, err
 	}
 	if err := req.DecodeValues(m.Model()); err != nil {
@@ -69,8 +69,8 @@ const bodyStart = 64 << 10
 // ReadBody reads the whole body within the configured limit, into a
 // buffer that grows with what arrives, each size charged to ch before it
 // is allocated.
-func (s *Core) ReadBody(w http.ResponseWriter, r *http.Request, ch *Charge) ([]byte, error) {
-	limit := s.Opts.MaxBodyBytes
+func (c *Core) ReadBody(w http.ResponseWriter, r *http.Request, ch *Charge) ([]byte, error) {
+	limit := c.Opts.MaxBodyBytes
 	tooLarge := func() error {
 		return &Error{http.StatusRequestEntityTooLarge,
 			fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}

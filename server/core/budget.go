@@ -208,15 +208,19 @@ func FootprintOf(m *models.Model, req *InferRequest, inputs int64, seq int) Foot
 
 // admit checks a parsed request's footprint against the response limit
 // and takes its memory from the in-flight budget, on top of its body's.
-func (s *Core) admit(ctx context.Context, ch *Charge, f Footprint) error {
-	if f.response() > s.Opts.MaxResponseBytes {
+func (c *Core) admit(ctx context.Context, ch *Charge, f Footprint) error {
+	if f.response() > c.Opts.MaxResponseBytes {
 		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
 		if f.JSON > f.Binary && !f.Protobuf {
 			of, advice = " of JSON", "send fewer rows or ask for binary outputs"
 		}
 		return &Error{http.StatusRequestEntityTooLarge, fmt.Sprintf(
 			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
-			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(s.Opts.MaxResponseBytes), advice)}
+			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(c.Opts.MaxResponseBytes), advice)}
 	}
 	return ch.Take(ctx, f.memory(), "the request")
 }
+
+// Charge is a new, empty charge against c's budget, waiting c.BudgetWait
+// for bytes others hold.
+func (c *Core) Charge() Charge { return Charge{Budget: c.Budget, Wait: c.BudgetWait} }

@@ -1,3 +1,24 @@
+// Package core is what every front door of the server shares, so that a
+// request is held to the same rules whichever protocol brought it:
+//
+//   - model lookup by name and version ([Core.Lookup]), readiness, and the
+//     server's metadata;
+//   - the in-flight budget ([Budget], [Charge], [Footprint]): what a request
+//     will cost is bounded from its declared shapes and charged before any
+//     of it is built, until its response is written;
+//   - bearer tokens per scope ([Tokens], [Bearer], [Core.AdminAuth]);
+//   - the mapping from errors to status, HTTP ([StatusOf]) and gRPC
+//     ([GRPCError]) from one table;
+//   - request metrics ([Metrics]) and request logs ([Core.LogRequest]);
+//   - connection limits ([ConnLimit]) and response compression;
+//   - the inference request every door decodes into ([InferRequest]):
+//     OIP's tensors, checked against the model's signature and the wire
+//     limits, run by [Core.Run] through [serving.Model.Infer];
+//   - the operations behind Triton's extensions (repository, model
+//     configuration, statistics, logging) that HTTP and gRPC both offer.
+//
+// It knows no wire format of its own beyond OIP's JSON request and the
+// binary-tensor extension it shares with every door, and imports no door.
 package core
 
 import (
@@ -84,13 +105,13 @@ type Core struct {
 }
 
 // LookupRoute finds the model and version a route names.
-func (s *Core) LookupRoute(r *http.Request) (*serving.Model, error) {
-	return s.Lookup(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+func (c *Core) LookupRoute(r *http.Request) (*serving.Model, error) {
+	return c.Lookup(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 }
 
 // Lookup finds a model by name and, when v is not empty, version.
-func (s *Core) Lookup(name, v string) (*serving.Model, error) {
-	m, ok := s.Opts.Models.Model(name)
+func (c *Core) Lookup(name, v string) (*serving.Model, error) {
+	m, ok := c.Opts.Models.Model(name)
 	if !ok {
 		return nil, modelNotFound(name)
 	}
@@ -104,13 +125,13 @@ func NotReady(name string) error {
 	return &Error{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name)}
 }
 
-func (s *Core) Live(r *http.Request) (any, error) {
+func (c *Core) Live(r *http.Request) (any, error) {
 	return map[string]bool{"live": true}, nil
 }
 
 // Ready is 200 only when every model has loaded and warmed up.
-func (s *Core) Ready(r *http.Request) (any, error) {
-	if ok, name := s.Opts.Models.Ready(); !ok {
+func (c *Core) Ready(r *http.Request) (any, error) {
+	if ok, name := c.Opts.Models.Ready(); !ok {
 		return nil, NotReady(name)
 	}
 	return map[string]bool{"ready": true}, nil
@@ -130,17 +151,17 @@ var extensions = []string{
 	"trace",               // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
 }
 
-func (s *Core) ServerMetadata(r *http.Request) (any, error) {
+func (c *Core) ServerMetadata(r *http.Request) (any, error) {
 	ext := extensions
-	if s.Opts.LogLevel == nil {
+	if c.Opts.LogLevel == nil {
 		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "logging" })
 	}
-	if s.Opts.Tracer == nil {
+	if c.Opts.Tracer == nil {
 		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "trace" })
 	}
 	return map[string]any{
 		"name":       "stepserve",
-		"version":    s.Opts.Version,
+		"version":    c.Opts.Version,
 		"extensions": ext,
 	}, nil
 }

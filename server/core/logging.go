@@ -64,18 +64,18 @@ type LogControl struct {
 }
 
 // LogSettings reports the settings in force.
-func (s *Core) LogSettings() LogSettings {
-	s.logs.mu.Lock()
-	defer s.logs.mu.Unlock()
-	return s.logSettingsLocked()
+func (c *Core) LogSettings() LogSettings {
+	c.logs.mu.Lock()
+	defer c.logs.mu.Unlock()
+	return c.logSettingsLocked()
 }
 
-func (s *Core) logSettingsLocked() LogSettings {
-	level := s.Opts.LogLevel.Level()
+func (c *Core) logSettingsLocked() LogSettings {
+	level := c.Opts.LogLevel.Level()
 	st := LogSettings{LogInfo: level <= slog.LevelInfo, LogWarnings: level <= slog.LevelWarn,
-		LogErrors: level <= slog.LevelError, LogFormat: s.Opts.LogFormat}
+		LogErrors: level <= slog.LevelError, LogFormat: c.Opts.LogFormat}
 	if level <= slog.LevelDebug {
-		st.LogVerboseLevel = max(s.logs.verbose, 1)
+		st.LogVerboseLevel = max(c.logs.verbose, 1)
 	}
 	return st
 }
@@ -83,17 +83,17 @@ func (s *Core) logSettingsLocked() LogSettings {
 // UpdateLogSettings applies u, in full or not at all, and reports the
 // settings then in force. Its errors are the client's (400, or
 // InvalidArgument).
-func (s *Core) UpdateLogSettings(u LogUpdate) (LogSettings, error) {
-	s.logs.mu.Lock()
-	defer s.logs.mu.Unlock()
-	cur := s.logSettingsLocked()
+func (c *Core) UpdateLogSettings(u LogUpdate) (LogSettings, error) {
+	c.logs.mu.Lock()
+	defer c.logs.mu.Unlock()
+	cur := c.logSettingsLocked()
 	if u.LogFile != nil && *u.LogFile != cur.LogFile {
 		return cur, errors.New("log_file cannot be set: stepserve logs to standard error; redirect that (or read the container's log) instead")
 	}
 	if u.LogFormat != nil && *u.LogFormat != cur.LogFormat {
 		return cur, fmt.Errorf("log_format cannot change at run time: the log is %q (log.format, text or json, set at start)", cur.LogFormat)
 	}
-	level, verbose := s.Opts.LogLevel.Level(), s.logs.verbose
+	level, verbose := c.Opts.LogLevel.Level(), c.logs.verbose
 	if v := u.LogVerboseLevel; v != nil {
 		verbose = *v
 		if *v > 0 {
@@ -133,14 +133,14 @@ func (s *Core) UpdateLogSettings(u LogUpdate) (LogSettings, error) {
 	if len(clash) > 0 {
 		return cur, fmt.Errorf("these settings cannot hold together (%s): stepserve logs every level above the lowest it logs (verbose, info, warnings, errors)", strings.Join(clash, ", "))
 	}
-	if prev := s.Opts.LogLevel.Level(); prev != level {
+	if prev := c.Opts.LogLevel.Level(); prev != level {
 		// Said before the change, at the level in force, so that the
 		// log shows who turned it down.
-		s.Logger.Log(context.Background(), max(prev, slog.LevelWarn), "log level changed (POST /v2/logging)", "from", prev.String(), "to", levelName(level))
+		c.Logger.Log(context.Background(), max(prev, slog.LevelWarn), "log level changed (POST /v2/logging)", "from", prev.String(), "to", levelName(level))
 	}
-	s.Opts.LogLevel.Set(level)
-	s.logs.verbose = verbose
-	return s.logSettingsLocked(), nil
+	c.Opts.LogLevel.Set(level)
+	c.logs.verbose = verbose
+	return c.logSettingsLocked(), nil
 }
 
 func levelName(l slog.Level) string {

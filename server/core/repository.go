@@ -12,8 +12,8 @@ import (
 // unless Options.ModelControl is set, since loading and unloading change
 // what every client sees.
 
-func (s *Core) Control() error {
-	if !s.Opts.ModelControl {
+func (c *Core) Control() error {
+	if !c.Opts.ModelControl {
 		return &Error{http.StatusForbidden, "model control is disabled; start the server with --server.enable_model_control to load and unload models"}
 	}
 	return nil
@@ -21,8 +21,8 @@ func (s *Core) Control() error {
 
 // Index lists the repository's models, or its ready ones only, for either
 // protocol.
-func (s *Core) Index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
-	index, err := s.Opts.Models.Index(ctx)
+func (c *Core) Index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry, error) {
+	index, err := c.Opts.Models.Index(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -37,29 +37,29 @@ func (s *Core) Index(ctx context.Context, readyOnly bool) ([]serving.IndexEntry,
 
 // Load loads or reloads a model, its configuration changed by override
 // (nil: none), for either protocol.
-func (s *Core) Load(ctx context.Context, name string, override serving.Override) error {
-	if s.RepositoryTokens.None() && s.Opts.Models.RunsCode(name) {
+func (c *Core) Load(ctx context.Context, name string, override serving.Override) error {
+	if c.RepositoryTokens.None() && c.Opts.Models.RunsCode(name) {
 		// A module is code the worker runs: whoever may load one may run
 		// code on the server.
 		return &Error{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
 			"loading it through the repository API requires auth.repository.token (or token_file); "+
 			"without one, put it in the repository before the server starts", ClipName(name))}
 	}
-	if err := s.Opts.Models.LoadWith(ctx, name, override); err != nil {
+	if err := c.Opts.Models.LoadWith(ctx, name, override); err != nil {
 		return fmt.Errorf("load %s: %w", ClipName(name), err)
 	}
-	s.Metrics.AddModel(name)
-	s.Logger.Info("model loaded through the repository API", "model", name)
+	c.Metrics.AddModel(name)
+	c.Logger.Info("model loaded through the repository API", "model", name)
 	return nil
 }
 
 // Unload stops serving a model, for either protocol.
-func (s *Core) Unload(ctx context.Context, name string) error {
-	if err := s.Opts.Models.Unload(ctx, name); err != nil {
+func (c *Core) Unload(ctx context.Context, name string) error {
+	if err := c.Opts.Models.Unload(ctx, name); err != nil {
 		return fmt.Errorf("unload %s: %w", ClipName(name), err)
 	}
-	s.Metrics.forget(name)
-	s.Opts.Tracer.Forget(name) // its trace override, as Triton drops it with the model
-	s.Logger.Info("model unloaded through the repository API", "model", name)
+	c.Metrics.forget(name)
+	c.Opts.Tracer.Forget(name) // its trace override, as Triton drops it with the model
+	c.Logger.Info("model unloaded through the repository API", "model", name)
 	return nil
 }

@@ -105,11 +105,11 @@ func tritonModelStats(m *serving.Model) modelStats {
 // StatsModels are the models a statistics request names: every model
 // served, by name, when name is empty; otherwise the one named, at
 // version when that is not empty.
-func (s *Core) StatsModels(name, version string) ([]*serving.Model, error) {
+func (c *Core) StatsModels(name, version string) ([]*serving.Model, error) {
 	if name == "" {
-		return s.Opts.Models.Models(), nil // in name order
+		return c.Opts.Models.Models(), nil // in name order
 	}
-	m, err := s.Lookup(name, version)
+	m, err := c.Lookup(name, version)
 	if err != nil {
 		return nil, err
 	}

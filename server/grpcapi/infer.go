@@ -108,7 +108,8 @@ func (g *grpcServer) modelInfer(ctx context.Context, model, version string, wire
 		return nil, core.GRPCError(err)
 	}
 	name := m.Model().Name
-	ch := &core.Charge{Budget: s.c.Budget, Wait: s.c.BudgetWait}
+	ch := new(core.Charge)
+	*ch = s.c.Charge()
 	handed := false
 	defer func() {
 		if !handed {

@@ -30,15 +30,8 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
-// The gRPC front: Triton's and KServe's inference.GRPCInferenceService,
-// and the standard grpc.health.v1 service for Kubernetes gRPC probes, on
-// a listener of their own (server.grpc_addr). It serves the same models
-// through the same checks, budget, batching, tokens and metrics as the
-// HTTP API: a request is translated into the HTTP path's wire form
-// (grpc_infer.go) and from there takes the one path every request takes.
-//
 // RPCs the server does not implement (streaming inference, shared
-// memory, trace and log settings) answer Unimplemented.
+// memory) answer Unimplemented.
 
 // grpcMaxStreams bounds the requests one gRPC connection may have in
 // flight: far above what a client pipelines (the benchmark runs 64), so

@@ -71,7 +71,7 @@ func (s *API) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Mode
 	// Everything the request allocates from here on is charged to the
 	// in-flight budget first, and stays charged until its response is
 	// written: a client that reads its answer slowly holds it, not more.
-	ch := core.Charge{Budget: s.c.Budget, Wait: s.c.BudgetWait}
+	ch := s.c.Charge()
 	defer ch.Release()
 	body, err := s.c.ReadBody(w, r, &ch)
 	if err != nil {

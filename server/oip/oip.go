@@ -1,3 +1,8 @@
+// Package oip is the Open Inference Protocol v2 over HTTP: health, server
+// and model metadata, model readiness, inference (JSON, Triton's
+// binary-tensor extension, classification), and stepserve's explain,
+// buckets and bucket advice. It reads its wire format, runs the request
+// through [core.Core], and writes its wire format.
 package oip
 
 import (

@@ -160,7 +160,7 @@ type textRequest struct {
 func (s *API) serveText(w http.ResponseWriter, r *http.Request, api *textProtocol, handle func(t *textRequest, body []byte) int) {
 	start := time.Now()
 	s.served[api.protocol].Do(func() { s.c.Metrics.Serve(api.protocol) })
-	t := &textRequest{s: s, w: w, r: r, api: api, ch: core.Charge{Budget: s.c.Budget, Wait: s.c.BudgetWait}, began: start}
+	t := &textRequest{s: s, w: w, r: r, api: api, ch: s.c.Charge(), began: start}
 	defer t.ch.Release()
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		t.info.ID = id

@@ -1,0 +1,18 @@
+// Package textapi is the text APIs for text models: OpenAI's embeddings
+// API (/v1/embeddings, /v1/models) and Hugging Face
+// text-embeddings-inference's (/embed, /rerank, /predict, /tokenize,
+// /info). Texts become the model's text inputs and run on the same
+// inference path, budget and metrics as OIP requests.
+package textapi
+
+import "github.com/stepserve/stepserve/server/core"
+
+// API is the text APIs' door (OpenAI's and TEI's) over the core it is
+// built on.
+type API struct {
+	c *core.Core
+	textAPIState
+}
+
+// New builds the text APIs over c.
+func New(c *core.Core) *API { return &API{c: c} }
