@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -190,6 +190,19 @@ bench-onnx: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/onnx && npm ci --no-audit --no-fund
 	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS) -kernels $(ORT_KERNELS) -server bin/stepserve
+
+## bench-ab: the single-row digits load over HTTP JSON, binary tensors and
+## gRPC on two builds, interleaved round by round: BASE (a git revision,
+## default HEAD~1) against the working tree (bench/ab/ab.sh; needs wrk, bc)
+BASE ?= HEAD~1
+bench-ab: build
+	@command -v wrk >/dev/null && command -v bc >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk bc; }
+	$(GO) build -o bin/grpcload ./bench/grpcload
+	rm -rf bench/out/base && git worktree add -f --detach bench/out/base $(BASE)
+	cd bench/out/base && $(GO) build -o ../stepserve-base ./cmd/serve; rc=$$?; cd $(CURDIR) && git worktree remove --force bench/out/base && exit $$rc
+	bench/ab/ab.sh bench/out/stepserve-base bin/stepserve $(AB_ROUNDS) $(AB_SECONDS)
+AB_ROUNDS  ?= 9
+AB_SECONDS ?= 3
 
 ## digits: retrain the shipped digits model from data/ (reproducible)
 digits:
