@@ -159,6 +159,12 @@ func (s *Server) GRPCServer() *grpc.Server { return s.grpc.Server() }
 // as [grpc.Server.Serve] does.
 func (s *Server) ServeGRPC(ln net.Listener) error { return s.grpc.Serve(ln) }
 
+// DrainGRPC begins the gRPC API's shutdown: its health service answers
+// NOT_SERVING from now on, to probes on open connections and new ones
+// alike, while the listener stays open for the work in flight to finish;
+// [Server.StopGRPC] then closes it.
+func (s *Server) DrainGRPC() { s.grpc.Drain() }
+
 // StopGRPC stops the gRPC API gracefully: the health service answers
 // NOT_SERVING, new streams are refused, and requests in flight are
 // answered. When ctx ends first, the connections are closed. It does

@@ -101,6 +101,10 @@ func (s *API) Stop(ctx context.Context) {
 		return
 	}
 	h.shutdown()
+	if ctx.Err() != nil {
+		gs.Stop() // the grace is spent: no graceful stop to wait for
+		return
+	}
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
@@ -109,6 +113,18 @@ func (s *API) Stop(ctx context.Context) {
 		s.c.Logger.Warn("shutdown grace ran out; closing open gRPC connections")
 		gs.Stop()
 		<-done
+	}
+}
+
+// Drain begins a shutdown: the health service answers NOT_SERVING from
+// now on, on the connections open and on new ones, while the listener
+// stays open and the requests in flight finish. [API.Stop] ends it.
+func (s *API) Drain() {
+	s.mu.Lock()
+	h := s.health
+	s.mu.Unlock()
+	if h != nil {
+		h.shutdown()
 	}
 }
 
