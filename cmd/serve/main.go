@@ -129,8 +129,17 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		// grow the heap past what the process may use.
 		debug.SetMemoryLimit(memLimit * 3 / 4)
 	}
+	// One budget of connections for the HTTP and gRPC listeners: idle
+	// clients of either cannot take the descriptors the other needs.
+	maxConns := server.ConnectionCap(cfg.Server.MaxConnections, logger)
+	conns, err := server.NewConnLimit(server.ConnLimitOptions{Max: maxConns, Listener: "api", Key: "server.max_connections", Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	api, err := server.New(server.Options{
 		Models:              set,
+		Conns:               conns,
+		IdleTimeout:         cfg.Server.IdleTimeout,
 		ModelControl:        cfg.Server.EnableModelControl,
 		MaxBodyBytes:        cfg.Server.MaxBodyBytes,
 		MaxRequestElements:  cfg.Server.MaxRequestElements,
@@ -166,11 +175,6 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 			MaxHeaderBytes:    int(cfg.Server.MaxHeaderBytes),
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		}
-	}
-	maxConns := server.ConnectionCap(cfg.Server.MaxConnections, logger)
-	conns, err := server.NewConnLimit(server.ConnLimitOptions{Max: maxConns, Listener: "api", Key: "server.max_connections", Logger: logger, Registerer: reg})
-	if err != nil {
-		return err
 	}
 	httpServer := newHTTPServer(api)
 	serveErr := make(chan error, 3)

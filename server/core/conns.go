@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc/stats"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -42,7 +45,12 @@ type ConnLimitOptions struct {
 // backlog looks to its client, and to a health probe, like a server that
 // hangs.
 //
-// A ConnLimit is for one listener and one [http.Server]; use [ConnLimit.Serve].
+// A ConnLimit serves one [http.Server] ([ConnLimit.Serve]) and, sharing
+// the same bound, a gRPC server's listener ([ConnLimit.Listen]): one
+// budget of connections for both doors, so that neither can take the
+// descriptors the other needs. A gRPC connection is busy while it has a
+// call in progress ([ConnLimit.GRPCStats] tells the limit); one refused
+// is closed at once (HTTP/2 has no answer to give before its preface).
 type ConnLimit struct {
 	opts   ConnLimitOptions
 	logger *slog.Logger
@@ -55,6 +63,9 @@ type ConnLimit struct {
 	// longest-waiting first.
 	waiting  idleList
 	lastWarn time.Time
+	// grpc is the open gRPC connections by remote address, for the stats
+	// handler to find the connection a call runs on.
+	grpc map[string]*limitedConn
 
 	closedIdle, refused prometheus.Counter
 }
@@ -67,7 +78,7 @@ func NewConnLimit(opts ConnLimitOptions) (*ConnLimit, error) {
 	if opts.Max < 1 {
 		return nil, fmt.Errorf("server: ConnLimitOptions.Max is %d; want at least 1", opts.Max)
 	}
-	l := &ConnLimit{opts: opts, logger: opts.Logger}
+	l := &ConnLimit{opts: opts, logger: opts.Logger, grpc: map[string]*limitedConn{}}
 	if l.logger == nil {
 		l.logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,9 +127,18 @@ func (l *ConnLimit) Serve(hs *http.Server, ln net.Listener) error {
 	return hs.Serve(&limitListener{Listener: ln, limit: l})
 }
 
+// Listen is ln within the limit, for a gRPC server: the limit counts its
+// connections with the HTTP server's, and closes one refused without an
+// answer. Install [ConnLimit.GRPCStats] on the server, which tells the
+// limit which of its connections are busy.
+func (l *ConnLimit) Listen(ln net.Listener) net.Listener {
+	return &limitListener{Listener: ln, limit: l, grpc: true}
+}
+
 type limitListener struct {
 	net.Listener
 	limit *ConnLimit
+	grpc  bool // a gRPC server's: refusals are closed, not answered
 }
 
 // Accept returns the next connection admitted; it answers and closes the
@@ -129,8 +149,14 @@ func (ln *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if lc := ln.limit.admit(c); lc != nil {
+		if lc := ln.limit.admit(c, ln.grpc); lc != nil {
 			return lc, nil
+		}
+		if ln.grpc {
+			ln.limit.refused.Inc()
+			c.Close()
+			ln.limit.warn("connection limit reached with every connection busy: closing new gRPC connections")
+			continue
 		}
 		ln.limit.refuse(c)
 	}
@@ -145,6 +171,9 @@ type limitedConn struct {
 	prev, next *limitedConn
 	idle       bool
 	released   bool
+	// grpcKey is its remote address when it is a gRPC connection, the key
+	// of limit.grpc; empty otherwise.
+	grpcKey string
 }
 
 // idleList is the connections without a request in progress, longest
@@ -195,7 +224,7 @@ func (c *limitedConn) Close() error {
 
 // admit counts c in, first closing the longest-waiting connection if the
 // limit is reached; it returns nil if every open connection is busy.
-func (l *ConnLimit) admit(c net.Conn) *limitedConn {
+func (l *ConnLimit) admit(c net.Conn, grpc bool) *limitedConn {
 	l.mu.Lock()
 	if l.open >= l.opts.Max {
 		victim := l.waiting.head
@@ -212,6 +241,10 @@ func (l *ConnLimit) admit(c net.Conn) *limitedConn {
 	}
 	l.open++
 	lc := &limitedConn{Conn: c, limit: l}
+	if grpc {
+		lc.grpcKey = c.RemoteAddr().String()
+		l.grpc[lc.grpcKey] = lc
+	}
 	l.waiting.push(lc) // no request yet
 	l.mu.Unlock()
 	return lc
@@ -237,6 +270,9 @@ func (l *ConnLimit) release(c *limitedConn) {
 	c.released = true
 	l.open--
 	l.waiting.remove(c)
+	if c.grpcKey != "" && l.grpc[c.grpcKey] == c {
+		delete(l.grpc, c.grpcKey)
+	}
 }
 
 // track keeps l.waiting to the connections without a request in progress.
@@ -254,6 +290,65 @@ func (l *ConnLimit) track(c net.Conn, state http.ConnState) {
 		}
 	case http.StateActive, http.StateHijacked, http.StateClosed:
 		l.waiting.remove(lc)
+	}
+}
+
+// GRPCStats is the stats handler that tells the limit which gRPC
+// connections have a call in progress: a connection is busy from a call's
+// first header to its end, and waits (may be closed to make room) only
+// between calls.
+func (l *ConnLimit) GRPCStats() stats.Handler { return grpcConnStats{l} }
+
+type grpcConnStats struct{ l *ConnLimit }
+
+type grpcConnKey struct{}
+
+// grpcConn is a gRPC connection as its calls see it: the limit's record
+// and how many calls are in progress on it.
+type grpcConn struct {
+	lc     *limitedConn
+	active int // under lc.limit.mu
+}
+
+func (h grpcConnStats) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	if info.RemoteAddr == nil {
+		return ctx
+	}
+	h.l.mu.Lock()
+	lc := h.l.grpc[info.RemoteAddr.String()]
+	h.l.mu.Unlock()
+	if lc == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, grpcConnKey{}, &grpcConn{lc: lc})
+}
+
+func (grpcConnStats) HandleConn(context.Context, stats.ConnStats) {}
+
+func (grpcConnStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (h grpcConnStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	var delta int
+	switch st.(type) {
+	case *stats.Begin:
+		delta = 1
+	case *stats.End:
+		delta = -1
+	default:
+		return
+	}
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return
+	}
+	h.l.mu.Lock()
+	defer h.l.mu.Unlock()
+	gc.active += delta
+	switch {
+	case gc.active > 0:
+		h.l.waiting.remove(gc.lc)
+	case !gc.lc.released:
+		h.l.waiting.push(gc.lc)
 	}
 }
 

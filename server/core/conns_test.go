@@ -207,7 +207,7 @@ func TestConnStateChangesDoNotAllocate(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	lc := l.admit(a)
+	lc := l.admit(a, false)
 	require.NotNil(t, lc)
 	allocs := testing.AllocsPerRun(100, func() {
 		l.track(lc, http.StateActive)

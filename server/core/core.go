@@ -86,6 +86,14 @@ type Options struct {
 	// Tracer takes the traces Triton's trace extension asks for
 	// (/v2/trace/setting, trace.go); nil leaves the extension off.
 	Tracer *trace.Tracer
+	// Conns, when set, is the connection limit the gRPC listener shares
+	// with the HTTP one ([ConnLimit.Listen]): one budget of connections
+	// for both doors. nil leaves gRPC's connections unbounded.
+	Conns *ConnLimit
+	// IdleTimeout closes a gRPC connection that has had no call in
+	// progress for this long, as server.idle_timeout closes HTTP's idle
+	// keep-alive connections; 0 keeps them open.
+	IdleTimeout time.Duration
 }
 
 // Core is what every front door shares: the models, the limits, the

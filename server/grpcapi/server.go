@@ -64,7 +64,7 @@ func (s *API) Server() *grpc.Server {
 	}
 	s.c.Metrics.Serve(core.ProtocolGRPC)
 	h := newGRPCHealth(s.c)
-	gs := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		// A message is a request body: the same bound.
 		grpc.MaxRecvMsgSize(int(min(s.c.Opts.MaxBodyBytes, 1<<31-1))),
 		// Responses are bounded before they run (server.max_response_bytes,
@@ -76,7 +76,17 @@ func (s *API) Server() *grpc.Server {
 		grpc.ChainUnaryInterceptor(s.grpcRecover, s.grpcAuth),
 		grpc.ForceServerCodecV2(grpcCodec{encoding.GetCodecV2(protoenc.Name)}),
 		grpc.ChainStreamInterceptor(s.grpcRecoverStream, s.grpcAuthStream),
-	)
+	}
+	if s.c.Opts.IdleTimeout > 0 {
+		// A connection with no call in progress is closed after the idle
+		// timeout, as HTTP's keep-alive connections are: idle clients do
+		// not hold descriptors for ever.
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.c.Opts.IdleTimeout}))
+	}
+	if s.c.Opts.Conns != nil {
+		opts = append(opts, grpc.StatsHandler(s.c.Opts.Conns.GRPCStats()))
+	}
+	gs := grpc.NewServer(opts...)
 	gs.RegisterService(grpcServiceDesc(), &grpcServer{s: s, health: h})
 	healthpb.RegisterHealthServer(gs, h)
 	s.server, s.health = gs, h
@@ -86,6 +96,9 @@ func (s *API) Server() *grpc.Server {
 // Serve serves the gRPC API on ln until [API.Stop]; it returns
 // as [grpc.Server.Serve] does.
 func (s *API) Serve(ln net.Listener) error {
+	if s.c.Opts.Conns != nil {
+		ln = s.c.Opts.Conns.Listen(ln)
+	}
 	return s.Server().Serve(ln)
 }
 
