@@ -46,3 +46,10 @@ var ErrBucket = errors.New("engine: no such bucket")
 // (its worker crashed, hung or is restarting): the step did not run, and the
 // requests may be retried later or elsewhere.
 var ErrUnavailable = errors.New("engine: device unavailable")
+
+// ErrStepLost is wrapped, with [ErrUnavailable], by a step that was
+// running when its device or worker went down. The step may have been
+// the cause (an input that crashes or hangs a user's module), so its
+// requests are answered with the error and never run again elsewhere:
+// retrying them would take the next device down too.
+var ErrStepLost = errors.New("engine: the device went down while running the step")

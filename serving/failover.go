@@ -42,7 +42,9 @@ func (f *failover) Parallelism() int {
 func (f *failover) Run(ctx context.Context, reqs []*steps.Request) error {
 	if f.primaryHealthy() {
 		err := f.primary.Run(ctx, reqs)
-		if !errors.Is(err, engine.ErrUnavailable) {
+		// A batch whose step took the primary down is answered, not run
+		// again on the fallback: it may have been the cause.
+		if !errors.Is(err, engine.ErrUnavailable) || errors.Is(err, engine.ErrStepLost) {
 			if err == nil && f.onFallback.CompareAndSwap(true, false) {
 				f.logger.Info("model back on its primary engine", "model", f.model, "engine", f.from)
 			}

@@ -77,7 +77,9 @@ func (d *replicas) anyHealthy() bool {
 func (d *replicas) Run(ctx context.Context, reqs []*steps.Request) error {
 	first := d.pick(nil)
 	err := d.run(ctx, first, reqs)
-	if !errors.Is(err, engine.ErrUnavailable) {
+	if !errors.Is(err, engine.ErrUnavailable) || errors.Is(err, engine.ErrStepLost) {
+		// A batch whose step took its device down is answered, not run
+		// again on another replica: it may have been the cause.
 		return err
 	}
 	again := d.pick(first)

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -164,6 +165,21 @@ func TestBatchMovesToAnotherReplicaWhenItsDeviceGoes(t *testing.T) {
 	}
 	assert.Equal(t, 4+4, progs[1].Steps(), "warm-up, then all four")
 	assert.Greater(t, progs[0].Failed(), 1, "some of the four were tried on 0 first")
+}
+
+// A batch whose step took its device down (engine.ErrStepLost) is
+// answered with the error and never run on another replica: its input may
+// have been the cause, and would take the next device down too.
+func TestBatchThatTookItsDeviceDownIsNotReplayed(t *testing.T) {
+	w := replicated(t, "{devices: [0, 1]}")
+	w.ready(t)
+	progs := w.dev.Programs()
+	lost := fmt.Errorf("%w: %w", engine.ErrStepLost, engine.ErrUnavailable)
+	progs[0].Fail(lost)
+	progs[1].Fail(lost)
+	_, err := infer(context.Background(), w.set, "a", 1, 2, 3)
+	assert.ErrorIs(t, err, engine.ErrStepLost)
+	assert.Equal(t, 1, progs[0].Failed()+progs[1].Failed(), "run once, on one replica")
 }
 
 // Two batches run at once on two replicas: the fake engine's step hook

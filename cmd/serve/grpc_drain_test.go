@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,15 +22,17 @@ import (
 )
 
 // writeSlowTorch writes a torch model, name, to repo: y = 2x on a [-1, 4]
-// FP32 input, whose step sleeps x[0][0]-1000 seconds when that is
-// positive, stalls (blocks forever) when x[0][0] is 9999, and answers at
-// once otherwise (warm-up runs on zeros). extra is appended to its
-// model.yaml.
-func writeSlowTorch(t *testing.T, repo, name, extra string) {
+// FP32 input, whose step, by x[0][0]: at 9999 writes a line to
+// hostile.log in the model's folder and blocks for ever; at 7777 prints
+// 2,000,000 lines and answers; above 1000 sleeps x[0][0]-1000 seconds;
+// otherwise answers at once (warm-up runs on zeros). extra is appended to
+// its model.yaml. It returns the path of hostile.log.
+func writeSlowTorch(t *testing.T, repo, name, extra string) string {
 	t.Helper()
 	dir := filepath.Join(repo, name)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(`
+import sys
 import threading
 import time
 
@@ -37,26 +40,37 @@ import torch
 
 
 class Slow(torch.nn.Module):
+    def __init__(self, mark):
+        super().__init__()
+        self.mark = mark
+
     def forward(self, x):
         v = float(x[0][0])
         if v == 9999:
+            with open(self.mark, "a") as f:
+                f.write("hostile step\n")
             threading.Event().wait()
+        elif v == 7777:
+            for i in range(2_000_000):
+                print("flood", i)
+            sys.stdout.flush()
         elif v > 1000:
             time.sleep(v - 1000)
         return x * 2
 
 
 def build(config):
-    return Slow()
+    return Slow(config["mark"])
 `), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`
 architecture: torch
-torch: {module: model.py}
+torch: {module: model.py, config: {mark: `+strconv.Quote(filepath.Join(dir, "hostile.log"))+`}}
 inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
 outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
 buckets: {batch: [1, 8]}
 engine: torch
 `+extra), 0o644))
+	return filepath.Join(dir, "hostile.log")
 }
 
 // slowInfer is a single-row request to the slow model whose step sleeps

@@ -7,6 +7,8 @@ type metrics struct {
 	workerRestarts *prometheus.CounterVec
 	lateReplies    *prometheus.CounterVec
 	deviceMemory   *prometheus.GaugeVec
+	modelReloads   *prometheus.CounterVec
+	outputDropped  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
@@ -27,16 +29,28 @@ func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
 			Name: "stepserve_device_memory_bytes",
 			Help: "Device memory per NPU and chiplet from torch.rbln.memory_stats_per_chiplet(), read after warm-up and periodically.",
 		}, []string{"device", "npu", "chiplet", "kind"}),
+		modelReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_worker_model_reloads_total",
+			Help: "Models put back on the device's rbln worker after it restarted, by outcome (ok, failed); a model whose reloads keep failing is retried with a growing backoff.",
+		}, []string{"device", "outcome"}),
+		outputDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepserve_worker_output_lines_dropped_total",
+			Help: "Lines the device's rbln worker printed that were not logged: beyond the log's rate limit for worker output.",
+		}, []string{"device"}),
 	}
 	for _, d := range devices {
 		m.workerUp.WithLabelValues(d)
 		m.workerRestarts.WithLabelValues(d)
+		m.outputDropped.WithLabelValues(d)
+		for _, o := range []string{"ok", "failed"} {
+			m.modelReloads.WithLabelValues(d, o)
+		}
 		for _, kind := range []string{"load", "compile", "step", "unload", "memory"} {
 			m.lateReplies.WithLabelValues(d, kind)
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.lateReplies, m.deviceMemory} {
+		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.lateReplies, m.deviceMemory, m.modelReloads, m.outputDropped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -54,6 +68,14 @@ func (m *metrics) up(device string, up bool) {
 }
 
 func (m *metrics) restarted(device string) { m.workerRestarts.WithLabelValues(device).Inc() }
+
+func (m *metrics) reloaded(device, outcome string) {
+	m.modelReloads.WithLabelValues(device, outcome).Inc()
+}
+
+func (m *metrics) dropped(device string, n int) {
+	m.outputDropped.WithLabelValues(device).Add(float64(n))
+}
 
 func (m *metrics) lateReply(device, kind string) { m.lateReplies.WithLabelValues(device, kind).Inc() }
 

@@ -290,14 +290,16 @@ func (p *program) compile(ctx context.Context, bucket int) error {
 	return nil
 }
 
-// warm compiles a bucket and runs it twice, as [steps.Runner.Warmup] does
-// at load, so that a restarted worker builds its graphs (torch.compile is
-// lazy) before the model is healthy again rather than on a client's step.
-// The runs read whatever staging holds; nobody reads their outputs.
+// warm compiles a bucket and runs it twice on zeros, as
+// [steps.Runner.Warmup] does at load, so that a restarted worker builds
+// its graphs (torch.compile is lazy) before the model is healthy again
+// rather than on a client's step. Never on what staging holds: that is
+// the last request's input, which may be what took the worker down.
 func (p *program) warm(ctx context.Context, bucket int) error {
 	if err := p.compile(ctx, bucket); err != nil {
 		return err
 	}
+	clear(p.staging.buffer(p.lanes[0].in[bucket]))
 	for range 2 {
 		if _, err := p.step(ctx, bucket, 0); err != nil {
 			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", p.model.Name, p.shapes[bucket].Label(), err)
@@ -312,8 +314,7 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 }
 
 // step runs one step on the device staging as it is (Step packs it first
-// and unpacks after; a restarted worker's warm-up runs on whatever it
-// holds): over the doorbell once the bucket's graph has run in this life of
+// and unpacks after; a restarted worker's warm-up zeroes it first): over the doorbell once the bucket's graph has run in this life of
 // the worker, else as a message (its first run builds the graph, which the
 // worker announces).
 func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, error) {

@@ -96,8 +96,52 @@ func (w *worker) supervise() {
 }
 
 // maxReloadFailures is how many lives in a row may fail to reload a model
-// before the supervisor stops reloading it.
+// at once. After that a model whose load the worker refuses stays
+// unloaded (not ready) until it is loaded anew; one whose reload takes
+// the worker down is tried again after a backoff that doubles each time,
+// up to maxReloadBackoff, so that it cannot keep the device (and its
+// neighbours) down, and comes back by itself once it can.
 const maxReloadFailures = 3
+
+// maxReloadBackoff bounds the wait between reloads of a model whose
+// reloads keep taking its worker down.
+const maxReloadBackoff = 5 * time.Minute
+
+// reload puts p back on the worker's new life, after the backoff its past
+// failures call for; it reports whether this life is still on (false:
+// the worker went down again, and the next life retries).
+func (w *worker) reload(ctx context.Context, p *program) bool {
+	n := p.reloadFailures.Load()
+	if n >= maxReloadFailures {
+		wait := min(w.e.opts.RestartBackoff<<min(n-maxReloadFailures+4, 30), maxReloadBackoff)
+		w.logger.Warn("reloading model after restart: waiting out its backoff", "model", p.model.Name, "failures", n, "wait", wait)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+	err := p.reload(ctx)
+	if err == nil {
+		if n > 0 {
+			w.logger.Info("model reloaded after restart", "model", p.model.Name, "after_failures", n)
+		}
+		w.e.metrics.reloaded(w.device, "ok")
+		p.reloadFailures.Store(0)
+		return true
+	}
+	n = p.reloadFailures.Add(1)
+	w.e.metrics.reloaded(w.device, "failed")
+	w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err, "attempt", n)
+	if n >= maxReloadFailures && !errors.Is(err, engine.ErrUnavailable) && ctx.Err() == nil {
+		// The worker is up and refuses the model: it cannot load at all.
+		w.logger.Error("giving up reloading model: the worker refuses it; load it again to retry", "model", p.model.Name, "attempts", n)
+		w.mu.Lock()
+		delete(w.programs, p)
+		w.mu.Unlock()
+	}
+	return ctx.Err() == nil && !errors.Is(err, engine.ErrUnavailable)
+}
 
 // runOnce runs one life of the worker process and returns why it ended.
 // ready is called once the worker is up and its models are reloaded.
@@ -127,28 +171,34 @@ func (w *worker) runOnce(ready func()) error {
 
 	// Reload what the previous life had loaded, then serve again. This runs
 	// beside the loop below, which must keep watching the process: calls
-	// that fail wait for this life to end to say why.
+	// that fail wait for this life to end to say why. Its calls end with
+	// this life.
 	go func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-life:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		// Models in backoff (their reloads took the worker down before)
+		// wait on their own, after the others are back.
+		var later []*program
 		for _, p := range programs {
-			err := p.reload(context.Background())
-			if err == nil {
-				p.reloadFailures.Store(0)
+			if p.reloadFailures.Load() >= maxReloadFailures {
+				later = append(later, p)
 				continue
 			}
-			// A model whose reload fails (or kills the worker) every time
-			// would take the device down again with each restart, and its
-			// neighbours with it: after a few tries it is left unloaded,
-			// not ready, until it is loaded anew.
-			n := p.reloadFailures.Add(1)
-			w.logger.Error("reloading model after restart failed", "model", p.model.Name, "err", err, "attempt", n)
-			if n >= maxReloadFailures {
-				w.logger.Error("giving up reloading model after restarts; load it again to retry", "model", p.model.Name, "attempts", n)
-				w.mu.Lock()
-				delete(w.programs, p)
-				w.mu.Unlock()
+			if !w.reload(ctx, p) {
+				return // this life is over
 			}
 		}
 		w.pollMemory()
+		for _, p := range later {
+			go w.reload(ctx, p)
+		}
 	}()
 	ready()
 
@@ -272,8 +322,11 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	cmd.Dir = w.e.workerDir
 	cmd.Env = w.env()
 	cmd.ExtraFiles = append([]*os.File{child}, bell.files...)
-	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo}
-	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn}
+	// stdout and stderr share one rate limit: a module that floods either
+	// cannot flood the log.
+	limit := newLineLimit(func(n int) { w.e.metrics.dropped(w.device, n) })
+	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo, limit: limit}
+	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn, limit: limit}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error {
 		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM); err != nil {
@@ -402,6 +455,9 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 		return err
 	}
 	m, err := c.call(ctx, req)
+	if errors.Is(err, engine.ErrUnavailable) && req.kind() == "step" {
+		err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
+	}
 	if errors.Is(err, engine.ErrUnavailable) {
 		// Give the supervisor a moment to learn why (exit status, stderr),
 		// so that the caller's error says it.
@@ -471,6 +527,7 @@ func (w *worker) step(ctx context.Context, slot uint32, bucket, lane int) (engin
 	x, body, err := c.bell.step(ctx, c, slot, bucket, lane, w.e.opts.StallTimeout)
 	if errors.Is(err, engine.ErrUnavailable) {
 		w.lost(c)
+		err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
 	}
 	if err != nil && !errors.Is(err, engine.ErrUnavailable) && ctx.Err() == nil {
 		err = fmt.Errorf("rbln worker for device %s: step %w", w.device, err)
