@@ -399,11 +399,21 @@ func TestGRPCLimits(t *testing.T) {
 	assert.Equal(t, codes.ResourceExhausted, code)
 	assert.Contains(t, msg, "more than the server's whole in-flight budget of 1 MiB (server.max_inflight_bytes)")
 
-	// Budget spent by others: Unavailable, to retry.
-	s.c.Budget.TryTake(1 << 20)
+	// Budget spent by others: ResourceExhausted, with a retry pushback
+	// when there is room for the stream but not for its message...
+	s.c.BudgetWait = 10 * time.Millisecond
+	s.c.Budget.TryTake(1<<20 - 8<<10)
+	var trailer metadata.MD
+	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3), grpc.Trailer(&trailer))
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.ResourceExhausted, code)
+	assert.Contains(t, msg, "the server is busy")
+	assert.Equal(t, []string{"1000"}, trailer.Get("grpc-retry-pushback-ms"))
+	// ... and refused as it opens when there is not even that.
+	s.c.Budget.TryTake(8 << 10)
 	_, err = c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	code, msg = codeOf(err)
-	assert.Equal(t, codes.Unavailable, code)
+	assert.Equal(t, codes.ResourceExhausted, code)
 	assert.Contains(t, msg, "the server is busy")
 	s.c.Budget.Give(1 << 20)
 

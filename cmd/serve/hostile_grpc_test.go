@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -112,4 +115,82 @@ func TestHostileGRPCAmplification(t *testing.T) {
 		{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}, Contents: &pb.InferTensorContents{Fp32Contents: heldout(t)[0].pixels}}}})
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 10}, resp.GetOutputs()[0].GetShape(), fmt.Sprint(resp))
+}
+
+// TestConcurrentLargeGRPCRequestsStayWithinTheBudget (issue 28, item 2):
+// 48 valid ModelInfer calls of 60 MiB of raw_input_contents at once, on 8
+// connections, under the memory cap. Each message is read only once the
+// in-flight budget holds room for it: the calls the budget admits are
+// answered OK, the rest RESOURCE_EXHAUSTED with a retry pushback, their
+// messages never read; memory stays bounded, and the server answers
+// afterwards. (gRPC read every message before charging any: an OOM crash
+// at 1.87 GiB.)
+func TestConcurrentLargeGRPCRequestsStayWithinTheBudget(t *testing.T) {
+	const memoryCap = 4 << 30 // as the red team ran it
+	p := startCapped(t, memoryCap, "--model_repository", hostileRepo(t))
+	const calls, conns, rows = 48, 8, 60 << 20 / 256 // 60 MiB of digits rows
+	four := pixelsRaw(heldout(t)[:4])
+	raw := make([]byte, rows*256)
+	for i := 0; i < len(raw); i += len(four) {
+		copy(raw[i:], four)
+	}
+	req := &pb.ModelInferRequest{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+		{Name: "pixels", Datatype: "FP32", Shape: []int64{rows, 64}}}, RawInputContents: [][]byte{raw}}
+	clients := make([]pb.GRPCInferenceServiceClient, conns)
+	for i := range clients {
+		conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+		require.NoError(t, err)
+		defer conn.Close()
+		clients[i] = pb.NewGRPCInferenceServiceClient(conn)
+	}
+	baseline := p.rss(t)
+	rss := sampleRSS(p)
+	began := time.Now()
+	type answer struct {
+		code     codes.Code
+		pushback string
+		msg      string
+	}
+	answers := make(chan answer, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var trailer metadata.MD
+			resp, err := clients[i%conns].ModelInfer(ctx, req, grpc.Trailer(&trailer))
+			a := answer{code: grpcstatus.Code(err), msg: grpcstatus.Convert(err).Message()}
+			if v := trailer.Get("grpc-retry-pushback-ms"); len(v) > 0 {
+				a.pushback = v[0]
+			}
+			if err == nil && len(resp.GetRawOutputContents()) != 1 {
+				a.code, a.msg = codes.Internal, "no raw output"
+			}
+			answers <- a
+		})
+	}
+	wg.Wait()
+	close(answers)
+	peak := rss.peak()
+	count := map[codes.Code]int{}
+	for a := range answers {
+		count[a.code]++
+		switch a.code {
+		case codes.OK:
+		case codes.ResourceExhausted:
+			assert.Contains(t, a.msg, "server.max_inflight_bytes")
+			if strings.Contains(a.msg, "the server is busy") {
+				assert.NotEmpty(t, a.pushback, "a retry hint: %s", a.msg)
+			}
+		default:
+			t.Errorf("unexpected answer %s: %s", a.code, a.msg)
+		}
+	}
+	t.Logf("48 x 60 MiB: %v in %v; peak RSS %.0f MiB (%.0f MiB before)", count, time.Since(began).Round(time.Millisecond),
+		float64(peak)/(1<<20), float64(baseline)/(1<<20))
+	assert.Positive(t, count[codes.OK], "the budget admits some")
+	assert.Equal(t, calls, count[codes.OK]+count[codes.ResourceExhausted])
+	assert.Less(t, peak, int64(memoryCap)/2, "memory bounded by the budget")
+	stillServing(t, p)
 }

@@ -94,6 +94,17 @@ func (b *Budget) Give(n int64) {
 
 var errBudgetBusy = errors.New("server: the in-flight budget stayed spent")
 
+// ErrBusy is wrapped by the error of a request that found the in-flight
+// budget held by others for longer than it may wait: 503 with Retry-After
+// over HTTP, RESOURCE_EXHAUSTED with a retry pushback over gRPC.
+var ErrBusy = errors.New("server: the in-flight budget is spent; retry")
+
+// busyError is a 503 that is also [ErrBusy].
+type busyError struct{ err *Error }
+
+func (e busyError) Error() string   { return e.err.Msg }
+func (e busyError) Unwrap() []error { return []error{e.err, ErrBusy} }
+
 // A Charge is what one request holds of the budget; release gives it all
 // back. It is used by one request's goroutine.
 type Charge struct {
@@ -120,13 +131,22 @@ func (c *Charge) Take(ctx context.Context, n int64, what string) error {
 			if err != errBudgetBusy {
 				return err
 			}
-			return &Error{http.StatusServiceUnavailable, fmt.Sprintf(
+			return busyError{err: &Error{http.StatusServiceUnavailable, fmt.Sprintf(
 				"the server is busy: requests in flight hold %s of its %s in-flight budget (server.max_inflight_bytes), and %s needs %s more; retry",
-				bytesize.Format(c.Budget.used.Load()), bytesize.Format(c.Budget.limit), what, bytesize.Format(n))}
+				bytesize.Format(c.Budget.used.Load()), bytesize.Format(c.Budget.limit), what, bytesize.Format(n))}}
 		}
 	}
 	c.held += n
 	return nil
+}
+
+// Shrink gives back what the charge holds beyond n bytes: what was taken
+// for the most a part could need, once its size is known.
+func (c *Charge) Shrink(n int64) {
+	if c.held > n {
+		c.Budget.Give(c.held - max(n, 0))
+		c.held = max(n, 0)
+	}
 }
 
 // Release gives back the whole charge.

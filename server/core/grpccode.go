@@ -52,5 +52,9 @@ func GRPCError(err error) error {
 	if errors.As(err, &se) {
 		return err
 	}
+	if errors.Is(err, ErrBusy) {
+		// Others hold the memory: gRPC's code for a resource to retry for.
+		return status.Error(codes.ResourceExhausted, clip.Clip(err.Error(), maxGRPCMessage))
+	}
 	return status.Error(grpcCode(StatusOf(err)), clip.Clip(err.Error(), maxGRPCMessage))
 }

@@ -71,9 +71,14 @@ func (s *API) Server() *grpc.Server {
 		// from their shapes); the rest are small.
 		grpc.MaxSendMsgSize(int(min(max(s.c.Opts.MaxResponseBytes, 4<<20)+64<<10, 1<<31-1))),
 		grpc.MaxConcurrentStreams(grpcMaxStreams),
+		// Fixed windows, each stream's charged to the budget (gate.go).
+		grpc.InitialWindowSize(grpcStreamWindow),
+		grpc.InitialConnWindowSize(grpcConnWindow),
+		grpc.InTapHandle(s.tapStream),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.grpcRecover, s.grpcAuth),
+		// Every method is served as a stream (gate.go): the stream
+		// interceptors are every call's.
 		grpc.ForceServerCodecV2(grpcCodec{encoding.GetCodecV2(protoenc.Name)}),
 		grpc.ChainStreamInterceptor(s.grpcRecoverStream, s.grpcAuthStream),
 	}
@@ -87,8 +92,8 @@ func (s *API) Server() *grpc.Server {
 		opts = append(opts, grpc.StatsHandler(s.c.Opts.Conns.GRPCStats()))
 	}
 	gs := grpc.NewServer(opts...)
-	gs.RegisterService(grpcServiceDesc(), &grpcServer{s: s, health: h})
-	healthpb.RegisterHealthServer(gs, h)
+	gs.RegisterService(s.gated(grpcServiceDesc()), &grpcServer{s: s, health: h})
+	gs.RegisterService(s.gated(&healthpb.Health_ServiceDesc), healthpb.HealthServer(h))
 	s.server, s.health = gs, h
 	return gs
 }
@@ -272,29 +277,22 @@ func grpcAuthorize(ctx context.Context, t *core.Tokens) error {
 	return nil
 }
 
-func (s *API) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if info.FullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName && s.c.AdminClosed() {
-		return nil, status.Error(codes.PermissionDenied, core.AdminClosedMsg)
-	}
-	if err := grpcAuthorize(ctx, s.grpcScope(info.FullMethod)); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
-}
-
+// grpcAuthStream requires the token of the call's scope before the call's
+// handler runs (and so before its message is read), and keeps
+// TraceSetting closed while the administrator's endpoints are (as HTTP's
+// trace endpoints).
 func (s *API) grpcAuthStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName && s.c.AdminClosed() {
+		return status.Error(codes.PermissionDenied, core.AdminClosedMsg)
+	}
 	if err := grpcAuthorize(ss.Context(), s.grpcScope(info.FullMethod)); err != nil {
 		return err
 	}
 	return handler(srv, ss)
 }
 
-// grpcRecover answers a handler's panic with Internal, as net/http
+// grpcRecoverStream answers a handler's panic with Internal, as net/http
 // survives one in an HTTP handler: the server keeps serving.
-func (s *API) grpcRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-	defer s.recoverGRPC(info.FullMethod, &err)
-	return handler(ctx, req)
-}
 
 func (s *API) grpcRecoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 	defer s.recoverGRPC(info.FullMethod, &err)
@@ -457,7 +455,10 @@ func (s *API) logFailure(ctx context.Context, model string, st int, err error) {
 
 // rawInfer is a ModelInfer message as it arrived, before decoding: the
 // handler bounds and charges what it decodes to first (grpc_limits.go).
-type rawInfer struct{ buf mem.Buffer }
+type rawInfer struct {
+	buf  mem.Buffer
+	held *core.Charge // what the undecoded message holds of the budget, given back with it
+}
 
 func (r *rawInfer) bytes() []byte {
 	if r.buf == nil {
@@ -471,6 +472,10 @@ func (r *rawInfer) free() {
 	if r.buf != nil {
 		r.buf.Free()
 		r.buf = nil
+	}
+	if r.held != nil {
+		r.held.Release()
+		r.held = nil
 	}
 }
 

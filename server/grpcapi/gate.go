@@ -1,0 +1,142 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+
+	"github.com/stepserve/stepserve/internal/bytesize"
+	"github.com/stepserve/stepserve/server/core"
+)
+
+// gRPC's memory, bounded as HTTP's is (server.max_inflight_bytes).
+//
+// grpc-go reads a unary call's whole message before its handler runs, so
+// that 48 valid 60 MiB messages at once were all in memory before any was
+// charged to the in-flight budget. Here no message is read until the
+// budget holds room for it:
+//
+//   - every method is served as a stream (gated), whose handler reads its
+//     message itself, through gatedStream, which first takes the most the
+//     message may be (server.max_body_bytes, gRPC's receive limit) from
+//     the budget, waiting as an HTTP body's read does; then, the message
+//     read, keeps only what it holds. A call that cannot get the room is
+//     answered RESOURCE_EXHAUSTED with a retry pushback, its message never
+//     read;
+//   - until then the message waits in the client and the kernel: the
+//     flow-control windows are fixed (grpcStreamWindow; gRPC's own would
+//     grow to 16 MiB a stream), and every stream charges its window to
+//     the budget when it opens (tapStream), refused at once when even that
+//     is not there.
+//
+// On the wire nothing changes: a unary call is one message each way
+// whichever way the server registers it.
+
+// grpcStreamWindow is the flow-control window of a stream: the most a
+// client may send on it before the server reads. grpcConnWindow is a
+// connection's, which a connection's streams share.
+const (
+	grpcStreamWindow = 1 << 20
+	grpcConnWindow   = 16 << 20
+)
+
+// retryPushbackMs is the retry hint a call refused for memory carries
+// (the grpc-retry-pushback-ms trailer gRPC's retry policy reads), as
+// HTTP's 503 carries Retry-After: 1.
+const retryPushbackMs = "1000"
+
+// gated is desc with every method served as a stream whose messages are
+// read through gatedStream.
+func (s *API) gated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
+	d := *desc
+	d.Methods, d.Streams = nil, nil
+	for _, m := range desc.Methods {
+		// Marked streaming for the server only: gRPC runs the stream
+		// interceptors (recovery, tokens) on a stream it knows as one, and
+		// calls a non-streaming handler without them.
+		d.Streams = append(d.Streams, grpc.StreamDesc{StreamName: m.MethodName, ServerStreams: true,
+			Handler: func(srv any, ss grpc.ServerStream) error {
+				// The stream interceptors (recovery, tokens) have run.
+				resp, err := m.Handler(srv, ss.Context(), (&gatedStream{ServerStream: ss, api: s}).RecvMsg, nil)
+				if err != nil {
+					return err
+				}
+				return ss.SendMsg(resp)
+			}})
+	}
+	for _, sd := range desc.Streams {
+		h := sd.Handler
+		sd.Handler = func(srv any, ss grpc.ServerStream) error {
+			return h(srv, &gatedStream{ServerStream: ss, api: s})
+		}
+		d.Streams = append(d.Streams, sd)
+	}
+	return &d
+}
+
+// gatedStream reads a message only once the in-flight budget holds room
+// for the most it may be.
+type gatedStream struct {
+	grpc.ServerStream
+	api *API
+}
+
+func (g *gatedStream) RecvMsg(m any) error {
+	ch := g.api.c.Charge()
+	// The most the message may be, less the window its stream holds
+	// already (what arrived of it so far is in that window).
+	if err := ch.Take(g.Context(), g.api.maxRecv()-g.api.window(), "the request message"); err != nil {
+		return g.api.refuse(g.ServerStream, err)
+	}
+	err := g.ServerStream.RecvMsg(m)
+	if r, ok := m.(*rawInfer); ok && err == nil {
+		// ModelInfer's message, undecoded: charged as what it holds until
+		// its handler has charged what it decodes to and let it go.
+		ch.Shrink(int64(len(r.bytes())))
+		r.held = &ch
+		return nil
+	}
+	ch.Release() // decoded: a message of its size, which its handler holds briefly
+	return err
+}
+
+// maxRecv is the most a message may take of the budget: gRPC's receive
+// limit, or the whole budget where that is less (a message that big is
+// read alone).
+func (s *API) maxRecv() int64 { return min(s.c.Opts.MaxBodyBytes, 1<<31-1, s.c.Opts.MaxInflightBytes) }
+
+// window is what a stream charges for its flow-control window when it
+// opens: the window, or a 256th of the budget where that is less (a
+// budget that small has no room for windows of 1 MiB).
+func (s *API) window() int64 { return min(grpcStreamWindow, s.c.Opts.MaxInflightBytes/256) }
+
+// refuse is err as the call's answer; a call refused for memory others
+// hold carries a retry pushback.
+func (s *API) refuse(ss grpc.ServerStream, err error) error {
+	if errors.Is(err, core.ErrBusy) {
+		ss.SetTrailer(metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
+	}
+	return core.GRPCError(err)
+}
+
+// tapStream charges a new stream's flow-control window to the in-flight
+// budget, given back when the stream ends; a stream that finds no room
+// even for that is refused before it is read at all.
+func (s *API) tapStream(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	w := s.window()
+	if !s.c.Budget.TryTake(w) {
+		return ctx, status.Error(codes.ResourceExhausted, fmt.Sprintf(
+			"the server is busy: requests in flight hold its whole in-flight budget of %s (server.max_inflight_bytes); retry",
+			bytesize.Format(s.c.Opts.MaxInflightBytes)))
+	}
+	// ctx is the stream's, which gRPC cancels when the stream ends,
+	// whichever way it ends.
+	context.AfterFunc(ctx, func() { s.c.Budget.Give(w) })
+	return ctx, nil
+}
