@@ -140,6 +140,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		Models:              set,
 		Conns:               conns,
 		IdleTimeout:         cfg.Server.IdleTimeout,
+		ReadTimeout:         cfg.Server.ReadTimeout,
 		ModelControl:        cfg.Server.EnableModelControl,
 		MaxBodyBytes:        cfg.Server.MaxBodyBytes,
 		MaxRequestElements:  cfg.Server.MaxRequestElements,

@@ -125,6 +125,10 @@ func (c *conn) call(ctx context.Context, req request) (*message, error) {
 	case m := <-pc.ch:
 		return m, nil
 	case <-c.dead:
+		if req.kind() == "step" {
+			// Sent, and the worker went down under it.
+			return nil, fmt.Errorf("%w: %w", engine.ErrStepLost, c.err)
+		}
 		return nil, c.err
 	case <-ctx.Done():
 	}

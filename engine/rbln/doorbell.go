@@ -189,6 +189,10 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 		return x, 0, c.err
 	}
 	if err := d.wait(ctx, c, seq, stall); err != nil {
+		if errors.Is(err, engine.ErrUnavailable) {
+			// Rung, and the worker went down (or stalled) under it.
+			err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
+		}
 		if ctx.Err() != nil && !d.dead.Load() {
 			// Nobody reads this step's answer, but the next step must not
 			// take the block before it comes.

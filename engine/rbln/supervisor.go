@@ -41,9 +41,13 @@ type worker struct {
 	life     chan struct{}     // closed when the current process's life ends
 	programs map[*program]bool // loaded here; reloaded after a restart
 	lastErr  error             // why the worker last died or failed to start
-	tail     *tail             // the process's last output lines, across restarts
-	started  chan struct{}     // closed once the first start attempt ended
-	once     sync.Once
+	// killed says the last life ended by a SIGKILL or SIGTERM the server
+	// did not send (an operator, the OOM killer): not a step's doing, so
+	// the step that was running may run again elsewhere.
+	killed  bool
+	tail    *tail         // the process's last output lines, across restarts
+	started chan struct{} // closed once the first start attempt ended
+	once    sync.Once
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -113,7 +117,13 @@ const maxReloadBackoff = 5 * time.Minute
 func (w *worker) reload(ctx context.Context, p *program) bool {
 	n := p.reloadFailures.Load()
 	if n >= maxReloadFailures {
-		wait := min(w.e.opts.RestartBackoff<<min(n-maxReloadFailures+4, 30), maxReloadBackoff)
+		// 16 restart backoffs, doubling with each failure past the third,
+		// up to maxReloadBackoff.
+		wait := max(w.e.opts.RestartBackoff, 10*time.Millisecond) * 16
+		for i := maxReloadFailures; i < int(n) && wait < maxReloadBackoff; i++ {
+			wait *= 2
+		}
+		wait = min(wait, maxReloadBackoff)
 		w.logger.Warn("reloading model after restart: waiting out its backoff", "model", p.model.Name, "failures", n, "wait", wait)
 		select {
 		case <-ctx.Done():
@@ -160,7 +170,7 @@ func (w *worker) runOnce(ready func()) error {
 	life := make(chan struct{})
 	defer close(life)
 	w.mu.Lock()
-	w.conn, w.pid, w.life = c, pid, life
+	w.conn, w.pid, w.life, w.killed = c, pid, life, false
 	programs := make([]*program, 0, len(w.programs))
 	for p := range w.programs {
 		programs = append(programs, p)
@@ -174,14 +184,12 @@ func (w *worker) runOnce(ready func()) error {
 	// that fail wait for this life to end to say why. Its calls end with
 	// this life.
 	go func() {
+		// Cancelled when this life ends, and only then: the reloads of
+		// models in backoff outlive this goroutine.
 		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		go func() {
-			select {
-			case <-life:
-				cancel()
-			case <-ctx.Done():
-			}
+			<-life
+			cancel()
 		}()
 		// Models in backoff (their reloads took the worker down before)
 		// wait on their own, after the others are back.
@@ -210,6 +218,9 @@ func (w *worker) runOnce(ready func()) error {
 	hasExited := false
 	exitCause := func(err error) error {
 		hasExited = true
+		w.mu.Lock()
+		w.killed = killedFromOutside(err)
+		w.mu.Unlock()
 		return fmt.Errorf("rbln worker for device %s exited (%v)%s", w.device, err, w.tail.suffix())
 	}
 loop:
@@ -274,6 +285,44 @@ loop:
 		}
 	}
 	return cause
+}
+
+// killedFromOutside reports whether a process's exit (cmd.Wait's error)
+// was by SIGKILL or SIGTERM. The server sends those only after it has
+// decided the worker is done for (and then the exit is not read here), so
+// they came from elsewhere: an operator, the OOM killer.
+func killedFromOutside(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && (ws.Signal() == syscall.SIGKILL || ws.Signal() == syscall.SIGTERM)
+}
+
+// replayable is err, a step's failure, as the caller should see it: a
+// step lost when its worker went down (engine.ErrStepLost) is run again
+// elsewhere only when the worker was killed from outside; then the step
+// was not its cause. It waits (briefly) for the supervisor to learn how
+// the worker died.
+func (w *worker) replayable(err error) error {
+	if !errors.Is(err, engine.ErrStepLost) {
+		return err
+	}
+	w.mu.Lock()
+	life := w.life
+	w.mu.Unlock()
+	select {
+	case <-life:
+	case <-time.After(2 * time.Second):
+	}
+	w.mu.Lock()
+	killed := w.killed
+	w.mu.Unlock()
+	if !killed {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", errWorkerDown, err.Error())
 }
 
 // exitStatus words a process's exit for the log.
@@ -455,9 +504,7 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 		return err
 	}
 	m, err := c.call(ctx, req)
-	if errors.Is(err, engine.ErrUnavailable) && req.kind() == "step" {
-		err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
-	}
+	err = w.replayable(err)
 	if errors.Is(err, engine.ErrUnavailable) {
 		// Give the supervisor a moment to learn why (exit status, stderr),
 		// so that the caller's error says it.
@@ -527,7 +574,7 @@ func (w *worker) step(ctx context.Context, slot uint32, bucket, lane int) (engin
 	x, body, err := c.bell.step(ctx, c, slot, bucket, lane, w.e.opts.StallTimeout)
 	if errors.Is(err, engine.ErrUnavailable) {
 		w.lost(c)
-		err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
+		err = w.replayable(err)
 	}
 	if err != nil && !errors.Is(err, engine.ErrUnavailable) && ctx.Err() == nil {
 		err = fmt.Errorf("rbln worker for device %s: step %w", w.device, err)

@@ -94,6 +94,10 @@ type Options struct {
 	// progress for this long, as server.idle_timeout closes HTTP's idle
 	// keep-alive connections; 0 keeps them open.
 	IdleTimeout time.Duration
+	// ReadTimeout bounds how long a gRPC call's message may take to
+	// arrive once the server is ready to read it, as server.read_timeout
+	// bounds an HTTP request's; 0 means a minute.
+	ReadTimeout time.Duration
 }
 
 // Core is what every front door shares: the models, the limits, the

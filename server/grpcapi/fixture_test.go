@@ -25,6 +25,12 @@ import (
 // ([enginetest.SumMaxYAML]) on the fake engine, warmed up.
 func newAPI(tb testing.TB) (*API, *serving.Set) {
 	tb.Helper()
+	return newAPIWith(tb, func(*core.Options) {})
+}
+
+// newAPIWith is newAPI with options changed by opt.
+func newAPIWith(tb testing.TB, opt func(*core.Options)) (*API, *serving.Set) {
+	tb.Helper()
 	repo := tb.TempDir()
 	require.NoError(tb, enginetest.WriteSumMax(filepath.Join(repo, "summax")))
 	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "fake",
@@ -33,7 +39,9 @@ func newAPI(tb testing.TB) (*API, *serving.Set) {
 	tb.Cleanup(func() { set.Close() })
 	require.NoError(tb, set.LoadAll(context.Background()))
 	require.NoError(tb, set.Warmup(context.Background()))
-	c, err := core.New(core.Options{Models: set, MaxInflightBytes: 1 << 30})
+	opts := core.Options{Models: set, MaxInflightBytes: 1 << 30}
+	opt(&opts)
+	c, err := core.New(opts)
 	require.NoError(tb, err)
 	return New(c), set
 }
@@ -41,6 +49,14 @@ func newAPI(tb testing.TB) (*API, *serving.Set) {
 // clients serves a on an in-memory listener until the test ends and
 // returns its clients.
 func clients(t *testing.T, a *API) (pb.GRPCInferenceServiceClient, healthpb.HealthClient) {
+	t.Helper()
+	conn := clientConn(t, a)
+	return pb.NewGRPCInferenceServiceClient(conn), healthpb.NewHealthClient(conn)
+}
+
+// clientConn serves a on an in-memory listener until the test ends and
+// returns a connection to it.
+func clientConn(t *testing.T, a *API) *grpc.ClientConn {
 	t.Helper()
 	ln := bufconn.Listen(1 << 20)
 	a.Server() // built before the clients are handed out
@@ -57,7 +73,7 @@ func clients(t *testing.T, a *API) (pb.GRPCInferenceServiceClient, healthpb.Heal
 		a.Stop(ctx)
 		<-done
 	})
-	return pb.NewGRPCInferenceServiceClient(conn), healthpb.NewHealthClient(conn)
+	return conn
 }
 
 // fp32 packs values as little-endian FP32, raw contents' layout.

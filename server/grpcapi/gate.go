@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,8 +21,8 @@ import (
 //
 // grpc-go reads a unary call's whole message before its handler runs, so
 // that 48 valid 60 MiB messages at once were all in memory before any was
-// charged to the in-flight budget. Here no message is read until the
-// budget holds room for it:
+// charged to the in-flight budget. Here no message is read until there is
+// room for it:
 //
 //   - every method is served as a stream (gated), whose handler reads its
 //     message itself, through gatedStream, which first takes the most the
@@ -28,12 +30,17 @@ import (
 //     the budget, waiting as an HTTP body's read does; then, the message
 //     read, keeps only what it holds. A call that cannot get the room is
 //     answered RESOURCE_EXHAUSTED with a retry pushback, its message never
-//     read;
+//     read; one whose message does not arrive within server.read_timeout
+//     is answered DEADLINE_EXCEEDED and gives its room back;
 //   - until then the message waits in the client and the kernel: the
 //     flow-control windows are fixed (grpcStreamWindow; gRPC's own would
 //     grow to 16 MiB a stream), and every stream charges its window to
 //     the budget when it opens (tapStream), refused at once when even that
-//     is not there.
+//     is not there;
+//   - probes (grpc.health.v1, ServerLive, ServerReady, ModelReady) must
+//     answer however busy inference is: they charge nothing to the budget,
+//     and read their messages under probeSlots instead, a few at a time,
+//     so that what they may hold is bounded on its own.
 //
 // On the wire nothing changes: a unary call is one message each way
 // whichever way the server registers it.
@@ -46,10 +53,26 @@ const (
 	grpcConnWindow   = 16 << 20
 )
 
+// probeSlots is how many probe messages are read at once.
+const probeSlots = 4
+
 // retryPushbackMs is the retry hint a call refused for memory carries
 // (the grpc-retry-pushback-ms trailer gRPC's retry policy reads), as
 // HTTP's 503 carries Retry-After: 1.
 const retryPushbackMs = "1000"
+
+// isProbe reports whether fullMethod is a probe's: answered whatever the
+// budget holds.
+func isProbe(fullMethod string) bool {
+	if strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/") {
+		return true
+	}
+	switch strings.TrimPrefix(fullMethod, "/inference.GRPCInferenceService/") {
+	case "ServerLive", "ServerReady", "ModelReady":
+		return true
+	}
+	return false
+}
 
 // gated is desc with every method served as a stream whose messages are
 // read through gatedStream.
@@ -57,13 +80,13 @@ func (s *API) gated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 	d := *desc
 	d.Methods, d.Streams = nil, nil
 	for _, m := range desc.Methods {
+		probe := isProbe("/" + desc.ServiceName + "/" + m.MethodName)
 		// Marked streaming for the server only: gRPC runs the stream
 		// interceptors (recovery, tokens) on a stream it knows as one, and
 		// calls a non-streaming handler without them.
 		d.Streams = append(d.Streams, grpc.StreamDesc{StreamName: m.MethodName, ServerStreams: true,
 			Handler: func(srv any, ss grpc.ServerStream) error {
-				// The stream interceptors (recovery, tokens) have run.
-				resp, err := m.Handler(srv, ss.Context(), (&gatedStream{ServerStream: ss, api: s}).RecvMsg, nil)
+				resp, err := m.Handler(srv, ss.Context(), (&gatedStream{ServerStream: ss, api: s, probe: probe}).RecvMsg, nil)
 				if err != nil {
 					return err
 				}
@@ -71,39 +94,77 @@ func (s *API) gated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 			}})
 	}
 	for _, sd := range desc.Streams {
-		h := sd.Handler
+		h, probe := sd.Handler, isProbe("/"+desc.ServiceName+"/"+sd.StreamName)
 		sd.Handler = func(srv any, ss grpc.ServerStream) error {
-			return h(srv, &gatedStream{ServerStream: ss, api: s})
+			return h(srv, &gatedStream{ServerStream: ss, api: s, probe: probe})
 		}
 		d.Streams = append(d.Streams, sd)
 	}
 	return &d
 }
 
-// gatedStream reads a message only once the in-flight budget holds room
-// for the most it may be.
+// gatedStream reads a message only once there is room for the most it
+// may be, and within server.read_timeout.
 type gatedStream struct {
 	grpc.ServerStream
-	api *API
+	api   *API
+	probe bool
 }
 
 func (g *gatedStream) RecvMsg(m any) error {
+	ctx := g.Context()
 	ch := g.api.c.Charge()
-	// The most the message may be, less the window its stream holds
-	// already (what arrived of it so far is in that window).
-	if err := ch.Take(g.Context(), g.api.maxRecv()-g.api.window(), "the request message"); err != nil {
-		return g.api.refuse(g.ServerStream, err)
+	if g.probe {
+		timer := time.NewTimer(g.api.c.BudgetWait)
+		select {
+		case g.api.probes <- struct{}{}:
+			timer.Stop()
+		case <-timer.C:
+			return status.Error(codes.ResourceExhausted, "the server is reading as many probe messages as it reads at once; retry")
+		case <-ctx.Done():
+			timer.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	} else {
+		// The most the message may be, less the window its stream holds
+		// already (what arrived of it so far is in that window).
+		if err := ch.Take(ctx, g.api.maxRecv()-g.api.window(), "the request message"); err != nil {
+			return g.api.refuse(g.ServerStream, err)
+		}
 	}
-	err := g.ServerStream.RecvMsg(m)
-	if r, ok := m.(*rawInfer); ok && err == nil {
-		// ModelInfer's message, undecoded: charged as what it holds until
-		// its handler has charged what it decodes to and let it go.
-		ch.Shrink(int64(len(r.bytes())))
-		r.held = &ch
-		return nil
+	release := func() {
+		ch.Release()
+		if g.probe {
+			<-g.api.probes
+		}
 	}
-	ch.Release() // decoded: a message of its size, which its handler holds briefly
-	return err
+	done := make(chan error, 1)
+	go func() { done <- g.ServerStream.RecvMsg(m) }()
+	timer := time.NewTimer(g.api.readTimeout())
+	select {
+	case err := <-done:
+		timer.Stop()
+		if r, ok := m.(*rawInfer); ok && err == nil && !g.probe {
+			// ModelInfer's message, undecoded: charged as what it holds
+			// until its handler has charged what it decodes to and let it
+			// go.
+			ch.Shrink(int64(len(r.bytes())))
+			r.held = &ch
+			return nil
+		}
+		release() // decoded: a message of its size, which its handler holds briefly
+		return err
+	case <-timer.C:
+		// The handler's error ends the stream, which ends the read.
+		go func() {
+			<-done
+			if r, ok := m.(*rawInfer); ok {
+				r.free()
+			}
+			release()
+		}()
+		return status.Error(codes.DeadlineExceeded, "the request message did not arrive within server.read_timeout")
+	}
 }
 
 // maxRecv is the most a message may take of the budget: gRPC's receive
@@ -116,6 +177,15 @@ func (s *API) maxRecv() int64 { return min(s.c.Opts.MaxBodyBytes, 1<<31-1, s.c.O
 // budget that small has no room for windows of 1 MiB).
 func (s *API) window() int64 { return min(grpcStreamWindow, s.c.Opts.MaxInflightBytes/256) }
 
+// readTimeout is how long a message may take to arrive once the server
+// reads it.
+func (s *API) readTimeout() time.Duration {
+	if s.c.Opts.ReadTimeout > 0 {
+		return s.c.Opts.ReadTimeout
+	}
+	return time.Minute
+}
+
 // refuse is err as the call's answer; a call refused for memory others
 // hold carries a retry pushback.
 func (s *API) refuse(ss grpc.ServerStream, err error) error {
@@ -127,8 +197,12 @@ func (s *API) refuse(ss grpc.ServerStream, err error) error {
 
 // tapStream charges a new stream's flow-control window to the in-flight
 // budget, given back when the stream ends; a stream that finds no room
-// even for that is refused before it is read at all.
-func (s *API) tapStream(ctx context.Context, _ *tap.Info) (context.Context, error) {
+// even for that is refused before it is read at all. Probes are not
+// charged (they read under probeSlots).
+func (s *API) tapStream(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if isProbe(info.FullMethodName) {
+		return ctx, nil
+	}
 	w := s.window()
 	if !s.c.Budget.TryTake(w) {
 		return ctx, status.Error(codes.ResourceExhausted, fmt.Sprintf(

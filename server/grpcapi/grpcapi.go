@@ -13,7 +13,8 @@ import "github.com/stepserve/stepserve/server/core"
 type API struct {
 	c *core.Core
 	grpcState
+	probes chan struct{} // probe messages being read (gate.go)
 }
 
 // New builds the gRPC API over c; [API.Server] builds its server.
-func New(c *core.Core) *API { return &API{c: c} }
+func New(c *core.Core) *API { return &API{c: c, probes: make(chan struct{}, probeSlots)} }
