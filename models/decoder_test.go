@@ -1,0 +1,153 @@
+package models
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// llama32 is a config.json shaped as Llama 3.2 1B's: grouped-query
+// attention, llama3 rope scaling, tied embeddings.
+const llama32 = `{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+ "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
+ "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
+ "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+ "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false, "torch_dtype": "bfloat16"}`
+
+// smol is SmolLM-135M's shape (issue 31's benchmark model), as Llama.
+const smol = `{"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
+ "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": true}`
+
+// qwen2 is a Qwen2-shaped config: biases on q, k and v.
+const qwen2 = `{"architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24,
+ "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864, "max_position_embeddings": 32768,
+ "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": true, "sliding_window": 32768, "use_sliding_window": false}`
+
+func TestParseDecoderConfig(t *testing.T) {
+	c, err := ParseDecoderConfig([]byte(llama32))
+	require.NoError(t, err)
+	assert.Equal(t, &DecoderConfig{Family: FamilyLlama, Vocab: 128256, Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64,
+		Intermediate: 8192, MaxPosition: 131072, RMSNormEps: 1e-5, RopeTheta: 500000,
+		RopeScaling: &RopeScaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPosn: 8192}, TiedEmbeddings: true}, c)
+	assert.Equal(t, int64(2*16*8*64*2), c.KVBytesPerToken(2), "bf16 keys and values")
+	tensors := c.Tensors()
+	assert.NotContains(t, tensors, "lm_head.weight", "tied: the embeddings project the output")
+	assert.Equal(t, []int{512, 2048}, tensors["model.layers.15.self_attn.k_proj.weight"])
+	assert.Equal(t, []int{2048, 8192}, tensors["model.layers.0.mlp.down_proj.weight"])
+	assert.Len(t, tensors, 2+16*9)
+
+	c, err = ParseDecoderConfig([]byte(smol))
+	require.NoError(t, err)
+	assert.Equal(t, 64, c.HeadDim, "hidden / heads")
+	assert.Equal(t, int64(2*30*3*64*4), c.KVBytesPerToken(4), "45 KiB of fp32 KV cache a token")
+
+	c, err = ParseDecoderConfig([]byte(qwen2))
+	require.NoError(t, err)
+	assert.True(t, c.QKVBias)
+	assert.Zero(t, c.SlidingWindow, "use_sliding_window false")
+	assert.Equal(t, []int{128}, c.Tensors()["model.layers.3.self_attn.v_proj.bias"])
+}
+
+func TestParseDecoderConfigRefusals(t *testing.T) {
+	with := func(base, key string, v any) string {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(base), &m))
+		if v == nil {
+			delete(m, key)
+		} else {
+			m[key] = v
+		}
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	for _, tc := range []struct{ config, want string }{
+		{with(smol, "architectures", []string{"BertModel"}), `architectures ["BertModel"]: not a decoder stepserve runs`},
+		{with(smol, "num_key_value_heads", 4), "num_key_value_heads: 4; want a divisor of num_attention_heads (9)"},
+		{with(smol, "hidden_size", 577), "hidden_size: 577 is not a multiple of num_attention_heads (9)"},
+		{with(smol, "num_hidden_layers", 0), "num_hidden_layers: 0; want 1..1024"},
+		{with(smol, "hidden_act", "gelu"), `hidden_act: "gelu"`},
+		{with(smol, "mlp_bias", true), "mlp_bias"},
+		{with(smol, "rope_theta", 0.5), "rope_theta: 0.5"},
+		{with(smol, "rope_scaling", map[string]any{"rope_type": "yarn", "factor": 4}), `rope_scaling: type "yarn" is not one stepserve runs`},
+		{with(smol, "rope_scaling", map[string]any{"rope_type": "llama3", "factor": 8}), "llama3 needs factor, low_freq_factor"},
+		{with(smol, "vocab_size", "many"), "vocab_size: want int, found string"},
+	} {
+		_, err := ParseDecoderConfig([]byte(tc.config))
+		assert.ErrorIs(t, err, ErrConfig, tc.want)
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
+// RoPE's inverse frequencies, llama3 scaling included, equal those of a
+// reference written here from the scaling's definition in torch.
+func TestInvFreqMatchesTorch(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3 (python3-torch) to compute the reference")
+	}
+	const ref = `
+import json, math, sys, torch
+c = json.load(sys.stdin)
+dim = c["head_dim"]
+inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+s = c.get("rope_scaling")
+if s:
+    old = s["original_max_position_embeddings"]
+    low_wl, high_wl = old / s["low_freq_factor"], old / s["high_freq_factor"]
+    wl = 2 * math.pi / inv
+    scaled = torch.where(wl > low_wl, inv / s["factor"], inv)
+    smooth = (old / wl - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    blended = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    mid = ~(wl < high_wl) & ~(wl > low_wl)
+    inv = torch.where(mid, blended, scaled)
+print(json.dumps(inv.tolist()))
+`
+	for _, config := range []string{llama32, smol} {
+		c, err := ParseDecoderConfig([]byte(config))
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(config), &m))
+		m["head_dim"] = c.HeadDim
+		in, _ := json.Marshal(m)
+		cmd := exec.Command("/usr/bin/python3", "-c", ref)
+		cmd.Stdin = strings.NewReader(string(in))
+		out, err := cmd.Output()
+		if err != nil && strings.Contains(string(out)+err.Error(), "No module named 'torch'") {
+			t.Skip("no torch")
+		}
+		require.NoError(t, err)
+		var want []float64
+		require.NoError(t, json.Unmarshal(out, &want))
+		got := c.InvFreq()
+		require.Len(t, got, len(want))
+		for i := range want {
+			assert.InEpsilon(t, want[i], got[i], 1e-12, "pair %d", i)
+		}
+	}
+}
+
+func TestParseGenerationConfig(t *testing.T) {
+	g, err := ParseGenerationConfig([]byte(`{"bos_token_id": 1, "eos_token_id": [2, 7], "temperature": 0.6, "top_p": 0.9}`), 100)
+	require.NoError(t, err)
+	assert.Equal(t, []int{2, 7}, g.EOS)
+	assert.Equal(t, 0.9, *g.TopP)
+	g, err = ParseGenerationConfig([]byte(`{"eos_token_id": 2}`), 100)
+	require.NoError(t, err)
+	assert.Equal(t, []int{2}, g.EOS)
+	for _, tc := range []struct{ json, want string }{
+		{`{"eos_token_id": 100}`, "token id 100 is outside the vocabulary (0..99)"},
+		{`{"eos_token_id": "x"}`, "eos_token_id: want an id or a list of ids"},
+		{`{"top_p": 0}`, "top_p 0"},
+		{`{"temperature": -1}`, "temperature -1"},
+	} {
+		_, err := ParseGenerationConfig([]byte(tc.json), 100)
+		assert.ErrorIs(t, err, ErrConfig)
+		assert.ErrorContains(t, err, tc.want)
+	}
+	assert.True(t, IsDecoderConfig([]byte(qwen2)))
+	assert.False(t, IsDecoderConfig([]byte(`{"architectures": ["BertModel"]}`)))
+}
