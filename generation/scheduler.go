@@ -1,0 +1,319 @@
+package generation
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrTooLong is wrapped by Add's refusal of a sequence that could never
+// run: its prompt and max_tokens exceed the model's length, or the whole
+// KV cache.
+var ErrTooLong = errors.New("generation: the sequence does not fit")
+
+// FinishReason says why a sequence ended.
+type FinishReason int
+
+const (
+	NotFinished     FinishReason = iota
+	FinishStop                   // an end-of-sequence token
+	FinishLength                 // max_tokens, or the model's length
+	FinishCancelled              // its client went away
+)
+
+func (r FinishReason) String() string {
+	switch r {
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishCancelled:
+		return "cancelled"
+	}
+	return ""
+}
+
+// A Sequence is one request's generation: its prompt's tokens, then those
+// it generates (Output). The caller fills the exported fields before
+// [Scheduler.Add]; the scheduler owns the rest.
+type Sequence struct {
+	Prompt    []int32
+	MaxTokens int     // the most tokens to generate
+	Priority  int     // lower runs first; equal priorities in arrival order
+	EOS       []int32 // tokens that end it (not counted in Output)
+
+	Output []int32      // the tokens generated so far
+	Finish FinishReason // why it ended, once it has
+
+	arrival   uint64
+	table     []int32 // its KV cache blocks, in token order
+	computed  int     // its tokens whose keys and values are in the cache
+	running   bool
+	cancelled bool
+}
+
+// Len is the sequence's length: prompt and output.
+func (q *Sequence) Len() int { return len(q.Prompt) + len(q.Output) }
+
+// Token is the sequence's i'th token, prompt then output.
+func (q *Sequence) Token(i int) int32 {
+	if i < len(q.Prompt) {
+		return q.Prompt[i]
+	}
+	return q.Output[i-len(q.Prompt)]
+}
+
+// BlockTable is the KV cache blocks the sequence holds, in token order:
+// token i's keys and values are in block BlockTable()[i/BlockSize], at
+// i%BlockSize.
+func (q *Sequence) BlockTable() []int32 { return q.table }
+
+// Work is what one step computes for one sequence: its tokens
+// [Start, End), whose keys and values it writes to the cache. When End is
+// the sequence's length, the step also samples its next token.
+type Work struct {
+	Seq        *Sequence
+	Start, End int
+}
+
+// Samples reports whether the step samples the sequence's next token.
+func (w Work) Samples() bool { return w.End == w.Seq.Len() }
+
+// A Step is the work of one step of the model: decodes (one token each)
+// first, then prefill chunks.
+type Step struct {
+	Work []Work
+	// Preempted are the running sequences this step's schedule sent back
+	// to wait: their blocks are free, their output kept.
+	Preempted []*Sequence
+	// Finished are the sequences cancelled since the last step, their
+	// blocks given back.
+	Finished []*Sequence
+}
+
+// Tokens is how many tokens the step computes.
+func (s *Step) Tokens() int {
+	n := 0
+	for _, w := range s.Work {
+		n += w.End - w.Start
+	}
+	return n
+}
+
+// Options bound the scheduler.
+type Options struct {
+	Blocks, BlockSize int // the KV cache
+	MaxNumSeqs        int // sequences running at once
+	MaxModelLen       int // a sequence's most tokens, prompt and output
+	MaxBatchTokens    int // the most tokens a step computes
+}
+
+// Scheduler decides each step's work (package doc). It is not safe for
+// concurrent use: one loop owns it.
+type Scheduler struct {
+	opts    Options
+	pool    *BlockPool
+	waiting []*Sequence // by priority, then arrival
+	running []*Sequence // in the order they were admitted
+	next    uint64
+}
+
+// New is a scheduler over a KV cache of opts.Blocks blocks.
+func New(opts Options) (*Scheduler, error) {
+	pool, err := NewBlockPool(opts.Blocks, opts.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	if opts.MaxNumSeqs < 1 || opts.MaxModelLen < 1 || opts.MaxBatchTokens < 1 {
+		return nil, fmt.Errorf("generation: max_num_seqs %d, max_model_len %d, max_batch_tokens %d; want each at least 1",
+			opts.MaxNumSeqs, opts.MaxModelLen, opts.MaxBatchTokens)
+	}
+	return &Scheduler{opts: opts, pool: pool}, nil
+}
+
+// Pool is the scheduler's KV cache blocks.
+func (s *Scheduler) Pool() *BlockPool { return s.pool }
+
+// Waiting and Running count the sequences in each state.
+func (s *Scheduler) Waiting() int { return len(s.waiting) }
+func (s *Scheduler) Running() int { return len(s.running) }
+
+// Add queues q. It refuses, before anything is taken, a sequence that
+// could never run.
+func (s *Scheduler) Add(q *Sequence) error {
+	switch {
+	case len(q.Prompt) == 0:
+		return fmt.Errorf("%w: the prompt is empty; want at least one token", ErrTooLong)
+	case q.MaxTokens < 1:
+		return fmt.Errorf("%w: max_tokens %d; want at least 1", ErrTooLong, q.MaxTokens)
+	case len(q.Prompt)+q.MaxTokens > s.opts.MaxModelLen:
+		return fmt.Errorf("%w: a prompt of %d tokens and max_tokens %d make %d; the model's length (max_model_len) is %d",
+			ErrTooLong, len(q.Prompt), q.MaxTokens, len(q.Prompt)+q.MaxTokens, s.opts.MaxModelLen)
+	case s.pool.blocksFor(len(q.Prompt)+q.MaxTokens) > s.pool.Total():
+		return fmt.Errorf("%w: %d tokens need %d KV cache blocks; the cache has %d",
+			ErrTooLong, len(q.Prompt)+q.MaxTokens, s.pool.blocksFor(len(q.Prompt)+q.MaxTokens), s.pool.Total())
+	}
+	q.arrival, s.next = s.next, s.next+1
+	s.enqueue(q)
+	return nil
+}
+
+// enqueue puts q among the waiting by priority, then arrival (a
+// preempted sequence keeps its place: ahead of those that came after).
+func (s *Scheduler) enqueue(q *Sequence) {
+	i, _ := slices.BinarySearchFunc(s.waiting, q, func(a, b *Sequence) int {
+		if a.Priority != b.Priority {
+			return a.Priority - b.Priority
+		}
+		return int(a.arrival) - int(b.arrival)
+	})
+	s.waiting = slices.Insert(s.waiting, i, q)
+}
+
+// Cancel ends q at the next Schedule, which gives its blocks back.
+func (s *Scheduler) Cancel(q *Sequence) { q.cancelled = true }
+
+// Schedule decides the next step's work (package doc). A step with no
+// work means there is none to do.
+func (s *Scheduler) Schedule() *Step {
+	step := &Step{}
+	s.dropCancelled(step)
+	for {
+		s.schedule(step)
+		// Prompts being prefilled a chunk at a time can hold every block
+		// between them, none able to take its next chunk: the newest
+		// goes back to wait, so that the others can go on.
+		if len(step.Work) > 0 || len(s.running) < 2 {
+			return step
+		}
+		s.preempt(s.running[len(s.running)-1], step)
+	}
+}
+
+func (s *Scheduler) schedule(step *Step) {
+	budget := s.opts.MaxBatchTokens
+
+	// Decodes first: the streams already running keep their pace.
+	for i := 0; i < len(s.running) && budget > 0; i++ {
+		q := s.running[i]
+		if q.computed != q.Len()-1 {
+			continue // mid-prefill
+		}
+		for {
+			var ok bool
+			if q.table, ok = s.pool.grow(q.table, q.Len()); ok {
+				break
+			}
+			victim := s.running[len(s.running)-1]
+			s.preempt(victim, step)
+			if victim == q {
+				break
+			}
+		}
+		if !q.running {
+			break // q itself went: every one after it did before
+		}
+		step.Work = append(step.Work, Work{Seq: q, Start: q.Len() - 1, End: q.Len()})
+		budget--
+	}
+	// Then prompts: the running ones' next chunks, then new sequences, as
+	// the budget and the free blocks allow.
+	for _, q := range s.running {
+		if budget == 0 {
+			break
+		}
+		if q.computed >= q.Len()-1 && q.computed > 0 {
+			continue // decoding
+		}
+		if !s.prefill(q, &budget, step) {
+			return
+		}
+	}
+	for len(s.waiting) > 0 && len(s.running) < s.opts.MaxNumSeqs && budget > 0 {
+		q := s.waiting[0]
+		if !s.prefill(q, &budget, step) {
+			break // first come, first served: nothing overtakes it
+		}
+		s.waiting = s.waiting[1:]
+		q.running = true
+		s.running = append(s.running, q)
+	}
+}
+
+// prefill schedules q's next prompt chunk within budget; false when the
+// pool has no room for it.
+func (s *Scheduler) prefill(q *Sequence, budget *int, step *Step) bool {
+	end := min(q.Len(), q.computed+*budget)
+	table, ok := s.pool.grow(q.table, end)
+	if !ok {
+		return false
+	}
+	q.table = table
+	step.Work = append(step.Work, Work{Seq: q, Start: q.computed, End: end})
+	*budget -= end - q.computed
+	return true
+}
+
+// preempt sends running q back to wait, its blocks freed and its output
+// kept: it is prefilled again, output included, when it runs next.
+func (s *Scheduler) preempt(q *Sequence, step *Step) {
+	s.pool.release(q.table)
+	q.table, q.computed, q.running = q.table[:0], 0, false
+	s.running = slices.DeleteFunc(s.running, func(r *Sequence) bool { return r == q })
+	s.enqueue(q)
+	step.Preempted = append(step.Preempted, q)
+}
+
+// dropCancelled ends the cancelled sequences, their blocks given back.
+func (s *Scheduler) dropCancelled(step *Step) {
+	drop := func(q *Sequence) bool {
+		if !q.cancelled || q.Finish != NotFinished {
+			return false
+		}
+		s.finish(q, FinishCancelled)
+		step.Finished = append(step.Finished, q)
+		return true
+	}
+	s.running = slices.DeleteFunc(s.running, drop)
+	s.waiting = slices.DeleteFunc(s.waiting, drop)
+}
+
+func (s *Scheduler) finish(q *Sequence, why FinishReason) {
+	s.pool.release(q.table)
+	q.table, q.running, q.Finish = nil, false, why
+}
+
+// Advance records a step's results: sampled[i] is the token the step
+// sampled for step.Work[i] where that work samples one (and is ignored
+// where it does not). It returns the sequences that finished.
+func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
+	var done []*Sequence
+	for i, w := range step.Work {
+		q := w.Seq
+		if q.Finish != NotFinished {
+			continue
+		}
+		samples := w.Samples()
+		q.computed = w.End
+		if !samples {
+			continue
+		}
+		tok := sampled[i]
+		switch {
+		case slices.Contains(q.EOS, tok):
+			s.finish(q, FinishStop)
+		default:
+			q.Output = append(q.Output, tok)
+			if len(q.Output) >= q.MaxTokens || q.Len() >= s.opts.MaxModelLen {
+				s.finish(q, FinishLength)
+			}
+		}
+		if q.Finish != NotFinished {
+			done = append(done, q)
+		}
+	}
+	if len(done) > 0 {
+		s.running = slices.DeleteFunc(s.running, func(q *Sequence) bool { return q.Finish != NotFinished })
+	}
+	return done
+}
