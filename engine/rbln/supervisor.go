@@ -309,13 +309,7 @@ func (w *worker) replayable(err error) error {
 	if !errors.Is(err, engine.ErrStepLost) {
 		return err
 	}
-	w.mu.Lock()
-	life := w.life
-	w.mu.Unlock()
-	select {
-	case <-life:
-	case <-time.After(2 * time.Second):
-	}
+	w.awaitLife()
 	w.mu.Lock()
 	killed := w.killed
 	w.mu.Unlock()
@@ -323,6 +317,22 @@ func (w *worker) replayable(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%s)", errWorkerDown, err.Error())
+}
+
+// awaitLife waits, up to 2 seconds, for the worker's current life to end:
+// while the supervisor ends a life, its cause (the exit status, the last
+// output) is worth a moment's wait.
+func (w *worker) awaitLife() {
+	w.mu.Lock()
+	life := w.life
+	w.mu.Unlock()
+	if life == nil {
+		return
+	}
+	select {
+	case <-life:
+	case <-time.After(2 * time.Second):
+	}
 }
 
 // exitStatus words a process's exit for the log.
@@ -508,13 +518,7 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 	if errors.Is(err, engine.ErrUnavailable) {
 		// Give the supervisor a moment to learn why (exit status, stderr),
 		// so that the caller's error says it.
-		w.mu.Lock()
-		life := w.life
-		w.mu.Unlock()
-		select {
-		case <-life:
-		case <-time.After(2 * time.Second):
-		}
+		w.awaitLife()
 		w.mu.Lock()
 		why := w.lastErr
 		w.mu.Unlock()
@@ -538,19 +542,12 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 // wraps [engine.ErrUnavailable] and why it went down.
 func (w *worker) current() (*conn, error) {
 	w.mu.Lock()
-	c, life := w.conn, w.life
+	c := w.conn
 	w.mu.Unlock()
 	if c != nil {
 		return c, nil // the step path: one look
 	}
-	if life != nil {
-		// Down: while the supervisor ends this life, its cause (the exit
-		// status, the last output) is worth a moment's wait.
-		select {
-		case <-life:
-		case <-time.After(2 * time.Second):
-		}
-	}
+	w.awaitLife() // down: why is worth a moment's wait
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
