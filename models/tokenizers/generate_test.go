@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -28,6 +29,9 @@ var generated = map[string]func(corpus string) any{
 	"wordpiece.json": genWordPiece,
 	"unigram.json":   genUnigram,
 	"bpe.json":       genBPE,
+	// Llama 2 and Mistral's kind: SentencePiece BPE over ▁-joined text,
+	// bytes the vocabulary lacks as <0xXX> tokens (byte_fallback).
+	"bytefallback.json": genByteFallback,
 }
 
 // TestGeneratedFilesAreCurrent regenerates each test tokenizer file from
@@ -343,5 +347,108 @@ func genBPE(corpus string) any {
 		"decoder":        obj{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
 		"model": obj{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": "", "end_of_word_suffix": "",
 			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": mergeStrings},
+	}
+}
+
+// genByteFallback is a Llama-2-like SentencePiece BPE: the text's spaces
+// are ▁ (with one before it), no pre-tokenizer, the printable ASCII
+// characters and merges learned from the corpus's ASCII words, and
+// <0x00>..<0xFF> for every other byte; decoded by Replace, ByteFallback,
+// Fuse and Strip, as Llama 2's tokenizer.json decodes.
+func genByteFallback(corpus string) any {
+	counts := map[string]int{}
+	for _, w := range strings.Fields(corpus) {
+		ascii := true
+		for _, r := range w {
+			ascii = ascii && r > ' ' && r <= '~'
+		}
+		if ascii {
+			counts["▁"+w]++
+		}
+	}
+	vocab := orderedVocab{"<unk>", "<s>", "</s>"}
+	for b := range 256 {
+		vocab = append(vocab, fmt.Sprintf("<0x%02X>", b))
+	}
+	vocab = append(vocab, "▁")
+	for c := '!'; c <= '~'; c++ {
+		vocab = append(vocab, string(c))
+	}
+	type word struct {
+		syms  []string
+		count int
+	}
+	var list []word
+	for _, w := range counted(counts) {
+		var syms []string
+		for _, r := range w {
+			syms = append(syms, string(r))
+		}
+		list = append(list, word{syms, counts[w]})
+	}
+	var merges []string
+	for len(merges) < 400 {
+		pairs := map[[2]string]int{}
+		for _, w := range list {
+			for i := 0; i+1 < len(w.syms); i++ {
+				pairs[[2]string{w.syms[i], w.syms[i+1]}] += w.count
+			}
+		}
+		var best [2]string
+		bestN := 0
+		for p, n := range pairs {
+			if n > bestN || n == bestN && (p[0] < best[0] || p[0] == best[0] && p[1] < best[1]) {
+				best, bestN = p, n
+			}
+		}
+		if bestN < 2 {
+			break
+		}
+		merges = append(merges, best[0]+" "+best[1])
+		if !slices.Contains(vocab, best[0]+best[1]) {
+			vocab = append(vocab, best[0]+best[1])
+		}
+		for k, w := range list {
+			var syms []string
+			for i := 0; i < len(w.syms); i++ {
+				if i+1 < len(w.syms) && w.syms[i] == best[0] && w.syms[i+1] == best[1] {
+					syms = append(syms, best[0]+best[1])
+					i++
+				} else {
+					syms = append(syms, w.syms[i])
+				}
+			}
+			list[k].syms = syms
+		}
+	}
+	return obj{
+		"version":    "1.0",
+		"truncation": nil,
+		"padding":    nil,
+		"added_tokens": []obj{
+			added(0, "<unk>", true, false), added(1, "<s>", true, false), added(2, "</s>", true, false),
+		},
+		"normalizer": obj{"type": "Sequence", "normalizers": []obj{
+			{"type": "Prepend", "prepend": "▁"},
+			{"type": "Replace", "pattern": obj{"String": " "}, "content": "▁"},
+		}},
+		"pre_tokenizer": nil,
+		"post_processor": obj{
+			"type":   "TemplateProcessing",
+			"single": []obj{{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}}},
+			"pair": []obj{
+				{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}},
+				{"SpecialToken": obj{"id": "<s>", "type_id": 1}}, {"Sequence": obj{"id": "B", "type_id": 1}},
+			},
+			"special_tokens": obj{"<s>": obj{"id": "<s>", "ids": []int{1}, "tokens": []string{"<s>"}}},
+		},
+		"decoder": obj{"type": "Sequence", "decoders": []obj{
+			{"type": "Replace", "pattern": obj{"String": "▁"}, "content": " "},
+			{"type": "ByteFallback"},
+			{"type": "Fuse"},
+			{"type": "Strip", "content": " ", "start": 1, "stop": 0},
+		}},
+		"model": obj{"type": "BPE", "dropout": nil, "unk_token": "<unk>", "continuing_subword_prefix": nil, "end_of_word_suffix": nil,
+			"fuse_unk": true, "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
 	}
 }

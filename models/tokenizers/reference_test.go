@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -70,7 +71,7 @@ func TestAgreesWithTransformersJS(t *testing.T) {
 	for i := 0; i+1 < len(texts); i += 3 {
 		cases = append(cases, refCase{Text: texts[i], Pair: &texts[i+1]})
 	}
-	files := []string{"wordpiece.json", "unigram.json", "bpe.json"}
+	files := []string{"wordpiece.json", "unigram.json", "bpe.json", "bytefallback.json"}
 	type job struct {
 		File  string    `json:"file"`
 		Cases []refCase `json:"cases"`
@@ -91,8 +92,10 @@ func TestAgreesWithTransformersJS(t *testing.T) {
 	outb, err := cmd.Output()
 	require.NoError(t, err, "node tokref.mjs")
 	var got [][]struct {
-		IDs     []int64 `json:"ids"`
-		TypeIDs []int64 `json:"type_ids"`
+		IDs      []int64 `json:"ids"`
+		TypeIDs  []int64 `json:"type_ids"`
+		Text     string  `json:"text"`
+		TextSkip string  `json:"text_skip"`
 	}
 	require.NoError(t, json.Unmarshal(outb, &got))
 	require.Len(t, got, len(files))
@@ -125,8 +128,37 @@ func TestAgreesWithTransformersJS(t *testing.T) {
 				t.Errorf("%s: %q: token types\nreference %v\ngot       %v", f, c.Text, want.TypeIDs, types)
 				continue
 			}
+			// Decoding: whole, and streamed a token at a time.
+			if text := tok.Decode(ids, false); text != want.Text {
+				t.Errorf("%s: %q: decoded\nreference %q\ngot       %q", f, c.Text, want.Text, text)
+				continue
+			}
+			if text := tok.Decode(ids, true); text != want.TextSkip {
+				t.Errorf("%s: %q: decoded without special tokens\nreference %q\ngot       %q", f, c.Text, want.TextSkip, text)
+				continue
+			}
+			if streamed := streamText(tok, ids, true); streamed != want.TextSkip {
+				t.Errorf("%s: %q: streamed\nreference %q\ngot       %q", f, c.Text, want.TextSkip, streamed)
+				continue
+			}
 			agree++
 		}
-		t.Logf("%s: %d of %d texts and pairs agree with transformers.js", f, agree, len(cases))
+		t.Logf("%s: %d of %d texts and pairs agree with transformers.js (ids, decoded, streamed)", f, agree, len(cases))
 	}
+}
+
+// streamText is ids decoded through a Stream, its deltas and flush
+// concatenated; every delta must be whole characters.
+func streamText(tok *Tokenizer, ids []int64, skipSpecial bool) string {
+	st := tok.NewStream(skipSpecial)
+	var b strings.Builder
+	for _, id := range ids {
+		d := st.Next(id)
+		if !utf8.ValidString(d) || strings.Contains(d, "\uFFFD") {
+			return "a delta split a character: " + d
+		}
+		b.WriteString(d)
+	}
+	b.WriteString(st.Flush())
+	return b.String()
 }

@@ -37,6 +37,7 @@ type Tokenizer struct {
 	model        model
 	vocab        *vocab
 	post         postProcessor
+	decoder      decoder // nil: tokens joined by spaces
 
 	added         []addedToken
 	rawAdded      *addedMatcher // added tokens matched in the raw text
@@ -69,6 +70,7 @@ type fileConfig struct {
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	Model         json.RawMessage `json:"model"`
 	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
 	Truncation    *struct {
 		Strategy  string `json:"strategy"`
 		Direction string `json:"direction"`
@@ -106,6 +108,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	if t.post, err = parsePostProcessor(c.PostProcessor, 0); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: post_processor: %w", err)
+	}
+	if t.decoder, err = parseDecoder(c.Decoder, 0); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: decoder: %w", err)
 	}
 	if tr := c.Truncation; tr != nil {
 		switch tr.Strategy {
