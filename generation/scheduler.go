@@ -50,6 +50,7 @@ type Sequence struct {
 	computed  int     // its tokens whose keys and values are in the cache
 	running   bool
 	cancelled bool
+	events    chan Event // its stream, when a Loop runs it
 }
 
 // Len is the sequence's length: prompt and output.
@@ -76,7 +77,8 @@ type Work struct {
 	Start, End int
 }
 
-// Samples reports whether the step samples the sequence's next token.
+// Samples reports whether the step samples the sequence's next token
+// (asked before [Scheduler.Advance], which lengthens the sequence).
 func (w Work) Samples() bool { return w.End == w.Seq.Len() }
 
 // A Step is the work of one step of the model: decodes (one token each)
