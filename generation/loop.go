@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Model runs a step of a decoder: for every Work it computes the tokens
@@ -23,12 +24,66 @@ type Request struct {
 }
 
 // Event is what a generation's stream carries: a token, or, last, how it
-// ended (Finish, or Err when a step failed). The stream is closed after
-// its last event.
+// ended (Finish, or Err when a step failed).
 type Event struct {
 	Token  int32
 	Finish FinishReason
 	Err    error
+}
+
+// Last reports whether ev ends its stream.
+func (ev Event) Last() bool { return ev.Finish != NotFinished || ev.Err != nil }
+
+// A Stream is one generation's events, as the loop produces them. The
+// loop never waits on it: events wait here until read, and they are only
+// the tokens generated (max_tokens bounds them), so a client that reads
+// slowly holds memory in proportion to what it was sent, never the loop.
+type Stream struct {
+	mu     sync.Mutex
+	events []Event
+	ended  bool          // the last event has been pushed
+	ready  chan struct{} // holds a signal while events wait
+	stop   func() bool   // unregisters the context's cancellation
+}
+
+func newStream() *Stream { return &Stream{ready: make(chan struct{}, 1)} }
+
+func (st *Stream) push(ev Event) {
+	st.mu.Lock()
+	st.events = append(st.events, ev)
+	st.ended = st.ended || ev.Last()
+	st.mu.Unlock()
+	select {
+	case st.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Next returns the next event, waiting for it until ctx ends. After the
+// last event (Event.Last) it returns false.
+func (st *Stream) Next(ctx context.Context) (Event, bool) {
+	for {
+		st.mu.Lock()
+		if len(st.events) > 0 {
+			ev := st.events[0]
+			st.events = st.events[1:]
+			if len(st.events) == 0 {
+				st.events = nil // let the array go
+			}
+			st.mu.Unlock()
+			return ev, true
+		}
+		ended := st.ended
+		st.mu.Unlock()
+		if ended {
+			return Event{}, false
+		}
+		select {
+		case <-st.ready:
+		case <-ctx.Done():
+			return Event{Err: ctx.Err()}, false
+		}
+	}
 }
 
 // ErrStopped is the error of the generations still running when their
@@ -44,12 +99,13 @@ type Loop struct {
 	adds  chan add
 	drops chan *Sequence
 	done  chan struct{} // closed when Run returns
-	// streams are the live generations' event channels.
-	streams map[*Sequence]chan Event
+	// streams are the live generations'.
+	streams map[*Sequence]*Stream
 }
 
 type add struct {
 	q     *Sequence
+	st    *Stream
 	reply chan error
 }
 
@@ -60,18 +116,19 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 		return nil, err
 	}
 	return &Loop{sched: s, model: model, adds: make(chan add), drops: make(chan *Sequence, 64),
-		done: make(chan struct{}), streams: map[*Sequence]chan Event{}}, nil
+		done: make(chan struct{}), streams: map[*Sequence]*Stream{}}, nil
 }
 
 // Generate submits r and returns its stream. A request that could never
 // run is refused here, with ErrTooLong. When ctx ends, the generation
 // stops at the next step (its stream's last event says FinishCancelled)
 // and its KV cache blocks are freed.
-func (l *Loop) Generate(ctx context.Context, r Request) (<-chan Event, error) {
+func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS}
+	st := newStream()
 	reply := make(chan error, 1)
 	select {
-	case l.adds <- add{q, reply}:
+	case l.adds <- add{q, st, reply}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-l.done:
@@ -80,25 +137,15 @@ func (l *Loop) Generate(ctx context.Context, r Request) (<-chan Event, error) {
 	if err := <-reply; err != nil {
 		return nil, err
 	}
-	l.watch(ctx, q)
-	return l.stream(q), nil
-}
-
-// stream is q's channel; it is made when q is added, before Generate
-// returns, and only the loop writes it.
-func (l *Loop) stream(q *Sequence) <-chan Event { return q.events }
-
-// watch cancels q when ctx ends.
-func (l *Loop) watch(ctx context.Context, q *Sequence) {
-	if ctx.Done() == nil {
-		return
-	}
-	context.AfterFunc(ctx, func() {
+	st.mu.Lock()
+	st.stop = context.AfterFunc(ctx, func() {
 		select {
 		case l.drops <- q:
 		case <-l.done:
 		}
 	})
+	st.mu.Unlock()
+	return st, nil
 }
 
 // Run runs steps until ctx ends, then ends every live generation with
@@ -106,10 +153,8 @@ func (l *Loop) watch(ctx context.Context, q *Sequence) {
 func (l *Loop) Run(ctx context.Context) {
 	defer close(l.done)
 	defer func() {
-		for q, ch := range l.streams {
-			ch <- Event{Err: ErrStopped}
-			close(ch)
-			delete(l.streams, q)
+		for q := range l.streams {
+			l.end(q, Event{Err: ErrStopped})
 		}
 	}()
 	for {
@@ -152,12 +197,12 @@ func (l *Loop) Run(ctx context.Context) {
 		l.sched.Advance(step, sampled)
 		for i, w := range step.Work {
 			q := w.Seq
-			ch, live := l.streams[q]
+			st, live := l.streams[q]
 			if !live || !samples[i] {
 				continue
 			}
 			if q.Finish != FinishStop {
-				ch <- Event{Token: sampled[i]}
+				st.push(Event{Token: sampled[i]})
 			}
 			if q.Finish != NotFinished {
 				l.end(q, Event{Finish: q.Finish})
@@ -196,10 +241,7 @@ func (l *Loop) intake(ctx context.Context, wait bool) bool {
 				a.reply <- err
 				continue
 			}
-			// Room for every event: a stream whose client reads slowly
-			// never holds up the loop (max_tokens bounds it).
-			a.q.events = make(chan Event, a.q.MaxTokens+1)
-			l.streams[a.q] = a.q.events
+			l.streams[a.q] = a.st
 			a.reply <- nil
 		case q != nil:
 			if _, live := l.streams[q]; live {
@@ -209,13 +251,18 @@ func (l *Loop) intake(ctx context.Context, wait bool) bool {
 	}
 }
 
-// end sends q's last event and closes its stream.
+// end sends q's last event; its context no longer matters.
 func (l *Loop) end(q *Sequence, last Event) {
-	ch, live := l.streams[q]
+	st, live := l.streams[q]
 	if !live {
 		return
 	}
-	ch <- last
-	close(ch)
+	st.push(last)
 	delete(l.streams, q)
+	st.mu.Lock()
+	stop := st.stop
+	st.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }

@@ -52,15 +52,17 @@ func (m *fakeModel) Step(ctx context.Context, step *Step) ([]int32, error) {
 }
 
 // collect reads a stream to its end.
-func collect(ch <-chan Event) (tokens []int32, last Event) {
-	for ev := range ch {
-		if ev.Finish != NotFinished || ev.Err != nil {
-			last = ev
-			continue
+func collect(st *Stream) (tokens []int32, last Event) {
+	for {
+		ev, ok := st.Next(context.Background())
+		if !ok {
+			return tokens, Event{Err: errors.New("the stream ended without a last event")}
+		}
+		if ev.Last() {
+			return tokens, ev
 		}
 		tokens = append(tokens, ev.Token)
 	}
-	return tokens, last
 }
 
 func newLoop(t *testing.T, o Options, m Model) *Loop {
@@ -125,12 +127,15 @@ func TestLoopCancelFreesBlocks(t *testing.T) {
 		require.NoError(t, err)
 		stays, err := l.Generate(context.Background(), Request{Prompt: []int32{4, 5}, MaxTokens: 6})
 		require.NoError(t, err)
-		<-gone // a first token
+		_, ok := gone.Next(context.Background()) // a first token
+		require.True(t, ok)
 		cancel()
 		_, last := collect(gone)
 		assert.Equal(t, FinishCancelled, last.Finish)
 		got, last := collect(stays)
 		assert.Equal(t, FinishLength, last.Finish)
+		_, more := stays.Next(context.Background())
+		assert.False(t, more, "nothing after the last event")
 		assert.Equal(t, alone(t, Sequence{Prompt: []int32{4, 5}, MaxTokens: 6}), got)
 		synctest.Wait()
 		assert.Equal(t, 16, l.sched.Pool().Free(), "the cancelled sequence's blocks are back")

@@ -1,6 +1,7 @@
 package generation
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -50,7 +51,6 @@ type Sequence struct {
 	computed  int     // its tokens whose keys and values are in the cache
 	running   bool
 	cancelled bool
-	events    chan Event // its stream, when a Loop runs it
 }
 
 // Len is the sequence's length: prompt and output.
@@ -126,8 +126,8 @@ func New(opts Options) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.MaxNumSeqs < 1 || opts.MaxModelLen < 1 || opts.MaxBatchTokens < 1 {
-		return nil, fmt.Errorf("generation: max_num_seqs %d, max_model_len %d, max_batch_tokens %d; want each at least 1",
+	if opts.MaxNumSeqs < 1 || opts.MaxModelLen < 1 || opts.MaxBatchTokens < opts.MaxNumSeqs {
+		return nil, fmt.Errorf("generation: max_num_seqs %d, max_model_len %d, max_batch_tokens %d; want each at least 1, and max_batch_tokens at least max_num_seqs (every running sequence decodes in every step)",
 			opts.MaxNumSeqs, opts.MaxModelLen, opts.MaxBatchTokens)
 	}
 	return &Scheduler{opts: opts, pool: pool}, nil
@@ -148,7 +148,7 @@ func (s *Scheduler) Add(q *Sequence) error {
 		return fmt.Errorf("%w: the prompt is empty; want at least one token", ErrTooLong)
 	case q.MaxTokens < 1:
 		return fmt.Errorf("%w: max_tokens %d; want at least 1", ErrTooLong, q.MaxTokens)
-	case len(q.Prompt)+q.MaxTokens > s.opts.MaxModelLen:
+	case len(q.Prompt) > s.opts.MaxModelLen || q.MaxTokens > s.opts.MaxModelLen-len(q.Prompt): // no sum to overflow
 		return fmt.Errorf("%w: a prompt of %d tokens and max_tokens %d make %d; the model's length (max_model_len) is %d",
 			ErrTooLong, len(q.Prompt), q.MaxTokens, len(q.Prompt)+q.MaxTokens, s.opts.MaxModelLen)
 	case s.pool.blocksFor(len(q.Prompt)+q.MaxTokens) > s.pool.Total():
@@ -164,10 +164,10 @@ func (s *Scheduler) Add(q *Sequence) error {
 // preempted sequence keeps its place: ahead of those that came after).
 func (s *Scheduler) enqueue(q *Sequence) {
 	i, _ := slices.BinarySearchFunc(s.waiting, q, func(a, b *Sequence) int {
-		if a.Priority != b.Priority {
-			return a.Priority - b.Priority
+		if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
+			return c
 		}
-		return int(a.arrival) - int(b.arrival)
+		return cmp.Compare(a.arrival, b.arrival)
 	})
 	s.waiting = slices.Insert(s.waiting, i, q)
 }
@@ -233,6 +233,9 @@ func (s *Scheduler) schedule(step *Step) {
 	}
 	for len(s.waiting) > 0 && len(s.running) < s.opts.MaxNumSeqs && budget > 0 {
 		q := s.waiting[0]
+		if slices.Contains(step.Preempted, q) {
+			break // not back in the step it was sent out of
+		}
 		if !s.prefill(q, &budget, step) {
 			break // first come, first served: nothing overtakes it
 		}

@@ -166,8 +166,11 @@ func ParseChatTemplate(source string, tokens map[string]any) (*ChatTemplate, err
 }
 
 // Render renders messages into a prompt; with addGenerationPrompt the
-// prompt ends where the assistant's reply begins. Its errors wrap
-// [ErrChat] and say what the template refused, in its own words.
+// prompt ends where the assistant's reply begins. The template's own
+// refusals (raise_exception: a role it does not know, roles that do not
+// alternate) and messages it cannot take wrap [ErrChat], in the
+// template's words: the request's fault. Any other failure is the
+// template's, and wraps neither.
 func (t *ChatTemplate) Render(messages []ChatMessage, addGenerationPrompt bool) (string, error) {
 	if len(messages) == 0 {
 		return "", fmt.Errorf("%w: no messages; want at least one {role, content}", ErrChat)
@@ -179,16 +182,31 @@ func (t *ChatTemplate) Render(messages []ChatMessage, addGenerationPrompt bool) 
 		}
 		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
-	data := make(map[string]any, len(t.tokens)+2)
+	data := make(map[string]jinja.Value, len(t.tokens)+3)
 	for k, v := range t.tokens {
-		data[k] = v
+		data[k] = jinja.FromGoValue(v)
 	}
-	data["messages"] = msgs
-	data["add_generation_prompt"] = addGenerationPrompt
-	out, err := t.tmpl.Render(data)
-	if err != nil {
-		// raise_exception's message is the template's own words.
-		return "", fmt.Errorf("%w: the chat template refused the messages: %s", ErrChat, clip.Clip(err.Error(), 500))
+	data["messages"] = jinja.FromGoValue(msgs)
+	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
+	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		msg := "raise_exception"
+		if len(args) > 0 {
+			msg = args[0].String()
+		}
+		return jinja.Undefined(), &refusal{msg}
+	})
+	out, err := t.tmpl.RenderValues(data)
+	var r *refusal
+	switch {
+	case errors.As(err, &r):
+		return "", fmt.Errorf("%w: the chat template refused the messages: %s", ErrChat, clip.Clip(r.msg, 500))
+	case err != nil:
+		return "", fmt.Errorf("models: the model's chat template failed to render: %s", clip.Clip(err.Error(), 500))
 	}
 	return out, nil
 }
+
+// refusal is a template's raise_exception.
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string { return r.msg }

@@ -74,6 +74,14 @@ func TestChatTemplateRefusals(t *testing.T) {
 		assert.ErrorIs(t, err, ErrChat)
 		assert.ErrorContains(t, err, tc.want)
 	}
+	// A template's own failure is not the request's fault.
+	broken, err := ParseChatTemplate("{{ messages[0].content | nosuchfilter }}", nil)
+	require.NoError(t, err)
+	_, err = broken.Render([]ChatMessage{{"user", "a"}}, true)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrChat)
+	assert.ErrorContains(t, err, "chat template failed to render")
+
 	_, err = ParseChatTemplate("{% for m in messages %}{{ m.content }}", nil)
 	assert.ErrorIs(t, err, ErrConfig)
 	assert.ErrorContains(t, err, "does not compile")

@@ -51,8 +51,9 @@ type DecoderConfig struct {
 	// none.
 	RopeScaling *RopeScaling
 	// QKVBias says the query, key and value projections have biases
-	// (Qwen2; Llama's attention_bias).
-	QKVBias bool
+	// (always in Qwen2; Llama's attention_bias), OBias the output
+	// projection too (Llama's attention_bias).
+	QKVBias, OBias bool
 	// TiedEmbeddings says the output projection is the embedding matrix
 	// (tie_word_embeddings): the folder has no lm_head.weight.
 	TiedEmbeddings bool
@@ -84,6 +85,7 @@ type hfDecoderConfig struct {
 	RMSNormEps            *float64        `json:"rms_norm_eps"`
 	RopeTheta             *float64        `json:"rope_theta"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
+	RopeParameters        json.RawMessage `json:"rope_parameters"` // transformers v5: rope_theta and the scaling together
 	AttentionBias         *bool           `json:"attention_bias"`
 	MLPBias               bool            `json:"mlp_bias"`
 	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
@@ -158,26 +160,43 @@ func ParseDecoderConfig(b []byte) (*DecoderConfig, error) {
 	if hc.RopeTheta != nil {
 		c.RopeTheta = *hc.RopeTheta
 	}
-	if !(c.RopeTheta > 1) || math.IsInf(c.RopeTheta, 0) {
-		return nil, bad("rope_theta", "%g; want a base above 1", c.RopeTheta)
-	}
 	if act := hc.HiddenAct; act != "" && act != "silu" {
 		return nil, bad("hidden_act", "%q; the decoders stepserve runs use silu (SwiGLU)", clip.Clip(act, maxNameInError))
 	}
 	if hc.MLPBias {
 		return nil, bad("mlp_bias", "true; stepserve runs MLPs without biases")
 	}
-	if hc.AttentionBias != nil {
-		c.QKVBias = *hc.AttentionBias
+	if hc.AttentionBias != nil && *hc.AttentionBias && family == FamilyLlama {
+		c.QKVBias, c.OBias = true, true // Qwen2 always has q/k/v biases, Mistral none
 	}
 	if hc.TieWordEmbeddings != nil {
 		c.TiedEmbeddings = *hc.TieWordEmbeddings
 	}
-	if hc.SlidingWindow != nil && *hc.SlidingWindow > 0 && (hc.UseSlidingWindow == nil || *hc.UseSlidingWindow) && family == FamilyMistral {
+	switch {
+	case family == FamilyMistral && hc.SlidingWindow != nil && *hc.SlidingWindow > 0:
 		c.SlidingWindow = *hc.SlidingWindow
+	case family == FamilyQwen2 && hc.UseSlidingWindow != nil && *hc.UseSlidingWindow:
+		return nil, bad("use_sliding_window", "true; Qwen2's sliding-window layers are not supported")
+	}
+	rope := hc.RopeScaling
+	if len(hc.RopeParameters) > 0 && string(hc.RopeParameters) != "null" {
+		// transformers v5 keeps rope_theta with the scaling.
+		var p struct {
+			Theta *float64 `json:"rope_theta"`
+		}
+		if err := json.Unmarshal(hc.RopeParameters, &p); err != nil {
+			return nil, bad("rope_parameters", "%s", clip.Clip(jsonError(err), maxNameInError))
+		}
+		if p.Theta != nil {
+			c.RopeTheta = *p.Theta
+		}
+		rope = hc.RopeParameters
+	}
+	if !(c.RopeTheta > 1) || math.IsInf(c.RopeTheta, 0) {
+		return nil, bad("rope_theta", "%g; want a base above 1", c.RopeTheta)
 	}
 	var err error
-	if c.RopeScaling, err = parseRopeScaling(hc.RopeScaling); err != nil {
+	if c.RopeScaling, err = parseRopeScaling(rope); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -204,7 +223,7 @@ func parseRopeScaling(raw json.RawMessage) (*RopeScaling, error) {
 		kind = rs.OldType
 	}
 	switch kind {
-	case "default":
+	case "default", "":
 		return nil, nil
 	case "llama3":
 	default:
@@ -285,6 +304,9 @@ func (c *DecoderConfig) Tensors() map[string][]int {
 		t[p+"self_attn.k_proj.weight"] = []int{kv, c.Hidden}
 		t[p+"self_attn.v_proj.weight"] = []int{kv, c.Hidden}
 		t[p+"self_attn.o_proj.weight"] = []int{c.Hidden, q}
+		if c.OBias {
+			t[p+"self_attn.o_proj.bias"] = []int{c.Hidden}
+		}
 		if c.QKVBias {
 			t[p+"self_attn.q_proj.bias"] = []int{q}
 			t[p+"self_attn.k_proj.bias"] = []int{kv}

@@ -49,8 +49,25 @@ func TestParseDecoderConfig(t *testing.T) {
 	c, err = ParseDecoderConfig([]byte(qwen2))
 	require.NoError(t, err)
 	assert.True(t, c.QKVBias)
+	assert.False(t, c.OBias)
 	assert.Zero(t, c.SlidingWindow, "use_sliding_window false")
 	assert.Equal(t, []int{128}, c.Tensors()["model.layers.3.self_attn.v_proj.bias"])
+
+	// transformers v5: rope_theta and the scaling in rope_parameters.
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(llama32), &m))
+	m["rope_parameters"] = map[string]any{"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+		"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+	delete(m, "rope_theta")
+	delete(m, "rope_scaling")
+	m["attention_bias"] = true
+	b, _ := json.Marshal(m)
+	c, err = ParseDecoderConfig(b)
+	require.NoError(t, err)
+	assert.Equal(t, 500000.0, c.RopeTheta)
+	assert.Equal(t, &RopeScaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPosn: 8192}, c.RopeScaling)
+	assert.True(t, c.QKVBias && c.OBias, "Llama's attention_bias: q, k, v and o")
+	assert.Equal(t, []int{2048}, c.Tensors()["model.layers.0.self_attn.o_proj.bias"])
 }
 
 func TestParseDecoderConfigRefusals(t *testing.T) {
@@ -76,6 +93,7 @@ func TestParseDecoderConfigRefusals(t *testing.T) {
 		{with(smol, "rope_scaling", map[string]any{"rope_type": "yarn", "factor": 4}), `rope_scaling: type "yarn" is not one stepserve runs`},
 		{with(smol, "rope_scaling", map[string]any{"rope_type": "llama3", "factor": 8}), "llama3 needs factor, low_freq_factor"},
 		{with(smol, "vocab_size", "many"), "vocab_size: want int, found string"},
+		{with(qwen2, "use_sliding_window", true), "use_sliding_window: true"},
 	} {
 		_, err := ParseDecoderConfig([]byte(tc.config))
 		assert.ErrorIs(t, err, ErrConfig, tc.want)

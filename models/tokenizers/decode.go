@@ -148,12 +148,16 @@ var byteOf = func() map[rune]byte {
 func (byteLevelDecoder) chain(tokens []string) []string {
 	var b []byte
 	for _, tok := range tokens {
+		n := len(b)
 		for _, r := range tok {
-			if c, ok := byteOf[r]; ok {
-				b = append(b, c)
-			} else {
-				b = utf8.AppendRune(b, r)
+			c, ok := byteOf[r]
+			if !ok {
+				// Not in the byte alphabet (an added token's text): the
+				// token as it is, as tokenizers does.
+				b = append(b[:n], tok...)
+				break
 			}
+			b = append(b, c)
 		}
 	}
 	return []string{lossy(b)}
@@ -215,17 +219,17 @@ func maximalSubpart(b []byte) int {
 
 type metaspaceDecoder struct {
 	replacement string
-	strip       bool // the first token's leading space is the prefix the encoder added
+	strip       bool // the first token's replacements are dropped (the prefix the encoder added)
 }
 
 func (d metaspaceDecoder) chain(tokens []string) []string {
 	out := make([]string, len(tokens))
 	for i, tok := range tokens {
-		s := strings.ReplaceAll(tok, d.replacement, " ")
+		with := " "
 		if i == 0 && d.strip {
-			s = strings.TrimPrefix(s, " ")
+			with = "" // the first token's are the space the encoder prepended
 		}
-		out[i] = s
+		out[i] = strings.ReplaceAll(tok, d.replacement, with)
 	}
 	return out
 }
@@ -391,7 +395,7 @@ func (t *Tokenizer) NewStream(skipSpecial bool) *Stream {
 func (s *Stream) Next(id int64) string {
 	s.ids = append(s.ids, id)
 	text := s.t.Decode(s.ids[s.prefix:], s.skipSpecial)
-	if len(text) <= len(s.prefixText) || strings.HasSuffix(text, "\uFFFD") {
+	if len(text) <= len(s.prefixText) || !strings.HasPrefix(text, s.prefixText) || strings.HasSuffix(text, "\uFFFD") {
 		return "" // the window's text is not settled yet
 	}
 	delta := text[len(s.prefixText):]

@@ -72,3 +72,20 @@ func TestStreamNeverSplitsACharacter(t *testing.T) {
 	assert.Equal(t, tok.Decode(cut, true), b.String())
 	assert.True(t, strings.HasSuffix(b.String(), "\uFFFD"), "%q", b.String())
 }
+
+// Decoders where tokenizers' Rust has a rule of its own: a byte-level
+// token outside the byte alphabet (an added token's text) is kept as it
+// is; Metaspace drops every replacement in the first token.
+func TestDecoderRules(t *testing.T) {
+	bl, err := parseDecoder([]byte(`{"type": "ByteLevel"}`), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"café x hi"}, bl.chain([]string{"café x", "Ġhi"}))
+	ms, err := parseDecoder([]byte(`{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}`), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "  b"}, ms.chain([]string{"▁▁▁a", "▁▁b"}))
+	never, err := parseDecoder([]byte(`{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never"}`), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []string{" a", " b"}, never.chain([]string{"▁a", "▁b"}))
+	_, err = parseDecoder([]byte(`{"type": "CTC"}`), 0)
+	assert.ErrorContains(t, err, `decoder type "CTC" is not supported`)
+}
