@@ -219,7 +219,7 @@ var keys = []key{
 		value(func(c *Config) *time.Duration { return &c.Server.ShutdownGrace }, time.ParseDuration, atLeast[time.Duration](0), "a duration of 0 or more, e.g. 30s"), durationKind(true)},
 	{"server.read_header_timeout", "10s", "how long a client may take to send request headers",
 		value(func(c *Config) *time.Duration { return &c.Server.ReadHeaderTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s"), durationKind(false)},
-	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408)",
+	{"server.read_timeout", "60s", "how long a client may take to send a whole request, body included (slow bodies get 408; a gRPC message, DEADLINE_EXCEEDED)",
 		value(func(c *Config) *time.Duration { return &c.Server.ReadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers",
 		value(func(c *Config) *time.Duration { return &c.Server.WriteTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},

@@ -190,15 +190,11 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			continue
 		}
-		samples := make([]bool, len(step.Work)) // before Advance lengthens the sequences
-		for i, w := range step.Work {
-			samples[i] = w.Samples()
-		}
 		l.sched.Advance(step, sampled)
 		for i, w := range step.Work {
 			q := w.Seq
 			st, live := l.streams[q]
-			if !live || !samples[i] {
+			if !live || !w.Samples() {
 				continue
 			}
 			if q.Finish != FinishStop {

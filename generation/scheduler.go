@@ -75,11 +75,18 @@ func (q *Sequence) BlockTable() []int32 { return q.table }
 type Work struct {
 	Seq        *Sequence
 	Start, End int
+	samples    bool // End was the sequence's length when it was scheduled
 }
 
-// Samples reports whether the step samples the sequence's next token
-// (asked before [Scheduler.Advance], which lengthens the sequence).
-func (w Work) Samples() bool { return w.End == w.Seq.Len() }
+// Samples reports whether the step samples the sequence's next token.
+// It is fixed when the step is scheduled: Advance, which lengthens the
+// sequence, does not change it.
+func (w Work) Samples() bool { return w.samples }
+
+// work is q's work for [start, end).
+func work(q *Sequence, start, end int) Work {
+	return Work{Seq: q, Start: start, End: end, samples: end == q.Len()}
+}
 
 // A Step is the work of one step of the model: decodes (one token each)
 // first, then prefill chunks.
@@ -215,7 +222,7 @@ func (s *Scheduler) schedule(step *Step) {
 		if !q.running {
 			break // q itself went: every one after it did before
 		}
-		step.Work = append(step.Work, Work{Seq: q, Start: q.Len() - 1, End: q.Len()})
+		step.Work = append(step.Work, work(q, q.Len()-1, q.Len()))
 		budget--
 	}
 	// Then prompts: the running ones' next chunks, then new sequences, as
@@ -254,7 +261,7 @@ func (s *Scheduler) prefill(q *Sequence, budget *int, step *Step) bool {
 		return false
 	}
 	q.table = table
-	step.Work = append(step.Work, Work{Seq: q, Start: q.computed, End: end})
+	step.Work = append(step.Work, work(q, q.computed, end))
 	*budget -= end - q.computed
 	return true
 }
@@ -298,9 +305,8 @@ func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 		if q.Finish != NotFinished {
 			continue
 		}
-		samples := w.Samples()
 		q.computed = w.End
-		if !samples {
+		if !w.Samples() {
 			continue
 		}
 		tok := sampled[i]

@@ -276,63 +276,13 @@ func genBPE(corpus string) any {
 	for _, w := range ws {
 		wordCounts[w]++
 	}
-	type word struct {
-		syms  []string
-		count int
-	}
-	var list []word
-	for _, w := range counted(wordCounts) {
-		var syms []string
-		for _, r := range w {
-			syms = append(syms, string(r))
-		}
-		list = append(list, word{syms, wordCounts[w]})
-	}
 	vocab := orderedVocab{"<s>", "<pad>", "</s>", "<unk>"}
 	for b := range 256 {
 		vocab = append(vocab, string(byteChars[b]))
 	}
-	var merges [][2]string
-	for len(merges) < 600 {
-		pairs := map[[2]string]int{}
-		for _, w := range list {
-			for i := 0; i+1 < len(w.syms); i++ {
-				pairs[[2]string{w.syms[i], w.syms[i+1]}] += w.count
-			}
-		}
-		var best [2]string
-		bestN := 0
-		for p, n := range pairs {
-			if n > bestN || n == bestN && (p[0] < best[0] || p[0] == best[0] && p[1] < best[1]) {
-				best, bestN = p, n
-			}
-		}
-		if bestN < 2 {
-			break
-		}
-		merges = append(merges, best)
-		if !slices.Contains(vocab, best[0]+best[1]) {
-			vocab = append(vocab, best[0]+best[1])
-		}
-		for k, w := range list {
-			var syms []string
-			for i := 0; i < len(w.syms); i++ {
-				if i+1 < len(w.syms) && w.syms[i] == best[0] && w.syms[i+1] == best[1] {
-					syms = append(syms, best[0]+best[1])
-					i++
-				} else {
-					syms = append(syms, w.syms[i])
-				}
-			}
-			list[k].syms = syms
-		}
-	}
+	vocab, merges := learnMerges(wordCounts, vocab, 600)
 	mask := len(vocab)
 	vocab = append(vocab, "<mask>")
-	mergeStrings := make([]string, len(merges))
-	for i, m := range merges {
-		mergeStrings[i] = m[0] + " " + m[1]
-	}
 	return obj{
 		"version":    "1.0",
 		"truncation": nil,
@@ -346,7 +296,7 @@ func genBPE(corpus string) any {
 		"post_processor": obj{"type": "RobertaProcessing", "sep": []any{"</s>", 2}, "cls": []any{"<s>", 0}, "trim_offsets": true, "add_prefix_space": false},
 		"decoder":        obj{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
 		"model": obj{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": mergeStrings},
+			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges},
 	}
 }
 
@@ -374,6 +324,44 @@ func genByteFallback(corpus string) any {
 	for c := '!'; c <= '~'; c++ {
 		vocab = append(vocab, string(c))
 	}
+	vocab, merges := learnMerges(counts, vocab, 400)
+	return obj{
+		"version":    "1.0",
+		"truncation": nil,
+		"padding":    nil,
+		"added_tokens": []obj{
+			added(0, "<unk>", true, false), added(1, "<s>", true, false), added(2, "</s>", true, false),
+		},
+		"normalizer": obj{"type": "Sequence", "normalizers": []obj{
+			{"type": "Prepend", "prepend": "▁"},
+			{"type": "Replace", "pattern": obj{"String": " "}, "content": "▁"},
+		}},
+		"pre_tokenizer": nil,
+		"post_processor": obj{
+			"type":   "TemplateProcessing",
+			"single": []obj{{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}}},
+			"pair": []obj{
+				{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}},
+				{"SpecialToken": obj{"id": "<s>", "type_id": 1}}, {"Sequence": obj{"id": "B", "type_id": 1}},
+			},
+			"special_tokens": obj{"<s>": obj{"id": "<s>", "ids": []int{1}, "tokens": []string{"<s>"}}},
+		},
+		"decoder": obj{"type": "Sequence", "decoders": []obj{
+			{"type": "Replace", "pattern": obj{"String": "▁"}, "content": " "},
+			{"type": "ByteFallback"},
+			{"type": "Fuse"},
+			{"type": "Strip", "content": " ", "start": 1, "stop": 0},
+		}},
+		"model": obj{"type": "BPE", "dropout": nil, "unk_token": "<unk>", "continuing_subword_prefix": nil, "end_of_word_suffix": nil,
+			"fuse_unk": true, "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
+	}
+}
+
+// learnMerges learns up to limit BPE merges from words and their counts
+// (each word split into its characters), the most frequent pair first,
+// ties in byte order, until no pair occurs twice. It returns vocab with
+// each merged token added once, and the merges as "a b".
+func learnMerges(counts map[string]int, vocab orderedVocab, limit int) (orderedVocab, []string) {
 	type word struct {
 		syms  []string
 		count int
@@ -387,7 +375,7 @@ func genByteFallback(corpus string) any {
 		list = append(list, word{syms, counts[w]})
 	}
 	var merges []string
-	for len(merges) < 400 {
+	for len(merges) < limit {
 		pairs := map[[2]string]int{}
 		for _, w := range list {
 			for i := 0; i+1 < len(w.syms); i++ {
@@ -421,34 +409,5 @@ func genByteFallback(corpus string) any {
 			list[k].syms = syms
 		}
 	}
-	return obj{
-		"version":    "1.0",
-		"truncation": nil,
-		"padding":    nil,
-		"added_tokens": []obj{
-			added(0, "<unk>", true, false), added(1, "<s>", true, false), added(2, "</s>", true, false),
-		},
-		"normalizer": obj{"type": "Sequence", "normalizers": []obj{
-			{"type": "Prepend", "prepend": "▁"},
-			{"type": "Replace", "pattern": obj{"String": " "}, "content": "▁"},
-		}},
-		"pre_tokenizer": nil,
-		"post_processor": obj{
-			"type":   "TemplateProcessing",
-			"single": []obj{{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}}},
-			"pair": []obj{
-				{"SpecialToken": obj{"id": "<s>", "type_id": 0}}, {"Sequence": obj{"id": "A", "type_id": 0}},
-				{"SpecialToken": obj{"id": "<s>", "type_id": 1}}, {"Sequence": obj{"id": "B", "type_id": 1}},
-			},
-			"special_tokens": obj{"<s>": obj{"id": "<s>", "ids": []int{1}, "tokens": []string{"<s>"}}},
-		},
-		"decoder": obj{"type": "Sequence", "decoders": []obj{
-			{"type": "Replace", "pattern": obj{"String": "▁"}, "content": " "},
-			{"type": "ByteFallback"},
-			{"type": "Fuse"},
-			{"type": "Strip", "content": " ", "start": 1, "stop": 0},
-		}},
-		"model": obj{"type": "BPE", "dropout": nil, "unk_token": "<unk>", "continuing_subword_prefix": nil, "end_of_word_suffix": nil,
-			"fuse_unk": true, "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
-	}
+	return vocab, merges
 }

@@ -129,7 +129,7 @@ func (g *gatedStream) RecvMsg(m any) error {
 		// The most the message may be, less the window its stream holds
 		// already (what arrived of it so far is in that window).
 		if err := ch.Take(ctx, g.api.maxRecv()-g.api.window(), "the request message"); err != nil {
-			return g.api.refuse(g.ServerStream, err)
+			return refuse(ctx, err)
 		}
 	}
 	release := func() {
@@ -186,11 +186,11 @@ func (s *API) readTimeout() time.Duration {
 	return time.Minute
 }
 
-// refuse is err as the call's answer; a call refused for memory others
-// hold carries a retry pushback.
-func (s *API) refuse(ss grpc.ServerStream, err error) error {
+// refuse is err as the answer of the call ctx is; a call refused for
+// memory others hold carries a retry pushback, as HTTP's Retry-After.
+func refuse(ctx context.Context, err error) error {
 	if errors.Is(err, core.ErrBusy) {
-		ss.SetTrailer(metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
+		grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
 	}
 	return core.GRPCError(err)
 }

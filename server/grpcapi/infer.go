@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stepserve/stepserve/models"
@@ -146,11 +144,7 @@ func (g *grpcServer) modelInfer(ctx context.Context, model, version string, wire
 	s.c.LogRequest(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", name, st,
 		core.RequestInfo{Rows: rows, ID: r.GetId()}, size, took)
 	if err != nil {
-		if errors.Is(err, core.ErrBusy) {
-			// Others hold the memory: retry shortly, as HTTP's Retry-After.
-			grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
-		}
-		return nil, core.GRPCError(err)
+		return nil, refuse(ctx, err)
 	}
 	return resp, nil
 }
