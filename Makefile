@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -224,13 +224,14 @@ tokenizer-files:
 
 # What the generators write, but the torch references (make golden).
 GENERATED := deploy/helm/stepserve/values.schema.json server/inferencepb models/testdata/tokenizers \
-	model_repository/tiny-encoder model_repository/tiny-xlmr model_repository/tiny-reranker
+	model_repository/tiny-encoder model_repository/tiny-xlmr model_repository/tiny-reranker \
+	model_repository/tiny-llama
 
 ## generate: run every generator: the chart's schema, server/inferencepb
 ## (proto), the test tokenizer files, the demo models (tiny-encoder,
 ## tiny-xlmr, tiny-reranker) and the torch references (golden, which needs
 ## Debian's python3-torch and writes bytes that depend on the CPU)
-generate: schema proto tokenizer-files tiny-encoder tiny-xlmr golden
+generate: schema proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama golden
 
 ## check-generated: run every generator but the torch references and fail
 ## when any generated file differs from what they write (the tree is left
@@ -240,11 +241,11 @@ check-generated:
 	@set -e; tmp=$$(mktemp -d); mkdir $$tmp/before $$tmp/now; \
 	tar cf $$tmp/before.tar $(wildcard $(GENERATED)); tar xf $$tmp/before.tar -C $$tmp/before; \
 	trap 'rm -rf $(GENERATED); tar xf $$tmp/before.tar; rm -rf $$tmp' EXIT; \
-	rc=0; $(MAKE) --no-print-directory schema proto tokenizer-files tiny-encoder tiny-xlmr >$$tmp/log 2>&1 || rc=$$?; \
+	rc=0; $(MAKE) --no-print-directory schema proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama >$$tmp/log 2>&1 || rc=$$?; \
 	tar cf - $(wildcard $(GENERATED)) | tar xf - -C $$tmp/now; \
 	if [ $$rc != 0 ]; then cat $$tmp/log; exit $$rc; fi; \
 	if ! diff -r --brief $$tmp/before $$tmp/now; then \
-		echo "check-generated: stale: run make generate (schema, proto, tokenizer-files, tiny-encoder, tiny-xlmr) and commit what it writes"; exit 1; fi; \
+		echo "check-generated: stale: run make generate (schema, proto, tokenizer-files, tiny-encoder, tiny-xlmr, tiny-llama) and commit what it writes"; exit 1; fi; \
 	echo "check-generated: every generated file is current ($(GENERATED))"
 
 ## schema: regenerate the chart's values.schema.json from the server's
@@ -280,6 +281,12 @@ tiny-encoder:
 ## random weights, fixed seed
 tiny-xlmr:
 	$(GO) run ./cmd/gen-tiny-xlmr -repo model_repository
+
+## tiny-llama: regenerate the shipped demo language model (Llama layout,
+## byte-level BPE with ChatML's tokens and template, random weights, fixed
+## seed)
+tiny-llama:
+	$(GO) run ./cmd/gen-tiny-llama -repo model_repository
 
 ## golden: regenerate the encoder references (BERT; every family and head) from torch (Debian python3-torch); not run by `make test`
 golden:

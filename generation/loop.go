@@ -4,15 +4,49 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 )
 
 // Model runs a step of a decoder: for every Work it computes the tokens
 // [Start, End) of its sequence into the KV cache and, where the work
-// samples, the sequence's next token, returned at the work's index (what
-// is returned at other indexes is ignored).
+// samples, the sequence's next token as its Sampling says, returned at
+// the work's index (what is returned at other indexes is ignored). The
+// slice and the Top lists in it are the model's until its next Step.
 type Model interface {
-	Step(ctx context.Context, step *Step) ([]int32, error)
+	Step(ctx context.Context, step *Step) ([]Sampled, error)
+}
+
+// Sampling is how a sequence's next token is drawn from the model's
+// distribution, in the step (logits never leave it): temperature, then
+// top-k, then top-p, as transformers orders them.
+type Sampling struct {
+	// Temperature divides the logits; 0 is greedy (the most likely
+	// token, the lowest id of equals).
+	Temperature float32
+	TopK        int     // only the k most likely tokens; 0 for all
+	TopP        float32 // only the most likely tokens up to this mass; 0 or 1 for all
+	// Seed keys the counter-based generator the draw uses with the
+	// token's position: a seeded sequence's tokens do not depend on what
+	// it is batched with.
+	Seed uint64
+	// Logprobs asks for the sampled token's log-probability (0), and the
+	// Logprobs most likely tokens' too (above 0); -1 for none.
+	Logprobs int
+}
+
+// TopLogprob is one of the most likely tokens at a position.
+type TopLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// Sampled is one sequence's result of a step.
+type Sampled struct {
+	Token   int32
+	Logprob float32      // log-probability under the model (Sampling.Logprobs >= 0)
+	Top     []TopLogprob // the most likely tokens, most likely first (Sampling.Logprobs > 0)
 }
 
 // Request is a generation as a client asks for it.
@@ -21,14 +55,17 @@ type Request struct {
 	MaxTokens int
 	Priority  int     // lower runs first
 	EOS       []int32 // tokens that end it
+	Sampling  Sampling
 }
 
 // Event is what a generation's stream carries: a token, or, last, how it
 // ended (Finish, or Err when a step failed).
 type Event struct {
-	Token  int32
-	Finish FinishReason
-	Err    error
+	Token   int32
+	Logprob float32
+	Top     []TopLogprob
+	Finish  FinishReason
+	Err     error
 }
 
 // Last reports whether ev ends its stream.
@@ -101,6 +138,10 @@ type Loop struct {
 	done  chan struct{} // closed when Run returns
 	// streams are the live generations'.
 	streams map[*Sequence]*Stream
+	tokens  []int32 // the step's sampled tokens, for Advance
+	// Observe, when set, is called after every step the model ran, in
+	// the loop (it must not block): the step, and how long it took.
+	Observe func(step *Step, took time.Duration)
 }
 
 type add struct {
@@ -124,7 +165,7 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 // stops at the next step (its stream's last event says FinishCancelled)
 // and its KV cache blocks are freed.
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
-	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS}
+	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, Sampling: r.Sampling}
 	st := newStream()
 	reply := make(chan error, 1)
 	select {
@@ -172,7 +213,11 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			continue
 		}
+		began := time.Now()
 		sampled, err := l.model.Step(ctx, step)
+		if l.Observe != nil {
+			l.Observe(step, time.Since(began))
+		}
 		if err == nil && len(sampled) < len(step.Work) {
 			err = fmt.Errorf("generation: the model returned %d tokens for a step of %d sequences", len(sampled), len(step.Work))
 		}
@@ -190,7 +235,11 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			continue
 		}
-		l.sched.Advance(step, sampled)
+		l.tokens = l.tokens[:0]
+		for _, s := range sampled[:len(step.Work)] {
+			l.tokens = append(l.tokens, s.Token)
+		}
+		l.sched.Advance(step, l.tokens)
 		for i, w := range step.Work {
 			q := w.Seq
 			st, live := l.streams[q]
@@ -198,7 +247,8 @@ func (l *Loop) Run(ctx context.Context) {
 				continue
 			}
 			if q.Finish != FinishStop {
-				st.push(Event{Token: sampled[i]})
+				s := sampled[i]
+				st.push(Event{Token: s.Token, Logprob: s.Logprob, Top: slices.Clone(s.Top)})
 			}
 			if q.Finish != NotFinished {
 				l.end(q, Event{Finish: q.Finish})

@@ -24,7 +24,7 @@ type fakeModel struct {
 	tokens int
 }
 
-func (m *fakeModel) Step(ctx context.Context, step *Step) ([]int32, error) {
+func (m *fakeModel) Step(ctx context.Context, step *Step) ([]Sampled, error) {
 	m.mu.Lock()
 	gate, fail := m.gate, m.fail
 	m.steps++
@@ -42,10 +42,10 @@ func (m *fakeModel) Step(ctx context.Context, step *Step) ([]int32, error) {
 	if fail != nil {
 		return nil, fail
 	}
-	out := make([]int32, len(step.Work))
+	out := make([]Sampled, len(step.Work))
 	for i, w := range step.Work {
 		if w.Samples() {
-			out[i] = model(w.Seq)
+			out[i] = Sampled{Token: model(w.Seq)}
 		}
 	}
 	return out, nil

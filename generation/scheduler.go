@@ -42,6 +42,7 @@ type Sequence struct {
 	MaxTokens int     // the most tokens to generate
 	Priority  int     // lower runs first; equal priorities in arrival order
 	EOS       []int32 // tokens that end it (not counted in Output)
+	Sampling  Sampling
 
 	Output []int32      // the tokens generated so far
 	Finish FinishReason // why it ended, once it has

@@ -32,6 +32,11 @@ type Config struct {
 	MLP          *MLPConfig     `yaml:"mlp"`
 	Encoder      *EncoderConfig `yaml:"encoder"`
 	Torch        *TorchConfig   `yaml:"torch"`
+	// Decoder is a decoder language model's shape, read from its Hugging
+	// Face folder's config.json (architecture decoder); Generation is
+	// model.yaml's generation: keys over it.
+	Decoder    *DecoderConfig     `yaml:"-"`
+	Generation *GenerationOptions `yaml:"generation"`
 
 	Inputs  []TensorSpec `yaml:"inputs"`
 	Outputs []TensorSpec `yaml:"outputs"`
@@ -402,6 +407,12 @@ func (c *Config) validate() error {
 		return err
 	}
 
+	if c.Architecture == "decoder" {
+		// Its buckets default from its generation keys.
+		if err := c.validateDecoder(bad); err != nil {
+			return err
+		}
+	}
 	if n := len(c.Buckets.Batch) * max(len(c.Buckets.Seq), 1); n > maxBuckets {
 		return bad("buckets", "%d batch sizes and %d sequence lengths make %d buckets, above the limit of %d",
 			len(c.Buckets.Batch), len(c.Buckets.Seq), n, maxBuckets)
@@ -413,6 +424,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
+	if c.Generation != nil && c.Architecture != "decoder" {
+		return bad("generation", "is for decoder language models; remove it")
+	}
 	switch c.Architecture {
 	case "mlp":
 		if len(c.Buckets.Seq) > 0 {
@@ -423,10 +437,12 @@ func (c *Config) validate() error {
 		return c.validateEncoder(bad)
 	case "torch":
 		return c.validateTorch(bad)
+	case "decoder":
+		return nil // checked above
 	case "":
-		return bad("architecture", "is required; want mlp, encoder or torch")
+		return bad("architecture", "is required; want mlp, encoder or torch (or a Hugging Face folder: encoder or decoder)")
 	default:
-		return bad("architecture", "%q is not supported; want mlp, encoder or torch", clip.Clip(c.Architecture, maxNameInError))
+		return bad("architecture", "%q is not supported; want mlp, encoder or torch (or a Hugging Face folder: encoder or decoder)", clip.Clip(c.Architecture, maxNameInError))
 	}
 }
 

@@ -126,6 +126,16 @@ func (m *Manifest) openHF() (bool, error) {
 	if err != nil {
 		return true, err
 	}
+	if IsDecoderConfig(b) {
+		cfg, err := m.openDecoder(b)
+		if err != nil {
+			return true, err
+		}
+		if err := m.overHF(cfg); err != nil {
+			return true, err
+		}
+		return true, m.openHFWeights()
+	}
 	var hc hfConfig
 	if err := json.Unmarshal(b, &hc); err != nil {
 		return true, fmt.Errorf("%s: %w: not a transformers config: %s", file, ErrConfig, clip.Clip(jsonError(err), maxNameInError))
@@ -138,25 +148,9 @@ func (m *Manifest) openHF() (bool, error) {
 	if err != nil {
 		return true, fmt.Errorf("%s: %w", file, err)
 	}
-	yamlFile := path.Join(m.Name, ConfigFile)
-	over, err := readFile(m.root, yamlFile, maxConfigBytes)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		if err := cfg.validate(); err != nil {
-			return true, fmt.Errorf("%s: %w", file, err)
-		}
-	case err != nil:
+	if err := m.overHF(cfg); err != nil {
 		return true, err
-	default:
-		if err := overrideConfig(cfg, over); err != nil {
-			return true, fmt.Errorf("%s (over %s): %w", yamlFile, file, err)
-		}
-		if cfg.Name != "" && cfg.Name != m.Name {
-			return true, fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
-				yamlFile, ErrConfig, cfg.Name, m.Name)
-		}
 	}
-	m.Config = cfg
 	if m.labels, err = m.readLabels(); err != nil {
 		return true, err
 	}
@@ -165,6 +159,32 @@ func (m *Manifest) openHF() (bool, error) {
 		m.labels = [][]string{folder.labels}
 	}
 	return true, m.openHFWeights()
+}
+
+// overHF decodes the folder's model.yaml, if it has one, over cfg (what
+// config.json said), validates it, and makes it the manifest's config.
+func (m *Manifest) overHF(cfg *Config) error {
+	file := path.Join(m.Name, HFConfigFile)
+	yamlFile := path.Join(m.Name, ConfigFile)
+	over, err := readFile(m.root, yamlFile, maxConfigBytes)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := cfg.validate(); err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+	case err != nil:
+		return err
+	default:
+		if err := overrideConfig(cfg, over); err != nil {
+			return fmt.Errorf("%s (over %s): %w", yamlFile, file, err)
+		}
+		if cfg.Name != "" && cfg.Name != m.Name {
+			return fmt.Errorf("%s: %w: name: %q differs from the directory name %q; rename one or drop the key",
+				yamlFile, ErrConfig, cfg.Name, m.Name)
+		}
+	}
+	m.Config = cfg
+	return nil
 }
 
 // config is the model.yaml an HF folder would have had.

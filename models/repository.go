@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 
 	"github.com/stepserve/stepserve/internal/clip"
 )
@@ -31,6 +32,8 @@ type Model struct {
 	MLP *MLP
 	// Encoder is set when Config.Architecture is "encoder".
 	Encoder *Encoder
+	// Decoder is set when Config.Architecture is "decoder".
+	Decoder *Decoder
 	// Tokenizer is set when the directory holds a tokenizer.json or a
 	// vocab.txt.
 	Tokenizer TextTokenizer
@@ -101,6 +104,9 @@ type Manifest struct {
 	labels  [][]string  // the outputs' labels files, read at Open (small)
 	shards  []*repoFile // sharded weights' files (weights is the first); nil for one file
 	skipped []string    // the tensors the model does not use, dropped at Open
+	// A decoder folder's generation_config.json and chat template.
+	generation *GenerationConfig
+	chat       *ChatTemplate
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -184,6 +190,16 @@ func (m *Manifest) openLayers() error {
 		m.skipped = out.Encoder.Unused
 		m.Weights.Drop(m.skipped)
 	}
+	if out.Decoder != nil {
+		want := m.Config.Decoder.Tensors()
+		for name := range m.Weights.Tensors {
+			if _, ok := want[name]; !ok {
+				m.skipped = append(m.skipped, name)
+			}
+		}
+		slices.Sort(m.skipped)
+		m.Weights.Drop(m.skipped)
+	}
 	return nil
 }
 
@@ -191,10 +207,20 @@ func (m *Manifest) openLayers() error {
 func (m *Manifest) checkVocab() error {
 	var err error
 	file := path.Join(m.Name, ConfigFile)
-	if m.Config.Architecture == "encoder" {
+	switch m.Config.Architecture {
+	case "encoder":
 		if m.tokfile, err = m.findTokenizer(file); err != nil {
 			return err
 		}
+	case "decoder":
+		ok, err := statFile(m.root, path.Join(m.Name, TokenizerFile), maxTokenizerBytes)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s: %w: a decoder language model needs its %s (this folder has none)", path.Join(m.Name, HFConfigFile), ErrConfig, TokenizerFile)
+		}
+		m.tokfile = TokenizerFile
 	}
 	return nil
 }
@@ -248,6 +274,10 @@ func (m *Manifest) layers() (*Model, error) {
 		out.MLP, err = NewMLP(m.Config.MLP, m.Weights)
 	case "encoder":
 		out.Encoder, err = NewEncoder(m.Config.Encoder, m.Weights)
+	case "decoder":
+		if out.Decoder, err = NewDecoder(m.Config.Decoder, m.Weights); err == nil {
+			out.Decoder.Generation, out.Decoder.Chat = m.generation, m.chat
+		}
 	}
 	return out, err
 }

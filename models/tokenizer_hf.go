@@ -102,6 +102,22 @@ func (h *HFTokenizer) AppendEncode(dst []int64, text string, maxLen int, truncat
 	return dst, nil
 }
 
+// EncodeIDs is text's ids for a language model: framed by the
+// post-processor's special tokens (a Llama's BOS) with special, as
+// transformers' add_special_tokens; without, as a rendered chat template
+// is encoded (the template writes those tokens itself).
+func (h *HFTokenizer) EncodeIDs(text string, special bool) ([]int32, error) {
+	toks, err := h.t.Encode(text, "", false, tokenizers.Options{Plain: !special})
+	if err != nil {
+		return nil, hfError(err)
+	}
+	out := make([]int32, len(toks))
+	for i, t := range toks {
+		out[i] = int32(t.ID)
+	}
+	return out, nil
+}
+
 func (h *HFTokenizer) AppendEncodePair(ids, types []int64, text, pair string, maxLen int, truncate bool) ([]int64, []int64, error) {
 	toks, err := h.t.Encode(text, pair, true, tokenizers.Options{MaxLen: maxLen, Truncate: truncate})
 	if err != nil {
@@ -227,6 +243,9 @@ func (m *Manifest) loadTokenizer(file string) (TextTokenizer, error) {
 	b, err := readFile(m.root, name, limit)
 	if err != nil {
 		return nil, err
+	}
+	if d := m.Config.Decoder; d != nil {
+		return ParseHFTokenizer(b, name, d.Vocab)
 	}
 	enc := m.Config.Encoder
 	if file == TokenizerFile {

@@ -230,6 +230,8 @@ type Options struct {
 	// (strategy longest_first by default, direction right by default);
 	// without it, text past MaxLen is a *TooLongError.
 	Truncate bool
+	// Plain leaves out the post-processor's special tokens.
+	Plain bool
 }
 
 // truncatedBytesPerToken bounds the text read when truncating: only the
@@ -260,6 +262,9 @@ func (t *Tokenizer) Encode(text, pair string, hasPair bool, opt Options) ([]Toke
 		seqs[i] = t.encodeText(s, base, i)
 	}
 	added := t.Added(hasPair)
+	if opt.Plain {
+		added = 0
+	}
 	total := len(seqs[0]) + len(seqs[1]) + added
 	if opt.MaxLen > 0 && total > opt.MaxLen {
 		if !opt.Truncate {
@@ -269,7 +274,7 @@ func (t *Tokenizer) Encode(text, pair string, hasPair bool, opt Options) ([]Toke
 			return nil, err
 		}
 	}
-	if t.post == nil {
+	if t.post == nil || opt.Plain {
 		return append(seqs[0], seqs[1]...), nil
 	}
 	var b []Token

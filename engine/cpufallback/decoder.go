@@ -1,0 +1,354 @@
+package cpufallback
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/models"
+)
+
+// A decoder step on the CPU engine follows the device's structure: the
+// weights (packed for the product kernels, once) and the paged KV cache
+// (allocated once, Blocks x BlockSize tokens) are resident; a step takes
+// the scheduler's work (token ids, positions, block tables: what the
+// device's one H2D carries), writes every new token's keys and values
+// into the cache by slot, attends over the cache, and samples each
+// sequence's next token in the step: only the sampled tokens (and
+// log-probabilities when asked) come out. Buffers are sized at load for
+// max_batch_tokens tokens and max_num_seqs sampled rows, so that a step
+// allocates nothing.
+
+// maxTopLogprobs bounds Sampling.Logprobs (OpenAI's top_logprobs: 20).
+const maxTopLogprobs = 20
+
+// LoadDecoder implements [engine.DecoderEngine].
+func (Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decoder, error) {
+	if kernelsErr != nil {
+		return nil, kernelsErr
+	}
+	if err := checkDtype(m.Name, m.Config); err != nil {
+		return nil, err
+	}
+	if m.Decoder == nil || m.Config.Generation == nil {
+		return nil, fmt.Errorf("cpufallback: model %s is not a decoder language model", m.Name)
+	}
+	if m.Config.Instances.PerDevice > 1 || m.Config.Instances.MinReady > 1 {
+		return nil, fmt.Errorf("cpufallback: model %s: a decoder model runs as one replica on the CPU engine (it takes every core a step can use); remove instances", m.Name)
+	}
+	return newDecoderPlan(m), nil
+}
+
+type decoderLayer struct {
+	inNorm, postNorm []float32
+	q, k, v, o       *weight
+	qb, kb, vb, ob   []float32
+	gate, up, down   *weight
+}
+
+// decoderPlan is a decoder model resident on the CPU engine.
+type decoderPlan struct {
+	cfg                *models.DecoderConfig
+	eps                float32
+	embed, norm        []float32
+	head               *weight
+	layers             []decoderLayer
+	blockSize, kvWidth int
+	// kv is the KV cache: block b, layer l, keys (0) or values (1), the
+	// block's token t: kv[((b*layers+l)*2+kind)*blockSize*kvWidth + t*kvWidth:].
+	kv       []float32
+	cos, sin []float32 // [maxModelLen][headDim/2] RoPE's tables
+
+	// The step's buffers, for up to maxTokens tokens.
+	maxTokens              int
+	x, xn, q, k, v, att, o []float32
+	gate, up               []float32
+	pos, slot              []int32
+	rows                   []int // the token row each sampled work's last token is
+	hs, logits             []float32
+	out                    []generation.Sampled
+	top                    [][maxTopLogprobs]generation.TopLogprob
+	sampler                generation.Sampler
+	attn                   attnStep
+}
+
+func newDecoderPlan(m *models.Model) *decoderPlan {
+	d, c, g := m.Decoder, m.Decoder.Config, m.Config.Generation
+	bf16 := wantsBF16(m.Config)
+	res := func(l *models.Linear) *weight { return resident(l, bf16) }
+	p := &decoderPlan{cfg: c, eps: float32(c.RMSNormEps), embed: d.Embed, norm: d.Norm, head: res(d.Head),
+		blockSize: g.BlockSize, kvWidth: c.KVHeads * c.HeadDim, maxTokens: g.MaxBatchTokens}
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		p.layers = append(p.layers, decoderLayer{inNorm: l.InputNorm, postNorm: l.PostNorm,
+			q: res(&l.Q), k: res(&l.K), v: res(&l.V), o: res(&l.O), qb: l.Q.Bias, kb: l.K.Bias, vb: l.V.Bias, ob: l.O.Bias,
+			gate: res(&l.Gate), up: res(&l.Up), down: res(&l.Down)})
+	}
+	p.kv = make([]float32, g.KVCacheBlocks*c.Layers*2*g.BlockSize*p.kvWidth)
+	half := c.HeadDim / 2
+	p.cos, p.sin = make([]float32, g.MaxModelLen*half), make([]float32, g.MaxModelLen*half)
+	inv := c.InvFreq()
+	for pos := range g.MaxModelLen {
+		for i, f := range inv {
+			s, co := math.Sincos(float64(pos) * f)
+			p.cos[pos*half+i], p.sin[pos*half+i] = float32(co), float32(s)
+		}
+	}
+	T, H, Q, I := p.maxTokens, c.Hidden, c.Heads*c.HeadDim, c.Intermediate
+	p.x, p.xn, p.o = make([]float32, T*H), make([]float32, T*H), make([]float32, T*H)
+	p.q, p.att = make([]float32, T*Q), make([]float32, T*Q)
+	p.k, p.v = make([]float32, T*p.kvWidth), make([]float32, T*p.kvWidth)
+	p.gate, p.up = make([]float32, T*I), make([]float32, T*I)
+	p.pos, p.slot = make([]int32, T), make([]int32, T)
+	p.sampler = generation.NewSampler(c.Vocab)
+	p.growRows(g.MaxNumSeqs)
+	p.attn.p = p
+	return p
+}
+
+// growRows sizes the sampled rows' buffers for n rows.
+func (p *decoderPlan) growRows(n int) {
+	if len(p.out) >= n {
+		return
+	}
+	p.rows = make([]int, n)
+	p.hs = make([]float32, n*p.cfg.Hidden)
+	p.logits = make([]float32, n*p.cfg.Vocab)
+	p.out = make([]generation.Sampled, n)
+	p.top = make([][maxTopLogprobs]generation.TopLogprob, n)
+}
+
+// Close implements [engine.Decoder]: the cache and weights go with the
+// plan.
+func (p *decoderPlan) Close() error {
+	p.kv, p.layers = nil, nil
+	return nil
+}
+
+// Step implements [generation.Model].
+func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]generation.Sampled, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.kv == nil {
+		return nil, fmt.Errorf("cpufallback: the decoder was closed: %w", engine.ErrUnavailable)
+	}
+	c := p.cfg
+	H := c.Hidden
+	T := step.Tokens()
+	if T > p.maxTokens {
+		return nil, fmt.Errorf("cpufallback: a step of %d tokens is over the %d the decoder was loaded for (generation.max_batch_tokens)", T, p.maxTokens)
+	}
+	p.growRows(len(step.Work))
+	// The step's input: each token's id (embedded here), position and
+	// cache slot; the rows whose last token samples.
+	t, rows := 0, 0
+	for _, w := range step.Work {
+		table := w.Seq.BlockTable()
+		for pos := w.Start; pos < w.End; pos++ {
+			id := w.Seq.Token(pos)
+			if id < 0 || int(id) >= c.Vocab {
+				return nil, fmt.Errorf("cpufallback: token id %d is outside the vocabulary (0..%d)", id, c.Vocab-1)
+			}
+			copy(p.x[t*H:(t+1)*H], p.embed[int(id)*H:(int(id)+1)*H])
+			p.pos[t] = int32(pos)
+			p.slot[t] = table[pos/p.blockSize]*int32(p.blockSize) + int32(pos%p.blockSize)
+			t++
+		}
+		if w.Samples() {
+			p.rows[rows] = t - 1
+			rows++
+		}
+	}
+	threads := stepThreads()
+	for l := range p.layers {
+		p.layer(l, T, step, threads)
+	}
+	// The sampled rows' final norm and logits: only they go through the
+	// output projection.
+	for r := range rows {
+		rmsNorm(p.hs[r*H:(r+1)*H], p.x[p.rows[r]*H:(p.rows[r]+1)*H], p.norm, p.eps)
+	}
+	if rows > 0 {
+		linearPar(nil, threads, rows, p.hs, p.head, p.logits, nil, actNone)
+	}
+	r := 0
+	for i, w := range step.Work {
+		if !w.Samples() {
+			p.out[i] = generation.Sampled{}
+			continue
+		}
+		p.out[i] = p.sampler.Sample(p.logits[r*c.Vocab:(r+1)*c.Vocab], w.Seq.Sampling, w.End, p.top[i][:0])
+		r++
+	}
+	return p.out[:len(step.Work)], nil
+}
+
+// layer runs transformer block l on the step's T tokens in p.x.
+func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
+	c, L := p.cfg, &p.layers[l]
+	H, Q, KV, I := c.Hidden, c.Heads*c.HeadDim, p.kvWidth, c.Intermediate
+	for t := range T {
+		rmsNorm(p.xn[t*H:(t+1)*H], p.x[t*H:(t+1)*H], L.inNorm, p.eps)
+	}
+	linearParN(nil, threads, T, p.xn, 3, [3]*weight{L.q, L.k, L.v}, [3][]float32{p.q, p.k, p.v}, [3][]float32{L.qb, L.kb, L.vb}, actNone)
+	// RoPE, then the new keys and values into the cache by slot.
+	half := c.HeadDim / 2
+	for t := range T {
+		cos := p.cos[int(p.pos[t])*half : int(p.pos[t]+1)*half]
+		sin := p.sin[int(p.pos[t])*half : int(p.pos[t]+1)*half]
+		for h := range c.Heads {
+			rope(p.q[t*Q+h*c.HeadDim:t*Q+(h+1)*c.HeadDim], cos, sin)
+		}
+		for h := range c.KVHeads {
+			rope(p.k[t*KV+h*c.HeadDim:t*KV+(h+1)*c.HeadDim], cos, sin)
+		}
+		kd, vd := p.cacheRow(int(p.slot[t]), l)
+		copy(kd, p.k[t*KV:(t+1)*KV])
+		copy(vd, p.v[t*KV:(t+1)*KV])
+	}
+	p.attn.layer, p.attn.step, p.attn.T = l, step, T
+	items := T * c.Heads
+	chunks := min(items, threads*4)
+	p.attn.per = (items + chunks - 1) / chunks
+	parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, threads)
+	linearPar(nil, threads, T, p.att, L.o, p.o, L.ob, actNone)
+	for i, v := range p.o[:T*H] {
+		p.x[i] += v
+	}
+	for t := range T {
+		rmsNorm(p.xn[t*H:(t+1)*H], p.x[t*H:(t+1)*H], L.postNorm, p.eps)
+	}
+	linearParN(nil, threads, T, p.xn, 2, [3]*weight{L.gate, L.up}, [3][]float32{p.gate, p.up}, [3][]float32{}, actNone)
+	for i, g := range p.gate[:T*I] {
+		p.gate[i] = g / (1 + exp32(-g)) * p.up[i]
+	}
+	linearPar(nil, threads, T, p.gate, L.down, p.o, nil, actNone)
+	for i, v := range p.o[:T*H] {
+		p.x[i] += v
+	}
+}
+
+// cacheRow is the key and value rows of layer l at cache slot s.
+func (p *decoderPlan) cacheRow(s, l int) (k, v []float32) {
+	b, off := s/p.blockSize, s%p.blockSize
+	base := ((b*len(p.layers)+l)*2)*p.blockSize*p.kvWidth + off*p.kvWidth
+	k = p.kv[base : base+p.kvWidth]
+	base += p.blockSize * p.kvWidth
+	return k, p.kv[base : base+p.kvWidth]
+}
+
+// rmsNorm writes x / rms(x) * w to dst (LlamaRMSNorm, in float32 with a
+// float64 sum).
+func rmsNorm(dst, x, w []float32, eps float32) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	inv := float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+	for i, v := range x {
+		dst[i] = w[i] * (v * inv)
+	}
+}
+
+// rope rotates one head's vector by its position's angles, as
+// transformers' rotate_half does: dimension i pairs with i + half.
+func rope(x, cos, sin []float32) {
+	half := len(cos)
+	a, b := x[:half], x[half:2*half]
+	for i := range half {
+		x1, x2 := a[i], b[i]
+		a[i] = x1*cos[i] - x2*sin[i]
+		b[i] = x2*cos[i] + x1*sin[i]
+	}
+}
+
+// attnStep is a layer's causal attention over the cache, split by
+// (token, head) items.
+type attnStep struct {
+	p        *decoderPlan
+	layer, T int
+	step     *generation.Step
+	per      int
+}
+
+func (a *attnStep) run(chunk int) {
+	p, c := a.p, a.p.cfg
+	Q, hd := c.Heads*c.HeadDim, c.HeadDim
+	group := c.Heads / c.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	lo, hi := chunk*a.per, min((chunk+1)*a.per, a.T*c.Heads)
+	// Which work a token belongs to: walk from the chunk's first.
+	t0 := lo / c.Heads
+	wi, first := 0, 0
+	for ; wi < len(a.step.Work); wi++ {
+		n := a.step.Work[wi].End - a.step.Work[wi].Start
+		if t0 < first+n {
+			break
+		}
+		first += n
+	}
+	for item := lo; item < hi; item++ {
+		t, h := item/c.Heads, item%c.Heads
+		for t >= first+(a.step.Work[wi].End-a.step.Work[wi].Start) {
+			first += a.step.Work[wi].End - a.step.Work[wi].Start
+			wi++
+		}
+		w := a.step.Work[wi]
+		table := w.Seq.BlockTable()
+		pos := int(p.pos[t])
+		q := p.q[t*Q+h*hd : t*Q+(h+1)*hd]
+		out := p.att[t*Q+h*hd : t*Q+(h+1)*hd]
+		clear(out)
+		kvOff := (h / group) * hd
+		from := 0
+		if c.SlidingWindow > 0 {
+			from = max(0, pos-c.SlidingWindow+1)
+		}
+		// Online softmax: a running maximum, sum and weighted values.
+		m, sum := float32(math.Inf(-1)), float32(0)
+		for j := from; j <= pos; j++ {
+			s := int(table[j/p.blockSize])*p.blockSize + j%p.blockSize
+			kr, vr := p.cacheRow(s, a.layer)
+			k, v := kr[kvOff:kvOff+hd], vr[kvOff:kvOff+hd]
+			score := dot32(q, k) * scale
+			if score > m {
+				f := exp32(m - score)
+				sum *= f
+				for i := range out {
+					out[i] *= f
+				}
+				m = score
+			}
+			e := exp32(score - m)
+			sum += e
+			for i, x := range v {
+				out[i] += e * x
+			}
+		}
+		inv := 1 / sum
+		for i := range out {
+			out[i] *= inv
+		}
+	}
+}
+
+// dot32 is x·y with four running sums.
+func dot32(x, y []float32) float32 {
+	var s0, s1, s2, s3 float32
+	n := len(x)
+	y = y[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		s0 += x[i] * y[i]
+		s1 += x[i+1] * y[i+1]
+		s2 += x[i+2] * y[i+2]
+		s3 += x[i+3] * y[i+3]
+	}
+	for ; i < n; i++ {
+		s0 += x[i] * y[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}

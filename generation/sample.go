@@ -1,0 +1,159 @@
+package generation
+
+import (
+	"cmp"
+	"math"
+	"slices"
+)
+
+// Sampler draws tokens from logits as a step does on its device (the CPU
+// engine's step calls it; the worker's programs do the same in torch):
+// temperature, then top-k, then top-p, then one draw from a counter-based
+// generator keyed by the sequence's seed and the token's position. It
+// holds scratch for one vocabulary, so that sampling allocates nothing;
+// it is not safe for concurrent use.
+type Sampler struct {
+	idx   []int32
+	probs []float32
+}
+
+// NewSampler is a sampler for a vocabulary of vocab tokens.
+func NewSampler(vocab int) Sampler {
+	return Sampler{idx: make([]int32, vocab), probs: make([]float32, vocab)}
+}
+
+// Sample draws the token at position pos from logits (the model's, one
+// per token id; they are not changed) as s says; top, of capacity
+// s.Logprobs at least, receives the most likely tokens when asked.
+func (sp *Sampler) Sample(logits []float32, s Sampling, pos int, top []TopLogprob) Sampled {
+	var out Sampled
+	if s.Temperature <= 0 {
+		out.Token = argmax(logits)
+	} else {
+		out.Token = sp.draw(logits, s, pos)
+	}
+	if s.Logprobs >= 0 {
+		lse := logSumExp(logits)
+		out.Logprob = logits[out.Token] - lse
+		if s.Logprobs > 0 {
+			out.Top = topN(logits, s.Logprobs, lse, top[:0])
+		}
+	}
+	return out
+}
+
+// argmax is the first index of the largest value (torch.argmax's).
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func logSumExp(x []float32) float32 {
+	m := x[argmax(x)]
+	var sum float64
+	for _, v := range x {
+		sum += math.Exp(float64(v - m))
+	}
+	return m + float32(math.Log(sum))
+}
+
+// topN appends the n largest logits' tokens to dst, largest first (the
+// lower id first among equals), as log-probabilities.
+func topN(x []float32, n int, lse float32, dst []TopLogprob) []TopLogprob {
+	n = min(n, len(x))
+	for i, v := range x {
+		if len(dst) == n && v <= dst[n-1].Logprob {
+			continue
+		}
+		if len(dst) < n {
+			dst = append(dst, TopLogprob{})
+		}
+		j := len(dst) - 1
+		for j > 0 && dst[j-1].Logprob < v {
+			dst[j] = dst[j-1]
+			j--
+		}
+		dst[j] = TopLogprob{Token: int32(i), Logprob: v}
+	}
+	for i := range dst {
+		dst[i].Logprob -= lse
+	}
+	return dst
+}
+
+// draw samples from softmax(logits / temperature), cut to the top k and
+// then to the top p of the mass.
+func (sp *Sampler) draw(logits []float32, s Sampling, pos int) int32 {
+	inv := 1 / s.Temperature
+	m := logits[argmax(logits)]
+	var total float64
+	for i, v := range logits {
+		e := float32(math.Exp(float64((v - m) * inv)))
+		sp.probs[i] = e
+		total += float64(e)
+	}
+	n := len(logits)
+	cut := (s.TopK > 0 && s.TopK < n) || (s.TopP > 0 && s.TopP < 1)
+	if !cut {
+		u := uniform(s.Seed, pos) * total
+		for i, p := range sp.probs[:n] {
+			if u -= float64(p); u < 0 {
+				return int32(i)
+			}
+		}
+		return int32(n - 1)
+	}
+	idx := sp.idx[:n]
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	probs := sp.probs
+	slices.SortFunc(idx, func(a, b int32) int {
+		if c := cmp.Compare(probs[b], probs[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	keep := n
+	if s.TopK > 0 && s.TopK < n {
+		keep = s.TopK
+	}
+	var mass float64
+	for _, i := range idx[:keep] {
+		mass += float64(probs[i])
+	}
+	if s.TopP > 0 && s.TopP < 1 {
+		want, cum := float64(s.TopP)*mass, 0.0
+		for k, i := range idx[:keep] {
+			cum += float64(probs[i])
+			if cum >= want {
+				keep = k + 1
+				break
+			}
+		}
+		mass = cum
+	}
+	u := uniform(s.Seed, pos) * mass
+	for _, i := range idx[:keep] {
+		if u -= float64(probs[i]); u < 0 {
+			return i
+		}
+	}
+	return idx[keep-1]
+}
+
+// uniform is a number in [0, 1) that depends only on seed and pos:
+// SplitMix64 of the two, the generator a counter-based draw needs (no
+// state carried from step to step, nothing shared between sequences).
+func uniform(seed uint64, pos int) float64 {
+	z := seed + uint64(pos+1)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11) / (1 << 53)
+}

@@ -1,0 +1,237 @@
+package models
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+)
+
+// The names a decoder model's signature takes over OIP v2 and Triton's
+// generate extension.
+const (
+	TextOutput = "text_output"
+)
+
+// GenerationOptions are model.yaml's generation: keys, the bounds of a
+// decoder model's continuous batcher and KV cache. Zero fields take the
+// defaults [Config.validateDecoder] sets.
+type GenerationOptions struct {
+	// BlockSize is how many tokens a KV cache block holds (default 16).
+	BlockSize int `yaml:"block_size"`
+	// KVCacheBlocks is how many blocks the KV cache has; by default
+	// enough for max_num_seqs sequences of max_model_len tokens, capped
+	// at KVCacheMaxBytes.
+	KVCacheBlocks int `yaml:"kv_cache_blocks"`
+	// MaxNumSeqs is how many sequences decode at once (default 16).
+	MaxNumSeqs int `yaml:"max_num_seqs"`
+	// MaxModelLen is a sequence's most tokens, prompt and output
+	// (default the model's max_position_embeddings, at most 4096).
+	MaxModelLen int `yaml:"max_model_len"`
+	// MaxBatchTokens is the most tokens one step computes: decodes, and
+	// prompt chunks up to what is left (default 256).
+	MaxBatchTokens int `yaml:"max_batch_tokens"`
+	// MaxTokens is a request's max_tokens when it names none (default
+	// generation_config.json's max_new_tokens, else 256).
+	MaxTokens int `yaml:"max_tokens"`
+}
+
+// Bounds and defaults of the generation keys.
+const (
+	defaultBlockSize      = 16
+	defaultMaxNumSeqs     = 16
+	defaultMaxModelLen    = 4096
+	defaultMaxBatchTokens = 256
+	defaultMaxTokens      = 256
+	maxGenerationSeqs     = 1024
+	maxBlockSize          = 1024
+	// KVCacheMaxBytes caps the default KV cache: a model.yaml that wants
+	// more names kv_cache_blocks.
+	KVCacheMaxBytes = 1 << 30
+)
+
+// KVCacheBytes is what the model's KV cache holds in float32.
+func (c *Config) KVCacheBytes() int64 {
+	if c.Decoder == nil || c.Generation == nil {
+		return 0
+	}
+	return int64(c.Generation.KVCacheBlocks) * int64(c.Generation.BlockSize) * c.Decoder.KVBytesPerToken(4)
+}
+
+// validateDecoder checks a decoder's generation keys and fills their
+// defaults.
+func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
+	d := c.Decoder
+	if d == nil {
+		return bad("architecture", "decoder is read from a Hugging Face folder's config.json (LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM); this directory has none")
+	}
+	if c.Generation == nil {
+		c.Generation = &GenerationOptions{}
+	}
+	g := c.Generation
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&g.BlockSize, defaultBlockSize)
+	def(&g.MaxNumSeqs, defaultMaxNumSeqs)
+	def(&g.MaxModelLen, min(d.MaxPosition, defaultMaxModelLen))
+	def(&g.MaxBatchTokens, max(defaultMaxBatchTokens, g.MaxNumSeqs))
+	def(&g.MaxTokens, min(defaultMaxTokens, g.MaxModelLen-1))
+	switch {
+	case g.BlockSize < 1 || g.BlockSize > maxBlockSize:
+		return bad("generation.block_size", "%d; want 1 to %d tokens (16 is usual)", g.BlockSize, maxBlockSize)
+	case g.MaxNumSeqs < 1 || g.MaxNumSeqs > maxGenerationSeqs:
+		return bad("generation.max_num_seqs", "%d; want 1 to %d", g.MaxNumSeqs, maxGenerationSeqs)
+	case g.MaxModelLen < 2 || g.MaxModelLen > d.MaxPosition:
+		return bad("generation.max_model_len", "%d; want 2 up to the model's max_position_embeddings, %d", g.MaxModelLen, d.MaxPosition)
+	case g.MaxBatchTokens < g.MaxNumSeqs:
+		return bad("generation.max_batch_tokens", "%d is less than max_num_seqs %d; every running sequence decodes a token in every step", g.MaxBatchTokens, g.MaxNumSeqs)
+	case g.MaxBatchTokens > 1<<16:
+		return bad("generation.max_batch_tokens", "%d; want at most %d", g.MaxBatchTokens, 1<<16)
+	case g.MaxTokens < 1 || g.MaxTokens >= g.MaxModelLen:
+		return bad("generation.max_tokens", "%d; want 1 up to max_model_len-1 (%d)", g.MaxTokens, g.MaxModelLen-1)
+	case g.KVCacheBlocks < 0:
+		return bad("generation.kv_cache_blocks", "%d is negative", g.KVCacheBlocks)
+	}
+	perSeq := (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize
+	if g.KVCacheBlocks == 0 {
+		perBlock := int64(g.BlockSize) * d.KVBytesPerToken(4)
+		g.KVCacheBlocks = int(min(int64(perSeq*g.MaxNumSeqs), max(int64(perSeq), KVCacheMaxBytes/perBlock)))
+	}
+	if g.KVCacheBlocks < perSeq {
+		return bad("generation.kv_cache_blocks", "%d blocks of %d tokens cannot hold one sequence of max_model_len %d tokens; want at least %d",
+			g.KVCacheBlocks, g.BlockSize, g.MaxModelLen, perSeq)
+	}
+	if len(c.Buckets.Batch) == 0 {
+		for b := 1; b <= g.MaxNumSeqs; b *= 2 {
+			c.Buckets.Batch = append(c.Buckets.Batch, b)
+		}
+		if last := c.Buckets.Batch[len(c.Buckets.Batch)-1]; last != g.MaxNumSeqs {
+			c.Buckets.Batch = append(c.Buckets.Batch, g.MaxNumSeqs)
+		}
+	}
+	if len(c.Buckets.Seq) == 0 {
+		c.Buckets.Seq = hfSeqBuckets(max(32, g.MaxBatchTokens))
+	}
+	if most := slices.Max(c.Buckets.Batch); most < g.MaxNumSeqs {
+		return bad("buckets.batch", "the largest decode batch %d is less than generation.max_num_seqs %d", most, g.MaxNumSeqs)
+	}
+	return nil
+}
+
+// Decoder is a decoder language model's weights, by layer.
+type Decoder struct {
+	Config *DecoderConfig
+	Embed  []float32 // [Vocab, Hidden]
+	Norm   []float32 // the final RMSNorm's weight
+	// Head is the output projection [Vocab, Hidden]: Embed when the
+	// embeddings are tied.
+	Head   *Linear
+	Layers []DecoderLayer
+	// Generation is generation_config.json; nil when the folder has none.
+	Generation *GenerationConfig
+	// Chat is tokenizer_config.json's chat template; nil when it has none.
+	Chat *ChatTemplate
+}
+
+// DecoderLayer is one transformer block's weights.
+type DecoderLayer struct {
+	InputNorm, PostNorm []float32
+	Q, K, V, O          Linear
+	Gate, Up, Down      Linear
+}
+
+// NewDecoder takes a decoder's weights from w, checking every shape.
+func NewDecoder(c *DecoderConfig, w *Weights) (*Decoder, error) {
+	shapes := c.Tensors()
+	get := func(name string) ([]float32, error) {
+		t, err := w.Tensor(name, shapes[name]...)
+		if err != nil {
+			return nil, err
+		}
+		return t.Data, nil
+	}
+	linear := func(name string, bias bool, l *Linear) error {
+		s := shapes[name+".weight"]
+		l.Out, l.In = s[0], s[1]
+		var err error
+		if l.Weight, err = get(name + ".weight"); err != nil {
+			return err
+		}
+		if bias {
+			l.Bias, err = get(name + ".bias")
+		}
+		return err
+	}
+	d := &Decoder{Config: c, Layers: make([]DecoderLayer, c.Layers)}
+	var err error
+	if d.Embed, err = get("model.embed_tokens.weight"); err != nil {
+		return nil, err
+	}
+	if d.Norm, err = get("model.norm.weight"); err != nil {
+		return nil, err
+	}
+	d.Head = &Linear{In: c.Hidden, Out: c.Vocab, Weight: d.Embed}
+	if !c.TiedEmbeddings {
+		if err := linear("lm_head", false, d.Head); err != nil {
+			return nil, err
+		}
+	}
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		p := fmt.Sprintf("model.layers.%d.", i)
+		if l.InputNorm, err = get(p + "input_layernorm.weight"); err != nil {
+			return nil, err
+		}
+		if l.PostNorm, err = get(p + "post_attention_layernorm.weight"); err != nil {
+			return nil, err
+		}
+		for _, x := range []struct {
+			name string
+			bias bool
+			l    *Linear
+		}{{"self_attn.q_proj", c.QKVBias, &l.Q}, {"self_attn.k_proj", c.QKVBias, &l.K}, {"self_attn.v_proj", c.QKVBias, &l.V},
+			{"self_attn.o_proj", c.OBias, &l.O}, {"mlp.gate_proj", false, &l.Gate}, {"mlp.up_proj", false, &l.Up}, {"mlp.down_proj", false, &l.Down}} {
+			if err := linear(p+x.name, x.bias, x.l); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return d, nil
+}
+
+// openDecoder reads a decoder HF folder's config: config.json (read
+// already, b), generation_config.json and tokenizer_config.json's chat
+// template when they are there.
+func (m *Manifest) openDecoder(b []byte) (*Config, error) {
+	file := path.Join(m.Name, HFConfigFile)
+	dc, err := ParseDecoderConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	c := &Config{
+		Description:  fmt.Sprintf("Hugging Face %s folder (decoder language model)", dc.Family),
+		Architecture: "decoder",
+		Decoder:      dc,
+		Inputs:       []TensorSpec{{Name: TextInput, Datatype: BYTES, Shape: []int{-1}}},
+		Outputs:      []TensorSpec{{Name: TextOutput, Datatype: BYTES, Shape: []int{-1}}},
+	}
+	gfile := path.Join(m.Name, "generation_config.json")
+	gb, err := readFile(m.root, gfile, maxHFConfigBytes)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		if m.generation, err = ParseGenerationConfig(gb, dc.Vocab); err != nil {
+			return nil, fmt.Errorf("%s: %w", gfile, err)
+		}
+	}
+	if m.chat, err = ReadChatTemplate(m.root, m.Name); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
