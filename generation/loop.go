@@ -139,9 +139,20 @@ type Loop struct {
 	// streams are the live generations'.
 	streams map[*Sequence]*Stream
 	tokens  []int32 // the step's sampled tokens, for Advance
-	// Observe, when set, is called after every step the model ran, in
-	// the loop (it must not block): the step, and how long it took.
-	Observe func(step *Step, took time.Duration)
+	// Observe, when set, is called in the loop (it must not block) after
+	// every step the model ran, with how long it took, and with an empty
+	// step when the loop goes idle: the scheduler's state then.
+	Observe func(step *Step, took time.Duration, st State)
+}
+
+// State is the scheduler's state between two steps.
+type State struct {
+	Running, Waiting        int
+	BlocksFree, BlocksTotal int
+}
+
+func (l *Loop) state() State {
+	return State{Running: l.sched.Running(), Waiting: l.sched.Waiting(), BlocksFree: l.sched.pool.Free(), BlocksTotal: l.sched.pool.Total()}
 }
 
 type add struct {
@@ -208,6 +219,9 @@ func (l *Loop) Run(ctx context.Context) {
 			l.end(q, Event{Finish: q.Finish})
 		}
 		if len(step.Work) == 0 {
+			if l.Observe != nil {
+				l.Observe(step, 0, l.state())
+			}
 			if !l.intake(ctx, true) {
 				return
 			}
@@ -216,7 +230,7 @@ func (l *Loop) Run(ctx context.Context) {
 		began := time.Now()
 		sampled, err := l.model.Step(ctx, step)
 		if l.Observe != nil {
-			l.Observe(step, time.Since(began))
+			l.Observe(step, time.Since(began), l.state())
 		}
 		if err == nil && len(sampled) < len(step.Work) {
 			err = fmt.Errorf("generation: the model returned %d tokens for a step of %d sequences", len(sampled), len(step.Work))

@@ -11,7 +11,8 @@ import (
 // The names a decoder model's signature takes over OIP v2 and Triton's
 // generate extension.
 const (
-	TextOutput = "text_output"
+	GenerateInput = "text_input"
+	TextOutput    = "text_output"
 )
 
 // GenerationOptions are model.yaml's generation: keys, the bounds of a
@@ -216,7 +217,7 @@ func (m *Manifest) openDecoder(b []byte) (*Config, error) {
 		Description:  fmt.Sprintf("Hugging Face %s folder (decoder language model)", dc.Family),
 		Architecture: "decoder",
 		Decoder:      dc,
-		Inputs:       []TensorSpec{{Name: TextInput, Datatype: BYTES, Shape: []int{-1}}},
+		Inputs:       []TensorSpec{{Name: GenerateInput, Datatype: BYTES, Shape: []int{-1}}},
 		Outputs:      []TensorSpec{{Name: TextOutput, Datatype: BYTES, Shape: []int{-1}}},
 	}
 	gfile := path.Join(m.Name, "generation_config.json")

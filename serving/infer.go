@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -110,6 +111,10 @@ func (m *Model) Infer(ctx context.Context, req *Request) (*Model, *Result, error
 }
 
 func (m *Model) infer(ctx context.Context, req *Request) (*Result, error) {
+	if m.gen != nil {
+		name := m.model.Name
+		return nil, fmt.Errorf("%w: model %s is a language model: use /v2/models/%s/generate, /v1/completions or /v1/chat/completions", ErrNotGenerative, name, name)
+	}
 	res, err := prepare(m.model, req)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,8 @@ package serving
 import (
 	"time"
 
+	"github.com/stepserve/stepserve/generation"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -11,6 +13,84 @@ import (
 type metrics struct {
 	loadDuration *prometheus.GaugeVec
 	failovers    *prometheus.CounterVec
+	gen          genMetrics
+}
+
+// genMetrics are the language models' series.
+type genMetrics struct {
+	ttft, tpot, duration, batch  *prometheus.HistogramVec
+	prompt, generated, preempted *prometheus.CounterVec
+	seqs, blocks                 *prometheus.GaugeVec
+}
+
+// genSeries are one language model's.
+type genSeries struct {
+	ttft, tpot, duration, batch              prometheus.Observer
+	promptTokens, generated, preempted       prometheus.Counter
+	running, waiting, blocksUsed, blocksFree prometheus.Gauge
+}
+
+// latencyBuckets span a token's few milliseconds to a long generation's
+// minutes.
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+
+func newGenMetrics() genMetrics {
+	hist := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, append([]string{"model"}, labels...))
+	}
+	count := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"model"})
+	}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"model", "state"})
+	}
+	return genMetrics{
+		ttft: hist("stepserve_generation_time_to_first_token_seconds",
+			"Time from a generation's arrival to its first token (queueing and prefill).", latencyBuckets),
+		tpot: hist("stepserve_generation_time_per_output_token_seconds",
+			"A generation's mean time between two tokens after the first (its inter-token latency).", latencyBuckets),
+		duration: hist("stepserve_generation_request_duration_seconds",
+			"A generation's time from arrival to its end.", latencyBuckets),
+		batch: hist("stepserve_generation_step_sequences",
+			"Sequences each step of a language model computed (decodes and prompt chunks).", []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}),
+		prompt:    count("stepserve_generation_prompt_tokens_total", "Prompt tokens of the generations admitted."),
+		generated: count("stepserve_generation_generated_tokens_total", "Tokens generated."),
+		preempted: count("stepserve_generation_preemptions_total",
+			"Running sequences sent back to wait because the KV cache ran out of blocks (recomputed later, their output unchanged)."),
+		seqs:   gauge("stepserve_generation_sequences", "A language model's sequences by state: running (in the batch) or waiting."),
+		blocks: gauge("stepserve_generation_kv_cache_blocks", "A language model's KV cache blocks by state: used or free."),
+	}
+}
+
+func (g *genMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.seqs, g.blocks}
+}
+
+// generation is model's series, created at zero so that alerts see them
+// before the first generation.
+func (m *metrics) generation(model string) *genSeries {
+	g := &m.gen
+	s := &genSeries{
+		ttft: g.ttft.WithLabelValues(model), tpot: g.tpot.WithLabelValues(model), duration: g.duration.WithLabelValues(model),
+		batch: g.batch.WithLabelValues(model), promptTokens: g.prompt.WithLabelValues(model), generated: g.generated.WithLabelValues(model),
+		preempted: g.preempted.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
+		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"),
+	}
+	return s
+}
+
+// observe records a step of the model's loop, and its scheduler's state.
+func (s *genSeries) observe(step *generation.Step, _ time.Duration, st generation.State) {
+	if n := len(step.Work); n > 0 {
+		s.batch.Observe(float64(n))
+	}
+	if n := len(step.Preempted); n > 0 {
+		s.preempted.Add(float64(n))
+	}
+	s.running.Set(float64(st.Running))
+	s.waiting.Set(float64(st.Waiting))
+	s.blocksUsed.Set(float64(st.BlocksTotal - st.BlocksFree))
+	s.blocksFree.Set(float64(st.BlocksFree))
 }
 
 func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
@@ -23,10 +103,11 @@ func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
 			Name: "stepserve_engine_failovers_total",
 			Help: "Times a model's steps moved from its engine to the fallback engine because the device was unavailable.",
 		}, []string{"model", "from", "to"}),
+		gen: newGenMetrics(),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc},
-			&replicasCollector{set: set}, &adviceCollector{set: set}} {
+		for _, c := range append([]prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc},
+			&replicasCollector{set: set}, &adviceCollector{set: set}}, m.gen.collectors()...) {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -48,6 +129,11 @@ func (m *metrics) addFailover(model, from, to string) prometheus.Counter {
 func (m *metrics) forget(model string) {
 	m.loadDuration.DeleteLabelValues(model)
 	m.failovers.DeletePartialMatch(prometheus.Labels{"model": model})
+	for _, c := range m.gen.collectors() {
+		c.(interface {
+			DeletePartialMatch(prometheus.Labels) int
+		}).DeletePartialMatch(prometheus.Labels{"model": model})
+	}
 }
 
 var readyDesc = prometheus.NewDesc("stepserve_model_ready",

@@ -39,6 +39,10 @@ type Model struct {
 	readyIn  atomic.Int64 // ns from the start of its load to ready
 	resident int64        // the host memory estimated before it was loaded
 
+	// gen is a language model's loop (architecture decoder); nil for
+	// the others, which program, runners and batcher serve.
+	gen *generator
+
 	warmed atomic.Bool
 	closed atomic.Bool
 
@@ -48,6 +52,9 @@ type Model struct {
 // newModel loads m onto its engine (and the failover engine), with a
 // batcher in front; nothing is compiled yet.
 func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Grid, batchOpts batching.Options) (*Model, error) {
+	if m.Decoder != nil {
+		return s.newDecoderModel(ctx, m)
+	}
 	engines := s.enginesFor(m.Config)
 	name := engines[0]
 	var err error
@@ -148,6 +155,20 @@ func oneReplicaConfig(cfg *models.Config) *models.Config {
 // compiles and runs every bucket twice, on the failover engine too; with
 // lazy, buckets compile on first use. It honours ctx.
 func (m *Model) Warmup(ctx context.Context) error {
+	if m.gen != nil {
+		start := time.Now()
+		if err := m.gen.warmup(ctx); err != nil {
+			return fmt.Errorf("model %s: %w", m.model.Name, err)
+		}
+		m.warmed.Store(true)
+		took := time.Since(m.loaded)
+		m.readyIn.Store(int64(took))
+		m.set.metrics.loaded(m.model.Name, took)
+		m.logger.Info("model ready", "kind", "language model", "kv_cache_blocks", m.gen.opts.KVCacheBlocks,
+			"block_size", m.gen.opts.BlockSize, "max_num_seqs", m.gen.opts.MaxNumSeqs, "max_model_len", m.gen.opts.MaxModelLen,
+			"warmup_seconds", time.Since(start).Seconds(), "load_seconds", took.Seconds())
+		return nil
+	}
 	if m.closed.Load() {
 		return fmt.Errorf("serving: model %s was unloaded before its warm-up", m.model.Name)
 	}
@@ -214,30 +235,54 @@ func (m *Model) ReadyIn() time.Duration { return time.Duration(m.readyIn.Load())
 // draining, and at least instances.min_ready replicas healthy (or a
 // failover engine to serve on).
 func (m *Model) Ready() bool {
+	if m.gen != nil {
+		return m.warmed.Load()
+	}
 	return m.warmed.Load() && (m.fallback != nil || m.replicas.Healthy() >= m.minReady)
 }
 
 // Replicas counts the model's replicas on its engine, and those healthy
 // now.
-func (m *Model) Replicas() (total, healthy int) { return len(m.runners), m.replicas.Healthy() }
+func (m *Model) Replicas() (total, healthy int) {
+	if m.gen != nil {
+		return 1, 1
+	}
+	return len(m.runners), m.replicas.Healthy()
+}
 
 // Explains lists the model's last non-clean steps, newest first, on any
 // replica.
-func (m *Model) Explains() []Record { return m.runners[0].Explains() }
+func (m *Model) Explains() []Record {
+	if m.gen != nil {
+		return nil
+	}
+	return m.runners[0].Explains()
+}
 
 // Stats summarises the model's steps per bucket since load, every
 // replica's.
-func (m *Model) Stats() []BucketStats { return m.runners[0].Stats() }
+func (m *Model) Stats() []BucketStats {
+	if m.gen != nil {
+		return nil
+	}
+	return m.runners[0].Stats()
+}
 
 // Advise returns bucket advice for the model's traffic since it loaded
 // (every replica's); see [steps.Runner.Advise].
 func (m *Model) Advise(maxBuckets int) (Advice, error) {
+	if m.gen != nil {
+		return Advice{}, fmt.Errorf("%w: model %s is a language model; its steps are scheduled continuously, not by buckets", ErrNoTraffic, m.model.Name)
+	}
 	return m.runners[0].Advise(maxBuckets)
 }
 
 // drain stops taking requests and runs what is queued, within ctx.
 func (m *Model) drain(ctx context.Context) error {
 	m.warmed.Store(false)
+	if m.gen != nil {
+		return m.gen.drain(ctx)
+	}
 	if m.batcher == nil {
 		return nil
 	}
@@ -249,6 +294,13 @@ func (m *Model) drain(ctx context.Context) error {
 // has yet to restart) keeps the programs open until it ends: releasing
 // staging under a running step would crash the server.
 func (m *Model) closeWhenIdle(wait time.Duration) {
+	if m.gen != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		m.drain(ctx) // generations still running past wait end with an error
+		m.Close()
+		return
+	}
 	if m.batcher == nil {
 		m.Close()
 		return
@@ -273,6 +325,9 @@ func (m *Model) Close() error {
 		return nil
 	}
 	var errs []error
+	if m.gen != nil {
+		errs = append(errs, m.gen.close())
+	}
 	if m.fbProg != nil {
 		errs = append(errs, m.fbProg.Close())
 	}

@@ -53,6 +53,16 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 	need := weights
 	parts := []string{"weights " + bytesize.Format(weights)}
 	for i, name := range engines {
+		if d := man.Config.Decoder; d != nil {
+			// The engine's packed copy of the weights, the KV cache,
+			// and the step's buffers.
+			n := addBytes(weights, man.Config.KVCacheBytes())
+			g := man.Config.Generation
+			n = addBytes(n, 4*int64(g.MaxBatchTokens)*int64(4*d.Hidden+2*d.Heads*d.HeadDim+2*d.Intermediate)+4*int64(g.MaxNumSeqs)*int64(d.Vocab))
+			need = addBytes(need, n)
+			parts = append(parts, fmt.Sprintf("engine %s %s (KV cache %s)", name, bytesize.Format(n), bytesize.Format(man.Config.KVCacheBytes())))
+			break
+		}
 		eng, err := s.engines.get(name)
 		if err != nil {
 			return 0, fmt.Errorf("model %s: %w", man.Name, err)

@@ -70,7 +70,12 @@ func (m *Model) Report(res *Result, ok bool, took time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last = now
-	if !ok || r == nil {
+	switch {
+	case ok && r == nil && m.gen != nil: // a generation: no step of its own
+		s.success.add(took)
+		s.inferences++
+		return
+	case !ok || r == nil:
 		s.fail.add(took)
 		return
 	}
@@ -89,6 +94,9 @@ func (m *Model) Statistics() Statistics {
 	st := Statistics{LastInference: s.last, InferenceCount: s.inferences,
 		Success: s.success, Fail: s.fail, Queue: s.queue, ComputeInput: s.in, ComputeInfer: s.infer, ComputeOutput: s.out}
 	s.mu.Unlock()
+	if m.gen != nil {
+		return st
+	}
 	st.Batches = m.runners[0].Executions() // shared by every replica's runner
 	if m.fallback != nil {
 		st.Batches = mergeExecutions(st.Batches, m.fallback.Executions())

@@ -38,7 +38,7 @@ func StatusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, serving.ErrUnknownModel):
 		return http.StatusNotFound
-	case errors.Is(err, serving.ErrBadModel), errors.Is(err, serving.ErrBadParameter):
+	case errors.Is(err, serving.ErrBadModel), errors.Is(err, serving.ErrBadParameter), errors.Is(err, serving.ErrNotGenerative):
 		return http.StatusBadRequest
 	case errors.Is(err, models.ErrInput):
 		return http.StatusBadRequest

@@ -156,11 +156,11 @@ func newOpenAIModel(name string) openaiModel {
 	return openaiModel{ID: name, Object: "model", OwnedBy: "stepserve"}
 }
 
-// openaiModels lists the models that serve embeddings.
+// openaiModels lists the models that serve embeddings or generate text.
 func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
 	list := []openaiModel{}
 	for _, m := range s.c.Opts.Models.Models() {
-		if textSigOf(m.Model()).kind == kindEmbedding {
+		if textSigOf(m.Model()).kind == kindEmbedding || m.Generative() {
 			list = append(list, newOpenAIModel(m.Model().Name))
 		}
 	}
@@ -180,7 +180,7 @@ func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
 func (s *API) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "model")
 	m, err := s.c.Lookup(name, "")
-	if err == nil && textSigOf(m.Model()).kind != kindEmbedding {
+	if err == nil && textSigOf(m.Model()).kind != kindEmbedding && !m.Generative() {
 		err = core.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, textSigOf(m.Model()).kind))
 	}
 	if err != nil {

@@ -227,6 +227,15 @@ func (t *textRequest) ok(body []byte, res *serving.Result) int {
 // field names the body's texts in the message of a texts field that does
 // not decode.
 func (t *textRequest) decodeJSON(body []byte, v any, field string) error {
+	return t.decode(body, v, field, false)
+}
+
+// decodeStrict is decodeJSON refusing keys v does not have, by name.
+func (t *textRequest) decodeStrict(body []byte, v any) error {
+	return t.decode(body, v, "", true)
+}
+
+func (t *textRequest) decode(body []byte, v any, field string, strict bool) error {
 	// What decoding builds is bounded before it is built: every JSON value
 	// (a string, a null, an empty object) may become a header of up to 48
 	// bytes in a slice that doubles as it grows, whatever its own length.
@@ -244,7 +253,21 @@ func (t *textRequest) decodeJSON(body []byte, v any, field string) error {
 	if !utf8.Valid(body) {
 		return core.BadRequest("the request body is not valid UTF-8")
 	}
-	if err := json.Unmarshal(body, v); err != nil {
+	var err error
+	if strict {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err = dec.Decode(v); err == nil && dec.More() {
+			err = errors.New("the body holds more than one JSON value")
+		}
+		if err != nil && strings.HasPrefix(err.Error(), "json: unknown field ") {
+			name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+			return withParam(name, core.BadRequest(fmt.Sprintf("unknown parameter %q; see the API's reference for the parameters stepserve takes", core.ClipName(name))))
+		}
+	} else {
+		err = json.Unmarshal(body, v)
+	}
+	if err != nil {
 		var te *textsError
 		if errors.As(err, &te) {
 			return core.BadRequest(field + ": " + te.msg)
@@ -519,8 +542,17 @@ func (s *API) Routes(r chi.Router) {
 	r.Group(func(r chi.Router) {
 		r.Use(core.BearerAs(s.c.InferenceTokens, deny(&openaiAPI)))
 		r.Post("/v1/embeddings", s.openaiEmbeddings)
+		r.Post("/v1/completions", s.openaiCompletions)
+		r.Post("/v1/chat/completions", s.openaiChat)
 		r.Get("/v1/models", s.openaiModels)
 		r.Get("/v1/models/{model}", s.openaiModelInfo)
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(core.BearerAs(s.c.InferenceTokens, deny(&tritonGenerateAPI)))
+		for _, p := range []string{"/v2/models/{model}", "/v2/models/{model}/versions/{version}"} {
+			r.Post(p+"/generate", s.tritonGenerate(false))
+			r.Post(p+"/generate_stream", s.tritonGenerate(true))
+		}
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(core.BearerAs(s.c.InferenceTokens, deny(&teiAPI)))

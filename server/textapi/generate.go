@@ -1,0 +1,768 @@
+package textapi
+
+// The generation APIs, for language models (architecture decoder):
+//
+//	POST /v1/completions                       OpenAI's completions
+//	POST /v1/chat/completions                  OpenAI's chat completions
+//	POST /v2/models/{model}[/versions/{v}]/generate         Triton's generate extension
+//	POST /v2/models/{model}[/versions/{v}]/generate_stream  the same as server-sent events
+//
+// Every request becomes one serving.GenerateRequest: the same checks,
+// the same continuous batcher, the same metrics; only the JSON on either
+// side is each API's own. Streams are server-sent events, each written
+// under a deadline: a client that stops reading is cut off after
+// streamWriteTimeout, and its sequence cancelled (its KV cache blocks
+// freed at the next step).
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// streamWriteTimeout bounds one event's write to a streaming client.
+const streamWriteTimeout = 30 * time.Second
+
+// maxOpenAIStops is OpenAI's bound on stop strings.
+const maxOpenAIStops = 4
+
+var tritonGenerateAPI = textProtocol{protocol: core.ProtocolHTTP, writeError: func(w http.ResponseWriter, status int, err error) {
+	core.WriteError(w, status, err.Error())
+}}
+
+// openaiSampling are the sampling keys OpenAI's two APIs share, with
+// vLLM's extensions (top_k, ignore_eos) that OpenAI clients send as extra
+// body keys.
+type openaiSampling struct {
+	Model            string          `json:"model"`
+	MaxTokens        *int            `json:"max_tokens"`
+	Temperature      *float64        `json:"temperature"`
+	TopP             *float64        `json:"top_p"`
+	TopK             *int            `json:"top_k"`
+	N                *int            `json:"n"`
+	Stream           bool            `json:"stream"`
+	StreamOptions    *streamOptions  `json:"stream_options"`
+	Stop             stringOrList    `json:"stop"`
+	Seed             *int64          `json:"seed"`
+	User             string          `json:"user"` // accepted, and ignored
+	FrequencyPenalty *float64        `json:"frequency_penalty"`
+	PresencePenalty  *float64        `json:"presence_penalty"`
+	LogitBias        map[string]any  `json:"logit_bias"`
+	IgnoreEOS        bool            `json:"ignore_eos"`
+	Priority         int             `json:"priority"`
+	Metadata         json.RawMessage `json:"metadata"` // accepted, and ignored
+	Store            *bool           `json:"store"`    // accepted, and ignored: nothing is stored
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type completionRequest struct {
+	openaiSampling
+	Prompt   stringOrList `json:"prompt"`
+	Logprobs *int         `json:"logprobs"`
+	Echo     bool         `json:"echo"`
+	BestOf   *int         `json:"best_of"`
+	Suffix   *string      `json:"suffix"`
+}
+
+type chatRequest struct {
+	openaiSampling
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ResponseFormat      *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+}
+
+// content is a message's text: a string, or an array of text parts.
+func (m chatMessage) content(i int) (string, error) {
+	b := bytes.TrimSpace(m.Content)
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return "", nil
+	}
+	var s string
+	if b[0] == '"' {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return "", fmt.Errorf("messages[%d].content: want a string or an array of text parts", i)
+		}
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return "", fmt.Errorf("messages[%d].content: want a string or an array of text parts", i)
+	}
+	var sb strings.Builder
+	for j, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("messages[%d].content[%d]: type %q is not supported; this model takes text parts only", i, j, core.ClipName(p.Type))
+		}
+		sb.WriteString(p.Text)
+	}
+	return sb.String(), nil
+}
+
+// generateRequest is the common part of the OpenAI requests, checked:
+// what the two APIs share becomes a serving.GenerateRequest.
+func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateRequest, error) {
+	if o.N != nil && *o.N != 1 {
+		return nil, withParam("n", core.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
+	}
+	for _, p := range []struct {
+		name string
+		v    *float64
+	}{{"frequency_penalty", o.FrequencyPenalty}, {"presence_penalty", o.PresencePenalty}} {
+		if p.v != nil && *p.v != 0 {
+			return nil, withParam(p.name, core.BadRequest(p.name+" is not supported; leave it out or 0"))
+		}
+	}
+	if len(o.LogitBias) > 0 {
+		return nil, withParam("logit_bias", core.BadRequest("logit_bias is not supported; leave it out"))
+	}
+	if len(o.Stop.list) > maxOpenAIStops {
+		return nil, withParam("stop", core.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.list), maxOpenAIStops)))
+	}
+	if o.Seed != nil && (*o.Seed < math.MinInt64 || *o.Seed > math.MaxInt64) {
+		return nil, withParam("seed", core.BadRequest("seed is out of range; want a 64-bit integer"))
+	}
+	if o.StreamOptions != nil && !o.Stream {
+		return nil, withParam("stream_options", core.BadRequest("stream_options is only allowed with stream: true"))
+	}
+	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
+		Seed: o.Seed, Stop: o.Stop.list, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, Priority: o.Priority}, nil
+}
+
+// orParam is err naming param, unless it names one already.
+func orParam(param string, err error) error {
+	var pe *paramError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return withParam(param, err)
+}
+
+// findGenerative chooses the language model a request names.
+func (t *textRequest) findGenerative(name, version string) error {
+	if name == "" {
+		return withParam("model", core.BadRequest("model is required: the name of a language model served here (GET /v1/models lists them)"))
+	}
+	m, err := t.s.c.Lookup(name, version)
+	if err != nil {
+		return withParam("model", err)
+	}
+	t.m = m
+	if !m.Generative() {
+		return withParam("model", core.BadRequest(fmt.Sprintf("model %s is not a language model; it serves %s", name, textSigOf(m.Model()).kind)))
+	}
+	if !m.Ready() {
+		return core.NotReady(name)
+	}
+	return nil
+}
+
+// paramOf names the request field a generation refusal is about, for
+// OpenAI's error's param.
+func paramOf(err error) string {
+	msg := err.Error()
+	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "stop", "messages", "prompt"} {
+		if strings.Contains(msg, p) {
+			return p
+		}
+	}
+	if strings.Contains(msg, "chat template") {
+		return "messages"
+	}
+	return "prompt"
+}
+
+func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
+	s.serveText(w, r, &openaiAPI, func(t *textRequest, body []byte) int {
+		var req completionRequest
+		if err := t.decodeStrict(body, &req); err != nil {
+			return t.fail(orParam("prompt", err))
+		}
+		if err := t.findGenerative(req.Model, ""); err != nil {
+			return t.fail(err)
+		}
+		switch {
+		case !req.Prompt.set:
+			return t.fail(withParam("prompt", core.BadRequest("prompt is required: a string")))
+		case len(req.Prompt.list) != 1:
+			return t.fail(withParam("prompt", core.BadRequest(fmt.Sprintf("prompt holds %d strings; stepserve completes one prompt a request: send one string", len(req.Prompt.list)))))
+		case req.Echo:
+			return t.fail(withParam("echo", core.BadRequest("echo is not supported; leave it out or false")))
+		case req.BestOf != nil && *req.BestOf != 1:
+			return t.fail(withParam("best_of", core.BadRequest("best_of is not supported; leave it out or 1")))
+		case req.Suffix != nil && *req.Suffix != "":
+			return t.fail(withParam("suffix", core.BadRequest("suffix is not supported; leave it out")))
+		case req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > 5):
+			return t.fail(withParam("logprobs", core.BadRequest(fmt.Sprintf("logprobs %d; want 0 to 5", *req.Logprobs))))
+		}
+		gr, err := req.generateRequest(req.MaxTokens)
+		if err != nil {
+			return t.fail(err)
+		}
+		gr.Prompt = req.Prompt.list[0]
+		if req.Logprobs != nil {
+			gr.Logprobs = *req.Logprobs
+		}
+		return t.generate(gr, &completionWriter{model: t.m.Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil})
+	})
+}
+
+func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
+	s.serveText(w, r, &openaiAPI, func(t *textRequest, body []byte) int {
+		var req chatRequest
+		if err := t.decodeStrict(body, &req); err != nil {
+			return t.fail(orParam("messages", err))
+		}
+		if err := t.findGenerative(req.Model, ""); err != nil {
+			return t.fail(err)
+		}
+		if len(req.Messages) == 0 {
+			return t.fail(withParam("messages", core.BadRequest("messages is required: a non-empty array of {role, content}")))
+		}
+		if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
+			return t.fail(withParam("tools", core.BadRequest("tools are not supported; leave them out")))
+		}
+		if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
+			return t.fail(withParam("response_format", core.BadRequest(fmt.Sprintf("response_format %q is not supported; want text", core.ClipName(req.ResponseFormat.Type)))))
+		}
+		maxTokens := req.MaxCompletionTokens
+		if maxTokens == nil {
+			maxTokens = req.MaxTokens
+		}
+		gr, err := req.generateRequest(maxTokens)
+		if err != nil {
+			return t.fail(err)
+		}
+		gr.Messages = make([]models.ChatMessage, len(req.Messages))
+		for i, m := range req.Messages {
+			c, err := m.content(i)
+			if err != nil {
+				return t.fail(withParam("messages", core.BadRequest(err.Error())))
+			}
+			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c}
+		}
+		if req.TopLogprobs != nil && !req.Logprobs {
+			return t.fail(withParam("top_logprobs", core.BadRequest("top_logprobs needs logprobs: true")))
+		}
+		if req.Logprobs {
+			gr.Logprobs = 0
+			if req.TopLogprobs != nil {
+				gr.Logprobs = *req.TopLogprobs
+			}
+		}
+		return t.generate(gr, &chatWriter{model: t.m.Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs})
+	})
+}
+
+// tritonGenerateRequest is Triton's generate extension's body: text_input
+// and the parameters, inside "parameters" or beside text_input.
+type tritonGenerateRequest struct {
+	TextInput  *string        `json:"text_input"`
+	Parameters map[string]any `json:"parameters"`
+	Rest       map[string]any `json:"-"`
+}
+
+// tritonParams are the generate extension's parameters stepserve takes.
+var tritonParams = "max_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority"
+
+func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.serveText(w, r, &tritonGenerateAPI, func(t *textRequest, body []byte) int {
+			var raw map[string]json.RawMessage
+			if err := t.decodeJSON(body, &raw, "text_input"); err != nil {
+				return t.fail(err)
+			}
+			if err := t.findGenerative(chi.URLParam(r, "model"), chi.URLParam(r, "version")); err != nil {
+				var pe *paramError
+				if errors.As(err, &pe) {
+					err = pe.err
+				}
+				return t.fail(err)
+			}
+			params := map[string]json.RawMessage{}
+			var text *string
+			for k, v := range raw {
+				switch k {
+				case "text_input":
+					var s string
+					if err := json.Unmarshal(v, &s); err != nil {
+						return t.fail(core.BadRequest("text_input: want a string"))
+					}
+					text = &s
+				case "parameters":
+					if err := json.Unmarshal(v, &params); err != nil {
+						return t.fail(core.BadRequest("parameters: want an object"))
+					}
+				default:
+					params[k] = v
+				}
+			}
+			if text == nil {
+				return t.fail(core.BadRequest("text_input is required: the prompt, a string"))
+			}
+			gr, streamParam, err := tritonGenerateParams(params)
+			if err != nil {
+				return t.fail(err)
+			}
+			if streamParam != nil && *streamParam != stream {
+				if stream {
+					return t.fail(core.BadRequest("stream: false, on generate_stream; use generate for one response"))
+				}
+				return t.fail(core.BadRequest("stream: true, on generate; use generate_stream for a stream of responses"))
+			}
+			gr.Prompt = *text
+			m := t.m.Model()
+			return t.generate(gr, &tritonWriter{model: m.Name, version: m.Version, stream: stream})
+		})
+	}
+}
+
+// tritonGenerateParams reads the generate extension's parameters.
+func tritonGenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bool, error) {
+	gr := &serving.GenerateRequest{Logprobs: -1}
+	var stream *bool
+	bad := func(k, want string) error {
+		return core.BadRequest(fmt.Sprintf("parameter %s: want %s", k, want))
+	}
+	for k, v := range p {
+		var err error
+		switch k {
+		case "max_tokens":
+			gr.MaxTokens = new(int)
+			err = json.Unmarshal(v, gr.MaxTokens)
+		case "temperature":
+			gr.Temperature = new(float64)
+			err = json.Unmarshal(v, gr.Temperature)
+		case "top_p":
+			gr.TopP = new(float64)
+			err = json.Unmarshal(v, gr.TopP)
+		case "top_k":
+			gr.TopK = new(int)
+			err = json.Unmarshal(v, gr.TopK)
+		case "seed":
+			gr.Seed = new(int64)
+			err = json.Unmarshal(v, gr.Seed)
+		case "priority":
+			err = json.Unmarshal(v, &gr.Priority)
+		case "ignore_eos":
+			err = json.Unmarshal(v, &gr.IgnoreEOS)
+		case "stream":
+			stream = new(bool)
+			err = json.Unmarshal(v, stream)
+		case "exclude_input_in_output", "return_finish_reason":
+			var b bool
+			if err = json.Unmarshal(v, &b); err == nil && k == "exclude_input_in_output" && !b {
+				return nil, nil, core.BadRequest("parameter exclude_input_in_output: false is not supported; text_output never includes the prompt")
+			}
+		case "stop", "stop_words":
+			var l stringOrList
+			if err = json.Unmarshal(v, &l); err == nil {
+				for _, s := range l.list {
+					if s != "" {
+						gr.Stop = append(gr.Stop, s)
+					}
+				}
+			}
+		case "bad_words":
+			var l stringOrList
+			if err = json.Unmarshal(v, &l); err == nil && len(strings.Join(l.list, "")) > 0 {
+				return nil, nil, core.BadRequest("parameter bad_words is not supported; leave it out or empty")
+			}
+		default:
+			return nil, nil, core.BadRequest(fmt.Sprintf("unknown parameter %s; the generate extension takes %s", core.ClipName(k), tritonParams))
+		}
+		if err != nil {
+			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",
+				"priority": "an integer", "temperature": "a number", "top_p": "a number", "ignore_eos": "a boolean", "stream": "a boolean",
+				"exclude_input_in_output": "a boolean", "return_finish_reason": "a boolean"}[k]+map[bool]string{true: "a string or an array of strings"}[k == "stop" || k == "stop_words" || k == "bad_words"])
+		}
+	}
+	return gr, stream, nil
+}
+
+// genWriter writes one API's answer to a generation: whole, or as a
+// stream of events.
+type genWriter interface {
+	streaming() bool
+	// whole is the answer of a generation that ended.
+	whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte
+	// first is the stream's first event (nil for none).
+	first() []byte
+	// chunk is a streamed piece; finish is set on the last.
+	chunk(ev serving.TextEvent) []byte
+	// end is what follows the last piece, usage counted (nil for none).
+	end(prompt, completion int) []byte
+	// streamError is an error event after the stream began.
+	streamError(err error) []byte
+}
+
+// generate runs gr on t.m and answers through gw.
+func (t *textRequest) generate(gr *serving.GenerateRequest, gw genWriter) int {
+	ctx := t.r.Context()
+	ts, err := t.m.Generate(ctx, gr)
+	if err != nil {
+		if errors.Is(err, serving.ErrBadParameter) {
+			err = withParam(paramOf(err), core.BadRequest(strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")))
+		}
+		return t.fail(err)
+	}
+	defer ts.Close()
+	if !gw.streaming() {
+		var text strings.Builder
+		var tokens []serving.TokenInfo
+		for {
+			ev, ok := ts.Next(ctx)
+			if !ok {
+				break
+			}
+			if ev.Err != nil {
+				return t.fail(ev.Err)
+			}
+			text.WriteString(ev.Text)
+			tokens = append(tokens, ev.Tokens...)
+			if ev.Finish != "" {
+				t.m.Report(nil, true, time.Since(t.began))
+				return t.ok(gw.whole(text.String(), tokens, ev.Finish, ts.PromptTokens, ts.CompletionTokens), nil)
+			}
+		}
+		return t.fail(context.Canceled)
+	}
+	// The stream: headers now, then each piece as it comes.
+	rc := http.NewResponseController(t.w)
+	h := t.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	t.w.WriteHeader(http.StatusOK)
+	write := func(b []byte) bool {
+		if b == nil {
+			return true
+		}
+		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, err := t.w.Write(b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !write(gw.first()) {
+		return core.StatusClientClosed
+	}
+	for {
+		ev, ok := ts.Next(ctx)
+		if !ok {
+			break
+		}
+		if ev.Err != nil {
+			if ctx.Err() != nil {
+				return core.StatusClientClosed
+			}
+			write(gw.streamError(ev.Err))
+			return core.StatusOf(ev.Err)
+		}
+		if !write(gw.chunk(ev)) {
+			return core.StatusClientClosed
+		}
+		if ev.Finish != "" {
+			write(gw.end(ts.PromptTokens, ts.CompletionTokens))
+			t.m.Report(nil, true, time.Since(t.began))
+			return http.StatusOK
+		}
+	}
+	return core.StatusClientClosed
+}
+
+// sse frames a JSON event.
+func sse(b []byte) []byte { return append(append([]byte("data: "), b...), '\n', '\n') }
+
+func marshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func usageOf(prompt, completion int) *usage {
+	return &usage{prompt, completion, prompt + completion}
+}
+
+// openaiStreamError is an error event of an OpenAI stream.
+func openaiStreamError(err error) []byte {
+	st := core.StatusOf(err)
+	typ := "server_error"
+	if st < 500 {
+		typ = "invalid_request_error"
+	}
+	return sse(marshal(map[string]any{"error": map[string]any{"message": err.Error(), "type": typ, "param": nil, "code": nil}}))
+}
+
+// completionWriter is OpenAI's completions answer.
+type completionWriter struct {
+	model         string
+	stream, usage bool
+	logprobs      bool
+	id            string
+	created       int64
+	offset        int // text_offset of the next token
+}
+
+type completionChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+}
+
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+func (c *completionWriter) streaming() bool { return c.stream }
+
+func (c *completionWriter) init() {
+	if c.id == "" {
+		c.id, c.created = newID("cmpl-"), time.Now().Unix()
+	}
+}
+
+func (c *completionWriter) logprobsOf(tokens []serving.TokenInfo) *completionLogprobs {
+	if !c.logprobs {
+		return nil
+	}
+	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	for _, t := range tokens {
+		lp.Tokens = append(lp.Tokens, t.Text)
+		lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
+		top := map[string]float32{}
+		for _, x := range t.Top {
+			top[x.Text] = x.Logprob
+		}
+		lp.TopLogprobs = append(lp.TopLogprobs, top)
+		lp.TextOffset = append(lp.TextOffset, c.offset)
+		c.offset += len(t.Text)
+	}
+	return lp
+}
+
+func (c *completionWriter) object(choices []completionChoice, u *usage) []byte {
+	c.init()
+	return marshal(struct {
+		ID      string             `json:"id"`
+		Object  string             `json:"object"`
+		Created int64              `json:"created"`
+		Model   string             `json:"model"`
+		Choices []completionChoice `json:"choices"`
+		Usage   *usage             `json:"usage,omitempty"`
+	}{c.id, "text_completion", c.created, c.model, choices, u})
+}
+
+func (c *completionWriter) whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return c.object([]completionChoice{{Text: text, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
+}
+
+func (c *completionWriter) first() []byte { return nil }
+
+func (c *completionWriter) chunk(ev serving.TextEvent) []byte {
+	ch := completionChoice{Text: ev.Text, Logprobs: c.logprobsOf(ev.Tokens)}
+	if ev.Finish != "" {
+		ch.FinishReason = &ev.Finish
+	}
+	return sse(c.object([]completionChoice{ch}, nil))
+}
+
+func (c *completionWriter) end(prompt, completion int) []byte {
+	var b []byte
+	if c.usage {
+		b = sse(c.object([]completionChoice{}, usageOf(prompt, completion)))
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+func (c *completionWriter) streamError(err error) []byte { return openaiStreamError(err) }
+
+// chatWriter is OpenAI's chat completions answer.
+type chatWriter struct {
+	model         string
+	stream, usage bool
+	logprobs      bool
+	id            string
+	created       int64
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatTokenLogprob struct {
+	Token       string             `json:"token"`
+	Logprob     float32            `json:"logprob"`
+	Bytes       []int              `json:"bytes"`
+	TopLogprobs []chatTokenLogprob `json:"top_logprobs"`
+}
+
+type chatLogprobs struct {
+	Content []chatTokenLogprob `json:"content"`
+}
+
+func (c *chatWriter) streaming() bool { return c.stream }
+
+func (c *chatWriter) init() {
+	if c.id == "" {
+		c.id, c.created = newID("chatcmpl-"), time.Now().Unix()
+	}
+}
+
+func tokenBytes(s string) []int {
+	out := make([]int, len(s))
+	for i := range len(s) {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+func (c *chatWriter) logprobsOf(tokens []serving.TokenInfo) *chatLogprobs {
+	if !c.logprobs {
+		return nil
+	}
+	lp := &chatLogprobs{Content: []chatTokenLogprob{}}
+	for _, t := range tokens {
+		e := chatTokenLogprob{Token: t.Text, Logprob: t.Logprob, Bytes: tokenBytes(t.Text), TopLogprobs: []chatTokenLogprob{}}
+		for _, x := range t.Top {
+			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: x.Text, Logprob: x.Logprob, Bytes: tokenBytes(x.Text)})
+		}
+		lp.Content = append(lp.Content, e)
+	}
+	return lp
+}
+
+func (c *chatWriter) object(object string, choices any, u *usage) []byte {
+	c.init()
+	return marshal(struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Model   string `json:"model"`
+		Choices any    `json:"choices"`
+		Usage   *usage `json:"usage,omitempty"`
+	}{c.id, object, c.created, c.model, choices, u})
+}
+
+type chatChoice struct {
+	Index        int           `json:"index"`
+	Message      *chatDelta    `json:"message,omitempty"`
+	Delta        *chatDelta    `json:"delta,omitempty"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+}
+
+func (c *chatWriter) whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return c.object("chat.completion", []chatChoice{{Message: &chatDelta{Role: "assistant", Content: &text},
+		Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
+}
+
+func (c *chatWriter) first() []byte {
+	empty := ""
+	return sse(c.object("chat.completion.chunk", []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
+}
+
+func (c *chatWriter) chunk(ev serving.TextEvent) []byte {
+	ch := chatChoice{Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
+	if ev.Text != "" {
+		ch.Delta.Content = &ev.Text
+	}
+	if ev.Finish != "" {
+		ch.FinishReason = &ev.Finish
+	}
+	return sse(c.object("chat.completion.chunk", []chatChoice{ch}, nil))
+}
+
+func (c *chatWriter) end(prompt, completion int) []byte {
+	var b []byte
+	if c.usage {
+		b = sse(c.object("chat.completion.chunk", []chatChoice{}, usageOf(prompt, completion)))
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+func (c *chatWriter) streamError(err error) []byte { return openaiStreamError(err) }
+
+// tritonWriter is Triton's generate extension's answer.
+type tritonWriter struct {
+	model, version string
+	stream         bool
+}
+
+type tritonGenerateResponse struct {
+	ModelName    string `json:"model_name"`
+	ModelVersion string `json:"model_version"`
+	TextOutput   string `json:"text_output"`
+	FinishReason string `json:"finish_reason,omitempty"`
+	// Usage, beside what Triton's backends answer.
+	PromptTokens     int `json:"prompt_tokens,omitempty"`
+	CompletionTokens int `json:"completion_tokens,omitempty"`
+}
+
+func (tw *tritonWriter) streaming() bool { return tw.stream }
+
+func (tw *tritonWriter) whole(text string, _ []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return marshal(tritonGenerateResponse{tw.model, tw.version, text, finish, prompt, completion})
+}
+
+func (tw *tritonWriter) first() []byte { return nil }
+
+func (tw *tritonWriter) chunk(ev serving.TextEvent) []byte {
+	return sse(marshal(tritonGenerateResponse{ModelName: tw.model, ModelVersion: tw.version, TextOutput: ev.Text, FinishReason: ev.Finish}))
+}
+
+func (tw *tritonWriter) end(int, int) []byte { return nil }
+
+func (tw *tritonWriter) streamError(err error) []byte {
+	return sse(marshal(map[string]string{"error": err.Error()}))
+}

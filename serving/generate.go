@@ -1,0 +1,493 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/models/tokenizers"
+)
+
+// ErrNotGenerative is a generation asked of a model that is not a
+// language model, or an inference asked of one that is: a 400 that names
+// the API to use.
+var ErrNotGenerative = errors.New("serving: wrong API for the model")
+
+// Bounds on a generation request, whichever API it came by.
+const (
+	// MaxStops bounds the stop strings (OpenAI takes 4; Triton's
+	// generate more).
+	MaxStops    = 16
+	maxStopLen  = 256
+	MaxLogprobs = 20
+	// promptBytesPerToken bounds a prompt's bytes before it is tokenized:
+	// more than this many bytes per token of max_model_len is refused
+	// without tokenizing (natural text is under 10).
+	promptBytesPerToken = 32
+)
+
+// GenerateRequest is a generation asked of a decoder model, whichever API
+// it came by: a prompt, or chat messages the model's template renders.
+// Nil fields take the model's defaults (generation_config.json, then
+// model.yaml's generation keys).
+type GenerateRequest struct {
+	Prompt   string
+	Messages []models.ChatMessage
+	// MaxTokens bounds the tokens generated; nil is the model's default,
+	// cut to what max_model_len leaves after the prompt.
+	MaxTokens   *int
+	Temperature *float64
+	TopP        *float64
+	TopK        *int
+	Seed        *int64
+	Stop        []string // never part of the text; the first one met ends it
+	// Logprobs asks for each token's log-probability (0) and its
+	// Logprobs most likely alternatives (up to MaxLogprobs); -1 for none.
+	Logprobs  int
+	IgnoreEOS bool
+	Priority  int // lower runs first
+}
+
+// TokenInfo is one generated token, for the APIs that return them.
+type TokenInfo struct {
+	ID      int32
+	Text    string // the token as the vocabulary spells it, decoded
+	Logprob float32
+	Top     []TopToken
+}
+
+// TopToken is one of the most likely tokens at a position.
+type TopToken struct {
+	ID      int32
+	Text    string
+	Logprob float32
+}
+
+// TextEvent is a piece of a generation's text: the text its tokens
+// completed (never a split UTF-8 character, never a stop string or what
+// may begin one), and, last, why it ended (Finish "stop" or "length") or
+// the error that ended it.
+type TextEvent struct {
+	Text   string
+	Tokens []TokenInfo // the tokens since the last event (with logprobs when asked)
+	Finish string
+	Err    error
+}
+
+// generator is a decoder model's loop on its engine.
+type generator struct {
+	loop    *generation.Loop
+	dec     engine.Decoder
+	stop    context.CancelFunc
+	done    chan struct{}
+	tok     *models.HFTokenizer
+	eos     []int32
+	opts    models.GenerationOptions
+	chat    *models.ChatTemplate
+	metrics *genSeries
+	live    atomic.Int64  // generations not yet closed
+	idle    chan struct{} // signalled when live drops to zero
+}
+
+// newDecoderModel loads a decoder model on its engine and starts its
+// loop.
+func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, error) {
+	name := s.enginesFor(m.Config)[0]
+	eng, err := s.engines.get(name)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", m.Name, err)
+	}
+	de, ok := eng.(engine.DecoderEngine)
+	if !ok {
+		return nil, fmt.Errorf("model %s: %w: engine %s does not run decoder language models yet; set engine: cpu in its model.yaml", m.Name, ErrEngineUnavailable, name)
+	}
+	hf, ok := m.Tokenizer.(*models.HFTokenizer)
+	if !ok {
+		return nil, fmt.Errorf("model %s: a decoder language model needs a tokenizer.json", m.Name)
+	}
+	dec, err := de.LoadDecoder(ctx, m)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: load on engine %s: %w", m.Name, name, err)
+	}
+	g := m.Config.Generation
+	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)
+	if err != nil {
+		dec.Close()
+		return nil, fmt.Errorf("model %s: %w", m.Name, err)
+	}
+	gen := &generator{loop: loop, dec: dec, done: make(chan struct{}), tok: hf, opts: *g, chat: m.Decoder.Chat,
+		metrics: s.metrics.generation(m.Name), idle: make(chan struct{}, 1)}
+	if gc := m.Decoder.Generation; gc != nil {
+		for _, id := range gc.EOS {
+			gen.eos = append(gen.eos, int32(id))
+		}
+	}
+	loop.Observe = gen.metrics.observe
+	var run context.Context
+	run, gen.stop = context.WithCancel(context.Background())
+	go func() {
+		defer close(gen.done)
+		loop.Run(run)
+	}()
+	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(), gen: gen,
+		logger: s.logger.With("model", m.Name, "engine", name)}
+	return sm, nil
+}
+
+// Generative reports whether the model is a language model, served by
+// Generate.
+func (m *Model) Generative() bool { return m.gen != nil }
+
+// ChatTemplate reports whether the model has a chat template.
+func (m *Model) ChatTemplate() bool { return m.gen != nil && m.gen.chat != nil }
+
+// GenerationOptions are a language model's generation bounds.
+func (m *Model) GenerationOptions() models.GenerationOptions {
+	if m.gen == nil {
+		return models.GenerationOptions{}
+	}
+	return m.gen.opts
+}
+
+func badGenerate(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadParameter, fmt.Sprintf(format, args...))
+}
+
+// Generate starts a generation. Everything it can refuse (the prompt
+// too long, a parameter out of range, messages the template refuses) is
+// refused here, wrapping ErrBadParameter, before any KV cache block is
+// taken. The stream must be closed.
+func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, error) {
+	g := m.gen
+	if g == nil {
+		return nil, fmt.Errorf("%w: model %s is not a language model; it serves inference (/v2/models/%s/infer)", ErrNotGenerative, m.model.Name, m.model.Name)
+	}
+	if m.closed.Load() {
+		return nil, ErrDraining
+	}
+	sampling, err := g.sampling(r)
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range r.Stop {
+		if s == "" || len(s) > maxStopLen {
+			return nil, badGenerate("stop[%d] is %d bytes; want 1 to %d", i, len(s), maxStopLen)
+		}
+	}
+	if len(r.Stop) > MaxStops {
+		return nil, badGenerate("%d stop strings; want at most %d", len(r.Stop), MaxStops)
+	}
+	prompt, err := g.prompt(r)
+	if err != nil {
+		return nil, err
+	}
+	most := g.opts.MaxModelLen
+	room := most - len(prompt)
+	if room < 1 {
+		return nil, badGenerate("the prompt is %d tokens; the model's max_model_len is %d, which leaves no room for output", len(prompt), most)
+	}
+	maxTokens := min(g.opts.MaxTokens, room)
+	if r.MaxTokens != nil {
+		maxTokens = *r.MaxTokens
+		switch {
+		case maxTokens < 1:
+			return nil, badGenerate("max_tokens %d; want at least 1", maxTokens)
+		case maxTokens > room:
+			return nil, badGenerate("max_tokens %d with a prompt of %d tokens is more than max_model_len %d holds; want at most %d", maxTokens, len(prompt), most, room)
+		}
+	}
+	var eos []int32
+	if !r.IgnoreEOS {
+		eos = g.eos
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	start := time.Now()
+	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos, Sampling: sampling})
+	if err != nil {
+		cancel()
+		switch {
+		case errors.Is(err, generation.ErrTooLong):
+			return nil, fmt.Errorf("%w: %w", ErrBadParameter, err)
+		case errors.Is(err, generation.ErrStopped):
+			return nil, ErrDraining
+		}
+		return nil, err
+	}
+	g.live.Add(1)
+	g.metrics.promptTokens.Add(float64(len(prompt)))
+	ts := &TextStream{g: g, st: st, cancel: cancel, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0,
+		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt)}
+	return ts, nil
+}
+
+// sampling checks r's sampling parameters and fills the model's defaults.
+func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
+	s := generation.Sampling{Logprobs: r.Logprobs}
+	temp, topP, topK := 1.0, 1.0, 0
+	// generation_config.json's defaults are not read here: OpenAI's
+	// defaults (temperature 1, top_p 1) are what clients expect of these
+	// APIs, and what vLLM answers by default.
+	if r.Temperature != nil {
+		temp = *r.Temperature
+	}
+	if r.TopP != nil {
+		topP = *r.TopP
+	}
+	if r.TopK != nil {
+		topK = *r.TopK
+	}
+	switch {
+	case math.IsNaN(temp) || temp < 0 || temp > 100:
+		return s, badGenerate("temperature %g; want 0 (greedy) to 100", temp)
+	case math.IsNaN(topP) || topP <= 0 || topP > 1:
+		return s, badGenerate("top_p %g; want 0 < top_p <= 1", topP)
+	case topK < -1:
+		return s, badGenerate("top_k %d; want -1 or 0 (every token) or a positive count", topK)
+	case r.Logprobs < -1 || r.Logprobs > MaxLogprobs:
+		return s, badGenerate("top_logprobs %d; want 0 to %d", r.Logprobs, MaxLogprobs)
+	}
+	s.Temperature, s.TopP, s.TopK = float32(temp), float32(topP), max(topK, 0)
+	if r.Seed != nil {
+		s.Seed = uint64(*r.Seed)
+	} else {
+		s.Seed = rand.Uint64()
+	}
+	return s, nil
+}
+
+// prompt is r's prompt's token ids: the text as the tokenizer frames it
+// (a Llama's BOS), or the messages rendered by the chat template and
+// tokenized as they are (the template writes the special tokens).
+func (g *generator) prompt(r *GenerateRequest) ([]int32, error) {
+	text, special := r.Prompt, true
+	if r.Messages != nil {
+		if r.Prompt != "" {
+			return nil, badGenerate("give a prompt or messages, not both")
+		}
+		if g.chat == nil {
+			return nil, badGenerate("the model has no chat template (its tokenizer_config.json has no chat_template); send a prompt to the completions API instead")
+		}
+		for i, msg := range r.Messages {
+			if len(msg.Content) > g.opts.MaxModelLen*promptBytesPerToken {
+				return nil, badGenerate("messages[%d] is %d bytes, more than max_model_len %d tokens can hold", i, len(msg.Content), g.opts.MaxModelLen)
+			}
+		}
+		var err error
+		if text, err = g.chat.Render(r.Messages, true); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadParameter, err)
+		}
+		special = false
+	}
+	if len(text) > g.opts.MaxModelLen*promptBytesPerToken {
+		return nil, badGenerate("the prompt is %d bytes, more than max_model_len %d tokens can hold", len(text), g.opts.MaxModelLen)
+	}
+	ids, err := g.tok.EncodeIDs(text, special)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the prompt: %w", ErrBadParameter, err)
+	}
+	if len(ids) == 0 {
+		return nil, badGenerate("the prompt is empty; want at least one token")
+	}
+	return ids, nil
+}
+
+// TextStream is one generation's text, as it is generated. Next reads
+// it; Close ends it (a generation not read to its end is cancelled, its
+// KV cache blocks freed at the next step).
+type TextStream struct {
+	g        *generator
+	st       *generation.Stream
+	cancel   context.CancelFunc
+	dec      *tokenizers.Stream
+	stops    []string
+	logprobs bool
+	pending  string // text held back: it may begin a stop string
+	done     bool
+	start    time.Time
+	first    time.Time
+	last     time.Time
+	once     sync.Once
+
+	// PromptTokens and CompletionTokens count the prompt's tokens and
+	// those generated so far (the usage the APIs report).
+	PromptTokens, CompletionTokens int
+}
+
+// Next returns the next piece of text. The last event has Finish or Err
+// set; after it, Next reports false.
+func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
+	if s.done {
+		return TextEvent{}, false
+	}
+	var out TextEvent
+	for {
+		ev, ok := s.st.Next(ctx)
+		if !ok && ev.Err == nil {
+			ev.Err = ErrDraining // the stream ended without its last event: cannot happen
+		}
+		if ev.Err != nil {
+			s.done = true
+			out.Err = ev.Err
+			if errors.Is(ev.Err, generation.ErrStopped) {
+				out.Err = fmt.Errorf("%w: the model was unloaded during the generation", ErrDraining)
+			}
+			return out, true
+		}
+		if ev.Finish == generation.NotFinished {
+			now := time.Now()
+			if s.CompletionTokens == 0 {
+				s.first = now
+				s.g.metrics.ttft.Observe(now.Sub(s.start).Seconds())
+			}
+			s.last = now
+			s.CompletionTokens++
+			s.g.metrics.generated.Inc()
+			if s.logprobs {
+				out.Tokens = append(out.Tokens, s.info(ev))
+			} else {
+				out.Tokens = append(out.Tokens, TokenInfo{ID: ev.Token})
+			}
+			s.pending += s.dec.Next(int64(ev.Token))
+			if s.cut(&out) {
+				return out, true
+			}
+			keep := s.holdBack()
+			out.Text += s.pending[:len(s.pending)-keep]
+			s.pending = s.pending[len(s.pending)-keep:]
+			if out.Text != "" {
+				return out, true
+			}
+			continue
+		}
+		// The last event: what is held back, and the bytes the
+		// detokenizer kept, go out (unless they make a stop string).
+		s.pending += s.dec.Flush()
+		if s.cut(&out) {
+			return out, true
+		}
+		out.Text += s.pending
+		s.pending = ""
+		s.done = true
+		switch ev.Finish {
+		case generation.FinishStop:
+			out.Finish = "stop"
+		case generation.FinishLength:
+			out.Finish = "length"
+		default:
+			out.Err = context.Canceled
+		}
+		return out, true
+	}
+}
+
+// cut ends the stream at the first stop string in the pending text.
+func (s *TextStream) cut(out *TextEvent) bool {
+	at := -1
+	for _, stop := range s.stops {
+		if i := strings.Index(s.pending, stop); i >= 0 && (at < 0 || i < at) {
+			at = i
+		}
+	}
+	if at < 0 {
+		return false
+	}
+	out.Text += s.pending[:at]
+	out.Finish = "stop"
+	s.pending = ""
+	s.done = true
+	s.cancel() // the sequence stops at the next step
+	return true
+}
+
+// holdBack is how many bytes at the end of the pending text may begin a
+// stop string.
+func (s *TextStream) holdBack() int {
+	keep := 0
+	for _, stop := range s.stops {
+		for n := min(len(stop)-1, len(s.pending)); n > keep; n-- {
+			if strings.HasSuffix(s.pending, stop[:n]) {
+				keep = n
+				break
+			}
+		}
+	}
+	return keep
+}
+
+func (s *TextStream) info(ev generation.Event) TokenInfo {
+	tok := s.g.tok.Tokenizers()
+	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Logprob: ev.Logprob}
+	for _, t := range ev.Top {
+		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Logprob: t.Logprob})
+	}
+	return ti
+}
+
+// Close ends the generation: one not read to its end is cancelled. It
+// records the request's latencies, once.
+func (s *TextStream) Close() {
+	s.once.Do(func() {
+		s.cancel()
+		m := s.g.metrics
+		m.duration.Observe(time.Since(s.start).Seconds())
+		if s.CompletionTokens > 1 {
+			m.tpot.Observe(s.last.Sub(s.first).Seconds() / float64(s.CompletionTokens-1))
+		}
+		if s.g.live.Add(-1) == 0 {
+			select {
+			case s.g.idle <- struct{}{}:
+			default:
+			}
+		}
+	})
+}
+
+// drain waits until no generation is open, or ctx ends.
+func (g *generator) drain(ctx context.Context) error {
+	for g.live.Load() > 0 {
+		select {
+		case <-g.idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// close stops the loop (the generations still running end with an
+// error) and frees the weights and the KV cache.
+func (g *generator) close() error {
+	g.stop()
+	<-g.done
+	return g.dec.Close()
+}
+
+// warmup runs one token through the model, so that the first request
+// does not pay for what a first step costs.
+func (g *generator) warmup(ctx context.Context) error {
+	st, err := g.loop.Generate(ctx, generation.Request{Prompt: []int32{0}, MaxTokens: 1, Sampling: generation.Sampling{Logprobs: -1}})
+	if err != nil {
+		return err
+	}
+	for {
+		ev, ok := st.Next(ctx)
+		if ev.Err != nil {
+			return fmt.Errorf("warm-up generation: %s", clip.Clip(ev.Err.Error(), 500))
+		}
+		if !ok || ev.Last() {
+			return nil
+		}
+	}
+}
