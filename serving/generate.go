@@ -195,7 +195,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	most := g.opts.MaxModelLen
 	room := most - len(prompt)
 	if room < 1 {
-		return nil, badGenerate("the prompt is %d tokens; the model's max_model_len is %d, which leaves no room for output", len(prompt), most)
+		return nil, badGenerate("the prompt is %d tokens, which leaves no room for output under the model's max_model_len %d", len(prompt), most)
 	}
 	maxTokens := min(g.opts.MaxTokens, room)
 	if r.MaxTokens != nil {

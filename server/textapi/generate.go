@@ -192,6 +192,9 @@ func (t *textRequest) findGenerative(name, version string) error {
 // paramOf names the request field a generation refusal is about, for
 // OpenAI's error's param.
 func paramOf(err error) string {
+	if errors.Is(err, models.ErrChat) {
+		return "messages"
+	}
 	msg := err.Error()
 	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "stop", "messages", "prompt"} {
 		if strings.Contains(msg, p) {
