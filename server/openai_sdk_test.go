@@ -1,0 +1,72 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The official OpenAI Node SDK (npm openai, pinned in
+// testdata/openai-sdk; make deps installs it) works unchanged against the
+// generation APIs: models, completions and chat, whole and streamed, its
+// stream helper, and its error type.
+func TestOpenAINodeSDK(t *testing.T) {
+	if _, err := os.Stat("testdata/openai-sdk/node_modules/openai/package.json"); err != nil {
+		t.Skip("the OpenAI Node SDK is not installed (make deps: npm ci in server/testdata/openai-sdk)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node")
+	}
+	f := newGenFixture(t, "")
+	cmd := exec.Command(node, "client.mjs")
+	cmd.Dir = "testdata/openai-sdk"
+	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	var out struct {
+		Models     []string `json:"models"`
+		Completion struct {
+			Text   string         `json:"text"`
+			Finish string         `json:"finish"`
+			Usage  map[string]int `json:"usage"`
+		} `json:"completion"`
+		CompletionStream string `json:"completionStream"`
+		Chat             struct {
+			Content, Role, Finish string
+			Usage                 map[string]int `json:"usage"`
+		} `json:"chat"`
+		ChatStream struct {
+			Content string
+			Finish  string
+			Usage   map[string]int `json:"usage"`
+		} `json:"chatStream"`
+		ChatHelper string `json:"chatHelper"`
+		Error      struct {
+			Status int
+			Param  string
+			Type   string
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	assert.Contains(t, out.Models, "tiny-llama")
+	assert.NotEmpty(t, out.Completion.Text)
+	assert.Equal(t, "length", out.Completion.Finish)
+	assert.Equal(t, 24, out.Completion.Usage["completion_tokens"])
+	assert.Equal(t, out.Completion.Text, out.CompletionStream)
+	assert.Equal(t, "assistant", out.Chat.Role)
+	assert.Equal(t, out.Chat.Content, out.ChatStream.Content)
+	assert.Equal(t, out.Chat.Content, out.ChatHelper)
+	assert.Equal(t, "length", out.ChatStream.Finish)
+	assert.Equal(t, out.Chat.Usage, out.ChatStream.Usage)
+	assert.Equal(t, 400, out.Error.Status)
+	assert.Equal(t, "n", out.Error.Param)
+	assert.Equal(t, "invalid_request_error", out.Error.Type)
+}
