@@ -124,7 +124,9 @@ func (c *compressWriter) WriteHeader(status int) {
 		c.decided = true
 		h := c.Header()
 		n, err := strconv.Atoi(h.Get("Content-Length"))
-		if status == http.StatusOK && h.Get("Content-Encoding") == "" && (err != nil || n >= minCompressBytes) {
+		// Event streams go as they are: each event flushed whole, readable
+		// by any client and proxy as it comes.
+		if status == http.StatusOK && h.Get("Content-Encoding") == "" && h.Get("Content-Type") != "text/event-stream" && (err != nil || n >= minCompressBytes) {
 			h.Del("Content-Length")
 			h.Set("Content-Encoding", c.enc)
 			h.Add("Vary", "Accept-Encoding")

@@ -205,9 +205,11 @@ func (s *API) tapStream(ctx context.Context, info *tap.Info) (context.Context, e
 	}
 	w := s.window()
 	if !s.c.Budget.TryTake(w) {
+		// Refused before the stream exists: gRPC writes no trailer
+		// metadata here, so this refusal carries no retry pushback.
 		return ctx, status.Error(codes.ResourceExhausted, fmt.Sprintf(
-			"the server is busy: requests in flight hold its whole in-flight budget of %s (server.max_inflight_bytes); retry",
-			bytesize.Format(s.c.Opts.MaxInflightBytes)))
+			"the server is busy: requests in flight hold its whole in-flight budget of %s (server.max_inflight_bytes), with no room for this stream's %s flow-control window; retry",
+			bytesize.Format(s.c.Opts.MaxInflightBytes), bytesize.Format(w)))
 	}
 	// ctx is the stream's, which gRPC cancels when the stream ends,
 	// whichever way it ends.
