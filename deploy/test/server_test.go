@@ -121,7 +121,7 @@ func (s *server) infer(t *testing.T, model, body string) {
 // model.yaml edited by edit (nil leaves it).
 func repository(t *testing.T, edit func(name, yaml string) string) string {
 	root := t.TempDir()
-	for _, name := range []string{"digits", "tiny-encoder"} {
+	for _, name := range []string{"digits", "tiny-encoder", "tiny-llama"} {
 		src := filepath.Join("../../model_repository", name)
 		dst := filepath.Join(root, name)
 		require.NoError(t, os.MkdirAll(dst, 0o755))
