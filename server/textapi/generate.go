@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -150,9 +149,6 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 	}
 	if len(o.Stop.list) > maxOpenAIStops {
 		return nil, withParam("stop", core.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.list), maxOpenAIStops)))
-	}
-	if o.Seed != nil && (*o.Seed < math.MinInt64 || *o.Seed > math.MaxInt64) {
-		return nil, withParam("seed", core.BadRequest("seed is out of range; want a 64-bit integer"))
 	}
 	if o.StreamOptions != nil && !o.Stream {
 		return nil, withParam("stream_options", core.BadRequest("stream_options is only allowed with stream: true"))
@@ -289,14 +285,6 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return t.generate(gr, &chatWriter{model: t.m.Model().Name, stream: req.Stream,
 			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs})
 	})
-}
-
-// tritonGenerateRequest is Triton's generate extension's body: text_input
-// and the parameters, inside "parameters" or beside text_input.
-type tritonGenerateRequest struct {
-	TextInput  *string        `json:"text_input"`
-	Parameters map[string]any `json:"parameters"`
-	Rest       map[string]any `json:"-"`
 }
 
 // tritonParams are the generate extension's parameters stepserve takes.
