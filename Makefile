@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -193,6 +193,12 @@ bench-onnx: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/onnx && npm ci --no-audit --no-fund
 	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS) -kernels $(ORT_KERNELS) -server bin/stepserve
+
+## bench-generate: the CPU engine's generation on a SmolLM-135M-shaped random
+## decoder: prefill and decode tokens/s at one sequence, aggregate decode at
+## 16 concurrent streams, time to first token (bench/generate)
+bench-generate:
+	$(GO) run ./bench/generate
 
 ## bench-ab: the single-row digits load over HTTP JSON, binary tensors and
 ## gRPC on two builds, interleaved round by round: BASE (a git revision,

@@ -1,0 +1,237 @@
+// Command generate measures the CPU engine's generation on a
+// SmolLM-135M-shaped decoder with random weights (hidden 576, 30 layers,
+// 9 heads, 3 KV heads, intermediate 1536): prefill and decode at one
+// sequence, aggregate decode at many concurrent streams, and time to
+// first token, through the continuous batcher (generation.Loop) the
+// server runs. It writes the model into a temporary directory; nothing is
+// downloaded.
+//
+//	go run ./bench/generate [-vocab 49152] [-streams 16] [-prompt 128] [-new 128]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/internal/randweights"
+	"github.com/stepserve/stepserve/models"
+)
+
+func main() {
+	vocab := flag.Int("vocab", 49152, "vocabulary size (SmolLM's is 49152)")
+	streams := flag.Int("streams", 16, "concurrent streams for the aggregate figure")
+	prompt := flag.Int("prompt", 128, "prompt tokens at one sequence")
+	newTokens := flag.Int("new", 128, "tokens generated per sequence")
+	rounds := flag.Int("rounds", 3, "rounds of each measurement (the median is reported)")
+	flag.Parse()
+	if err := run(*vocab, *streams, *prompt, *newTokens, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "generate:", err)
+		os.Exit(1)
+	}
+}
+
+func run(vocab, streams, promptLen, newTokens, rounds int) error {
+	dir, err := os.MkdirTemp("", "stepserve-genbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	tok, err := os.ReadFile("models/testdata/tokenizers/bpe.json")
+	if err != nil {
+		return fmt.Errorf("run from the repository root: %w", err)
+	}
+	shape := randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: vocab, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
+		MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
+	folder := filepath.Join(dir, "smollm")
+	yaml := fmt.Sprintf("engine: cpu\ngeneration:\n  max_num_seqs: %d\n  max_model_len: 1024\n  max_batch_tokens: 256\n", max(streams, 1))
+	if err := randweights.WriteDecoderFolder(folder, randweights.DecoderFolder{Shape: shape, Seed: 1, Tokenizer: tok, ModelYAML: yaml, Generator: "bench/generate"}); err != nil {
+		return err
+	}
+	m, err := models.Load(folder)
+	if err != nil {
+		return err
+	}
+	dec, err := cpufallback.Engine{}.LoadDecoder(context.Background(), m)
+	if err != nil {
+		return err
+	}
+	defer dec.Close()
+	g := m.Config.Generation
+	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go loop.Run(ctx)
+
+	cpu := cpuModel()
+	fmt.Printf("CPU engine generation, %s, %d threads (kernels %s)\n", cpu, runtime.NumCPU(), cpufallback.Kernels())
+	fmt.Printf("model: SmolLM-135M shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab %d), float32, random weights\n", vocab)
+	fmt.Printf("KV cache: %d bytes a token (float32)\n", m.Config.Decoder.KVBytesPerToken(4))
+	var weightBytes int64
+	for _, t := range m.Weights.Tensors {
+		weightBytes += int64(t.Numel()) * 4
+	}
+	fmt.Printf("weights: %.1f MiB read per decode step\n\n", float64(weightBytes)/(1<<20))
+
+	// Warm up.
+	if _, err := generate(loop, prompts(1, promptLen, vocab, 0), 8); err != nil {
+		return err
+	}
+	var prefill, decode1, agg []float64
+	var ttftP50, ttftP99 []float64
+	for range rounds {
+		r, err := generate(loop, prompts(1, promptLen, vocab, 1), newTokens)
+		if err != nil {
+			return err
+		}
+		prefill = append(prefill, float64(promptLen)/r[0].ttft.Seconds())
+		decode1 = append(decode1, float64(newTokens-1)/r[0].last.Sub(r[0].first).Seconds())
+
+		began := time.Now()
+		mixed := prompts(streams, 0, vocab, 2)
+		rs, err := generate(loop, mixed, newTokens)
+		if err != nil {
+			return err
+		}
+		wall := time.Since(began).Seconds()
+		agg = append(agg, float64(streams*newTokens)/wall)
+		var ttfts []float64
+		for _, r := range rs {
+			ttfts = append(ttfts, r.ttft.Seconds())
+		}
+		slices.Sort(ttfts)
+		ttftP50 = append(ttftP50, ttfts[len(ttfts)/2])
+		ttftP99 = append(ttftP99, ttfts[len(ttfts)-1])
+	}
+	fmt.Printf("prefill, one sequence of %d tokens:   %7.1f tokens/s (median of %d: %s)\n", promptLen, median(prefill), rounds, list(prefill))
+	fmt.Printf("decode, one sequence:                  %7.1f tokens/s (%s)\n", median(decode1), list(decode1))
+	fmt.Printf("decode, %d concurrent streams:         %7.1f tokens/s aggregate (%s; generated tokens over the wall time from their arrival, prefill included), %.1fx one stream\n", streams, median(agg), list(agg), median(agg)/median(decode1))
+	fmt.Printf("time to first token, %d streams (prompts 32-256 tokens, arriving together): p50 %.0f ms, max %.0f ms\n",
+		streams, 1000*median(ttftP50), 1000*median(ttftP99))
+	return nil
+}
+
+type result struct {
+	ttft        time.Duration
+	first, last time.Time
+}
+
+// prompts are n prompts of length tokens each (0: mixed, 32 to 256).
+func prompts(n, length, vocab, seed int) [][]int32 {
+	out := make([][]int32, n)
+	for i := range out {
+		l := length
+		if l == 0 {
+			l = 32 + (i*97)%225
+		}
+		p := make([]int32, l)
+		for j := range p {
+			p[j] = int32((seed*7919 + i*131 + j*37 + 11) % vocab)
+		}
+		out[i] = p
+	}
+	return out
+}
+
+func generate(loop *generation.Loop, ps [][]int32, n int) ([]result, error) {
+	out := make([]result, len(ps))
+	errs := make([]error, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			start := time.Now()
+			st, err := loop.Generate(context.Background(), generation.Request{Prompt: p, MaxTokens: n, Sampling: generation.Sampling{Logprobs: -1}})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			for k := 0; ; k++ {
+				ev, ok := st.Next(context.Background())
+				if !ok {
+					return
+				}
+				if ev.Err != nil {
+					errs[i] = ev.Err
+					return
+				}
+				if ev.Last() {
+					return
+				}
+				now := time.Now()
+				if k == 0 {
+					out[i].ttft, out[i].first = now.Sub(start), now
+				}
+				out[i].last = now
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func list(v []float64) string {
+	out := ""
+	for i, x := range v {
+		if i > 0 {
+			out += ", "
+		}
+		out += fmt.Sprintf("%.1f", x)
+	}
+	return out
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range splitLines(string(b)) {
+		if len(line) > 10 && line[:10] == "model name" {
+			for i := range line {
+				if line[i] == ':' {
+					return line[i+2:]
+				}
+			}
+		}
+	}
+	return runtime.GOARCH
+}
+
+func splitLines(s string) []string {
+	var out []string
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && s[i] != '\n' {
+			i++
+		}
+		out = append(out, s[:i])
+		if i < len(s) {
+			i++
+		}
+		s = s[i:]
+	}
+	return out
+}
