@@ -61,7 +61,7 @@ func write(dir, tokenizer string) error {
 		"# model.safetensors are what the Hub ships; this file only overrides.\n" +
 		"description: Demo Llama-layout language model with random weights (a Hub folder as it is; byte-level BPE, ChatML template); its text is meaningless.\n" +
 		"engine: cpu\n" +
-		"generation:\n  max_num_seqs: 16\n  max_model_len: 1024\n  max_batch_tokens: 256\n  max_tokens: 64\n"
+		"generation:\n  max_num_seqs: 16\n  max_model_len: 1024\n  max_batch_tokens: 256\n  max_tokens: 64\n  kv_cache_blocks: 128  # 2048 tokens, 2 MiB: a demo's share of a small machine\n"
 	return randweights.WriteDecoderFolder(dir, randweights.DecoderFolder{
 		Shape: Shape, Seed: seed, Tokenizer: tj, ModelYAML: yaml, Generator: "cmd/gen-tiny-llama",
 		TokenizerConfig: map[string]any{

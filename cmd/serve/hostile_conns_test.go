@@ -83,7 +83,7 @@ func TestRepositoryAPINeedsItsOwnToken(t *testing.T) {
 	assert.NotContains(t, string(out), "inference-token-0123456789", "a token is never echoed")
 
 	// Chosen explicitly: the repository API is open, inference is not.
-	p := startCapped(t, hostileMemoryCap, "--server.enable_model_control", "--auth.inference.token", "inference-token-0123456789",
+	p := startCapped(t, hostileMemoryCap, "--model_repository", hostileRepo(t), "--server.enable_model_control", "--auth.inference.token", "inference-token-0123456789",
 		"--auth.repository.allow_anonymous")
 	assert.Equal(t, 200, do(t, "POST", p.base+"/v2/repository/index", "", ""))
 	assert.Equal(t, 401, do(t, "GET", p.base+"/v2/models/digits", "", ""))
