@@ -129,8 +129,10 @@ func newSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 			from, to = dtFloat32, floats
 		case models.INT64:
 			from, to = dtInt64, dtInt32
+		case models.INT32: // a decoder's step rows
+			from, to = dtInt32, dtInt32
 		default:
-			return side{}, fmt.Errorf("tensor %q is %s; the worker stages FP32 and INT64 tensors only", t.Name, t.Datatype)
+			return side{}, fmt.Errorf("tensor %q is %s; the worker stages FP32, INT64 and INT32 tensors only", t.Name, t.Datatype)
 		}
 		if i > 0 && to != s.dt {
 			return side{}, fmt.Errorf("tensors %q and %q would share one device tensor as %s and %s", tensors[0].Name, t.Name, s.dt, to)

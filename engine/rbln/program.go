@@ -55,6 +55,10 @@ type program struct {
 	ran    []bool
 	closed bool
 
+	// lives counts the worker's restarts this program was reloaded after:
+	// what the worker held (a decoder's KV cache) went with each.
+	lives atomic.Uint64
+
 	// bodyNS adds up the time the worker spent inside the step bodies of
 	// doorbell steps: the rest of a step's round trip is host overhead.
 	bodyNS atomic.Int64
@@ -184,6 +188,10 @@ func (p *program) loadRequest() *loadRequest {
 			req.Torch.Config = map[string]any{}
 		}
 	}
+	if p.model.Decoder != nil {
+		req.Decoder = decoderSpecOf(p.model)
+		req.SkipTensors = p.model.Skipped
+	}
 	if e := cfg.Encoder; e != nil {
 		req.Encoder = &encoderSpec{
 			VocabSize: e.VocabSize, Hidden: e.Hidden, Layers: e.Layers, Heads: e.Heads,
@@ -251,6 +259,7 @@ func (p *program) reload(ctx context.Context) error {
 	compiled := append([]bool(nil), p.compiled...)
 	clear(p.ran) // a new life: every graph is built anew
 	p.mu.Unlock()
+	p.lives.Add(1)
 	if err := p.load(ctx); err != nil {
 		return err
 	}

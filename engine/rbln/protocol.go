@@ -79,6 +79,7 @@ type loadRequest struct {
 	MLP             *mlpSpec     `json:"mlp,omitempty"`
 	Encoder         *encoderSpec `json:"encoder,omitempty"`
 	Torch           *torchSpec   `json:"torch,omitempty"`
+	Decoder         *decoderSpec `json:"decoder,omitempty"`
 
 	staging *os.File // sent with the message, as its descriptor 0
 }

@@ -56,7 +56,10 @@ def inv_freq(c, hd):
 
 
 def rms(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    # As transformers' LlamaRMSNorm: in float32, then the weight in the
+    # model's dtype.
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def rotate_half(x):
@@ -93,8 +96,8 @@ def forward(W, c, ids, dtype):
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(nh // kvh, dim=0)
         v = v.repeat_interleave(nh // kvh, dim=0)
-        a = (q @ k.transpose(1, 2)) / math.sqrt(hd) + mask
-        a = torch.softmax(a.float(), -1).to(dtype) @ v
+        a = (q @ k.transpose(1, 2)) * (1 / math.sqrt(hd))
+        a = torch.softmax(a.float() + mask.float(), -1).to(dtype) @ v
         a = a.transpose(0, 1).reshape(T, nh * hd)
         x = x + torch.nn.functional.linear(a, g("self_attn.o_proj.weight"), g("self_attn.o_proj.bias"))
         h = rms(x, g("post_attention_layernorm.weight"), eps)

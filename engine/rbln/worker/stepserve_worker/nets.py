@@ -318,7 +318,15 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
         from . import usermodel
         ins, outs = usermodel.signature(spec, shape.seq, compute)
         return Boundary(torch.uint8, ins[-1].offset + ins[-1].nbytes, torch.uint8, outs[-1].offset + outs[-1].nbytes)
-    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder or torch")
+    if arch == "decoder":
+        # One sequence a row: its tokens' ids, positions and cache slots,
+        # then its fields and block table (engine/rbln/decoder.go); out, the
+        # sampled token, its log-probability and the top tokens'.
+        from . import decoder
+        dec = spec["decoder"]
+        return Boundary(torch.int32, 3 * shape.seq + decoder.FIELDS + dec["table_width"],
+                        torch.int32, 2 + 2 * dec["top_logprobs"])
+    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder, decoder or torch")
 
 
 def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
@@ -328,7 +336,12 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
         return MLP(spec["mlp"], tensors)
     if arch == "encoder":
         return Encoder(spec["encoder"], tensors)
-    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp or encoder")
+    if arch == "decoder":
+        from . import decoder
+        if spec["decoder"]["vocab"] < spec["decoder"]["top_logprobs"]:
+            raise LoadError(f"decoder: a vocabulary of {spec['decoder']['vocab']} tokens is smaller than the {spec['decoder']['top_logprobs']} most likely a step returns")
+        return decoder.Decoder(spec["decoder"], tensors)
+    raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder or decoder")
 
 
 def step_body(model: nn.Module, shape: Shape, bound: Boundary,
@@ -350,6 +363,14 @@ def step_body(model: nn.Module, shape: Shape, bound: Boundary,
 
     def pad(y: torch.Tensor) -> torch.Tensor:
         return F.pad(y, (0, out_pad)) if out_pad else y
+
+    from . import decoder
+    if isinstance(model, decoder.Decoder):
+        t = shape.seq
+
+        def decoder_body(x: torch.Tensor) -> torch.Tensor:
+            return pad(model.step(x, t))
+        return own_code(decoder_body, name)
 
     if isinstance(model, Encoder):
         s = shape.seq

@@ -1,0 +1,366 @@
+// Decoder language models on a worker: the model's weights and its paged
+// KV cache resident on the device, and two kinds of compiled step per
+// bucket, as the device wants them: decode (batch x 1 token) and prefill
+// (batch x prompt-chunk length). A row of a step is one sequence: its
+// tokens' ids, positions and cache slots, then its block table, how many
+// of its tokens are real, and its sampling parameters, packed into the
+// bucket's one input buffer (one host-to-device copy); the graph writes
+// the tokens' keys and values into the cache by slot, attends over the
+// cache through the block table, and samples each row's next token
+// in-graph; the one device-to-host copy is the sampled token per row,
+// with its log-probability and the most likely tokens'.
+
+package rbln
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/models"
+)
+
+// The decoder step's row layout, in int32 words, after the row's 3*T
+// token words (ids, positions, slots): the fields below, then the block
+// table. The worker reads the same (nets.py, DecoderStep).
+const (
+	metaValid       = iota // real tokens in the row (0 for a padding row)
+	metaSamples            // 1 when the row's last real token samples
+	metaTemperature        // float32 bits
+	metaTopP               // float32 bits
+	metaTopK
+	metaSeedLo
+	metaSeedHi
+	metaLogprobs // unused by the graph (it always computes them): kept for the host
+	metaPosition // the sampled token's position: the draw's counter
+	metaFields
+)
+
+// decoderTopLogprobs is how many most likely tokens each step returns.
+const decoderTopLogprobs = 20
+
+// decoderSpec is a decoder's load message part.
+type decoderSpec struct {
+	Vocab         int       `json:"vocab"`
+	Hidden        int       `json:"hidden"`
+	Layers        int       `json:"layers"`
+	Heads         int       `json:"heads"`
+	KVHeads       int       `json:"kv_heads"`
+	HeadDim       int       `json:"head_dim"`
+	Intermediate  int       `json:"intermediate"`
+	RMSNormEps    float64   `json:"rms_norm_eps"`
+	InvFreq       []float64 `json:"inv_freq"` // RoPE's, rope_scaling applied
+	QKVBias       bool      `json:"qkv_bias"`
+	OBias         bool      `json:"o_bias"`
+	Tied          bool      `json:"tied"`
+	SlidingWindow int       `json:"sliding_window"`
+	Blocks        int       `json:"blocks"` // the cache's, and one more the padding writes to
+	BlockSize     int       `json:"block_size"`
+	TableWidth    int       `json:"table_width"`
+	TopLogprobs   int       `json:"top_logprobs"`
+}
+
+// decoderStepConfig is cfg as the step's staging sees it: the tokens
+// [batch, 3, T] and the rows' fields and block tables [batch, n] in, the
+// sampled rows out, all int32.
+func decoderStepConfig(cfg *models.Config) *models.Config {
+	g := cfg.Generation
+	width := (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize
+	c := *cfg
+	c.Inputs = []models.TensorSpec{
+		{Name: "tokens", Datatype: models.INT32, Shape: []int{-1, 3, -1}},
+		{Name: "rows", Datatype: models.INT32, Shape: []int{-1, metaFields + width}},
+	}
+	c.Outputs = []models.TensorSpec{{Name: "sampled", Datatype: models.INT32, Shape: []int{-1, 2 + 2*decoderTopLogprobs}}}
+	return &c
+}
+
+// LoadDecoder implements [engine.DecoderEngine].
+func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decoder, error) {
+	cfg := m.Config
+	if m.Decoder == nil || cfg.Generation == nil {
+		return nil, fmt.Errorf("rbln: model %s is not a decoder language model", m.Name)
+	}
+	if cfg.Instances.PerDevice > 1 || len(cfg.Instances.Devices) > 1 || cfg.Instances.All {
+		return nil, fmt.Errorf("rbln: model %s: a decoder model runs as one replica on one device; name one device in instances", m.Name)
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, errClosed
+	}
+	if err := e.start(); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	workers, err := e.place(m)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var decodes, prefills []bucketing.Shape
+	for _, b := range cfg.Buckets.Batch {
+		decodes = append(decodes, bucketing.Shape{Batch: b, Seq: 1})
+		for _, t := range cfg.Buckets.Seq {
+			prefills = append(prefills, bucketing.Shape{Batch: b, Seq: t})
+		}
+	}
+	step := *m
+	step.Config = decoderStepConfig(cfg)
+	p, err := newProgram(ctx, workers[0], &step, append(slices.Clone(decodes), prefills...))
+	if err != nil {
+		return nil, err
+	}
+	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, decodes: len(decodes),
+		width: (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize}
+	for i := range p.shapes {
+		if err := d.warm(ctx, i); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	d.life = p.lives.Load()
+	return d, nil
+}
+
+// decoderSpecOf is the load message's description of m.
+func decoderSpecOf(m *models.Model) *decoderSpec {
+	c, g := m.Decoder.Config, m.Config.Generation
+	return &decoderSpec{Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		Intermediate: c.Intermediate, RMSNormEps: c.RMSNormEps, InvFreq: c.InvFreq(), QKVBias: c.QKVBias, OBias: c.OBias,
+		Tied: c.TiedEmbeddings, SlidingWindow: c.SlidingWindow, Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize,
+		TableWidth: (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize, TopLogprobs: decoderTopLogprobs}
+}
+
+// decoder is a decoder model on one worker.
+type decoder struct {
+	p       *program
+	cfg     *models.DecoderConfig
+	gen     models.GenerationOptions
+	decodes int // the first buckets are the decode ones
+	width   int // block table entries a row holds
+	// life is the program's worker life the KV cache was filled in: a
+	// worker that restarted lost it.
+	life uint64
+
+	out  []generation.Sampled
+	top  [][decoderTopLogprobs]generation.TopLogprob
+	rows []piece
+}
+
+// piece is a row of a device step: tokens [start, end) of a work.
+type piece struct {
+	w          int // the work's index in the step
+	start, end int
+	samples    bool
+}
+
+// errCacheLost ends the sequences of a step that found the worker
+// restarted: their keys and values went with it.
+var errCacheLost = errors.New("the worker restarted and its KV cache was lost")
+
+// Step implements [generation.Model]: the step's work as device steps,
+// decodes in a decode bucket and prompt chunks in prefill buckets, rows
+// of a work longer than the largest bucket split over several steps.
+func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation.Sampled, error) {
+	if life := d.p.lives.Load(); life != d.life {
+		d.life = life
+		return nil, fmt.Errorf("rbln: model %s: %w: %w", d.p.model.Name, engine.ErrUnavailable, errCacheLost)
+	}
+	n := len(step.Work)
+	if len(d.out) < n {
+		d.out = make([]generation.Sampled, n)
+		d.top = make([][decoderTopLogprobs]generation.TopLogprob, n)
+	}
+	clear(d.out[:n])
+	most := 1
+	for _, s := range d.p.shapes[d.decodes:] {
+		most = max(most, s.Seq)
+	}
+	// Round r runs every work's r-th piece of at most most tokens.
+	for r := 0; ; r++ {
+		d.rows = d.rows[:0]
+		for i, w := range step.Work {
+			start := w.Start + r*most
+			if start >= w.End {
+				continue
+			}
+			end := min(start+most, w.End)
+			d.rows = append(d.rows, piece{w: i, start: start, end: end, samples: end == w.End && w.Samples()})
+		}
+		if len(d.rows) == 0 {
+			break
+		}
+		var decodes, prefills []piece
+		for _, pc := range d.rows {
+			if pc.end-pc.start == 1 {
+				decodes = append(decodes, pc)
+			} else {
+				prefills = append(prefills, pc)
+			}
+		}
+		for _, group := range [][]piece{decodes, prefills} {
+			for len(group) > 0 {
+				bucket, taken, err := d.bucket(group)
+				if err != nil {
+					return nil, err
+				}
+				if err := d.run(ctx, step, bucket, group[:taken]); err != nil {
+					return nil, err
+				}
+				group = group[taken:]
+			}
+		}
+	}
+	if life := d.p.lives.Load(); life != d.life {
+		d.life = life
+		return nil, fmt.Errorf("rbln: model %s: %w: %w", d.p.model.Name, engine.ErrUnavailable, errCacheLost)
+	}
+	return d.out[:n], nil
+}
+
+// bucket chooses the bucket for the first rows of group: the decode or
+// prefill bucket of the fewest rows and tokens that hold them, or the
+// largest, taking as many rows as it holds.
+func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
+	tokens := 0
+	for _, pc := range group {
+		tokens = max(tokens, pc.end-pc.start)
+	}
+	lo, hi := 0, d.decodes
+	if tokens > 1 {
+		lo, hi = d.decodes, len(d.p.shapes)
+	}
+	best, bestCost := -1, 0
+	largest, largestRows := -1, 0
+	for i := lo; i < hi; i++ {
+		s := d.p.shapes[i]
+		if s.Seq < tokens {
+			continue
+		}
+		if s.Batch > largestRows || s.Batch == largestRows && largest >= 0 && s.Seq < d.p.shapes[largest].Seq {
+			largest, largestRows = i, s.Batch
+		}
+		if s.Batch >= len(group) && (best < 0 || s.Batch*s.Seq < bestCost) {
+			best, bestCost = i, s.Batch*s.Seq
+		}
+	}
+	switch {
+	case best >= 0:
+		return best, len(group), nil
+	case largest >= 0:
+		return largest, largestRows, nil
+	}
+	return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
+}
+
+// run packs rows into bucket's staging, steps it, and reads the sampled
+// rows back.
+func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, rows []piece) error {
+	s := d.p.shapes[bucket]
+	in, out := d.p.Staging(bucket)
+	clear(in)
+	T, bs := s.Seq, d.gen.BlockSize
+	trash := int32(d.gen.KVCacheBlocks) // the block past the cache's: padding writes there
+	tokens := in[:s.Batch*3*T*4]
+	meta := in[s.Batch*3*T*4:]
+	rowWords := metaFields + d.width
+	put := func(b []byte, i int, v int32) { binary.LittleEndian.PutUint32(b[4*i:], uint32(v)) }
+	for r := range s.Batch {
+		base := r * 3 * T
+		mb := r * rowWords
+		if r >= len(rows) {
+			// A padding row: no real token; its writes go to the trash block.
+			for t := range T {
+				put(tokens, base+2*T+t, trash*int32(bs))
+			}
+			for j := range d.width {
+				put(meta, mb+metaFields+j, trash)
+			}
+			continue
+		}
+		pc := rows[r]
+		w := step.Work[pc.w]
+		table := w.Seq.BlockTable()
+		for t := range T {
+			pos := pc.start + t
+			if pos >= pc.end {
+				put(tokens, base+2*T+t, trash*int32(bs))
+				continue
+			}
+			put(tokens, base+t, w.Seq.Token(pos))
+			put(tokens, base+T+t, int32(pos))
+			put(tokens, base+2*T+t, table[pos/bs]*int32(bs)+int32(pos%bs))
+		}
+		sp := w.Seq.Sampling
+		put(meta, mb+metaValid, int32(pc.end-pc.start))
+		if pc.samples {
+			put(meta, mb+metaSamples, 1)
+		}
+		put(meta, mb+metaTemperature, int32(math.Float32bits(sp.Temperature)))
+		put(meta, mb+metaTopP, int32(math.Float32bits(sp.TopP)))
+		put(meta, mb+metaTopK, int32(min(sp.TopK, math.MaxInt32)))
+		put(meta, mb+metaSeedLo, int32(uint32(sp.Seed)))
+		put(meta, mb+metaSeedHi, int32(uint32(sp.Seed>>32)))
+		put(meta, mb+metaLogprobs, int32(sp.Logprobs))
+		put(meta, mb+metaPosition, int32(pc.end))
+		for j := range d.width {
+			v := trash
+			if j < len(table) {
+				v = table[j]
+			}
+			put(meta, mb+metaFields+j, v)
+		}
+	}
+	if _, err := d.p.Step(ctx, bucket); err != nil {
+		return err
+	}
+	outWords := 2 + 2*decoderTopLogprobs
+	get := func(i int) int32 { return int32(binary.LittleEndian.Uint32(out[4*i:])) }
+	for r, pc := range rows {
+		if !pc.samples {
+			continue
+		}
+		base := r * outWords
+		tok := get(base)
+		if tok < 0 || int(tok) >= d.cfg.Vocab {
+			return fmt.Errorf("rbln: model %s: the step sampled token %d, outside the vocabulary", d.p.model.Name, tok)
+		}
+		sp := step.Work[pc.w].Seq.Sampling
+		o := generation.Sampled{Token: tok, Logprob: math.Float32frombits(uint32(get(base + 1)))}
+		if k := min(sp.Logprobs, decoderTopLogprobs); k > 0 {
+			top := d.top[pc.w][:0]
+			for j := range k {
+				top = append(top, generation.TopLogprob{Token: get(base + 2 + j), Logprob: math.Float32frombits(uint32(get(base + 2 + decoderTopLogprobs + j)))})
+			}
+			o.Top = top
+		}
+		d.out[pc.w] = o
+	}
+	return nil
+}
+
+// warm compiles bucket and runs it twice on padding rows (no real token:
+// every write goes to the trash block), so that no client's step builds a
+// graph.
+func (d *decoder) warm(ctx context.Context, bucket int) error {
+	if err := d.p.Compile(ctx, bucket); err != nil {
+		return err
+	}
+	for range 2 {
+		if err := d.run(ctx, &generation.Step{}, bucket, nil); err != nil {
+			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", d.p.model.Name, d.p.shapes[bucket].Label(), err)
+		}
+	}
+	return nil
+}
+
+// Close implements [engine.Decoder].
+func (d *decoder) Close() error { return d.p.Close() }
+
