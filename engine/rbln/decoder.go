@@ -363,4 +363,3 @@ func (d *decoder) warm(ctx context.Context, bucket int) error {
 
 // Close implements [engine.Decoder].
 func (d *decoder) Close() error { return d.p.Close() }
-
