@@ -228,7 +228,7 @@ func (l *Loop) Run(ctx context.Context) {
 			continue
 		}
 		began := time.Now()
-		sampled, err := l.model.Step(ctx, step)
+		sampled, err := l.step(ctx, step)
 		if l.Observe != nil {
 			l.Observe(step, time.Since(began), l.state())
 		}
@@ -269,6 +269,17 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// step runs the model's step; a panic in it (an engine's bug) fails the
+// step's sequences as an error would, rather than the process.
+func (l *Loop) step(ctx context.Context, step *Step) (sampled []Sampled, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			sampled, err = nil, fmt.Errorf("generation: the model's step panicked: %v", p)
+		}
+	}()
+	return l.model.Step(ctx, step)
 }
 
 // intake takes the adds and cancellations waiting; with wait, it blocks

@@ -6,6 +6,10 @@ import (
 	"slices"
 )
 
+// minTemperature is the least temperature that samples; below it is
+// greedy (as vLLM rounds its tiny temperatures: 1/t would overflow).
+const minTemperature = 1e-5
+
 // Sampler draws tokens from logits as a step does on its device (the CPU
 // engine's step calls it; the worker's programs do the same in torch):
 // temperature, then top-k, then top-p, then one draw from a counter-based
@@ -27,7 +31,7 @@ func NewSampler(vocab int) Sampler {
 // s.Logprobs at least, receives the most likely tokens when asked.
 func (sp *Sampler) Sample(logits []float32, s Sampling, pos int, top []TopLogprob) Sampled {
 	var out Sampled
-	if s.Temperature <= 0 {
+	if s.Temperature < minTemperature {
 		out.Token = argmax(logits)
 	} else {
 		out.Token = sp.draw(logits, s, pos)

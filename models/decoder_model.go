@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"path"
 	"slices"
 )
@@ -34,7 +35,9 @@ type GenerationOptions struct {
 	// prompt chunks up to what is left (default 256).
 	MaxBatchTokens int `yaml:"max_batch_tokens"`
 	// MaxTokens is a request's max_tokens when it names none (default
-	// generation_config.json's max_new_tokens, else 256).
+	// 256, at most max_model_len-1; generation_config.json's
+	// max_new_tokens is not used: its Hub defaults, often 20, are not
+	// what an API client expects).
 	MaxTokens int `yaml:"max_tokens"`
 }
 
@@ -50,6 +53,9 @@ const (
 	// KVCacheMaxBytes caps the default KV cache: a model.yaml that wants
 	// more names kv_cache_blocks.
 	KVCacheMaxBytes = 1 << 30
+	// maxKVCacheBlocks bounds kv_cache_blocks: block ids are int32, and
+	// the cache's bytes must not overflow.
+	maxKVCacheBlocks = 1 << 24
 )
 
 // KVCacheBytes is what the model's KV cache holds in float32.
@@ -57,7 +63,14 @@ func (c *Config) KVCacheBytes() int64 {
 	if c.Decoder == nil || c.Generation == nil {
 		return 0
 	}
-	return int64(c.Generation.KVCacheBlocks) * int64(c.Generation.BlockSize) * c.Decoder.KVBytesPerToken(4)
+	// At most 2^24 blocks of 2^10 tokens of 2 x 1024 layers x 2^18 wide
+	// keys and values: counted in float64, which cannot overflow, and
+	// capped.
+	n := float64(c.Generation.KVCacheBlocks) * float64(c.Generation.BlockSize) * float64(c.Decoder.KVBytesPerToken(4))
+	if n >= math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return int64(n)
 }
 
 // validateDecoder checks a decoder's generation keys and fills their
@@ -94,8 +107,8 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 		return bad("generation.max_batch_tokens", "%d; want at most %d", g.MaxBatchTokens, 1<<16)
 	case g.MaxTokens < 1 || g.MaxTokens >= g.MaxModelLen:
 		return bad("generation.max_tokens", "%d; want 1 up to max_model_len-1 (%d)", g.MaxTokens, g.MaxModelLen-1)
-	case g.KVCacheBlocks < 0:
-		return bad("generation.kv_cache_blocks", "%d is negative", g.KVCacheBlocks)
+	case g.KVCacheBlocks < 0 || g.KVCacheBlocks > maxKVCacheBlocks:
+		return bad("generation.kv_cache_blocks", "%d; want 0 (the default) to %d", g.KVCacheBlocks, maxKVCacheBlocks)
 	}
 	perSeq := (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize
 	if g.KVCacheBlocks == 0 {
@@ -229,6 +242,16 @@ func (m *Manifest) openDecoder(b []byte) (*Config, error) {
 	default:
 		if m.generation, err = ParseGenerationConfig(gb, dc.Vocab); err != nil {
 			return nil, fmt.Errorf("%s: %w", gfile, err)
+		}
+	}
+	if m.generation == nil || len(m.generation.EOS) == 0 {
+		// Without generation_config.json's, config.json's eos_token_id,
+		// as transformers falls back to it.
+		if cg, err := ParseGenerationConfig(b, dc.Vocab); err == nil && len(cg.EOS) > 0 {
+			if m.generation == nil {
+				m.generation = &GenerationConfig{}
+			}
+			m.generation.EOS = cg.EOS
 		}
 	}
 	if m.chat, err = ReadChatTemplate(m.root, m.Name); err != nil {

@@ -96,6 +96,7 @@ type generator struct {
 	chat    *models.ChatTemplate
 	metrics *genSeries
 	live    atomic.Int64  // generations not yet closed
+	retired atomic.Bool   // draining: its loop no longer reports the gauges
 	idle    chan struct{} // signalled when live drops to zero
 }
 
@@ -133,7 +134,11 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 			gen.eos = append(gen.eos, int32(id))
 		}
 	}
-	loop.Observe = gen.metrics.observe
+	loop.Observe = func(step *generation.Step, took time.Duration, st generation.State) {
+		if !gen.retired.Load() { // a reload's new version owns the series now
+			gen.metrics.observe(step, took, st)
+		}
+	}
 	var run context.Context
 	run, gen.stop = context.WithCancel(context.Background())
 	go func() {
@@ -427,11 +432,20 @@ func (s *TextStream) holdBack() int {
 
 func (s *TextStream) info(ev generation.Event) TokenInfo {
 	tok := s.g.tok.Tokenizers()
-	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Logprob: ev.Logprob}
+	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Logprob: finiteLogprob(ev.Logprob)}
 	for _, t := range ev.Top {
-		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Logprob: t.Logprob})
+		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Logprob: finiteLogprob(t.Logprob)})
 	}
 	return ti
+}
+
+// finiteLogprob is lp, or -9999 (what OpenAI answers for a token of no
+// probability) where it is not finite: JSON has no infinities.
+func finiteLogprob(lp float32) float32 {
+	if math.IsNaN(float64(lp)) || math.IsInf(float64(lp), 0) {
+		return -9999
+	}
+	return lp
 }
 
 // Close ends the generation: one not read to its end is cancelled. It
@@ -455,6 +469,7 @@ func (s *TextStream) Close() {
 
 // drain waits until no generation is open, or ctx ends.
 func (g *generator) drain(ctx context.Context) error {
+	g.retired.Store(true)
 	for g.live.Load() > 0 {
 		select {
 		case <-g.idle:

@@ -98,6 +98,19 @@ type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 	Name    string          `json:"name"`
+	// What an assistant message carries back from OpenAI's answers,
+	// which clients replay in the history: taken while empty.
+	Refusal      *string         `json:"refusal"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	ToolCallID   string          `json:"tool_call_id"`
+	FunctionCall json.RawMessage `json:"function_call"`
+	Audio        json.RawMessage `json:"audio"`
+}
+
+// empty reports whether raw is absent, null or an empty array.
+func empty(raw json.RawMessage) bool {
+	b := bytes.TrimSpace(raw)
+	return len(b) == 0 || bytes.Equal(b, []byte("null")) || bytes.Equal(b, []byte("[]"))
 }
 
 // content is a message's text: a string, or an array of text parts.
@@ -267,6 +280,9 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		}
 		gr.Messages = make([]models.ChatMessage, len(req.Messages))
 		for i, m := range req.Messages {
+			if !empty(m.ToolCalls) || !empty(m.FunctionCall) || !empty(m.Audio) {
+				return t.fail(withParam("messages", core.BadRequest(fmt.Sprintf("messages[%d]: tool calls, function calls and audio are not supported; send text", i))))
+			}
 			c, err := m.content(i)
 			if err != nil {
 				return t.fail(withParam("messages", core.BadRequest(err.Error())))
@@ -306,8 +322,13 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			}
 			params := map[string]json.RawMessage{}
 			var text *string
+			var id string
 			for k, v := range raw {
 				switch k {
+				case "id":
+					if err := json.Unmarshal(v, &id); err != nil || len(id) > 256 {
+						return t.fail(core.BadRequest("id: want a string of at most 256 bytes"))
+					}
 				case "text_input":
 					var s string
 					if err := json.Unmarshal(v, &s); err != nil {
@@ -337,7 +358,7 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			}
 			gr.Prompt = *text
 			m := t.m.Model()
-			return t.generate(gr, &tritonWriter{model: m.Name, version: m.Version, stream: stream})
+			return t.generate(gr, &tritonWriter{model: m.Name, version: m.Version, id: id, stream: stream})
 		})
 	}
 }
@@ -432,6 +453,7 @@ func (t *textRequest) generate(gr *serving.GenerateRequest, gw genWriter) int {
 		return t.fail(err)
 	}
 	defer ts.Close()
+	rc := http.NewResponseController(t.w)
 	if !gw.streaming() {
 		var text strings.Builder
 		var tokens []serving.TokenInfo
@@ -447,18 +469,25 @@ func (t *textRequest) generate(gr *serving.GenerateRequest, gw genWriter) int {
 			tokens = append(tokens, ev.Tokens...)
 			if ev.Finish != "" {
 				t.m.Report(nil, true, time.Since(t.began))
+				// A generation may outlast server.write_timeout: the
+				// answer gets its own deadline, as each streamed event.
+				rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 				return t.ok(gw.whole(text.String(), tokens, ev.Finish, ts.PromptTokens, ts.CompletionTokens), nil)
 			}
 		}
 		return t.fail(context.Canceled)
 	}
-	// The stream: headers now, then each piece as it comes.
-	rc := http.NewResponseController(t.w)
+	// The stream: headers now (sent at once, before the first token:
+	// queueing and prefill may take a while), then each piece as it comes.
 	h := t.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	t.w.WriteHeader(http.StatusOK)
+	rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if rc.Flush() != nil {
+		return core.StatusClientClosed
+	}
 	write := func(b []byte) bool {
 		if b == nil {
 			return true
@@ -726,11 +755,12 @@ func (c *chatWriter) streamError(err error) []byte { return openaiStreamError(er
 
 // tritonWriter is Triton's generate extension's answer.
 type tritonWriter struct {
-	model, version string
-	stream         bool
+	model, version, id string
+	stream             bool
 }
 
 type tritonGenerateResponse struct {
+	ID           string `json:"id,omitempty"`
 	ModelName    string `json:"model_name"`
 	ModelVersion string `json:"model_version"`
 	TextOutput   string `json:"text_output"`
@@ -743,13 +773,13 @@ type tritonGenerateResponse struct {
 func (tw *tritonWriter) streaming() bool { return tw.stream }
 
 func (tw *tritonWriter) whole(text string, _ []serving.TokenInfo, finish string, prompt, completion int) []byte {
-	return marshal(tritonGenerateResponse{tw.model, tw.version, text, finish, prompt, completion})
+	return marshal(tritonGenerateResponse{tw.id, tw.model, tw.version, text, finish, prompt, completion})
 }
 
 func (tw *tritonWriter) first() []byte { return nil }
 
 func (tw *tritonWriter) chunk(ev serving.TextEvent) []byte {
-	return sse(marshal(tritonGenerateResponse{ModelName: tw.model, ModelVersion: tw.version, TextOutput: ev.Text, FinishReason: ev.Finish}))
+	return sse(marshal(tritonGenerateResponse{ID: tw.id, ModelName: tw.model, ModelVersion: tw.version, TextOutput: ev.Text, FinishReason: ev.Finish}))
 }
 
 func (tw *tritonWriter) end(int, int) []byte { return nil }

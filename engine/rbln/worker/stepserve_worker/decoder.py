@@ -21,6 +21,9 @@ from torch.nn import functional as F
 VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION = range(9)
 FIELDS = 9
 
+# Below it, greedy (generation/sample.go's minTemperature).
+MIN_TEMPERATURE = 1e-5
+
 # SplitMix64's constants, as signed int64 (torch has no uint64 arithmetic):
 # generation/sample.go's uniform, the same draw on every engine.
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -188,7 +191,7 @@ class Decoder(nn.Module):
         u = uniform(seed, pos).unsqueeze(-1) * sp.sum(-1, keepdim=True)
         at = (sp.cumsum(-1) <= u).sum(-1).clamp(max=V - 1)
         drawn = order.gather(-1, at.unsqueeze(-1)).squeeze(-1)
-        token = torch.where(temp > 0, drawn, greedy)
+        token = torch.where(temp >= MIN_TEMPERATURE, drawn, greedy)
 
         lsm = torch.log_softmax(logits, dim=-1)
         chosen = lsm.gather(-1, token.unsqueeze(-1))
