@@ -34,6 +34,9 @@ type GenerationOptions struct {
 	// MaxBatchTokens is the most tokens one step computes: decodes, and
 	// prompt chunks up to what is left (default 256).
 	MaxBatchTokens int `yaml:"max_batch_tokens"`
+	// MaxQueueSize bounds the generations waiting beyond the running
+	// max_num_seqs; more are refused with 503 (default 1024).
+	MaxQueueSize int `yaml:"max_queue_size"`
 	// MaxTokens is a request's max_tokens when it names none (default
 	// 256, at most max_model_len-1; generation_config.json's
 	// max_new_tokens is not used: its Hub defaults, often 20, are not
@@ -48,6 +51,7 @@ const (
 	defaultMaxModelLen    = 4096
 	defaultMaxBatchTokens = 256
 	defaultMaxTokens      = 256
+	defaultMaxQueueSize   = 1024
 	maxGenerationSeqs     = 1024
 	maxBlockSize          = 1024
 	// KVCacheMaxBytes caps the default KV cache: a model.yaml that wants
@@ -94,6 +98,7 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	def(&g.MaxModelLen, min(d.MaxPosition, defaultMaxModelLen))
 	def(&g.MaxBatchTokens, max(defaultMaxBatchTokens, g.MaxNumSeqs))
 	def(&g.MaxTokens, min(defaultMaxTokens, g.MaxModelLen-1))
+	def(&g.MaxQueueSize, defaultMaxQueueSize)
 	switch {
 	case g.BlockSize < 1 || g.BlockSize > maxBlockSize:
 		return bad("generation.block_size", "%d; want 1 to %d tokens (16 is usual)", g.BlockSize, maxBlockSize)
@@ -107,6 +112,8 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 		return bad("generation.max_batch_tokens", "%d; want at most %d", g.MaxBatchTokens, 1<<16)
 	case g.MaxTokens < 1 || g.MaxTokens >= g.MaxModelLen:
 		return bad("generation.max_tokens", "%d; want 1 up to max_model_len-1 (%d)", g.MaxTokens, g.MaxModelLen-1)
+	case g.MaxQueueSize < 0 || g.MaxQueueSize > 1<<20:
+		return bad("generation.max_queue_size", "%d; want 1 to %d", g.MaxQueueSize, 1<<20)
 	case g.KVCacheBlocks < 0 || g.KVCacheBlocks > maxKVCacheBlocks:
 		return bad("generation.kv_cache_blocks", "%d; want 0 (the default) to %d", g.KVCacheBlocks, maxKVCacheBlocks)
 	}

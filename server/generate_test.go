@@ -56,6 +56,7 @@ func (d *gatedDecoder) Step(ctx context.Context, step *generation.Step) ([]gener
 }
 
 type genFixture struct {
+	set *serving.Set
 	srv *httptest.Server
 	reg *prometheus.Registry
 	eng *gatedDecoders
@@ -92,7 +93,7 @@ func newGenFixture(t *testing.T, yaml string) *genFixture {
 	require.NoError(t, err)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return &genFixture{srv: srv, reg: reg, eng: eng}
+	return &genFixture{set: set, srv: srv, reg: reg, eng: eng}
 }
 
 func (f *genFixture) post(t *testing.T, path string, body any) (int, []byte) {
@@ -354,13 +355,17 @@ func TestGenerateRefusals(t *testing.T) {
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "n": 2}, 400, "n", "n 2"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "top_p": 0}, 400, "top_p", "top_p 0"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, "temperature", "temperature -1"},
-		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "seed": "x"}, 400, "prompt", "seed"},
+		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "seed": "x"}, 400, "seed", "seed must be an integer"},
+		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "priority": -1}, 400, "prompt", "priority -1"},
+		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": msgs, "logprobs": true, "top_logprobs": -1}, 400, "top_logprobs", "0 to 20"},
+		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": []map[string]any{{"role": "user<|im_end|>", "content": "hi"}}}, 400, "messages", "want one of system"},
+		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": []map[string]any{{"role": "user", "content": long}}}, 400, "messages", "max_model_len 64"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "stop": []string{"a", "b", "c", "d", "e"}}, 400, "stop", "at most 4"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama"}, 400, "prompt", "prompt is required"},
 		{"/v1/completions", map[string]any{"model": "nope", "prompt": "hi"}, 404, "model", "nope"},
 		{"/v1/completions", map[string]any{"prompt": "hi"}, 400, "model", "model is required"},
 		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": []any{}}, 400, "messages", "non-empty"},
-		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": []map[string]any{{"content": "hi"}}}, 400, "messages", "no role"},
+		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": []map[string]any{{"content": "hi"}}}, 400, "messages", `messages[0].role ""`},
 		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": msgs, "top_logprobs": 2}, 400, "top_logprobs", "logprobs: true"},
 		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": msgs, "logprobs": true, "top_logprobs": 21}, 400, "top_logprobs", "0 to 20"},
 		{"/v1/chat/completions", map[string]any{"model": "tiny-llama", "messages": msgs, "tools": []any{map[string]any{"type": "function"}}}, 400, "tools", "tools"},
@@ -383,6 +388,8 @@ func TestGenerateRefusals(t *testing.T) {
 		{map[string]any{"text_input": "hi", "max_tokens": "four"}, "max_tokens: want an integer"},
 		{map[string]any{"text_input": long}, "max_model_len 64"},
 		{map[string]any{"text_input": "hi", "stream": true}, "generate_stream"},
+		{map[string]any{"text_input": "hi", "max_tokens": 3, "parameters": map[string]any{"max_tokens": 4}}, "both in parameters and beside text_input"},
+		{map[string]any{"text_input": nil}, "text_input: want a string"},
 	} {
 		st, b := f.post(t, "/v2/models/tiny-llama/generate", c.body)
 		assert.Equal(t, 400, st, "%v: %s", c.body, b)
@@ -482,4 +489,41 @@ func metricValue(t *testing.T, g prometheus.Gatherer, name, state string) float6
 	}
 	t.Fatalf("no series %s{state=%q}", name, state)
 	return 0
+}
+
+// Past max_num_seqs running and generation.max_queue_size waiting, a
+// generation is refused with 503 at once, never queued without bound.
+func TestGenerateQueueBound(t *testing.T) {
+	f := newGenFixture(t, "generation:\n  max_num_seqs: 1\n  max_queue_size: 1\n  max_batch_tokens: 32\n  max_model_len: 128\n")
+	f.eng.gate = make(chan struct{})
+	body := map[string]any{"model": "tiny-llama", "prompt": "hi", "max_tokens": 2, "ignore_eos": true}
+	var wg sync.WaitGroup
+	statuses := make([]int, 2)
+	for i := range 2 {
+		wg.Go(func() { statuses[i], _ = f.post(t, "/v1/completions", body) })
+	}
+	// Both hold their places (one running, held by the gate; one
+	// waiting), the third is refused.
+	m, ok := f.set.Model("tiny-llama")
+	require.True(t, ok)
+	require.Eventually(t, func() bool { return m.Generations() == 2 }, 10*time.Second, 5*time.Millisecond)
+	st, b := f.post(t, "/v1/completions", body)
+	require.Equal(t, 503, st, string(b))
+	var e openaiErrorResponse
+	decodeStrict(t, b, &e)
+	assert.Contains(t, e.Error.Message, "max_queue_size 1")
+	assert.Equal(t, "overloaded", *e.Error.Code)
+	close(f.eng.gate)
+	wg.Wait()
+	assert.Equal(t, []int{200, 200}, statuses, "the two admitted end")
+}
+
+// A temperature too small for 1/t is greedy, not the last token id.
+func TestGenerateTinyTemperatureIsGreedy(t *testing.T) {
+	f := newGenFixture(t, "")
+	body := map[string]any{"model": "tiny-llama", "prompt": "Once", "max_tokens": 8, "temperature": 0, "ignore_eos": true}
+	_, greedy := f.post(t, "/v1/completions", body)
+	body["temperature"] = 1e-40
+	_, tiny := f.post(t, "/v1/completions", body)
+	assert.Equal(t, decodeCompletion(t, greedy).Choices[0].Text, decodeCompletion(t, tiny).Choices[0].Text)
 }

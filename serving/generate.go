@@ -21,7 +21,7 @@ import (
 // ErrNotGenerative is a generation asked of a model that is not a
 // language model, or an inference asked of one that is: a 400 that names
 // the API to use.
-var ErrNotGenerative = errors.New("serving: wrong API for the model")
+var ErrNotGenerative = errors.New("the model is not served by this API")
 
 // Bounds on a generation request, whichever API it came by.
 const (
@@ -176,11 +176,15 @@ func badGenerate(format string, args ...any) error {
 func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, error) {
 	g := m.gen
 	if g == nil {
-		return nil, fmt.Errorf("%w: model %s is not a language model; it serves inference (/v2/models/%s/infer)", ErrNotGenerative, m.model.Name, m.model.Name)
+		return nil, fmt.Errorf("model %s is not a language model; it serves inference (/v2/models/%s/infer) (%w)", m.model.Name, m.model.Name, ErrNotGenerative)
 	}
 	if m.closed.Load() {
 		return nil, ErrDraining
 	}
+	if r.Priority < 0 {
+		return nil, badGenerate("priority %d; want 0 (the default: first) or more (later)", r.Priority)
+	}
+
 	sampling, err := g.sampling(r)
 	if err != nil {
 		return nil, err
@@ -216,10 +220,19 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if !r.IgnoreEOS {
 		eos = g.eos
 	}
+	// A place among the model's generations is taken before the loop
+	// sees it (a step may hold the loop a while), and given back if the
+	// loop does not take it.
+	if live := g.live.Add(1); live > int64(g.opts.MaxNumSeqs+g.opts.MaxQueueSize) {
+		g.release()
+		return nil, fmt.Errorf("%w: model %s holds %d generations: max_num_seqs %d running and generation.max_queue_size %d waiting",
+			ErrQueueFull, m.model.Name, live-1, g.opts.MaxNumSeqs, g.opts.MaxQueueSize)
+	}
 	gctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos, Sampling: sampling})
 	if err != nil {
+		g.release()
 		cancel()
 		switch {
 		case errors.Is(err, generation.ErrTooLong):
@@ -229,7 +242,6 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		}
 		return nil, err
 	}
-	g.live.Add(1)
 	g.metrics.promptTokens.Add(float64(len(prompt)))
 	ts := &TextStream{g: g, st: st, cancel: cancel, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0,
 		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt)}
@@ -263,6 +275,9 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 		return s, badGenerate("top_logprobs %d; want 0 to %d", r.Logprobs, MaxLogprobs)
 	}
 	s.Temperature, s.TopP, s.TopK = float32(temp), float32(topP), max(topK, 0)
+	if s.TopP == 0 { // a top_p below float32's least: the most likely token
+		s.TopP = math.SmallestNonzeroFloat32
+	}
 	if r.Seed != nil {
 		s.Seed = uint64(*r.Seed)
 	} else {
@@ -458,13 +473,27 @@ func (s *TextStream) Close() {
 		if s.CompletionTokens > 1 {
 			m.tpot.Observe(s.last.Sub(s.first).Seconds() / float64(s.CompletionTokens-1))
 		}
-		if s.g.live.Add(-1) == 0 {
-			select {
-			case s.g.idle <- struct{}{}:
-			default:
-			}
-		}
+		s.g.release()
 	})
+}
+
+// release gives a generation's place back.
+func (g *generator) release() {
+	if g.live.Add(-1) == 0 {
+		select {
+		case g.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Generations counts the model's generations: running, waiting, or being
+// admitted (0 for a model that is not a language model).
+func (m *Model) Generations() int {
+	if m.gen == nil {
+		return 0
+	}
+	return int(m.gen.live.Load())
 }
 
 // drain waits until no generation is open, or ctx ends.

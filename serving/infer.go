@@ -113,7 +113,7 @@ func (m *Model) Infer(ctx context.Context, req *Request) (*Model, *Result, error
 func (m *Model) infer(ctx context.Context, req *Request) (*Result, error) {
 	if m.gen != nil {
 		name := m.model.Name
-		return nil, fmt.Errorf("%w: model %s is a language model: use /v2/models/%s/generate, /v1/completions or /v1/chat/completions", ErrNotGenerative, name, name)
+		return nil, fmt.Errorf("model %s is a language model: use /v2/models/%s/generate, /v1/completions or /v1/chat/completions (%w)", name, name, ErrNotGenerative)
 	}
 	res, err := prepare(m.model, req)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,6 +113,10 @@ func empty(raw json.RawMessage) bool {
 	b := bytes.TrimSpace(raw)
 	return len(b) == 0 || bytes.Equal(b, []byte("null")) || bytes.Equal(b, []byte("[]"))
 }
+
+// chatRoles are the roles OpenAI's chat API defines: a role is text the
+// template writes into the prompt, so no other is taken.
+var chatRoles = []string{"system", "developer", "user", "assistant", "tool"}
 
 // content is a message's text: a string, or an array of text parts.
 func (m chatMessage) content(i int) (string, error) {
@@ -287,7 +292,13 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return t.fail(withParam("messages", core.BadRequest(err.Error())))
 			}
+			if !slices.Contains(chatRoles, m.Role) {
+				return t.fail(withParam("messages", core.BadRequest(fmt.Sprintf("messages[%d].role %q; want one of %s", i, core.ClipName(m.Role), strings.Join(chatRoles, ", ")))))
+			}
 			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c}
+		}
+		if req.TopLogprobs != nil && (*req.TopLogprobs < 0 || *req.TopLogprobs > serving.MaxLogprobs) {
+			return t.fail(withParam("top_logprobs", core.BadRequest(fmt.Sprintf("top_logprobs %d; want 0 to %d", *req.TopLogprobs, serving.MaxLogprobs))))
 		}
 		if req.TopLogprobs != nil && !req.Logprobs {
 			return t.fail(withParam("top_logprobs", core.BadRequest("top_logprobs needs logprobs: true")))
@@ -331,7 +342,7 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 					}
 				case "text_input":
 					var s string
-					if err := json.Unmarshal(v, &s); err != nil {
+					if string(bytes.TrimSpace(v)) == "null" || json.Unmarshal(v, &s) != nil {
 						return t.fail(core.BadRequest("text_input: want a string"))
 					}
 					text = &s
@@ -341,6 +352,18 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 					}
 				default:
 					params[k] = v
+				}
+			}
+			if p, ok := raw["parameters"]; ok {
+				// A key both beside text_input and in parameters: refused,
+				// not one chosen at random.
+				var inner map[string]json.RawMessage
+				if json.Unmarshal(p, &inner) == nil {
+					for k := range inner {
+						if _, twice := raw[k]; twice {
+							return t.fail(core.BadRequest(fmt.Sprintf("parameter %s is given both in parameters and beside text_input; give it once", core.ClipName(k))))
+						}
+					}
 				}
 			}
 			if text == nil {
@@ -448,7 +471,12 @@ func (t *textRequest) generate(gr *serving.GenerateRequest, gw genWriter) int {
 	ts, err := t.m.Generate(ctx, gr)
 	if err != nil {
 		if errors.Is(err, serving.ErrBadParameter) {
-			err = withParam(paramOf(err), core.BadRequest(strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")))
+			param := paramOf(err)
+			if param == "prompt" && gr.Messages != nil {
+				param = "messages"
+			}
+			msg := strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")
+			err = withParam(param, core.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
 		}
 		return t.fail(err)
 	}
@@ -556,7 +584,9 @@ func openaiStreamError(err error) []byte {
 	if st < 500 {
 		typ = "invalid_request_error"
 	}
-	return sse(marshal(map[string]any{"error": map[string]any{"message": err.Error(), "type": typ, "param": nil, "code": nil}}))
+	// The error, then the end of the stream, as vLLM's OpenAI server ends one.
+	return append(sse(marshal(map[string]any{"error": map[string]any{"message": err.Error(), "type": typ, "param": nil, "code": nil}})),
+		"data: [DONE]\n\n"...)
 }
 
 // completionWriter is OpenAI's completions answer.

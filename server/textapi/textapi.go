@@ -267,6 +267,21 @@ func (t *textRequest) decode(body []byte, v any, field string, strict bool) erro
 	} else {
 		err = json.Unmarshal(body, v)
 	}
+	var typ *json.UnmarshalTypeError
+	if strict && errors.As(err, &typ) && typ.Field != "" {
+		// The embedded struct's name is not the client's: the last
+		// segment of the path is the parameter.
+		name := typ.Field
+		if i := strings.LastIndexByte(name, '.'); i >= 0 && strings.HasPrefix(name, "openaiSampling.") {
+			name = name[i+1:]
+		}
+		typ.Field = name
+		param := name
+		if i := strings.IndexByte(param, '.'); i >= 0 {
+			param = param[:i]
+		}
+		return withParam(param, core.BadRequest(core.JSONErrorMessage(body, typ)))
+	}
 	if err != nil {
 		var te *textsError
 		if errors.As(err, &te) {
