@@ -2,6 +2,9 @@ package engine
 
 import (
 	"context"
+	"time"
+
+	"github.com/stepserve/stepserve/bucketing"
 
 	"github.com/stepserve/stepserve/generation"
 	"github.com/stepserve/stepserve/models"
@@ -21,4 +24,12 @@ type Decoder interface {
 	generation.Model
 	// Close releases the weights and the KV cache.
 	Close() error
+}
+
+// StepObserver is a Decoder whose device steps can be watched: each
+// step's bucket (an index into Shapes), its real rows, how long it took
+// and its explain report, as a Runner's steps are.
+type StepObserver interface {
+	Shapes() []bucketing.Shape
+	ObserveSteps(func(bucket, rows int, padding float64, took time.Duration, x Explain))
 }

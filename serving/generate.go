@@ -120,6 +120,14 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("model %s: load on engine %s: %w", m.Name, name, err)
 	}
+	if so, ok := dec.(engine.StepObserver); ok {
+		// The device steps' explain reports, on the step series every
+		// model's steps are counted on (and alerted on).
+		rec := s.opts.StepMetrics.Recorder(m.Name, eng.Name(), "", so.Shapes())
+		so.ObserveSteps(func(bucket, rows int, padding float64, took time.Duration, x engine.Explain) {
+			rec.Observe(bucket, rows, padding, took, x)
+		})
+	}
 	g := m.Config.Generation
 	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
 		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
 )
 
 // Metrics are the step metrics of every model, registered once.
@@ -271,4 +272,29 @@ func (l *lazyObserver) observe(v float64) {
 		l.mu.Unlock()
 	}
 	l.o.Observe(v)
+}
+
+// Recorder records, on the step series, steps a caller runs without a
+// Runner: a language model's decode and prefill programs, which its
+// generation loop packs and runs itself.
+type Recorder struct{ r *runnerMetrics }
+
+// Recorder is a recorder of model's steps on engine's device, over its
+// buckets shapes; nil when m is.
+func (m *Metrics) Recorder(model, engine, device string, shapes []bucketing.Shape) *Recorder {
+	if m == nil {
+		return nil
+	}
+	return &Recorder{r: m.forRunner(model, engine, device, shapes)}
+}
+
+// Observe records a step of bucket: rows real of the bucket's, padding
+// the share of its elements that were padding, and its explain report;
+// it returns the report's verdict.
+func (r *Recorder) Observe(bucket, rows int, padding float64, d time.Duration, x engine.Explain) Verdict {
+	v := Check(&x)
+	if r != nil && bucket >= 0 && bucket < len(r.r.buckets) {
+		r.r.observe(bucket, &Observation{Rows: rows, Explain: x, Verdict: v, Duration: d, Padding: padding})
+	}
+	return v
 }

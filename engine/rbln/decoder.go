@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
@@ -148,6 +149,8 @@ type decoder struct {
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
+
+	observe func(bucket, rows int, padding float64, took time.Duration, x engine.Explain)
 
 	out  []generation.Sampled
 	top  [][decoderTopLogprobs]generation.TopLogprob
@@ -318,8 +321,17 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 			put(meta, mb+metaFields+j, v)
 		}
 	}
-	if _, err := d.p.Step(ctx, bucket); err != nil {
+	began := time.Now()
+	x, err := d.p.Step(ctx, bucket)
+	if err != nil {
 		return err
+	}
+	if d.observe != nil && len(rows) > 0 {
+		real := 0
+		for _, pc := range rows {
+			real += pc.end - pc.start
+		}
+		d.observe(bucket, len(rows), 1-float64(real)/float64(s.Batch*s.Seq), time.Since(began), x)
 	}
 	outWords := 2 + 2*decoderTopLogprobs
 	get := func(i int) int32 { return int32(binary.LittleEndian.Uint32(out[4*i:])) }
@@ -359,6 +371,16 @@ func (d *decoder) warm(ctx context.Context, bucket int) error {
 		}
 	}
 	return nil
+}
+
+// Shapes implements [engine.StepObserver]: the decode buckets, then the
+// prefill ones.
+func (d *decoder) Shapes() []bucketing.Shape { return d.p.shapes }
+
+// ObserveSteps implements [engine.StepObserver]. Set it before the first
+// step.
+func (d *decoder) ObserveSteps(f func(bucket, rows int, padding float64, took time.Duration, x engine.Explain)) {
+	d.observe = f
 }
 
 // Close implements [engine.Decoder].
