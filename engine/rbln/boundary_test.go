@@ -74,7 +74,7 @@ func TestBoundaryRefusesWhatItCannotStage(t *testing.T) {
 	cfg := *m.Config
 	cfg.Outputs = []models.TensorSpec{{Name: "y", Datatype: models.FP16, Shape: []int{-1, 10}}}
 	_, err := newBoundary(engine.NewLayout(&cfg, bucketing.Shape{Batch: 1}), dtFloat16, false)
-	assert.EqualError(t, err, `bucket b1 outputs: tensor "y" is FP16; the worker stages FP32 and INT64 tensors only`)
+	assert.EqualError(t, err, `bucket b1 outputs: tensor "y" is FP16; the worker stages FP32, INT64 and INT32 tensors only`)
 }
 
 // TestPackAndUnpack: the encoder's three token tensors become one int32 row
