@@ -309,6 +309,9 @@ func TestGenerateLogprobs(t *testing.T) {
 	require.Equal(t, 200, st, string(b))
 	var resp struct {
 		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
 			Logprobs struct {
 				Content []struct {
 					Token       string  `json:"token"`
@@ -325,6 +328,19 @@ func TestGenerateLogprobs(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &resp))
 	content := resp.Choices[0].Logprobs.Content
 	require.Len(t, content, 6)
+	// The tokens' raw bytes, joined, are the text (a character split over
+	// tokens is whole again), as OpenAI's bytes are meant to be used.
+	var joined []byte
+	for _, c := range content {
+		for _, x := range c.Bytes {
+			joined = append(joined, byte(x))
+		}
+	}
+	if utf8.Valid(joined) {
+		assert.Equal(t, resp.Choices[0].Message.Content, string(joined))
+	} else {
+		assert.Contains(t, resp.Choices[0].Message.Content, "\uFFFD", "bytes that make no character are U+FFFD in the text")
+	}
 	for _, c := range content {
 		require.Len(t, c.TopLogprobs, 3)
 		assert.LessOrEqual(t, c.Logprob, 0.0)

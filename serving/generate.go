@@ -61,7 +61,8 @@ type GenerateRequest struct {
 // TokenInfo is one generated token, for the APIs that return them.
 type TokenInfo struct {
 	ID      int32
-	Text    string // the token as the vocabulary spells it, decoded
+	Text    string // the token decoded on its own
+	Bytes   []byte // its raw bytes (part of a character, for some)
 	Logprob float32
 	Top     []TopToken
 }
@@ -70,6 +71,7 @@ type TokenInfo struct {
 type TopToken struct {
 	ID      int32
 	Text    string
+	Bytes   []byte
 	Logprob float32
 }
 
@@ -455,9 +457,10 @@ func (s *TextStream) holdBack() int {
 
 func (s *TextStream) info(ev generation.Event) TokenInfo {
 	tok := s.g.tok.Tokenizers()
-	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Logprob: finiteLogprob(ev.Logprob)}
+	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Bytes: tok.TokenBytes(int64(ev.Token)), Logprob: finiteLogprob(ev.Logprob)}
 	for _, t := range ev.Top {
-		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Logprob: finiteLogprob(t.Logprob)})
+		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Bytes: tok.TokenBytes(int64(t.Token)),
+			Logprob: finiteLogprob(t.Logprob)})
 	}
 	return ti
 }

@@ -417,3 +417,42 @@ func (s *Stream) Flush() string {
 	s.prefixText = ""
 	return rest
 }
+
+// TokenBytes is the bytes token id stands for on its own: a byte-level
+// or byte-fallback token's raw bytes even where they are part of a
+// character (Decode renders those as U+FFFD, and OpenAI's logprobs carry
+// the raw bytes so that a client can join them), else its decoded text.
+func (t *Tokenizer) TokenBytes(id int64) []byte {
+	if raw := rawBytes(t.decoder, t.TokenText(id)); raw != nil {
+		return raw
+	}
+	return []byte(t.Decode([]int64{id}, false))
+}
+
+// rawBytes is what d makes of tok alone before it renders bytes as text;
+// nil where d keeps no bytes apart from text.
+func rawBytes(d decoder, tok string) []byte {
+	switch d := d.(type) {
+	case byteLevelDecoder:
+		b := make([]byte, 0, len(tok))
+		for _, r := range tok {
+			c, ok := byteOf[r]
+			if !ok {
+				return []byte(tok) // an added token's text, as chain keeps it
+			}
+			b = append(b, c)
+		}
+		return b
+	case byteFallbackDecoder:
+		if b, ok := byteToken(tok); ok {
+			return []byte{b}
+		}
+	case sequenceDecoder:
+		for _, x := range d {
+			if raw := rawBytes(x, tok); raw != nil {
+				return raw
+			}
+		}
+	}
+	return nil
+}

@@ -89,3 +89,21 @@ func TestDecoderRules(t *testing.T) {
 	_, err = parseDecoder([]byte(`{"type": "CTC"}`), 0)
 	assert.ErrorContains(t, err, `decoder type "CTC" is not supported`)
 }
+
+// TokenBytes is a token's raw bytes: a byte-fallback token's byte and a
+// byte-level token's bytes, even where alone they make no character.
+func TestTokenBytes(t *testing.T) {
+	for _, c := range []struct{ file, token string }{
+		{"bytefallback.json", "<0xE2>"},
+		{"bpe.json", "Ġ"},
+	} {
+		b, err := os.ReadFile(filepath.Join("../testdata/tokenizers", c.file))
+		require.NoError(t, err)
+		tok, err := Parse(b)
+		require.NoError(t, err)
+		id, ok := tok.ID(c.token)
+		require.True(t, ok, "%s has %q", c.file, c.token)
+		want := map[string][]byte{"<0xE2>": {0xE2}, "Ġ": {' '}}[c.token]
+		assert.Equal(t, want, tok.TokenBytes(id), c.file)
+	}
+}

@@ -709,10 +709,12 @@ func (c *chatWriter) init() {
 	}
 }
 
-func tokenBytes(s string) []int {
-	out := make([]int, len(s))
-	for i := range len(s) {
-		out[i] = int(s[i])
+// tokenBytes are a token's raw bytes as OpenAI's logprobs list them:
+// joined, a client rebuilds a character split over tokens.
+func tokenBytes(b []byte) []int {
+	out := make([]int, len(b))
+	for i, c := range b {
+		out[i] = int(c)
 	}
 	return out
 }
@@ -723,9 +725,9 @@ func (c *chatWriter) logprobsOf(tokens []serving.TokenInfo) *chatLogprobs {
 	}
 	lp := &chatLogprobs{Content: []chatTokenLogprob{}}
 	for _, t := range tokens {
-		e := chatTokenLogprob{Token: t.Text, Logprob: t.Logprob, Bytes: tokenBytes(t.Text), TopLogprobs: []chatTokenLogprob{}}
+		e := chatTokenLogprob{Token: t.Text, Logprob: t.Logprob, Bytes: tokenBytes(t.Bytes), TopLogprobs: []chatTokenLogprob{}}
 		for _, x := range t.Top {
-			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: x.Text, Logprob: x.Logprob, Bytes: tokenBytes(x.Text)})
+			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: x.Text, Logprob: x.Logprob, Bytes: tokenBytes(x.Bytes)})
 		}
 		lp.Content = append(lp.Content, e)
 	}
