@@ -55,6 +55,7 @@ type Request struct {
 	MaxTokens int
 	Priority  int     // lower runs first
 	EOS       []int32 // tokens that end it
+	MinTokens int     // tokens generated before an EOS token may end it
 	Sampling  Sampling
 }
 
@@ -176,7 +177,7 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 // stops at the next step (its stream's last event says FinishCancelled)
 // and its KV cache blocks are freed.
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
-	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, Sampling: r.Sampling}
+	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling}
 	st := newStream()
 	reply := make(chan error, 1)
 	select {

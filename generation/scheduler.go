@@ -42,6 +42,9 @@ type Sequence struct {
 	MaxTokens int     // the most tokens to generate
 	Priority  int     // lower runs first; equal priorities in arrival order
 	EOS       []int32 // tokens that end it (not counted in Output)
+	// MinTokens is how many tokens it generates before an EOS token ends
+	// it: EOS tokens before then are output like any other.
+	MinTokens int
 	Sampling  Sampling
 
 	Output []int32      // the tokens generated so far
@@ -312,7 +315,7 @@ func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 		}
 		tok := sampled[i]
 		switch {
-		case slices.Contains(q.EOS, tok):
+		case slices.Contains(q.EOS, tok) && len(q.Output) >= q.MinTokens:
 			s.finish(q, FinishStop)
 		default:
 			q.Output = append(q.Output, tok)

@@ -218,3 +218,21 @@ func TestManySequencesAsAlone(t *testing.T) {
 	assert.Equal(t, 12, s.Pool().Free())
 	assert.Zero(t, s.Running()+s.Waiting())
 }
+
+// An end-of-sequence token before MinTokens is output like any other;
+// from MinTokens on, it ends the sequence.
+func TestMinTokens(t *testing.T) {
+	s, err := New(Options{Blocks: 8, BlockSize: 4, MaxNumSeqs: 1, MaxModelLen: 32, MaxBatchTokens: 8})
+	require.NoError(t, err)
+	q := &Sequence{Prompt: []int32{1, 2}, MaxTokens: 10, EOS: []int32{9}, MinTokens: 3}
+	require.NoError(t, s.Add(q))
+	for range 10 {
+		step := s.Schedule()
+		if len(step.Work) == 0 {
+			break
+		}
+		s.Advance(step, []int32{9}) // the model says EOS every time
+	}
+	assert.Equal(t, []int32{9, 9, 9}, q.Output)
+	assert.Equal(t, FinishStop, q.Finish)
+}

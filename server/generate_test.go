@@ -545,3 +545,43 @@ func TestGenerateTinyTemperatureIsGreedy(t *testing.T) {
 	_, tiny := f.post(t, "/v1/completions", body)
 	assert.Equal(t, decodeCompletion(t, greedy).Choices[0].Text, decodeCompletion(t, tiny).Choices[0].Text)
 }
+
+// A prompt of token ids completes as the same prompt as text does; a bad
+// id is refused naming it.
+func TestGenerateTokenIDPrompt(t *testing.T) {
+	f := newGenFixture(t, "")
+	m, ok := f.set.Model("tiny-llama")
+	require.True(t, ok)
+	ids, err := m.Model().Tokenizer.(*models.HFTokenizer).EncodeIDs("Once upon a time", true)
+	require.NoError(t, err)
+	body := map[string]any{"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": true}
+	_, b := f.post(t, "/v1/completions", body)
+	text := decodeCompletion(t, b)
+	for _, prompt := range []any{ids, []any{ids}} {
+		body["prompt"] = prompt
+		st, b := f.post(t, "/v1/completions", body)
+		require.Equal(t, 200, st, string(b))
+		c := decodeCompletion(t, b)
+		assert.Equal(t, text.Choices[0].Text, c.Choices[0].Text)
+		assert.Equal(t, text.Usage.PromptTokens, c.Usage.PromptTokens)
+	}
+	for _, c := range []struct {
+		prompt any
+		want   string
+	}{
+		{[]int{1, 99999}, "prompt[1] is token id 99999"},
+		{[]int{}, "empty"},
+		{[]any{"a", "b"}, "2 prompts"},
+		{[]any{1.5}, "want a string, an array of token ids"},
+	} {
+		body["prompt"] = c.prompt
+		st, b := f.post(t, "/v1/completions", body)
+		assert.Equal(t, 400, st, string(b))
+		assert.Contains(t, string(b), c.want)
+	}
+	body["prompt"], body["min_tokens"] = "hi", 20
+	body["max_tokens"] = 10
+	st, b := f.post(t, "/v1/completions", body)
+	assert.Equal(t, 400, st, string(b))
+	assert.Contains(t, string(b), "min_tokens 20")
+}

@@ -41,8 +41,11 @@ const (
 // Nil fields take the model's defaults (generation_config.json, then
 // model.yaml's generation keys).
 type GenerateRequest struct {
-	Prompt   string
-	Messages []models.ChatMessage
+	Prompt string
+	// PromptIDs is a prompt given as token ids (OpenAI's completions take
+	// them), used as they are.
+	PromptIDs []int32
+	Messages  []models.ChatMessage
 	// MaxTokens bounds the tokens generated; nil is the model's default,
 	// cut to what max_model_len leaves after the prompt.
 	MaxTokens   *int
@@ -55,6 +58,11 @@ type GenerateRequest struct {
 	// Logprobs most likely alternatives (up to MaxLogprobs); -1 for none.
 	Logprobs  int
 	IgnoreEOS bool
+	// MinTokens is how many tokens are generated before an
+	// end-of-sequence token may end the generation (vLLM's min_tokens);
+	// such tokens before it are generated, and left out of the text as
+	// special tokens are.
+	MinTokens int
 	Priority  int // lower runs first
 }
 
@@ -97,6 +105,7 @@ type generator struct {
 	opts    models.GenerationOptions
 	chat    *models.ChatTemplate
 	metrics *genSeries
+	vocab   int           // the model's embedding rows: token ids below it
 	live    atomic.Int64  // generations not yet closed
 	retired atomic.Bool   // draining: its loop no longer reports the gauges
 	idle    chan struct{} // signalled when live drops to zero
@@ -137,7 +146,7 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 		dec.Close()
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
-	gen := &generator{loop: loop, dec: dec, done: make(chan struct{}), tok: hf, opts: *g, chat: m.Decoder.Chat,
+	gen := &generator{loop: loop, dec: dec, done: make(chan struct{}), tok: hf, opts: *g, chat: m.Decoder.Chat, vocab: m.Decoder.Config.Vocab,
 		metrics: s.metrics.generation(m.Name), idle: make(chan struct{}, 1)}
 	if gc := m.Decoder.Generation; gc != nil {
 		for _, id := range gc.EOS {
@@ -230,6 +239,9 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if !r.IgnoreEOS {
 		eos = g.eos
 	}
+	if r.MinTokens < 0 || r.MinTokens > maxTokens {
+		return nil, badGenerate("min_tokens %d; want 0 to max_tokens (%d)", r.MinTokens, maxTokens)
+	}
 	// A place among the model's generations is taken before the loop
 	// sees it (a step may hold the loop a while), and given back if the
 	// loop does not take it.
@@ -240,7 +252,8 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
-	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos, Sampling: sampling})
+	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
+		MinTokens: r.MinTokens, Sampling: sampling})
 	if err != nil {
 		g.release()
 		cancel()
@@ -300,6 +313,23 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 // (a Llama's BOS), or the messages rendered by the chat template and
 // tokenized as they are (the template writes the special tokens).
 func (g *generator) prompt(r *GenerateRequest) ([]int32, error) {
+	if r.PromptIDs != nil {
+		if r.Prompt != "" || r.Messages != nil {
+			return nil, badGenerate("give a prompt as text, as token ids or as messages: one of them")
+		}
+		if len(r.PromptIDs) == 0 {
+			return nil, badGenerate("the prompt is empty; want at least one token")
+		}
+		if len(r.PromptIDs) > g.opts.MaxModelLen {
+			return nil, badGenerate("the prompt is %d tokens, which leaves no room for output under the model's max_model_len %d", len(r.PromptIDs), g.opts.MaxModelLen)
+		}
+		for i, id := range r.PromptIDs {
+			if id < 0 || int(id) >= g.vocab {
+				return nil, badGenerate("prompt[%d] is token id %d, outside the model's vocabulary (0 to %d)", i, id, g.vocab-1)
+			}
+		}
+		return r.PromptIDs, nil
+	}
 	text, special := r.Prompt, true
 	if r.Messages != nil {
 		if r.Prompt != "" {

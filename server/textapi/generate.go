@@ -63,6 +63,7 @@ type openaiSampling struct {
 	PresencePenalty  *float64        `json:"presence_penalty"`
 	LogitBias        map[string]any  `json:"logit_bias"`
 	IgnoreEOS        bool            `json:"ignore_eos"`
+	MinTokens        int             `json:"min_tokens"`
 	Priority         int             `json:"priority"`
 	Metadata         json.RawMessage `json:"metadata"` // accepted, and ignored
 	Store            *bool           `json:"store"`    // accepted, and ignored: nothing is stored
@@ -74,11 +75,11 @@ type streamOptions struct {
 
 type completionRequest struct {
 	openaiSampling
-	Prompt   stringOrList `json:"prompt"`
-	Logprobs *int         `json:"logprobs"`
-	Echo     bool         `json:"echo"`
-	BestOf   *int         `json:"best_of"`
-	Suffix   *string      `json:"suffix"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+	BestOf   *int            `json:"best_of"`
+	Suffix   *string         `json:"suffix"`
 }
 
 type chatRequest struct {
@@ -172,7 +173,38 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 		return nil, withParam("stream_options", core.BadRequest("stream_options is only allowed with stream: true"))
 	}
 	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
-		Seed: o.Seed, Stop: o.Stop.list, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, Priority: o.Priority}, nil
+		Seed: o.Seed, Stop: o.Stop.list, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority}, nil
+}
+
+// completionPrompt reads completions' prompt: a string, or token ids (an
+// array of integers), or an array holding one of either (stepserve
+// completes one prompt a request).
+func completionPrompt(raw json.RawMessage) (string, []int32, error) {
+	b := bytes.TrimSpace(raw)
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return "", nil, core.BadRequest("prompt is required: a string, or an array of token ids")
+	}
+	var text string
+	if json.Unmarshal(b, &text) == nil {
+		return text, nil, nil
+	}
+	var ids []int32
+	if json.Unmarshal(b, &ids) == nil {
+		if ids == nil {
+			ids = []int32{}
+		}
+		return "", ids, nil
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(b, &list) == nil {
+		if len(list) != 1 {
+			return "", nil, core.BadRequest(fmt.Sprintf("prompt holds %d prompts; stepserve completes one prompt a request: send one", len(list)))
+		}
+		if t, ids, err := completionPrompt(list[0]); err == nil && (ids != nil || t != "" || bytes.HasPrefix(bytes.TrimSpace(list[0]), []byte(`"`))) {
+			return t, ids, nil
+		}
+	}
+	return "", nil, core.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or an array of one of either")
 }
 
 // orParam is err naming param, unless it names one already.
@@ -230,11 +262,11 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if err := t.findGenerative(req.Model, ""); err != nil {
 			return t.fail(err)
 		}
+		text, ids, err := completionPrompt(req.Prompt)
+		if err != nil {
+			return t.fail(withParam("prompt", err))
+		}
 		switch {
-		case !req.Prompt.set:
-			return t.fail(withParam("prompt", core.BadRequest("prompt is required: a string")))
-		case len(req.Prompt.list) != 1:
-			return t.fail(withParam("prompt", core.BadRequest(fmt.Sprintf("prompt holds %d strings; stepserve completes one prompt a request: send one string", len(req.Prompt.list)))))
 		case req.Echo:
 			return t.fail(withParam("echo", core.BadRequest("echo is not supported; leave it out or false")))
 		case req.BestOf != nil && *req.BestOf != 1:
@@ -248,7 +280,7 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return t.fail(err)
 		}
-		gr.Prompt = req.Prompt.list[0]
+		gr.Prompt, gr.PromptIDs = text, ids
 		if req.Logprobs != nil {
 			gr.Logprobs = *req.Logprobs
 		}
@@ -315,7 +347,7 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 }
 
 // tritonParams are the generate extension's parameters stepserve takes.
-var tritonParams = "max_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority"
+var tritonParams = "max_tokens, min_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority"
 
 func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -415,6 +447,8 @@ func tritonGenerateParams(p map[string]json.RawMessage) (*serving.GenerateReques
 			err = json.Unmarshal(v, &gr.Priority)
 		case "ignore_eos":
 			err = json.Unmarshal(v, &gr.IgnoreEOS)
+		case "min_tokens":
+			err = json.Unmarshal(v, &gr.MinTokens)
 		case "stream":
 			stream = new(bool)
 			err = json.Unmarshal(v, stream)
@@ -441,7 +475,7 @@ func tritonGenerateParams(p map[string]json.RawMessage) (*serving.GenerateReques
 			return nil, nil, core.BadRequest(fmt.Sprintf("unknown parameter %s; the generate extension takes %s", core.ClipName(k), tritonParams))
 		}
 		if err != nil {
-			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",
+			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "min_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",
 				"priority": "an integer", "temperature": "a number", "top_p": "a number", "ignore_eos": "a boolean", "stream": "a boolean",
 				"exclude_input_in_output": "a boolean", "return_finish_reason": "a boolean"}[k]+map[bool]string{true: "a string or an array of strings"}[k == "stop" || k == "stop_words" || k == "bad_words"])
 		}
