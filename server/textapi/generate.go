@@ -346,9 +346,8 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// tritonParams are the generate extension's parameters stepserve takes.
-var tritonParams = "max_tokens, min_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority"
-
+// tritonGenerate serves Triton's generate extension: generate, or
+// generate_stream with stream.
 func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s.serveText(w, r, &tritonGenerateAPI, func(t *textRequest, body []byte) int {
@@ -401,7 +400,7 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			if text == nil {
 				return t.fail(core.BadRequest("text_input is required: the prompt, a string"))
 			}
-			gr, streamParam, err := tritonGenerateParams(params)
+			gr, streamParam, err := core.GenerateParams(params)
 			if err != nil {
 				return t.fail(err)
 			}
@@ -416,71 +415,6 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			return t.generate(gr, &tritonWriter{model: m.Name, version: m.Version, id: id, stream: stream})
 		})
 	}
-}
-
-// tritonGenerateParams reads the generate extension's parameters.
-func tritonGenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bool, error) {
-	gr := &serving.GenerateRequest{Logprobs: -1}
-	var stream *bool
-	bad := func(k, want string) error {
-		return core.BadRequest(fmt.Sprintf("parameter %s: want %s", k, want))
-	}
-	for k, v := range p {
-		var err error
-		switch k {
-		case "max_tokens":
-			gr.MaxTokens = new(int)
-			err = json.Unmarshal(v, gr.MaxTokens)
-		case "temperature":
-			gr.Temperature = new(float64)
-			err = json.Unmarshal(v, gr.Temperature)
-		case "top_p":
-			gr.TopP = new(float64)
-			err = json.Unmarshal(v, gr.TopP)
-		case "top_k":
-			gr.TopK = new(int)
-			err = json.Unmarshal(v, gr.TopK)
-		case "seed":
-			gr.Seed = new(int64)
-			err = json.Unmarshal(v, gr.Seed)
-		case "priority":
-			err = json.Unmarshal(v, &gr.Priority)
-		case "ignore_eos":
-			err = json.Unmarshal(v, &gr.IgnoreEOS)
-		case "min_tokens":
-			err = json.Unmarshal(v, &gr.MinTokens)
-		case "stream":
-			stream = new(bool)
-			err = json.Unmarshal(v, stream)
-		case "exclude_input_in_output", "return_finish_reason":
-			var b bool
-			if err = json.Unmarshal(v, &b); err == nil && k == "exclude_input_in_output" && !b {
-				return nil, nil, core.BadRequest("parameter exclude_input_in_output: false is not supported; text_output never includes the prompt")
-			}
-		case "stop", "stop_words":
-			var l stringOrList
-			if err = json.Unmarshal(v, &l); err == nil {
-				for _, s := range l.list {
-					if s != "" {
-						gr.Stop = append(gr.Stop, s)
-					}
-				}
-			}
-		case "bad_words":
-			var l stringOrList
-			if err = json.Unmarshal(v, &l); err == nil && len(strings.Join(l.list, "")) > 0 {
-				return nil, nil, core.BadRequest("parameter bad_words is not supported; leave it out or empty")
-			}
-		default:
-			return nil, nil, core.BadRequest(fmt.Sprintf("unknown parameter %s; the generate extension takes %s", core.ClipName(k), tritonParams))
-		}
-		if err != nil {
-			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "min_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",
-				"priority": "an integer", "temperature": "a number", "top_p": "a number", "ignore_eos": "a boolean", "stream": "a boolean",
-				"exclude_input_in_output": "a boolean", "return_finish_reason": "a boolean"}[k]+map[bool]string{true: "a string or an array of strings"}[k == "stop" || k == "stop_words" || k == "bad_words"])
-		}
-	}
-	return gr, stream, nil
 }
 
 // genWriter writes one API's answer to a generation: whole, or as a
