@@ -56,6 +56,7 @@ func (d *gatedDecoder) Step(ctx context.Context, step *generation.Step) ([]gener
 }
 
 type genFixture struct {
+	s   *Server
 	set *serving.Set
 	srv *httptest.Server
 	reg *prometheus.Registry
@@ -93,7 +94,7 @@ func newGenFixture(t *testing.T, yaml string) *genFixture {
 	require.NoError(t, err)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return &genFixture{set: set, srv: srv, reg: reg, eng: eng}
+	return &genFixture{s: s, set: set, srv: srv, reg: reg, eng: eng}
 }
 
 func (f *genFixture) post(t *testing.T, path string, body any) (int, []byte) {

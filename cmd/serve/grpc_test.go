@@ -268,7 +268,7 @@ func TestPythonGRPCClients(t *testing.T) {
 	p := start(t)
 	protos, err := filepath.Abs("../../proto")
 	require.NoError(t, err)
-	for _, mode := range []string{"raw", "typed"} {
+	for _, mode := range []string{"raw", "typed", "stream"} {
 		cmd := exec.Command(python, "testdata/grpc_client.py", mode, protos, t.TempDir(), p.grpc)
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s client:\n%s", mode, out)

@@ -166,7 +166,7 @@ func (x ModelInstanceGroup_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelInstanceGroup_Kind.Descriptor instead.
 func (ModelInstanceGroup_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{24, 0}
+	return file_inference_proto_rawDescGZIP(), []int{25, 0}
 }
 
 type ModelInput_Format int32
@@ -215,7 +215,7 @@ func (x ModelInput_Format) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelInput_Format.Descriptor instead.
 func (ModelInput_Format) EnumDescriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{25, 0}
+	return file_inference_proto_rawDescGZIP(), []int{26, 0}
 }
 
 type ModelQueuePolicy_TimeoutAction int32
@@ -261,7 +261,7 @@ func (x ModelQueuePolicy_TimeoutAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelQueuePolicy_TimeoutAction.Descriptor instead.
 func (ModelQueuePolicy_TimeoutAction) EnumDescriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{28, 0}
+	return file_inference_proto_rawDescGZIP(), []int{29, 0}
 }
 
 type ServerLiveRequest struct {
@@ -1150,6 +1150,58 @@ func (x *ModelInferResponse) GetRawOutputContents() [][]byte {
 	return nil
 }
 
+type ModelStreamInferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ErrorMessage  string                 `protobuf:"bytes,1,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	InferResponse *ModelInferResponse    `protobuf:"bytes,2,opt,name=infer_response,json=inferResponse,proto3" json:"infer_response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStreamInferResponse) Reset() {
+	*x = ModelStreamInferResponse{}
+	mi := &file_inference_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStreamInferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStreamInferResponse) ProtoMessage() {}
+
+func (x *ModelStreamInferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStreamInferResponse.ProtoReflect.Descriptor instead.
+func (*ModelStreamInferResponse) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ModelStreamInferResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ModelStreamInferResponse) GetInferResponse() *ModelInferResponse {
+	if x != nil {
+		return x.InferResponse
+	}
+	return nil
+}
+
 type ModelConfigRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1160,7 +1212,7 @@ type ModelConfigRequest struct {
 
 func (x *ModelConfigRequest) Reset() {
 	*x = ModelConfigRequest{}
-	mi := &file_inference_proto_msgTypes[14]
+	mi := &file_inference_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1224,7 @@ func (x *ModelConfigRequest) String() string {
 func (*ModelConfigRequest) ProtoMessage() {}
 
 func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[14]
+	mi := &file_inference_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1237,7 @@ func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfigRequest.ProtoReflect.Descriptor instead.
 func (*ModelConfigRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{14}
+	return file_inference_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelConfigRequest) GetName() string {
@@ -1211,7 +1263,7 @@ type ModelConfigResponse struct {
 
 func (x *ModelConfigResponse) Reset() {
 	*x = ModelConfigResponse{}
-	mi := &file_inference_proto_msgTypes[15]
+	mi := &file_inference_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1275,7 @@ func (x *ModelConfigResponse) String() string {
 func (*ModelConfigResponse) ProtoMessage() {}
 
 func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[15]
+	mi := &file_inference_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1288,7 @@ func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfigResponse.ProtoReflect.Descriptor instead.
 func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{15}
+	return file_inference_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ModelConfigResponse) GetConfig() *ModelConfig {
@@ -1256,7 +1308,7 @@ type ModelStatisticsRequest struct {
 
 func (x *ModelStatisticsRequest) Reset() {
 	*x = ModelStatisticsRequest{}
-	mi := &file_inference_proto_msgTypes[16]
+	mi := &file_inference_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1320,7 @@ func (x *ModelStatisticsRequest) String() string {
 func (*ModelStatisticsRequest) ProtoMessage() {}
 
 func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[16]
+	mi := &file_inference_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1333,7 @@ func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsRequest.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{16}
+	return file_inference_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ModelStatisticsRequest) GetName() string {
@@ -1308,7 +1360,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_inference_proto_msgTypes[17]
+	mi := &file_inference_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1372,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[17]
+	mi := &file_inference_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1385,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{17}
+	return file_inference_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1359,7 +1411,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_inference_proto_msgTypes[18]
+	mi := &file_inference_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1423,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[18]
+	mi := &file_inference_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1436,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{18}
+	return file_inference_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1409,7 +1461,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_inference_proto_msgTypes[19]
+	mi := &file_inference_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1473,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[19]
+	mi := &file_inference_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1486,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{19}
+	return file_inference_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1519,7 +1571,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_inference_proto_msgTypes[20]
+	mi := &file_inference_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1583,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[20]
+	mi := &file_inference_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1596,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{20}
+	return file_inference_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1576,7 +1628,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_inference_proto_msgTypes[21]
+	mi := &file_inference_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1640,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[21]
+	mi := &file_inference_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1653,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{21}
+	return file_inference_proto_rawDescGZIP(), []int{22}
 }
 
 type RepositoryModelUnloadRequest struct {
@@ -1615,7 +1667,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_inference_proto_msgTypes[22]
+	mi := &file_inference_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1679,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[22]
+	mi := &file_inference_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1692,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{22}
+	return file_inference_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1672,7 +1724,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_inference_proto_msgTypes[23]
+	mi := &file_inference_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1736,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[23]
+	mi := &file_inference_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1749,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{23}
+	return file_inference_proto_rawDescGZIP(), []int{24}
 }
 
 type ModelInstanceGroup struct {
@@ -1715,7 +1767,7 @@ type ModelInstanceGroup struct {
 
 func (x *ModelInstanceGroup) Reset() {
 	*x = ModelInstanceGroup{}
-	mi := &file_inference_proto_msgTypes[24]
+	mi := &file_inference_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1779,7 @@ func (x *ModelInstanceGroup) String() string {
 func (*ModelInstanceGroup) ProtoMessage() {}
 
 func (x *ModelInstanceGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[24]
+	mi := &file_inference_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1792,7 @@ func (x *ModelInstanceGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInstanceGroup.ProtoReflect.Descriptor instead.
 func (*ModelInstanceGroup) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{24}
+	return file_inference_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ModelInstanceGroup) GetName() string {
@@ -1808,7 +1860,7 @@ type ModelInput struct {
 
 func (x *ModelInput) Reset() {
 	*x = ModelInput{}
-	mi := &file_inference_proto_msgTypes[25]
+	mi := &file_inference_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +1872,7 @@ func (x *ModelInput) String() string {
 func (*ModelInput) ProtoMessage() {}
 
 func (x *ModelInput) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[25]
+	mi := &file_inference_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +1885,7 @@ func (x *ModelInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInput.ProtoReflect.Descriptor instead.
 func (*ModelInput) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{25}
+	return file_inference_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ModelInput) GetName() string {
@@ -1906,7 +1958,7 @@ type ModelOutput struct {
 
 func (x *ModelOutput) Reset() {
 	*x = ModelOutput{}
-	mi := &file_inference_proto_msgTypes[26]
+	mi := &file_inference_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +1970,7 @@ func (x *ModelOutput) String() string {
 func (*ModelOutput) ProtoMessage() {}
 
 func (x *ModelOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[26]
+	mi := &file_inference_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +1983,7 @@ func (x *ModelOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelOutput.ProtoReflect.Descriptor instead.
 func (*ModelOutput) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{26}
+	return file_inference_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ModelOutput) GetName() string {
@@ -1990,7 +2042,7 @@ type ModelVersionPolicy struct {
 
 func (x *ModelVersionPolicy) Reset() {
 	*x = ModelVersionPolicy{}
-	mi := &file_inference_proto_msgTypes[27]
+	mi := &file_inference_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2054,7 @@ func (x *ModelVersionPolicy) String() string {
 func (*ModelVersionPolicy) ProtoMessage() {}
 
 func (x *ModelVersionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[27]
+	mi := &file_inference_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2067,7 @@ func (x *ModelVersionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{27}
+	return file_inference_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ModelVersionPolicy) GetPolicyChoice() isModelVersionPolicy_PolicyChoice {
@@ -2086,7 +2138,7 @@ type ModelQueuePolicy struct {
 
 func (x *ModelQueuePolicy) Reset() {
 	*x = ModelQueuePolicy{}
-	mi := &file_inference_proto_msgTypes[28]
+	mi := &file_inference_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2150,7 @@ func (x *ModelQueuePolicy) String() string {
 func (*ModelQueuePolicy) ProtoMessage() {}
 
 func (x *ModelQueuePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[28]
+	mi := &file_inference_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2163,7 @@ func (x *ModelQueuePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelQueuePolicy.ProtoReflect.Descriptor instead.
 func (*ModelQueuePolicy) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{28}
+	return file_inference_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ModelQueuePolicy) GetTimeoutAction() ModelQueuePolicy_TimeoutAction {
@@ -2157,7 +2209,7 @@ type ModelDynamicBatching struct {
 
 func (x *ModelDynamicBatching) Reset() {
 	*x = ModelDynamicBatching{}
-	mi := &file_inference_proto_msgTypes[29]
+	mi := &file_inference_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2221,7 @@ func (x *ModelDynamicBatching) String() string {
 func (*ModelDynamicBatching) ProtoMessage() {}
 
 func (x *ModelDynamicBatching) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[29]
+	mi := &file_inference_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2234,7 @@ func (x *ModelDynamicBatching) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDynamicBatching.ProtoReflect.Descriptor instead.
 func (*ModelDynamicBatching) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{29}
+	return file_inference_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ModelDynamicBatching) GetPreferredBatchSize() []int32 {
@@ -2243,7 +2295,7 @@ type ModelParameter struct {
 
 func (x *ModelParameter) Reset() {
 	*x = ModelParameter{}
-	mi := &file_inference_proto_msgTypes[30]
+	mi := &file_inference_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2307,7 @@ func (x *ModelParameter) String() string {
 func (*ModelParameter) ProtoMessage() {}
 
 func (x *ModelParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[30]
+	mi := &file_inference_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2320,7 @@ func (x *ModelParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelParameter.ProtoReflect.Descriptor instead.
 func (*ModelParameter) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{30}
+	return file_inference_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ModelParameter) GetStringValue() string {
@@ -2287,7 +2339,7 @@ type ModelTransactionPolicy struct {
 
 func (x *ModelTransactionPolicy) Reset() {
 	*x = ModelTransactionPolicy{}
-	mi := &file_inference_proto_msgTypes[31]
+	mi := &file_inference_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2351,7 @@ func (x *ModelTransactionPolicy) String() string {
 func (*ModelTransactionPolicy) ProtoMessage() {}
 
 func (x *ModelTransactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[31]
+	mi := &file_inference_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2364,7 @@ func (x *ModelTransactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelTransactionPolicy.ProtoReflect.Descriptor instead.
 func (*ModelTransactionPolicy) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{31}
+	return file_inference_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ModelTransactionPolicy) GetDecoupled() bool {
@@ -2331,7 +2383,7 @@ type ModelResponseCache struct {
 
 func (x *ModelResponseCache) Reset() {
 	*x = ModelResponseCache{}
-	mi := &file_inference_proto_msgTypes[32]
+	mi := &file_inference_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2395,7 @@ func (x *ModelResponseCache) String() string {
 func (*ModelResponseCache) ProtoMessage() {}
 
 func (x *ModelResponseCache) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[32]
+	mi := &file_inference_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2408,7 @@ func (x *ModelResponseCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelResponseCache.ProtoReflect.Descriptor instead.
 func (*ModelResponseCache) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{32}
+	return file_inference_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ModelResponseCache) GetEnable() bool {
@@ -2391,7 +2443,7 @@ type ModelConfig struct {
 
 func (x *ModelConfig) Reset() {
 	*x = ModelConfig{}
-	mi := &file_inference_proto_msgTypes[33]
+	mi := &file_inference_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2455,7 @@ func (x *ModelConfig) String() string {
 func (*ModelConfig) ProtoMessage() {}
 
 func (x *ModelConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[33]
+	mi := &file_inference_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2468,7 @@ func (x *ModelConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfig.ProtoReflect.Descriptor instead.
 func (*ModelConfig) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{33}
+	return file_inference_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ModelConfig) GetName() string {
@@ -2546,7 +2598,7 @@ type StatisticDuration struct {
 
 func (x *StatisticDuration) Reset() {
 	*x = StatisticDuration{}
-	mi := &file_inference_proto_msgTypes[34]
+	mi := &file_inference_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2610,7 @@ func (x *StatisticDuration) String() string {
 func (*StatisticDuration) ProtoMessage() {}
 
 func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[34]
+	mi := &file_inference_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2623,7 @@ func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatisticDuration.ProtoReflect.Descriptor instead.
 func (*StatisticDuration) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{34}
+	return file_inference_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatisticDuration) GetCount() uint64 {
@@ -2604,7 +2656,7 @@ type InferStatistics struct {
 
 func (x *InferStatistics) Reset() {
 	*x = InferStatistics{}
-	mi := &file_inference_proto_msgTypes[35]
+	mi := &file_inference_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2668,7 @@ func (x *InferStatistics) String() string {
 func (*InferStatistics) ProtoMessage() {}
 
 func (x *InferStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[35]
+	mi := &file_inference_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2681,7 @@ func (x *InferStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferStatistics.ProtoReflect.Descriptor instead.
 func (*InferStatistics) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{35}
+	return file_inference_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *InferStatistics) GetSuccess() *StatisticDuration {
@@ -2700,7 +2752,7 @@ type InferBatchStatistics struct {
 
 func (x *InferBatchStatistics) Reset() {
 	*x = InferBatchStatistics{}
-	mi := &file_inference_proto_msgTypes[36]
+	mi := &file_inference_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2764,7 @@ func (x *InferBatchStatistics) String() string {
 func (*InferBatchStatistics) ProtoMessage() {}
 
 func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[36]
+	mi := &file_inference_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2777,7 @@ func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferBatchStatistics.ProtoReflect.Descriptor instead.
 func (*InferBatchStatistics) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{36}
+	return file_inference_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *InferBatchStatistics) GetBatchSize() uint64 {
@@ -2771,7 +2823,7 @@ type ModelStatistics struct {
 
 func (x *ModelStatistics) Reset() {
 	*x = ModelStatistics{}
-	mi := &file_inference_proto_msgTypes[37]
+	mi := &file_inference_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +2835,7 @@ func (x *ModelStatistics) String() string {
 func (*ModelStatistics) ProtoMessage() {}
 
 func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[37]
+	mi := &file_inference_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +2848,7 @@ func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatistics.ProtoReflect.Descriptor instead.
 func (*ModelStatistics) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{37}
+	return file_inference_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ModelStatistics) GetName() string {
@@ -2857,7 +2909,7 @@ type ModelStatisticsResponse struct {
 
 func (x *ModelStatisticsResponse) Reset() {
 	*x = ModelStatisticsResponse{}
-	mi := &file_inference_proto_msgTypes[38]
+	mi := &file_inference_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +2921,7 @@ func (x *ModelStatisticsResponse) String() string {
 func (*ModelStatisticsResponse) ProtoMessage() {}
 
 func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[38]
+	mi := &file_inference_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +2934,7 @@ func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsResponse.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{38}
+	return file_inference_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
@@ -2904,7 +2956,7 @@ type TraceSettingRequest struct {
 
 func (x *TraceSettingRequest) Reset() {
 	*x = TraceSettingRequest{}
-	mi := &file_inference_proto_msgTypes[39]
+	mi := &file_inference_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +2968,7 @@ func (x *TraceSettingRequest) String() string {
 func (*TraceSettingRequest) ProtoMessage() {}
 
 func (x *TraceSettingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[39]
+	mi := &file_inference_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +2981,7 @@ func (x *TraceSettingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceSettingRequest.ProtoReflect.Descriptor instead.
 func (*TraceSettingRequest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{39}
+	return file_inference_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TraceSettingRequest) GetSettings() map[string]*TraceSettingRequest_SettingValue {
@@ -2955,7 +3007,7 @@ type TraceSettingResponse struct {
 
 func (x *TraceSettingResponse) Reset() {
 	*x = TraceSettingResponse{}
-	mi := &file_inference_proto_msgTypes[40]
+	mi := &file_inference_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3019,7 @@ func (x *TraceSettingResponse) String() string {
 func (*TraceSettingResponse) ProtoMessage() {}
 
 func (x *TraceSettingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[40]
+	mi := &file_inference_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3032,7 @@ func (x *TraceSettingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceSettingResponse.ProtoReflect.Descriptor instead.
 func (*TraceSettingResponse) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{40}
+	return file_inference_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TraceSettingResponse) GetSettings() map[string]*TraceSettingResponse_SettingValue {
@@ -3001,7 +3053,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_inference_proto_msgTypes[41]
+	mi := &file_inference_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3065,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[41]
+	mi := &file_inference_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3063,7 +3115,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_inference_proto_msgTypes[42]
+	mi := &file_inference_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3075,7 +3127,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[42]
+	mi := &file_inference_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3188,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_inference_proto_msgTypes[43]
+	mi := &file_inference_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3200,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[43]
+	mi := &file_inference_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3243,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_inference_proto_msgTypes[47]
+	mi := &file_inference_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3203,7 +3255,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[47]
+	mi := &file_inference_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3266,7 +3318,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_inference_proto_msgTypes[50]
+	mi := &file_inference_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3330,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[50]
+	mi := &file_inference_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3343,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{18, 0}
+	return file_inference_proto_rawDescGZIP(), []int{19, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -3331,7 +3383,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_inference_proto_msgTypes[53]
+	mi := &file_inference_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +3395,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[53]
+	mi := &file_inference_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +3408,7 @@ func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_Latest.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_Latest) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{27, 0}
+	return file_inference_proto_rawDescGZIP(), []int{28, 0}
 }
 
 func (x *ModelVersionPolicy_Latest) GetNumVersions() uint32 {
@@ -3374,7 +3426,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_inference_proto_msgTypes[54]
+	mi := &file_inference_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3386,7 +3438,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[54]
+	mi := &file_inference_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3399,7 +3451,7 @@ func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_All.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_All) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{27, 1}
+	return file_inference_proto_rawDescGZIP(), []int{28, 1}
 }
 
 type ModelVersionPolicy_Specific struct {
@@ -3411,7 +3463,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_inference_proto_msgTypes[55]
+	mi := &file_inference_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3423,7 +3475,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[55]
+	mi := &file_inference_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3436,7 +3488,7 @@ func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_Specific.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_Specific) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{27, 2}
+	return file_inference_proto_rawDescGZIP(), []int{28, 2}
 }
 
 func (x *ModelVersionPolicy_Specific) GetVersions() []int64 {
@@ -3455,7 +3507,7 @@ type TraceSettingRequest_SettingValue struct {
 
 func (x *TraceSettingRequest_SettingValue) Reset() {
 	*x = TraceSettingRequest_SettingValue{}
-	mi := &file_inference_proto_msgTypes[58]
+	mi := &file_inference_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3519,7 @@ func (x *TraceSettingRequest_SettingValue) String() string {
 func (*TraceSettingRequest_SettingValue) ProtoMessage() {}
 
 func (x *TraceSettingRequest_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[58]
+	mi := &file_inference_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3532,7 @@ func (x *TraceSettingRequest_SettingValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceSettingRequest_SettingValue.ProtoReflect.Descriptor instead.
 func (*TraceSettingRequest_SettingValue) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{39, 0}
+	return file_inference_proto_rawDescGZIP(), []int{40, 0}
 }
 
 func (x *TraceSettingRequest_SettingValue) GetValue() []string {
@@ -3499,7 +3551,7 @@ type TraceSettingResponse_SettingValue struct {
 
 func (x *TraceSettingResponse_SettingValue) Reset() {
 	*x = TraceSettingResponse_SettingValue{}
-	mi := &file_inference_proto_msgTypes[60]
+	mi := &file_inference_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3563,7 @@ func (x *TraceSettingResponse_SettingValue) String() string {
 func (*TraceSettingResponse_SettingValue) ProtoMessage() {}
 
 func (x *TraceSettingResponse_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[60]
+	mi := &file_inference_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3576,7 @@ func (x *TraceSettingResponse_SettingValue) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use TraceSettingResponse_SettingValue.ProtoReflect.Descriptor instead.
 func (*TraceSettingResponse_SettingValue) Descriptor() ([]byte, []int) {
-	return file_inference_proto_rawDescGZIP(), []int{40, 0}
+	return file_inference_proto_rawDescGZIP(), []int{41, 0}
 }
 
 func (x *TraceSettingResponse_SettingValue) GetValue() []string {
@@ -3644,7 +3696,10 @@ const file_inference_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\x1aX\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"B\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x18ModelStreamInferResponse\x12#\n" +
+	"\rerror_message\x18\x01 \x01(\tR\ferrorMessage\x12D\n" +
+	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"B\n" +
 	"\x12ModelConfigRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"E\n" +
@@ -3855,7 +3910,7 @@ const file_inference_proto_rawDesc = "" +
 	"\tTYPE_FP32\x10\v\x12\r\n" +
 	"\tTYPE_FP64\x10\f\x12\x0f\n" +
 	"\vTYPE_STRING\x10\r\x12\r\n" +
-	"\tTYPE_BF16\x10\x0e2\xad\b\n" +
+	"\tTYPE_BF16\x10\x0e2\x8a\t\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -3865,7 +3920,8 @@ const file_inference_proto_rawDesc = "" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
 	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
 	"\n" +
-	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12N\n" +
+	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12[\n" +
+	"\x10ModelStreamInfer\x12\x1c.inference.ModelInferRequest\x1a#.inference.ModelStreamInferResponse\"\x00(\x010\x01\x12N\n" +
 	"\vModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse\"\x00\x12Z\n" +
 	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
@@ -3886,7 +3942,7 @@ func file_inference_proto_rawDescGZIP() []byte {
 }
 
 var file_inference_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_inference_proto_goTypes = []any{
 	(DataType)(0),                                        // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                         // 1: inference.ModelInstanceGroup.Kind
@@ -3906,146 +3962,150 @@ var file_inference_proto_goTypes = []any{
 	(*InferTensorContents)(nil),                          // 15: inference.InferTensorContents
 	(*ModelInferRequest)(nil),                            // 16: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 17: inference.ModelInferResponse
-	(*ModelConfigRequest)(nil),                           // 18: inference.ModelConfigRequest
-	(*ModelConfigResponse)(nil),                          // 19: inference.ModelConfigResponse
-	(*ModelStatisticsRequest)(nil),                       // 20: inference.ModelStatisticsRequest
-	(*RepositoryIndexRequest)(nil),                       // 21: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 22: inference.RepositoryIndexResponse
-	(*ModelRepositoryParameter)(nil),                     // 23: inference.ModelRepositoryParameter
-	(*RepositoryModelLoadRequest)(nil),                   // 24: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 25: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 26: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 27: inference.RepositoryModelUnloadResponse
-	(*ModelInstanceGroup)(nil),                           // 28: inference.ModelInstanceGroup
-	(*ModelInput)(nil),                                   // 29: inference.ModelInput
-	(*ModelOutput)(nil),                                  // 30: inference.ModelOutput
-	(*ModelVersionPolicy)(nil),                           // 31: inference.ModelVersionPolicy
-	(*ModelQueuePolicy)(nil),                             // 32: inference.ModelQueuePolicy
-	(*ModelDynamicBatching)(nil),                         // 33: inference.ModelDynamicBatching
-	(*ModelParameter)(nil),                               // 34: inference.ModelParameter
-	(*ModelTransactionPolicy)(nil),                       // 35: inference.ModelTransactionPolicy
-	(*ModelResponseCache)(nil),                           // 36: inference.ModelResponseCache
-	(*ModelConfig)(nil),                                  // 37: inference.ModelConfig
-	(*StatisticDuration)(nil),                            // 38: inference.StatisticDuration
-	(*InferStatistics)(nil),                              // 39: inference.InferStatistics
-	(*InferBatchStatistics)(nil),                         // 40: inference.InferBatchStatistics
-	(*ModelStatistics)(nil),                              // 41: inference.ModelStatistics
-	(*ModelStatisticsResponse)(nil),                      // 42: inference.ModelStatisticsResponse
-	(*TraceSettingRequest)(nil),                          // 43: inference.TraceSettingRequest
-	(*TraceSettingResponse)(nil),                         // 44: inference.TraceSettingResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 45: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 46: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 47: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 48: inference.ModelInferRequest.ParametersEntry
-	nil, // 49: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 51: inference.ModelInferResponse.InferOutputTensor
-	nil, // 52: inference.ModelInferResponse.ParametersEntry
-	nil, // 53: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 54: inference.RepositoryIndexResponse.ModelIndex
-	nil,                                      // 55: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil,                                      // 56: inference.RepositoryModelUnloadRequest.ParametersEntry
-	(*ModelVersionPolicy_Latest)(nil),        // 57: inference.ModelVersionPolicy.Latest
-	(*ModelVersionPolicy_All)(nil),           // 58: inference.ModelVersionPolicy.All
-	(*ModelVersionPolicy_Specific)(nil),      // 59: inference.ModelVersionPolicy.Specific
-	nil,                                      // 60: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	nil,                                      // 61: inference.ModelConfig.ParametersEntry
-	(*TraceSettingRequest_SettingValue)(nil), // 62: inference.TraceSettingRequest.SettingValue
-	nil,                                      // 63: inference.TraceSettingRequest.SettingsEntry
-	(*TraceSettingResponse_SettingValue)(nil), // 64: inference.TraceSettingResponse.SettingValue
-	nil, // 65: inference.TraceSettingResponse.SettingsEntry
+	(*ModelStreamInferResponse)(nil),                     // 18: inference.ModelStreamInferResponse
+	(*ModelConfigRequest)(nil),                           // 19: inference.ModelConfigRequest
+	(*ModelConfigResponse)(nil),                          // 20: inference.ModelConfigResponse
+	(*ModelStatisticsRequest)(nil),                       // 21: inference.ModelStatisticsRequest
+	(*RepositoryIndexRequest)(nil),                       // 22: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 23: inference.RepositoryIndexResponse
+	(*ModelRepositoryParameter)(nil),                     // 24: inference.ModelRepositoryParameter
+	(*RepositoryModelLoadRequest)(nil),                   // 25: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 26: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 27: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 28: inference.RepositoryModelUnloadResponse
+	(*ModelInstanceGroup)(nil),                           // 29: inference.ModelInstanceGroup
+	(*ModelInput)(nil),                                   // 30: inference.ModelInput
+	(*ModelOutput)(nil),                                  // 31: inference.ModelOutput
+	(*ModelVersionPolicy)(nil),                           // 32: inference.ModelVersionPolicy
+	(*ModelQueuePolicy)(nil),                             // 33: inference.ModelQueuePolicy
+	(*ModelDynamicBatching)(nil),                         // 34: inference.ModelDynamicBatching
+	(*ModelParameter)(nil),                               // 35: inference.ModelParameter
+	(*ModelTransactionPolicy)(nil),                       // 36: inference.ModelTransactionPolicy
+	(*ModelResponseCache)(nil),                           // 37: inference.ModelResponseCache
+	(*ModelConfig)(nil),                                  // 38: inference.ModelConfig
+	(*StatisticDuration)(nil),                            // 39: inference.StatisticDuration
+	(*InferStatistics)(nil),                              // 40: inference.InferStatistics
+	(*InferBatchStatistics)(nil),                         // 41: inference.InferBatchStatistics
+	(*ModelStatistics)(nil),                              // 42: inference.ModelStatistics
+	(*ModelStatisticsResponse)(nil),                      // 43: inference.ModelStatisticsResponse
+	(*TraceSettingRequest)(nil),                          // 44: inference.TraceSettingRequest
+	(*TraceSettingResponse)(nil),                         // 45: inference.TraceSettingResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 46: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 47: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 48: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 49: inference.ModelInferRequest.ParametersEntry
+	nil, // 50: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 51: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 52: inference.ModelInferResponse.InferOutputTensor
+	nil, // 53: inference.ModelInferResponse.ParametersEntry
+	nil, // 54: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 55: inference.RepositoryIndexResponse.ModelIndex
+	nil,                                      // 56: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil,                                      // 57: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelVersionPolicy_Latest)(nil),        // 58: inference.ModelVersionPolicy.Latest
+	(*ModelVersionPolicy_All)(nil),           // 59: inference.ModelVersionPolicy.All
+	(*ModelVersionPolicy_Specific)(nil),      // 60: inference.ModelVersionPolicy.Specific
+	nil,                                      // 61: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	nil,                                      // 62: inference.ModelConfig.ParametersEntry
+	(*TraceSettingRequest_SettingValue)(nil), // 63: inference.TraceSettingRequest.SettingValue
+	nil,                                      // 64: inference.TraceSettingRequest.SettingsEntry
+	(*TraceSettingResponse_SettingValue)(nil), // 65: inference.TraceSettingResponse.SettingValue
+	nil, // 66: inference.TraceSettingResponse.SettingsEntry
 }
 var file_inference_proto_depIdxs = []int32{
-	45, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	45, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	48, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	46, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	47, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	52, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	51, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
-	37, // 7: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
-	54, // 8: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	55, // 9: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	56, // 10: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	1,  // 11: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
-	0,  // 12: inference.ModelInput.data_type:type_name -> inference.DataType
-	2,  // 13: inference.ModelInput.format:type_name -> inference.ModelInput.Format
-	0,  // 14: inference.ModelOutput.data_type:type_name -> inference.DataType
-	57, // 15: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
-	58, // 16: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
-	59, // 17: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
-	3,  // 18: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
-	32, // 19: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
-	60, // 20: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	31, // 21: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
-	29, // 22: inference.ModelConfig.input:type_name -> inference.ModelInput
-	30, // 23: inference.ModelConfig.output:type_name -> inference.ModelOutput
-	28, // 24: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
-	33, // 25: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
-	61, // 26: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
-	35, // 27: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
-	36, // 28: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
-	38, // 29: inference.InferStatistics.success:type_name -> inference.StatisticDuration
-	38, // 30: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
-	38, // 31: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
-	38, // 32: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
-	38, // 33: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
-	38, // 34: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
-	38, // 35: inference.InferStatistics.cache_hit:type_name -> inference.StatisticDuration
-	38, // 36: inference.InferStatistics.cache_miss:type_name -> inference.StatisticDuration
-	38, // 37: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
-	38, // 38: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
-	38, // 39: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
-	39, // 40: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
-	40, // 41: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
-	41, // 42: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	63, // 43: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
-	65, // 44: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
-	49, // 45: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	15, // 46: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	50, // 47: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	14, // 48: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 49: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	53, // 51: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	15, // 52: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	14, // 53: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 54: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	23, // 55: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	23, // 56: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	32, // 57: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
-	34, // 58: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
-	62, // 59: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
-	64, // 60: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
-	4,  // 61: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	6,  // 62: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	8,  // 63: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	10, // 64: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	12, // 65: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	16, // 66: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	18, // 67: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
-	20, // 68: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	21, // 69: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	24, // 70: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	26, // 71: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	43, // 72: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
-	5,  // 73: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	7,  // 74: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	9,  // 75: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	11, // 76: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	13, // 77: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	17, // 78: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	19, // 79: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
-	42, // 80: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	22, // 81: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	25, // 82: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	27, // 83: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	44, // 84: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
-	73, // [73:85] is the sub-list for method output_type
-	61, // [61:73] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	46, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	46, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	49, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	47, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	48, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	53, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	52, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	17, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
+	38, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	55, // 9: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	56, // 10: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	57, // 11: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	1,  // 12: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
+	0,  // 13: inference.ModelInput.data_type:type_name -> inference.DataType
+	2,  // 14: inference.ModelInput.format:type_name -> inference.ModelInput.Format
+	0,  // 15: inference.ModelOutput.data_type:type_name -> inference.DataType
+	58, // 16: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
+	59, // 17: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
+	60, // 18: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
+	3,  // 19: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
+	33, // 20: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
+	61, // 21: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	32, // 22: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
+	30, // 23: inference.ModelConfig.input:type_name -> inference.ModelInput
+	31, // 24: inference.ModelConfig.output:type_name -> inference.ModelOutput
+	29, // 25: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
+	34, // 26: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
+	62, // 27: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	36, // 28: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
+	37, // 29: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
+	39, // 30: inference.InferStatistics.success:type_name -> inference.StatisticDuration
+	39, // 31: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
+	39, // 32: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
+	39, // 33: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
+	39, // 34: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
+	39, // 35: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
+	39, // 36: inference.InferStatistics.cache_hit:type_name -> inference.StatisticDuration
+	39, // 37: inference.InferStatistics.cache_miss:type_name -> inference.StatisticDuration
+	39, // 38: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
+	39, // 39: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
+	39, // 40: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
+	40, // 41: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
+	41, // 42: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
+	42, // 43: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
+	64, // 44: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
+	66, // 45: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
+	50, // 46: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	15, // 47: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	51, // 48: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	14, // 49: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 50: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 51: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	54, // 52: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	15, // 53: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	14, // 54: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 55: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	24, // 56: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	24, // 57: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	33, // 58: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
+	35, // 59: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	63, // 60: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
+	65, // 61: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
+	4,  // 62: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	6,  // 63: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	8,  // 64: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	10, // 65: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	12, // 66: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	16, // 67: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	16, // 68: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	19, // 69: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	21, // 70: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	22, // 71: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	25, // 72: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	27, // 73: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	44, // 74: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
+	5,  // 75: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	7,  // 76: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	9,  // 77: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	11, // 78: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	13, // 79: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	17, // 80: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	18, // 81: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	20, // 82: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	43, // 83: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	23, // 84: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	26, // 85: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	28, // 86: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	45, // 87: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
+	75, // [75:88] is the sub-list for method output_type
+	62, // [62:75] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_inference_proto_init() }
@@ -4060,18 +4120,18 @@ func file_inference_proto_init() {
 		(*InferParameter_DoubleParam)(nil),
 		(*InferParameter_Uint64Param)(nil),
 	}
-	file_inference_proto_msgTypes[19].OneofWrappers = []any{
+	file_inference_proto_msgTypes[20].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
 		(*ModelRepositoryParameter_BytesParam)(nil),
 	}
-	file_inference_proto_msgTypes[27].OneofWrappers = []any{
+	file_inference_proto_msgTypes[28].OneofWrappers = []any{
 		(*ModelVersionPolicy_Latest_)(nil),
 		(*ModelVersionPolicy_All_)(nil),
 		(*ModelVersionPolicy_Specific_)(nil),
 	}
-	file_inference_proto_msgTypes[33].OneofWrappers = []any{
+	file_inference_proto_msgTypes[34].OneofWrappers = []any{
 		(*ModelConfig_DynamicBatching)(nil),
 	}
 	type x struct{}
@@ -4080,7 +4140,7 @@ func file_inference_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inference_proto_rawDesc), len(file_inference_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   62,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

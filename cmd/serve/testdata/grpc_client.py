@@ -10,6 +10,8 @@ at ADDR with Debian's python3-grpcio:
                 them; BYTES in Triton's serialization; an error's code and
                 message
     typed       typed contents in and out, as KServe's clients send them
+    stream      ModelStreamInfer with a language model, as tritonclient's
+                streaming clients use it
 
 Prints one line ending in "ok"; any failure raises.
 """
@@ -113,6 +115,42 @@ def typed(proto_dir, out_dir, addr):
     print("typed contents: live, ready, metadata, FP32 and BYTES inference: ok")
 
 
+def stream(proto_dir, out_dir, addr):
+    """ModelStreamInfer as tritonclient's start_stream and
+    async_stream_infer use it with Triton's vLLM backend: text_input and a
+    sampling_parameters JSON input, a response per piece, the final one
+    flagged (an empty one when enable_empty_final_response asks)."""
+    pb, stub = stubs(proto_dir, out_dir, addr)
+
+    def request(rid, empty_final):
+        req = pb.ModelInferRequest(model_name="tiny-llama", id=rid)
+        req.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+        req.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+        req.inputs.add(name="stream", datatype="BOOL", shape=[1])
+        text = "Once upon a time".encode()
+        params = b'{"max_tokens": 16, "temperature": 0, "ignore_eos": true}'
+        req.raw_input_contents.extend([struct.pack("<I", len(text)) + text,
+                                       struct.pack("<I", len(params)) + params, b"\x01"])
+        req.parameters["triton_enable_empty_final_response"].bool_param = empty_final
+        return req
+
+    pieces, finals = {"x": [], "y": []}, {"x": 0, "y": 0}
+    for r in stub.ModelStreamInfer(iter([request("x", True), request("y", False)])):
+        assert not r.error_message, r.error_message
+        resp = r.infer_response
+        assert finals[resp.id] == 0, "a response after the final one"
+        for raw in resp.raw_output_contents:
+            (n,) = struct.unpack("<I", raw[:4])
+            pieces[resp.id].append(raw[4:4 + n].decode())
+        if resp.parameters["triton_final_response"].bool_param:
+            finals[resp.id] += 1
+            if resp.id == "x":
+                assert not resp.raw_output_contents, "the empty final response"
+    assert finals == {"x": 1, "y": 1}, finals
+    assert "".join(pieces["x"]) == "".join(pieces["y"]) != "", pieces
+    print("stream: decoupled generation, %d pieces, final flags: ok" % len(pieces["x"]))
+
+
 if __name__ == "__main__":
     mode, proto_dir, out_dir, addr = sys.argv[1:5]
-    {"raw": raw, "typed": typed}[mode](proto_dir, out_dir, addr)
+    {"raw": raw, "typed": typed, "stream": stream}[mode](proto_dir, out_dir, addr)
