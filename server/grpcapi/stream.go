@@ -277,42 +277,42 @@ func oneElement(in *inferencepb.ModelInferRequest_InferInputTensor, raw []byte) 
 		return json.Marshal(string(b))
 	case models.BOOL:
 		switch {
-		case raw != nil && len(raw) == 1:
+		case len(raw) == 1:
 			return num(raw[0] != 0)
 		case len(c.GetBoolContents()) == 1:
 			return num(c.GetBoolContents()[0])
 		}
 	case models.INT32:
 		switch {
-		case raw != nil && len(raw) == 4:
+		case len(raw) == 4:
 			return num(int32(le.Uint32(raw)))
 		case len(c.GetIntContents()) == 1:
 			return num(c.GetIntContents()[0])
 		}
 	case models.INT64:
 		switch {
-		case raw != nil && len(raw) == 8:
+		case len(raw) == 8:
 			return num(int64(le.Uint64(raw)))
 		case len(c.GetInt64Contents()) == 1:
 			return num(c.GetInt64Contents()[0])
 		}
 	case models.UINT64:
 		switch {
-		case raw != nil && len(raw) == 8:
+		case len(raw) == 8:
 			return num(le.Uint64(raw))
 		case len(c.GetUint64Contents()) == 1:
 			return num(c.GetUint64Contents()[0])
 		}
 	case models.FP32:
 		switch {
-		case raw != nil && len(raw) == 4:
+		case len(raw) == 4:
 			return finite(float64(math.Float32frombits(le.Uint32(raw))), bad)
 		case len(c.GetFp32Contents()) == 1:
 			return finite(float64(c.GetFp32Contents()[0]), bad)
 		}
 	case models.FP64:
 		switch {
-		case raw != nil && len(raw) == 8:
+		case len(raw) == 8:
 			return finite(math.Float64frombits(le.Uint64(raw)), bad)
 		case len(c.GetFp64Contents()) == 1:
 			return finite(c.GetFp64Contents()[0], bad)
