@@ -51,8 +51,9 @@ type Sequence struct {
 	Finish FinishReason // why it ended, once it has
 
 	arrival   uint64
-	table     []int32 // its KV cache blocks, in token order
-	computed  int     // its tokens whose keys and values are in the cache
+	table     []int32  // its KV cache blocks, in token order
+	hashes    []uint64 // the chain hashes of its whole computed blocks (prefix caching)
+	computed  int      // its tokens whose keys and values are in the cache
 	running   bool
 	cancelled bool
 }
@@ -102,6 +103,10 @@ type Step struct {
 	// Finished are the sequences cancelled since the last step, their
 	// blocks given back.
 	Finished []*Sequence
+	// PrefillTokens are the tokens of the sequences this step admitted
+	// (prompt, and output for one preempted before); CachedTokens those
+	// of them the prefix cache held, which no step computes.
+	PrefillTokens, CachedTokens int
 }
 
 // Tokens is how many tokens the step computes.
@@ -119,6 +124,9 @@ type Options struct {
 	MaxNumSeqs        int // sequences running at once
 	MaxModelLen       int // a sequence's most tokens, prompt and output
 	MaxBatchTokens    int // the most tokens a step computes
+	// PrefixCaching keeps whole computed blocks by the tokens up to them,
+	// shared by later sequences that start with the same tokens.
+	PrefixCaching bool
 }
 
 // Scheduler decides each step's work (package doc). It is not safe for
@@ -140,6 +148,9 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.MaxNumSeqs < 1 || opts.MaxModelLen < 1 || opts.MaxBatchTokens < opts.MaxNumSeqs {
 		return nil, fmt.Errorf("generation: max_num_seqs %d, max_model_len %d, max_batch_tokens %d; want each at least 1, and max_batch_tokens at least max_num_seqs (every running sequence decodes in every step)",
 			opts.MaxNumSeqs, opts.MaxModelLen, opts.MaxBatchTokens)
+	}
+	if opts.PrefixCaching {
+		pool.enableCaching()
 	}
 	return &Scheduler{opts: opts, pool: pool}, nil
 }
@@ -247,9 +258,20 @@ func (s *Scheduler) schedule(step *Step) {
 		if slices.Contains(step.Preempted, q) {
 			break // not back in the step it was sent out of
 		}
+		shared := 0
+		if q.computed == 0 && len(q.table) == 0 {
+			shared = s.pool.share(q)
+			q.computed = shared
+		}
 		if !s.prefill(q, &budget, step) {
+			if shared > 0 { // it waits on: what it shares is given back
+				s.pool.release(q.table)
+				q.table, q.hashes, q.computed = q.table[:0], q.hashes[:0], 0
+			}
 			break // first come, first served: nothing overtakes it
 		}
+		step.PrefillTokens += q.Len()
+		step.CachedTokens += shared
 		s.waiting = s.waiting[1:]
 		q.running = true
 		s.running = append(s.running, q)
@@ -274,7 +296,7 @@ func (s *Scheduler) prefill(q *Sequence, budget *int, step *Step) bool {
 // kept: it is prefilled again, output included, when it runs next.
 func (s *Scheduler) preempt(q *Sequence, step *Step) {
 	s.pool.release(q.table)
-	q.table, q.computed, q.running = q.table[:0], 0, false
+	q.table, q.hashes, q.computed, q.running = q.table[:0], q.hashes[:0], 0, false
 	s.running = slices.DeleteFunc(s.running, func(r *Sequence) bool { return r == q })
 	s.enqueue(q)
 	step.Preempted = append(step.Preempted, q)
@@ -296,7 +318,7 @@ func (s *Scheduler) dropCancelled(step *Step) {
 
 func (s *Scheduler) finish(q *Sequence, why FinishReason) {
 	s.pool.release(q.table)
-	q.table, q.running, q.Finish = nil, false, why
+	q.table, q.hashes, q.running, q.Finish = nil, nil, false, why
 }
 
 // Advance records a step's results: sampled[i] is the token the step
@@ -310,6 +332,7 @@ func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 			continue
 		}
 		q.computed = w.End
+		s.pool.register(q)
 		if !w.Samples() {
 			continue
 		}

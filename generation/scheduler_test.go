@@ -1,6 +1,7 @@
 package generation
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -235,4 +236,73 @@ func TestMinTokens(t *testing.T) {
 	}
 	assert.Equal(t, []int32{9, 9, 9}, q.Output)
 	assert.Equal(t, FinishStop, q.Finish)
+}
+
+// refsZero reports whether no block is held: every one free or cached.
+func refsZero(s *Scheduler) bool {
+	for _, r := range s.pool.ref {
+		if r != 0 {
+			return false
+		}
+	}
+	return s.pool.Free() == s.pool.Total()
+}
+
+// A sequence that starts with a finished one's tokens shares its whole
+// computed blocks: its first work starts after them, its output is what
+// it is alone, and once both end no block is held.
+func TestPrefixCaching(t *testing.T) {
+	s := newScheduler(t, Options{Blocks: 32, BlockSize: 4, MaxNumSeqs: 2, MaxModelLen: 64, MaxBatchTokens: 16, PrefixCaching: true})
+	system := []int32{11, 12, 13, 14, 15, 16, 17, 18, 19, 20} // two whole blocks and two tokens
+	a := &Sequence{Prompt: append(slices.Clone(system), 1), MaxTokens: 5}
+	require.NoError(t, s.Add(a))
+	run(t, s, 100)
+	assert.True(t, refsZero(s), "a's blocks are back (cached)")
+	assert.Positive(t, s.pool.Cached())
+
+	b := &Sequence{Prompt: append(slices.Clone(system), 2, 3), MaxTokens: 5}
+	require.NoError(t, s.Add(b))
+	step := s.Schedule()
+	require.Len(t, step.Work, 1)
+	assert.Equal(t, 8, step.Work[0].Start, "the two whole blocks of the shared prefix are not computed again")
+	assert.Equal(t, 8, step.CachedTokens)
+	assert.Equal(t, 12, step.PrefillTokens)
+	sampled := []int32{model(b)}
+	s.Advance(step, sampled)
+	run(t, s, 100)
+	assert.Equal(t, alone(t, Sequence{Prompt: b.Prompt, MaxTokens: 5}), b.Output)
+	assert.True(t, refsZero(s))
+
+	// The same prompt again: every whole block but the one holding its
+	// last token is shared (the step must compute a token to sample).
+	c := &Sequence{Prompt: slices.Clone(a.Prompt), MaxTokens: 5}
+	require.NoError(t, s.Add(c))
+	step = s.Schedule()
+	assert.Equal(t, 8, step.Work[0].Start)
+	s.Advance(step, []int32{model(c)})
+	run(t, s, 100)
+	assert.Equal(t, a.Output, c.Output)
+	assert.True(t, refsZero(s))
+}
+
+// Under pressure, cached blocks no sequence holds are taken back, the
+// least recently released first, and outputs do not change.
+func TestPrefixCachingEviction(t *testing.T) {
+	s := newScheduler(t, Options{Blocks: 12, BlockSize: 4, MaxNumSeqs: 3, MaxModelLen: 48, MaxBatchTokens: 16, PrefixCaching: true})
+	var qs []*Sequence
+	for i := range 12 {
+		p := make([]int32, 9+i%5)
+		for j := range p {
+			p[j] = int32(100*(i%4) + j) // four prefixes, shared three times each
+		}
+		q := &Sequence{Prompt: p, MaxTokens: 6}
+		qs = append(qs, q)
+		require.NoError(t, s.Add(q))
+	}
+	run(t, s, 1000)
+	for _, q := range qs {
+		assert.Equal(t, alone(t, Sequence{Prompt: q.Prompt, MaxTokens: 6}), q.Output)
+	}
+	assert.True(t, refsZero(s))
+	assert.LessOrEqual(t, s.pool.Cached(), s.pool.Total())
 }

@@ -34,6 +34,10 @@ type GenerationOptions struct {
 	// MaxBatchTokens is the most tokens one step computes: decodes, and
 	// prompt chunks up to what is left (default 256).
 	MaxBatchTokens int `yaml:"max_batch_tokens"`
+	// PrefixCaching keeps whole computed KV blocks by their tokens (and
+	// all before them), shared by later sequences that start the same
+	// way: a common system prompt is computed once (default true).
+	PrefixCaching *bool `yaml:"prefix_caching"`
 	// MaxQueueSize bounds the generations waiting beyond the running
 	// max_num_seqs; more are refused with 503 (default 1024).
 	MaxQueueSize int `yaml:"max_queue_size"`
@@ -99,6 +103,10 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	def(&g.MaxBatchTokens, max(defaultMaxBatchTokens, g.MaxNumSeqs))
 	def(&g.MaxTokens, min(defaultMaxTokens, g.MaxModelLen-1))
 	def(&g.MaxQueueSize, defaultMaxQueueSize)
+	if g.PrefixCaching == nil {
+		on := true
+		g.PrefixCaching = &on
+	}
 	switch {
 	case g.BlockSize < 1 || g.BlockSize > maxBlockSize:
 		return bad("generation.block_size", "%d; want 1 to %d tokens (16 is usual)", g.BlockSize, maxBlockSize)

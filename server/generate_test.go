@@ -586,3 +586,23 @@ func TestGenerateTokenIDPrompt(t *testing.T) {
 	assert.Equal(t, 400, st, string(b))
 	assert.Contains(t, string(b), "min_tokens 20")
 }
+
+// Two chats with the same long system prompt: the second shares its
+// computed blocks (the hit counter says so) and answers as it would
+// have without them.
+func TestGeneratePrefixCacheHits(t *testing.T) {
+	body := func(user string) map[string]any {
+		return map[string]any{"model": "tiny-llama", "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+			"messages": []map[string]any{{"role": "system", "content": strings.Repeat("You are a careful assistant. ", 12)}, {"role": "user", "content": user}}}
+	}
+	cold := newGenFixture(t, "generation:\n  prefix_caching: false\n")
+	_, want := cold.post(t, "/v1/chat/completions", body("second question"))
+	assert.Zero(t, metricValue(t, cold.reg, "stepserve_generation_prefix_cache_hit_tokens_total", ""))
+
+	f := newGenFixture(t, "")
+	f.post(t, "/v1/chat/completions", body("first question"))
+	assert.Zero(t, metricValue(t, f.reg, "stepserve_generation_prefix_cache_hit_tokens_total", ""), "nothing cached before")
+	_, got := f.post(t, "/v1/chat/completions", body("second question"))
+	assert.Positive(t, metricValue(t, f.reg, "stepserve_generation_prefix_cache_hit_tokens_total", ""), "the system prompt's blocks were shared")
+	assert.Equal(t, decodeCompletion(t, want).Choices[0].Message.Content, decodeCompletion(t, got).Choices[0].Message.Content)
+}

@@ -141,7 +141,7 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 	}
 	g := m.Config.Generation
 	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: *g.PrefixCaching}, dec)
 	if err != nil {
 		dec.Close()
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)

@@ -20,6 +20,7 @@ type metrics struct {
 type genMetrics struct {
 	ttft, tpot, duration, batch  *prometheus.HistogramVec
 	prompt, generated, preempted *prometheus.CounterVec
+	prefixQueried, prefixHits    *prometheus.CounterVec
 	seqs, blocks                 *prometheus.GaugeVec
 }
 
@@ -27,6 +28,7 @@ type genMetrics struct {
 type genSeries struct {
 	ttft, tpot, duration, batch              prometheus.Observer
 	promptTokens, generated, preempted       prometheus.Counter
+	prefixQueried, prefixHits                prometheus.Counter
 	running, waiting, blocksUsed, blocksFree prometheus.Gauge
 }
 
@@ -57,13 +59,17 @@ func newGenMetrics() genMetrics {
 		generated: count("stepserve_generation_generated_tokens_total", "Tokens generated."),
 		preempted: count("stepserve_generation_preemptions_total",
 			"Running sequences sent back to wait because the KV cache ran out of blocks (recomputed later, their output unchanged)."),
+		prefixQueried: count("stepserve_generation_prefix_cache_queried_tokens_total",
+			"Tokens of the sequences admitted to a step (prompt, and the output of a preempted one), each looked up in the prefix cache."),
+		prefixHits: count("stepserve_generation_prefix_cache_hit_tokens_total",
+			"Of those, the tokens the prefix cache held: computed before, shared, not computed again."),
 		seqs:   gauge("stepserve_generation_sequences", "A language model's sequences by state: running (in the batch) or waiting."),
 		blocks: gauge("stepserve_generation_kv_cache_blocks", "A language model's KV cache blocks by state: used or free."),
 	}
 }
 
 func (g *genMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.seqs, g.blocks}
+	return []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits, g.seqs, g.blocks}
 }
 
 // generation is model's series, created at zero so that alerts see them
@@ -73,7 +79,7 @@ func (m *metrics) generation(model string) *genSeries {
 	s := &genSeries{
 		ttft: g.ttft.WithLabelValues(model), tpot: g.tpot.WithLabelValues(model), duration: g.duration.WithLabelValues(model),
 		batch: g.batch.WithLabelValues(model), promptTokens: g.prompt.WithLabelValues(model), generated: g.generated.WithLabelValues(model),
-		preempted: g.preempted.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
+		preempted: g.preempted.WithLabelValues(model), prefixQueried: g.prefixQueried.WithLabelValues(model), prefixHits: g.prefixHits.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
 		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"),
 	}
 	return s
@@ -86,6 +92,10 @@ func (s *genSeries) observe(step *generation.Step, _ time.Duration, st generatio
 	}
 	if n := len(step.Preempted); n > 0 {
 		s.preempted.Add(float64(n))
+	}
+	if step.PrefillTokens > 0 {
+		s.prefixQueried.Add(float64(step.PrefillTokens))
+		s.prefixHits.Add(float64(step.CachedTokens))
 	}
 	s.running.Set(float64(st.Running))
 	s.waiting.Set(float64(st.Waiting))
