@@ -50,9 +50,9 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
 	shape := randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: vocab, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
-		MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
+		MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
 	folder := filepath.Join(dir, "smollm")
-	yaml := fmt.Sprintf("engine: cpu\ngeneration:\n  max_num_seqs: %d\n  max_model_len: 1024\n  max_batch_tokens: 256\n", max(streams, 1))
+	yaml := fmt.Sprintf("engine: cpu\ngeneration:\n  max_num_seqs: %d\n  max_model_len: 2304\n  max_batch_tokens: 256\n", max(streams, 1)+1)
 	if err := randweights.WriteDecoderFolder(folder, randweights.DecoderFolder{Shape: shape, Seed: 1, Tokenizer: tok, ModelYAML: yaml, Generator: "bench/generate"}); err != nil {
 		return err
 	}
@@ -67,12 +67,19 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	defer dec.Close()
 	g := m.Config.Generation
 	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: true}, dec)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if os.Getenv("GENBENCH_STEPS") != "" {
+		loop.Observe = func(step *generation.Step, took time.Duration, st generation.State) {
+			if len(step.Work) > 0 && took > 300*time.Millisecond {
+				fmt.Fprintf(os.Stderr, "step: %d works, %d tokens, %v; running %d waiting %d free %d\n", len(step.Work), step.Tokens(), took, st.Running, st.Waiting, st.BlocksFree)
+			}
+		}
+	}
 	go loop.Run(ctx)
 
 	cpu := cpuModel()
@@ -120,7 +127,105 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	fmt.Printf("decode, %d concurrent streams:         %7.1f tokens/s aggregate (%s; generated tokens over the wall time from their arrival, prefill included), %.1fx one stream\n", streams, median(agg), list(agg), median(agg)/median(decode1))
 	fmt.Printf("time to first token, %d streams (prompts 32-256 tokens, arriving together): p50 %.0f ms, max %.0f ms\n",
 		streams, 1000*median(ttftP50), 1000*median(ttftP99))
+
+	// Prefix caching: a 512-token system prompt, then another request
+	// with the same 512 tokens and a different question.
+	var cold, warm []float64
+	for r := range rounds {
+		system := prompts(1, 512, vocab, 100+r)[0]
+		first := append(slices.Clone(system), prompts(1, 16, vocab, 200+r)[0]...)
+		second := append(slices.Clone(system), prompts(1, 16, vocab, 300+r)[0]...)
+		a, err := generate(loop, [][]int32{first}, 1)
+		if err != nil {
+			return err
+		}
+		b, err := generate(loop, [][]int32{second}, 1)
+		if err != nil {
+			return err
+		}
+		cold, warm = append(cold, a[0].ttft.Seconds()), append(warm, b[0].ttft.Seconds())
+	}
+	fmt.Printf("prefix cache, 512-token system prompt + 16: first token %.0f ms cold, %.0f ms with the prefix cached: %.1fx sooner (%s; %s ms)\n",
+		1000*median(cold), 1000*median(warm), median(cold)/median(warm), list(cold), list(warm))
+
+	// Chunked prefill: the worst gap between two tokens of 16 running
+	// streams, before and while a 2,000-token prompt is prefilled beside
+	// them, 256 tokens a step.
+	var before, during []float64
+	for r := range rounds {
+		b, d, err := chunked(loop, streams, vocab, r)
+		if err != nil {
+			return err
+		}
+		before, during = append(before, b), append(during, d)
+	}
+	fmt.Printf("chunked prefill (256 tokens a step): worst inter-token gap of %d streams %.0f ms before, %.0f ms while a 2,000-token prompt is prefilled (%s; %s ms)\n",
+		streams, 1000*median(before), 1000*median(during), list(before), list(during))
 	return nil
+}
+
+// chunked runs streams decoding, sends a 2,000-token prompt once they
+// all have tokens, and returns the worst gap between two tokens of any
+// stream before it arrived and while it was prefilled (until its first
+// token).
+func chunked(loop *generation.Loop, streams, vocab, round int) (before, during float64, err error) {
+	var mu sync.Mutex
+	times := make([][]time.Time, streams)
+	var wg sync.WaitGroup
+	errs := make([]error, streams)
+	started := make(chan struct{}, streams)
+	for i, p := range prompts(streams, 32, vocab, 400+round) {
+		st, e := loop.Generate(context.Background(), generation.Request{Prompt: p, MaxTokens: 160, Sampling: generation.Sampling{Logprobs: -1}})
+		if e != nil {
+			return 0, 0, e
+		}
+		wg.Go(func() {
+			n := 0
+			for {
+				ev, ok := st.Next(context.Background())
+				if !ok || ev.Last() {
+					return
+				}
+				if ev.Err != nil {
+					errs[i] = ev.Err
+					return
+				}
+				mu.Lock()
+				times[i] = append(times[i], time.Now())
+				mu.Unlock()
+				if n++; n == 8 {
+					started <- struct{}{}
+				}
+			}
+		})
+	}
+	for range streams {
+		<-started
+	}
+	arrive := time.Now()
+	long, e := generate(loop, prompts(1, 2000, vocab, 500+round), 1)
+	if e != nil {
+		return 0, 0, e
+	}
+	firstToken := arrive.Add(long[0].ttft)
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return 0, 0, e
+		}
+	}
+	for _, ts := range times {
+		for k := 1; k < len(ts); k++ {
+			gap := ts[k].Sub(ts[k-1]).Seconds()
+			switch {
+			case ts[k].Before(arrive):
+				before = max(before, gap)
+			case ts[k-1].Before(firstToken):
+				during = max(during, gap)
+			}
+		}
+	}
+	return before, during, nil
 }
 
 type result struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/generation"
@@ -66,12 +67,21 @@ type decoderPlan struct {
 	x, xn, q, k, v, att, o []float32
 	gate, up               []float32
 	pos, slot              []int32
-	rows                   []int // the token row each sampled work's last token is
-	hs, logits             []float32
-	out                    []generation.Sampled
-	top                    [][maxTopLogprobs]generation.TopLogprob
-	sampler                generation.Sampler
-	attn                   attnStep
+	// The step's tokens by work: which work each token is of; the
+	// tokens of one-token works (decodes) and the works of more (prompt
+	// chunks), whose attention runs as products.
+	tokWork        []int32
+	singles, multi []int32
+	// Per thread, for a chunk's attention: the sequence's keys and
+	// values gathered from the cache, and the chunk's scores.
+	keys, values, scores [][]float32
+	chunkAttn            chunkAttn
+	rows                 []int // the token row each sampled work's last token is
+	hs, logits           []float32
+	out                  []generation.Sampled
+	top                  [][maxTopLogprobs]generation.TopLogprob
+	sampler              generation.Sampler
+	attn                 attnStep
 }
 
 func newDecoderPlan(m *models.Model) *decoderPlan {
@@ -101,7 +111,14 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 	p.q, p.att = make([]float32, T*Q), make([]float32, T*Q)
 	p.k, p.v = make([]float32, T*p.kvWidth), make([]float32, T*p.kvWidth)
 	p.gate, p.up = make([]float32, T*I), make([]float32, T*I)
-	p.pos, p.slot = make([]int32, T), make([]int32, T)
+	p.pos, p.slot, p.tokWork = make([]int32, T), make([]int32, T), make([]int32, T)
+	p.singles, p.multi = make([]int32, 0, T), make([]int32, 0, T)
+	for range runtime.NumCPU() {
+		p.keys = append(p.keys, make([]float32, g.MaxModelLen*c.HeadDim))
+		p.values = append(p.values, make([]float32, g.MaxModelLen*c.HeadDim))
+		p.scores = append(p.scores, make([]float32, T*g.MaxModelLen))
+	}
+	p.chunkAttn.p = p
 	p.sampler = generation.NewSampler(c.Vocab)
 	p.growRows(g.MaxNumSeqs)
 	p.attn.p = p
@@ -145,9 +162,16 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 	// The step's input: each token's id (embedded here), position and
 	// cache slot; the rows whose last token samples.
 	t, rows := 0, 0
-	for _, w := range step.Work {
+	p.singles, p.multi = p.singles[:0], p.multi[:0]
+	for wi, w := range step.Work {
 		table := w.Seq.BlockTable()
+		if w.End-w.Start == 1 {
+			p.singles = append(p.singles, int32(t))
+		} else {
+			p.multi = append(p.multi, int32(wi))
+		}
 		for pos := w.Start; pos < w.End; pos++ {
+			p.tokWork[t] = int32(wi)
 			id := w.Seq.Token(pos)
 			if id < 0 || int(id) >= c.Vocab {
 				return nil, fmt.Errorf("cpufallback: token id %d is outside the vocabulary (0..%d)", id, c.Vocab-1)
@@ -209,11 +233,22 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
 		copy(kd, p.k[t*KV:(t+1)*KV])
 		copy(vd, p.v[t*KV:(t+1)*KV])
 	}
-	p.attn.layer, p.attn.step, p.attn.T = l, step, T
-	items := T * c.Heads
-	chunks := min(items, threads*4)
-	p.attn.per = (items + chunks - 1) / chunks
-	parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, threads)
+	// Decodes: one token each, over its sequence's cache, a head at a
+	// time.
+	if items := len(p.singles) * c.Heads; items > 0 {
+		p.attn.layer, p.attn.step = l, step
+		chunks := min(items, threads*4)
+		p.attn.per = (items + chunks - 1) / chunks
+		parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, threads)
+	}
+	// Prompt chunks: a key/value head's scores for every token of the
+	// chunk as one product, its softmax, and the values as another.
+	if items := len(p.multi) * c.KVHeads; items > 0 {
+		a := &p.chunkAttn
+		a.layer, a.step, a.items = l, step, items
+		a.chunks = min(items, threads, len(p.keys))
+		parallelRun(a, a.chunks, a.chunks)
+	}
 	linearPar(nil, threads, T, p.att, L.o, p.o, L.ob, actNone)
 	for i, v := range p.o[:T*H] {
 		p.x[i] += v
@@ -265,13 +300,13 @@ func rope(x, cos, sin []float32) {
 	}
 }
 
-// attnStep is a layer's causal attention over the cache, split by
-// (token, head) items.
+// attnStep is a layer's causal attention over the cache for the step's
+// one-token works, split by (token, head) items.
 type attnStep struct {
-	p        *decoderPlan
-	layer, T int
-	step     *generation.Step
-	per      int
+	p     *decoderPlan
+	layer int
+	step  *generation.Step
+	per   int
 }
 
 func (a *attnStep) run(chunk int) {
@@ -279,24 +314,10 @@ func (a *attnStep) run(chunk int) {
 	Q, hd := c.Heads*c.HeadDim, c.HeadDim
 	group := c.Heads / c.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	lo, hi := chunk*a.per, min((chunk+1)*a.per, a.T*c.Heads)
-	// Which work a token belongs to: walk from the chunk's first.
-	t0 := lo / c.Heads
-	wi, first := 0, 0
-	for ; wi < len(a.step.Work); wi++ {
-		n := a.step.Work[wi].End - a.step.Work[wi].Start
-		if t0 < first+n {
-			break
-		}
-		first += n
-	}
+	lo, hi := chunk*a.per, min((chunk+1)*a.per, len(p.singles)*c.Heads)
 	for item := lo; item < hi; item++ {
-		t, h := item/c.Heads, item%c.Heads
-		for t >= first+(a.step.Work[wi].End-a.step.Work[wi].Start) {
-			first += a.step.Work[wi].End - a.step.Work[wi].Start
-			wi++
-		}
-		w := a.step.Work[wi]
+		t, h := int(p.singles[item/c.Heads]), item%c.Heads
+		w := a.step.Work[p.tokWork[t]]
 		table := w.Seq.BlockTable()
 		pos := int(p.pos[t])
 		q := p.q[t*Q+h*hd : t*Q+(h+1)*hd]
@@ -331,6 +352,73 @@ func (a *attnStep) run(chunk int) {
 		inv := 1 / sum
 		for i := range out {
 			out[i] *= inv
+		}
+	}
+}
+
+// chunkAttn is a layer's causal attention for the step's works of more
+// than one token (prompt chunks), split by (work, key/value head) items,
+// each as products: the sequence's keys and values so far gathered from
+// the cache, then for each query head of the group the chunk's scores
+// against every key, the causal softmax, and the weighted values.
+type chunkAttn struct {
+	p             *decoderPlan
+	layer         int
+	step          *generation.Step
+	items, chunks int
+}
+
+func (a *chunkAttn) run(chunk int) {
+	p, c := a.p, a.p.cfg
+	Q, hd, bs := c.Heads*c.HeadDim, c.HeadDim, p.blockSize
+	group := c.Heads / c.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	keys, values, scores := p.keys[chunk], p.values[chunk], p.scores[chunk]
+	per := (a.items + a.chunks - 1) / a.chunks
+	for item := chunk * per; item < min((chunk+1)*per, a.items); item++ {
+		wi, g := int(p.multi[item/c.KVHeads]), item%c.KVHeads
+		w := a.step.Work[wi]
+		// The work's first token's row in the step.
+		t0 := 0
+		for _, x := range a.step.Work[:wi] {
+			t0 += x.End - x.Start
+		}
+		T, P := w.End-w.Start, w.End // its tokens, and the keys they see
+		table := w.Seq.BlockTable()
+		for j := range P {
+			kr, vr := p.cacheRow(int(table[j/bs])*bs+j%bs, a.layer)
+			copy(keys[j*hd:(j+1)*hd], kr[g*hd:(g+1)*hd])
+			copy(values[j*hd:(j+1)*hd], vr[g*hd:(g+1)*hd])
+		}
+		for h := g * group; h < (g+1)*group; h++ {
+			gemm(true, T, P, hd, scale, p.q[t0*Q+h*hd:], Q, keys, hd, 0, scores, P)
+			for t := range T {
+				row := scores[t*P : (t+1)*P]
+				pos := w.Start + t
+				from := 0
+				if c.SlidingWindow > 0 {
+					from = max(0, pos-c.SlidingWindow+1)
+				}
+				m := float32(math.Inf(-1))
+				for j := from; j <= pos; j++ {
+					m = max(m, row[j])
+				}
+				var sum float32
+				for j := range row {
+					if j < from || j > pos {
+						row[j] = 0
+						continue
+					}
+					e := exp32(row[j] - m)
+					row[j] = e
+					sum += e
+				}
+				inv := 1 / sum
+				for j := from; j <= pos; j++ {
+					row[j] *= inv
+				}
+			}
+			gemm(false, T, hd, P, 1, scores, P, values, hd, 0, p.att[t0*Q+h*hd:], Q)
 		}
 	}
 }
