@@ -107,10 +107,22 @@ func TestGRPCModelStreamInfer(t *testing.T) {
 func TestGRPCModelStreamInferCancel(t *testing.T) {
 	f := newGenFixture(t, "")
 	client, _ := grpcClients(t, f.s)
-	f.eng.gate = make(chan struct{}, 1000)
-	for range 50 {
-		f.eng.gate <- struct{}{}
-	}
+	// Steps run as the feeder lets them, a few a millisecond: slowly
+	// enough that all three requests are running before the stream is
+	// closed, whatever the scheduling.
+	f.eng.gate = make(chan struct{})
+	stopFeed, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		for {
+			select {
+			case f.eng.gate <- struct{}{}:
+				time.Sleep(time.Millisecond)
+			case <-stopFeed:
+				return
+			}
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := client.ModelStreamInfer(ctx)
 	require.NoError(t, err)
@@ -118,8 +130,15 @@ func TestGRPCModelStreamInferCancel(t *testing.T) {
 		require.NoError(t, stream.Send(streamRequest(fmt.Sprint(i), "Once upon a time", map[string]*pb.InferParameter{
 			"max_tokens": intParam(500), "temperature": intParam(0), "ignore_eos": boolParam(true)})))
 	}
-	_, err = stream.Recv()
-	require.NoError(t, err, "a first piece")
+	// Every request has a piece: all three are running.
+	seen := map[string]bool{}
+	for len(seen) < 3 {
+		r, err := stream.Recv()
+		require.NoError(t, err, "pieces")
+		seen[r.GetInferResponse().GetId()] = true
+	}
+	close(stopFeed)
+	<-fed
 	assert.Positive(t, metricValue(t, f.reg, "stepserve_generation_kv_cache_blocks", "used"))
 	cancel()
 	require.Eventually(t, func() bool {
@@ -130,4 +149,32 @@ func TestGRPCModelStreamInferCancel(t *testing.T) {
 		return metricValue(t, f.reg, "stepserve_generation_kv_cache_blocks", "used") == 0
 	}, 10*time.Second, 5*time.Millisecond)
 	assert.Less(t, metricValue(t, f.reg, "stepserve_generation_generated_tokens_total", ""), 1500.0)
+}
+
+// A stream waits for its client's next request as long as the client
+// keeps it open: server.read_timeout bounds a message's arrival, not the
+// time between requests.
+func TestGRPCModelStreamInferIdle(t *testing.T) {
+	f := newGenFixture(t, "")
+	s, err := New(Options{Models: f.set, Version: "test", ReadTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	client, _ := grpcClients(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := client.ModelStreamInfer(ctx)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // idle, past the read timeout
+	require.NoError(t, stream.Send(streamRequest("late", "Once", map[string]*pb.InferParameter{"max_tokens": intParam(3), "ignore_eos": boolParam(true)})))
+	require.NoError(t, stream.CloseSend())
+	final := false
+	for {
+		r, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		require.Empty(t, r.GetErrorMessage())
+		final = final || r.GetInferResponse().GetParameters()["triton_final_response"].GetBoolParam()
+	}
+	assert.True(t, final)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime"
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/generation"
@@ -113,7 +112,7 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 	p.gate, p.up = make([]float32, T*I), make([]float32, T*I)
 	p.pos, p.slot, p.tokWork = make([]int32, T), make([]int32, T), make([]int32, T)
 	p.singles, p.multi = make([]int32, 0, T), make([]int32, 0, T)
-	for range runtime.NumCPU() {
+	for range stepThreads() {
 		p.keys = append(p.keys, make([]float32, g.MaxModelLen*c.HeadDim))
 		p.values = append(p.values, make([]float32, g.MaxModelLen*c.HeadDim))
 		p.scores = append(p.scores, make([]float32, T*g.MaxModelLen))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -95,8 +96,9 @@ func (s *API) gated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 	}
 	for _, sd := range desc.Streams {
 		h, probe := sd.Handler, isProbe("/"+desc.ServiceName+"/"+sd.StreamName)
+		client := sd.ClientStreams
 		sd.Handler = func(srv any, ss grpc.ServerStream) error {
-			return h(srv, &gatedStream{ServerStream: ss, api: s, probe: probe})
+			return h(srv, &gatedStream{ServerStream: ss, api: s, probe: probe, idle: client})
 		}
 		d.Streams = append(d.Streams, sd)
 	}
@@ -109,6 +111,12 @@ type gatedStream struct {
 	grpc.ServerStream
 	api   *API
 	probe bool
+	// idle: a client stream (ModelStreamInfer), which waits for its
+	// client's next request as long as the client keeps it open: its
+	// reads have no server.read_timeout (the stream's context, which
+	// keepalive and the client end, bounds them). While it waits, the
+	// room for its next message is held, as for any read.
+	idle bool
 }
 
 func (g *gatedStream) RecvMsg(m any) error {
@@ -140,7 +148,11 @@ func (g *gatedStream) RecvMsg(m any) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- g.ServerStream.RecvMsg(m) }()
-	timer := time.NewTimer(g.api.readTimeout())
+	timeout := g.api.readTimeout()
+	if g.idle {
+		timeout = math.MaxInt64
+	}
+	timer := time.NewTimer(timeout)
 	select {
 	case err := <-done:
 		timer.Stop()

@@ -74,6 +74,14 @@ func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencep
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			defer func() {
+				// This goroutine is the stream's own: the server's
+				// recovery does not reach it.
+				if p := recover(); p != nil {
+					g.s.c.Logger.Error("panic serving a ModelStreamInfer request", "model", req.GetModelName(), "panic", p)
+					send(errorResponse(req, "internal error: the request's generation failed"))
+				}
+			}()
 			g.streamGenerate(ctx, req, send)
 		})
 	}
@@ -85,7 +93,9 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 	start := time.Now()
 	head := &inferencepb.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}
 	fail := func(err error) {
-		send(&inferencepb.ModelStreamInferResponse{ErrorMessage: core.GRPCError(err).Error(), InferResponse: head})
+		r := errorResponse(req, core.GRPCError(err).Error())
+		r.InferResponse.ModelName, r.InferResponse.ModelVersion = head.ModelName, head.ModelVersion
+		send(r)
 	}
 	m, err := s.c.Lookup(req.GetModelName(), req.GetModelVersion())
 	if err != nil {
@@ -158,6 +168,16 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 		}
 	}
 	st = core.StatusClientClosed
+}
+
+// errorResponse is the last response of a request that failed: its
+// error, flagged final as Triton flags a decoupled request's last.
+func errorResponse(req *inferencepb.ModelInferRequest, msg string) *inferencepb.ModelStreamInferResponse {
+	return &inferencepb.ModelStreamInferResponse{ErrorMessage: msg, InferResponse: &inferencepb.ModelInferResponse{
+		ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId(),
+		Parameters: map[string]*inferencepb.InferParameter{
+			"triton_final_response": {ParameterChoice: &inferencepb.InferParameter_BoolParam{BoolParam: true}},
+		}}}
 }
 
 // textResponse is a response carrying a piece of text.
