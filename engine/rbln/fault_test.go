@@ -271,6 +271,11 @@ func TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker(t *testing.T) {
 	require.NoError(t, os.Remove(crash))
 	require.Eventually(t, func() bool { return testutil.ToFloat64(e.metrics.workerUp.WithLabelValues("cpu")) == 1 },
 		30*time.Second, 10*time.Millisecond, "the worker comes back up, without the model")
+	// A reload that takes the worker down is tried again after a backoff
+	// (maxReloadBackoff): once the load can succeed, the model comes back
+	// by itself. One tried just before the file went can still take the
+	// worker down: the new load waits for that to settle.
+	require.Eventually(t, prog.Healthy, 60*time.Second, 10*time.Millisecond, "the model comes back by itself")
 	again, err := e.Load(context.Background(), m, grid.Shapes())
 	require.NoError(t, err, "the model loads anew")
 	defer again.Close()
