@@ -13,6 +13,7 @@
 package rbln
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -91,17 +92,7 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 	if cfg.Instances.PerDevice > 1 || len(cfg.Instances.Devices) > 1 || cfg.Instances.All {
 		return nil, fmt.Errorf("rbln: model %s: a decoder model runs as one replica on one device; name one device in instances", m.Name)
 	}
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil, errClosed
-	}
-	if err := e.start(); err != nil {
-		e.mu.Unlock()
-		return nil, err
-	}
-	workers, err := e.place(m)
-	e.mu.Unlock()
+	workers, err := e.workersFor(m)
 	if err != nil {
 		return nil, err
 	}
@@ -200,15 +191,14 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 		if len(d.rows) == 0 {
 			break
 		}
-		var decodes, prefills []piece
-		for _, pc := range d.rows {
-			if pc.end-pc.start == 1 {
-				decodes = append(decodes, pc)
-			} else {
-				prefills = append(prefills, pc)
-			}
+		// Decodes first, then prompt chunks: rows sorted in place, no
+		// slice made per step.
+		slices.SortStableFunc(d.rows, func(a, b piece) int { return cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)) })
+		split := 0
+		for split < len(d.rows) && d.rows[split].end-d.rows[split].start == 1 {
+			split++
 		}
-		for _, group := range [][]piece{decodes, prefills} {
+		for _, group := range [2][]piece{d.rows[:split], d.rows[split:]} {
 			for len(group) > 0 {
 				bucket, taken, err := d.bucket(group)
 				if err != nil {

@@ -242,21 +242,24 @@ func (e *Engine) start() error {
 // in shared memory; each worker builds it and moves its weights to its
 // device. More than one replica make an [engine.Replicated] program.
 func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (engine.Program, error) {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil, errClosed
-	}
-	if err := e.start(); err != nil {
-		e.mu.Unlock()
-		return nil, err
-	}
-	workers, err := e.place(m)
-	e.mu.Unlock()
+	workers, err := e.workersFor(m)
 	if err != nil {
 		return nil, err
 	}
 	return loadReplicas(ctx, workers, m, buckets)
+}
+
+// workersFor starts the workers, once, and places m on them.
+func (e *Engine) workersFor(m *models.Model) ([]*worker, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errClosed
+	}
+	if err := e.start(); err != nil {
+		return nil, err
+	}
+	return e.place(m)
 }
 
 // KillWorker kills the worker of a device with SIGKILL, as a crash would;

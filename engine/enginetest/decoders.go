@@ -1,0 +1,138 @@
+package enginetest
+
+// What the engines' decoder tests share: the random decoders they are
+// held to the torch reference on, writing one as a Hugging Face folder,
+// the reference itself (engine/cpufallback/testdata/llama_ref.py, a Llama
+// written by hand in torch that recomputes every prefix), and running
+// prompts through a generation loop over an engine's decoder.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/internal/randweights"
+	"github.com/stepserve/stepserve/models"
+)
+
+// DecoderShapes are the random decoders the engines are held to the torch
+// reference on: the shipped demo's shape, and a Qwen2-style one with
+// q/k/v biases, llama3 RoPE scaling and four query heads per KV head.
+var DecoderShapes = map[string]randweights.Decoder{
+	"llama": {Arch: "LlamaForCausalLM", Vocab: 512, Hidden: 128, Layers: 2, Heads: 4, KVHeads: 2, Inter: 344,
+		MaxPosition: 2048, RopeTheta: 10000, BOS: 0, EOS: 2},
+	"qwen2": {Arch: "Qwen2ForCausalLM", Vocab: 512, Hidden: 96, Layers: 3, Heads: 8, KVHeads: 2, Inter: 200,
+		MaxPosition: 4096, RopeTheta: 500000, QKVBias: true, Llama3Scaling: true, BOS: 0, EOS: 2},
+}
+
+// repoFile is a file of the repository, by its path from the root.
+func repoFile(rel string) string {
+	_, here, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(here), "..", "..", filepath.FromSlash(rel))
+}
+
+// WriteDecoder writes a random decoder of shape into a temporary
+// repository with model.yaml yaml (seeded by seed) and returns its folder.
+func WriteDecoder(t testing.TB, shape randweights.Decoder, seed uint64, yaml string) string {
+	t.Helper()
+	tok, err := os.ReadFile(repoFile("models/testdata/tokenizers/bpe.json"))
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "lm")
+	require.NoError(t, randweights.WriteDecoderFolder(dir, randweights.DecoderFolder{Shape: shape, Seed: seed, Tokenizer: tok,
+		ModelYAML: yaml, Generator: t.Name()}))
+	return dir
+}
+
+// TorchGreedy is each prompt's greedy continuation of n tokens by the
+// torch reference, computing in dtype (float32 or bfloat16). It skips
+// the test without Debian's torch.
+func TorchGreedy(t testing.TB, dir string, prompts [][]int32, n int, dtype string) [][]int32 {
+	t.Helper()
+	const python = "/usr/bin/python3"
+	if _, err := exec.LookPath(python); err != nil {
+		t.Skip("no /usr/bin/python3 (python3-torch) to compute the reference")
+	}
+	in, err := json.Marshal(prompts)
+	require.NoError(t, err)
+	cmd := exec.Command(python, repoFile("engine/cpufallback/testdata/llama_ref.py"), dir, fmt.Sprint(n), dtype)
+	cmd.Stdin = bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "the torch reference: %s", stderr.String())
+	var ids [][]int32
+	require.NoError(t, json.Unmarshal(out, &ids))
+	return ids
+}
+
+// Prompts are prompts of the given lengths, of ids below 500.
+func Prompts(lengths ...int) [][]int32 {
+	var ps [][]int32
+	for i, n := range lengths {
+		p := make([]int32, n)
+		for j := range p {
+			p[j] = int32((i*131 + j*37 + 11) % 500)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// StartLoop runs a generation loop over dec with m's generation bounds
+// (prefix caching on) until the test ends.
+func StartLoop(t testing.TB, dec generation.Model, m *models.Model) *generation.Loop {
+	t.Helper()
+	g := m.Config.Generation
+	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: true}, dec)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { loop.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return loop
+}
+
+// Generate runs every prompt through loop at once, max tokens each and no
+// end-of-sequence token, sampled as sampling says (nil: greedy, without
+// log-probabilities), and returns what each produced.
+func Generate(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, sampling []generation.Sampling) [][]int32 {
+	t.Helper()
+	out := make([][]int32, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		s := generation.Sampling{Logprobs: -1}
+		if sampling != nil {
+			s = sampling[i]
+		}
+		st, err := loop.Generate(context.Background(), generation.Request{Prompt: p, MaxTokens: max, Sampling: s})
+		require.NoError(t, err)
+		wg.Go(func() {
+			for {
+				ev, ok := st.Next(context.Background())
+				if !ok {
+					return
+				}
+				if ev.Err != nil {
+					t.Errorf("prompt %d: %v", i, ev.Err)
+					return
+				}
+				if !ev.Last() {
+					out[i] = append(out[i], ev.Token)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
