@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx bench-llama fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -174,6 +174,7 @@ bench: deps build
 	$(GO) build -o bin/grpcload ./bench/grpcload
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 	$(MAKE) bench-onnx
+	$(MAKE) bench-llama
 
 BENCHTIME ?= 9s
 
@@ -199,6 +200,21 @@ bench-onnx: build
 ## 16 concurrent streams, time to first token (bench/generate)
 bench-generate:
 	$(GO) run ./bench/generate
+
+## bench-llama: generation against llama.cpp (node-llama-cpp's prebuilt CPU
+## build from npm, pinned by bench/llama/package-lock.json) on a
+## SmolLM-135M-shaped random decoder served by bin/stepserve and converted
+## to GGUF by bench/gguf: greedy tokens checked against llama.cpp and a
+## PyTorch forward first, then prompt and decode tokens/s at one sequence
+## (float32; bfloat16 against f16), aggregate decode at LLAMA_STREAMS
+## streams against llama.cpp's 8 sequences on one context, time to first
+## token, and the memory bandwidth reached (bench/llamapeer, issue 31).
+LLAMA_ROUNDS  ?= 3
+LLAMA_STREAMS ?= 16
+bench-llama: build
+	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
+	cd bench/llama && npm ci --no-audit --no-fund --omit=optional --ignore-scripts
+	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -server bin/stepserve
 
 ## bench-ab: the single-row digits load over HTTP JSON, binary tensors and
 ## gRPC on two builds, interleaved round by round: BASE (a git revision,

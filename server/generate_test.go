@@ -10,6 +10,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -585,6 +587,53 @@ func TestGenerateTokenIDPrompt(t *testing.T) {
 	st, b := f.post(t, "/v1/completions", body)
 	assert.Equal(t, 400, st, string(b))
 	assert.Contains(t, string(b), "min_tokens 20")
+}
+
+// return_tokens_as_token_ids (vLLM's) names each logprobs token by its
+// id, and the ids are the ones generated: the prompt extended by the
+// first five continues with the sixth.
+func TestGenerateTokensAsIDs(t *testing.T) {
+	f := newGenFixture(t, "")
+	m, ok := f.set.Model("tiny-llama")
+	require.True(t, ok)
+	prompt, err := m.Model().Tokenizer.(*models.HFTokenizer).EncodeIDs("Once upon a time", true)
+	require.NoError(t, err)
+	ids := func(b []byte) []int32 {
+		var c struct {
+			Choices []struct {
+				Logprobs struct {
+					Tokens      []string             `json:"tokens"`
+					TopLogprobs []map[string]float32 `json:"top_logprobs"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal(b, &c), string(b))
+		var out []int32
+		for i, tok := range c.Choices[0].Logprobs.Tokens {
+			id, ok := strings.CutPrefix(tok, "token_id:")
+			require.True(t, ok, "token %q", tok)
+			n, err := strconv.Atoi(id)
+			require.NoError(t, err)
+			out = append(out, int32(n))
+			assert.Contains(t, c.Choices[0].Logprobs.TopLogprobs[i], tok, "the greedy token is among the most likely")
+		}
+		return out
+	}
+	body := map[string]any{"model": "tiny-llama", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+		"logprobs": 2, "return_tokens_as_token_ids": true}
+	st, b := f.post(t, "/v1/completions", body)
+	require.Equal(t, 200, st, string(b))
+	gen := ids(b)
+	require.Len(t, gen, 8)
+	body["prompt"], body["max_tokens"] = append(slices.Clone(prompt), gen[:5]...), 1
+	st, b = f.post(t, "/v1/completions", body)
+	require.Equal(t, 200, st, string(b))
+	assert.Equal(t, gen[5:6], ids(b))
+
+	st, b = f.post(t, "/v1/chat/completions", map[string]any{"model": "tiny-llama", "max_tokens": 3, "logprobs": true,
+		"return_tokens_as_token_ids": true, "messages": []map[string]any{{"role": "user", "content": "hi"}}})
+	require.Equal(t, 200, st, string(b))
+	assert.Regexp(t, `"token":"token_id:\d+"`, string(b))
 }
 
 // Two chats with the same long system prompt: the second shares its

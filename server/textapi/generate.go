@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +68,9 @@ type openaiSampling struct {
 	Priority         int             `json:"priority"`
 	Metadata         json.RawMessage `json:"metadata"` // accepted, and ignored
 	Store            *bool           `json:"store"`    // accepted, and ignored: nothing is stored
+	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
+	// token "token_id:<id>", so that a client can compare ids.
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
 }
 
 type streamOptions struct {
@@ -285,7 +289,7 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 			gr.Logprobs = *req.Logprobs
 		}
 		return t.generate(gr, &completionWriter{model: t.m.Model().Name, stream: req.Stream,
-			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil})
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil, ids: req.ReturnTokensAsTokenIDs})
 	})
 }
 
@@ -342,7 +346,7 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		return t.generate(gr, &chatWriter{model: t.m.Model().Name, stream: req.Stream,
-			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs})
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs})
 	})
 }
 
@@ -561,7 +565,7 @@ func openaiStreamError(err error) []byte {
 type completionWriter struct {
 	model         string
 	stream, usage bool
-	logprobs      bool
+	logprobs, ids bool
 	id            string
 	created       int64
 	offset        int // text_offset of the next token
@@ -595,11 +599,11 @@ func (c *completionWriter) logprobsOf(tokens []serving.TokenInfo) *completionLog
 	}
 	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
 	for _, t := range tokens {
-		lp.Tokens = append(lp.Tokens, t.Text)
+		lp.Tokens = append(lp.Tokens, tokenName(t.ID, t.Text, c.ids))
 		lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
 		top := map[string]float32{}
 		for _, x := range t.Top {
-			top[x.Text] = x.Logprob
+			top[tokenName(x.ID, x.Text, c.ids)] = x.Logprob
 		}
 		lp.TopLogprobs = append(lp.TopLogprobs, top)
 		lp.TextOffset = append(lp.TextOffset, c.offset)
@@ -648,7 +652,7 @@ func (c *completionWriter) streamError(err error) []byte { return openaiStreamEr
 type chatWriter struct {
 	model         string
 	stream, usage bool
-	logprobs      bool
+	logprobs, ids bool
 	id            string
 	created       int64
 }
@@ -677,6 +681,15 @@ func (c *chatWriter) init() {
 	}
 }
 
+// tokenName is how logprobs name a token: its text, or "token_id:<id>"
+// when the request asked for ids (vLLM's return_tokens_as_token_ids).
+func tokenName(id int32, text string, ids bool) string {
+	if ids {
+		return "token_id:" + strconv.Itoa(int(id))
+	}
+	return text
+}
+
 // tokenBytes are a token's raw bytes as OpenAI's logprobs list them:
 // joined, a client rebuilds a character split over tokens.
 func tokenBytes(b []byte) []int {
@@ -693,9 +706,9 @@ func (c *chatWriter) logprobsOf(tokens []serving.TokenInfo) *chatLogprobs {
 	}
 	lp := &chatLogprobs{Content: []chatTokenLogprob{}}
 	for _, t := range tokens {
-		e := chatTokenLogprob{Token: t.Text, Logprob: t.Logprob, Bytes: tokenBytes(t.Bytes), TopLogprobs: []chatTokenLogprob{}}
+		e := chatTokenLogprob{Token: tokenName(t.ID, t.Text, c.ids), Logprob: t.Logprob, Bytes: tokenBytes(t.Bytes), TopLogprobs: []chatTokenLogprob{}}
 		for _, x := range t.Top {
-			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: x.Text, Logprob: x.Logprob, Bytes: tokenBytes(x.Bytes)})
+			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: tokenName(x.ID, x.Text, c.ids), Logprob: x.Logprob, Bytes: tokenBytes(x.Bytes)})
 		}
 		lp.Content = append(lp.Content, e)
 	}
