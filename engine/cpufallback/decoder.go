@@ -75,12 +75,14 @@ type decoderPlan struct {
 	// values gathered from the cache, and the chunk's scores.
 	keys, values, scores [][]float32
 	chunkAttn            chunkAttn
-	rows                 []int // the token row each sampled work's last token is
-	hs, logits           []float32
-	out                  []generation.Sampled
-	top                  [][maxTopLogprobs]generation.TopLogprob
-	sampler              generation.Sampler
-	attn                 attnStep
+	// Per chunk of the decodes' attention: a group's scores.
+	decScores  [][]float32
+	rows       []int // the token row each sampled work's last token is
+	hs, logits []float32
+	out        []generation.Sampled
+	top        [][maxTopLogprobs]generation.TopLogprob
+	sampler    generation.Sampler
+	attn       attnStep
 }
 
 func newDecoderPlan(m *models.Model) *decoderPlan {
@@ -118,6 +120,9 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 		p.scores = append(p.scores, make([]float32, T*g.MaxModelLen))
 	}
 	p.chunkAttn.p = p
+	for range 4 * stepThreads() {
+		p.decScores = append(p.decScores, make([]float32, (c.Heads/c.KVHeads)*g.MaxModelLen))
+	}
 	p.sampler = generation.NewSampler(c.Vocab)
 	p.growRows(g.MaxNumSeqs)
 	p.attn.p = p
@@ -232,11 +237,11 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
 		copy(kd, p.k[t*KV:(t+1)*KV])
 		copy(vd, p.v[t*KV:(t+1)*KV])
 	}
-	// Decodes: one token each, over its sequence's cache, a head at a
-	// time.
-	if items := len(p.singles) * c.Heads; items > 0 {
+	// Decodes: one token each, over its sequence's cache, a key/value
+	// head's group of query heads at a time.
+	if items := len(p.singles) * c.KVHeads; items > 0 {
 		p.attn.layer, p.attn.step = l, step
-		chunks := min(items, threads*4)
+		chunks := min(items, threads*4, len(p.decScores))
 		p.attn.per = (items + chunks - 1) / chunks
 		parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, threads)
 	}
@@ -313,45 +318,62 @@ func (a *attnStep) run(chunk int) {
 	Q, hd := c.Heads*c.HeadDim, c.HeadDim
 	group := c.Heads / c.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	lo, hi := chunk*a.per, min((chunk+1)*a.per, len(p.singles)*c.Heads)
+	lo, hi := chunk*a.per, min((chunk+1)*a.per, len(p.singles)*c.KVHeads)
 	for item := lo; item < hi; item++ {
-		t, h := int(p.singles[item/c.Heads]), item%c.Heads
+		t, g := int(p.singles[item/c.KVHeads]), item%c.KVHeads
 		w := a.step.Work[p.tokWork[t]]
 		table := w.Seq.BlockTable()
 		pos := int(p.pos[t])
-		q := p.q[t*Q+h*hd : t*Q+(h+1)*hd]
-		out := p.att[t*Q+h*hd : t*Q+(h+1)*hd]
-		clear(out)
-		kvOff := (h / group) * hd
 		from := 0
 		if c.SlidingWindow > 0 {
 			from = max(0, pos-c.SlidingWindow+1)
 		}
-		// Online softmax: a running maximum, sum and weighted values.
-		m, sum := float32(math.Inf(-1)), float32(0)
-		for j := from; j <= pos; j++ {
-			s := int(table[j/p.blockSize])*p.blockSize + j%p.blockSize
-			kr, vr := p.cacheRow(s, a.layer)
-			k, v := kr[kvOff:kvOff+hd], vr[kvOff:kvOff+hd]
-			score := dot32(q, k) * scale
-			if score > m {
-				f := exp32(m - score)
-				sum *= f
-				for i := range out {
-					out[i] *= f
-				}
-				m = score
-			}
-			e := exp32(score - m)
-			sum += e
-			for i, x := range v {
-				out[i] += e * x
-			}
+		if decodeAttention != nil && hd%8 == 0 {
+			bs, kvw := p.blockSize, p.kvWidth
+			decodeAttention(decodeAttn{group: group, hd: hd, from: from, to: pos + 1, kv: p.kv,
+				base: a.layer*2*bs*kvw + g*hd, blockStride: len(p.layers) * 2 * bs * kvw, bs: bs, rowStride: kvw, valOff: bs * kvw,
+				table: table, scale: scale, q: p.q[t*Q+g*group*hd : t*Q+(g+1)*group*hd],
+				out: p.att[t*Q+g*group*hd : t*Q+(g+1)*group*hd], scores: p.decScores[chunk]})
+			continue
 		}
-		inv := 1 / sum
-		for i := range out {
-			out[i] *= inv
+		for h := g * group; h < (g+1)*group; h++ {
+			a.head(t, h, g*hd, pos, from, table, scale)
 		}
+	}
+}
+
+// head is one query head's attention for decode token t in Go: an online
+// softmax over the sequence's cache.
+func (a *attnStep) head(t, h, kvOff, pos, from int, table []int32, scale float32) {
+	p, c := a.p, a.p.cfg
+	Q, hd := c.Heads*c.HeadDim, c.HeadDim
+	q := p.q[t*Q+h*hd : t*Q+(h+1)*hd]
+	out := p.att[t*Q+h*hd : t*Q+(h+1)*hd]
+	clear(out)
+	// Online softmax: a running maximum, sum and weighted values.
+	m, sum := float32(math.Inf(-1)), float32(0)
+	for j := from; j <= pos; j++ {
+		s := int(table[j/p.blockSize])*p.blockSize + j%p.blockSize
+		kr, vr := p.cacheRow(s, a.layer)
+		k, v := kr[kvOff:kvOff+hd], vr[kvOff:kvOff+hd]
+		score := dot32(q, k) * scale
+		if score > m {
+			f := exp32(m - score)
+			sum *= f
+			for i := range out {
+				out[i] *= f
+			}
+			m = score
+		}
+		e := exp32(score - m)
+		sum += e
+		for i, x := range v {
+			out[i] += e * x
+		}
+	}
+	inv := 1 / sum
+	for i := range out {
+		out[i] *= inv
 	}
 }
 

@@ -2,6 +2,7 @@ package cpufallback
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -125,4 +126,66 @@ func TestDecoderStepAllocs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, allocs, "allocations per sampled decode step with top_logprobs")
 	assert.Len(t, out[0].Top, 5)
+}
+
+// BenchmarkDecodeStep times one decode step of a SmolLM-135M-shaped
+// decoder (vocab 8192) at 1 and 16 sequences of 256 tokens of context,
+// float32 and bfloat16 weights (where the CPU has them):
+//
+//	go test -run '^$' -bench DecodeStep ./engine/cpufallback
+func BenchmarkDecodeStep(b *testing.B) {
+	shape := randweights.Decoder{Vocab: 8192, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536, MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}
+	for _, dtype := range []string{"", "bfloat16"} {
+		if dtype != "" && !BFloat16() {
+			continue
+		}
+		yaml := ""
+		if dtype != "" {
+			yaml = "device_dtype: " + dtype + "\n"
+		}
+		dir := writeDecoder(b, shape, yaml+"generation:\n  max_model_len: 512\n  max_num_seqs: 16\n  max_batch_tokens: 256\n")
+		m, err := models.Load(dir)
+		require.NoError(b, err)
+		dec, err := Engine{}.LoadDecoder(context.Background(), m)
+		require.NoError(b, err)
+		for _, seqs := range []int{1, 16} {
+			g := m.Config.Generation
+			s, err := generation.New(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: seqs, MaxModelLen: 512, MaxBatchTokens: 256})
+			require.NoError(b, err)
+			for i := range seqs {
+				prompt := make([]int32, 256)
+				for j := range prompt {
+					prompt[j] = int32(3 + (i*131+j*37)%8000)
+				}
+				require.NoError(b, s.Add(&generation.Sequence{Prompt: prompt, MaxTokens: 100, Sampling: generation.Sampling{Logprobs: -1}}))
+			}
+			var step *generation.Step
+			for {
+				step = s.Schedule()
+				if step.Tokens() == len(step.Work) && len(step.Work) == seqs {
+					break // every sequence decodes
+				}
+				out, err := dec.Step(context.Background(), step)
+				require.NoError(b, err)
+				tokens := make([]int32, len(out))
+				for i, o := range out {
+					tokens[i] = o.Token
+				}
+				s.Advance(step, tokens)
+			}
+			name := "f32"
+			if dtype != "" {
+				name = "bf16"
+			}
+			b.Run(fmt.Sprintf("%s/seqs=%d", name, seqs), func(b *testing.B) {
+				for b.Loop() {
+					if _, err := dec.Step(context.Background(), step); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(seqs*b.N)/b.Elapsed().Seconds(), "tokens/s")
+			})
+		}
+		dec.Close()
+	}
 }

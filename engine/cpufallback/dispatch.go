@@ -93,6 +93,7 @@ func chooseKernels(want string) error {
 		products = nil
 		kernelName = "go"
 		biasAct, addSoftmaxRows, residualNorm, layerNormRows = goBiasAct, goAddSoftmaxRows, goResidualNorm, goLayerNormRows
+		decodeAttention = nil
 	}
 	if want == "go" {
 		useGo()

@@ -184,6 +184,66 @@ AVX512 static void tile16x2(int mr, int kc, const float *a, long lda, const floa
 	store16x2(acc, mr, c, ldc, m0, m1, alpha, beta, first, last, bias, act);
 }
 
+// A tile of M rows (1 to 4: a decode step's few sequences), which
+// tile16x2 would pad to 8 with zero rows and so spend most of its
+// multiplies on zeros: at one row the 8-row tile reads the weights at
+// under a third of the machine's bandwidth. Here each row's two
+// accumulators are split over U steps of K (U independent chains hide the
+// FMA's latency), so a decode step's products stream the weights.
+#define SMALL_TILE(M, U)                                                                                          \
+	AVX512 static void tile_small##M(int kc, const float *a, long lda, const float *bp, float *c, long ldc,        \
+	                                 __mmask16 m0, __mmask16 m1, float alpha, float beta, int first, int last,     \
+	                                 const float *bias, int act) {                                                 \
+		__m512 acc[M][U][2];                                                                                      \
+		for (int i = 0; i < M; i++)                                                                               \
+			for (int u = 0; u < U; u++) acc[i][u][0] = acc[i][u][1] = _mm512_setzero_ps();                        \
+		int p = 0;                                                                                                \
+		for (; p + U <= kc; p += U) {                                                                             \
+			for (int u = 0; u < U; u++) {                                                                         \
+				__m512 b0 = _mm512_loadu_ps(bp + (p + u) * 32), b1 = _mm512_loadu_ps(bp + (p + u) * 32 + 16);     \
+				for (int i = 0; i < M; i++) {                                                                     \
+					__m512 av = _mm512_set1_ps(a[i * lda + p + u]);                                               \
+					acc[i][u][0] = _mm512_fmadd_ps(av, b0, acc[i][u][0]);                                         \
+					acc[i][u][1] = _mm512_fmadd_ps(av, b1, acc[i][u][1]);                                         \
+				}                                                                                                 \
+			}                                                                                                     \
+		}                                                                                                         \
+		for (; p < kc; p++) {                                                                                     \
+			__m512 b0 = _mm512_loadu_ps(bp + p * 32), b1 = _mm512_loadu_ps(bp + p * 32 + 16);                     \
+			for (int i = 0; i < M; i++) {                                                                         \
+				__m512 av = _mm512_set1_ps(a[i * lda + p]);                                                       \
+				acc[i][0][0] = _mm512_fmadd_ps(av, b0, acc[i][0][0]);                                             \
+				acc[i][0][1] = _mm512_fmadd_ps(av, b1, acc[i][0][1]);                                             \
+			}                                                                                                     \
+		}                                                                                                         \
+		__m512 out[8][2];                                                                                         \
+		for (int i = 0; i < M; i++) {                                                                             \
+			out[i][0] = acc[i][0][0];                                                                             \
+			out[i][1] = acc[i][0][1];                                                                             \
+			for (int u = 1; u < U; u++) {                                                                         \
+				out[i][0] = _mm512_add_ps(out[i][0], acc[i][u][0]);                                               \
+				out[i][1] = _mm512_add_ps(out[i][1], acc[i][u][1]);                                               \
+			}                                                                                                     \
+		}                                                                                                         \
+		store16x2(out, M, c, ldc, m0, m1, alpha, beta, first, last, bias, act);                                   \
+	}
+SMALL_TILE(1, 4)
+SMALL_TILE(2, 4)
+SMALL_TILE(3, 2)
+SMALL_TILE(4, 2)
+#undef SMALL_TILE
+
+AVX512 static void tile_small(int mr, int kc, const float *a, long lda, const float *bp, float *c, long ldc,
+                              __mmask16 m0, __mmask16 m1, float alpha, float beta, int first, int last,
+                              const float *bias, int act) {
+	switch (mr) {
+	case 1: tile_small1(kc, a, lda, bp, c, ldc, m0, m1, alpha, beta, first, last, bias, act); break;
+	case 2: tile_small2(kc, a, lda, bp, c, ldc, m0, m1, alpha, beta, first, last, bias, act); break;
+	case 3: tile_small3(kc, a, lda, bp, c, ldc, m0, m1, alpha, beta, first, last, bias, act); break;
+	default: tile_small4(kc, a, lda, bp, c, ldc, m0, m1, alpha, beta, first, last, bias, act); break;
+	}
+}
+
 // The rows of A a short tile reads: the block's last rows copied, zero
 // rows after them, so that the micro-kernel always runs whole.
 static __thread float tailA[8 * KC];
@@ -197,8 +257,8 @@ AVX512 static void gemm_avx512(int m, int n, int k, float alpha, const float *a,
 		for (int k0 = 0; k0 < k; k0 += KC) {
 			int kc = k - k0 < KC ? k - k0 : KC;
 			int first = k0 == 0, last = k0 + kc == k;
-			int full = mc / 8 * 8, mr = mc - full;
-			if (mr) {
+			int full = mc / 8 * 8, mr = mc - full, small = mr <= 4;
+			if (mr && !small) {
 				for (int i = 0; i < 8; i++)
 					for (int p = 0; p < kc; p++) tailA[i * kc + p] = i < mr ? a[(long)(i0 + full + i) * lda + k0 + p] : 0;
 			}
@@ -210,7 +270,9 @@ AVX512 static void gemm_avx512(int m, int n, int k, float alpha, const float *a,
 				const float *bb = bias ? bias + j0 : 0;
 				for (int i = 0; i < full; i += 8)
 					tile16x2(8, kc, a + (long)(i0 + i) * lda + k0, lda, bs, c + (long)(i0 + i) * ldc + j0, ldc, m0, m1, alpha, beta, first, last, bb, act);
-				if (mr)
+				if (mr && small)
+					tile_small(mr, kc, a + (long)(i0 + full) * lda + k0, lda, bs, c + (long)(i0 + full) * ldc + j0, ldc, m0, m1, alpha, beta, first, last, bb, act);
+				else if (mr)
 					tile16x2(mr, kc, tailA, kc, bs, c + (long)(i0 + full) * ldc + j0, ldc, m0, m1, alpha, beta, first, last, bb, act);
 			}
 		}
@@ -355,6 +417,52 @@ BF16 static void tile_bf16(int mr, int kp, const unsigned short *a, long lda, co
 	store16x2(acc, mr, c, ldc, m0, m1, alpha, beta, first, last, bias, act);
 }
 
+// tile_bf16 for M rows (1 to 4), each row's accumulators split over U
+// pairs of K, as tile_small is for float32.
+#define SMALL_TILE_BF16(M, U)                                                                                     \
+	BF16 static void tile_bf16_small##M(int kp, const unsigned short *a, long lda, const unsigned short *bp,       \
+	                                    float *c, long ldc, __mmask16 m0, __mmask16 m1, int first, int last,       \
+	                                    const float *bias, int act) {                                              \
+		__m512 acc[M][U][2];                                                                                      \
+		for (int i = 0; i < M; i++)                                                                               \
+			for (int u = 0; u < U; u++) acc[i][u][0] = acc[i][u][1] = _mm512_setzero_ps();                        \
+		int q = 0;                                                                                                \
+		for (; q + U <= kp; q += U) {                                                                             \
+			for (int u = 0; u < U; u++) {                                                                         \
+				__m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + (q + u) * 64);                                   \
+				__m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + (q + u) * 64 + 32);                              \
+				for (int i = 0; i < M; i++) {                                                                     \
+					__m512bh av = (__m512bh)_mm512_set1_epi32(((const int *)(a + i * lda))[q + u]);              \
+					acc[i][u][0] = _mm512_dpbf16_ps(acc[i][u][0], av, b0);                                        \
+					acc[i][u][1] = _mm512_dpbf16_ps(acc[i][u][1], av, b1);                                        \
+				}                                                                                                 \
+			}                                                                                                     \
+		}                                                                                                         \
+		for (; q < kp; q++) {                                                                                     \
+			__m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 64), b1 = (__m512bh)_mm512_loadu_si512(bp + q * 64 + 32); \
+			for (int i = 0; i < M; i++) {                                                                         \
+				__m512bh av = (__m512bh)_mm512_set1_epi32(((const int *)(a + i * lda))[q]);                      \
+				acc[i][0][0] = _mm512_dpbf16_ps(acc[i][0][0], av, b0);                                            \
+				acc[i][0][1] = _mm512_dpbf16_ps(acc[i][0][1], av, b1);                                            \
+			}                                                                                                     \
+		}                                                                                                         \
+		__m512 out[8][2];                                                                                         \
+		for (int i = 0; i < M; i++) {                                                                             \
+			out[i][0] = acc[i][0][0];                                                                             \
+			out[i][1] = acc[i][0][1];                                                                             \
+			for (int u = 1; u < U; u++) {                                                                         \
+				out[i][0] = _mm512_add_ps(out[i][0], acc[i][u][0]);                                               \
+				out[i][1] = _mm512_add_ps(out[i][1], acc[i][u][1]);                                               \
+			}                                                                                                     \
+		}                                                                                                         \
+		store16x2(out, M, c, ldc, m0, m1, 1, 0, first, last, bias, act);                                          \
+	}
+SMALL_TILE_BF16(1, 4)
+SMALL_TILE_BF16(2, 4)
+SMALL_TILE_BF16(3, 2)
+SMALL_TILE_BF16(4, 2)
+#undef SMALL_TILE_BF16
+
 // y[m, n] = act(x[m, k] . B + bias) on panels p0 up to p1 of B packed by
 // ss_pack_b_bf16: x is rounded to bfloat16 a block at a time, the products
 // summed in float32.
@@ -387,9 +495,18 @@ BF16 void ss_linear_bf16(int m, int n, int k, const float *x, const unsigned sho
 					__mmask16 m1 = w >= 32 ? 0xffff : w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
 					const unsigned short *bs = bp + (long)p * kpAll * 64 + (long)(k0 / 2) * 64;
 					const float *bb = bias ? bias + j0 : 0;
-					for (int i = 0; i < mc; i += 8)
-						tile_bf16(mc - i < 8 ? mc - i : 8, kp, blockA + (long)i * ld, ld, bs, y + (long)(i0 + i) * n + j0, n,
-						          m0, m1, 1, 0, first, last, bb, act);
+					for (int i = 0; i < mc; i += 8) {
+						int mr = mc - i < 8 ? mc - i : 8;
+						const unsigned short *ai = blockA + (long)i * ld;
+						float *yi = y + (long)(i0 + i) * n + j0;
+						switch (mr) {
+						case 1: tile_bf16_small1(kp, ai, ld, bs, yi, n, m0, m1, first, last, bb, act); break;
+						case 2: tile_bf16_small2(kp, ai, ld, bs, yi, n, m0, m1, first, last, bb, act); break;
+						case 3: tile_bf16_small3(kp, ai, ld, bs, yi, n, m0, m1, first, last, bb, act); break;
+						case 4: tile_bf16_small4(kp, ai, ld, bs, yi, n, m0, m1, first, last, bb, act); break;
+						default: tile_bf16(mr, kp, ai, ld, bs, yi, n, m0, m1, 1, 0, first, last, bb, act);
+						}
+					}
 				}
 			}
 		}

@@ -25,7 +25,27 @@ var (
 	residualNorm = goResidualNorm
 	// layerNormRows normalizes every row of x (len(n.Weight) columns).
 	layerNormRows = goLayerNormRows
+	// decodeAttention is one decode token's attention for a group of
+	// query heads over the paged cache (see ss_decode_attention), where
+	// native kernels run; nil elsewhere (attnStep then runs it in Go).
+	decodeAttention func(a decodeAttn)
 )
+
+// decodeAttn is one call of decodeAttention: the group query heads in q
+// (hd apart) attend to positions from up to to of a sequence whose
+// position j has its key at kv[base + table[j/bs]*blockStride +
+// (j%bs)*rowStride:] and its value valOff further; out gets the group's
+// heads; scores holds group x (to-from) floats.
+type decodeAttn struct {
+	group, hd, from, to int
+	kv                  []float32
+	base                int
+	blockStride, bs     int
+	rowStride, valOff   int
+	table               []int32
+	scale               float32
+	q, out, scores      []float32
+}
 
 // Kernels names the instruction set of the engine's kernels (products and
 // element-wise passes): "avx512", "avx2" or "go" (see dispatch.go). The

@@ -204,3 +204,78 @@ AVX2 void ss_residual_norm(float *x, const float *y, const float *bias, const fl
 AVX2 void ss_layer_norm(float *x, const float *w, const float *b, int rows, int cols, float eps) {
 	for (int r = 0; r < rows; r++) norm_row(x + (long)r * cols, w, b, cols, eps);
 }
+
+// One decode token's attention for the group query heads that share a
+// key/value head, over its sequence's cache: keys and values are read in
+// place through the block table (position j is at kv + table[j/bs] *
+// blockStride + (j%bs) * rowStride, its value valOff further), so the
+// cache is read once for the group. q and out hold the group's heads, hd
+// apart; scores holds group x (to-from) floats. hd is a multiple of 8.
+// Scores first (each key loaded once for every head of the group), then an
+// exact softmax (max, e^(s - max), sum), then the weighted values.
+AVX2 void ss_decode_attention(int group, int hd, int from, int to, const float *kv, long blockStride, int bs,
+                              int rowStride, long valOff, const int *table, float scale, const float *q, float *out,
+                              float *scores) {
+	int P = to - from;
+	for (int j = from; j < to; j++) {
+		const float *k = kv + (long)table[j / bs] * blockStride + (long)(j % bs) * rowStride;
+		for (int h = 0; h < group; h++) {
+			const float *qh = q + (long)h * hd;
+			__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+			int i = 0;
+			for (; i + 16 <= hd; i += 16) {
+				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
+				a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+			}
+			if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
+			scores[h * P + (j - from)] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+		}
+	}
+	for (int h = 0; h < group; h++) {
+		float *s = scores + (long)h * P;
+		__m256 vm = _mm256_set1_ps(-INFINITY);
+		int j = 0;
+		for (; j + 8 <= P; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
+		float m = -INFINITY;
+		float lanes[8];
+		_mm256_storeu_ps(lanes, vm);
+		for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+		for (; j < P; j++) m = s[j] > m ? s[j] : m;
+		__m256 vsum = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+		for (j = 0; j + 8 <= P; j += 8) {
+			__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+			_mm256_storeu_ps(s + j, e);
+			vsum = _mm256_add_ps(vsum, e);
+		}
+		float sum = hsum8(vsum);
+		for (; j < P; j++) {
+			__m256 e = exp8(_mm256_set1_ps(s[j] - m));
+			s[j] = _mm256_cvtss_f32(e);
+			sum += s[j];
+		}
+		float inv = 1 / sum;
+		for (j = 0; j < P; j++) s[j] *= inv;
+	}
+	// out_h = sum_j p_h[j] v_j, hd/8 accumulators a head, 16 columns at a
+	// time so that every value row is loaded once a head pair.
+	for (int h = 0; h < group; h++) {
+		const float *s = scores + (long)h * P;
+		float *o = out + (long)h * hd;
+		for (int i = 0; i < hd; i += 32) {
+			int w = hd - i < 32 ? hd - i : 32;
+			__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+			for (int j = from; j < to; j++) {
+				const float *v = kv + valOff + (long)table[j / bs] * blockStride + (long)(j % bs) * rowStride + i;
+				__m256 p = _mm256_set1_ps(s[j - from]);
+				a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
+				if (w > 8) a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
+				if (w > 16) a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
+				if (w > 24) a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+			}
+			_mm256_storeu_ps(o + i, a0);
+			if (w > 8) _mm256_storeu_ps(o + i + 8, a1);
+			if (w > 16) _mm256_storeu_ps(o + i + 16, a2);
+			if (w > 24) _mm256_storeu_ps(o + i + 24, a3);
+		}
+	}
+}

@@ -10,3 +10,6 @@ void ss_residual_norm(float *x, const float *y, const float *bias, const float *
 void ss_layer_norm(float *x, const float *w, const float *b, int rows, int cols, float eps);
 void ss_softmax_rows_unscaled(float *y, const float *add, int rows, int cols, float *inv);
 void ss_scale_rows(float *y, int rows, int cols, long ld, const float *s);
+void ss_decode_attention(int group, int hd, int from, int to, const float *kv, long blockStride, int bs,
+                         int rowStride, long valOff, const int *table, float scale, const float *q, float *out,
+                         float *scores);

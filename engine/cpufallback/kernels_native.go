@@ -23,6 +23,7 @@ var _ = func() bool {
 	if C.ss_have_avx2() != 0 {
 		nativeElementWise = func() {
 			biasAct, addSoftmaxRows, residualNorm, layerNormRows = avx2BiasAct, avx2AddSoftmaxRows, avx2ResidualNorm, avx2LayerNormRows
+			decodeAttention = avx2DecodeAttention
 		}
 	}
 	return true
@@ -50,6 +51,25 @@ func avx2AddSoftmaxRows(y, add []float32) {
 		return
 	}
 	C.ss_add_softmax(fp(y), fp(add), rows(y, len(add)), C.int(len(add)))
+}
+
+// avx2DecodeAttention checks that every row C will read is inside a.kv
+// and the buffers hold what it writes, then runs ss_decode_attention.
+func avx2DecodeAttention(a decodeAttn) {
+	P := a.to - a.from
+	if P <= 0 || a.hd%8 != 0 || len(a.q) < a.group*a.hd || len(a.out) < a.group*a.hd || len(a.scores) < a.group*P ||
+		(a.to-1)/a.bs >= len(a.table) || a.from < 0 {
+		panic("cpufallback: decodeAttention: mismatched shapes")
+	}
+	last := a.base + (a.bs-1)*a.rowStride + a.valOff + a.hd
+	for _, b := range a.table[a.from/a.bs : (a.to-1)/a.bs+1] {
+		if b < 0 || int(b)*a.blockStride+last > len(a.kv) {
+			panic("cpufallback: decodeAttention: a block outside the cache")
+		}
+	}
+	C.ss_decode_attention(C.int(a.group), C.int(a.hd), C.int(a.from), C.int(a.to), fp(a.kv[a.base:]), C.long(a.blockStride),
+		C.int(a.bs), C.int(a.rowStride), C.long(a.valOff), (*C.int)(unsafe.Pointer(unsafe.SliceData(a.table))),
+		C.float(a.scale), fp(a.q), fp(a.out), fp(a.scores))
 }
 
 func avx2ResidualNorm(x, y, bias []float32, n models.Norm, eps float64) {

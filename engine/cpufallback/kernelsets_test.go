@@ -12,6 +12,8 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/steps"
 )
 
@@ -101,6 +103,37 @@ func TestEveryKernelSetMatchesTorch(t *testing.T) {
 				}
 				t.Logf("%s: max abs error vs torch %.2e, cosine 1 - %.1e at least", family, worst, 1-minCos)
 			}
+			decoderAgrees(t, bf16)
 		})
+	}
+}
+
+// decoderAgrees generates with a Llama decoder (head size 32: the native
+// decode attention where the set has it) one prompt alone, then three
+// at once (decode products of one and of three rows), against torch's
+// greedy tokens: every token in float32; in bfloat16 the first four
+// (its rounding may later tip a near-tie the other way).
+func decoderAgrees(t *testing.T, bf16 bool) {
+	yaml := "engine: cpu\ngeneration:\n  max_model_len: 256\n  max_batch_tokens: 64\n"
+	if bf16 {
+		yaml = "device_dtype: bfloat16\n" + yaml
+	}
+	dir := enginetest.WriteDecoder(t, enginetest.DecoderShapes["llama"], 7, yaml)
+	ps := enginetest.Prompts(5, 70, 3)
+	const n = 24
+	want := enginetest.TorchGreedy(t, dir, ps, n, "float32")
+	m, err := models.Load(dir)
+	require.NoError(t, err)
+	dec, err := cpufallback.Engine{}.LoadDecoder(context.Background(), m)
+	require.NoError(t, err)
+	defer dec.Close()
+	loop := enginetest.StartLoop(t, dec, m)
+	got := append(enginetest.Generate(t, loop, ps[:1], n, nil), enginetest.Generate(t, loop, ps[1:], n, nil)...)
+	for i := range ps {
+		if bf16 {
+			assert.Equal(t, want[i][:4], got[i][:4], "prompt %d, bfloat16", i)
+		} else {
+			assert.Equal(t, want[i], got[i], "prompt %d", i)
+		}
 	}
 }
