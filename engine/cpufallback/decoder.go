@@ -83,7 +83,11 @@ type decoderPlan struct {
 	top        [][maxTopLogprobs]generation.TopLogprob
 	sampler    generation.Sampler
 	attn       attnStep
+	macs       int // a token's multiply-adds in the products
 }
+
+// crewTokens is the most tokens a step holds a crew for.
+const crewTokens = 4
 
 func newDecoderPlan(m *models.Model) *decoderPlan {
 	d, c, g := m.Decoder, m.Decoder.Config, m.Config.Generation
@@ -120,6 +124,12 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 		p.scores = append(p.scores, make([]float32, T*g.MaxModelLen))
 	}
 	p.chunkAttn.p = p
+	p.macs = p.head.in * p.head.out
+	for _, l := range p.layers {
+		for _, w := range []*weight{l.q, l.k, l.v, l.o, l.gate, l.up, l.down} {
+			p.macs += w.in * w.out
+		}
+	}
 	for range 4 * stepThreads() {
 		p.decScores = append(p.decScores, make([]float32, (c.Heads/c.KVHeads)*g.MaxModelLen))
 	}
@@ -190,9 +200,19 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			rows++
 		}
 	}
+	// A step of a few tokens holds a crew (spinning threads) for its
+	// products: a decode step's 150 products are 50-200 microseconds each,
+	// and a goroutine hand-off per product cost a tenth of the step. Its
+	// attention, a few heads, then runs on this thread; a larger step's
+	// many heads split on the team.
 	threads := stepThreads()
+	var cr *crew
+	if T <= crewTokens {
+		cr, threads = beginCrewFor(threads, T*p.macs)
+		defer cr.end()
+	}
 	for l := range p.layers {
-		p.layer(l, T, step, threads)
+		p.layer(l, T, step, threads, cr)
 	}
 	// The sampled rows' final norm and logits: only they go through the
 	// output projection.
@@ -200,7 +220,7 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 		rmsNorm(p.hs[r*H:(r+1)*H], p.x[p.rows[r]*H:(p.rows[r]+1)*H], p.norm, p.eps)
 	}
 	if rows > 0 {
-		linearPar(nil, threads, rows, p.hs, p.head, p.logits, nil, actNone)
+		linearPar(cr, threads, rows, p.hs, p.head, p.logits, nil, actNone)
 	}
 	r := 0
 	for i, w := range step.Work {
@@ -215,13 +235,13 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 }
 
 // layer runs transformer block l on the step's T tokens in p.x.
-func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
+func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int, cr *crew) {
 	c, L := p.cfg, &p.layers[l]
 	H, Q, KV, I := c.Hidden, c.Heads*c.HeadDim, p.kvWidth, c.Intermediate
 	for t := range T {
 		rmsNorm(p.xn[t*H:(t+1)*H], p.x[t*H:(t+1)*H], L.inNorm, p.eps)
 	}
-	linearParN(nil, threads, T, p.xn, 3, [3]*weight{L.q, L.k, L.v}, [3][]float32{p.q, p.k, p.v}, [3][]float32{L.qb, L.kb, L.vb}, actNone)
+	linearParN(cr, threads, T, p.xn, 3, [3]*weight{L.q, L.k, L.v}, [3][]float32{p.q, p.k, p.v}, [3][]float32{L.qb, L.kb, L.vb}, actNone)
 	// RoPE, then the new keys and values into the cache by slot.
 	half := c.HeadDim / 2
 	for t := range T {
@@ -243,7 +263,11 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
 		p.attn.layer, p.attn.step = l, step
 		chunks := min(items, threads*4, len(p.decScores))
 		p.attn.per = (items + chunks - 1) / chunks
-		parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, threads)
+		attnThreads := threads
+		if cr != nil {
+			attnThreads = 1
+		}
+		parallelRun(&p.attn, (items+p.attn.per-1)/p.attn.per, attnThreads)
 	}
 	// Prompt chunks: a key/value head's scores for every token of the
 	// chunk as one product, its softmax, and the values as another.
@@ -253,18 +277,16 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int) {
 		a.chunks = min(items, threads, len(p.keys))
 		parallelRun(a, a.chunks, a.chunks)
 	}
-	linearPar(nil, threads, T, p.att, L.o, p.o, L.ob, actNone)
+	linearPar(cr, threads, T, p.att, L.o, p.o, L.ob, actNone)
 	for i, v := range p.o[:T*H] {
 		p.x[i] += v
 	}
 	for t := range T {
 		rmsNorm(p.xn[t*H:(t+1)*H], p.x[t*H:(t+1)*H], L.postNorm, p.eps)
 	}
-	linearParN(nil, threads, T, p.xn, 2, [3]*weight{L.gate, L.up}, [3][]float32{p.gate, p.up}, [3][]float32{}, actNone)
-	for i, g := range p.gate[:T*I] {
-		p.gate[i] = g / (1 + exp32(-g)) * p.up[i]
-	}
-	linearPar(nil, threads, T, p.gate, L.down, p.o, nil, actNone)
+	linearParN(cr, threads, T, p.xn, 2, [3]*weight{L.gate, L.up}, [3][]float32{p.gate, p.up}, [3][]float32{}, actNone)
+	siluMul(p.gate[:T*I], p.up[:T*I])
+	linearPar(cr, threads, T, p.gate, L.down, p.o, nil, actNone)
 	for i, v := range p.o[:T*H] {
 		p.x[i] += v
 	}

@@ -93,7 +93,7 @@ func chooseKernels(want string) error {
 		products = nil
 		kernelName = "go"
 		biasAct, addSoftmaxRows, residualNorm, layerNormRows = goBiasAct, goAddSoftmaxRows, goResidualNorm, goLayerNormRows
-		decodeAttention = nil
+		decodeAttention, siluMul = nil, goSiluMul
 	}
 	if want == "go" {
 		useGo()

@@ -250,6 +250,18 @@ static __thread float tailA[8 * KC];
 
 AVX512 static void gemm_avx512(int m, int n, int k, float alpha, const float *a, int lda, const float *bp,
                                float beta, float *c, int ldc, const float *bias, int act, int p0, int p1) {
+	if (m <= 4) {
+		// A few rows stay in L1 whatever k is: each panel streams once,
+		// whole, which keeps the prefetchers on one run of memory (K
+		// blocks would revisit every panel once a block).
+		for (int p = p0; p < p1; p++) {
+			int j0 = p * 32, w = n - j0;
+			__mmask16 m0 = w >= 16 ? 0xffff : (__mmask16)((1u << w) - 1);
+			__mmask16 m1 = w >= 32 ? 0xffff : w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
+			tile_small(m, k, a, lda, bp + (long)p * k * 32, c + j0, ldc, m0, m1, alpha, beta, 1, 1, bias ? bias + j0 : 0, act);
+		}
+		return;
+	}
 	for (int q0 = p0; q0 < p1; q0 += NC / 32) {
 	int q1 = q0 + NC / 32 < p1 ? q0 + NC / 32 : p1;
 	for (int i0 = 0; i0 < m; i0 += MC) {
@@ -469,6 +481,34 @@ SMALL_TILE_BF16(4, 2)
 BF16 void ss_linear_bf16(int m, int n, int k, const float *x, const unsigned short *bp, float *y,
                          const float *bias, int act, int p0, int p1) {
 	int kpAll = (k + 1) / 2;
+	if (m <= 4 && (long)m * 2 * kpAll <= MC * KC) {
+		// As gemm_avx512's few rows: x in bfloat16 once, each panel whole.
+		int ld = 2 * kpAll;
+		for (int i = 0; i < m; i++) {
+			unsigned short *dst = blockA + (long)i * ld;
+			const float *src = x + (long)i * k;
+			int p = 0;
+			for (; p + 32 <= k; p += 32)
+				_mm512_storeu_si512(dst + p, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + p + 16), _mm512_loadu_ps(src + p)));
+			for (; p < k; p++) dst[p] = bf16_of(src[p]);
+			if (k & 1) dst[k] = 0;
+		}
+		for (int p = p0; p < p1; p++) {
+			int j0 = p * 32, w = n - j0;
+			__mmask16 m0 = w >= 16 ? 0xffff : (__mmask16)((1u << w) - 1);
+			__mmask16 m1 = w >= 32 ? 0xffff : w <= 16 ? 0 : (__mmask16)((1u << (w - 16)) - 1);
+			const unsigned short *bs = bp + (long)p * kpAll * 64;
+			const float *bb = bias ? bias + j0 : 0;
+			float *yi = y + j0;
+			switch (m) {
+			case 1: tile_bf16_small1(kpAll, blockA, ld, bs, yi, n, m0, m1, 1, 1, bb, act); break;
+			case 2: tile_bf16_small2(kpAll, blockA, ld, bs, yi, n, m0, m1, 1, 1, bb, act); break;
+			case 3: tile_bf16_small3(kpAll, blockA, ld, bs, yi, n, m0, m1, 1, 1, bb, act); break;
+			default: tile_bf16_small4(kpAll, blockA, ld, bs, yi, n, m0, m1, 1, 1, bb, act); break;
+			}
+		}
+		return;
+	}
 	for (int q0 = p0; q0 < p1; q0 += NC / 32) {
 		int q1 = q0 + NC / 32 < p1 ? q0 + NC / 32 : p1;
 		for (int i0 = 0; i0 < m; i0 += MC) {

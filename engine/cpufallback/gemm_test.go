@@ -55,6 +55,9 @@ func TestProductKernelsAgainstGonum(t *testing.T) {
 		shapes = append(shapes, shape{sizes[rng.IntN(len(sizes))], sizes[rng.IntN(len(sizes))], sizes[rng.IntN(len(sizes))]})
 	}
 	shapes = append(shapes, shape{1, 1, 1}, shape{300, 300, 300}, shape{9, 47, 600}, shape{128, 384, 384})
+	// The few-row tiles (a decode step's products): every row count, K
+	// over one block and not a multiple of anything.
+	shapes = append(shapes, shape{1, 70, 600}, shape{2, 33, 1}, shape{3, 47, 385}, shape{4, 64, 1537})
 	for _, pk := range nativeProducts {
 		for _, s := range shapes {
 			for _, transB := range []bool{false, true} {
@@ -186,7 +189,8 @@ func TestBF16ProductsAgainstRoundedOperands(t *testing.T) {
 		t.Skip("no bfloat16 products on this CPU (AVX512_BF16) or in this build")
 	}
 	rng := rand.New(rand.NewPCG(9, 10))
-	for _, s := range []struct{ m, n, k int }{{1, 1, 1}, {3, 17, 5}, {9, 33, 257}, {100, 70, 384}, {97, 384, 600}, {8, 64, 1536}} {
+	for _, s := range []struct{ m, n, k int }{{1, 1, 1}, {3, 17, 5}, {9, 33, 257}, {100, 70, 384}, {97, 384, 600}, {8, 64, 1536},
+		{1, 96, 2001}, {2, 40, 7}, {4, 65, 1537}} {
 		x := randMatrix(rng, s.m*s.k)
 		w := randMatrix(rng, s.n*s.k)
 		bias := randMatrix(rng, s.n)

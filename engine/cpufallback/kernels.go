@@ -29,7 +29,16 @@ var (
 	// query heads over the paged cache (see ss_decode_attention), where
 	// native kernels run; nil elsewhere (attnStep then runs it in Go).
 	decodeAttention func(a decodeAttn)
+	// siluMul makes gate = silu(gate) * up, element by element (SwiGLU).
+	siluMul = goSiluMul
 )
+
+func goSiluMul(gate, up []float32) {
+	up = up[:len(gate)]
+	for i, g := range gate {
+		gate[i] = g / (1 + exp32(-g)) * up[i]
+	}
+}
 
 // decodeAttn is one call of decodeAttention: the group query heads in q
 // (hd apart) attend to positions from up to to of a sequence whose

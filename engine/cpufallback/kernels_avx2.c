@@ -217,18 +217,24 @@ AVX2 void ss_decode_attention(int group, int hd, int from, int to, const float *
                               int rowStride, long valOff, const int *table, float scale, const float *q, float *out,
                               float *scores) {
 	int P = to - from;
-	for (int j = from; j < to; j++) {
-		const float *k = kv + (long)table[j / bs] * blockStride + (long)(j % bs) * rowStride;
-		for (int h = 0; h < group; h++) {
-			const float *qh = q + (long)h * hd;
-			__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-			int i = 0;
-			for (; i + 16 <= hd; i += 16) {
-				a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
-				a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+	// Block by block: position j's row is the block's base plus
+	// (j - the block's first position) rows, no division per key.
+	for (int b = from / bs, j = from; j < to; b++) {
+		const float *base = kv + (long)table[b] * blockStride;
+		int end = (b + 1) * bs < to ? (b + 1) * bs : to;
+		for (; j < end; j++) {
+			const float *k = base + (long)(j - b * bs) * rowStride;
+			for (int h = 0; h < group; h++) {
+				const float *qh = q + (long)h * hd;
+				__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+				int i = 0;
+				for (; i + 16 <= hd; i += 16) {
+					a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
+					a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+				}
+				if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
+				scores[h * P + (j - from)] = hsum8(_mm256_add_ps(a0, a1)) * scale;
 			}
-			if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a0);
-			scores[h * P + (j - from)] = hsum8(_mm256_add_ps(a0, a1)) * scale;
 		}
 	}
 	for (int h = 0; h < group; h++) {
@@ -236,10 +242,7 @@ AVX2 void ss_decode_attention(int group, int hd, int from, int to, const float *
 		__m256 vm = _mm256_set1_ps(-INFINITY);
 		int j = 0;
 		for (; j + 8 <= P; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
-		float m = -INFINITY;
-		float lanes[8];
-		_mm256_storeu_ps(lanes, vm);
-		for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+		float m = hmax8(vm);
 		for (; j < P; j++) m = s[j] > m ? s[j] : m;
 		__m256 vsum = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
 		for (j = 0; j + 8 <= P; j += 8) {
@@ -249,33 +252,52 @@ AVX2 void ss_decode_attention(int group, int hd, int from, int to, const float *
 		}
 		float sum = hsum8(vsum);
 		for (; j < P; j++) {
-			__m256 e = exp8(_mm256_set1_ps(s[j] - m));
-			s[j] = _mm256_cvtss_f32(e);
+			s[j] = _mm256_cvtss_f32(exp8(_mm256_set1_ps(s[j] - m)));
 			sum += s[j];
 		}
-		float inv = 1 / sum;
-		for (j = 0; j < P; j++) s[j] *= inv;
+		__m256 inv = _mm256_set1_ps(1 / sum);
+		for (j = 0; j + 8 <= P; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
+		for (; j < P; j++) s[j] *= 1 / sum;
 	}
-	// out_h = sum_j p_h[j] v_j, hd/8 accumulators a head, 16 columns at a
-	// time so that every value row is loaded once a head pair.
+	// out_h = sum_j p_h[j] v_j, 32 columns of a head at a time in four
+	// accumulators.
 	for (int h = 0; h < group; h++) {
 		const float *s = scores + (long)h * P;
 		float *o = out + (long)h * hd;
 		for (int i = 0; i < hd; i += 32) {
 			int w = hd - i < 32 ? hd - i : 32;
 			__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-			for (int j = from; j < to; j++) {
-				const float *v = kv + valOff + (long)table[j / bs] * blockStride + (long)(j % bs) * rowStride + i;
-				__m256 p = _mm256_set1_ps(s[j - from]);
-				a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-				if (w > 8) a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-				if (w > 16) a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-				if (w > 24) a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+			for (int b = from / bs, j = from; j < to; b++) {
+				const float *base = kv + valOff + (long)table[b] * blockStride + i;
+				int end = (b + 1) * bs < to ? (b + 1) * bs : to;
+				for (; j < end; j++) {
+					const float *v = base + (long)(j - b * bs) * rowStride;
+					__m256 p = _mm256_set1_ps(s[j - from]);
+					a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
+					if (w > 8) a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
+					if (w > 16) a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
+					if (w > 24) a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+				}
 			}
 			_mm256_storeu_ps(o + i, a0);
 			if (w > 8) _mm256_storeu_ps(o + i + 8, a1);
 			if (w > 16) _mm256_storeu_ps(o + i + 16, a2);
 			if (w > 24) _mm256_storeu_ps(o + i + 24, a3);
 		}
+	}
+}
+
+// ss_silu_mul makes gate[i] = silu(gate[i]) * up[i] (SwiGLU), n floats.
+AVX2 void ss_silu_mul(float *gate, const float *up, long n) {
+	const __m256 one = _mm256_set1_ps(1.0f);
+	long i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 g = _mm256_loadu_ps(gate + i);
+		__m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+		_mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+	}
+	for (; i < n; i++) {
+		float e = _mm256_cvtss_f32(exp8(_mm256_set1_ps(-gate[i])));
+		gate[i] = gate[i] / (1 + e) * up[i];
 	}
 }

@@ -13,3 +13,4 @@ void ss_scale_rows(float *y, int rows, int cols, long ld, const float *s);
 void ss_decode_attention(int group, int hd, int from, int to, const float *kv, long blockStride, int bs,
                          int rowStride, long valOff, const int *table, float scale, const float *q, float *out,
                          float *scores);
+void ss_silu_mul(float *gate, const float *up, long n);

@@ -23,7 +23,7 @@ var _ = func() bool {
 	if C.ss_have_avx2() != 0 {
 		nativeElementWise = func() {
 			biasAct, addSoftmaxRows, residualNorm, layerNormRows = avx2BiasAct, avx2AddSoftmaxRows, avx2ResidualNorm, avx2LayerNormRows
-			decodeAttention = avx2DecodeAttention
+			decodeAttention, siluMul = avx2DecodeAttention, avx2SiluMul
 		}
 	}
 	return true
@@ -70,6 +70,15 @@ func avx2DecodeAttention(a decodeAttn) {
 	C.ss_decode_attention(C.int(a.group), C.int(a.hd), C.int(a.from), C.int(a.to), fp(a.kv[a.base:]), C.long(a.blockStride),
 		C.int(a.bs), C.int(a.rowStride), C.long(a.valOff), (*C.int)(unsafe.Pointer(unsafe.SliceData(a.table))),
 		C.float(a.scale), fp(a.q), fp(a.out), fp(a.scores))
+}
+
+func avx2SiluMul(gate, up []float32) {
+	if len(up) < len(gate) {
+		panic("cpufallback: siluMul: mismatched shapes")
+	}
+	if len(gate) > 0 {
+		C.ss_silu_mul(fp(gate), fp(up), C.long(len(gate)))
+	}
 }
 
 func avx2ResidualNorm(x, y, bias []float32, n models.Norm, eps float64) {
