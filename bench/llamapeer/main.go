@@ -419,7 +419,13 @@ func (p *peer) read(v any) error {
 	return json.Unmarshal(line, v)
 }
 
+// settle lets the other side's threads go quiet (llama.cpp's spin a
+// while after a graph; stepserve's crew after a step) before a side is
+// timed.
+func settle() { time.Sleep(300 * time.Millisecond) }
+
 func (p *peer) generate(ps [][]int32, n int) (*result, error) {
+	settle()
 	q, _ := json.Marshal(map[string]any{"prompts": ps, "n": n})
 	if _, err := p.in.Write(append(q, '\n')); err != nil {
 		return nil, err
@@ -516,6 +522,7 @@ func (s *stepserve) stop() {
 // generate sends every prompt at once, each its own streamed
 // /v1/completions request, and collects the token ids as they arrive.
 func (s *stepserve) generate(model string, ps [][]int32, n int) (*result, error) {
+	settle()
 	r := &result{tokens: make([][]int32, len(ps)), first: make([]float64, len(ps)), last: make([]float64, len(ps))}
 	errs := make([]error, len(ps))
 	start := time.Now()

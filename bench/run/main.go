@@ -101,6 +101,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	decodeTrips, err := workerDecodeTrips()
+	if err != nil {
+		return err
+	}
 
 	// The servers.
 	nobatch, err := noBatchRepository(tmp)
@@ -294,6 +298,14 @@ func run() error {
 	r.line("| worker host overhead (median / p90) | %.1f / %.1f µs |", trip.hostUS, trip.hostP90US)
 	r.line("| the same step as a JSON control message (median round trip; how every step went before the doorbell) | %.1f µs |", trip.messageUS)
 	r.line("| CPU engine step, same model | %.2f µs |", trip.cpuUS)
+	r.line("")
+	r.line("A language model's decode step through the same worker (a 2-layer Llama, hidden 128, on torch's CPU; the step's rows packed into the bucket's one input buffer, keys and values written into the device-resident cache in the graph, sampling in the graph, the sampled rows read back; BenchmarkWorkerDecodeStep):")
+	r.line("")
+	r.line("| decode step | round trip (mean) | host overhead (median / p90) |")
+	r.line("|---|---|---|")
+	for _, t := range decodeTrips {
+		r.line("| %d sequence(s) | %.0f µs | %.0f / %.0f µs |", t.seqs, t.roundTripUS, t.hostUS, t.hostP90US)
+	}
 	r.line("")
 
 	r.line("## 5. Allocations")
@@ -667,6 +679,28 @@ func workerRoundTrip() (roundTrip, error) {
 	t.roundTripUS, t.hostP90US, t.hostUS, t.cpuUS = f(torch[1])/1e3, f(torch[2]), f(torch[3]), f(cpu[1])/1e3
 	t.messageUS = f(message[1])
 	return t, nil
+}
+
+// decodeTrip is one row of BenchmarkWorkerDecodeStep.
+type decodeTrip struct {
+	seqs                           int
+	roundTripUS, hostUS, hostP90US float64
+}
+
+func workerDecodeTrips() ([]decodeTrip, error) {
+	out, err := exec.Command("go", "test", "-timeout", "10m", "./engine/rbln", "-run", "^$", "-bench", "^BenchmarkWorkerDecodeStep$", "-benchtime", "300x").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("go test -bench: %v\n%s", err, out)
+	}
+	var trips []decodeTrip
+	for _, m := range regexp.MustCompile(`BenchmarkWorkerDecodeStep/seqs=(\d+)-\d+\s+\d+\s+([0-9.]+) ns/op\s+([0-9.]+) host-p90-µs/step\s+([0-9.]+) host-µs/step`).FindAllSubmatch(out, -1) {
+		f := func(b []byte) float64 { v, _ := strconv.ParseFloat(string(b), 64); return v }
+		trips = append(trips, decodeTrip{seqs: int(f(m[1])), roundTripUS: f(m[2]) / 1e3, hostP90US: f(m[3]), hostUS: f(m[4])})
+	}
+	if len(trips) == 0 {
+		return nil, fmt.Errorf("no decode step figures in:\n%s", out)
+	}
+	return trips, nil
 }
 
 type allocs struct{ allocs, bytes int }

@@ -442,24 +442,9 @@ func (a *chunkAttn) run(chunk int) {
 				if c.SlidingWindow > 0 {
 					from = max(0, pos-c.SlidingWindow+1)
 				}
-				m := float32(math.Inf(-1))
-				for j := from; j <= pos; j++ {
-					m = max(m, row[j])
-				}
-				var sum float32
-				for j := range row {
-					if j < from || j > pos {
-						row[j] = 0
-						continue
-					}
-					e := exp32(row[j] - m)
-					row[j] = e
-					sum += e
-				}
-				inv := 1 / sum
-				for j := from; j <= pos; j++ {
-					row[j] *= inv
-				}
+				clear(row[:from])
+				clear(row[pos+1:])
+				softmaxRow(row[from : pos+1])
 			}
 			gemm(false, T, hd, P, 1, scores, P, values, hd, 0, p.att[t0*Q+h*hd:], Q)
 		}

@@ -93,7 +93,7 @@ func chooseKernels(want string) error {
 		products = nil
 		kernelName = "go"
 		biasAct, addSoftmaxRows, residualNorm, layerNormRows = goBiasAct, goAddSoftmaxRows, goResidualNorm, goLayerNormRows
-		decodeAttention, siluMul = nil, goSiluMul
+		decodeAttention, siluMul, softmaxRow = nil, goSiluMul, goSoftmaxRow
 	}
 	if want == "go" {
 		useGo()

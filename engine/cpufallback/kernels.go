@@ -31,7 +31,26 @@ var (
 	decodeAttention func(a decodeAttn)
 	// siluMul makes gate = silu(gate) * up, element by element (SwiGLU).
 	siluMul = goSiluMul
+	// softmaxRow takes y's softmax in place.
+	softmaxRow = goSoftmaxRow
 )
+
+func goSoftmaxRow(y []float32) {
+	m := float32(math.Inf(-1))
+	for _, v := range y {
+		m = max(m, v)
+	}
+	var sum float32
+	for j, v := range y {
+		e := exp32(v - m)
+		y[j] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for j := range y {
+		y[j] *= inv
+	}
+}
 
 func goSiluMul(gate, up []float32) {
 	up = up[:len(gate)]

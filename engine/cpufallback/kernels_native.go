@@ -23,7 +23,7 @@ var _ = func() bool {
 	if C.ss_have_avx2() != 0 {
 		nativeElementWise = func() {
 			biasAct, addSoftmaxRows, residualNorm, layerNormRows = avx2BiasAct, avx2AddSoftmaxRows, avx2ResidualNorm, avx2LayerNormRows
-			decodeAttention, siluMul = avx2DecodeAttention, avx2SiluMul
+			decodeAttention, siluMul, softmaxRow = avx2DecodeAttention, avx2SiluMul, avx2SoftmaxRow
 		}
 	}
 	return true
@@ -70,6 +70,12 @@ func avx2DecodeAttention(a decodeAttn) {
 	C.ss_decode_attention(C.int(a.group), C.int(a.hd), C.int(a.from), C.int(a.to), fp(a.kv[a.base:]), C.long(a.blockStride),
 		C.int(a.bs), C.int(a.rowStride), C.long(a.valOff), (*C.int)(unsafe.Pointer(unsafe.SliceData(a.table))),
 		C.float(a.scale), fp(a.q), fp(a.out), fp(a.scores))
+}
+
+func avx2SoftmaxRow(y []float32) {
+	if len(y) > 0 {
+		C.ss_add_softmax(fp(y), nil, 1, C.int(len(y)))
+	}
 }
 
 func avx2SiluMul(gate, up []float32) {

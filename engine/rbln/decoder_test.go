@@ -1,12 +1,20 @@
 package rbln
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/generation"
@@ -77,4 +85,121 @@ func TestWorkerDecoderBFloat16(t *testing.T) {
 	require.NoError(t, err)
 	defer dec.Close()
 	assert.Equal(t, want, enginetest.Generate(t, enginetest.StartLoop(t, dec, m), prompts, n, nil))
+}
+
+// workerDecoder loads a small Llama on the torch engine under the explain
+// double (torch_rbln's test double: every region clean with one copy each
+// way, and each region entered written to regions) and records every
+// device step's verdict.
+func workerDecoder(t testing.TB, yaml string) (*decoder, *models.Model, *stepLog) {
+	dir := enginetest.WriteDecoder(t, enginetest.DecoderShapes["llama"], 11, "engine: torch\n"+yaml)
+	m, err := models.Load(dir)
+	require.NoError(t, err)
+	log := &stepLog{regions: filepath.Join(t.TempDir(), "regions")}
+	e, err := New(Options{Device: DeviceCPU, Python: python, Env: map[string]string{"PYTHONPATH": fakeRBLN(), "STEPSERVE_FAKE_RBLN_REGIONS": log.regions}})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	dec, err := e.LoadDecoder(context.Background(), m)
+	require.NoError(t, err)
+	t.Cleanup(func() { dec.Close() })
+	d := dec.(*decoder)
+	d.ObserveSteps(func(bucket, rows int, padding float64, took time.Duration, x engine.Explain) {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		log.steps = append(log.steps, x)
+		log.rows = append(log.rows, rows)
+	})
+	return d, m, log
+}
+
+type stepLog struct {
+	mu      sync.Mutex
+	steps   []engine.Explain
+	rows    []int
+	regions string
+}
+
+// Every device step of a generation on the worker, prefill chunks and
+// decodes, alone and batched, runs inside its own explain region, and the
+// region's verdict and counters reach the step observer as the worker read
+// them. (The double scripts one copy each way; on an NPU the same path
+// carries torch-rbln's own counts.)
+func TestWorkerDecoderStepsAreExplained(t *testing.T) {
+	requireTorch(t)
+	d, m, log := workerDecoder(t, "buckets:\n  batch: [1, 2, 4]\n  seq: [32]\ngeneration:\n  max_model_len: 160\n  max_num_seqs: 4\n  max_batch_tokens: 48\n")
+	before, err := os.ReadFile(log.regions)
+	require.NoError(t, err, "loading warmed the buckets inside regions")
+	loop := enginetest.StartLoop(t, d, m)
+	enginetest.Generate(t, loop, enginetest.Prompts(5, 40, 3, 70), 12, nil)
+	after, err := os.ReadFile(log.regions)
+	require.NoError(t, err)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	require.NotEmpty(t, log.steps)
+	assert.Equal(t, len(log.steps), bytes.Count(after, []byte("\n"))-bytes.Count(before, []byte("\n")), "one region a step")
+	batched := 0
+	for i, x := range log.steps {
+		assert.True(t, x.Measured && x.Clean, "step %d: %+v", i, x)
+		assert.Equal(t, engine.Count(1), x.H2D, "step %d: host-to-device copies", i)
+		assert.Equal(t, engine.Count(1), x.D2H, "step %d: device-to-host copies", i)
+		if log.rows[i] > 1 {
+			batched++
+		}
+	}
+	assert.Positive(t, batched, "some steps carried several sequences")
+}
+
+// BenchmarkWorkerDecodeStep times decode steps of a small Llama on the
+// torch engine (a real worker, the explain double on) at 1 and 4
+// sequences, and reports host-µs/step: the round trip less the time the
+// worker spent in the step body, what stepserve adds to a device step
+// (packing the rows, the doorbell, reading the sampled rows back).
+func BenchmarkWorkerDecodeStep(b *testing.B) {
+	requireTorch(b)
+	d, _, log := workerDecoder(b, "buckets:\n  batch: [1, 4]\n  seq: [32]\ngeneration:\n  max_model_len: 256\n  max_num_seqs: 4\n  max_batch_tokens: 128\n")
+	for _, seqs := range []int{1, 4} {
+		g := d.gen
+		s, err := generation.New(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: seqs, MaxModelLen: 256, MaxBatchTokens: 128})
+		require.NoError(b, err)
+		for _, p := range enginetest.Prompts(20, 30, 40, 50)[:seqs] {
+			require.NoError(b, s.Add(&generation.Sequence{Prompt: p, MaxTokens: 100, Sampling: generation.Sampling{Logprobs: -1}}))
+		}
+		var step *generation.Step
+		for {
+			step = s.Schedule()
+			if step.Tokens() == len(step.Work) && len(step.Work) == seqs {
+				break
+			}
+			out, err := d.Step(context.Background(), step)
+			require.NoError(b, err)
+			tokens := make([]int32, len(out))
+			for i, o := range out {
+				tokens[i] = o.Token
+			}
+			s.Advance(step, tokens)
+		}
+		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
+			var host []float64
+			body0 := d.p.bodyNS.Load()
+			for b.Loop() {
+				start := time.Now()
+				if _, err := d.Step(context.Background(), step); err != nil {
+					b.Fatal(err)
+				}
+				body := d.p.bodyNS.Load()
+				host = append(host, float64(time.Since(start).Nanoseconds()-(body-body0))/1e3)
+				body0 = body
+			}
+			slices.Sort(host)
+			b.ReportMetric(host[len(host)/2], "host-µs/step")
+			b.ReportMetric(host[len(host)*9/10], "host-p90-µs/step")
+			log.mu.Lock()
+			for _, x := range log.steps[len(log.steps)-min(len(log.steps), 10):] {
+				if !x.Clean || x.H2D != 1 || x.D2H != 1 {
+					b.Fatalf("a decode step not clean with one copy each way: %+v", x)
+				}
+			}
+			log.mu.Unlock()
+		})
+	}
 }

@@ -66,6 +66,15 @@ const (
 // worker's threads are not kept from it.
 const spinFor = 50 * time.Microsecond
 
+// A caller whose last step's body took from spinFor to maxNap sleeps for
+// that body less wakeEarly, then polls the block for up to twice
+// wakeEarly: the step's answer is seen as it comes, and the caller's core
+// is free for the worker's threads through most of the step.
+const (
+	wakeEarly = 150 * time.Microsecond
+	maxNap    = 50 * time.Millisecond
+)
+
 // canSpin: the worker writes its report with plain stores, the done number
 // last, and only a machine that keeps stores in order (x86's TSO) lets the
 // block be read once the number is seen without the eventfd's barrier.
@@ -219,8 +228,23 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Duration) error {
 	doneSeq := d.word(offDoneSeq)
 	start := time.Now()
-	if canSpin && d.lastBody < spinFor {
-		deadline := start.Add(spinFor)
+	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
+	var buf [8]byte
+	spin := spinFor
+	if canSpin && d.lastBody >= spinFor && d.lastBody < maxNap {
+		// A longer step (a language model's decode: milliseconds): sleep
+		// until shortly before the last one's body would end, then look
+		// as for a short step, so that the answer is not also waiting on
+		// this thread's wake-up (tens of µs, twice that on a virtual
+		// machine, each step).
+		ts := unix.NsecToTimespec(int64(d.lastBody - wakeEarly))
+		if _, err := unix.Ppoll(fds, &ts, nil); err == nil && fds[0].Revents&unix.POLLIN != 0 {
+			unix.Read(d.done, buf[:])
+		}
+		spin = 2 * wakeEarly
+	}
+	if canSpin && (d.lastBody < spinFor || spin > spinFor) {
+		deadline := time.Now().Add(spin)
 		for i := 0; ; i++ {
 			if atomic.LoadUint64(doneSeq) == seq {
 				return nil
@@ -233,8 +257,6 @@ func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Dur
 			}
 		}
 	}
-	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
-	var buf [8]byte
 	for {
 		if atomic.LoadUint64(doneSeq) == seq {
 			return nil

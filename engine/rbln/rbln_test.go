@@ -30,7 +30,7 @@ const python = "/usr/bin/python3"
 
 // requireTorch fails (not skips) without Debian's python3-torch: make test
 // installs it, and these tests are how the worker is tested for real.
-func requireTorch(t *testing.T) {
+func requireTorch(t testing.TB) {
 	t.Helper()
 	if out, err := exec.Command(python, "-c", "import torch").CombinedOutput(); err != nil {
 		t.Fatalf("%s cannot import torch (install python3-torch: make deps): %v\n%s", python, err, out)
