@@ -73,11 +73,19 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if os.Getenv("GENBENCH_STEPS") != "" {
-		loop.Observe = func(step *generation.Step, took time.Duration, st generation.State) {
-			if len(step.Work) > 0 && took > 300*time.Millisecond {
-				fmt.Fprintf(os.Stderr, "step: %d works, %d tokens, %v; running %d waiting %d free %d\n", len(step.Work), step.Tokens(), took, st.Running, st.Waiting, st.BlocksFree)
-			}
+	loop.Observe = func(step *generation.Step, took time.Duration, st generation.State) {
+		chunk := false
+		for _, w := range step.Work {
+			chunk = chunk || w.End-w.Start > 1
+		}
+		if chunk {
+			chunkSteps.mu.Lock()
+			chunkSteps.ends = append(chunkSteps.ends, time.Now())
+			chunkSteps.took = append(chunkSteps.took, took)
+			chunkSteps.mu.Unlock()
+		}
+		if os.Getenv("GENBENCH_STEPS") != "" && len(step.Work) > 0 && took > 300*time.Millisecond {
+			fmt.Fprintf(os.Stderr, "step: %d works, %d tokens, %v; running %d waiting %d free %d\n", len(step.Work), step.Tokens(), took, st.Running, st.Waiting, st.BlocksFree)
 		}
 	}
 	go loop.Run(ctx)
@@ -98,16 +106,16 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	}
 	var prefill, decode1, agg []float64
 	var ttftP50, ttftP99 []float64
-	for range rounds {
-		r, err := generate(loop, prompts(1, promptLen, vocab, 1), newTokens)
+	for r := range rounds {
+		one, err := generate(loop, prompts(1, promptLen, vocab, 1+10*r), newTokens)
 		if err != nil {
 			return err
 		}
-		prefill = append(prefill, float64(promptLen)/r[0].ttft.Seconds())
-		decode1 = append(decode1, float64(newTokens-1)/r[0].last.Sub(r[0].first).Seconds())
+		prefill = append(prefill, float64(promptLen)/one[0].ttft.Seconds())
+		decode1 = append(decode1, float64(newTokens-1)/one[0].last.Sub(one[0].first).Seconds())
 
 		began := time.Now()
-		mixed := prompts(streams, 0, vocab, 2)
+		mixed := prompts(streams, 0, vocab, 2+10*r) // new prompts each round: nothing cached
 		rs, err := generate(loop, mixed, newTokens)
 		if err != nil {
 			return err
@@ -146,29 +154,38 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 		cold, warm = append(cold, a[0].ttft.Seconds()), append(warm, b[0].ttft.Seconds())
 	}
 	fmt.Printf("prefix cache, 512-token system prompt + 16: first token %.0f ms cold, %.0f ms with the prefix cached: %.1fx sooner (%s; %s ms)\n",
-		1000*median(cold), 1000*median(warm), median(cold)/median(warm), list(cold), list(warm))
+		1000*median(cold), 1000*median(warm), median(cold)/median(warm), ms(cold), ms(warm))
 
-	// Chunked prefill: the worst gap between two tokens of 16 running
-	// streams, before and while a 2,000-token prompt is prefilled beside
-	// them, 256 tokens a step.
-	var before, during []float64
+	// Chunked prefill: the gaps between tokens of 16 running streams,
+	// before and while a 2,000-token prompt is prefilled beside them, in
+	// steps of at most max_batch_tokens (256) tokens, and the longest of
+	// those steps.
+	var before, during, chunkStep []float64
 	for r := range rounds {
-		b, d, err := chunked(loop, streams, vocab, r)
+		b, d, c, err := chunked(loop, streams, vocab, r)
 		if err != nil {
 			return err
 		}
-		before, during = append(before, b), append(during, d)
+		before, during, chunkStep = append(before, b), append(during, d), append(chunkStep, c)
 	}
-	fmt.Printf("chunked prefill (256 tokens a step): worst inter-token gap of %d streams %.0f ms before, %.0f ms while a 2,000-token prompt is prefilled (%s; %s ms)\n",
-		streams, 1000*median(before), 1000*median(during), list(before), list(during))
+	fmt.Printf("chunked prefill (steps of at most 256 tokens): p99 inter-token gap of %d streams %.0f ms before, %.0f ms while a 2,000-token prompt is prefilled beside them (+%.0f ms); its longest step %.0f ms (%s; %s; %s ms)\n",
+		streams, 1000*median(before), 1000*median(during), 1000*(median(during)-median(before)), 1000*median(chunkStep), ms(before), ms(during), ms(chunkStep))
 	return nil
 }
 
+// chunkSteps records when each step with a prompt chunk ended and how
+// long it took.
+var chunkSteps struct {
+	mu   sync.Mutex
+	ends []time.Time
+	took []time.Duration
+}
+
 // chunked runs streams decoding, sends a 2,000-token prompt once they
-// all have tokens, and returns the worst gap between two tokens of any
-// stream before it arrived and while it was prefilled (until its first
-// token).
-func chunked(loop *generation.Loop, streams, vocab, round int) (before, during float64, err error) {
+// all have tokens, and returns the 99th percentile of the gaps between
+// two tokens of any stream before it arrived and while it was prefilled
+// (until its first token), and the longest step of its prefill.
+func chunked(loop *generation.Loop, streams, vocab, round int) (before, during, step float64, err error) {
 	var mu sync.Mutex
 	times := make([][]time.Time, streams)
 	var wg sync.WaitGroup
@@ -177,7 +194,7 @@ func chunked(loop *generation.Loop, streams, vocab, round int) (before, during f
 	for i, p := range prompts(streams, 32, vocab, 400+round) {
 		st, e := loop.Generate(context.Background(), generation.Request{Prompt: p, MaxTokens: 160, Sampling: generation.Sampling{Logprobs: -1}})
 		if e != nil {
-			return 0, 0, e
+			return 0, 0, 0, e
 		}
 		wg.Go(func() {
 			n := 0
@@ -205,27 +222,36 @@ func chunked(loop *generation.Loop, streams, vocab, round int) (before, during f
 	arrive := time.Now()
 	long, e := generate(loop, prompts(1, 2000, vocab, 500+round), 1)
 	if e != nil {
-		return 0, 0, e
+		return 0, 0, 0, e
 	}
 	firstToken := arrive.Add(long[0].ttft)
 	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return 0, 0, e
+	chunkSteps.mu.Lock()
+	for i, end := range chunkSteps.ends {
+		if end.After(arrive) && !end.After(firstToken.Add(time.Millisecond)) {
+			step = max(step, chunkSteps.took[i].Seconds())
 		}
 	}
+	chunkSteps.ends, chunkSteps.took = nil, nil
+	chunkSteps.mu.Unlock()
+	for _, e := range errs {
+		if e != nil {
+			return 0, 0, 0, e
+		}
+	}
+	var gapsBefore, gapsDuring []float64
 	for _, ts := range times {
 		for k := 1; k < len(ts); k++ {
 			gap := ts[k].Sub(ts[k-1]).Seconds()
 			switch {
 			case ts[k].Before(arrive):
-				before = max(before, gap)
+				gapsBefore = append(gapsBefore, gap)
 			case ts[k-1].Before(firstToken):
-				during = max(during, gap)
+				gapsDuring = append(gapsDuring, gap)
 			}
 		}
 	}
-	return before, during, nil
+	return p99(gapsBefore), p99(gapsDuring), step, nil
 }
 
 type result struct {
@@ -291,10 +317,28 @@ func generate(loop *generation.Loop, ps [][]int32, n int) ([]result, error) {
 	return out, nil
 }
 
+func p99(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(0.99*float64(len(s))))]
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// ms lists seconds as milliseconds.
+func ms(v []float64) string {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = 1000 * x
+	}
+	return list(out)
 }
 
 func list(v []float64) string {
