@@ -208,13 +208,14 @@ bench-generate:
 ## PyTorch forward first, then prompt and decode tokens/s at one sequence
 ## (float32; bfloat16 against f16), aggregate decode at LLAMA_STREAMS
 ## streams against llama.cpp's 8 sequences on one context, time to first
-## token, and the memory bandwidth reached (bench/llamapeer, issue 31).
+## token, and the memory bandwidth reached (bench/llamapeer, issue 31);
+## written to bench/REPORT-generation.txt too.
 LLAMA_ROUNDS  ?= 3
 LLAMA_STREAMS ?= 16
 bench-llama: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/llama && npm ci --no-audit --no-fund --omit=optional --ignore-scripts
-	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -server bin/stepserve
+	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -server bin/stepserve | tee bench/REPORT-generation.txt
 
 ## bench-ab: the single-row digits load over HTTP JSON, binary tensors and
 ## gRPC on two builds, interleaved round by round: BASE (a git revision,
