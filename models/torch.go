@@ -10,12 +10,14 @@ import (
 	"github.com/stepserve/stepserve/internal/clip"
 )
 
-// The datatypes an architecture torch model may take and give: what the
-// worker stages without loss (floating inputs travel in the compute
-// dtype).
+// The datatypes an architecture torch model may take and give: every
+// numeric one. Floating ones travel in the compute dtype; UINT16, UINT32
+// and UINT64 in the next wider signed integer (torch computes with no
+// wider unsigned type; UINT64 values from 2^63 saturate). BYTES cannot be
+// a device tensor.
 var (
-	torchInputTypes  = []Datatype{FP32, FP16, BF16, INT64, INT32, UINT8, BOOL}
-	torchOutputTypes = []Datatype{FP32, FP16, BF16, INT64, INT32}
+	torchInputTypes  = []Datatype{FP32, FP16, BF16, FP64, INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8, BOOL}
+	torchOutputTypes = torchInputTypes
 )
 
 // TorchEngines are the engines that run architecture torch: the Python
@@ -50,6 +52,9 @@ func (c *Config) validateTorch(bad func(string, string, ...any) error) error {
 	seq := false
 	for i, s := range c.Inputs {
 		at := fmt.Sprintf("inputs[%d]", i)
+		if s.Datatype == BYTES {
+			return bad(at+".datatype", "BYTES (strings) cannot be a tensor on the device; send numbers (token ids, for text) or serve text with architecture encoder")
+		}
 		if !slices.Contains(torchInputTypes, s.Datatype) {
 			return bad(at+".datatype", "%s is not supported by architecture torch; want one of %v", s.Datatype, torchInputTypes)
 		}
@@ -61,6 +66,9 @@ func (c *Config) validateTorch(bad func(string, string, ...any) error) error {
 	}
 	for i, s := range c.Outputs {
 		at := fmt.Sprintf("outputs[%d]", i)
+		if s.Datatype == BYTES {
+			return bad(at+".datatype", "BYTES (strings) cannot be a tensor on the device; give numbers")
+		}
 		if !slices.Contains(torchOutputTypes, s.Datatype) {
 			return bad(at+".datatype", "%s is not supported by architecture torch; want one of %v", s.Datatype, torchOutputTypes)
 		}

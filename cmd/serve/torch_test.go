@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -562,4 +563,80 @@ engine: torch
 		"f32 FP32":  {3, 0, 0, 3},
 		"i64 INT64": {0, 1000, 200000, 255000},
 	}, got)
+}
+
+// TestTorchModelWiderDatatypes: INT8, INT16, UINT16, UINT32, UINT64 and
+// FP64 in and out of a torch module, at the ends of their ranges:
+// unsigned ones reach the module as the next wider signed type, UINT64
+// from 2^63 saturates, FP64 computes in the compute dtype. (BYTES is
+// refused by model.yaml's check, naming why: models/torch_test.go.)
+func TestTorchModelWiderDatatypes(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "wide")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(`
+import torch
+
+class Wide(torch.nn.Module):
+    def forward(self, a, b, c, d, e, f):
+        assert c.dtype == torch.int32 and d.dtype == torch.int64 and e.dtype == torch.int64, (c.dtype, d.dtype, e.dtype)
+        return a + 1, b * 2, c - 1, d + 0, e + 0, f * 2
+
+def build(config):
+    return Wide()
+`), 0o644))
+	spec := `
+architecture: torch
+torch: {module: model.py}
+inputs:
+  - {name: a, datatype: INT8, shape: [-1, 2]}
+  - {name: b, datatype: INT16, shape: [-1, 2]}
+  - {name: c, datatype: UINT16, shape: [-1, 2]}
+  - {name: d, datatype: UINT32, shape: [-1, 2]}
+  - {name: e, datatype: UINT64, shape: [-1, 2]}
+  - {name: f, datatype: FP64, shape: [-1, 2]}
+outputs:
+  - {name: i8, datatype: INT8, shape: [-1, 2]}
+  - {name: i16, datatype: INT16, shape: [-1, 2]}
+  - {name: u16, datatype: UINT16, shape: [-1, 2]}
+  - {name: u32, datatype: UINT32, shape: [-1, 2]}
+  - {name: u64, datatype: UINT64, shape: [-1, 2]}
+  - {name: f64, datatype: FP64, shape: [-1, 2]}
+buckets: {batch: [1, 2]}
+engine: torch
+`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(spec), 0o644))
+	p := start(t, "--model_repository", repo)
+	body := `{"inputs":[` +
+		`{"name":"a","datatype":"INT8","shape":[1,2],"data":[-128,126]},` +
+		`{"name":"b","datatype":"INT16","shape":[1,2],"data":[-16384,16383]},` +
+		`{"name":"c","datatype":"UINT16","shape":[1,2],"data":[65535,1]},` +
+		`{"name":"d","datatype":"UINT32","shape":[1,2],"data":[4294967295,0]},` +
+		`{"name":"e","datatype":"UINT64","shape":[1,2],"data":[18446744073709551615,7]},` +
+		`{"name":"f","datatype":"FP64","shape":[1,2],"data":[1.5,-2.25]}]}`
+	resp, out := post(t, p.base+"/v2/models/wide/infer", []byte(body), "Content-Type", "application/json")
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	var r struct {
+		Outputs []struct {
+			Name     string        `json:"name"`
+			Datatype string        `json:"datatype"`
+			Data     []json.Number `json:"data"`
+		} `json:"outputs"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.UseNumber()
+	require.NoError(t, dec.Decode(&r))
+	got := map[string]string{}
+	for _, o := range r.Outputs {
+		got[o.Name+" "+o.Datatype] = fmt.Sprint(o.Data)
+	}
+	assert.Equal(t, map[string]string{
+		"i8 INT8":    "[-127 127]",
+		"i16 INT16":  "[-32768 32766]",
+		"u16 UINT16": "[65534 0]",
+		"u32 UINT32": "[4294967295 0]",
+		"u64 UINT64": "[9223372036854775807 7]", // 2^64-1 saturated at 2^63-1 on the way in
+		"f64 FP64":   "[3 -4.5]",
+	}, got)
+
 }

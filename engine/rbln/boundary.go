@@ -62,8 +62,35 @@ func hostDtype(d models.Datatype) (dtype, bool) {
 		return dtUint8, true
 	case models.BOOL:
 		return dtBool, true
+	case models.INT8:
+		return dtInt8, true
+	case models.INT16:
+		return dtInt16, true
+	case models.UINT16:
+		return dtUint16, true
+	case models.UINT32:
+		return dtUint32, true
+	case models.UINT64:
+		return dtUint64, true
+	case models.FP64:
+		return dtFloat64, true
 	}
 	return 0, false
+}
+
+// deviceDtype is the element type host type d travels in on the device,
+// floats aside (they travel in the compute dtype): the unsigned types
+// torch cannot compute with in the next wider signed one (uint64 in
+// int64, saturated at 2^63-1); worker.py's usermodel keeps the same
+// table.
+func deviceDtype(d dtype) dtype {
+	switch d {
+	case dtUint16:
+		return dtInt32
+	case dtUint32, dtUint64:
+		return dtInt64
+	}
+	return d
 }
 
 // boundary is one bucket's graph boundary. The step graph takes one
@@ -156,8 +183,8 @@ func newByteSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 		if !ok {
 			return side{}, fmt.Errorf("tensor %q is %s, which the worker does not stage", t.Name, t.Datatype)
 		}
-		to := from
-		if from == dtFloat32 || from == dtFloat16 || from == dtBFloat16 {
+		to := deviceDtype(from)
+		if from.floating() {
 			to = floats
 		}
 		width := t.RowBytes / t.Datatype.Size()

@@ -26,6 +26,16 @@ const (
 	dtInt64
 	dtUint8
 	dtBool
+	// Host-only element types of architecture torch's rarer datatypes:
+	// the staging carries them as dtInt8, dtInt16, a wider signed integer
+	// (torch has no unsigned 16-, 32- or 64-bit type to compute with), or
+	// the compute dtype (float64).
+	dtInt8
+	dtInt16
+	dtUint16
+	dtUint32
+	dtUint64
+	dtFloat64
 )
 
 func (d dtype) String() string {
@@ -44,6 +54,18 @@ func (d dtype) String() string {
 		return "uint8"
 	case dtBool:
 		return "bool"
+	case dtInt8:
+		return "int8"
+	case dtInt16:
+		return "int16"
+	case dtUint16:
+		return "uint16"
+	case dtUint32:
+		return "uint32"
+	case dtUint64:
+		return "uint64"
+	case dtFloat64:
+		return "float64"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
@@ -51,13 +73,13 @@ func (d dtype) String() string {
 // size is the bytes one element takes.
 func (d dtype) size() int {
 	switch d {
-	case dtFloat16, dtBFloat16:
+	case dtFloat16, dtBFloat16, dtInt16, dtUint16:
 		return 2
-	case dtFloat32, dtInt32:
+	case dtFloat32, dtInt32, dtUint32:
 		return 4
-	case dtInt64:
+	case dtInt64, dtUint64, dtFloat64:
 		return 8
-	case dtUint8, dtBool:
+	case dtUint8, dtBool, dtInt8:
 		return 1
 	}
 	return 0
@@ -130,7 +152,116 @@ func convert(dst []byte, to dtype, src []byte, from dtype) {
 		for i := range min(len(src)/8, len(dst)/4) {
 			le.PutUint32(dst[4*i:4*i+4], uint32(narrowInt64(int64(le.Uint64(src[8*i:8*i+8])))))
 		}
+	case from.floating() && to.floating():
+		for i := range min(len(src)/from.size(), len(dst)/to.size()) {
+			putFloat(dst, to, i, getFloat(src, from, i))
+		}
+	case from.integer() && to.integer():
+		// The rarer integer datatypes: widened exactly, or narrowed to
+		// the nearest value the type holds (saturated, never wrapped).
+		for i := range min(len(src)/from.size(), len(dst)/to.size()) {
+			putInt(dst, to, i, getInt(src, from, i))
+		}
 	default:
 		panic(fmt.Sprintf("rbln: no conversion from %s to %s", from, to))
+	}
+}
+
+func (d dtype) floating() bool {
+	return d == dtFloat32 || d == dtFloat16 || d == dtBFloat16 || d == dtFloat64
+}
+
+func (d dtype) integer() bool {
+	switch d {
+	case dtInt8, dtInt16, dtInt32, dtInt64, dtUint8, dtUint16, dtUint32, dtUint64, dtBool:
+		return true
+	}
+	return false
+}
+
+func getFloat(b []byte, d dtype, i int) float64 {
+	le := binary.LittleEndian
+	switch d {
+	case dtFloat16:
+		return float64(half.ToFloat32(le.Uint16(b[2*i:])))
+	case dtBFloat16:
+		return float64(half.BFloat16ToFloat32(le.Uint16(b[2*i:])))
+	case dtFloat32:
+		return float64(math.Float32frombits(le.Uint32(b[4*i:])))
+	}
+	return math.Float64frombits(le.Uint64(b[8*i:]))
+}
+
+func putFloat(b []byte, d dtype, i int, v float64) {
+	le := binary.LittleEndian
+	switch d {
+	case dtFloat16:
+		le.PutUint16(b[2*i:], half.FromFloat32(float32(v)))
+	case dtBFloat16:
+		le.PutUint16(b[2*i:], half.BFloat16FromFloat32(float32(v)))
+	case dtFloat32:
+		le.PutUint32(b[4*i:], math.Float32bits(float32(v)))
+	default:
+		le.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+}
+
+// intValue is an integer element: a uint64 above MaxInt64 keeps its
+// magnitude in big.
+type intValue struct {
+	v   int64
+	big bool
+}
+
+func getInt(b []byte, d dtype, i int) intValue {
+	le := binary.LittleEndian
+	switch d {
+	case dtInt8:
+		return intValue{v: int64(int8(b[i]))}
+	case dtUint8, dtBool:
+		return intValue{v: int64(b[i])}
+	case dtInt16:
+		return intValue{v: int64(int16(le.Uint16(b[2*i:])))}
+	case dtUint16:
+		return intValue{v: int64(le.Uint16(b[2*i:]))}
+	case dtInt32:
+		return intValue{v: int64(int32(le.Uint32(b[4*i:])))}
+	case dtUint32:
+		return intValue{v: int64(le.Uint32(b[4*i:]))}
+	case dtUint64:
+		u := le.Uint64(b[8*i:])
+		if u > math.MaxInt64 {
+			return intValue{v: math.MaxInt64, big: true}
+		}
+		return intValue{v: int64(u)}
+	}
+	return intValue{v: int64(le.Uint64(b[8*i:]))}
+}
+
+func putInt(b []byte, d dtype, i int, x intValue) {
+	le := binary.LittleEndian
+	clamp := func(lo, hi int64) int64 { return min(max(x.v, lo), hi) }
+	switch d {
+	case dtInt8:
+		b[i] = byte(int8(clamp(math.MinInt8, math.MaxInt8)))
+	case dtUint8:
+		b[i] = byte(clamp(0, math.MaxUint8))
+	case dtBool:
+		b[i] = 0
+		if x.v != 0 || x.big {
+			b[i] = 1
+		}
+	case dtInt16:
+		le.PutUint16(b[2*i:], uint16(int16(clamp(math.MinInt16, math.MaxInt16))))
+	case dtUint16:
+		le.PutUint16(b[2*i:], uint16(clamp(0, math.MaxUint16)))
+	case dtInt32:
+		le.PutUint32(b[4*i:], uint32(int32(clamp(math.MinInt32, math.MaxInt32))))
+	case dtUint32:
+		le.PutUint32(b[4*i:], uint32(clamp(0, math.MaxUint32)))
+	case dtUint64:
+		le.PutUint64(b[8*i:], uint64(clamp(0, math.MaxInt64)))
+	default:
+		le.PutUint64(b[8*i:], uint64(x.v))
 	}
 }

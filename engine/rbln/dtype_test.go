@@ -85,3 +85,33 @@ func BenchmarkConvert(b *testing.B) {
 		})
 	}
 }
+
+// TestConvertWiderIntegers: the rarer datatypes' device types widen
+// exactly, and coming back narrow to the nearest value the host type
+// holds, never wrapping; UINT64 from 2^63 saturates into int64.
+func TestConvertWiderIntegers(t *testing.T) {
+	le := binary.LittleEndian
+	u64 := le.AppendUint64(le.AppendUint64(nil, math.MaxUint64), 7)
+	dev := make([]byte, 16)
+	convert(dev, deviceDtype(dtUint64), u64, dtUint64)
+	assert.Equal(t, []int64{math.MaxInt64, 7}, []int64{int64(le.Uint64(dev)), int64(le.Uint64(dev[8:]))})
+
+	u16 := le.AppendUint16(le.AppendUint16(nil, 65535), 0)
+	wide := make([]byte, 8)
+	convert(wide, deviceDtype(dtUint16), u16, dtUint16)
+	assert.Equal(t, []int32{65535, 0}, []int32{int32(le.Uint32(wide)), int32(le.Uint32(wide[4:]))})
+
+	// Back from the device: out of range saturates.
+	i32 := le.AppendUint32(le.AppendUint32(nil, uint32(0xffffffff)), 70000) // -1, 70000
+	back := make([]byte, 4)
+	convert(back, dtUint16, i32, dtInt32)
+	assert.Equal(t, []uint16{0, 65535}, []uint16{le.Uint16(back), le.Uint16(back[2:])})
+	i8 := make([]byte, 2)
+	convert(i8, dtInt8, i32, dtInt32)
+	assert.Equal(t, []int8{-1, 127}, []int8{int8(i8[0]), int8(i8[1])})
+
+	f64 := le.AppendUint64(nil, math.Float64bits(-2.25))
+	f32 := make([]byte, 4)
+	convert(f32, dtFloat32, f64, dtFloat64)
+	assert.Equal(t, float32(-2.25), math.Float32frombits(le.Uint32(f32)))
+}

@@ -184,6 +184,14 @@ func jsonValueBytes(dt models.Datatype) int {
 		return 21
 	case models.BOOL:
 		return 6
+	case models.INT8, models.UINT8:
+		return 5
+	case models.INT16, models.UINT16:
+		return 7
+	case models.UINT32:
+		return 11
+	case models.UINT64:
+		return 21
 	}
 	return 25 // FP64: "-1.2345678901234567e-308"
 }
@@ -217,6 +225,18 @@ func AppendJSONData(b []byte, data []byte, dt models.Datatype) ([]byte, error) {
 			b = strconv.AppendInt(b, int64(int32(binary.LittleEndian.Uint32(data[i:]))), 10)
 		case models.BOOL:
 			b = strconv.AppendBool(b, data[i] != 0)
+		case models.INT8:
+			b = strconv.AppendInt(b, int64(int8(data[i])), 10)
+		case models.UINT8:
+			b = strconv.AppendUint(b, uint64(data[i]), 10)
+		case models.INT16:
+			b = strconv.AppendInt(b, int64(int16(binary.LittleEndian.Uint16(data[i:]))), 10)
+		case models.UINT16:
+			b = strconv.AppendUint(b, uint64(binary.LittleEndian.Uint16(data[i:])), 10)
+		case models.UINT32:
+			b = strconv.AppendUint(b, uint64(binary.LittleEndian.Uint32(data[i:])), 10)
+		case models.UINT64:
+			b = strconv.AppendUint(b, binary.LittleEndian.Uint64(data[i:]), 10)
 		default:
 			return b, fmt.Errorf("datatype %s cannot be returned as JSON; request it as binary data", dt)
 		}

@@ -34,8 +34,12 @@ _DTYPES = {
     "FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16,
     "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
     "UINT8": torch.uint8, "BOOL": torch.bool,
+    # torch computes with no unsigned type wider than 8 bits: the next
+    # wider signed one (the supervisor converts, saturating UINT64 at
+    # 2**63-1; engine/rbln/boundary.go's deviceDtype).
+    "UINT16": torch.int32, "UINT32": torch.int64, "UINT64": torch.int64,
 }
-_FLOATING = {"FP32", "FP16", "BF16"}
+_FLOATING = {"FP32", "FP16", "BF16", "FP64"}
 
 
 class UserModelError(ValueError):
