@@ -74,7 +74,19 @@ type TensorSpec struct {
 	// class name per element of a row, for the classification extension
 	// (labels.go). Outputs only; optional.
 	Labels string `yaml:"labels" json:"-"`
+	// Format is an image input's layout as Triton's model configuration
+	// names it: NCHW or NHWC (FORMAT_NCHW, FORMAT_NHWC accepted), NONE
+	// (the default) for any other input. Triton's image clients read it
+	// to lay out what they send. Inputs only.
+	Format string `yaml:"format" json:"-"`
 }
+
+// Input formats (Triton's ModelInput.Format, without its prefix).
+const (
+	FormatNone = "NONE"
+	FormatNCHW = "NCHW"
+	FormatNHWC = "NHWC"
+)
 
 // TorchConfig says where an architecture torch model's module comes from:
 // Factory in the Python file Module of the model's directory, called with
@@ -492,6 +504,18 @@ func validateSpecs(key string, specs []TensorSpec) error {
 			if d <= 0 && !(d == -1 && i == 0) {
 				return fmt.Errorf("%w: %s.shape: %v: after the batch, only the second dimension may be -1 (the sequence); the others must be positive", ErrConfig, at, clipInts(s.Shape))
 			}
+		}
+		if s.Format != "" {
+			f := strings.TrimPrefix(strings.ToUpper(s.Format), "FORMAT_")
+			switch {
+			case key != "inputs":
+				return fmt.Errorf("%w: %s.format: a format describes an input image's layout; remove it from the output", ErrConfig, at)
+			case f != FormatNone && f != FormatNCHW && f != FormatNHWC:
+				return fmt.Errorf("%w: %s.format: %q; want NCHW, NHWC or NONE", ErrConfig, at, clip.Clip(s.Format, maxNameInError))
+			case f != FormatNone && len(s.Shape) != 4:
+				return fmt.Errorf("%w: %s.format: %s needs a shape of 4 dimensions (batch and 3 more), not %v", ErrConfig, at, f, clipInts(s.Shape))
+			}
+			specs[i].Format = f
 		}
 		if s.Labels != "" {
 			if key == "inputs" {

@@ -259,3 +259,27 @@ func TestEncoderWeightsNameTheMissingTensor(t *testing.T) {
 	_, err = NewEncoder(c.Encoder, w)
 	assert.ErrorContains(t, err, `tensor "bert.embeddings.position_embeddings.weight" has shape [32 8], want [64 8]`)
 }
+
+// An input's format is an image layout, read with or without Triton's
+// FORMAT_ prefix; anything else, a format on an output, or one on an
+// input that is not an image batch is refused, naming the key.
+func TestInputFormat(t *testing.T) {
+	image := func(format, shape string) string {
+		return "architecture: torch\ntorch: {module: model.py}\nengine: torch\n" +
+			"inputs:\n  - {name: image, datatype: FP32, shape: " + shape + ", format: " + format + "}\n" +
+			"outputs:\n  - {name: y, datatype: FP32, shape: [-1, 10]}\nbuckets: {batch: [1]}\n"
+	}
+	for format, want := range map[string]string{"NCHW": "NCHW", "FORMAT_NHWC": "NHWC", "nchw": "NCHW", "FORMAT_NONE": "NONE"} {
+		c, err := ParseConfig(strings.NewReader(image(format, "[-1, 3, 8, 8]")))
+		require.NoError(t, err, format)
+		assert.Equal(t, want, c.Inputs[0].Format)
+	}
+	for _, tc := range []struct{ doc, want string }{
+		{image("CHW", "[-1, 3, 8, 8]"), `inputs[0].format: "CHW"; want NCHW, NHWC or NONE`},
+		{image("NCHW", "[-1, 64]"), "inputs[0].format: NCHW needs a shape of 4 dimensions"},
+		{strings.Replace(image("NONE", "[-1, 3, 8, 8]"), "shape: [-1, 10]}", "shape: [-1, 10], format: NCHW}", 1), "outputs[0].format: a format describes an input image's layout"},
+	} {
+		_, err := ParseConfig(strings.NewReader(tc.doc))
+		assert.ErrorContains(t, err, tc.want)
+	}
+}

@@ -52,6 +52,10 @@ type latestVersions struct {
 type modelInput struct {
 	Name     string `json:"name"`
 	DataType string `json:"data_type"`
+	// Format is FORMAT_NONE, or an image input's FORMAT_NCHW or
+	// FORMAT_NHWC (model.yaml's format), which Triton's image clients
+	// read to lay out what they send.
+	Format string `json:"format"`
 	// Dims are the shape after the batch dimension, -1 for the
 	// sequence.
 	Dims          []int64 `json:"dims"`
@@ -172,7 +176,11 @@ func TritonConfig(m *serving.Model) ModelConfig {
 		c.MaxBatchSize = max(c.MaxBatchSize, int32(b))
 	}
 	for _, in := range cfg.Inputs {
-		c.Input = append(c.Input, modelInput{Name: in.Name, DataType: tritonDatatype(in.Datatype), Dims: dims(in),
+		format := models.FormatNone
+		if in.Format != "" {
+			format = in.Format
+		}
+		c.Input = append(c.Input, modelInput{Name: in.Name, DataType: tritonDatatype(in.Datatype), Format: "FORMAT_" + format, Dims: dims(in),
 			Optional: cfg.OptionalInput(in.Name)})
 	}
 	for _, out := range cfg.Outputs {
