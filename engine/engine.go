@@ -28,6 +28,15 @@ type Engine interface {
 	Load(ctx context.Context, m *models.Model, buckets []bucketing.Shape) (Program, error)
 }
 
+// DtypeEngine is an engine that says which dtype it computes a model's
+// floats in ("float32", "bfloat16", "float16"): what the model
+// configuration reports beside the configured device_dtype, which an
+// engine may not follow (the host CPU computes float16 models in
+// float32).
+type DtypeEngine interface {
+	ComputeDtype(cfg *models.Config) string
+}
+
 // Program is one model loaded on an engine. Its methods may be called from
 // several goroutines, but at most one Step per Program runs at a time: the
 // caller serializes steps, because they share staging buffers. A model

@@ -227,6 +227,19 @@ func (m *Model) Model() *models.Model { return m.model }
 // Engine is the name of the engine the model runs on.
 func (m *Model) Engine() string { return m.engine }
 
+// ComputeDtype is the dtype the model's engine computes its floats in,
+// where the engine says; "" where it does not.
+func (m *Model) ComputeDtype() string {
+	eng, err := m.set.engines.get(m.engine)
+	if err != nil {
+		return ""
+	}
+	if d, ok := eng.(engine.DtypeEngine); ok {
+		return d.ComputeDtype(m.model.Config)
+	}
+	return ""
+}
+
 // ReadyIn is how long the model took from the start of its load to ready
 // (loading, compiling and warming up every bucket); 0 until it is ready.
 func (m *Model) ReadyIn() time.Duration { return time.Duration(m.readyIn.Load()) }

@@ -387,8 +387,8 @@ func TestServeDigitsEndToEnd(t *testing.T) {
 		want    string
 	}{
 		{"malformed JSON", infer, `{"inputs": [`, nil, 400, "malformed JSON"},
-		{"unknown model", p.base + "/v2/models/mnist/infer", pixels("[1,64]", zeros(64)), nil, 404, `unknown model "mnist"`},
-		{"unknown version", p.base + "/v2/models/digits/versions/9/infer", pixels("[1,64]", zeros(64)), nil, 404, `no version "9"`},
+		{"unknown model", p.base + "/v2/models/mnist/infer", pixels("[1,64]", zeros(64)), nil, 404, `Request for unknown model: 'mnist' is not found`},
+		{"unknown version", p.base + "/v2/models/digits/versions/9/infer", pixels("[1,64]", zeros(64)), nil, 404, `Request for unknown model: 'digits' version 9 is not found`},
 		{"unknown input", infer, `{"inputs":[{"name":"image","datatype":"FP32","shape":[1,64],"data":` + zeros(64) + `}]}`, nil, 400, `unknown input "image"; model digits takes "pixels" (FP32 [-1 64])`},
 		{"missing input", infer, `{"inputs":[]}`, nil, 400, `request has no inputs`},
 		{"wrong datatype", infer, `{"inputs":[{"name":"pixels","datatype":"INT32","shape":[1,64],"data":` + zeros(64) + `}]}`, nil, 400, `input "pixels": datatype INT32, want FP32`},
@@ -478,4 +478,15 @@ func TestJSONLogDurations(t *testing.T) {
 	logger, _ := newLogger(config.Log{Format: "json", Level: slog.LevelInfo}, &buf)
 	logger.Info("x", "grace", 30*time.Second)
 	assert.Contains(t, buf.String(), `"grace":"30s"`)
+}
+
+// get GETs url and returns the response and its body.
+func get(t *testing.T, url string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
 }

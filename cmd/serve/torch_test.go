@@ -275,6 +275,23 @@ func TestDigitsCNNEndToEnd(t *testing.T) {
 	p := start(t)
 	digits := heldout(t)
 
+	// The configuration says what it computes in (the host CPU's float32,
+	// whatever device_dtype asks of an NPU) and how its image is laid out.
+	resp, out := get(t, p.base+"/v2/models/digits-cnn/config")
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	var cfg struct {
+		Input []struct {
+			Format string `json:"format"`
+		} `json:"input"`
+		Parameters map[string]struct {
+			StringValue string `json:"string_value"`
+		} `json:"parameters"`
+	}
+	require.NoError(t, json.Unmarshal(out, &cfg))
+	assert.Equal(t, "float32", cfg.Parameters["stepserve.compute_dtype"].StringValue)
+	assert.Equal(t, "float16", cfg.Parameters["stepserve.device_dtype"].StringValue, "as configured")
+	assert.Equal(t, "FORMAT_NCHW", cfg.Input[0].Format)
+
 	// torch itself, on one batch of every held-out image.
 	dir := t.TempDir()
 	for _, f := range []string{"model.py", "weights.safetensors"} {

@@ -57,6 +57,15 @@ func wantsBF16(cfg *models.Config) bool {
 	return cfg.DeviceDtype == "bfloat16" && products != nil && products.linearBF16 != nil
 }
 
+// ComputeDtype implements [engine.DtypeEngine]: bfloat16 where the model
+// opts in and the kernels have it, float32 otherwise.
+func (Engine) ComputeDtype(cfg *models.Config) string {
+	if wantsBF16(cfg) {
+		return "bfloat16"
+	}
+	return "float32"
+}
+
 // checkDtype refuses a model that asks the CPU engine itself (engine: cpu)
 // for bfloat16 where the kernels in use have no bfloat16 products. A model
 // written for another engine (the CPU engine as its failover, or as the

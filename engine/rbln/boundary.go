@@ -35,6 +35,17 @@ func computeDtype(opts *Options, cfg *models.Config) (dtype, error) {
 	return parseFloatDtype(cfg.DeviceDtype)
 }
 
+// ComputeDtype implements [engine.DtypeEngine]: the dtype computeDtype
+// chooses, the one the worker computes in (a load that would differ is
+// refused).
+func (e *Engine) ComputeDtype(cfg *models.Config) string {
+	d, err := computeDtype(&e.opts, cfg)
+	if err != nil {
+		return ""
+	}
+	return d.String()
+}
+
 // workerEnv is a variable as the workers see it: Options.Env over the
 // server's own environment.
 func workerEnv(opts *Options, key string) string {

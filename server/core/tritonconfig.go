@@ -267,6 +267,9 @@ func stepserveParameters(m *serving.Model) map[string]modelParameter {
 		set("buckets.seq", joinInts(cfg.Buckets.Seq))
 	}
 	set("device_dtype", cfg.DeviceDtype)
+	if d := m.ComputeDtype(); d != "" {
+		set("compute_dtype", d) // what the engine computes in: float32 on the host CPU whatever device_dtype says
+	}
 	set("warmup", cfg.Warmup)
 	set("instances.min_ready", strconv.Itoa(cfg.Instances.MinReadyCount()))
 	if n := m.Policy().MaxBatchElements; n > 0 {
