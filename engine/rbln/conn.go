@@ -60,6 +60,10 @@ func newConn(nc net.Conn, late func(kind string)) *conn {
 	return c
 }
 
+// errSocketClosed is the connection's error when the worker's end closed:
+// it is exiting (or died), and its exit status says more.
+var errSocketClosed = errors.New("control socket closed")
+
 // read delivers results to their callers until the stream ends or breaks.
 func (c *conn) read() {
 	r := bufio.NewReader(c.nc)
@@ -67,7 +71,7 @@ func (c *conn) read() {
 		m, err := readFrame(r)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-				err = fmt.Errorf("%w: control socket closed", errWorkerDown)
+				err = fmt.Errorf("%w: %w", errWorkerDown, errSocketClosed)
 			}
 			c.close(err)
 			return

@@ -69,6 +69,12 @@ func newWorker(e *Engine, device string) *worker {
 	return w
 }
 
+// exitGrace is how long a worker that closed its connection is given to
+// exit, so that its exit status and last words, not the socket's error,
+// say why it went: a worker stopping on SIGTERM closes its socket first
+// and then unloads torch, which took over a second on a loaded machine.
+const exitGrace = 3 * time.Second
+
 // supervise starts the worker, waits for it to die, and restarts it with
 // backoff, until stop.
 func (w *worker) supervise() {
@@ -234,10 +240,14 @@ loop:
 			// exiting, its status and last words say more than the
 			// connection's error does.
 			w.lost(c)
+			grace := time.Second // a stalled step: the process is likely hung
+			if errors.Is(c.err, errSocketClosed) {
+				grace = exitGrace
+			}
 			select {
 			case err := <-exited:
 				cause = exitCause(err)
-			case <-time.After(time.Second):
+			case <-time.After(grace):
 				cause = c.err
 			}
 			break loop
