@@ -1,13 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,11 +109,11 @@ func TestGRPCServerAndModelRPCs(t *testing.T) {
 	_, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "nope"})
 	code, msg := codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
-	assert.Equal(t, `unknown model "nope"`, msg)
+	assert.Equal(t, `Request for unknown model: 'nope' is not found`, msg)
 	_, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax", Version: "7"})
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
-	assert.Equal(t, `model summax has no version "7"; it serves version "1"`, msg)
+	assert.Equal(t, `Request for unknown model: 'summax' version 7 is not found; it serves version 1`, msg)
 
 	meta, err := c.ModelMetadata(ctx, &pb.ModelMetadataRequest{Name: "summax"})
 	require.NoError(t, err)
@@ -166,14 +169,17 @@ func TestGRPCModelNotReady(t *testing.T) {
 	assert.Equal(t, codes.NotFound, code)
 }
 
+// Outputs are raw whichever form the inputs take and whatever the
+// parameters ask, as Triton answers: its clients read raw_output_contents
+// only.
 func TestGRPCInferTypedAndRaw(t *testing.T) {
 	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
 	c, _ := grpcClients(t, s)
 	ctx := context.Background()
 
-	// Typed contents in, typed contents out (what a KServe client sends
-	// and reads).
+	// Typed contents in, raw contents out (Triton's
+	// grpc_explicit_*_content_client sends typed contents and reads raw).
 	req := typedX([]int64{2, 3}, 1, 2, 3, 4, 5, -6)
 	req.Id = "r1"
 	resp, err := c.ModelInfer(ctx, req)
@@ -186,8 +192,8 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 	assert.Equal(t, "y", out.Name)
 	assert.Equal(t, "FP32", out.Datatype)
 	assert.Equal(t, []int64{2, 2}, out.Shape)
-	assert.Equal(t, []float32{6, 3, 3, 5}, out.Contents.GetFp32Contents())
-	assert.Empty(t, resp.RawOutputContents)
+	assert.Nil(t, out.Contents)
+	assert.Equal(t, [][]byte{fp32(6, 3, 3, 5)}, resp.RawOutputContents)
 
 	// Raw in, raw out (what Triton's clients send and read).
 	resp, err = c.ModelInfer(ctx, rawX([]int64{2, 3}, fp32(1, 2, 3, 4, 5, -6)))
@@ -197,24 +203,23 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 	assert.Nil(t, resp.Outputs[0].Contents)
 	assert.Equal(t, []int64{2, 2}, resp.Outputs[0].Shape)
 
-	// The parameters choose otherwise: binary_data_output on the request,
-	// binary_data on an output.
-	req = typedX([]int64{1, 3}, 1, 2, 3)
-	req.Parameters = map[string]*pb.InferParameter{"binary_data_output": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: true}}}
-	resp, err = c.ModelInfer(ctx, req)
-	require.NoError(t, err)
-	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
-	req = typedX([]int64{1, 3}, 1, 2, 3)
-	req.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: map[string]*pb.InferParameter{"binary_data": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: true}}}}}
-	resp, err = c.ModelInfer(ctx, req)
-	require.NoError(t, err)
-	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
-	req = rawX([]int64{1, 3}, fp32(1, 2, 3))
-	req.Parameters = map[string]*pb.InferParameter{"binary_data_output": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: false}}}
-	resp, err = c.ModelInfer(ctx, req)
-	require.NoError(t, err)
-	assert.Empty(t, resp.RawOutputContents)
-	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+	// binary_data_output and binary_data are checked, and choose nothing.
+	b := func(v bool) map[string]*pb.InferParameter {
+		return map[string]*pb.InferParameter{"binary_data": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: v}}}
+	}
+	for _, v := range []bool{true, false} {
+		req = typedX([]int64{1, 3}, 1, 2, 3)
+		req.Parameters = map[string]*pb.InferParameter{"binary_data_output": {ParameterChoice: &pb.InferParameter_BoolParam{BoolParam: v}}}
+		resp, err = c.ModelInfer(ctx, req)
+		require.NoError(t, err)
+		assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents, "binary_data_output %v", v)
+		req = rawX([]int64{1, 3}, fp32(1, 2, 3))
+		req.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: b(v)}}
+		resp, err = c.ModelInfer(ctx, req)
+		require.NoError(t, err)
+		assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents, "binary_data %v", v)
+		assert.Nil(t, resp.Outputs[0].Contents)
+	}
 
 	// A batch larger than the largest bucket (4) runs in parts, as over HTTP.
 	vs := make([]float32, 9*3)
@@ -224,7 +229,8 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 	resp, err = c.ModelInfer(ctx, typedX([]int64{9, 3}, vs...))
 	require.NoError(t, err)
 	assert.Equal(t, []int64{9, 2}, resp.Outputs[0].Shape)
-	assert.Len(t, resp.Outputs[0].Contents.GetFp32Contents(), 18)
+	require.Len(t, resp.RawOutputContents, 1)
+	assert.Equal(t, bytes.Repeat(fp32(3, 2), 9), resp.RawOutputContents[0])
 
 	// Priority and timeout travel as Triton's clients send them.
 	req = typedX([]int64{1, 3}, 1, 2, 3)
@@ -235,7 +241,7 @@ func TestGRPCInferTypedAndRaw(t *testing.T) {
 	}
 	_, err = c.ModelInfer(ctx, req)
 	require.NoError(t, err)
-	assert.Equal(t, 7.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")))
+	assert.Equal(t, 8.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")))
 	assert.Zero(t, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "http")))
 }
 
@@ -298,8 +304,8 @@ func TestGRPCInferErrors(t *testing.T) {
 		{"unknown output", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) {
 			r.Outputs = []*pb.ModelInferRequest_InferRequestedOutputTensor{{Name: "w", Parameters: map[string]*pb.InferParameter{"binary_data": b(true)}}}
 		}), codes.InvalidArgument, `unknown output "w"; model summax gives "y"`},
-		{"unknown model", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelName = "nope" }), codes.NotFound, `unknown model "nope"`},
-		{"unknown version", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelVersion = "7" }), codes.NotFound, `model summax has no version "7"`},
+		{"unknown model", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelName = "nope" }), codes.NotFound, `Request for unknown model: 'nope' is not found`},
+		{"unknown version", with(typedX([]int64{1, 3}, 1, 2, 3), func(r *pb.ModelInferRequest) { r.ModelVersion = "7" }), codes.NotFound, `Request for unknown model: 'summax' version 7 is not found`},
 		{"message over max_body_bytes", rawX([]int64{1000, 3}, make([]byte, 12000)), codes.ResourceExhausted, `larger than max`},
 	}
 	for _, tt := range tests {
@@ -419,7 +425,7 @@ func TestGRPCLimits(t *testing.T) {
 
 	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	require.NoError(t, err)
-	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
 	assert.Eventually(t, func() bool { return s.c.Budget.InUse() == 0 }, time.Second, time.Millisecond, "given back when the RPC ends")
 }
 
@@ -526,12 +532,12 @@ func TestGRPCRepository(t *testing.T) {
 		Parameters: map[string]*pb.ModelRepositoryParameter{"config": strParam(`{"input":[]}`)}})
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.InvalidArgument, code)
-	assert.Contains(t, msg, `load config: input: cannot be changed at load`)
+	assert.Contains(t, msg, `failed to load 'summax', load config: input: cannot be changed at load`)
 	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax",
 		Parameters: map[string]*pb.ModelRepositoryParameter{"file:1/model.onnx": strParam("x")}})
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.InvalidArgument, code)
-	assert.Contains(t, msg, `model files sent with the load are not supported`)
+	assert.Contains(t, msg, `failed to load 'summax', load parameter "file:1/model.onnx": model files sent with the load are not supported`)
 	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax",
 		Parameters: map[string]*pb.ModelRepositoryParameter{"config": strParam(`{"max_batch_size":2}`)}})
 	require.NoError(t, err, "a config's scheduling keys apply, as over HTTP")
@@ -539,22 +545,63 @@ func TestGRPCRepository(t *testing.T) {
 	require.NoError(t, err)
 	resp, err := c.ModelInfer(ctx, typedX([]int64{1, 3}, 1, 2, 3))
 	require.NoError(t, err)
-	assert.Equal(t, []float32{6, 3}, resp.Outputs[0].Contents.GetFp32Contents())
+	assert.Equal(t, [][]byte{fp32(6, 3)}, resp.RawOutputContents)
 	assert.Equal(t, 1.0, testutil.ToFloat64(s.c.Metrics.Requests.WithLabelValues("summax", "success", "grpc")), "a loaded model's grpc series are back")
 	_, err = c.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "nope"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
 
-	// Model control off: PermissionDenied, as HTTP's 403.
+	// Model control off: the index answers, as Triton's and HTTP's do;
+	// loading and unloading are refused with PermissionDenied, as HTTP's
+	// 403.
 	s2, _ := newTestServer(t, newSumMax(t))
 	c2, _ := grpcClients(t, s2)
-	_, err = c2.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{})
+	idx, err = c2.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{Ready: true})
+	require.NoError(t, err)
+	require.Len(t, idx.Models, 1)
+	assert.Equal(t, "summax", idx.Models[0].Name)
+	assert.Equal(t, "READY", idx.Models[0].State)
+	_, err = c2.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax"})
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.PermissionDenied, code)
 	assert.Contains(t, msg, "model control is disabled")
-	_, err = c2.RepositoryModelLoad(ctx, &pb.RepositoryModelLoadRequest{ModelName: "summax"})
+	_, err = c2.RepositoryModelUnload(ctx, &pb.RepositoryModelUnloadRequest{ModelName: "summax"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.PermissionDenied, code)
+}
+
+// The index takes the token HTTP's index takes: with model control off,
+// the inference token unless the repository API has one.
+func TestGRPCRepositoryIndexTokens(t *testing.T) {
+	const tok, repoTok = "token-0123456789abcdef", "repo-token-0123456789"
+	bearer := func(t string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+t)
+	}
+	for _, tc := range []struct {
+		name     string
+		opts     Options
+		accepted string
+		refused  []string
+	}{
+		{"inference token only", Options{InferenceTokens: []string{tok}}, tok, []string{"", repoTok}},
+		{"both tokens", Options{InferenceTokens: []string{tok}, RepositoryTokens: []string{repoTok}}, repoTok, []string{"", tok}},
+		{"model control", Options{ModelControl: true, InferenceTokens: []string{tok}, RepositoryTokens: []string{repoTok}}, repoTok, []string{"", tok}},
+	} {
+		tc.opts.Models = newSumMax(t).set
+		s, err := New(tc.opts)
+		require.NoError(t, err, tc.name)
+		c, _ := grpcClients(t, s)
+		idx, err := c.RepositoryIndex(bearer(tc.accepted), &pb.RepositoryIndexRequest{})
+		require.NoError(t, err, tc.name)
+		assert.Len(t, idx.Models, 1, tc.name)
+		for _, refused := range tc.refused {
+			_, err := c.RepositoryIndex(bearer(refused), &pb.RepositoryIndexRequest{})
+			code, _ := codeOf(err)
+			assert.Equal(t, codes.Unauthenticated, code, "%s: %q", tc.name, refused)
+			assert.Equal(t, 401, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer "+refused).Code, "%s: HTTP agrees, %q", tc.name, refused)
+		}
+		assert.Equal(t, 200, do(t, s, "GET", "/v2/repository/index", nil, "Authorization", "Bearer "+tc.accepted).Code, "%s: HTTP agrees", tc.name)
+	}
 }
 
 // The request metrics carry protocol: both protocols' series exist at
@@ -596,6 +643,7 @@ func TestGRPCModelConfigAndStatistics(t *testing.T) {
 	assert.Equal(t, int32(4), cfg.Config.MaxBatchSize, "the largest batch bucket")
 	assert.Equal(t, pb.DataType_TYPE_FP32, cfg.Config.Input[0].DataType)
 	assert.Equal(t, []int64{3}, cfg.Config.Input[0].Dims)
+	assert.Equal(t, pb.ModelInput_FORMAT_NONE, cfg.Config.Input[0].Format, "the format the HTTP document names, as the protocol's enum")
 	assert.Equal(t, []int32{1, 4}, cfg.Config.GetDynamicBatching().GetPreferredBatchSize())
 	w := do(t, s, "GET", "/v2/models/summax/config", nil)
 	require.Equal(t, 200, w.Code)
@@ -633,7 +681,10 @@ func TestGRPCClassification(t *testing.T) {
 	require.Len(t, resp.Outputs, 1)
 	assert.Equal(t, "BYTES", resp.Outputs[0].Datatype)
 	assert.Equal(t, []int64{1, 2}, resp.Outputs[0].Shape)
-	assert.Equal(t, [][]byte{[]byte("6:0"), []byte("3:1")}, resp.Outputs[0].Contents.BytesContents)
+	// Raw, as Triton serializes BYTES: each element's length (4 bytes,
+	// little-endian), then the element.
+	assert.Equal(t, [][]byte{[]byte("\x03\x00\x00\x006:0\x03\x00\x00\x003:1")}, resp.RawOutputContents)
+	assert.Nil(t, resp.Outputs[0].Contents)
 }
 
 // TestGRPCTraceSetting: Triton's TraceSetting RPC reads and changes the
@@ -679,4 +730,126 @@ func TestGRPCTraceSetting(t *testing.T) {
 	_, err = c.TraceSetting(ctx, &pb.TraceSettingRequest{ModelName: "nosuch"})
 	code, _ = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)
+}
+
+// TestGRPCLogSettings: Triton's LogSettings RPC reads and changes the
+// settings GET and POST /v2/logging do, refuses what they refuse with the
+// same messages, and changes nothing when it refuses.
+func TestGRPCLogSettings(t *testing.T) {
+	s, level, _ := newLoggingServer(t, Options{})
+	c, _ := grpcClients(t, s)
+	ctx := context.Background()
+	type value = pb.LogSettingsRequest_SettingValue
+	boolean := func(b bool) *value {
+		return &value{ParameterChoice: &pb.LogSettingsRequest_SettingValue_BoolParam{BoolParam: b}}
+	}
+	u32 := func(n uint32) *value {
+		return &value{ParameterChoice: &pb.LogSettingsRequest_SettingValue_Uint32Param{Uint32Param: n}}
+	}
+	str := func(s string) *value {
+		return &value{ParameterChoice: &pb.LogSettingsRequest_SettingValue_StringParam{StringParam: s}}
+	}
+	update := func(settings map[string]*value) (core.LogSettings, error) {
+		resp, err := c.LogSettings(ctx, &pb.LogSettingsRequest{Settings: settings})
+		if err != nil {
+			return core.LogSettings{}, err
+		}
+		// The settings by the names and of the types HTTP's JSON has.
+		doc := map[string]any{}
+		for k, v := range resp.Settings {
+			switch p := v.GetParameterChoice().(type) {
+			case *pb.LogSettingsResponse_SettingValue_BoolParam:
+				doc[k] = p.BoolParam
+			case *pb.LogSettingsResponse_SettingValue_Uint32Param:
+				doc[k] = p.Uint32Param
+			case *pb.LogSettingsResponse_SettingValue_StringParam:
+				doc[k] = p.StringParam
+			}
+		}
+		b, err := json.Marshal(doc)
+		require.NoError(t, err)
+		return logSettingsOf(t, string(b)), nil
+	}
+	httpSettings := func() core.LogSettings {
+		return logSettingsOf(t, do(t, s, "GET", "/v2/logging", nil).Body.String())
+	}
+
+	got, err := update(nil)
+	require.NoError(t, err)
+	assert.Equal(t, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogFormat: "text"}, got)
+	assert.Equal(t, httpSettings(), got, "gRPC and HTTP report the same settings")
+
+	got, err = update(map[string]*value{"log_verbose_level": u32(2)})
+	require.NoError(t, err)
+	assert.Equal(t, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 2, LogFormat: "text"}, got)
+	assert.Equal(t, slog.LevelDebug, level.Level())
+	assert.Equal(t, httpSettings(), got)
+	got, err = update(map[string]*value{"log_info": {}}) // no value, as tritonclient sends None: no change
+	require.NoError(t, err)
+	assert.Equal(t, uint32(2), got.LogVerboseLevel)
+	got, err = update(map[string]*value{"log_verbose_level": u32(0), "log_warnings": boolean(false), "log_file": str(""), "log_format": str("text")})
+	require.NoError(t, err)
+	assert.Equal(t, core.LogSettings{LogErrors: true, LogFormat: "text"}, got)
+	assert.Equal(t, slog.LevelError, level.Level())
+	_, err = update(map[string]*value{"log_info": boolean(true)})
+	require.NoError(t, err)
+	assert.Equal(t, slog.LevelInfo, level.Level())
+
+	for _, tt := range []struct {
+		settings map[string]*value
+		code     codes.Code
+		want     string
+	}{
+		{map[string]*value{"log_info": boolean(true), "log_warnings": boolean(false)}, codes.InvalidArgument, "these settings cannot hold together (log_info true)"},
+		{map[string]*value{"log_file": str("/var/log/stepserve.log")}, codes.InvalidArgument, "log_file cannot be set: stepserve logs to standard error"},
+		{map[string]*value{"log_format": str("ISO8601")}, codes.InvalidArgument, `log_format cannot change at run time: the log is "text"`},
+		{map[string]*value{"log_verbose": u32(1)}, codes.InvalidArgument, `unknown log setting "log_verbose"; the settings are log_file, log_info`},
+		{map[string]*value{"log_info": str("yes")}, codes.InvalidArgument, "log setting log_info must be true or false"},
+		{map[string]*value{"log_verbose_level": boolean(true)}, codes.InvalidArgument, "log setting log_verbose_level must be a non-negative integer"},
+		{map[string]*value{"log_file": u32(1)}, codes.InvalidArgument, "log setting log_file must be a string"},
+		{map[string]*value{"log_file": str(strings.Repeat("x", 5000))}, codes.ResourceExhausted, "log settings are at most 4096 bytes"},
+	} {
+		_, err := update(tt.settings)
+		code, msg := codeOf(err)
+		assert.Equal(t, tt.code, code, "%v", tt.settings)
+		assert.Contains(t, msg, tt.want)
+		assert.Equal(t, slog.LevelInfo, level.Level(), "%s changed nothing", tt.want)
+	}
+}
+
+// LogSettings is an administrator's RPC, guarded as /v2/logging: the
+// repository token, closed while only inference has one, and
+// Unimplemented without a log level to control.
+func TestGRPCLogSettingsAccess(t *testing.T) {
+	bearer := func(t string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+t)
+	}
+	s, level, _ := newLoggingServer(t, Options{InferenceTokens: []string{"infer-token-0123456789"}, RepositoryTokens: []string{"admin-token-0123456789"}})
+	c, _ := grpcClients(t, s)
+	req := &pb.LogSettingsRequest{Settings: map[string]*pb.LogSettingsRequest_SettingValue{
+		"log_verbose_level": {ParameterChoice: &pb.LogSettingsRequest_SettingValue_Uint32Param{Uint32Param: 1}}}}
+	for _, ctx := range []context.Context{context.Background(), bearer("infer-token-0123456789")} {
+		_, err := c.LogSettings(ctx, req)
+		code, _ := codeOf(err)
+		assert.Equal(t, codes.Unauthenticated, code)
+	}
+	assert.Equal(t, slog.LevelInfo, level.Level())
+	_, err := c.LogSettings(bearer("admin-token-0123456789"), req)
+	require.NoError(t, err)
+	assert.Equal(t, slog.LevelDebug, level.Level())
+
+	s, _, _ = newLoggingServer(t, Options{InferenceTokens: []string{"infer-token-0123456789"}})
+	c, _ = grpcClients(t, s)
+	_, err = c.LogSettings(bearer("infer-token-0123456789"), &pb.LogSettingsRequest{})
+	code, msg := codeOf(err)
+	assert.Equal(t, codes.PermissionDenied, code, "never more open than inference")
+	assert.Equal(t, core.AdminClosedMsg, msg)
+	assert.Equal(t, 403, do(t, s, "GET", "/v2/logging", nil, "Authorization", "Bearer infer-token-0123456789").Code, "as HTTP")
+
+	s, _ = newTestServer(t, newSumMax(t))
+	c, _ = grpcClients(t, s)
+	_, err = c.LogSettings(context.Background(), &pb.LogSettingsRequest{})
+	code, msg = codeOf(err)
+	assert.Equal(t, codes.Unimplemented, code)
+	assert.Contains(t, msg, "the logging extension is not available")
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,7 +21,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
@@ -35,6 +39,15 @@ func dialGRPC(t *testing.T, p *process) (pb.GRPCInferenceServiceClient, healthpb
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return pb.NewGRPCInferenceServiceClient(conn), healthpb.NewHealthClient(conn)
+}
+
+// rawFP32 is raw_output_contents' FP32 values.
+func rawFP32(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
 }
 
 func pixelsRaw(rows []digit) []byte {
@@ -63,9 +76,10 @@ func classesHTTP(t *testing.T, base string, digits []digit) []int {
 // TestGRPCEndToEnd runs every gRPC RPC the server implements against the
 // real binary on a loopback port: the held-out digits classify the same
 // over gRPC (typed contents one row a request, raw contents 50 rows a
-// request, larger than a step) as over HTTP, text goes in as BYTES both
-// ways, errors name the input, the metrics count each protocol, and
-// SIGTERM drains with gRPC clients connected.
+// request, larger than a step; raw contents out, as Triton answers) as
+// over HTTP, text goes in as BYTES both ways, errors name the input, the
+// metrics count each protocol, and SIGTERM drains with gRPC clients
+// connected.
 func TestGRPCEndToEnd(t *testing.T) {
 	p := start(t, "--server.max_body_bytes", "64KiB", "--server.enable_model_control")
 	c, h := dialGRPC(t, p)
@@ -108,7 +122,8 @@ func TestGRPCEndToEnd(t *testing.T) {
 			{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}, Contents: &pb.InferTensorContents{Fp32Contents: d.pixels}}}})
 		require.NoError(t, err)
 		require.Equal(t, []int64{1, 10}, resp.Outputs[0].Shape)
-		got := argmax(resp.Outputs[0].Contents.GetFp32Contents())
+		require.Len(t, resp.RawOutputContents, 1, "typed contents in, raw contents out")
+		got := argmax(rawFP32(resp.RawOutputContents[0]))
 		assert.Equal(t, want[i], got, "digit %d: gRPC and HTTP classify alike", i)
 		if got == d.label {
 			correct++
@@ -124,14 +139,10 @@ func TestGRPCEndToEnd(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "batch", resp.Id)
 		require.Len(t, resp.RawOutputContents, 1)
-		probs := resp.RawOutputContents[0]
-		require.Len(t, probs, len(rows)*40)
+		probs := rawFP32(resp.RawOutputContents[0])
+		require.Len(t, probs, len(rows)*10)
 		for i := range rows {
-			p := make([]float32, 10)
-			for k := range p {
-				p[k] = math.Float32frombits(binary.LittleEndian.Uint32(probs[(i*10+k)*4:]))
-			}
-			assert.Equal(t, want[start+i], argmax(p), "digit %d, raw", start+i)
+			assert.Equal(t, want[start+i], argmax(probs[i*10:(i+1)*10]), "digit %d, raw", start+i)
 		}
 	}
 
@@ -157,13 +168,8 @@ func TestGRPCEndToEnd(t *testing.T) {
 		r, err := c.ModelInfer(ctx, req)
 		require.NoError(t, err)
 		assert.Equal(t, []int64{2, 128}, r.Outputs[0].Shape)
-		emb := r.Outputs[0].Contents.GetFp32Contents()
-		if len(r.RawOutputContents) == 1 {
-			emb = make([]float32, 256)
-			for i := range emb {
-				emb[i] = math.Float32frombits(binary.LittleEndian.Uint32(r.RawOutputContents[0][4*i:]))
-			}
-		}
+		require.Len(t, r.RawOutputContents, 1)
+		emb := rawFP32(r.RawOutputContents[0])
 		require.Len(t, emb, 256)
 		assert.InDeltaSlice(t, viaHTTP.Outputs[0].Data, emb, 1e-5)
 	}
@@ -180,7 +186,7 @@ func TestGRPCEndToEnd(t *testing.T) {
 			RawInputContents: [][]byte{make([]byte, 100)}}, codes.InvalidArgument, `input "pixels": raw_input_contents is 100 bytes, but FP32 [1 64] needs 256`},
 		{&pb.ModelInferRequest{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64},
 			Contents: &pb.InferTensorContents{Fp32Contents: append(make([]float32, 63), float32(math.NaN()))}}}}, codes.InvalidArgument, `input "pixels": element 63 is NaN; values must be finite`},
-		{&pb.ModelInferRequest{ModelName: "mnist"}, codes.NotFound, `unknown model "mnist"`},
+		{&pb.ModelInferRequest{ModelName: "mnist"}, codes.NotFound, `Request for unknown model: 'mnist' is not found`},
 		{&pb.ModelInferRequest{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "pixels", Datatype: "FP32", Shape: []int64{300, 64}}},
 			RawInputContents: [][]byte{make([]byte, 300*256)}}, codes.ResourceExhausted, `larger than max`},
 	} {
@@ -211,6 +217,84 @@ func TestGRPCEndToEnd(t *testing.T) {
 	}
 	_, err = c.ServerLive(ctx, &pb.ServerLiveRequest{})
 	assert.Error(t, err, "the gRPC listener is closed")
+}
+
+// zeros is a message of that many zero bytes, which zerosCodec hands gRPC
+// as one small chunk again and again: the client neither holds nor
+// scans 64 MiB to compress them (which takes a minute under the race
+// detector).
+type zeros int
+
+type zerosCodec struct{ encoding.CodecV2 }
+
+var zeroChunk = make([]byte, 32<<10)
+
+func (c zerosCodec) Marshal(v any) (mem.BufferSlice, error) {
+	n, ok := v.(zeros)
+	if !ok {
+		return c.CodecV2.Marshal(v)
+	}
+	out := make(mem.BufferSlice, int(n)/len(zeroChunk))
+	for i := range out {
+		out[i] = mem.SliceBuffer(zeroChunk)
+	}
+	return out, nil
+}
+
+// TestGRPCCompression: clients that compress their calls with gzip or
+// deflate (tritonclient's compression_algorithm) are answered, and
+// compressed bombs (64 MiB of zeros in a few hundred KiB, four at once)
+// are refused with RESOURCE_EXHAUSTED once they inflate to
+// server.max_body_bytes, with the server's memory bounded by that limit
+// and not by what they would inflate to.
+func TestGRPCCompression(t *testing.T) {
+	p := startCapped(t, hostileMemoryCap, "--model_repository", hostileRepo(t), "--server.max_body_bytes", "4MiB")
+	c, _ := dialGRPC(t, p)
+	ctx := context.Background()
+	d := heldout(t)[0]
+	for _, enc := range []string{"gzip", "deflate"} {
+		for _, req := range []*pb.ModelInferRequest{
+			{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}}},
+				RawInputContents: [][]byte{pixelsRaw([]digit{d})}},
+			{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64},
+				Contents: &pb.InferTensorContents{Fp32Contents: d.pixels}}}},
+		} {
+			resp, err := c.ModelInfer(ctx, req, grpc.UseCompressor(enc))
+			require.NoError(t, err, enc)
+			require.Len(t, resp.RawOutputContents, 1, enc)
+			assert.Equal(t, d.label, argmax(rawFP32(resp.RawOutputContents[0])), enc)
+		}
+	}
+
+	// 64 MiB of zeros, compressed as gRPC sends them (deflate is
+	// registered in this binary by the server's packages, as in the
+	// server's).
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(zerosCodec{encoding.GetCodecV2(protoenc.Name)})))
+	require.NoError(t, err)
+	defer conn.Close()
+	bomb := zeros(64 << 20)
+	baseline := p.rss(t)
+	rss := sampleRSS(p)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			enc := []string{"gzip", "deflate"}[i%2]
+			err := conn.Invoke(ctx, pb.GRPCInferenceService_ModelInfer_FullMethodName, bomb, new(pb.ModelInferResponse), grpc.UseCompressor(enc))
+			st, _ := grpcstatus.FromError(err)
+			assert.Equal(t, codes.ResourceExhausted, st.Code(), "%s: %s", enc, st.Message())
+			assert.Contains(t, st.Message(), "after decompression larger than max 4194304", enc)
+		})
+	}
+	wg.Wait()
+	peak := rss.peak()
+	t.Logf("4 gRPC compression bombs inflating to 64 MiB each, limit 4 MiB: peak RSS %.0f MiB (baseline %.0f MiB)",
+		float64(peak)/(1<<20), float64(baseline)/(1<<20))
+	assert.Less(t, peak, baseline+96<<20)
+	resp, err := c.ModelInfer(ctx, &pb.ModelInferRequest{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{
+		{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}}}, RawInputContents: [][]byte{pixelsRaw([]digit{d})}}, grpc.UseCompressor("gzip"))
+	require.NoError(t, err, "the server answers afterwards")
+	assert.Equal(t, d.label, argmax(rawFP32(resp.RawOutputContents[0])))
 }
 
 // TestGRPCTokensAndSIGHUP: gRPC requires the same bearer tokens as HTTP,
@@ -258,8 +342,10 @@ func TestGRPCDisabled(t *testing.T) {
 // TestPythonGRPCClients runs Python's grpcio (Debian's python3-grpcio)
 // against the real binary, with stubs generated at test time
 // (python3-grpc-tools) from the repository's proto/inference.proto: raw
-// contents (as tritonclient sends them) and typed contents (as KServe's
-// clients do).
+// contents (as tritonclient sends them), typed contents (as KServe's
+// clients and Triton's explicit-content examples do), streaming, and
+// calls compressed with gzip and deflate (as tritonclient's
+// compression_algorithm makes them).
 func TestPythonGRPCClients(t *testing.T) {
 	const python = "/usr/bin/python3"
 	if out, err := exec.Command(python, "-c", "import grpc, grpc_tools.protoc").CombinedOutput(); err != nil {
@@ -268,7 +354,7 @@ func TestPythonGRPCClients(t *testing.T) {
 	p := start(t)
 	protos, err := filepath.Abs("../../proto")
 	require.NoError(t, err)
-	for _, mode := range []string{"raw", "typed", "stream"} {
+	for _, mode := range []string{"raw", "typed", "stream", "compressed"} {
 		cmd := exec.Command(python, "testdata/grpc_client.py", mode, protos, t.TempDir(), p.grpc)
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s client:\n%s", mode, out)

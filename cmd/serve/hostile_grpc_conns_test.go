@@ -94,7 +94,8 @@ func TestIdleGRPCConnectionsLeaveHTTPServing(t *testing.T) {
 		{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}, Contents: &pb.InferTensorContents{Fp32Contents: d.pixels}}}})
 	t.Logf("gRPC inference beside them: err %v after %v", err, time.Since(begin).Round(time.Millisecond))
 	require.NoError(t, err)
-	assert.Equal(t, d.label, argmax(resp.Outputs[0].Contents.GetFp32Contents()))
+	require.Len(t, resp.RawOutputContents, 1)
+	assert.Equal(t, d.label, argmax(rawFP32(resp.RawOutputContents[0])))
 
 	m := scrape(t, mbase)
 	open := metricSum(t, m, "stepserve_connections_open", `listener="api"`)

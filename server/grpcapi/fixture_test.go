@@ -55,16 +55,18 @@ func clients(t *testing.T, a *API) (pb.GRPCInferenceServiceClient, healthpb.Heal
 }
 
 // clientConn serves a on an in-memory listener until the test ends and
-// returns a connection to it.
-func clientConn(t *testing.T, a *API) *grpc.ClientConn {
+// returns a connection to it, dialled with opts besides.
+func clientConn(t *testing.T, a *API, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	ln := bufconn.Listen(1 << 20)
 	a.Server() // built before the clients are handed out
 	done := make(chan error, 1)
 	go func() { done <- a.Serve(ln) }()
-	conn, err := grpc.NewClient("passthrough:///bufconn",
+	opts = append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)
+	conn, err := grpc.NewClient("passthrough:///bufconn", opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		conn.Close()

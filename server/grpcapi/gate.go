@@ -27,9 +27,10 @@ import (
 //
 //   - every method is served as a stream (gated), whose handler reads its
 //     message itself, through gatedStream, which first takes the most the
-//     message may be (server.max_body_bytes, gRPC's receive limit) from
-//     the budget, waiting as an HTTP body's read does; then, the message
-//     read, keeps only what it holds. A call that cannot get the room is
+//     message may be (server.max_body_bytes, gRPC's receive limit; twice
+//     that for a compressed one, compress.go) from the budget, waiting as
+//     an HTTP body's read does; then, the message read, keeps only what
+//     it holds (decompressed). A call that cannot get the room is
 //     answered RESOURCE_EXHAUSTED with a retry pushback, its message never
 //     read; one whose message does not arrive within server.read_timeout
 //     is answered DEADLINE_EXCEEDED and gives its room back;
@@ -122,6 +123,7 @@ type gatedStream struct {
 func (g *gatedStream) RecvMsg(m any) error {
 	ctx := g.Context()
 	ch := g.api.c.Charge()
+	compressed, _ := compressedCall(ctx)
 	if g.probe {
 		timer := time.NewTimer(g.api.c.BudgetWait)
 		select {
@@ -133,12 +135,8 @@ func (g *gatedStream) RecvMsg(m any) error {
 			timer.Stop()
 			return status.FromContextError(ctx.Err()).Err()
 		}
-	} else {
-		// The most the message may be, less the window its stream holds
-		// already (what arrived of it so far is in that window).
-		if err := ch.Take(ctx, g.api.maxRecv()-g.api.window(), "the request message"); err != nil {
-			return refuse(ctx, err)
-		}
+	} else if err := ch.Take(ctx, g.api.readCharge(compressed), "the request message"); err != nil {
+		return refuse(ctx, err)
 	}
 	release := func() {
 		ch.Release()
@@ -183,6 +181,20 @@ func (g *gatedStream) RecvMsg(m any) error {
 // limit, or the whole budget where that is less (a message that big is
 // read alone).
 func (s *API) maxRecv() int64 { return min(s.c.Opts.MaxBodyBytes, 1<<31-1, s.c.Opts.MaxInflightBytes) }
+
+// readCharge is what reading a message takes of the budget before it is
+// read: the most it may be (maxRecv), less the window its stream holds
+// already (what arrived of it so far is in that window); for a compressed
+// message, besides, the most it may decompress to, as gRPC holds both
+// while it decompresses. Never more than the whole budget: a message that
+// big is read alone.
+func (s *API) readCharge(compressed bool) int64 {
+	n := s.maxRecv()
+	if compressed {
+		n = min(2*n, s.c.Opts.MaxInflightBytes)
+	}
+	return n - s.window()
+}
 
 // window is what a stream charges for its flow-control window when it
 // opens: the window, or a 256th of the budget where that is less (a

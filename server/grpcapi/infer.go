@@ -25,12 +25,13 @@ import (
 // takes: checkRequest, the in-flight budget, decodeValues, the model's
 // batcher. Only the translation and the response's encoding are gRPC's.
 //
-// Outputs come back as raw_output_contents, as Triton answers, when the
-// request sent raw_input_contents (or asked with the binary_data_output
-// or binary_data parameters); otherwise as typed contents, the form a
-// KServe client that sent typed contents reads. The protocol allows one
-// form per response, so an output with no typed field (FP16, BF16)
-// makes them all raw.
+// Outputs always come back as raw_output_contents, whichever form the
+// inputs came in and whatever binary_data_output or binary_data say (they
+// are checked, then have nothing to choose): Triton answers so, and its
+// clients read nothing else (tritonclient's as_numpy reads
+// raw_output_contents by index). BYTES outputs are raw as Triton
+// serializes them: each element a 4-byte little-endian length, then its
+// bytes.
 func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
 	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(ctx context.Context, ch *core.Charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
 		// The message arrived decoded (a caller in this process): what
@@ -191,9 +192,16 @@ func (s *API) inferGRPC(ctx context.Context, ch *core.Charge, m *serving.Model, 
 	if err != nil {
 		return nil, r, err
 	}
-	protoOutputs(m.Model(), req)
+	protoOutputs(req)
 	req.Trace = tr
-	m, res, err := s.c.Run(ctx, ch, m, req, protoFootprint(m.Model(), req, decoded, seq))
+	fp := protoFootprint(m.Model(), req, decoded, seq)
+	if _, compressed := compressedCall(ctx); compressed {
+		// gRPC compresses the encoded response into a copy of its own as
+		// it sends it: held with the outputs, not a part of the response's
+		// size.
+		fp.Outputs += fp.JSON
+	}
+	m, res, err := s.c.Run(ctx, ch, m, req, fp)
 	if err != nil {
 		return nil, r, err
 	}
@@ -237,10 +245,6 @@ func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 		return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs; send one per input, in the inputs' order, or none", len(raw), len(ins)))
 	}
 	wr := core.WireRequest{ID: r.GetId(), Pairs: protoParams(r.GetParameters())}
-	if _, set := (core.WireParams{Pairs: wr.Pairs}).Get("binary_data_output"); len(raw) > 0 && !set {
-		// Raw inputs, raw outputs: as Triton answers its clients.
-		wr.Pairs = append(wr.Pairs, core.ParamPair{Key: "binary_data_output", Raw: json.RawMessage("true")})
-	}
 	wr.Inputs = make([]core.WireInput, len(ins))
 	for i, in := range ins {
 		if len(in.GetShape()) > core.MaxRank {
@@ -446,52 +450,16 @@ func (p protoContents) TextBytes() int64 {
 	return n
 }
 
-// typedOutput reports whether outputs of dt can travel as typed contents.
-func typedOutput(dt models.Datatype) bool { return dt != models.BYTES && contentsField(dt) != "" }
-
-// protoOutputs makes a request's outputs all raw or all typed, as the
-// protocol requires of a response: raw when any is.
-func protoOutputs(m *models.Model, req *core.InferRequest) {
-	raw := false
-	for _, c := range req.Outputs {
-		raw = raw || c.Binary || !typedOutput(m.Config.Outputs[c.Index].Datatype)
-	}
+// protoOutputs makes a request's outputs all raw: a gRPC response
+// carries raw_output_contents, as Triton's does.
+func protoOutputs(req *core.InferRequest) {
 	for i := range req.Outputs {
-		req.Outputs[i].Binary = raw
+		req.Outputs[i].Binary = true
 	}
 }
 
-// protoValueBytes is the most one value of dt takes in a packed repeated
-// field: varints of negative 32-bit integers take ten bytes.
-func protoValueBytes(dt models.Datatype) int64 {
-	switch dt {
-	case models.BOOL:
-		return 1
-	case models.FP32:
-		return 4
-	case models.FP64:
-		return 8
-	case models.UINT8, models.UINT16, models.UINT32:
-		return 5
-	}
-	return 10
-}
-
-// goValueBytes is what one value of dt takes in the Go slice of a typed
-// contents field.
-func goValueBytes(dt models.Datatype) int64 {
-	switch dt {
-	case models.BOOL:
-		return 1
-	case models.INT64, models.UINT64, models.FP64:
-		return 8
-	}
-	return 4
-}
-
-// protoFootprint is [footprintOf] with the response gRPC sends: json is
-// the encoded message, every output's bytes or values in it; typed
-// outputs also hold their Go slices until it is encoded.
+// protoFootprint is [core.FootprintOf] with the response gRPC sends: its
+// JSON is the encoded message, every output's raw bytes in it.
 func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq int) core.Footprint {
 	f := core.FootprintOf(m, req, decoded, seq)
 	cfg := m.Config
@@ -503,20 +471,14 @@ func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq 
 	f.JSON = 64 + int64(len(m.Name)+len(m.Version)+len(req.ID))
 	for _, c := range req.Outputs {
 		o := cfg.Outputs[c.Index]
-		f.JSON += 48 + int64(len(o.Name)+11*len(o.Shape))
-		if c.Binary {
-			f.JSON += rows * int64(o.RowBytes(seq))
-			continue
-		}
-		elems := rows * int64(o.RowElements(seq))
-		f.JSON += elems * protoValueBytes(o.Datatype)
-		f.Outputs += elems * goValueBytes(o.Datatype)
+		f.JSON += 48 + int64(len(o.Name)+11*len(o.Shape)) + rows*int64(o.RowBytes(seq))
 	}
 	return f
 }
 
-// protoResponse encodes the outputs of a request that ran: raw outputs are
-// the step's own output buffers, not copies.
+// protoResponse encodes the outputs of a request that ran, raw: the step's
+// own output buffers, not copies (classification's BYTES built as Triton
+// serializes them).
 func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result) *inferencepb.ModelInferResponse {
 	resp := &inferencepb.ModelInferResponse{ModelName: m.Name, ModelVersion: m.Version, Id: req.ID}
 	tensors := make([]inferencepb.ModelInferResponse_InferOutputTensor, len(req.Outputs))
@@ -539,92 +501,15 @@ func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result)
 				labels = m.Labels[c.Index]
 			}
 			t.Datatype, t.Shape = string(models.BYTES), []int64{int64(req.Rows), int64(c.Classes)}
-			classes := core.Classify(spec, labels, data, req.Rows, c.Classes)
-			if c.Binary {
-				var raw []byte
-				for _, v := range classes {
-					raw = binary.LittleEndian.AppendUint32(raw, uint32(len(v)))
-					raw = append(raw, v...)
-				}
-				resp.RawOutputContents = append(resp.RawOutputContents, raw)
-				continue
+			var raw []byte
+			for _, v := range core.Classify(spec, labels, data, req.Rows, c.Classes) {
+				raw = binary.LittleEndian.AppendUint32(raw, uint32(len(v)))
+				raw = append(raw, v...)
 			}
-			t.Contents = &inferencepb.InferTensorContents{BytesContents: make([][]byte, len(classes))}
-			for k, v := range classes {
-				t.Contents.BytesContents[k] = []byte(v)
-			}
+			resp.RawOutputContents = append(resp.RawOutputContents, raw)
 			continue
 		}
-		if c.Binary {
-			resp.RawOutputContents = append(resp.RawOutputContents, data)
-			continue
-		}
-		t.Contents = typedContentsOf(data, spec.Datatype)
+		resp.RawOutputContents = append(resp.RawOutputContents, data)
 	}
 	return resp
-}
-
-// typedContentsOf is a packed output as the typed field of its datatype
-// (one [typedOutput] takes).
-func typedContentsOf(data []byte, dt models.Datatype) *inferencepb.InferTensorContents {
-	c := &inferencepb.InferTensorContents{}
-	n := len(data) / dt.Size()
-	switch dt {
-	case models.BOOL:
-		c.BoolContents = make([]bool, n)
-		for i := range n {
-			c.BoolContents[i] = data[i] != 0
-		}
-	case models.INT8:
-		c.IntContents = make([]int32, n)
-		for i := range n {
-			c.IntContents[i] = int32(int8(data[i]))
-		}
-	case models.INT16:
-		c.IntContents = make([]int32, n)
-		for i := range n {
-			c.IntContents[i] = int32(int16(binary.LittleEndian.Uint16(data[2*i:])))
-		}
-	case models.INT32:
-		c.IntContents = make([]int32, n)
-		for i := range n {
-			c.IntContents[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
-		}
-	case models.INT64:
-		c.Int64Contents = make([]int64, n)
-		for i := range n {
-			c.Int64Contents[i] = int64(binary.LittleEndian.Uint64(data[8*i:]))
-		}
-	case models.UINT8:
-		c.UintContents = make([]uint32, n)
-		for i := range n {
-			c.UintContents[i] = uint32(data[i])
-		}
-	case models.UINT16:
-		c.UintContents = make([]uint32, n)
-		for i := range n {
-			c.UintContents[i] = uint32(binary.LittleEndian.Uint16(data[2*i:]))
-		}
-	case models.UINT32:
-		c.UintContents = make([]uint32, n)
-		for i := range n {
-			c.UintContents[i] = binary.LittleEndian.Uint32(data[4*i:])
-		}
-	case models.UINT64:
-		c.Uint64Contents = make([]uint64, n)
-		for i := range n {
-			c.Uint64Contents[i] = binary.LittleEndian.Uint64(data[8*i:])
-		}
-	case models.FP32:
-		c.Fp32Contents = make([]float32, n)
-		for i := range n {
-			c.Fp32Contents[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
-		}
-	case models.FP64:
-		c.Fp64Contents = make([]float64, n)
-		for i := range n {
-			c.Fp64Contents[i] = math.Float64frombits(binary.LittleEndian.Uint64(data[8*i:]))
-		}
-	}
-	return c
 }

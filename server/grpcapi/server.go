@@ -30,8 +30,8 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
-// RPCs the server does not implement (streaming inference, shared
-// memory) answer Unimplemented.
+// RPCs the server does not implement (shared memory) answer
+// Unimplemented.
 
 // grpcMaxStreams bounds the requests one gRPC connection may have in
 // flight: far above what a client pipelines (the benchmark runs 64), so
@@ -237,11 +237,12 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 	}
 }
 
-// grpcScope is the tokens that guard an RPC: the repository scope's for
-// Repository* and TraceSetting (as their HTTP endpoints), the inference
-// scope's for the service's other RPCs, none
-// for ServerLive, ServerReady, ServerMetadata and health, which are open
-// as their HTTP endpoints are.
+// grpcScope is the tokens that guard an RPC, as they guard its HTTP
+// endpoint: the repository scope's for Repository*, TraceSetting and
+// LogSettings; for RepositoryIndex, which only reads, the inference
+// scope's while model control is off and the repository scope has no
+// token ([core.IndexAuth]); the inference scope's for the service's other
+// RPCs; none for ServerLive, ServerReady, ServerMetadata and health.
 func (s *API) grpcScope(fullMethod string) *core.Tokens {
 	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || service != inferencepb.GRPCInferenceService_ServiceDesc.ServiceName {
@@ -250,10 +251,20 @@ func (s *API) grpcScope(fullMethod string) *core.Tokens {
 	switch {
 	case method == "ServerLive" || method == "ServerReady" || method == "ServerMetadata":
 		return nil
-	case strings.HasPrefix(method, "Repository") || method == "TraceSetting":
+	case method == "RepositoryIndex" && !s.c.Opts.ModelControl && s.c.RepositoryTokens.None():
+		return s.c.InferenceTokens
+	case strings.HasPrefix(method, "Repository") || adminMethod(fullMethod):
 		return s.c.RepositoryTokens
 	}
 	return s.c.InferenceTokens
+}
+
+// adminMethod reports whether fullMethod is one of the administrator's
+// RPCs (TraceSetting, LogSettings): behind the repository token, and
+// closed while only inference has tokens, as their HTTP endpoints are.
+func adminMethod(fullMethod string) bool {
+	return fullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName ||
+		fullMethod == inferencepb.GRPCInferenceService_LogSettings_FullMethodName
 }
 
 // grpcAuthorize requires one of the scope's tokens as "authorization:
@@ -279,10 +290,10 @@ func grpcAuthorize(ctx context.Context, t *core.Tokens) error {
 
 // grpcAuthStream requires the token of the call's scope before the call's
 // handler runs (and so before its message is read), and keeps
-// TraceSetting closed while the administrator's endpoints are (as HTTP's
-// trace endpoints).
+// TraceSetting and LogSettings closed while the administrator's endpoints
+// are (as HTTP's trace and logging endpoints).
 func (s *API) grpcAuthStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if info.FullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName && s.c.AdminClosed() {
+	if adminMethod(info.FullMethod) && s.c.AdminClosed() {
 		return status.Error(codes.PermissionDenied, core.AdminClosedMsg)
 	}
 	if err := grpcAuthorize(ss.Context(), s.grpcScope(info.FullMethod)); err != nil {
@@ -371,10 +382,10 @@ func checkRepository(name string) error {
 	return nil
 }
 
+// RepositoryIndex lists the repository's models. It only reads, so it
+// answers with model control off too, as Triton's does and the HTTP
+// index does.
 func (g *grpcServer) RepositoryIndex(ctx context.Context, r *inferencepb.RepositoryIndexRequest) (*inferencepb.RepositoryIndexResponse, error) {
-	if err := g.s.c.Control(); err != nil {
-		return nil, core.GRPCError(err)
-	}
 	if err := checkRepository(r.GetRepositoryName()); err != nil {
 		return nil, core.GRPCError(err)
 	}
@@ -408,9 +419,9 @@ func (g *grpcServer) RepositoryModelLoad(ctx context.Context, r *inferencepb.Rep
 				return nil, core.GRPCError(err)
 			}
 		case strings.HasPrefix(key, "file:"):
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("load parameter %q: model files sent with the load are not supported; put them in the model repository", core.ClipName(key))))
+			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q: model files sent with the load are not supported; put them in the model repository", core.QuoteModel(r.GetModelName()), core.ClipName(key))))
 		default:
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("load parameter %q is not supported; want config", core.ClipName(key))))
+			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q is not supported; want config", core.QuoteModel(r.GetModelName()), core.ClipName(key))))
 		}
 	}
 	if err := g.s.c.Load(ctx, r.GetModelName(), override); err != nil {

@@ -3042,6 +3042,96 @@ func (x *TraceSettingResponse) GetSettings() map[string]*TraceSettingResponse_Se
 	return nil
 }
 
+// The logging extension: the settings named change, the others stay (an
+// empty request reads them); the response holds every setting.
+type LogSettingsRequest struct {
+	state         protoimpl.MessageState                      `protogen:"open.v1"`
+	Settings      map[string]*LogSettingsRequest_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogSettingsRequest) Reset() {
+	*x = LogSettingsRequest{}
+	mi := &file_inference_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogSettingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogSettingsRequest) ProtoMessage() {}
+
+func (x *LogSettingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogSettingsRequest.ProtoReflect.Descriptor instead.
+func (*LogSettingsRequest) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *LogSettingsRequest) GetSettings() map[string]*LogSettingsRequest_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+type LogSettingsResponse struct {
+	state         protoimpl.MessageState                       `protogen:"open.v1"`
+	Settings      map[string]*LogSettingsResponse_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogSettingsResponse) Reset() {
+	*x = LogSettingsResponse{}
+	mi := &file_inference_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogSettingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogSettingsResponse) ProtoMessage() {}
+
+func (x *LogSettingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogSettingsResponse.ProtoReflect.Descriptor instead.
+func (*LogSettingsResponse) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *LogSettingsResponse) GetSettings() map[string]*LogSettingsResponse_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
 type ModelMetadataResponse_TensorMetadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3053,7 +3143,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_inference_proto_msgTypes[42]
+	mi := &file_inference_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3155,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[42]
+	mi := &file_inference_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3205,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_inference_proto_msgTypes[43]
+	mi := &file_inference_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3217,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[43]
+	mi := &file_inference_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3188,7 +3278,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_inference_proto_msgTypes[44]
+	mi := &file_inference_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3290,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[44]
+	mi := &file_inference_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3333,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_inference_proto_msgTypes[48]
+	mi := &file_inference_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3345,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[48]
+	mi := &file_inference_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3318,7 +3408,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_inference_proto_msgTypes[51]
+	mi := &file_inference_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3420,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[51]
+	mi := &file_inference_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3473,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_inference_proto_msgTypes[54]
+	mi := &file_inference_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3485,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[54]
+	mi := &file_inference_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3426,7 +3516,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_inference_proto_msgTypes[55]
+	mi := &file_inference_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3438,7 +3528,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[55]
+	mi := &file_inference_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3553,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_inference_proto_msgTypes[56]
+	mi := &file_inference_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3475,7 +3565,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[56]
+	mi := &file_inference_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3507,7 +3597,7 @@ type TraceSettingRequest_SettingValue struct {
 
 func (x *TraceSettingRequest_SettingValue) Reset() {
 	*x = TraceSettingRequest_SettingValue{}
-	mi := &file_inference_proto_msgTypes[59]
+	mi := &file_inference_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3519,7 +3609,7 @@ func (x *TraceSettingRequest_SettingValue) String() string {
 func (*TraceSettingRequest_SettingValue) ProtoMessage() {}
 
 func (x *TraceSettingRequest_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[59]
+	mi := &file_inference_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +3641,7 @@ type TraceSettingResponse_SettingValue struct {
 
 func (x *TraceSettingResponse_SettingValue) Reset() {
 	*x = TraceSettingResponse_SettingValue{}
-	mi := &file_inference_proto_msgTypes[61]
+	mi := &file_inference_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3563,7 +3653,7 @@ func (x *TraceSettingResponse_SettingValue) String() string {
 func (*TraceSettingResponse_SettingValue) ProtoMessage() {}
 
 func (x *TraceSettingResponse_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_proto_msgTypes[61]
+	mi := &file_inference_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,6 +3674,208 @@ func (x *TraceSettingResponse_SettingValue) GetValue() []string {
 		return x.Value
 	}
 	return nil
+}
+
+type LogSettingsRequest_SettingValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to ParameterChoice:
+	//
+	//	*LogSettingsRequest_SettingValue_BoolParam
+	//	*LogSettingsRequest_SettingValue_Uint32Param
+	//	*LogSettingsRequest_SettingValue_StringParam
+	ParameterChoice isLogSettingsRequest_SettingValue_ParameterChoice `protobuf_oneof:"parameter_choice"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *LogSettingsRequest_SettingValue) Reset() {
+	*x = LogSettingsRequest_SettingValue{}
+	mi := &file_inference_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogSettingsRequest_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogSettingsRequest_SettingValue) ProtoMessage() {}
+
+func (x *LogSettingsRequest_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogSettingsRequest_SettingValue.ProtoReflect.Descriptor instead.
+func (*LogSettingsRequest_SettingValue) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{42, 0}
+}
+
+func (x *LogSettingsRequest_SettingValue) GetParameterChoice() isLogSettingsRequest_SettingValue_ParameterChoice {
+	if x != nil {
+		return x.ParameterChoice
+	}
+	return nil
+}
+
+func (x *LogSettingsRequest_SettingValue) GetBoolParam() bool {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsRequest_SettingValue_BoolParam); ok {
+			return x.BoolParam
+		}
+	}
+	return false
+}
+
+func (x *LogSettingsRequest_SettingValue) GetUint32Param() uint32 {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsRequest_SettingValue_Uint32Param); ok {
+			return x.Uint32Param
+		}
+	}
+	return 0
+}
+
+func (x *LogSettingsRequest_SettingValue) GetStringParam() string {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsRequest_SettingValue_StringParam); ok {
+			return x.StringParam
+		}
+	}
+	return ""
+}
+
+type isLogSettingsRequest_SettingValue_ParameterChoice interface {
+	isLogSettingsRequest_SettingValue_ParameterChoice()
+}
+
+type LogSettingsRequest_SettingValue_BoolParam struct {
+	BoolParam bool `protobuf:"varint,1,opt,name=bool_param,json=boolParam,proto3,oneof"`
+}
+
+type LogSettingsRequest_SettingValue_Uint32Param struct {
+	Uint32Param uint32 `protobuf:"varint,2,opt,name=uint32_param,json=uint32Param,proto3,oneof"`
+}
+
+type LogSettingsRequest_SettingValue_StringParam struct {
+	StringParam string `protobuf:"bytes,3,opt,name=string_param,json=stringParam,proto3,oneof"`
+}
+
+func (*LogSettingsRequest_SettingValue_BoolParam) isLogSettingsRequest_SettingValue_ParameterChoice() {
+}
+
+func (*LogSettingsRequest_SettingValue_Uint32Param) isLogSettingsRequest_SettingValue_ParameterChoice() {
+}
+
+func (*LogSettingsRequest_SettingValue_StringParam) isLogSettingsRequest_SettingValue_ParameterChoice() {
+}
+
+type LogSettingsResponse_SettingValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to ParameterChoice:
+	//
+	//	*LogSettingsResponse_SettingValue_BoolParam
+	//	*LogSettingsResponse_SettingValue_Uint32Param
+	//	*LogSettingsResponse_SettingValue_StringParam
+	ParameterChoice isLogSettingsResponse_SettingValue_ParameterChoice `protobuf_oneof:"parameter_choice"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *LogSettingsResponse_SettingValue) Reset() {
+	*x = LogSettingsResponse_SettingValue{}
+	mi := &file_inference_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogSettingsResponse_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogSettingsResponse_SettingValue) ProtoMessage() {}
+
+func (x *LogSettingsResponse_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogSettingsResponse_SettingValue.ProtoReflect.Descriptor instead.
+func (*LogSettingsResponse_SettingValue) Descriptor() ([]byte, []int) {
+	return file_inference_proto_rawDescGZIP(), []int{43, 0}
+}
+
+func (x *LogSettingsResponse_SettingValue) GetParameterChoice() isLogSettingsResponse_SettingValue_ParameterChoice {
+	if x != nil {
+		return x.ParameterChoice
+	}
+	return nil
+}
+
+func (x *LogSettingsResponse_SettingValue) GetBoolParam() bool {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsResponse_SettingValue_BoolParam); ok {
+			return x.BoolParam
+		}
+	}
+	return false
+}
+
+func (x *LogSettingsResponse_SettingValue) GetUint32Param() uint32 {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsResponse_SettingValue_Uint32Param); ok {
+			return x.Uint32Param
+		}
+	}
+	return 0
+}
+
+func (x *LogSettingsResponse_SettingValue) GetStringParam() string {
+	if x != nil {
+		if x, ok := x.ParameterChoice.(*LogSettingsResponse_SettingValue_StringParam); ok {
+			return x.StringParam
+		}
+	}
+	return ""
+}
+
+type isLogSettingsResponse_SettingValue_ParameterChoice interface {
+	isLogSettingsResponse_SettingValue_ParameterChoice()
+}
+
+type LogSettingsResponse_SettingValue_BoolParam struct {
+	BoolParam bool `protobuf:"varint,1,opt,name=bool_param,json=boolParam,proto3,oneof"`
+}
+
+type LogSettingsResponse_SettingValue_Uint32Param struct {
+	Uint32Param uint32 `protobuf:"varint,2,opt,name=uint32_param,json=uint32Param,proto3,oneof"`
+}
+
+type LogSettingsResponse_SettingValue_StringParam struct {
+	StringParam string `protobuf:"bytes,3,opt,name=string_param,json=stringParam,proto3,oneof"`
+}
+
+func (*LogSettingsResponse_SettingValue_BoolParam) isLogSettingsResponse_SettingValue_ParameterChoice() {
+}
+
+func (*LogSettingsResponse_SettingValue_Uint32Param) isLogSettingsResponse_SettingValue_ParameterChoice() {
+}
+
+func (*LogSettingsResponse_SettingValue_StringParam) isLogSettingsResponse_SettingValue_ParameterChoice() {
 }
 
 var File_inference_proto protoreflect.FileDescriptor
@@ -3889,7 +4181,29 @@ const file_inference_proto_rawDesc = "" +
 	"\x05value\x18\x01 \x03(\tR\x05value\x1ai\n" +
 	"\rSettingsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12B\n" +
-	"\x05value\x18\x02 \x01(\v2,.inference.TraceSettingResponse.SettingValueR\x05value:\x028\x01*\xfa\x01\n" +
+	"\x05value\x18\x02 \x01(\v2,.inference.TraceSettingResponse.SettingValueR\x05value:\x028\x01\"\xd6\x02\n" +
+	"\x12LogSettingsRequest\x12G\n" +
+	"\bsettings\x18\x01 \x03(\v2+.inference.LogSettingsRequest.SettingsEntryR\bsettings\x1a\x8d\x01\n" +
+	"\fSettingValue\x12\x1f\n" +
+	"\n" +
+	"bool_param\x18\x01 \x01(\bH\x00R\tboolParam\x12#\n" +
+	"\fuint32_param\x18\x02 \x01(\rH\x00R\vuint32Param\x12#\n" +
+	"\fstring_param\x18\x03 \x01(\tH\x00R\vstringParamB\x12\n" +
+	"\x10parameter_choice\x1ag\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12@\n" +
+	"\x05value\x18\x02 \x01(\v2*.inference.LogSettingsRequest.SettingValueR\x05value:\x028\x01\"\xd9\x02\n" +
+	"\x13LogSettingsResponse\x12H\n" +
+	"\bsettings\x18\x01 \x03(\v2,.inference.LogSettingsResponse.SettingsEntryR\bsettings\x1a\x8d\x01\n" +
+	"\fSettingValue\x12\x1f\n" +
+	"\n" +
+	"bool_param\x18\x01 \x01(\bH\x00R\tboolParam\x12#\n" +
+	"\fuint32_param\x18\x02 \x01(\rH\x00R\vuint32Param\x12#\n" +
+	"\fstring_param\x18\x03 \x01(\tH\x00R\vstringParamB\x12\n" +
+	"\x10parameter_choice\x1ah\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12A\n" +
+	"\x05value\x18\x02 \x01(\v2+.inference.LogSettingsResponse.SettingValueR\x05value:\x028\x01*\xfa\x01\n" +
 	"\bDataType\x12\x10\n" +
 	"\fTYPE_INVALID\x10\x00\x12\r\n" +
 	"\tTYPE_BOOL\x10\x01\x12\x0e\n" +
@@ -3910,7 +4224,7 @@ const file_inference_proto_rawDesc = "" +
 	"\tTYPE_FP32\x10\v\x12\r\n" +
 	"\tTYPE_FP64\x10\f\x12\x0f\n" +
 	"\vTYPE_STRING\x10\r\x12\r\n" +
-	"\tTYPE_BF16\x10\x0e2\x8a\t\n" +
+	"\tTYPE_BF16\x10\x0e2\xda\t\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -3927,7 +4241,8 @@ const file_inference_proto_rawDesc = "" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
 	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00\x12Q\n" +
-	"\fTraceSetting\x12\x1e.inference.TraceSettingRequest\x1a\x1f.inference.TraceSettingResponse\"\x00B3Z1github.com/stepserve/stepserve/server/inferencepbb\x06proto3"
+	"\fTraceSetting\x12\x1e.inference.TraceSettingRequest\x1a\x1f.inference.TraceSettingResponse\"\x00\x12N\n" +
+	"\vLogSettings\x12\x1d.inference.LogSettingsRequest\x1a\x1e.inference.LogSettingsResponse\"\x00B3Z1github.com/stepserve/stepserve/server/inferencepbb\x06proto3"
 
 var (
 	file_inference_proto_rawDescOnce sync.Once
@@ -3942,7 +4257,7 @@ func file_inference_proto_rawDescGZIP() []byte {
 }
 
 var file_inference_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_inference_proto_goTypes = []any{
 	(DataType)(0),                                        // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                         // 1: inference.ModelInstanceGroup.Kind
@@ -3990,57 +4305,63 @@ var file_inference_proto_goTypes = []any{
 	(*ModelStatisticsResponse)(nil),                      // 43: inference.ModelStatisticsResponse
 	(*TraceSettingRequest)(nil),                          // 44: inference.TraceSettingRequest
 	(*TraceSettingResponse)(nil),                         // 45: inference.TraceSettingResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 46: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 47: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 48: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 49: inference.ModelInferRequest.ParametersEntry
-	nil, // 50: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 51: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 52: inference.ModelInferResponse.InferOutputTensor
-	nil, // 53: inference.ModelInferResponse.ParametersEntry
-	nil, // 54: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 55: inference.RepositoryIndexResponse.ModelIndex
-	nil,                                      // 56: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil,                                      // 57: inference.RepositoryModelUnloadRequest.ParametersEntry
-	(*ModelVersionPolicy_Latest)(nil),        // 58: inference.ModelVersionPolicy.Latest
-	(*ModelVersionPolicy_All)(nil),           // 59: inference.ModelVersionPolicy.All
-	(*ModelVersionPolicy_Specific)(nil),      // 60: inference.ModelVersionPolicy.Specific
-	nil,                                      // 61: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	nil,                                      // 62: inference.ModelConfig.ParametersEntry
-	(*TraceSettingRequest_SettingValue)(nil), // 63: inference.TraceSettingRequest.SettingValue
-	nil,                                      // 64: inference.TraceSettingRequest.SettingsEntry
-	(*TraceSettingResponse_SettingValue)(nil), // 65: inference.TraceSettingResponse.SettingValue
-	nil, // 66: inference.TraceSettingResponse.SettingsEntry
+	(*LogSettingsRequest)(nil),                           // 46: inference.LogSettingsRequest
+	(*LogSettingsResponse)(nil),                          // 47: inference.LogSettingsResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 48: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 49: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 50: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 51: inference.ModelInferRequest.ParametersEntry
+	nil, // 52: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 53: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 54: inference.ModelInferResponse.InferOutputTensor
+	nil, // 55: inference.ModelInferResponse.ParametersEntry
+	nil, // 56: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 57: inference.RepositoryIndexResponse.ModelIndex
+	nil,                                      // 58: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil,                                      // 59: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelVersionPolicy_Latest)(nil),        // 60: inference.ModelVersionPolicy.Latest
+	(*ModelVersionPolicy_All)(nil),           // 61: inference.ModelVersionPolicy.All
+	(*ModelVersionPolicy_Specific)(nil),      // 62: inference.ModelVersionPolicy.Specific
+	nil,                                      // 63: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	nil,                                      // 64: inference.ModelConfig.ParametersEntry
+	(*TraceSettingRequest_SettingValue)(nil), // 65: inference.TraceSettingRequest.SettingValue
+	nil,                                      // 66: inference.TraceSettingRequest.SettingsEntry
+	(*TraceSettingResponse_SettingValue)(nil), // 67: inference.TraceSettingResponse.SettingValue
+	nil,                                      // 68: inference.TraceSettingResponse.SettingsEntry
+	(*LogSettingsRequest_SettingValue)(nil),  // 69: inference.LogSettingsRequest.SettingValue
+	nil,                                      // 70: inference.LogSettingsRequest.SettingsEntry
+	(*LogSettingsResponse_SettingValue)(nil), // 71: inference.LogSettingsResponse.SettingValue
+	nil,                                      // 72: inference.LogSettingsResponse.SettingsEntry
 }
 var file_inference_proto_depIdxs = []int32{
-	46, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	46, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	49, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	47, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	48, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	53, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	52, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	48, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	48, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	51, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	49, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	50, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	55, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	54, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	17, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
 	38, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
-	55, // 9: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	56, // 10: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	57, // 11: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	57, // 9: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	58, // 10: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	59, // 11: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
 	1,  // 12: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
 	0,  // 13: inference.ModelInput.data_type:type_name -> inference.DataType
 	2,  // 14: inference.ModelInput.format:type_name -> inference.ModelInput.Format
 	0,  // 15: inference.ModelOutput.data_type:type_name -> inference.DataType
-	58, // 16: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
-	59, // 17: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
-	60, // 18: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
+	60, // 16: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
+	61, // 17: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
+	62, // 18: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
 	3,  // 19: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
 	33, // 20: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
-	61, // 21: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	63, // 21: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
 	32, // 22: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
 	30, // 23: inference.ModelConfig.input:type_name -> inference.ModelInput
 	31, // 24: inference.ModelConfig.output:type_name -> inference.ModelOutput
 	29, // 25: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
 	34, // 26: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
-	62, // 27: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	64, // 27: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
 	36, // 28: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
 	37, // 29: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
 	39, // 30: inference.InferStatistics.success:type_name -> inference.StatisticDuration
@@ -4057,55 +4378,61 @@ var file_inference_proto_depIdxs = []int32{
 	40, // 41: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
 	41, // 42: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
 	42, // 43: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	64, // 44: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
-	66, // 45: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
-	50, // 46: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	15, // 47: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	51, // 48: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	14, // 49: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 50: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 51: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	54, // 52: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	15, // 53: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	14, // 54: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 55: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	24, // 56: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	24, // 57: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	33, // 58: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
-	35, // 59: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
-	63, // 60: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
-	65, // 61: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
-	4,  // 62: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	6,  // 63: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	8,  // 64: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	10, // 65: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	12, // 66: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	16, // 67: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	16, // 68: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
-	19, // 69: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
-	21, // 70: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	22, // 71: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	25, // 72: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	27, // 73: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	44, // 74: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
-	5,  // 75: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	7,  // 76: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	9,  // 77: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	11, // 78: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	13, // 79: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	17, // 80: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	18, // 81: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
-	20, // 82: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
-	43, // 83: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	23, // 84: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	26, // 85: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	28, // 86: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	45, // 87: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
-	75, // [75:88] is the sub-list for method output_type
-	62, // [62:75] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	66, // 44: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
+	68, // 45: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
+	70, // 46: inference.LogSettingsRequest.settings:type_name -> inference.LogSettingsRequest.SettingsEntry
+	72, // 47: inference.LogSettingsResponse.settings:type_name -> inference.LogSettingsResponse.SettingsEntry
+	52, // 48: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	15, // 49: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	53, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	14, // 51: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 52: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 53: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	56, // 54: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	15, // 55: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	14, // 56: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	14, // 57: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	24, // 58: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	24, // 59: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	33, // 60: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
+	35, // 61: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	65, // 62: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
+	67, // 63: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
+	69, // 64: inference.LogSettingsRequest.SettingsEntry.value:type_name -> inference.LogSettingsRequest.SettingValue
+	71, // 65: inference.LogSettingsResponse.SettingsEntry.value:type_name -> inference.LogSettingsResponse.SettingValue
+	4,  // 66: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	6,  // 67: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	8,  // 68: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	10, // 69: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	12, // 70: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	16, // 71: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	16, // 72: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	19, // 73: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	21, // 74: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	22, // 75: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	25, // 76: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	27, // 77: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	44, // 78: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
+	46, // 79: inference.GRPCInferenceService.LogSettings:input_type -> inference.LogSettingsRequest
+	5,  // 80: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	7,  // 81: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	9,  // 82: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	11, // 83: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	13, // 84: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	17, // 85: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	18, // 86: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	20, // 87: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	43, // 88: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	23, // 89: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	26, // 90: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	28, // 91: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	45, // 92: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
+	47, // 93: inference.GRPCInferenceService.LogSettings:output_type -> inference.LogSettingsResponse
+	80, // [80:94] is the sub-list for method output_type
+	66, // [66:80] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_inference_proto_init() }
@@ -4134,13 +4461,23 @@ func file_inference_proto_init() {
 	file_inference_proto_msgTypes[34].OneofWrappers = []any{
 		(*ModelConfig_DynamicBatching)(nil),
 	}
+	file_inference_proto_msgTypes[65].OneofWrappers = []any{
+		(*LogSettingsRequest_SettingValue_BoolParam)(nil),
+		(*LogSettingsRequest_SettingValue_Uint32Param)(nil),
+		(*LogSettingsRequest_SettingValue_StringParam)(nil),
+	}
+	file_inference_proto_msgTypes[67].OneofWrappers = []any{
+		(*LogSettingsResponse_SettingValue_BoolParam)(nil),
+		(*LogSettingsResponse_SettingValue_Uint32Param)(nil),
+		(*LogSettingsResponse_SettingValue_StringParam)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inference_proto_rawDesc), len(file_inference_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   63,
+			NumMessages:   69,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

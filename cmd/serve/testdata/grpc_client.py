@@ -8,10 +8,15 @@ at ADDR with Debian's python3-grpcio:
 
     raw         raw contents in and out, as tritonclient sends and reads
                 them; BYTES in Triton's serialization; an error's code and
-                message
-    typed       typed contents in and out, as KServe's clients send them
+                message; the repository index and log settings
+    typed       typed contents in, as KServe's clients and Triton's
+                explicit-content examples send them; raw contents out,
+                as Triton answers them
     stream      ModelStreamInfer with a language model, as tritonclient's
                 streaming clients use it
+    compressed  calls compressed with gzip (on the channel) and deflate
+                (on the call), as tritonclient's compression_algorithm
+                makes them
 
 Prints one line ending in "ok"; any failure raises.
 """
@@ -41,10 +46,15 @@ def argmax(values):
     return max(range(len(values)), key=lambda i: values[i])
 
 
-def stubs(proto_dir, out_dir, addr):
+def stubs(proto_dir, out_dir, addr, compression=None):
     generate(proto_dir, out_dir, ["inference.proto"])
     pb = importlib.import_module("inference_pb2")
-    return pb, importlib.import_module("inference_pb2_grpc").GRPCInferenceServiceStub(grpc.insecure_channel(addr))
+    channel = grpc.insecure_channel(addr, compression=compression)
+    return pb, importlib.import_module("inference_pb2_grpc").GRPCInferenceServiceStub(channel)
+
+
+def fp32(raw):
+    return struct.unpack("<%df" % (len(raw) // 4), raw)
 
 
 def raw(proto_dir, out_dir, addr):
@@ -90,7 +100,14 @@ def raw(proto_dir, out_dir, addr):
         raise AssertionError("an unknown model has a config")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.NOT_FOUND, e
-    print("raw contents: live, ready, metadata, FP32 and BYTES inference, errors: ok")
+
+    # Read-only administration, with model control off.
+    index = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
+    assert "digits" in [m.name for m in index.models], index
+    logs = stub.LogSettings(pb.LogSettingsRequest()).settings
+    assert logs["log_info"].WhichOneof("parameter_choice") == "bool_param", logs
+    assert logs["log_verbose_level"].WhichOneof("parameter_choice") == "uint32_param", logs
+    print("raw contents: live, ready, metadata, FP32 and BYTES inference, errors, index, log settings: ok")
 
 
 def typed(proto_dir, out_dir, addr):
@@ -104,14 +121,14 @@ def typed(proto_dir, out_dir, addr):
     inp = req.inputs.add(name="pixels", datatype="FP32", shape=[2, 64])
     inp.contents.fp32_contents.extend(SEVEN + SEVEN)
     resp = stub.ModelInfer(req)
-    assert not resp.raw_output_contents, "typed in, typed out"
-    probs = list(resp.outputs[0].contents.fp32_contents)
+    assert not resp.outputs[0].HasField("contents"), "typed in, raw out, as Triton answers"
+    probs = fp32(resp.raw_output_contents[0])
     assert len(probs) == 20 and argmax(probs[:10]) == 7 and argmax(probs[10:]) == 7, probs
 
     req = pb.ModelInferRequest(model_name="tiny-encoder")
     req.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append("Die Kinder spielen am Fluss.".encode())
     resp = stub.ModelInfer(req)
-    assert len(resp.outputs[0].contents.fp32_contents) == 128, resp.outputs
+    assert len(fp32(resp.raw_output_contents[0])) == 128, resp.outputs
     print("typed contents: live, ready, metadata, FP32 and BYTES inference: ok")
 
 
@@ -151,6 +168,26 @@ def stream(proto_dir, out_dir, addr):
     print("stream: decoupled generation, %d pieces, final flags: ok" % len(pieces["x"]))
 
 
+def compressed(proto_dir, out_dir, addr):
+    """Calls compressed as tritonclient's compression_algorithm compresses
+    them (gRPC's gzip and deflate, per call), here also on the channel;
+    the server answers in the call's encoding, which grpcio reads."""
+    pb, stub = stubs(proto_dir, out_dir, addr, compression=grpc.Compression.Gzip)
+
+    raw_req = pb.ModelInferRequest(model_name="digits")
+    raw_req.inputs.add(name="pixels", datatype="FP32", shape=[1, 64])
+    raw_req.raw_input_contents.append(struct.pack("<64f", *SEVEN))
+    typed_req = pb.ModelInferRequest(model_name="digits")
+    typed_req.inputs.add(name="pixels", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend(SEVEN)
+    for algorithm in (None, grpc.Compression.Gzip, grpc.Compression.Deflate):
+        for req in (raw_req, typed_req):
+            resp = stub.ModelInfer(req, compression=algorithm)
+            probs = fp32(resp.raw_output_contents[0])
+            assert argmax(probs) == 7, (algorithm, probs)
+    assert stub.ModelReady(pb.ModelReadyRequest(name="digits"), compression=grpc.Compression.Deflate).ready
+    print("compressed: gzip and deflate, raw and typed contents in, raw out: ok")
+
+
 if __name__ == "__main__":
     mode, proto_dir, out_dir, addr = sys.argv[1:5]
-    {"raw": raw, "typed": typed, "stream": stream}[mode](proto_dir, out_dir, addr)
+    {"raw": raw, "typed": typed, "stream": stream, "compressed": compressed}[mode](proto_dir, out_dir, addr)
