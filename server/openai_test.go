@@ -148,7 +148,7 @@ func TestOpenAIEmbeddingsErrors(t *testing.T) {
 		msg    string
 	}{
 		{`{"input":"a"}`, 400, "model", "", "model is required"},
-		{`{"input":"a","model":"nope"}`, 404, "model", "model_not_found", `unknown model "nope"`},
+		{`{"input":"a","model":"nope"}`, 404, "model", "model_not_found", `Request for unknown model: 'nope' is not found`},
 		{`{"input":"a","model":"classifier"}`, 400, "model", "", "model classifier serves classification (/predict), not /v1/embeddings"},
 		{`{"model":"tiny-encoder"}`, 400, "input", "", "input is required"},
 		{`{"input":[],"model":"tiny-encoder"}`, 400, "input", "", "input is empty"},

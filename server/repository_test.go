@@ -55,16 +55,48 @@ func TestRepositoryAPI(t *testing.T) {
 
 	w = do(t, s, "POST", "/v2/repository/models/nope/load", nil)
 	assert.Equal(t, 404, w.Code)
-	assert.Contains(t, errorOf(t, w), "load nope: serving: unknown model: the repository has no nope/model.yaml")
+	assert.Contains(t, errorOf(t, w), "failed to load 'nope', failed to poll from model repository: serving: unknown model: the repository has no nope/model.yaml")
 
 	// "other" has no weights.
 	w = do(t, s, "POST", "/v2/repository/models/other/load", nil)
 	assert.Equal(t, 400, w.Code)
-	assert.Contains(t, errorOf(t, w), `load other: serving: model failed to load: `)
+	assert.Contains(t, errorOf(t, w), `failed to load 'other', serving: model failed to load: `)
 	assert.Contains(t, errorOf(t, w), models.WeightsFile)
 
 	w = do(t, s, "POST", "/v2/repository/index", []byte(`[1]`))
 	assert.Equal(t, 400, w.Code)
+}
+
+// TestIndexListsHubFolders: a Hugging Face folder served as the Hub has it
+// (config.json, no model.yaml) is in the index like any model: READY
+// while served, in the ready-only listing, UNAVAILABLE once unloaded, and
+// loadable again by its name.
+func TestIndexListsHubFolders(t *testing.T) {
+	f := &fixture{repo: t.TempDir(), eng: &enginetest.Engine{Func: enginetest.SumMax}}
+	require.NoError(t, enginetest.WriteSumMax(filepath.Join(f.repo, "summax")))
+	hub := filepath.Join(f.repo, "tiny-xlmr")
+	require.NoError(t, os.CopyFS(hub, os.DirFS("../model_repository/tiny-xlmr")))
+	require.NoError(t, os.Remove(filepath.Join(hub, models.ConfigFile)), "the folder as the Hub ships it")
+	f.set = liveSet(t, f.repo, f.eng)
+	s, _ := controlServer(t, f)
+
+	index := func(body []byte) []serving.IndexEntry {
+		t.Helper()
+		w := do(t, s, "POST", "/v2/repository/index", body)
+		require.Equal(t, 200, w.Code, w.Body.String())
+		var index []serving.IndexEntry
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &index))
+		return index
+	}
+	ready := []serving.IndexEntry{{Name: "summax", Version: "1", State: "READY"}, {Name: "tiny-xlmr", Version: "1", State: "READY"}}
+	assert.Equal(t, ready, index(nil))
+	assert.Equal(t, ready, index([]byte(`{"ready":true}`)))
+
+	require.Equal(t, 200, do(t, s, "POST", "/v2/repository/models/tiny-xlmr/unload", nil).Code)
+	assert.Equal(t, []serving.IndexEntry{{Name: "summax", Version: "1", State: "READY"}, {Name: "tiny-xlmr", State: "UNAVAILABLE", Reason: "unloaded"}}, index(nil))
+	w := do(t, s, "POST", "/v2/repository/models/tiny-xlmr/load", nil)
+	require.Equal(t, 200, w.Code, w.Body.String())
+	assert.Equal(t, ready, index(nil))
 }
 
 func TestRepositoryAPIOffByDefault(t *testing.T) {

@@ -107,7 +107,6 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{c: c, grpc: grpcapi.New(c)}
 	r := chi.NewRouter()
-	r.Use(core.CompressResponses)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		core.WriteError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see GET /v2 and /v2/models/{model}", r.Method, r.URL.Path))
 	})
@@ -117,7 +116,13 @@ func New(opts Options) (*Server, error) {
 	inference := oip.New(c)
 	inference.Routes(r)
 	admin.New(c).Routes(r)
-	textapi.New(c).Routes(r)
+	// The text APIs' answers are compressed as inference's are: Triton
+	// compresses its generate answers, and OpenAI's and TEI's clients
+	// (httpx, requests) decompress what they are sent.
+	r.Group(func(r chi.Router) {
+		r.Use(core.CompressResponses)
+		textapi.New(c).Routes(r)
+	})
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())
 	}

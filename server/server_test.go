@@ -166,8 +166,8 @@ func TestInferBadRequests(t *testing.T) {
 		{"binary size that lies", "", lie, []string{"Inference-Header-Content-Length", lhl}, 400, `binary_data_size is 8 bytes, but FP32 [1 3] needs 12`},
 		{"binary data left over", "", extra, []string{"Inference-Header-Content-Length", ehl}, 400, `4 bytes of binary data follow`},
 		{"body over the limit", "", []byte(x("[1,3]", "[1,2,3"+strings.Repeat(" ", 5000)+"]")), nil, 413, "exceeds the 4096-byte limit (server.max_body_bytes)"},
-		{"unknown model", "/v2/models/nope/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `unknown model "nope"`},
-		{"unknown version", "/v2/models/summax/versions/7/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `model summax has no version "7"; it serves version "1"`},
+		{"unknown model", "/v2/models/nope/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `Request for unknown model: 'nope' is not found`},
+		{"unknown version", "/v2/models/summax/versions/7/infer", []byte(x("[1,3]", "[1,2,3]")), nil, 404, `Request for unknown model: 'summax' version 7 is not found; it serves version 1`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -317,23 +315,14 @@ type IndexEntry struct {
 }
 
 // Index lists every model directory of the repository in name order,
-// served or not, with its state.
+// served or not, with its state: the directories [models.List] names,
+// those with a model.yaml and Hugging Face folders served as they are.
 func (s *Set) Index(ctx context.Context) ([]IndexEntry, error) {
-	entries, err := os.ReadDir(s.opts.Repository)
-	if err != nil {
-		return nil, fmt.Errorf("serving: model repository: %w", err)
-	}
 	// The directory is read outside the lock, so that slow storage never
 	// holds up lookups.
-	var names []string
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(s.opts.Repository, e.Name(), models.ConfigFile)); err != nil {
-			continue
-		}
-		names = append(names, e.Name())
+	names, err := models.List(s.opts.Repository)
+	if err != nil {
+		return nil, fmt.Errorf("serving: %w", err)
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()

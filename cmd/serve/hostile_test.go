@@ -115,10 +115,10 @@ func hostileCases() []hostileCase {
 		{name: "name not a string", body: `{"inputs":[{"name":5}]}`, status: 400, want: "inputs.name must be a string"},
 		{name: "id not a string", body: `{"id":7,"inputs":[]}`, status: 400, want: "id must be a string"},
 		// Models and routes.
-		{name: "unknown model", path: "/v2/models/mnist/infer", body: pix("[1,64]", row), status: 404, want: `unknown model "mnist"`},
+		{name: "unknown model", path: "/v2/models/mnist/infer", body: pix("[1,64]", row), status: 404, want: `Request for unknown model: 'mnist' is not found`},
 		{name: "path traversal in the model name", path: "/v2/models/..%2F..%2Fetc%2Fpasswd/infer", body: pix("[1,64]", row), status: 404, want: "unknown model; model names are"},
 		{name: "a 2000-character model name", path: "/v2/models/" + strings.Repeat("m", 2000) + "/infer", body: pix("[1,64]", row), status: 404, want: "unknown model; model names are"},
-		{name: "unknown version", path: "/v2/models/digits/versions/2/infer", body: pix("[1,64]", row), status: 404, want: `no version "2"`},
+		{name: "unknown version", path: "/v2/models/digits/versions/2/infer", body: pix("[1,64]", row), status: 404, want: `Request for unknown model: 'digits' version 2 is not found`},
 		{name: "unknown route", path: "/v2/modelz", body: "{}", status: 404, want: "no endpoint POST /v2/modelz"},
 		// Inputs.
 		{name: "no inputs", body: `{"inputs":[]}`, status: 400, want: "request has no inputs"},

@@ -61,7 +61,12 @@ func decodedBody(r *http.Request) (io.Reader, bool, error) {
 
 // CompressResponses compresses the responses of next that are at least
 // minCompressBytes long when the client's Accept-Encoding takes gzip or
-// deflate (gzip preferred at equal weight).
+// deflate (gzip preferred at equal weight) over identity.
+//
+// Mount it on inference routes only, as Triton compresses only inference
+// answers: tritonclient's http.aio turns aiohttp's decompression off, and
+// aiohttp sends Accept-Encoding on every request, so a compressed
+// statistics or configuration answer fails to decode there.
 func CompressResponses(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		enc := acceptedEncoding(r.Header.Get("Accept-Encoding"))
@@ -76,12 +81,13 @@ func CompressResponses(next http.Handler) http.Handler {
 }
 
 // acceptedEncoding is the compression an Accept-Encoding header takes: gzip,
-// deflate, or "" when it takes neither (or has no header).
+// deflate, or "" when it takes neither, weighs identity above them, or
+// the request has no header.
 func acceptedEncoding(header string) string {
 	if header == "" {
 		return ""
 	}
-	best, bestQ := "", 0.0
+	best, bestQ, identityQ := "", 0.0, 0.0
 	for rest := header; rest != ""; {
 		var part string
 		part, rest, _ = strings.Cut(rest, ",")
@@ -93,12 +99,19 @@ func acceptedEncoding(header string) string {
 				q = f
 			}
 		}
+		if name == "identity" {
+			identityQ = q
+			continue
+		}
 		if name == "*" {
 			name = "gzip"
 		}
 		if (name == "gzip" || name == "deflate") && q > 0 && (q > bestQ || q == bestQ && name == "gzip") {
 			best, bestQ = name, q
 		}
+	}
+	if identityQ > bestQ {
+		return ""
 	}
 	return best
 }

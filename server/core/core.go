@@ -128,7 +128,7 @@ func (c *Core) Lookup(name, v string) (*serving.Model, error) {
 		return nil, modelNotFound(name)
 	}
 	if v != "" && v != m.Model().Version {
-		return nil, NotFound(fmt.Sprintf("model %s has no version %q; it serves version %q", name, ClipName(v), m.Model().Version))
+		return nil, versionNotFound(m, v)
 	}
 	return m, nil
 }

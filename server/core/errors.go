@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -94,10 +95,50 @@ func WriteError(w http.ResponseWriter, status int, msg string) {
 	w.Write(append(b, '\n'))
 }
 
-// modelNotFound names the model asked for, without echoing unbounded input.
+// modelNotFound names the model asked for, without echoing unbounded
+// input. It begins with Triton's words, which Triton's clients and tests
+// match on.
 func modelNotFound(name string) *Error {
-	if len(name) > 128 || !models.ValidName(name) {
-		return NotFound("unknown model; model names are letters, digits, '_', '.' and '-'")
+	if !validName(name) {
+		return NotFound("Request for unknown model; model names are letters, digits, '_', '.' and '-'")
 	}
-	return NotFound("unknown model " + strconv.Quote(name))
+	return NotFound("Request for unknown model: " + QuoteModel(name) + " is not found")
+}
+
+// versionNotFound is modelNotFound for a version m does not serve.
+func versionNotFound(m *serving.Model, v string) *Error {
+	return NotFound(fmt.Sprintf("Request for unknown model: %s version %s is not found; it serves version %s",
+		QuoteModel(m.Model().Name), quoteVersion(v), m.Model().Version))
+}
+
+// QuoteModel writes a model name as Triton's messages do ('name'), or
+// quoted and clipped when it is not a valid name, so that no message
+// echoes unbounded or unprintable input.
+func QuoteModel(name string) string {
+	if validName(name) {
+		return "'" + name + "'"
+	}
+	return strconv.Quote(ClipName(name))
+}
+
+// quoteVersion writes a version from a request as Triton does (bare), or
+// quoted and clipped when it is not a plain name.
+func quoteVersion(v string) string {
+	if validName(v) {
+		return v
+	}
+	return strconv.Quote(ClipName(v))
+}
+
+func validName(s string) bool { return len(s) <= 128 && models.ValidName(s) }
+
+// loadFailed is a failed load's error: Triton's words ("failed to load
+// 'name', ...", which Triton's clients and tests match on), then why. A
+// model the repository does not have is, in Triton's words, one it
+// failed to poll. The status stays err's.
+func loadFailed(name string, err error) error {
+	if errors.Is(err, serving.ErrUnknownModel) {
+		return fmt.Errorf("failed to load %s, failed to poll from model repository: %w", QuoteModel(name), err)
+	}
+	return fmt.Errorf("failed to load %s, %w", QuoteModel(name), err)
 }

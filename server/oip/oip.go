@@ -94,7 +94,9 @@ func (s *API) Routes(r chi.Router) {
 			r.Get(m+v+"/explain", core.API(s.explain))
 			r.Get(m+v+"/buckets", core.API(s.buckets))
 			r.Get(m+v+"/buckets/advice", core.API(s.bucketAdvice))
-			r.Post(m+v+"/infer", s.infer)
+			// Only inference answers are compressed, as Triton's are
+			// (core.CompressResponses).
+			r.With(core.CompressResponses).Post(m+v+"/infer", s.infer)
 		}
 		r.Get(m+"/", core.API(s.modelMetadata))
 	})
