@@ -76,6 +76,11 @@ func TestLoggingChangesTheLevel(t *testing.T) {
 		{`{"log_verbose_level":3,"log_info":true}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
 		{`{}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
 		{`{"log_info":null}`, core.LogSettings{LogInfo: true, LogWarnings: true, LogErrors: true, LogVerboseLevel: 3}, slog.LevelDebug},
+		// The singular names Triton's server code reads, beside the
+		// documented plural ones.
+		{`{"log_verbose_level":0,"log_info":false,"log_warning":false}`, core.LogSettings{LogErrors: true}, slog.LevelError},
+		{`{"log_error":false}`, core.LogSettings{}, core.LevelOff},
+		{`{"log_warning":true,"log_warnings":true,"log_error":true}`, core.LogSettings{LogWarnings: true, LogErrors: true}, slog.LevelWarn},
 	} {
 		w := do(t, s, "POST", "/v2/logging", []byte(tt.body))
 		require.Equal(t, 200, w.Code, "%s: %s", tt.body, w.Body.String())
@@ -98,6 +103,7 @@ func TestLoggingRefusals(t *testing.T) {
 		{`{"log_info":"yes"}`, "log setting log_info must be true or false"},
 		{`{"log_verbose_level":-1}`, "log setting log_verbose_level must be a non-negative integer"},
 		{`{"log_file":1}`, "log setting log_file must be a string"},
+		{`{"log_warnings":true,"log_warning":false}`, "log_warnings and log_warning disagree"},
 		{`[1]`, "the body must be a JSON object of log settings"},
 		{`{"log_info":true`, "the body must be a JSON object of log settings"},
 		{``, "the body must be a JSON object of log settings"},

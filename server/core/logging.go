@@ -51,6 +51,11 @@ type LogUpdate struct {
 	LogErrors       *bool   `json:"log_errors"`
 	LogVerboseLevel *uint32 `json:"log_verbose_level"`
 	LogFormat       *string `json:"log_format"`
+	// LogWarning and LogError are the singular names Triton's server
+	// code reads (its documentation says log_warnings and log_errors):
+	// either spelling is taken.
+	LogWarning *bool `json:"log_warning"`
+	LogError   *bool `json:"log_error"`
 }
 
 // LevelOff is a threshold above every level the server logs at: nothing
@@ -87,6 +92,18 @@ func (c *Core) UpdateLogSettings(u LogUpdate) (LogSettings, error) {
 	c.logs.mu.Lock()
 	defer c.logs.mu.Unlock()
 	cur := c.logSettingsLocked()
+	for _, a := range []struct {
+		plural, singular **bool
+		name             string
+	}{{&u.LogWarnings, &u.LogWarning, "log_warnings"}, {&u.LogErrors, &u.LogError, "log_errors"}} {
+		switch {
+		case *a.singular == nil:
+		case *a.plural == nil:
+			*a.plural = *a.singular
+		case **a.plural != **a.singular:
+			return cur, fmt.Errorf("%s and %s disagree; send one of them", a.name, strings.TrimSuffix(a.name, "s"))
+		}
+	}
 	if u.LogFile != nil && *u.LogFile != cur.LogFile {
 		return cur, errors.New("log_file cannot be set: stepserve logs to standard error; redirect that (or read the container's log) instead")
 	}
@@ -154,7 +171,7 @@ func levelName(l slog.Level) string {
 const MaxLogSettingsBytes = 4 << 10
 
 // logSettingNames are the settings a request may name.
-var logSettingNames = []string{"log_file", "log_info", "log_warnings", "log_errors", "log_verbose_level", "log_format"}
+var logSettingNames = []string{"log_file", "log_info", "log_warnings", "log_errors", "log_verbose_level", "log_format", "log_warning", "log_error"}
 
 // DecodeLogUpdate reads a log settings request: a JSON object of the
 // settings it changes, each of its type; an unknown setting is an error
