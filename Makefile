@@ -57,7 +57,7 @@ STATICCHECK         := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)
 ## as the protocol's messages); installs with apt as root. After it, make
 ## test runs offline.
 deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai (the OpenAI Node SDK test, server/testdata/openai-sdk) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai (the OpenAI Node SDK test, server/testdata/openai-sdk) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
@@ -66,6 +66,9 @@ deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	@if [ -f server/testdata/openai-sdk/node_modules/openai/package.json ]; then :; \
 	elif command -v npm >/dev/null; then cd server/testdata/openai-sdk && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
 	else echo "make deps: no npm; the OpenAI Node SDK test will skip"; fi
+	@if [ -f server/testdata/hf-inference/node_modules/@huggingface/inference/package.json ]; then :; \
+	elif command -v npm >/dev/null; then cd server/testdata/hf-inference && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	else echo "make deps: no npm; the Hugging Face JS client test will skip"; fi
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \
 	$(PYTHON) -c 'import google.protobuf, grpc, grpc_tools' 2>/dev/null || missing="$$missing python3-protobuf python3-grpcio python3-grpc-tools"; \
@@ -142,7 +145,7 @@ lint: $(STATICCHECK)
 FUZZTIME ?= 60s
 FUZZ_TARGETS := server/core:FuzzDecodeJSON server/core:FuzzDecodeBinary server/core:FuzzParseWire engine/rbln:FuzzReadFrame \
 	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server/core:FuzzCheckLimits \
-	models/tokenizers:FuzzEncode
+	models/tokenizers:FuzzEncode server/core:FuzzReadConfig
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)
 fuzz:

@@ -4,9 +4,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -228,6 +230,7 @@ func TestOpenAIAuth(t *testing.T) {
 
 // /v1/models lists the models that serve embeddings, in OpenAI's shape.
 func TestOpenAIModels(t *testing.T) {
+	before := time.Now().Unix()
 	fx := newTextFixture(t, textOptions{})
 	st, b := fx.get(t, "/v1/models")
 	require.Equal(t, 200, st)
@@ -246,10 +249,12 @@ func TestOpenAIModels(t *testing.T) {
 	assert.Equal(t, "tiny-encoder", list.Data[0].ID)
 	assert.Equal(t, "model", list.Data[0].Object)
 	assert.Equal(t, "stepserve", list.Data[0].OwnedBy)
+	created := list.Data[0].Created
+	assert.True(t, created >= before && created <= time.Now().Unix(), "created is when the model loaded: %d", created)
 
 	st, b = fx.get(t, "/v1/models/tiny-encoder")
 	assert.Equal(t, 200, st)
-	assert.JSONEq(t, `{"id":"tiny-encoder","object":"model","created":0,"owned_by":"stepserve"}`, string(b))
+	assert.JSONEq(t, fmt.Sprintf(`{"id":"tiny-encoder","object":"model","created":%d,"owned_by":"stepserve"}`, created), string(b))
 	for _, name := range []string{"nope", "classifier"} {
 		st, b = fx.get(t, "/v1/models/"+name)
 		assert.Equal(t, 404, st, name)

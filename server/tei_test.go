@@ -118,7 +118,7 @@ func TestTEIErrors(t *testing.T) {
 		{"/embed", `{"inputs":"a","prompt_name":"query"}`, 422, "Validation", "prompt_name is not supported"},
 		{"/embed", `{"inputs":"a","normalize":false}`, 422, "Validation", "normalize: false cannot be honoured"},
 		{"/embed", `{"inputs":"a","model":"classifier"}`, 422, "Validation", "model classifier serves classification (/predict), not /embed"},
-		{"/embed", `{"inputs":"a","model":"nope"}`, 404, "Validation", `unknown model "nope"`},
+		{"/embed", `{"inputs":"a","model":"nope"}`, 404, "Validation", `Request for unknown model: 'nope' is not found`},
 		{"/embed", `{"inputs":5}`, 422, "Validation", "inputs: want a string or an array of strings"},
 		{"/embed", `{"inputs":"a"`, 422, "Validation", "malformed JSON"},
 		{"/predict", `{"inputs":"a"}`, 422, "Validation", "3 models answer /predict; name one with \"model\" in the body or ?model=: classifier, reranker, scorer"},

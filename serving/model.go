@@ -227,6 +227,9 @@ func (m *Model) Model() *models.Model { return m.model }
 // Engine is the name of the engine the model runs on.
 func (m *Model) Engine() string { return m.engine }
 
+// LoadedAt is when the model's load began.
+func (m *Model) LoadedAt() time.Time { return m.loaded }
+
 // ComputeDtype is the dtype the model's engine computes its floats in,
 // where the engine says; "" where it does not.
 func (m *Model) ComputeDtype() string {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/serving"
 )
 
 var openaiAPI = textProtocol{protocol: core.ProtocolOpenAI, writeError: writeOpenAIError}
@@ -152,8 +153,10 @@ type openaiModel struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-func newOpenAIModel(name string) openaiModel {
-	return openaiModel{ID: name, Object: "model", OwnedBy: "stepserve"}
+// newOpenAIModel is m as OpenAI lists a model; created is when it was
+// loaded (Unix seconds).
+func newOpenAIModel(m *serving.Model) openaiModel {
+	return openaiModel{ID: m.Model().Name, Object: "model", Created: m.LoadedAt().Unix(), OwnedBy: "stepserve"}
 }
 
 // openaiModels lists the models that serve embeddings or generate text.
@@ -161,7 +164,7 @@ func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
 	list := []openaiModel{}
 	for _, m := range s.c.Opts.Models.Models() {
 		if textSigOf(m.Model()).kind == kindEmbedding || m.Generative() {
-			list = append(list, newOpenAIModel(m.Model().Name))
+			list = append(list, newOpenAIModel(m))
 		}
 	}
 	slices.SortFunc(list, func(a, b openaiModel) int {
@@ -187,7 +190,7 @@ func (s *API) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
 		writeOpenAIError(w, http.StatusNotFound, withParam("model", err))
 		return
 	}
-	core.WriteJSON(w, http.StatusOK, newOpenAIModel(m.Model().Name))
+	core.WriteJSON(w, http.StatusOK, newOpenAIModel(m))
 }
 
 // writeOpenAIError writes err in OpenAI's error shape:

@@ -235,6 +235,17 @@ func (t *textRequest) decodeStrict(body []byte, v any) error {
 	return t.decode(body, v, "", true)
 }
 
+// decodeIDs is decodeJSON for a body of token ids (/decode's): each
+// value is charged as an int64 or a list's header in a slice that doubles
+// as it grows, and their number is bounded by the body's limit alone (a
+// sequence is hundreds of ids).
+// field names the ids in the message of an ids field that does not
+// decode.
+func (t *textRequest) decodeIDs(body []byte, v any, field string) error {
+	const perValue = 32
+	return t.decodeCharged(body, v, field, false, perValue, math.MaxInt)
+}
+
 func (t *textRequest) decode(body []byte, v any, field string, strict bool) error {
 	// What decoding builds is bounded before it is built: every JSON value
 	// (a string, a null, an empty object) may become a header of up to 48
@@ -242,10 +253,16 @@ func (t *textRequest) decode(body []byte, v any, field string, strict bool) erro
 	// No request of these APIs needs more values than its texts (2048, or
 	// 2048 pairs) and a few keys, so more is refused unread.
 	const perValue = 48
+	return t.decodeCharged(body, v, field, strict, perValue, maxTextValues)
+}
+
+// decodeCharged decodes body into v once len(body) and perValue bytes for
+// each of its JSON values are charged, refusing more than maxValues.
+func (t *textRequest) decodeCharged(body []byte, v any, field string, strict bool, perValue int64, maxValues int) error {
 	values := jsonValues(body)
-	if values > maxTextValues {
+	if values > maxValues {
 		return &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
-			"the request holds more than %d JSON values; a request sends at most %d texts (or pairs): split it", maxTextValues, maxClientBatch)}
+			"the request holds more than %d JSON values; a request sends at most %d texts (or pairs): split it", maxValues, maxClientBatch)}
 	}
 	if err := t.ch.Take(t.r.Context(), int64(len(body))+perValue*int64(values+1), "decoding the request"); err != nil {
 		return err
@@ -320,13 +337,18 @@ func jsonValues(b []byte) int {
 }
 
 // find chooses the model a request names (name, or the query's model=),
-// or, without a name, the only model of the kinds the endpoint wants.
+// or, without a name, the one chosen already (POST / chose it to
+// dispatch), else the only model of the kinds the endpoint wants.
 // endpoint names the endpoint in messages.
 func (t *textRequest) find(name, endpoint string, kinds ...textKind) (textSig, error) {
 	if name == "" {
 		name = t.r.URL.Query().Get("model")
 	}
-	if name == "" {
+	switch {
+	case name == "" && t.m != nil:
+		// Chosen already: kept, not chosen again (a model loaded since
+		// could make the choice ambiguous).
+	case name == "":
 		var names []string
 		var only *serving.Model
 		for _, m := range t.s.c.Opts.Models.Models() {
@@ -345,7 +367,7 @@ func (t *textRequest) find(name, endpoint string, kinds ...textKind) (textSig, e
 			return textSig{}, &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf(
 				"%d models answer %s; name one with \"model\" in the body or ?model=: %s", len(names), endpoint, strings.Join(names, ", "))}
 		}
-	} else {
+	default:
 		m, err := t.s.c.Lookup(name, "")
 		if err != nil {
 			return textSig{}, err
@@ -362,10 +384,16 @@ func (t *textRequest) find(name, endpoint string, kinds ...textKind) (textSig, e
 	return tm, nil
 }
 
+// clientBatch is the most texts (or id lists) one request may send:
+// maxClientBatch, within the server's element limit.
+func (s *API) clientBatch() int {
+	return min(maxClientBatch, int(min(s.c.Opts.MaxRequestElements, math.MaxInt32)))
+}
+
 // checkTexts bounds a request's texts: at least one, at most
-// maxClientBatch and the server's element limit.
+// clientBatch.
 func (t *textRequest) checkTexts(n int, what string) error {
-	switch limit := min(maxClientBatch, int(min(t.s.c.Opts.MaxRequestElements, math.MaxInt32))); {
+	switch limit := t.s.clientBatch(); {
 	case n == 0:
 		return emptyRequest(what + " is empty; send at least one text")
 	case n > limit:
@@ -571,12 +599,24 @@ func (s *API) Routes(r chi.Router) {
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(core.BearerAs(s.c.InferenceTokens, deny(&teiAPI)))
-		r.Post("/embed", s.teiEmbed)
-		r.Post("/rerank", s.teiRerank)
-		r.Post("/predict", s.teiPredict)
-		r.Post("/tokenize", s.teiTokenize)
+		r.Post("/embed", s.tei(s.teiEmbed))
+		r.Post("/embed_all", s.tei(s.teiEmbedAll))
+		r.Post("/similarity", s.tei(s.teiSimilarity))
+		r.Post("/rerank", s.tei(s.teiRerank))
+		r.Post("/predict", s.tei(s.teiPredict))
+		r.Post("/tokenize", s.tei(s.teiTokenize))
+		r.Post("/decode", s.tei(s.teiDecode))
 		r.Get("/info", s.teiInfo)
+		// Hugging Face's Inference Endpoints post to /, SageMaker to
+		// /invocations.
+		r.Post("/", s.tei(s.teiDispatch))
+		r.Post("/invocations", s.tei(s.teiDispatch))
 	})
+	// TEI's health checks are open, as /v2/health is: probes carry no
+	// token. /ping is SageMaker's; GET / the Inference API's.
+	r.Get("/health", s.teiHealth)
+	r.Get("/ping", s.teiHealth)
+	r.Get("/", s.teiHealth)
 }
 
 // appendJSONText appends s, valid UTF-8, as a JSON string, as

@@ -1,0 +1,135 @@
+package textapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
+)
+
+// teiDecodeRequest is POST /decode's body.
+type teiDecodeRequest struct {
+	IDs               tokenIDs `json:"ids"`
+	SkipSpecialTokens *bool    `json:"skip_special_tokens"`
+	Model             string   `json:"model"`
+}
+
+// tokenIDs is /decode's ids: a list of token ids, or a list of such
+// lists. As in TEI, [] is one empty list (its text is "").
+type tokenIDs struct {
+	lists [][]int64
+	set   bool
+}
+
+func (p *tokenIDs) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	p.set = true
+	bad := &textsError{"want a list of token ids, or a list of such lists"}
+	// encoding/json reads a null as 0, a real id; the value holds no
+	// strings (they would not decode), so any null is an element.
+	if len(b) == 0 || b[0] != '[' || bytes.Contains(b, []byte("null")) {
+		return bad
+	}
+	if rest := bytes.TrimLeft(b[1:], " \t\r\n"); len(rest) > 0 && rest[0] == '[' {
+		if err := json.Unmarshal(b, &p.lists); err != nil {
+			return bad
+		}
+		return nil
+	}
+	var one []int64
+	if err := json.Unmarshal(b, &one); err != nil {
+		return bad
+	}
+	p.lists = [][]int64{one}
+	return nil
+}
+
+// idDecoder turns a tokenizer's ids back into text.
+type idDecoder interface {
+	// VocabSize is one more than the largest id.
+	VocabSize() int
+	// Decode is the text of ids, special tokens left out with skipSpecial.
+	Decode(ids []int64, skipSpecial bool) string
+	// TokenText is the token with id as the vocabulary spells it.
+	TokenText(id int64) string
+}
+
+// decoderOf is tok's decoder: a tokenizer.json's, with the file's own
+// decoder (WordPiece, ByteLevel, Metaspace, ...). A vocab.txt tokenizer
+// keeps its pipeline to itself (models.Tokenizer), so it has none here.
+func decoderOf(tok models.TextTokenizer) idDecoder {
+	if hf, ok := tok.(*models.HFTokenizer); ok {
+		return hf.Tokenizers()
+	}
+	return nil
+}
+
+// teiDecode answers /decode: the text of each list of ids, by the model's
+// tokenizer, as TEI answers it: a list of texts, one for a single list.
+// Ids outside the vocabulary are refused (Hugging Face's tokenizers leave
+// them out silently, which hides a client's mistake).
+func (s *API) teiDecode(t *textRequest, body []byte) int {
+	var req teiDecodeRequest
+	if err := t.decodeIDs(body, &req, "ids"); err != nil {
+		return t.fail(err)
+	}
+	if _, err := t.find(req.Model, "/decode", kindEmbedding, kindClassifier, kindReranker); err != nil {
+		return t.fail(err)
+	}
+	if !req.IDs.set {
+		return t.fail(core.BadRequest("ids is required: a list of token ids, or a list of such lists"))
+	}
+	lists := req.IDs.lists
+	if limit := t.s.clientBatch(); len(lists) > limit {
+		return t.fail(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("ids holds %d lists, more than the %d a request may send; split it", len(lists), limit)})
+	}
+	m := t.m.Model()
+	dec := decoderOf(m.Tokenizer)
+	if dec == nil {
+		return t.fail(notAvailable(fmt.Sprintf("decode is not available for model %s: its tokenizer is a vocab.txt, which stepserve does not decode; serve it with its tokenizer.json", m.Name)))
+	}
+	skip := req.SkipSpecialTokens == nil || *req.SkipSpecialTokens
+	// A text is at most its tokens' spellings and a space between them,
+	// half again where a lone byte of a character becomes U+FFFD (three
+	// bytes for a two-byte byte-level spelling): that is charged before
+	// the texts are built, and their JSON (six bytes a byte at most) once
+	// they are.
+	vocab := int64(dec.VocabSize())
+	spelled := int64(0)
+	for i, ids := range lists {
+		for _, id := range ids {
+			if id < 0 || id >= vocab {
+				return t.fail(core.BadRequest(fmt.Sprintf("ids: list %d holds %d, which is not a token id of model %s; its ids are 0..%d", i, id, m.Name, vocab-1)))
+			}
+			spelled += int64(len(dec.TokenText(id))) + 1
+		}
+	}
+	if err := t.ch.Take(t.r.Context(), 2*spelled, "decoding the ids"); err != nil {
+		return t.fail(err)
+	}
+	texts := make([]string, len(lists))
+	size := int64(2)
+	for i, ids := range lists {
+		texts[i] = dec.Decode(ids, skip)
+		size += 6*int64(len(texts[i])) + 3
+	}
+	if err := t.ch.Take(t.r.Context(), size, "the response"); err != nil {
+		return t.fail(err)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, '[')
+	for i, text := range texts {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONText(b, text)
+	}
+	t.info.Rows = len(lists)
+	return t.ok(append(b, ']'), nil)
+}

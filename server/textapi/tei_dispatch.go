@@ -1,0 +1,52 @@
+package textapi
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// teiDispatch answers POST / (Hugging Face's Inference Endpoints) and
+// POST /invocations (SageMaker's) as TEI does: by the kind of the model,
+// which the request names as the other endpoints name it, or else the
+// only model any TEI endpoint serves. A reranker's body goes to /rerank,
+// a classifier's to /predict, an embedding model's to /embed, or to
+// /similarity when its inputs is an object ({"source_sentence",
+// "sentences"}, Hugging Face's sentence-similarity task): TEI chooses
+// between those two by its TASK variable, stepserve by the body.
+func (s *API) teiDispatch(t *textRequest, body []byte) int {
+	// Read for the model's name and the inputs' shape, charged as the
+	// body again (the name is at most that); the endpoint it goes to
+	// decodes the body, and answers one that does not decode.
+	var peek struct {
+		Model  string      `json:"model"`
+		Inputs objectProbe `json:"inputs"`
+	}
+	if err := t.ch.Take(t.r.Context(), int64(len(body)), "decoding the request"); err != nil {
+		return t.fail(err)
+	}
+	_ = json.Unmarshal(body, &peek)
+	tm, err := t.find(peek.Model, "POST "+t.r.URL.Path, kindEmbedding, kindClassifier, kindReranker)
+	if err != nil {
+		return t.fail(err)
+	}
+	switch tm.kind {
+	case kindReranker:
+		return s.teiRerank(t, body)
+	case kindClassifier:
+		return s.teiPredict(t, body)
+	}
+	if peek.Inputs.object {
+		return s.teiSimilarity(t, body)
+	}
+	return s.teiEmbed(t, body)
+}
+
+// objectProbe records whether a JSON value is an object, decoding
+// nothing.
+type objectProbe struct{ object bool }
+
+func (p *objectProbe) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	p.object = len(b) > 0 && b[0] == '{'
+	return nil
+}

@@ -1,0 +1,52 @@
+package textapi
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/stepserve/stepserve/server/core"
+)
+
+// teiHealth answers GET /health, /ping (SageMaker's) and / as TEI does:
+// 200 with no body when the model is ready, 503 Unhealthy when not. TEI
+// serves one model; here ?model= names one, and without it every model a
+// TEI endpoint serves must be ready, and there must be one.
+func (s *API) teiHealth(w http.ResponseWriter, r *http.Request) {
+	if err := s.teiReady(r.URL.Query().Get("model")); err != nil {
+		writeTEIError(w, core.StatusOf(err), err)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// teiReady is nil when the model named (or, for "", every model the TEI
+// endpoints serve) is ready, else why not.
+func (s *API) teiReady(name string) error {
+	if name != "" {
+		m, err := s.c.Lookup(name, "")
+		if err != nil {
+			return err
+		}
+		if kind := textSigOf(m.Model()).kind; kind == kindNone {
+			return &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not the TEI endpoints", name, kind)}
+		}
+		if !m.Ready() {
+			return core.NotReady(name)
+		}
+		return nil
+	}
+	served := false
+	for _, m := range s.c.Opts.Models.Models() {
+		if textSigOf(m.Model()).kind == kindNone {
+			continue
+		}
+		if !m.Ready() {
+			return core.NotReady(m.Model().Name)
+		}
+		served = true
+	}
+	if !served {
+		return &core.Error{Status: http.StatusServiceUnavailable, Msg: "no model served here answers the TEI endpoints"}
+	}
+	return nil
+}
