@@ -61,8 +61,9 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 			g := man.Config.Generation
 			n = addBytes(n, 4*int64(g.MaxBatchTokens)*int64(4*d.Hidden+2*d.Heads*d.HeadDim+2*d.Intermediate)+4*int64(g.MaxNumSeqs)*int64(d.Vocab))
 			// Per thread, a prompt chunk's scores and a sequence's keys
-			// and values.
-			n = addBytes(n, int64(runtime.NumCPU())*4*int64(g.MaxModelLen)*int64(g.MaxBatchTokens+2*d.HeadDim))
+			// and values; four a thread, a decode's group of heads'
+			// scores.
+			n = addBytes(n, int64(runtime.NumCPU())*4*int64(g.MaxModelLen)*int64(g.MaxBatchTokens+2*d.HeadDim+4*d.Heads/max(d.KVHeads, 1)))
 			need = addBytes(need, n)
 			parts = append(parts, fmt.Sprintf("engine %s %s (KV cache %s)", name, bytesize.Format(n), bytesize.Format(man.Config.KVCacheBytes())))
 			break

@@ -275,6 +275,9 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int, cr *cr
 		a := &p.chunkAttn
 		a.layer, a.step, a.items = l, step, items
 		a.chunks = min(items, threads, len(p.keys))
+		if cr != nil {
+			a.chunks = 1 // the crew's threads spin on the other CPUs
+		}
 		parallelRun(a, a.chunks, a.chunks)
 	}
 	linearPar(cr, threads, T, p.att, L.o, p.o, L.ob, actNone)

@@ -57,7 +57,8 @@ func avx2AddSoftmaxRows(y, add []float32) {
 // and the buffers hold what it writes, then runs ss_decode_attention.
 func avx2DecodeAttention(a decodeAttn) {
 	P := a.to - a.from
-	if P <= 0 || a.hd%8 != 0 || len(a.q) < a.group*a.hd || len(a.out) < a.group*a.hd || len(a.scores) < a.group*P ||
+	if P <= 0 || a.hd <= 0 || a.hd%8 != 0 || a.group <= 0 || a.bs <= 0 || a.rowStride < a.hd || a.blockStride < 0 || a.valOff < 0 ||
+		len(a.q) < a.group*a.hd || len(a.out) < a.group*a.hd || len(a.scores) < a.group*P ||
 		(a.to-1)/a.bs >= len(a.table) || a.from < 0 {
 		panic("cpufallback: decodeAttention: mismatched shapes")
 	}

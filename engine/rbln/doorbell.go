@@ -93,9 +93,10 @@ type doorbell struct {
 	mu  sync.Mutex // one step at a time: the block holds one request
 	seq uint64
 	// lastBody is the time the last step spent in its body. A step whose
-	// body outlasts the poll is not polled for: the poll could not catch
-	// it, and on a machine whose cores share execution units (SMT) it
-	// slows the worker's compute.
+	// body outlasts the poll is polled for only near its expected end
+	// (see wakeEarly): polling through it could not catch it sooner, and
+	// on a machine whose cores share execution units (SMT) it slows the
+	// worker's compute.
 	lastBody time.Duration
 	dead     atomic.Bool
 	extra    explainExtras // the last extras decoded, with their text
@@ -231,12 +232,19 @@ func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Dur
 	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
 	var buf [8]byte
 	spin := spinFor
-	if canSpin && d.lastBody >= spinFor && d.lastBody < maxNap {
+	if canSpin && d.lastBody > wakeEarly && d.lastBody < maxNap {
 		// A longer step (a language model's decode: milliseconds): sleep
 		// until shortly before the last one's body would end, then look
 		// as for a short step, so that the answer is not also waiting on
 		// this thread's wake-up (tens of µs, twice that on a virtual
 		// machine, each step).
+		// The worker rings the eventfd after every answer, also one this
+		// thread saw by looking: empty it first, or the nap would end at
+		// once on the last step's ring.
+		unix.Read(d.done, buf[:])
+		if atomic.LoadUint64(doneSeq) == seq {
+			return nil
+		}
 		ts := unix.NsecToTimespec(int64(d.lastBody - wakeEarly))
 		if _, err := unix.Ppoll(fds, &ts, nil); err == nil && fds[0].Revents&unix.POLLIN != 0 {
 			unix.Read(d.done, buf[:])
