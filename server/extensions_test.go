@@ -22,8 +22,8 @@ func TestServerMetadataListsTheExtensions(t *testing.T) {
 		}
 		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &meta))
 		assert.Equal(t, "stepserve", meta.Name)
-		assert.Subset(t, meta.Extensions, []string{"binary_tensor_data", "classification", "model_repository", "schedule_policy"}, path)
-		for _, no := range []string{"system_shared_memory", "cuda_shared_memory", "trace", "sequence", "parameters"} {
+		assert.Subset(t, meta.Extensions, []string{"binary_tensor_data", "classification", "model_repository", "schedule_policy", "system_shared_memory"}, path)
+		for _, no := range []string{"cuda_shared_memory", "trace", "sequence", "parameters"} {
 			assert.NotContains(t, meta.Extensions, no, path)
 		}
 	}
@@ -34,13 +34,11 @@ func TestServerMetadataListsTheExtensions(t *testing.T) {
 func TestUnsupportedExtensionsAnswer501(t *testing.T) {
 	s, _ := newTestServer(t, newSumMax(t))
 	for _, tt := range []struct{ method, path, extension string }{
-		{"GET", "/v2/systemsharedmemory/status", "system_shared_memory"},
-		{"GET", "/v2/systemsharedmemory/region/r0/status", "system_shared_memory"},
-		{"POST", "/v2/systemsharedmemory/region/r0/register", "system_shared_memory"},
-		{"POST", "/v2/systemsharedmemory/unregister", "system_shared_memory"},
-		{"GET", "/v2/systemsharedmemory", "system_shared_memory"},
 		{"GET", "/v2/cudasharedmemory/status", "cuda_shared_memory"},
+		{"GET", "/v2/cudasharedmemory/region/r0/status", "cuda_shared_memory"},
 		{"POST", "/v2/cudasharedmemory/region/r0/register", "cuda_shared_memory"},
+		{"POST", "/v2/cudasharedmemory/unregister", "cuda_shared_memory"},
+		{"GET", "/v2/cudasharedmemory", "cuda_shared_memory"},
 		{"GET", "/v2/trace/setting", "trace"},
 		{"POST", "/v2/trace/setting", "trace"},
 		{"GET", "/v2/models/summax/trace/setting", "trace"},

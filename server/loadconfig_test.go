@@ -143,9 +143,9 @@ func TestLoadConfigIsProtoJSON(t *testing.T) {
 	assert.Equal(t, []int{1, 2}, m.Model().Config.Buckets.Batch, "a refused load leaves the model served as it was")
 }
 
-// TestSharedMemoryParametersAreRefused: a tensor that asks for a
-// shared-memory region gets 400 naming the extension, never its data
-// inline with 200.
+// TestSharedMemoryParametersAreRefused: a tensor that names a
+// shared-memory region that is not registered gets 400 naming it, never
+// its data inline with 200.
 func TestSharedMemoryParametersAreRefused(t *testing.T) {
 	s, _ := newTestServer(t, newSumMax(t))
 	for _, body := range []string{
@@ -154,6 +154,6 @@ func TestSharedMemoryParametersAreRefused(t *testing.T) {
 	} {
 		w := do(t, s, "POST", "/v2/models/summax/infer", []byte(body))
 		assert.Equal(t, 400, w.Code)
-		assert.Contains(t, errorOf(t, w), "parameter shared_memory_region: the shared-memory extensions (system and CUDA) are not supported")
+		assert.Contains(t, errorOf(t, w), "Unable to find shared memory region: ")
 	}
 }

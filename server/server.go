@@ -10,7 +10,8 @@
 //	                metadata, inference (JSON, Triton's binary tensors,
 //	                classification), explain and buckets
 //	server/admin    Triton's extensions over HTTP: the model repository,
-//	                model configuration, statistics, logging, trace
+//	                model configuration, statistics, logging, trace,
+//	                system shared memory
 //	server/grpcapi  Triton's and KServe's GRPCInferenceService and the
 //	                grpc.health.v1 service
 //	server/textapi  OpenAI's embeddings API and Hugging Face TEI's
@@ -43,6 +44,9 @@
 //	GET  /v2/logging, POST /v2/logging                  (the log level at run time)
 //	GET  /v2[/models/{model}[/versions/{version}]]/trace/setting, POST too (Triton's trace extension)
 //	GET  /v2/trace/files, /v2/trace/files/{name}        (the traces written)
+//	GET  /v2/systemsharedmemory[/region/{name}]/status  (Triton's system shared memory)
+//	POST /v2/systemsharedmemory/region/{name}/register
+//	POST /v2/systemsharedmemory[/region/{name}]/unregister
 //	POST /v2/repository/index
 //	POST /v2/repository/models/{model}/load
 //	POST /v2/repository/models/{model}/unload
@@ -183,6 +187,11 @@ func (s *Server) SetTokens(inference, repository []string) { s.c.SetTokens(infer
 
 // CloseTracer writes the traces being taken, at shutdown.
 func (s *Server) CloseTracer() { s.c.Opts.Tracer.Close() }
+
+// CloseSharedMemory unregisters the shared-memory regions clients
+// registered, at shutdown: each is unmapped at once, or as soon as the
+// last request using it is answered, and none can be registered after.
+func (s *Server) CloseSharedMemory() { s.c.SharedMemory.Close() }
 
 type slogPromLogger struct{ l *slog.Logger }
 

@@ -298,7 +298,8 @@ func shutdown(s *http.Server, api *server.Server, set *serving.Set, grace time.D
 		s.Close()
 	}
 	<-drained
-	api.CloseTracer() // writes the traces being taken
+	api.CloseTracer()       // writes the traces being taken
+	api.CloseSharedMemory() // unmaps the regions clients registered
 	return cause
 }
 

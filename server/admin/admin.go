@@ -1,7 +1,7 @@
 // Package admin is Triton's extensions over HTTP: the model repository
 // (index, load, unload), model configuration, statistics, logging and
-// trace settings and files, and a 501 naming each extension stepserve does
-// not implement. The operations behind them are [core.Core]'s, shared with
+// trace settings and files, system shared memory, and a 501 naming each
+// extension stepserve does not implement (CUDA shared memory). The operations behind them are [core.Core]'s, shared with
 // the gRPC door.
 package admin
 
@@ -60,6 +60,18 @@ func (s *API) Routes(r chi.Router) {
 		}
 		r.Get("/v2/trace/files", core.API(s.traceFiles))
 		r.Get("/v2/trace/files/{name}", s.traceFile)
+	})
+	// System shared memory: registering makes the server map a file, so
+	// the repository token where one is set, else the inference token
+	// (core.SharedMemoryTokens).
+	r.Group(func(r chi.Router) {
+		r.Use(s.c.SharedMemoryAuth)
+		const shm = "/v2/systemsharedmemory"
+		r.Get(shm+"/status", core.API(s.sharedMemoryStatus))
+		r.Get(shm+"/region/{name}/status", core.API(s.sharedMemoryStatus))
+		r.Post(shm+"/region/{name}/register", core.API(s.sharedMemoryRegister))
+		r.Post(shm+"/unregister", core.API(s.sharedMemoryUnregister))
+		r.Post(shm+"/region/{name}/unregister", core.API(s.sharedMemoryUnregister))
 	})
 	r.Route("/v2/repository", func(r chi.Router) {
 		r.Use(core.Bearer(s.c.RepositoryTokens))

@@ -16,16 +16,11 @@ import (
 var unsupportedExtensions = []struct {
 	path, extension, instead string
 }{
-	{"/v2/systemsharedmemory", "system_shared_memory", sharedMemoryInstead},
-	{"/v2/systemsharedmemory/*", "system_shared_memory", sharedMemoryInstead},
-	{"/v2/cudasharedmemory", "cuda_shared_memory", sharedMemoryInstead},
-	{"/v2/cudasharedmemory/*", "cuda_shared_memory", sharedMemoryInstead},
+	{"/v2/cudasharedmemory", "cuda_shared_memory", core.CUDASharedMemoryInstead},
+	{"/v2/cudasharedmemory/*", "cuda_shared_memory", core.CUDASharedMemoryInstead},
 }
 
-const (
-	sharedMemoryInstead = "send tensors in the request body, as JSON or binary tensor data (binary_tensor_data)"
-	traceInstead        = "see the step metrics at /metrics, and GET /v2/models/{model}/stats, /buckets and /explain"
-)
+const traceInstead = "see the step metrics at /metrics, and GET /v2/models/{model}/stats, /buckets and /explain"
 
 // notImplemented answers every request with 501, naming the extension and
 // what to use instead.

@@ -168,3 +168,28 @@ func (c *Core) SetTokens(inference, repository []string) {
 		c.Logger.Log(context.Background(), level, "bearer tokens reloaded", "scope", u.t.scope, "tokens", len(u.list), "added", added, "removed", removed)
 	}
 }
+
+// SharedMemoryTokens are the tokens that guard the system shared-memory
+// extension (status, register, unregister): registering makes the server
+// map a file and write into it, so the repository scope's where it has
+// tokens, else the inference scope's. Read at each call, so that a SIGHUP
+// reload applies.
+func (c *Core) SharedMemoryTokens() *Tokens {
+	if c.RepositoryTokens.None() {
+		return c.InferenceTokens
+	}
+	return c.RepositoryTokens
+}
+
+// SharedMemoryAuth guards the system shared-memory endpoints with
+// [Core.SharedMemoryTokens].
+func (c *Core) SharedMemoryAuth(next http.Handler) http.Handler {
+	viaRepo, viaInfer := Bearer(c.RepositoryTokens)(next), Bearer(c.InferenceTokens)(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c.RepositoryTokens.None() {
+			viaInfer.ServeHTTP(w, r)
+			return
+		}
+		viaRepo.ServeHTTP(w, r)
+	})
+}

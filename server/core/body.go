@@ -49,16 +49,38 @@ func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 // takes the request's footprint from the in-flight budget (on top of what
 // ch holds already), decodes its values, and has the model Run it. It
 // returns the model that ran it (m's successor when a reload replaced m
-// meanwhile) and the result holding the outputs.
+// meanwhile) and the result holding the outputs. A request whose tensors
+// name shared-memory regions holds them meanwhile: its inputs are copied
+// out of them before decoding, and its outputs into them once the model
+// has run.
 func (c *Core) Run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
+	if req.shm {
+		// Held, and checked against their regions, before the request
+		// waits for anything; let go once its outputs are written.
+		if err := req.holdSharedMemory(c.SharedMemory, m.Model()); err != nil {
+			return m, nil, err
+		}
+		defer req.releaseSharedMemory(c.SharedMemory)
+	}
 	if err := c.admit(ctx, ch, f); err != nil {
 		return m, nil, err
+	}
+	if req.shm {
+		if err := req.readSharedMemory(); err != nil {
+			return m, nil, err
+		}
 	}
 	if err := req.DecodeValues(m.Model()); err != nil {
 		return m, nil, err
 	}
 	req.Trace.Stamp(trace.Decoded)
-	return m.Infer(ctx, req.ForModel())
+	m, res, err := m.Infer(ctx, req.ForModel())
+	if err == nil && req.shm {
+		if err := req.writeSharedMemory(m.Model(), res); err != nil {
+			return m, nil, err
+		}
+	}
+	return m, res, err
 }
 
 // bodyStart is the most a body's buffer starts with, whatever its

@@ -202,6 +202,10 @@ func FootprintOf(m *models.Model, req *InferRequest, inputs int64, seq int) Foot
 		for _, c := range req.Outputs {
 			switch {
 			case c.Index != i:
+			case c.SharedMemory != nil:
+				// Its metadata and the region's parameters; the data goes
+				// to the region.
+				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape)) + shmParamsJSON + 2*int64(len(c.SharedMemory.Region))
 			case c.Classes > 0:
 				f.JSON += 112 + int64(len(o.Name)+21*2)
 				var labels []string

@@ -15,7 +15,8 @@
 //     OIP's tensors, checked against the model's signature and the wire
 //     limits, run by [Core.Run] through [serving.Model.Infer];
 //   - the operations behind Triton's extensions (repository, model
-//     configuration, statistics, logging) that HTTP and gRPC both offer.
+//     configuration, statistics, logging, system shared memory
+//     ([SharedMemory])) that HTTP and gRPC both offer.
 //
 // It knows no wire format of its own beyond OIP's JSON request and the
 // binary-tensor extension it shares with every door, and imports no door.
@@ -98,6 +99,12 @@ type Options struct {
 	// arrive once the server is ready to read it, as server.read_timeout
 	// bounds an HTTP request's; 0 means a minute.
 	ReadTimeout time.Duration
+	// MaxSharedMemoryRegions and MaxSharedMemoryBytes bound the system
+	// shared-memory regions clients may have registered at once, and
+	// the bytes they map together; 0 means
+	// [DefaultMaxSharedMemoryRegions], [DefaultMaxSharedMemoryBytes].
+	MaxSharedMemoryRegions int
+	MaxSharedMemoryBytes   int64
 }
 
 // Core is what every front door shares: the models, the limits, the
@@ -113,7 +120,10 @@ type Core struct {
 	BudgetWait time.Duration
 	// The bearer tokens in force, per scope.
 	InferenceTokens, RepositoryTokens *Tokens
-	logs                              LogControl // the logging extension's (logging.go)
+	// SharedMemory is the regions clients registered (Triton's
+	// system_shared_memory extension), until [SharedMemory.Close].
+	SharedMemory *SharedMemory
+	logs         LogControl // the logging extension's (logging.go)
 }
 
 // LookupRoute finds the model and version a route names.
@@ -153,14 +163,15 @@ func (c *Core) Ready(r *http.Request) (any, error) {
 // GET /v2 lists them: Triton's names, and only those whose endpoints and
 // parameters really work. Add an extension here when it is implemented.
 var extensions = []string{
-	"binary_tensor_data",  // JSON header, binary tensors after it (request.go, infer.go)
-	"classification",      // an output's top k classes (classification.go)
-	"model_configuration", // /v2/models/{model}[/versions/{version}]/config (triton_config.go)
-	"model_repository",    // /v2/repository/index, load, unload
-	"schedule_policy",     // the priority and timeout request parameters
-	"statistics",          // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
-	"logging",             // /v2/logging (logging.go), where Options.LogLevel is set
-	"trace",               // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
+	"binary_tensor_data",   // JSON header, binary tensors after it (request.go, infer.go)
+	"classification",       // an output's top k classes (classification.go)
+	"model_configuration",  // /v2/models/{model}[/versions/{version}]/config (triton_config.go)
+	"model_repository",     // /v2/repository/index, load, unload
+	"schedule_policy",      // the priority and timeout request parameters
+	"statistics",           // /v2/models[/{model}[/versions/{version}]]/stats (stats.go)
+	"system_shared_memory", // /v2/systemsharedmemory/... and tensors' shared_memory_* parameters (sharedmemory.go)
+	"logging",              // /v2/logging (logging.go), where Options.LogLevel is set
+	"trace",                // /v2[/models/{model}]/trace/setting (trace.go), where Options.Tracer is set
 }
 
 func (c *Core) ServerMetadata(r *http.Request) (any, error) {
@@ -210,6 +221,7 @@ func New(opts Options) (*Core, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	c.SharedMemory = NewSharedMemory(opts.MaxSharedMemoryRegions, opts.MaxSharedMemoryBytes, c.Logger)
 	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
 		c.Logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",
 			"inference_token", len(opts.InferenceTokens) > 0)

@@ -46,6 +46,10 @@ type WireInput struct {
 	// Proto says the input came over gRPC, for the names error messages
 	// give its fields.
 	Proto bool
+
+	// shm is where the input's data lies in shared memory, from its
+	// parameters (set by CheckRequest); nil when it is in the request.
+	shm *ShmTensor
 }
 
 // TypedContents are an input's values as typed protocol fields carry them
@@ -85,6 +89,9 @@ func (in *WireInput) binTerm() string {
 // a request stays the size it was.)
 func (in *WireInput) declared() (elems int64, binSize int, hasBin bool) {
 	elems, _ = models.ShapeElements(in.Shape)
+	if in.shm != nil {
+		return elems, len(in.Bin), true // copied out of its region (readSharedMemory)
+	}
 	binSize, hasBin, _ = intParam(WireParams{in.Parameters, in.Pairs}, "binary_data_size")
 	return elems, binSize, hasBin
 }
@@ -135,6 +142,8 @@ type InferRequest struct {
 	// The inputs as sent, in order, each with its binary data, which
 	// decodeValues reads once the request is admitted.
 	wire []WireInput
+	// shm says a tensor's data is in shared memory (sharedmemory_tensor.go).
+	shm bool
 
 	// Room for the usual few inputs and outputs, so that a request is
 	// one allocation rather than three.
@@ -152,6 +161,11 @@ type OutputChoice struct {
 	Index   int // into the model's outputs
 	Binary  bool
 	Classes int // the top classes to return per row (classification.go); 0 for the raw output
+	// SharedMemory is the range of a registered region the output is
+	// written to ([Core.Run]), when its parameters name one: the
+	// response then carries its metadata and the region's parameters, no
+	// data.
+	SharedMemory *ShmTensor
 }
 
 // DecodeRequest parses and decodes a whole request: parseRequest, then
@@ -246,9 +260,10 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 			}
 		}
 		spec := cfg.Inputs[idx]
-		if err := refuseSharedMemory(WireParams{in.Parameters, in.Pairs}); err != nil {
+		if in.shm, err = shmParams(WireParams{in.Parameters, in.Pairs}); err != nil {
 			return nil, 0, 0, BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
+		req.shm = req.shm || in.shm != nil
 		avail := binLeft
 		if in.BinSet {
 			avail = len(in.Bin)
@@ -317,7 +332,8 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 			}
 		}
 		params := WireParams{o.Parameters, o.Pairs}
-		if err := refuseSharedMemory(params); err != nil {
+		shm, err := shmParams(params)
+		if err != nil {
 			return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		classes, err := classificationParam(params, cfg.Outputs[idx])
@@ -327,12 +343,19 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		// An output's own binary_data overrides the request's
 		// binary_data_output, either way, as in Triton.
 		bin := allBinary
-		if _, ok := params.Get("binary_data"); ok {
+		_, binSet := params.Get("binary_data")
+		if binSet {
 			if bin, err = boolParam(params, "binary_data"); err != nil {
 				return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 			}
 		}
-		req.Outputs = append(req.Outputs, OutputChoice{Index: idx, Binary: bin, Classes: classes})
+		if shm != nil {
+			if err := checkShmOutput(shm, cfg.Outputs[idx], req.Rows, classes, binSet && bin); err != nil {
+				return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			}
+			bin, req.shm = false, true
+		}
+		req.Outputs = append(req.Outputs, OutputChoice{Index: idx, Binary: bin, Classes: classes, SharedMemory: shm})
 	}
 	return req, decoded, seq, nil
 }
@@ -370,6 +393,10 @@ func checkInput(in *WireInput, spec models.TensorSpec, bodyLen, binLeft int) (de
 			return 0, 0, fmt.Errorf("shape %v holds too many elements", in.Shape)
 		}
 		elems *= d
+	}
+	if in.shm != nil {
+		decoded, err := checkShmInput(in, spec, elems)
+		return decoded, 0, err
 	}
 	binSize, hasBin, err := intParam(WireParams{in.Parameters, in.Pairs}, "binary_data_size")
 	if err != nil {
@@ -444,6 +471,8 @@ func decodeValues(in *WireInput, spec models.TensorSpec) (data []byte, strs []st
 	}
 	n := elems
 	switch {
+	case in.shm != nil:
+		data = in.Bin // the request's own copy, checked to be the shape's size
 	case hasBin:
 		data = make([]byte, int(elems)*spec.Datatype.Size())
 		copy(data, in.Bin)
@@ -492,18 +521,6 @@ func Signature(specs []models.TensorSpec) string {
 		parts[i] = fmt.Sprintf("%q (%s %v)", s.Name, s.Datatype, s.Shape)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// refuseSharedMemory refuses a tensor's shared-memory parameters: the
-// extensions that would put its data in a registered region are not
-// implemented, and answering inline instead would hide that.
-func refuseSharedMemory(params WireParams) error {
-	for _, key := range []string{"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"} {
-		if _, ok := params.Get(key); ok {
-			return fmt.Errorf("parameter %s: the shared-memory extensions (system and CUDA) are not supported; send the data in the request", key)
-		}
-	}
-	return nil
 }
 
 func boolParam(params WireParams, key string) (bool, error) {

@@ -31,7 +31,9 @@ import (
 // clients read nothing else (tritonclient's as_numpy reads
 // raw_output_contents by index). BYTES outputs are raw as Triton
 // serializes them: each element a 4-byte little-endian length, then its
-// bytes.
+// bytes. An output written to shared memory has an empty entry, and its
+// region, offset and size as parameters. Inputs in shared memory have no
+// raw_input_contents entry.
 func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
 	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(ctx context.Context, ch *core.Charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
 		// The message arrived decoded (a caller in this process): what
@@ -241,11 +243,23 @@ func protoRequestBytes(r *inferencepb.ModelInferRequest) int64 {
 // become the JSON values the shared checks read.
 func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 	raw, ins := r.GetRawInputContents(), r.GetInputs()
-	if len(raw) > 0 && len(raw) != len(ins) {
+	// Inputs in shared memory have no entry, as in Triton (tritonclient's
+	// set_shared_memory drops the input's raw contents).
+	inShm := 0
+	for _, in := range ins {
+		if _, ok := in.GetParameters()["shared_memory_region"]; ok {
+			inShm++
+		}
+	}
+	if len(raw) > 0 && len(raw) != len(ins)-inShm {
+		if inShm > 0 {
+			return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs not in shared memory; send one per such input, in the inputs' order, or none", len(raw), len(ins)-inShm))
+		}
 		return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs; send one per input, in the inputs' order, or none", len(raw), len(ins)))
 	}
 	wr := core.WireRequest{ID: r.GetId(), Pairs: protoParams(r.GetParameters())}
 	wr.Inputs = make([]core.WireInput, len(ins))
+	next := 0 // raw's entry for the next input not in shared memory
 	for i, in := range ins {
 		if len(in.GetShape()) > core.MaxRank {
 			return core.WireRequest{}, core.BadRequest(fmt.Sprintf("input %q: the shape has more than %d dimensions", core.ClipName(in.GetName()), core.MaxRank))
@@ -256,9 +270,10 @@ func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 		if c := in.GetContents(); !contentsEmpty(c) {
 			w.Contents = protoContents{c}
 		}
-		if len(raw) > 0 {
-			w.Bin, w.BinSet = raw[i], true
-			w.Pairs = append(w.Pairs, core.ParamPair{Key: "binary_data_size", Raw: strconv.AppendInt(nil, int64(len(raw[i])), 10)})
+		if _, ok := in.GetParameters()["shared_memory_region"]; len(raw) > 0 && !ok {
+			w.Bin, w.BinSet = raw[next], true
+			w.Pairs = append(w.Pairs, core.ParamPair{Key: "binary_data_size", Raw: strconv.AppendInt(nil, int64(len(raw[next])), 10)})
+			next++
 		}
 	}
 	if outs := r.GetOutputs(); len(outs) > 0 {
@@ -458,8 +473,13 @@ func protoOutputs(req *core.InferRequest) {
 	}
 }
 
+// shmParamsProto is the most an output's shared-memory parameters take in
+// the encoded response, besides the region's name.
+const shmParamsProto = 128
+
 // protoFootprint is [core.FootprintOf] with the response gRPC sends: its
-// JSON is the encoded message, every output's raw bytes in it.
+// JSON is the encoded message, every output's raw bytes in it but those
+// written to shared memory.
 func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq int) core.Footprint {
 	f := core.FootprintOf(m, req, decoded, seq)
 	cfg := m.Config
@@ -471,7 +491,12 @@ func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq 
 	f.JSON = 64 + int64(len(m.Name)+len(m.Version)+len(req.ID))
 	for _, c := range req.Outputs {
 		o := cfg.Outputs[c.Index]
-		f.JSON += 48 + int64(len(o.Name)+11*len(o.Shape)) + rows*int64(o.RowBytes(seq))
+		f.JSON += 48 + int64(len(o.Name)+11*len(o.Shape))
+		if c.SharedMemory != nil {
+			f.JSON += shmParamsProto + int64(len(c.SharedMemory.Region)) // no data: it is in the region
+			continue
+		}
+		f.JSON += rows * int64(o.RowBytes(seq))
 	}
 	return f
 }
@@ -493,6 +518,18 @@ func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result)
 		t.Shape[0] = int64(req.Rows)
 		for d, n := range spec.Shape[1:] {
 			t.Shape[1+d] = int64(n)
+		}
+		if shm := c.SharedMemory; shm != nil {
+			// Written to its region: the metadata, where, and how much,
+			// and an empty entry that keeps raw_output_contents one per
+			// output, as Triton's.
+			t.Parameters = map[string]*inferencepb.InferParameter{
+				"shared_memory_region":    {ParameterChoice: &inferencepb.InferParameter_StringParam{StringParam: shm.Region}},
+				"shared_memory_offset":    {ParameterChoice: &inferencepb.InferParameter_Int64Param{Int64Param: shm.Offset}},
+				"shared_memory_byte_size": {ParameterChoice: &inferencepb.InferParameter_Int64Param{Int64Param: shm.Written}},
+			}
+			resp.RawOutputContents = append(resp.RawOutputContents, []byte{})
+			continue
 		}
 		if c.Classes > 0 {
 			// Triton's classification: the top classes per row, as BYTES.

@@ -30,7 +30,7 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
-// RPCs the server does not implement (shared memory) answer
+// RPCs the server does not implement (CUDA shared memory) answer
 // Unimplemented.
 
 // grpcMaxStreams bounds the requests one gRPC connection may have in
@@ -241,8 +241,11 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 // endpoint: the repository scope's for Repository*, TraceSetting and
 // LogSettings; for RepositoryIndex, which only reads, the inference
 // scope's while model control is off and the repository scope has no
-// token ([core.IndexAuth]); the inference scope's for the service's other
-// RPCs; none for ServerLive, ServerReady, ServerMetadata and health.
+// token ([core.IndexAuth]); for the shared-memory RPCs the repository
+// scope's where it has tokens, else the inference scope's
+// ([core.Core.SharedMemoryTokens]); the inference scope's for the
+// service's other RPCs; none for ServerLive, ServerReady, ServerMetadata
+// and health.
 func (s *API) grpcScope(fullMethod string) *core.Tokens {
 	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || service != inferencepb.GRPCInferenceService_ServiceDesc.ServiceName {
@@ -253,6 +256,8 @@ func (s *API) grpcScope(fullMethod string) *core.Tokens {
 		return nil
 	case method == "RepositoryIndex" && !s.c.Opts.ModelControl && s.c.RepositoryTokens.None():
 		return s.c.InferenceTokens
+	case isSharedMemoryMethod(method):
+		return s.c.SharedMemoryTokens()
 	case strings.HasPrefix(method, "Repository") || adminMethod(fullMethod):
 		return s.c.RepositoryTokens
 	}

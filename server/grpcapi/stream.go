@@ -204,6 +204,9 @@ func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *se
 	if !m.Generative() {
 		return nil, false, false, core.BadRequest(fmt.Sprintf("model %s is not a language model: ModelStreamInfer serves generation here; use ModelInfer", m.Model().Name))
 	}
+	if err := refuseStreamSharedMemory(req); err != nil {
+		return nil, false, false, err
+	}
 	params := map[string]json.RawMessage{}
 	var text *string
 	raw := req.GetRawInputContents()
@@ -372,4 +375,21 @@ func streamParamJSON(p *inferencepb.InferParameter) (json.RawMessage, error) {
 		return json.RawMessage(strconv.FormatFloat(v.DoubleParam, 'g', -1, 64)), nil
 	}
 	return nil, errors.New("has no value")
+}
+
+// refuseStreamSharedMemory refuses tensors in shared memory on a stream:
+// a generation's prompt and text are small and travel in the messages;
+// ModelInfer serves tensors in shared memory.
+func refuseStreamSharedMemory(req *inferencepb.ModelInferRequest) error {
+	for _, in := range req.GetInputs() {
+		if _, ok := in.GetParameters()["shared_memory_region"]; ok {
+			return core.BadRequest(fmt.Sprintf("input %s: ModelStreamInfer takes its inputs in the message, not in shared memory; ModelInfer serves tensors in shared memory", core.ClipName(in.GetName())))
+		}
+	}
+	for _, o := range req.GetOutputs() {
+		if _, ok := o.GetParameters()["shared_memory_region"]; ok {
+			return core.BadRequest(fmt.Sprintf("output %s: ModelStreamInfer answers in its messages, not in shared memory; ModelInfer serves tensors in shared memory", core.ClipName(o.GetName())))
+		}
+	}
+	return nil
 }

@@ -109,8 +109,10 @@ func (s *API) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Mode
 	return http.StatusOK
 }
 
-// writeResponse encodes the outputs: JSON data inline, and binary outputs
-// after the JSON header as Triton's extension lays them out.
+// writeResponse encodes the outputs: JSON data inline, binary outputs
+// after the JSON header as Triton's extension lays them out, and for an
+// output written to shared memory its metadata and the region's
+// parameters, with no data.
 //
 // jsonBound is the most the JSON may take (footprint.json), which the
 // buffer is sized to: it is charged already, and never grows.
@@ -149,6 +151,17 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *core.In
 			b = strconv.AppendInt(b, int64(d), 10)
 		}
 		b = append(b, ']')
+		if shm := c.SharedMemory; shm != nil {
+			// Written to its region (core.Run): where, and how much.
+			b = append(b, `,"parameters":{"shared_memory_region":`...)
+			b = strconv.AppendQuote(b, shm.Region) // printable ASCII: valid JSON
+			b = append(b, `,"shared_memory_offset":`...)
+			b = strconv.AppendInt(b, shm.Offset, 10)
+			b = append(b, `,"shared_memory_byte_size":`...)
+			b = strconv.AppendInt(b, shm.Written, 10)
+			b = append(b, "}}"...)
+			continue
+		}
 		if c.Binary {
 			b = append(b, `,"parameters":{"binary_data_size":`...)
 			b = strconv.AppendInt(b, int64(len(data)), 10)
