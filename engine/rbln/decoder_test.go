@@ -178,28 +178,32 @@ func BenchmarkWorkerDecodeStep(b *testing.B) {
 			}
 			s.Advance(step, tokens)
 		}
-		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
-			var host []float64
-			body0 := d.p.bodyNS.Load()
-			for b.Loop() {
-				start := time.Now()
-				if _, err := d.Step(context.Background(), step); err != nil {
-					b.Fatal(err)
+		for _, nap := range []bool{true, false} {
+			napLongSteps = nap
+			b.Run(fmt.Sprintf("seqs=%d/nap=%v", seqs, nap), func(b *testing.B) {
+				var host []float64
+				body0 := d.p.bodyNS.Load()
+				for b.Loop() {
+					start := time.Now()
+					if _, err := d.Step(context.Background(), step); err != nil {
+						b.Fatal(err)
+					}
+					body := d.p.bodyNS.Load()
+					host = append(host, float64(time.Since(start).Nanoseconds()-(body-body0))/1e3)
+					body0 = body
 				}
-				body := d.p.bodyNS.Load()
-				host = append(host, float64(time.Since(start).Nanoseconds()-(body-body0))/1e3)
-				body0 = body
-			}
-			slices.Sort(host)
-			b.ReportMetric(host[len(host)/2], "host-µs/step")
-			b.ReportMetric(host[len(host)*9/10], "host-p90-µs/step")
-			log.mu.Lock()
-			for _, x := range log.steps[len(log.steps)-min(len(log.steps), 10):] {
-				if !x.Clean || x.H2D != 1 || x.D2H != 1 {
-					b.Fatalf("a decode step not clean with one copy each way: %+v", x)
+				slices.Sort(host)
+				b.ReportMetric(host[len(host)/2], "host-µs/step")
+				b.ReportMetric(host[len(host)*9/10], "host-p90-µs/step")
+				log.mu.Lock()
+				for _, x := range log.steps[len(log.steps)-min(len(log.steps), 10):] {
+					if !x.Clean || x.H2D != 1 || x.D2H != 1 {
+						b.Fatalf("a decode step not clean with one copy each way: %+v", x)
+					}
 				}
-			}
-			log.mu.Unlock()
-		})
+				log.mu.Unlock()
+			})
+		}
+		napLongSteps = true
 	}
 }

@@ -75,6 +75,10 @@ const (
 	maxNap    = 50 * time.Millisecond
 )
 
+// napLongSteps turns the nap-then-poll on; BenchmarkWorkerDecodeStep
+// turns it off to measure it against waiting on the eventfd alone.
+var napLongSteps = true
+
 // canSpin: the worker writes its report with plain stores, the done number
 // last, and only a machine that keeps stores in order (x86's TSO) lets the
 // block be read once the number is seen without the eventfd's barrier.
@@ -232,7 +236,7 @@ func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Dur
 	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
 	var buf [8]byte
 	spin := spinFor
-	if canSpin && d.lastBody > wakeEarly && d.lastBody < maxNap {
+	if canSpin && napLongSteps && d.lastBody > wakeEarly && d.lastBody < maxNap {
 		// A longer step (a language model's decode: milliseconds): sleep
 		// until shortly before the last one's body would end, then look
 		// as for a short step, so that the answer is not also waiting on
