@@ -301,10 +301,10 @@ func run() error {
 	r.line("")
 	r.line("A language model's decode step through the same worker (a 2-layer Llama, hidden 128, on torch's CPU; the step's rows packed into the bucket's one input buffer, keys and values written into the device-resident cache in the graph, sampling in the graph, the sampled rows read back; BenchmarkWorkerDecodeStep):")
 	r.line("")
-	r.line("| decode step | round trip (mean) | host overhead (median / p90) |")
-	r.line("|---|---|---|")
+	r.line("| decode step | round trip (mean) | host overhead (median / p90) | waiting on the eventfd alone (median / p90) |")
+	r.line("|---|---|---|---|")
 	for _, t := range decodeTrips {
-		r.line("| %d sequence(s) | %.0f µs | %.0f / %.0f µs |", t.seqs, t.roundTripUS, t.hostUS, t.hostP90US)
+		r.line("| %d sequence(s) | %.0f µs | %.0f / %.0f µs | %.0f / %.0f µs |", t.seqs, t.roundTripUS, t.hostUS, t.hostP90US, t.eventfdUS, t.eventfdP90US)
 	}
 	r.line("")
 
@@ -685,6 +685,7 @@ func workerRoundTrip() (roundTrip, error) {
 type decodeTrip struct {
 	seqs                           int
 	roundTripUS, hostUS, hostP90US float64
+	eventfdUS, eventfdP90US        float64 // the supervisor waiting on the eventfd alone, no nap-then-poll
 }
 
 func workerDecodeTrips() ([]decodeTrip, error) {
@@ -693,9 +694,19 @@ func workerDecodeTrips() ([]decodeTrip, error) {
 		return nil, fmt.Errorf("go test -bench: %v\n%s", err, out)
 	}
 	var trips []decodeTrip
-	for _, m := range regexp.MustCompile(`BenchmarkWorkerDecodeStep/seqs=(\d+)-\d+\s+\d+\s+([0-9.]+) ns/op\s+([0-9.]+) host-p90-µs/step\s+([0-9.]+) host-µs/step`).FindAllSubmatch(out, -1) {
-		f := func(b []byte) float64 { v, _ := strconv.ParseFloat(string(b), 64); return v }
-		trips = append(trips, decodeTrip{seqs: int(f(m[1])), roundTripUS: f(m[2]) / 1e3, hostP90US: f(m[3]), hostUS: f(m[4])})
+	f := func(b []byte) float64 { v, _ := strconv.ParseFloat(string(b), 64); return v }
+	row := regexp.MustCompile(`BenchmarkWorkerDecodeStep/seqs=(\d+)/nap=(true|false)-\d+\s+\d+\s+([0-9.]+) ns/op\s+([0-9.]+) host-p90-µs/step\s+([0-9.]+) host-µs/step`)
+	for _, m := range row.FindAllSubmatch(out, -1) {
+		seqs := int(f(m[1]))
+		if string(m[2]) == "true" {
+			trips = append(trips, decodeTrip{seqs: seqs, roundTripUS: f(m[3]) / 1e3, hostP90US: f(m[4]), hostUS: f(m[5])})
+			continue
+		}
+		for i := range trips {
+			if trips[i].seqs == seqs {
+				trips[i].eventfdUS, trips[i].eventfdP90US = f(m[5]), f(m[4])
+			}
+		}
 	}
 	if len(trips) == 0 {
 		return nil, fmt.Errorf("no decode step figures in:\n%s", out)
