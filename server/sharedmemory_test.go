@@ -185,6 +185,7 @@ func TestSharedMemoryRefusals(t *testing.T) {
 		{"past the object's end", "k", string(registerBody(key, 60, 8)), fmt.Sprintf("failed to register shared memory region 'k': the object %s is 64 bytes, but offset 60 + byte_size 8 needs 68", key)},
 		{"larger than the object", "k", string(registerBody(key, 0, 65)), "is 64 bytes, but offset 0 + byte_size 65 needs 65"},
 		{"offset and size overflow", "k", fmt.Sprintf(`{"key":%q,"offset":9223372036854775807,"byte_size":9223372036854775807}`, key), "offset 9223372036854775807 + byte_size 9223372036854775807 overflows"},
+		{"size past every limit", "k", fmt.Sprintf(`{"key":%q,"offset":0,"byte_size":9223372036854775807}`, key), "byte_size 9223372036854775807 is more than the"},
 		{"an empty region", "k", string(registerBody(key, 0, 0)), "byte_size must be at least 1"},
 		{"a negative offset", "k", fmt.Sprintf(`{"key":%q,"offset":-1,"byte_size":8}`, key), "offset must be a non-negative integer (bytes), got -1"},
 		{"no key", "k", `{"byte_size":8}`, "key is required"},
@@ -397,9 +398,21 @@ func TestSharedMemoryTokens(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, st.Regions, 1)
 
-	// With no repository token, the inference token opens them.
+	// With an inference token and no repository token, they are closed
+	// as the administrator's endpoints are: an inference client cannot
+	// make the server map the host's shared memory.
 	s = shmServer(t, newSumMax(t), Options{InferenceTokens: []string{tok}})
-	assert.Equal(t, 401, do(t, s, "POST", "/v2/systemsharedmemory/region/r/register", registerBody(key, 0, 64)).Code)
+	for _, h := range [][]string{nil, {"Authorization", "Bearer " + tok}} {
+		w := do(t, s, "POST", "/v2/systemsharedmemory/region/r/register", registerBody(key, 0, 64), h...)
+		assert.Equal(t, 403, w.Code)
+		assert.Contains(t, w.Body.String(), "system shared memory")
+	}
+	c, _ = grpcClients(t, s)
+	_, err = c.SystemSharedMemoryRegister(bearer(tok), &pb.SystemSharedMemoryRegisterRequest{Name: "g", Key: key, ByteSize: 64})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.PermissionDenied, code)
+	// Left open on purpose, the inference token's holders may use them.
+	s = shmServer(t, newSumMax(t), Options{InferenceTokens: []string{tok}, RepositoryAnonymous: true})
 	require.Equal(t, 200, do(t, s, "POST", "/v2/systemsharedmemory/region/r/register", registerBody(key, 0, 64), "Authorization", "Bearer "+tok).Code)
 	assert.Equal(t, 200, do(t, s, "POST", "/v2/models/summax/infer", infer, "Authorization", "Bearer "+tok).Code)
 }

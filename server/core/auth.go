@@ -123,7 +123,7 @@ func (c *Core) AdminClosed() bool {
 }
 
 // AdminClosedMsg says why, and what opens them.
-const AdminClosedMsg = "the administrator's endpoints (logging, trace settings and files) need a token while inference has one: " +
+const AdminClosedMsg = "the administrator's endpoints (logging, trace settings and files, system shared memory) need a token while inference has one: " +
 	"set auth.repository.token or auth.repository.token_file, or auth.repository.allow_anonymous: true to leave them open on purpose"
 
 // AdminAuth guards the administrator's endpoints: the repository tokens,
@@ -171,25 +171,13 @@ func (c *Core) SetTokens(inference, repository []string) {
 
 // SharedMemoryTokens are the tokens that guard the system shared-memory
 // extension (status, register, unregister): registering makes the server
-// map a file and write into it, so the repository scope's where it has
-// tokens, else the inference scope's. Read at each call, so that a SIGHUP
-// reload applies.
-func (c *Core) SharedMemoryTokens() *Tokens {
-	if c.RepositoryTokens.None() {
-		return c.InferenceTokens
-	}
-	return c.RepositoryTokens
-}
+// map a file of the host's /dev/shm and read and write it, an
+// administrator's act, so the repository scope's, closed as the other
+// administrator's endpoints are while only inference has tokens
+// ([Core.AdminClosed]). Read at each call, so that a SIGHUP reload
+// applies.
+func (c *Core) SharedMemoryTokens() *Tokens { return c.RepositoryTokens }
 
-// SharedMemoryAuth guards the system shared-memory endpoints with
-// [Core.SharedMemoryTokens].
-func (c *Core) SharedMemoryAuth(next http.Handler) http.Handler {
-	viaRepo, viaInfer := Bearer(c.RepositoryTokens)(next), Bearer(c.InferenceTokens)(next)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c.RepositoryTokens.None() {
-			viaInfer.ServeHTTP(w, r)
-			return
-		}
-		viaRepo.ServeHTTP(w, r)
-	})
-}
+// SharedMemoryAuth guards the system shared-memory endpoints as
+// [Core.AdminAuth] guards the administrator's.
+func (c *Core) SharedMemoryAuth(next http.Handler) http.Handler { return c.AdminAuth(next) }

@@ -213,6 +213,10 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 		return fail("offset %d + byte_size %d overflows", offset, byteSize)
 	}
 	off, size := int64(offset), int64(byteSize)
+	if size > s.maxBytes {
+		// Checked before any rounding: a size near 2^63 would overflow it.
+		return fail("byte_size %d is more than the %s the server maps for shared memory", byteSize, bytesize.Format(s.maxBytes))
+	}
 	page := int64(os.Getpagesize())
 	pageOff := off / page * page
 	mapLen := off - pageOff + size

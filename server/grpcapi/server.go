@@ -241,8 +241,8 @@ func (h *grpcHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Heal
 // LogSettings; for RepositoryIndex, which only reads, the inference
 // scope's while model control is off and the repository scope has no
 // token ([core.IndexAuth]); for the shared-memory RPCs the repository
-// scope's where it has tokens, else the inference scope's
-// ([core.Core.SharedMemoryTokens]); the inference scope's for the
+// scope's, closed with the administrator's while only inference has
+// tokens ([core.Core.SharedMemoryTokens]); the inference scope's for the
 // service's other RPCs; none for ServerLive, ServerReady, ServerMetadata
 // and health.
 func (s *API) grpcScope(fullMethod string) *core.Tokens {
@@ -268,7 +268,8 @@ func (s *API) grpcScope(fullMethod string) *core.Tokens {
 // closed while only inference has tokens, as their HTTP endpoints are.
 func adminMethod(fullMethod string) bool {
 	return fullMethod == inferencepb.GRPCInferenceService_TraceSetting_FullMethodName ||
-		fullMethod == inferencepb.GRPCInferenceService_LogSettings_FullMethodName
+		fullMethod == inferencepb.GRPCInferenceService_LogSettings_FullMethodName ||
+		isSharedMemoryMethod(strings.TrimPrefix(fullMethod, "/"+inferencepb.GRPCInferenceService_ServiceDesc.ServiceName+"/"))
 }
 
 // grpcAuthorize requires one of the scope's tokens as "authorization:
@@ -471,6 +472,10 @@ func (s *API) logFailure(ctx context.Context, model string, st int, err error) {
 // rawInfer is a ModelInfer message as it arrived, before decoding: the
 // handler bounds and charges what it decodes to first (grpc_limits.go).
 type rawInfer struct {
+	// mu guards buf and held: a read past server.read_timeout ends the
+	// handler (which frees the message) while the read goes on, and the
+	// gate frees what it brings once it ends (gate.go).
+	mu   sync.Mutex
 	buf  mem.Buffer
 	held *core.Charge // what the undecoded message holds of the budget, given back with it
 }
@@ -484,6 +489,12 @@ func (r *rawInfer) bytes() []byte {
 
 // free gives the message's buffer back to gRPC's pool, once.
 func (r *rawInfer) free() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.freeLocked()
+}
+
+func (r *rawInfer) freeLocked() {
 	if r.buf != nil {
 		r.buf.Free()
 		r.buf = nil
@@ -500,7 +511,9 @@ type grpcCodec struct{ encoding.CodecV2 }
 
 func (c grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawInfer); ok {
-		r.free() // a second message on a unary call replaces the first
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.freeLocked() // a second message on a unary call replaces the first
 		r.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
 		return nil
 	}
