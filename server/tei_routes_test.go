@@ -238,15 +238,23 @@ func TestTEIDispatch(t *testing.T) {
 
 // The health checks: 200 with no body when the TEI models are ready, 503
 // Unhealthy when one is not or none is served; open without the token
-// the other endpoints want.
+// the other endpoints want, but asking after one model (?model=) takes
+// it, so that a caller without it learns nothing of the models.
 func TestTEIHealth(t *testing.T) {
 	fx := newTextFixture(t, textOptions{tokens: []string{"tok"}})
-	for _, p := range []string{"/health", "/ping", "/", "/health?model=classifier"} {
+	for _, p := range []string{"/health", "/ping", "/"} {
 		st, b := fx.get(t, p)
 		assert.Equal(t, 200, st, "%s: %s", p, b)
 		assert.Empty(t, b, p)
 	}
-	st, b := fx.get(t, "/health?model=nope")
+	for _, p := range []string{"/health?model=classifier", "/health?model=nope"} {
+		st, b := fx.get(t, p)
+		assert.Equal(t, 401, st, "%s: %s", p, b)
+		assert.NotContains(t, string(b), "classifier", p)
+	}
+	st, b := fx.get(t, "/health?model=classifier", "Authorization", "Bearer tok")
+	assert.Equal(t, 200, st, string(b))
+	st, b = fx.get(t, "/health?model=nope", "Authorization", "Bearer tok")
 	assert.Equal(t, 404, st)
 	var e teiError
 	decodeStrict(t, b, &e)

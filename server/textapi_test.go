@@ -235,10 +235,13 @@ func (fx *textFixture) post(t *testing.T, path string, body any, header ...strin
 	return fx.do(t, req)
 }
 
-func (fx *textFixture) get(t *testing.T, path string) (int, []byte) {
+func (fx *textFixture) get(t *testing.T, path string, headers ...string) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, fx.url+path, nil)
 	require.NoError(t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	return fx.do(t, req)
 }
 

@@ -10,9 +10,26 @@ import (
 // teiHealth answers GET /health, /ping (SageMaker's) and / as TEI does:
 // 200 with no body when the model is ready, 503 Unhealthy when not. TEI
 // serves one model; here ?model= names one, and without it every model a
-// TEI endpoint serves must be ready, and there must be one.
+// TEI endpoint serves must be ready, and there must be one. The probes
+// need no token, but they tell nothing of a model to a caller without
+// the inference token where one is set: ?model= then takes the token
+// (401 as the model's own routes), and a 503 names no model.
 func (s *API) teiHealth(w http.ResponseWriter, r *http.Request) {
-	if err := s.teiReady(r.URL.Query().Get("model")); err != nil {
+	name := r.URL.Query().Get("model")
+	authorized := s.c.InferenceTokens.None()
+	if v := r.Header.Get("Authorization"); !authorized && v != "" {
+		tok, ok := core.BearerToken(v)
+		authorized = ok && s.c.InferenceTokens.Match(tok)
+	}
+	if name != "" && !authorized {
+		writeTEIError(w, http.StatusUnauthorized, &core.Error{Status: http.StatusUnauthorized,
+			Msg: "asking after one model (?model=) needs the inference token: send Authorization: Bearer <token>, or ask GET /health without it"})
+		return
+	}
+	if err := s.teiReady(name); err != nil {
+		if !authorized {
+			err = &core.Error{Status: core.StatusOf(err), Msg: "not every model the TEI endpoints serve is ready"}
+		}
 		writeTEIError(w, core.StatusOf(err), err)
 		return
 	}
