@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stepserve/stepserve/bench/internal/benchstat"
+
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/generation"
 	"github.com/stepserve/stepserve/internal/randweights"
@@ -90,7 +92,7 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	}
 	go loop.Run(ctx)
 
-	cpu := cpuModel()
+	cpu := benchstat.CPULine()
 	fmt.Printf("CPU engine generation, %s, %d threads (kernels %s)\n", cpu, runtime.NumCPU(), cpufallback.Kernels())
 	fmt.Printf("model: SmolLM-135M shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab %d), float32, random weights\n", vocab)
 	fmt.Printf("KV cache: %d bytes a token (float32)\n", m.Config.Decoder.KVBytesPerToken(4))
@@ -130,11 +132,11 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 		ttftP50 = append(ttftP50, ttfts[len(ttfts)/2])
 		ttftP99 = append(ttftP99, ttfts[len(ttfts)-1])
 	}
-	fmt.Printf("prefill, one sequence of %d tokens:   %7.1f tokens/s (median of %d: %s)\n", promptLen, median(prefill), rounds, list(prefill))
-	fmt.Printf("decode, one sequence:                  %7.1f tokens/s (%s)\n", median(decode1), list(decode1))
-	fmt.Printf("decode, %d concurrent streams:         %7.1f tokens/s aggregate (%s; generated tokens over the wall time from their arrival, prefill included), %.1fx one stream\n", streams, median(agg), list(agg), median(agg)/median(decode1))
+	fmt.Printf("prefill, one sequence of %d tokens:   %7.1f tokens/s (median of %d: %s)\n", promptLen, benchstat.Median(prefill), rounds, list(prefill))
+	fmt.Printf("decode, one sequence:                  %7.1f tokens/s (%s)\n", benchstat.Median(decode1), list(decode1))
+	fmt.Printf("decode, %d concurrent streams:         %7.1f tokens/s aggregate (%s; generated tokens over the wall time from their arrival, prefill included), %.1fx one stream\n", streams, benchstat.Median(agg), list(agg), benchstat.Median(agg)/benchstat.Median(decode1))
 	fmt.Printf("time to first token, %d streams (prompts 32-256 tokens, arriving together): p50 %.0f ms, max %.0f ms\n",
-		streams, 1000*median(ttftP50), 1000*median(ttftP99))
+		streams, 1000*benchstat.Median(ttftP50), 1000*benchstat.Median(ttftP99))
 
 	// Prefix caching: a 512-token system prompt, then another request
 	// with the same 512 tokens and a different question.
@@ -154,7 +156,7 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 		cold, warm = append(cold, a[0].ttft.Seconds()), append(warm, b[0].ttft.Seconds())
 	}
 	fmt.Printf("prefix cache, 512-token system prompt + 16: first token %.0f ms cold, %.0f ms with the prefix cached: %.1fx sooner (%s; %s ms)\n",
-		1000*median(cold), 1000*median(warm), median(cold)/median(warm), ms(cold), ms(warm))
+		1000*benchstat.Median(cold), 1000*benchstat.Median(warm), benchstat.Median(cold)/benchstat.Median(warm), ms(cold), ms(warm))
 
 	// Chunked prefill: the gaps between tokens of 16 running streams,
 	// before and while a 2,000-token prompt is prefilled beside them, in
@@ -169,7 +171,7 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 		before, during, chunkStep = append(before, b), append(during, d), append(chunkStep, c)
 	}
 	fmt.Printf("chunked prefill (steps of at most 256 tokens): p99 inter-token gap of %d streams %.0f ms before, %.0f ms while a 2,000-token prompt is prefilled beside them (+%.0f ms); its longest step %.0f ms (%s; %s; %s ms)\n",
-		streams, 1000*median(before), 1000*median(during), 1000*(median(during)-median(before)), 1000*median(chunkStep), ms(before), ms(during), ms(chunkStep))
+		streams, 1000*benchstat.Median(before), 1000*benchstat.Median(during), 1000*(benchstat.Median(during)-benchstat.Median(before)), 1000*benchstat.Median(chunkStep), ms(before), ms(during), ms(chunkStep))
 	return nil
 }
 
@@ -326,12 +328,6 @@ func p99(v []float64) float64 {
 	return s[min(len(s)-1, int(0.99*float64(len(s))))]
 }
 
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 // ms lists seconds as milliseconds.
 func ms(v []float64) string {
 	out := make([]float64, len(v))
@@ -348,39 +344,6 @@ func list(v []float64) string {
 			out += ", "
 		}
 		out += fmt.Sprintf("%.1f", x)
-	}
-	return out
-}
-
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	for _, line := range splitLines(string(b)) {
-		if len(line) > 10 && line[:10] == "model name" {
-			for i := range line {
-				if line[i] == ':' {
-					return line[i+2:]
-				}
-			}
-		}
-	}
-	return runtime.GOARCH
-}
-
-func splitLines(s string) []string {
-	var out []string
-	for len(s) > 0 {
-		i := 0
-		for i < len(s) && s[i] != '\n' {
-			i++
-		}
-		out = append(out, s[:i])
-		if i < len(s) {
-			i++
-		}
-		s = s[i:]
 	}
 	return out
 }

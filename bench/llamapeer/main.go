@@ -43,6 +43,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stepserve/stepserve/bench/internal/benchstat"
+
 	"github.com/stepserve/stepserve/bench/gguf"
 	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
@@ -84,7 +86,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("Generation: stepserve's CPU engine vs llama.cpp (node-llama-cpp %s), %s, %d threads each\n", peerVersion(), cpuLine(), *threads)
+	fmt.Printf("Generation: stepserve's CPU engine vs llama.cpp (node-llama-cpp %s), %s, %d threads each\n", peerVersion(), benchstat.CPULine(), *threads)
 	fmt.Printf("model: SmolLM-135M shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab %d), random weights, tied embeddings\n", *vocab)
 	weights := int64(0)
 	for _, t := range m.Weights.Tensors {
@@ -192,21 +194,21 @@ func run() error {
 		for i := range ratios {
 			ratios[i] = r.ours[i] / r.peer[i]
 		}
-		fmt.Printf("%-48s %12.1f %12.1f %7.2fx  %s (%s)\n", r.name, median(r.ours), median(r.peer), median(ratios), list(ratios, "%.2f"), r.unit)
+		fmt.Printf("%-48s %12.1f %12.1f %7.2fx  %s (%s)\n", r.name, benchstat.Median(r.ours), benchstat.Median(r.peer), benchstat.Median(ratios), list(ratios, "%.2f"), r.unit)
 	}
 	fmt.Printf("%d streams' aggregate over one stream: %.1fx (llama.cpp's %d sequences over one: %.1fx)\n",
-		*streams, median(rows[4].ours)/median(rows[1].ours), *peerSeqs, median(rows[4].peer)/median(rows[1].peer))
+		*streams, benchstat.Median(rows[4].ours)/benchstat.Median(rows[1].ours), *peerSeqs, benchstat.Median(rows[4].peer)/benchstat.Median(rows[1].peer))
 	fmt.Printf("time to first token, prompts of 32-256 tokens arriving together: stepserve %d streams p50 %.0f ms, p99 %.0f ms; llama.cpp %d sequences p50 %.0f ms, p99 %.0f ms\n",
-		*streams, 1000*median(ttft50), 1000*median(ttft99), *peerSeqs, 1000*median(peer50), 1000*median(peer99))
+		*streams, 1000*benchstat.Median(ttft50), 1000*benchstat.Median(ttft99), *peerSeqs, 1000*benchstat.Median(peer50), 1000*benchstat.Median(peer99))
 	for i, r := range rows[:4] {
 		if i%2 == 1 {
 			bytes := float64(4 * weights)
 			if i == 3 {
 				bytes /= 2
 			}
-			ours := median(r.ours) * bytes
+			ours := benchstat.Median(r.ours) * bytes
 			fmt.Printf("%s: stepserve reads weights at %.1f GB/s, %.0f%% of the measured %.1f GB/s (llama.cpp %.0f%%)\n",
-				r.name, ours/1e9, 100*ours/bw, bw/1e9, 100*median(r.peer)*bytes/bw)
+				r.name, ours/1e9, 100*ours/bw, bw/1e9, 100*benchstat.Median(r.peer)*bytes/bw)
 		}
 	}
 	return nil
@@ -591,50 +593,10 @@ func (s *stepserve) one(model string, prompt []int32, n int, start time.Time, r 
 	return nil
 }
 
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func list(v []float64, format string) string {
 	parts := make([]string, len(v))
 	for i, x := range v {
 		parts[i] = fmt.Sprintf(format, x)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// cpuLine names the CPU and its vector extensions from /proc/cpuinfo.
-func cpuLine() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	var model string
-	var flags []string
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		switch strings.TrimSpace(k) {
-		case "model name":
-			if model == "" {
-				model = strings.TrimSpace(v)
-			}
-		case "flags":
-			if flags == nil {
-				for _, f := range strings.Fields(v) {
-					if f == "avx2" || strings.HasPrefix(f, "avx512f") || f == "avx512_bf16" {
-						flags = append(flags, f)
-					}
-				}
-			}
-		}
-	}
-	return fmt.Sprintf("%s, %d CPUs (%s)", model, runtime.NumCPU(), strings.Join(flags, " "))
 }

@@ -31,6 +31,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stepserve/stepserve/bench/internal/benchstat"
+
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
@@ -267,7 +269,7 @@ func run() error {
 	}
 
 	fmt.Printf("ONNX Runtime %s (onnxruntime-node, CPU EP, %d intra-op threads, spinning %v) against stepserve's CPU engine step (engine.cpu_threads %d) with kernels %s, %d interleaved rounds of %gs a side; %s\n",
-		hello.Version, *threads, *ortSpin, *threads, strings.Join(sets, ", "), *rounds, *seconds, cpuLine())
+		hello.Version, *threads, *ortSpin, *threads, strings.Join(sets, ", "), *rounds, *seconds, benchstat.CPULine())
 	fmt.Printf("Encoder: all-MiniLM-L6-v2's dimensions (vocab 30522, hidden 384, 6 layers, 12 heads, intermediate 1536), random weights, mean pooling; torch %s reference. Load average before: %s, after: %s\n\n", manifest.Torch, loadBefore, loadavg())
 	fmt.Println("| shape | tokens | ONNX Runtime seq/s | kernels | stepserve seq/s | ratio (median) | ratio spread | max abs diff to torch (stepserve, ORT) | min cosine to torch |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
@@ -287,7 +289,7 @@ func run() error {
 			}
 			fmt.Printf("| %d x %d%s | %d | %.1f | %s | %.1f | **%.2fx** | %.2f-%.2f | %.2g, %.2g | %.6f |\n",
 				c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)), c.Tokens,
-				median(rate[i][0]), set, median(rate[i][1+s]), median(ratios), slices.Min(ratios), slices.Max(ratios),
+				benchstat.Median(rate[i][0]), set, benchstat.Median(rate[i][1+s]), benchstat.Median(ratios), slices.Min(ratios), slices.Max(ratios),
 				maxDiff(outs[s][i], ref), maxDiff(ortOut, ref), minCosine(outs[s][i], ref, c.Batch))
 		}
 	}
@@ -309,7 +311,7 @@ func run() error {
 		}
 		fmt.Printf("| %d x %d%s | %.1f | %.1f | **%.2fx** | %.2f-%.2f | %.2g |\n",
 			c.Batch, c.Seq, strings.TrimPrefix(c.Name, fmt.Sprintf("%dx%d", c.Batch, c.Seq)),
-			median(rate[i][0]), median(rate[i][h]), median(ratios), slices.Min(ratios), slices.Max(ratios), maxDiff(httpOuts[i], ref))
+			benchstat.Median(rate[i][0]), benchstat.Median(rate[i][h]), benchstat.Median(ratios), slices.Min(ratios), slices.Max(ratios), maxDiff(httpOuts[i], ref))
 	}
 	return nil
 }
@@ -388,15 +390,6 @@ func minCosine(a, b []float32, rows int) float64 {
 	return worst
 }
 
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -404,35 +397,4 @@ func loadavg() string {
 	}
 	f := strings.Fields(string(b))
 	return strings.Join(f[:min(3, len(f))], " ")
-}
-
-// cpuLine names the CPU and its vector extensions from /proc/cpuinfo.
-func cpuLine() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	var model string
-	var flags []string
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		switch strings.TrimSpace(k) {
-		case "model name":
-			if model == "" {
-				model = strings.TrimSpace(v)
-			}
-		case "flags":
-			if flags == nil {
-				for _, f := range strings.Fields(v) {
-					if f == "avx2" || f == "fma" || strings.HasPrefix(f, "avx512f") || f == "avx512_bf16" || f == "avx512_vnni" || strings.HasPrefix(f, "amx") {
-						flags = append(flags, f)
-					}
-				}
-			}
-		}
-	}
-	return fmt.Sprintf("%s, %d CPUs (%s)", model, runtime.NumCPU(), strings.Join(flags, " "))
 }
