@@ -32,6 +32,7 @@ import (
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
 	"github.com/stepserve/stepserve/engine/rbln"
+	"github.com/stepserve/stepserve/internal/gcfloor"
 	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/serving"
@@ -40,6 +41,10 @@ import (
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
+
+// gcFloor is the allocation the garbage collector lets pass between
+// collections however small the live heap, unless GOGC is set.
+const gcFloor = 64 << 20
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -128,6 +133,16 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		// Near the limit the GC works harder, rather than let garbage
 		// grow the heap past what the process may use.
 		debug.SetMemoryLimit(memLimit * 3 / 4)
+	}
+	if os.Getenv("GOGC") == "" {
+		// A small live heap is not collected a hundred times a second
+		// under load (internal/gcfloor): 64 MiB between collections, less
+		// under a small memory limit.
+		floor := uint64(gcFloor)
+		if memLimit > 0 {
+			floor = min(floor, uint64(memLimit/16))
+		}
+		defer gcfloor.Start(floor).Stop()
 	}
 	// One budget of connections for the HTTP and gRPC listeners: idle
 	// clients of either cannot take the descriptors the other needs.
