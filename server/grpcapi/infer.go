@@ -80,6 +80,18 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		if err := ch.Take(ctx, sc.decoded, "the request body"); err != nil {
 			return nil, err
 		}
+		if r, ok := decodePlain(raw.bytes()); ok {
+			// Its raw contents are raw's bytes, held (and charged as raw)
+			// until the call ends; decoding copies them to the request's
+			// tensors. The charge taken for a decoded copy of them gives
+			// them back.
+			var aliased int64
+			for _, b := range r.RawInputContents {
+				aliased += int64(len(b))
+			}
+			ch.Shrink(sc.decoded - aliased)
+			return r, nil
+		}
 		r := new(inferencepb.ModelInferRequest)
 		if err := proto.Unmarshal(raw.bytes(), r); err != nil {
 			return nil, core.BadRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
