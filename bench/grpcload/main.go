@@ -25,6 +25,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 )
@@ -35,6 +36,7 @@ var (
 	conns    = flag.Int("conns", 1, "connections the streams share")
 	duration = flag.Duration("d", 3*time.Second, "how long to load")
 	typed    = flag.Bool("typed", false, "send typed contents (fp32_contents) instead of raw_input_contents")
+	reqFile  = flag.String("request", "", "a file holding the ModelInferRequest to send, protobuf-encoded (make bench's large inputs and shared-memory calls); empty: the single-row digits request")
 )
 
 // seven is a held-out 7 (README, "Try it").
@@ -49,22 +51,37 @@ func main() {
 	}
 }
 
-func request() *pb.ModelInferRequest {
+func request() (*pb.ModelInferRequest, error) {
+	if *reqFile != "" {
+		b, err := os.ReadFile(*reqFile)
+		if err != nil {
+			return nil, err
+		}
+		req := new(pb.ModelInferRequest)
+		if err := proto.Unmarshal(b, req); err != nil {
+			return nil, fmt.Errorf("%s: %w", *reqFile, err)
+		}
+		return req, nil
+	}
 	in := &pb.ModelInferRequest_InferInputTensor{Name: "pixels", Datatype: "FP32", Shape: []int64{1, 64}}
 	req := &pb.ModelInferRequest{ModelName: "digits", Inputs: []*pb.ModelInferRequest_InferInputTensor{in}}
 	if *typed {
 		in.Contents = &pb.InferTensorContents{Fp32Contents: seven}
-		return req
+		return req, nil
 	}
 	raw := make([]byte, 0, 4*len(seven))
 	for _, v := range seven {
 		raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(v))
 	}
 	req.RawInputContents = [][]byte{raw}
-	return req
+	return req, nil
 }
 
 func run() error {
+	req, err := request() // shared: sent, never changed
+	if err != nil {
+		return err
+	}
 	clients := make([]pb.GRPCInferenceServiceClient, max(*conns, 1))
 	for i := range clients {
 		conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -74,11 +91,10 @@ func run() error {
 		defer conn.Close()
 		clients[i] = pb.NewGRPCInferenceServiceClient(conn)
 		// Connected, and the request right, before the clock starts.
-		if _, err := clients[i].ModelInfer(context.Background(), request()); err != nil {
+		if _, err := clients[i].ModelInfer(context.Background(), req); err != nil {
 			return fmt.Errorf("the first request: %w", err)
 		}
 	}
-	req := request() // shared: sent, never changed
 	var (
 		mu      sync.Mutex
 		lat     []time.Duration

@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/stepserve/stepserve/bench/internal/benchstat"
 )
 
 // tokenBudget is section 2b's batching.max_batch_tokens.
@@ -42,6 +44,7 @@ var (
 	baseline = flag.String("baseline", "bin/baseline", "baseline binary")
 	python   = flag.String("python", "/usr/bin/python3", "Python with torch, numpy, fastapi, uvicorn")
 	grpcload = flag.String("grpcload", "bin/grpcload", "the gRPC load generator (bench/grpcload)")
+	only     = flag.String("only", "", `"grpc": sections 1b and 1c only (gRPC beside HTTP, large inputs, shared memory), printed and not written to the report`)
 )
 
 func main() {
@@ -56,6 +59,7 @@ type result struct {
 	rps       float64
 	p50, p99  time.Duration
 	non2xx    int
+	requests  int     // answered
 	clientCPU float64 // the gRPC load generator's CPU time over wall time
 	serverCPU float64 // µs of the server's CPU time per request answered, where measured
 }
@@ -163,6 +167,17 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if *only == "grpc" {
+		var r report
+		r.line("%s; %d interleaved rounds per figure, the median shown", benchstat.CPULine(), max(*rounds, 1))
+		r.line("")
+		reportGRPC(&r, serve, grpcAddr, pids["stepserve"], bodies)
+		if err := reportLarge(&r, tmp, serve, grpcAddr, pids["stepserve"]); err != nil {
+			return err
+		}
+		fmt.Print(r.String())
+		return nil
+	}
 	serveNB, err := start("stepserve (no batching)", []string{*bin, "--server.addr", "ADDR", "--server.grpc_addr=", "--model_repository", nobatch, "--batching.max_queue_delay", "0", "--log.level", "warn"}, nil, "/v2/health/ready")
 	if err != nil {
 		return err
@@ -213,28 +228,10 @@ func run() error {
 	}
 	r.line("")
 
-	// 1b. gRPC, beside HTTP, in the same interleaved rounds.
-	fmt.Fprintln(os.Stderr, "gRPC c=64")
-	r.line("## 1b. gRPC serving: digits, single-row requests, 64 concurrent streams")
-	r.line("")
-	r.line("stepserve's gRPC API (inference.GRPCInferenceService ModelInfer) loaded by `bench/grpcload`, a Go client on one thread (GOMAXPROCS=1, as wrk `-t1` is one) with 64 calls in flight on one connection, interleaved round by round with wrk on the same server's HTTP API at 64 connections. Client and server share the 2 CPUs, so the throughput ratio also carries the clients' costs: server CPU per request (the server process's CPU time over the requests it answered in the round) is the server's own cost. Client CPU is the load generator's CPU time over wall time (1.00: its one thread saturated; below, the server is the limit).")
-	r.line("")
-	r.line("| | throughput, latency | server CPU per request | client CPU | throughput / HTTP binary | server CPU / HTTP binary |")
-	r.line("|---|---|---|---|---|---|")
-	{
-		pid := pids["stepserve"]
-		rs := interleaved(64, target{grpc: grpcAddr, pid: pid}, target{grpc: grpcAddr, typed: true, pid: pid},
-			target{url: serve + digits, script: bodies["binary"], pid: pid}, target{url: serve + digits, script: bodies["json"], pid: pid})
-		hb := rs[2]
-		for i, name := range []string{"gRPC, raw_input_contents", "gRPC, typed fp32_contents", "HTTP binary tensors", "HTTP JSON"} {
-			client := "wrk"
-			if i < 2 {
-				client = fmt.Sprintf("%.2f", rs[i].clientCPU)
-			}
-			r.line("| %s | %s | %.1f µs | %s | %.2fx | %.2fx |", name, rs[i], rs[i].serverCPU, client, rs[i].rps/hb.rps, rs[i].serverCPU/hb.serverCPU)
-		}
+	reportGRPC(&r, serve, grpcAddr, pids["stepserve"], bodies)
+	if err := reportLarge(&r, tmp, serve, grpcAddr, pids["stepserve"]); err != nil {
+		return err
 	}
-	r.line("")
 
 	// 2. Dynamic batching.
 	fmt.Fprintln(os.Stderr, "batching")
@@ -490,6 +487,7 @@ func noBatchRepository(dir string) (string, error) {
 
 var (
 	rpsRE     = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	countRE   = regexp.MustCompile(`(\d+) requests in`)
 	latencyRE = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)`)
 	non2xxRE  = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
 )
@@ -500,7 +498,8 @@ type target struct {
 	url, script string
 	grpc        string
 	typed       bool
-	pid         int // the server's process, to measure its CPU time per request; 0: not measured
+	request     string // bench/grpcload's -request file; empty: single-row digits
+	pid         int    // the server's process, to measure its CPU time per request; 0: not measured
 }
 
 // interleaved loads each target in turn, *rounds times, for duration /
@@ -517,12 +516,15 @@ func interleaved(conns int, targets ...target) []result {
 			cpu0 := processCPU(t.pid)
 			var res result
 			if t.grpc != "" {
-				res = grpcLoad(t.grpc, t.typed, conns, d)
+				res = grpcLoad(t.grpc, t.typed, t.request, conns, d)
 			} else {
 				res = wrk(t.url, t.script, conns, d)
 			}
-			if t.pid != 0 && res.rps > 0 {
-				res.serverCPU = (processCPU(t.pid) - cpu0).Seconds() * 1e6 / (res.rps * d.Seconds())
+			if t.pid != 0 && res.requests > 0 {
+				// Requests the client gave up on at the end still run:
+				// their CPU is this round's, and not the next one's.
+				waitIdle(t.pid)
+				res.serverCPU = (processCPU(t.pid) - cpu0).Seconds() * 1e6 / float64(res.requests)
 			}
 			runs[i] = append(runs[i], res)
 		}
@@ -545,6 +547,9 @@ func wrk(url, script string, conns int, d time.Duration) result {
 	if m := rpsRE.FindSubmatch(out); m != nil {
 		r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
 	}
+	if m := countRE.FindSubmatch(out); m != nil {
+		r.requests, _ = strconv.Atoi(string(m[1]))
+	}
 	for _, m := range latencyRE.FindAllSubmatch(out, -1) {
 		v, _ := strconv.ParseFloat(string(m[2]), 64)
 		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[string(m[3])]
@@ -560,6 +565,18 @@ func wrk(url, script string, conns int, d time.Duration) result {
 		fmt.Fprintf(os.Stderr, "warning: %s answered %d non-2xx\n", url, r.non2xx)
 	}
 	return r
+}
+
+// waitIdle waits, up to 10 s, until process pid has used under 5 ms of
+// CPU in 200 ms.
+func waitIdle(pid int) {
+	for range 50 {
+		c := processCPU(pid)
+		time.Sleep(200 * time.Millisecond)
+		if processCPU(pid)-c < 5*time.Millisecond {
+			return
+		}
+	}
 }
 
 // processCPU is a process's user and system CPU time so far (0 for pid 0
@@ -588,8 +605,8 @@ var grpcloadRE = regexp.MustCompile(`requests (\d+) errors (\d+) rps ([0-9.]+) p
 
 // grpcLoad loads a gRPC address with bench/grpcload: streams calls in
 // flight on one connection, on one thread.
-func grpcLoad(addr string, typed bool, streams int, d time.Duration) result {
-	cmd := exec.Command(*grpcload, "-addr", addr, "-c", strconv.Itoa(streams), "-d", d.String(), "-typed="+strconv.FormatBool(typed))
+func grpcLoad(addr string, typed bool, request string, streams int, d time.Duration) result {
+	cmd := exec.Command(*grpcload, "-addr", addr, "-c", strconv.Itoa(streams), "-d", d.String(), "-typed="+strconv.FormatBool(typed), "-request", request)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := cmd.CombinedOutput()
 	var r result
@@ -598,6 +615,7 @@ func grpcLoad(addr string, typed bool, streams int, d time.Duration) result {
 		fmt.Fprintf(os.Stderr, "grpcload %s: %v\n%s", addr, err, out)
 		return r
 	}
+	r.requests, _ = strconv.Atoi(string(m[1]))
 	r.rps, _ = strconv.ParseFloat(string(m[3]), 64)
 	r.p50, _ = time.ParseDuration(string(m[4]))
 	r.p99, _ = time.ParseDuration(string(m[5]))
@@ -607,6 +625,34 @@ func grpcLoad(addr string, typed bool, streams int, d time.Duration) result {
 		fmt.Fprintf(os.Stderr, "warning: gRPC %s answered %d errors\n", addr, errs)
 	}
 	return r
+}
+
+// reportGRPC is section 1b: single-row gRPC beside HTTP on the server at
+// serve (HTTP) and grpcAddr, whose process is pid.
+func reportGRPC(r *report, serve, grpcAddr string, pid int, bodies map[string]string) {
+	digits := "/v2/models/digits/infer"
+	// 1b. gRPC, beside HTTP, in the same interleaved rounds.
+	fmt.Fprintln(os.Stderr, "gRPC c=64")
+	r.line("## 1b. gRPC serving: digits, single-row requests, 64 concurrent streams")
+	r.line("")
+	r.line("stepserve's gRPC API (inference.GRPCInferenceService ModelInfer) loaded by `bench/grpcload`, a Go client on one thread (GOMAXPROCS=1, as wrk `-t1` is one) with 64 calls in flight on one connection, interleaved round by round with wrk on the same server's HTTP API at 64 connections. Client and server share the 2 CPUs, so the throughput ratio also carries the clients' costs: server CPU per request (the server process's CPU time over the requests it answered in the round) is the server's own cost. Client CPU is the load generator's CPU time over wall time (1.00: its one thread saturated; below, the server is the limit).")
+	r.line("")
+	r.line("| | throughput, latency | server CPU per request | client CPU | throughput / HTTP binary | server CPU / HTTP binary |")
+	r.line("|---|---|---|---|---|---|")
+	{
+		rs := interleaved(64, target{grpc: grpcAddr, pid: pid}, target{grpc: grpcAddr, typed: true, pid: pid},
+			target{url: serve + digits, script: bodies["binary"], pid: pid}, target{url: serve + digits, script: bodies["json"], pid: pid})
+		hb := rs[2]
+		for i, name := range []string{"gRPC, raw_input_contents", "gRPC, typed fp32_contents", "HTTP binary tensors", "HTTP JSON"} {
+			client := "wrk"
+			if i < 2 {
+				client = fmt.Sprintf("%.2f", rs[i].clientCPU)
+			}
+			r.line("| %s | %s | %.1f µs | %s | %.2fx | %.2fx |", name, rs[i], rs[i].serverCPU, client, rs[i].rps/hb.rps, rs[i].serverCPU/hb.serverCPU)
+		}
+	}
+	r.line("")
+
 }
 
 type stepRow struct {
