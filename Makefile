@@ -20,7 +20,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?= :8000
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-onnx bench-llama fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -219,6 +219,15 @@ bench-llama: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/llama && npm ci --no-audit --no-fund --omit=optional --ignore-scripts
 	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -server bin/stepserve | tee bench/REPORT-generation.txt
+
+## bench-grpc: make bench's gRPC sections alone, printed: single-row
+## digits over gRPC beside HTTP, and large inputs (digits 32 rows, the
+## encoder at 64 texts) over HTTP binary, gRPC raw and system shared
+## memory, with the server's CPU per request (bench/run -only grpc)
+bench-grpc: build
+	@command -v wrk >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk; }
+	$(GO) build -o bin/grpcload ./bench/grpcload
+	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -only grpc -d $(BENCHTIME)
 
 ## bench-ab: the single-row digits load over HTTP JSON, binary tensors and
 ## gRPC on two builds, interleaved round by round: BASE (a git revision,
