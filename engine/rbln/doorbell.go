@@ -22,6 +22,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,9 @@ type explainExtras struct {
 	CPUFallbackReasons map[string]int64 `json:"cpu_fallback_reasons"`
 	Notes              []string         `json:"notes"`
 	Report             string           `json:"report"`
+	// Truncated names what the worker cut to fit the text area
+	// (doorbell.py's extras): the counters are whole, the detail is not.
+	Truncated []string `json:"truncated"`
 }
 
 func newDoorbell() (_ *doorbell, err error) {
@@ -321,7 +325,12 @@ func (d *doorbell) report() (engine.Explain, int64, error) {
 		if !slices.Equal(text, d.text) {
 			var e explainExtras
 			if err := json.Unmarshal(text, &e); err != nil {
-				return engine.Explain{}, 0, fmt.Errorf("%w: step report extras: %v", ErrProtocol, err)
+				// The step ran and its counters are whole: a report whose
+				// detail cannot be read does not fail it.
+				e = explainExtras{Notes: []string{fmt.Sprintf("the step's report detail (%d bytes) could not be read: %v", len(text), err)}}
+			}
+			if len(e.Truncated) > 0 {
+				e.Notes = append(e.Notes, "the worker cut the step's report to fit the doorbell's text area: "+strings.Join(e.Truncated, ", ")+" shortened or left out")
 			}
 			d.extra, d.text = e, append(d.text[:0], text...)
 		}

@@ -83,3 +83,34 @@ Doorbell.from_arg(sys.argv[1]).fail(2, "KeyError: model slot 9 is not loaded on 
 	_, _, err = d2.report()
 	assert.EqualError(t, err, "KeyError: model slot 9 is not loaded on this worker")
 }
+
+// A step whose report detail cannot be read (cut mid-JSON by an older
+// worker) is not failed for it: its counters stand, and a note says what
+// was lost. One the worker cut to fit says so too (issue 33, item 5).
+func TestDoorbellUnreadableReportDoesNotFailTheStep(t *testing.T) {
+	d, err := newDoorbell()
+	require.NoError(t, err)
+	defer d.close()
+	write := func(text string) {
+		binary.LittleEndian.PutUint32(d.block[offStatus:], statusDone)
+		binary.LittleEndian.PutUint32(d.block[offFlags:], flagMeasured|flagExtras)
+		binary.LittleEndian.PutUint64(d.block[offCounts:], 3) // CPU fallbacks
+		copy(d.block[textOffset:], text)
+		binary.LittleEndian.PutUint32(d.block[offTextLen:], uint32(len(text)))
+	}
+	write(`{"reasons":["cpu_fallback: aten::nonzero"],"cpu_fallback_by_op":{"aten::nonz`)
+	x, _, err := d.report()
+	require.NoError(t, err, "a computed step is not failed for its report")
+	assert.Equal(t, engine.Count(3), x.CPUFallbacks)
+	assert.False(t, x.Clean)
+	require.Len(t, x.Notes, 1)
+	assert.Contains(t, x.Notes[0], "could not be read")
+
+	write(`{"reasons":["host_bounce"],"host_bounce_by_site":{"a":9},"truncated":["report","host_bounce_by_site"]}`)
+	x, _, err = d.report()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"host_bounce"}, x.Reasons)
+	assert.Equal(t, map[string]int64{"a": 9}, x.HostBounceBySite)
+	require.Len(t, x.Notes, 1)
+	assert.Contains(t, x.Notes[0], "report, host_bounce_by_site shortened or left out")
+}

@@ -130,6 +130,8 @@ class Doorbell:
         """Write step seq's report, then its number, then ring."""
         assert self.block is not None and self.done is not None
         if len(text) > MAX_TEXT:
+            # Extras are cut to fit as JSON (extras()); only an error's
+            # text, read as text, can reach here.
             text = text[:MAX_TEXT]
         if text:
             self.block[TEXT_OFFSET:TEXT_OFFSET + len(text)] = text
@@ -155,16 +157,63 @@ class Doorbell:
                     pass
 
 
-def extras(report: Any) -> bytes:
+def extras(report: Any, limit: int = MAX_TEXT) -> bytes:
     """A report's non-counter fields as the JSON the block's text carries
-    for a step that is not clean."""
-    d: dict[str, Any] = {"reasons": report.reasons}
+    for a step that is not clean: valid JSON of at most limit bytes
+    whatever the report holds. What does not fit goes first the least
+    needed first: the explain text, then the per-site and per-op detail
+    (the largest entries kept), then notes, then reasons past the first
+    few; "truncated" then names what was cut. The counters travel in the
+    block's binary fields and are never cut."""
+    d: dict[str, Any] = {"reasons": list(report.reasons)}
     for key in ("cpu_fallback_by_op", "recompile_by_op", "host_bounce_by_site", "cpu_fallback_reasons"):
         v = getattr(report, key)
         if v:
             d[key] = v
     if report.notes:
-        d["notes"] = report.notes
+        d["notes"] = list(report.notes)
     if report.report:
         d["report"] = report.report
+    text = _dump(d)
+    if len(text) <= limit:
+        return text
+    cut: list[str] = []
+    d["truncated"] = cut
+
+    def fits() -> bool:
+        return len(_dump(d)) <= limit
+
+    if "report" in d:
+        del d["report"]
+        cut.append("report")
+        if fits():
+            return _dump(d)
+    for key in ("host_bounce_by_site", "cpu_fallback_reasons", "recompile_by_op", "cpu_fallback_by_op"):
+        v = d.get(key)
+        if not v:
+            continue
+        cut.append(key)
+        items = sorted(v.items(), key=lambda kv: -kv[1] if isinstance(kv[1], (int, float)) else 0)
+        n = len(items)
+        while n > 0:  # halve until it fits, the largest entries kept
+            n //= 2
+            d[key] = dict(items[:n])
+            if fits():
+                return _dump(d)
+        del d[key]
+    for key in ("notes", "reasons"):
+        v = d.get(key) or []
+        if not v:
+            continue
+        cut.append(key)
+        keep = [str(x)[:200] for x in v[:8]]
+        d[key] = keep
+        while keep and not fits():
+            keep.pop()
+        if fits():
+            return _dump(d)
+    return _dump({"reasons": ["the step's report did not fit the doorbell's text area"], "truncated": ["everything"]})
+
+
+def _dump(d: dict[str, Any]) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()

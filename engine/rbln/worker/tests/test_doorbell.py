@@ -110,3 +110,52 @@ class DoorbellTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ExtrasTest(unittest.TestCase):
+    """A report longer than the text area is cut to valid JSON, detail
+    first, reasons kept (issue 33, item 5)."""
+
+    def report(self, **kw: Any) -> Any:
+        from stepserve_worker.explain import Report
+        return Report(measured=True, **kw)
+
+    def test_a_report_that_fits_is_whole(self) -> None:
+        import json
+        r = self.report(reasons=["cpu_fallback: aten::nonzero"], cpu_fallback_by_op={"aten::nonzero": 2}, report="[overhead]")
+        d = json.loads(bell.extras(r))
+        self.assertEqual({"reasons": ["cpu_fallback: aten::nonzero"], "cpu_fallback_by_op": {"aten::nonzero": 2}, "report": "[overhead]"}, d)
+
+    def test_a_long_report_is_cut_to_valid_json(self) -> None:
+        import json
+        ops = {f"aten::op_{i:05d}": i for i in range(20000)}
+        r = self.report(reasons=["cpu_fallback: 20000 ops"], cpu_fallback_by_op=ops,
+                        host_bounce_by_site={f"site {i}": 1 for i in range(5000)}, report="x" * 100000)
+        text = bell.extras(r)
+        self.assertLessEqual(len(text), bell.MAX_TEXT)
+        d = json.loads(text)
+        self.assertEqual(["cpu_fallback: 20000 ops"], d["reasons"], "reasons are kept")
+        self.assertNotIn("report", d)
+        self.assertIn("report", d["truncated"])
+        self.assertIn("cpu_fallback_by_op", d["truncated"])
+        kept = d.get("cpu_fallback_by_op", {})
+        self.assertTrue(kept, "the largest entries are kept while they fit")
+        self.assertIn("aten::op_19999", kept, "the largest first")
+        self.assertTrue(all(ops[k] == v for k, v in kept.items()))
+
+    def test_a_tiny_area_still_gets_json(self) -> None:
+        import json
+        r = self.report(reasons=["r" * 500] * 50, notes=["n" * 500] * 50)
+        for limit in (120, 400, 2000):
+            text = bell.extras(r, limit)
+            self.assertLessEqual(len(text), limit)
+            json.loads(text)
+
+    def test_a_cut_report_reaches_the_supervisor_as_json(self) -> None:
+        import json
+        sup = Supervisor()
+        r = self.report(reasons=["host_bounce"], host_bounce_by_site={f"site {i}": i for i in range(30000)})
+        seq = 1
+        sup.worker_end.report(seq, bell.STATUS_DONE, bell.FLAG_MEASURED | bell.FLAG_EXTRAS, bell.UNKNOWN, 0, bell.extras(r))
+        n = struct.unpack_from("<I", sup.block, 176)[0]
+        json.loads(bytes(sup.block[256:256 + n]))
