@@ -56,6 +56,11 @@ type Config struct {
 	// there opts in to bfloat16 weights and products (float32 sums) on a
 	// CPU with AVX512_BF16, and is refused on one without.
 	DeviceDtype string `yaml:"device_dtype"`
+	// Float16Overflow is what a float input beyond float16's range
+	// (finite values above 65504 in magnitude) gets where the model's
+	// engine computes in float16: "refuse" (400 naming the input and the
+	// range) or "clamp" (to ±65504). Staging would make it infinite.
+	Float16Overflow string `yaml:"float16_overflow"`
 	// Instances places the model on its engine's devices: which, how many
 	// replicas each, and how many must be healthy for it to be ready.
 	Instances Instances `yaml:"instances"`
@@ -403,6 +408,9 @@ func (c *Config) validate() error {
 		}
 	}
 	if err := oneOf(bad, "device_dtype", &c.DeviceDtype, "float16", "float16", "bfloat16"); err != nil {
+		return err
+	}
+	if err := oneOf(bad, "float16_overflow", &c.Float16Overflow, "refuse", "refuse", "clamp"); err != nil {
 		return err
 	}
 	if err := oneOf(bad, "warmup", &c.Warmup, "eager", "eager", "lazy"); err != nil {

@@ -44,6 +44,9 @@ type Engine struct {
 	// included), on the stepping goroutine: a test can hold a step there,
 	// or see which replicas step at the same time.
 	BeforeStep func(p *Program, bucket int)
+	// Dtype, when set, is the dtype the engine says it computes floats
+	// in (engine.DtypeEngine).
+	Dtype string
 
 	mu       sync.Mutex
 	programs []*Program
@@ -51,6 +54,9 @@ type Engine struct {
 	loads    atomic.Int32
 	compiles atomic.Int32 // Compile calls begun, gated or not
 }
+
+// ComputeDtype implements engine.DtypeEngine: e.Dtype.
+func (e *Engine) ComputeDtype(*models.Config) string { return e.Dtype }
 
 func (e *Engine) devices() []string {
 	if len(e.Devices) == 0 {

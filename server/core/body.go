@@ -73,6 +73,11 @@ func (c *Core) Run(ctx context.Context, ch *Charge, m *serving.Model, req *Infer
 	if err := req.DecodeValues(m.Model()); err != nil {
 		return m, nil, err
 	}
+	if m.ComputeDtype() == "float16" {
+		if err := req.fitFloat16(m.Model()); err != nil {
+			return m, nil, err
+		}
+	}
 	req.Trace.Stamp(trace.Decoded)
 	m, res, err := m.Infer(ctx, req.ForModel())
 	if err == nil && req.shm {

@@ -243,3 +243,50 @@ func AppendJSONData(b []byte, data []byte, dt models.Datatype) ([]byte, error) {
 	}
 	return append(b, ']'), nil
 }
+
+// maxFloat16 is float16's largest finite value.
+const maxFloat16 = 65504
+
+// fitFloat16 checks the request's FP32 and FP64 inputs against float16's
+// range, for a model whose engine computes in float16: staging would make
+// a finite value beyond ±65504 infinite. They are refused (400 naming the
+// input, the element and the range) or, where the model's
+// float16_overflow says clamp, clamped to ±65504.
+func (req *InferRequest) fitFloat16(m *models.Model) error {
+	clamp := m.Config.Float16Overflow == "clamp"
+	for i := range req.Inputs {
+		t := &req.Inputs[i]
+		spec := m.Config.Inputs[i]
+		var width int
+		switch spec.Datatype {
+		case models.FP32:
+			width = 4
+		case models.FP64:
+			width = 8
+		default:
+			continue
+		}
+		for j := 0; j+width <= len(t.Data); j += width {
+			var v float64
+			if width == 4 {
+				v = float64(math.Float32frombits(binary.LittleEndian.Uint32(t.Data[j:])))
+			} else {
+				v = math.Float64frombits(binary.LittleEndian.Uint64(t.Data[j:]))
+			}
+			if v <= maxFloat16 && v >= -maxFloat16 {
+				continue
+			}
+			if !clamp {
+				return BadRequest(fmt.Sprintf("input %q: element %d is %g, outside the range float16 holds (±65504); model %s computes in float16 (device_dtype) and would see it as infinite: send values within ±65504, or set float16_overflow: clamp in its model.yaml",
+					spec.Name, j/width, v, m.Name))
+			}
+			v = math.Copysign(maxFloat16, v)
+			if width == 4 {
+				binary.LittleEndian.PutUint32(t.Data[j:], math.Float32bits(float32(v)))
+			} else {
+				binary.LittleEndian.PutUint64(t.Data[j:], math.Float64bits(v))
+			}
+		}
+	}
+	return nil
+}
