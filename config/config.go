@@ -33,6 +33,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/stepserve/stepserve/batching"
+	"github.com/stepserve/stepserve/internal/npugroup"
 )
 
 // Config is the server-wide configuration.
@@ -143,7 +144,10 @@ type RBLN struct {
 	Devices []string
 	// TorchWorkers is the torch engine's worker count: devices cpu, or
 	// cpu0.. with more than one, which model.yaml's instances may name.
-	TorchWorkers    int
+	TorchWorkers int
+	// NPUsPerDevice groups the pod's NPUs into RSD groups of this size
+	// when Devices is empty.
+	NPUsPerDevice   int
 	Env             map[string]string
 	CompileCacheDir string
 	StrictWarmup    bool
@@ -264,8 +268,10 @@ var keys = []key{
 		value(func(c *Config) *int { return &c.Engine.CPUThreads }, strconv.Atoi, between(0, 1024), "an integer in 0..1024 (0: every CPU)"), intKind(0, 1024)},
 	{"rbln.python", "/usr/bin/python3", "Python interpreter with torch (and torch_rbln) for the device workers",
 		value(func(c *Config) *string { return &c.RBLN.Python }, asString, nonEmpty, "the path of a Python interpreter"), stringKind("path", 1)},
-	{"rbln.devices", "", "the rbln engine's logical devices, one worker each, comma-separated RBLN_VISIBLE_DEVICES values; empty: one worker per device in the server's RBLN_VISIBLE_DEVICES (the pod's), else 0",
-		listOf(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices, e.g. 0 or 0,1 (a list in YAML), or empty for the server's RBLN_VISIBLE_DEVICES"), listKind},
+	{"rbln.devices", "", "the rbln engine's logical devices, one worker each: NPUs (0,1 is two devices) or RSD groups of NPUs that form one logical device ([0,1],[2,3] is two devices of two NPUs; a list of lists in YAML); empty: the server's RBLN_VISIBLE_DEVICES (or RBLN_DEVICES), grouped by rbln.npus_per_device, else 0",
+		deviceList(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices or groups, e.g. 0, 0,1 or [0,1],[2,3] (lists, or lists of lists, in YAML), or empty for the server's RBLN_VISIBLE_DEVICES"), deviceKind},
+	{"rbln.npus_per_device", "1", "with rbln.devices empty, NPUs per logical device (an RSD group) over the pod's visible NPUs, in order: 2 makes [0,1],[2,3] of four; NPUs left over are not used",
+		value(func(c *Config) *int { return &c.RBLN.NPUsPerDevice }, strconv.Atoi, func(n int) bool { return n >= 1 && n <= 32 && n&(n-1) == 0 }, "1, 2, 4, 8, 16 or 32"), intKind(1, 32)},
 	{"rbln.torch_workers", "1", "the torch engine's workers (Python processes on the host CPU): 1 is device cpu; more are devices cpu0, cpu1, ..., which a model's instances may name (devices: all loads it on each)",
 		value(func(c *Config) *int { return &c.RBLN.TorchWorkers }, strconv.Atoi, between(1, 64), "an integer in 1..64"), intKind(1, 64)},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
@@ -610,25 +616,42 @@ func tokensOf(scope string, field func(*Config) (*[]string, *tokenSource)) reade
 	}
 }
 
-// listOf reads a list key: empty (nil) when left unset or blank, else a
-// list of one or more entries.
-func listOf(field func(*Config) *[]string, want string) reader {
+// deviceList reads rbln.devices: NPUs and RSD groups (npugroup).
+func deviceList(field func(*Config) *[]string, want string) reader {
 	return func(c *Config, v *viper.Viper, key string) error {
+		var l []string
+		var err error
 		switch x := v.Get(key).(type) {
 		case string:
-			if strings.TrimSpace(x) == "" {
-				*field(c) = nil
-				return nil
+			if l, err = npugroup.Parse(x); err == nil && len(l) == 0 && strings.TrimSpace(x) != "" {
+				err = fmt.Errorf("no device named")
 			}
 		case []any:
-			if len(x) == 0 {
-				*field(c) = nil
-				return nil
+			for _, e := range x {
+				var d string
+				if d, err = npugroup.Entry(e); err != nil || d == "" {
+					break
+				}
+				l = append(l, d)
 			}
+		case []string:
+			for _, e := range x {
+				var d string
+				if d, err = npugroup.Entry(e); err != nil || d == "" {
+					break
+				}
+				l = append(l, d)
+			}
+		case int:
+			var d string
+			if d, err = npugroup.Entry(x); err == nil {
+				l = []string{d}
+			}
+		default:
+			err = fmt.Errorf("not a list")
 		}
-		l, err := stringList(v.Get(key))
-		if err != nil || len(l) == 0 {
-			return invalid(key, fmt.Sprint(v.Get(key)), want)
+		if err != nil {
+			return invalid(key, fmt.Sprint(v.Get(key)), want+" ("+err.Error()+")")
 		}
 		*field(c) = l
 		return nil
@@ -748,36 +771,6 @@ func tokens(token, file string) ([]string, error) {
 const weakToken = "a token must be at least 16 characters without spaces"
 
 func goodToken(t string) bool { return len(t) >= 16 && !strings.ContainsAny(t, " \t") }
-
-// stringList reads a list key: a YAML list, or a comma-separated string
-// from the environment or a flag.
-func stringList(v any) ([]string, error) {
-	var out []string
-	switch t := v.(type) {
-	case []any:
-		for _, x := range t {
-			out = append(out, strings.TrimSpace(fmt.Sprint(x)))
-		}
-	case []string:
-		out = t
-	case string:
-		for _, s := range strings.Split(t, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				out = append(out, s)
-			}
-		}
-	case int:
-		out = []string{strconv.Itoa(t)}
-	default:
-		return nil, fmt.Errorf("config: not a list: %v", v)
-	}
-	for _, s := range out {
-		if s == "" {
-			return nil, errors.New("config: empty list entry")
-		}
-	}
-	return out, nil
-}
 
 // stringMap reads a map key: a YAML map, or KEY=VALUE pairs separated by
 // commas from the environment or a flag.

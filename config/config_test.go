@@ -205,6 +205,10 @@ rbln:
 		{[]string{"--engine.cpu_threads", "-1"}, `engine.cpu_threads: "-1"; want an integer in 0..1024`},
 		{[]string{"--rbln.env", "NOEQUALS"}, `rbln.env: "NOEQUALS"; want KEY=VALUE pairs`},
 		{[]string{"--rbln.devices", " , "}, `rbln.devices`},
+		{[]string{"--rbln.devices", "[0,1"}, `device group "[0,1" has no closing ]`},
+		{[]string{"--rbln.devices", "[0,0]"}, `NPU 0 twice`},
+		{[]string{"--rbln.devices", "npu0"}, `device "npu0" is not an NPU index`},
+		{[]string{"--rbln.npus_per_device", "3"}, `rbln.npus_per_device: "3"; want 1, 2, 4, 8, 16 or 32`},
 		{[]string{"--rbln.stall_timeout", "0s"}, `rbln.stall_timeout: "0s"; want a positive duration`},
 		{[]string{"--rbln.compile_timeout", "-1m"}, `rbln.compile_timeout: "-1m"; want a positive duration`},
 		{[]string{"--rbln.torch_workers", "0"}, `rbln.torch_workers: "0"; want an integer in 1..64`},
@@ -213,6 +217,36 @@ rbln:
 		_, err := Load(append([]string{"--model_repository", dir}, tc.args...))
 		assert.ErrorContains(t, err, tc.want)
 	}
+}
+
+// rbln.devices names RSD groups alike from a flag, the environment and
+// YAML (a list of lists); a plain comma list is single NPUs (issue 33,
+// item 1).
+func TestRBLNDeviceGroups(t *testing.T) {
+	dir := repo(t)
+	t.Setenv("STEPSERVE_RBLN_DEVICES", "")
+	c, err := Load([]string{"--model_repository", dir, "--rbln.devices", "[0,1],[2, 3],4"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0,1", "2,3", "4"}, c.RBLN.Devices, "from a flag")
+	c, err = Load([]string{"--model_repository", dir, "--rbln.devices", "0,1"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0", "1"}, c.RBLN.Devices, "a plain list is single NPUs")
+
+	t.Setenv("STEPSERVE_RBLN_DEVICES", "[0,1],[2,3]")
+	c, err = Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0,1", "2,3"}, c.RBLN.Devices, "from the environment")
+	t.Setenv("STEPSERVE_RBLN_DEVICES", "")
+
+	file := filepath.Join(t.TempDir(), "stepserve.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("rbln:\n  devices: [[0, 1], [2, 3], 4, \"[5,6]\"]\n  npus_per_device: 1\n"), 0o644))
+	c, err = Load([]string{"--model_repository", dir, "--config", file})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0,1", "2,3", "4", "5,6"}, c.RBLN.Devices, "from YAML, lists of lists")
+
+	c, err = Load([]string{"--model_repository", dir, "--rbln.npus_per_device", "4"})
+	require.NoError(t, err)
+	assert.Equal(t, 4, c.RBLN.NPUsPerDevice)
 }
 
 func TestInvalidBoolean(t *testing.T) {

@@ -113,12 +113,24 @@ func stringKind(word string, minLength int) kind {
 // levelKind is a log level, as slog reads it (either case).
 var levelKind = kind{"debug|info|warn|error", enumKind("debug", "info", "warn", "error", "DEBUG", "INFO", "WARN", "ERROR").schema}
 
-// listKind is a YAML list, or comma-separated text.
-var listKind = kind{"list", map[string]any{"anyOf": []any{
-	map[string]any{"type": "string"},
-	map[string]any{"type": "integer"},
-	map[string]any{"type": "array", "items": map[string]any{"type": []any{"string", "integer"}}},
+// deviceKind is rbln.devices: NPU indices and RSD groups of them, as text
+// ("0,1", "[0,1],[2,3]", "" for none) or a YAML list whose items are
+// indices or lists of indices.
+var deviceKind = kind{"devices", map[string]any{"anyOf": []any{
+	map[string]any{"type": "string", "pattern": `^\s*(` + deviceEntry + `(\s*,\s*` + deviceEntry + `)*)?\s*$`},
+	map[string]any{"type": "integer", "minimum": 0},
+	map[string]any{"type": "array", "items": map[string]any{"anyOf": []any{
+		map[string]any{"type": "integer", "minimum": 0},
+		map[string]any{"type": "string", "pattern": `^\s*` + deviceEntry + `\s*$`},
+		map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": []any{
+			map[string]any{"type": "integer", "minimum": 0},
+			map[string]any{"type": "string", "pattern": `^\s*[0-9]+\s*$`},
+		}}},
+	}}},
 }}}
+
+// deviceEntry is one NPU index or one bracketed group of them.
+const deviceEntry = `([0-9]+|\[\s*[0-9]+(\s*,\s*[0-9]+)*\s*\])`
 
 // mapKind is a YAML map of strings, or KEY=VALUE pairs comma-separated.
 var mapKind = kind{"map", map[string]any{"anyOf": []any{

@@ -266,7 +266,7 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 				}
 			}
 			return rbln.New(rbln.Options{
-				Device: device, Python: r.Python, Devices: devices, Workers: n, Env: workerEnv(cfg), CompileCacheDir: r.CompileCacheDir,
+				Device: device, Python: r.Python, Devices: devices, Workers: n, NPUsPerDevice: r.NPUsPerDevice, Env: workerEnv(cfg), CompileCacheDir: r.CompileCacheDir,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
 				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})

@@ -338,6 +338,22 @@ func TestNPUResourceAndCPUOnly(t *testing.T) {
 	assert.Equal(t, map[string]string{"pool": "cpu"}, r.deployment.Spec.Template.Spec.NodeSelector, "other selectors stay")
 }
 
+// RSD groups: a replica requests whole groups of NPUs, the workers group
+// the pod's NPUs as configured, and a count that is not whole groups is
+// refused (issue 33, item 1).
+func TestNPUGroups(t *testing.T) {
+	r := render(t, "--set", "npu.count=4,npu.visibleDevices=0\\,1\\,2\\,3,config.rbln.npus_per_device=2")
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	assert.True(t, c.Resources.Limits["rebellions.ai/ATOM"].Equal(resource.MustParse("4")))
+	cfg := loadChartConfig(t, r)
+	assert.Equal(t, 2, cfg.RBLN.NPUsPerDevice)
+
+	cmd := exec.Command(helmBin(), "template", "rel", chart, "--set", "npu.count=3,config.rbln.npus_per_device=2")
+	out, err := cmd.CombinedOutput()
+	assert.Error(t, err)
+	assert.Contains(t, string(out), "npu.count is 3, but config.rbln.npus_per_device groups NPUs by 2")
+}
+
 func TestValuesSchemaRejectsNonsense(t *testing.T) {
 	for _, set := range []string{"models.source=s3", "config.engine.default=gpu", "image.pullPolicy=Sometimes", "service.port=0", "service.metricsPort=-1", "service.grpcPort=70000", "probes.grpc=yes",
 		// The config value's schema is the server's keys (make schema):

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"time"
 
 	"github.com/stepserve/stepserve/internal/clip"
@@ -49,19 +50,39 @@ func workerDevices(opts *Options) ([]string, error) {
 	if opts.Workers != 0 {
 		return nil, fmt.Errorf("rbln: the rbln engine runs a worker per device (rbln.devices); Workers is the torch engine's")
 	}
-	pod := splitDevices(os.Getenv(visibleDevices))
+	// The pod's NPUs: RBLN_VISIBLE_DEVICES, or the older RBLN_DEVICES some
+	// device plugins still set.
+	podVar, pod := visibleDevices, splitDevices(os.Getenv(visibleDevices))
+	if len(pod) == 0 {
+		podVar, pod = legacyVisibleDevices, splitDevices(os.Getenv(legacyVisibleDevices))
+	}
+	per := max(opts.NPUsPerDevice, 1)
 	switch {
 	case len(opts.Devices) > 0:
+		if per > 1 {
+			return nil, fmt.Errorf("rbln: rbln.npus_per_device groups the pod's NPUs when rbln.devices is empty; with rbln.devices set, write its groups there ([0,1],[2,3])")
+		}
 		if len(pod) > 0 && !slices.Equal(pod, opts.Devices) {
-			opts.Logger.Warn("rbln.devices overrides the server's "+visibleDevices+": each worker is given its configured device",
-				"devices", opts.Devices, visibleDevices, strings.Join(pod, ","))
+			opts.Logger.Warn("rbln.devices overrides the server's "+podVar+": each worker is given its configured device",
+				"devices", opts.Devices, podVar, strings.Join(pod, ","))
 		}
 		return opts.Devices, nil
 	case len(pod) > 0:
-		opts.Logger.Info("rbln workers take their devices from the server's "+visibleDevices+", one each", "devices", pod)
-		return pod, nil
+		devices := groupBy(pod, per)
+		if len(devices) == 0 {
+			return nil, fmt.Errorf("rbln: rbln.npus_per_device is %d, but the server's %s lists %d NPUs (%s)", per, podVar, len(pod), strings.Join(pod, ","))
+		}
+		if left := len(pod) - per*len(devices); left > 0 {
+			opts.Logger.Warn("rbln.npus_per_device leaves NPUs unused, as the runtime does", "unused", strings.Join(pod[len(pod)-left:], ","))
+		}
+		opts.Logger.Info("rbln workers take their devices from the server's "+podVar, "devices", devices, "npus_per_device", per)
+		return devices, nil
 	default:
-		return []string{"0"}, nil
+		npus := make([]string, per)
+		for i := range npus {
+			npus[i] = strconv.Itoa(i)
+		}
+		return []string{strings.Join(npus, ",")}, nil
 	}
 }
 
@@ -116,6 +137,16 @@ func (w *worker) checkHello(hi *hello) error {
 	// A worker that sees devices must see exactly one; one that sees none
 	// must say why, and refuses its loads with that.
 	n := hi.DeviceCount
+	if g := groupSize(w.device); g > 1 {
+		// An RSD group: one logical device of g NPUs, as the grouping
+		// variables the worker was started with make it. (A worker that
+		// sees no NPU at all starts and says why, as below.)
+		if p := hi.PhysicalDeviceCount; (p != nil && *p > 0 && *p != g) || (hi.Unusable == "" && (p == nil || *p != g)) {
+			return fmt.Errorf("the worker for the RSD group %s=%s sees %s physical NPUs (torch.rbln.physical_device_count()), want %d: "+
+				"the group's NPUs are not all visible to it, or the runtime did not group them (%s)",
+				visibleDevices, w.device, count(p), g, npusPerDeviceEnv)
+		}
+	}
 	if (n != nil && *n > 0 && *n != 1) || (hi.Unusable == "" && (n == nil || *n != 1)) {
 		return fmt.Errorf("the worker for %s=%s sees %s logical RBLN devices (torch.rbln.device_count()), want 1: "+
 			"each worker drives one logical device; list one device per worker in rbln.devices (or in the pod's %s), "+

@@ -144,9 +144,15 @@ func TestWorkerDevices(t *testing.T) {
 		{"rbln takes no worker count", "", Options{Workers: 2}, nil, "the rbln engine runs a worker per device (rbln.devices)"},
 		{"torch takes no devices", "", Options{Device: DeviceCPU, Devices: []string{"0"}}, nil, "the torch engine computes on the host CPU and takes no RBLN devices"},
 		{"unknown device kind", "", Options{Device: "gpu"}, nil, `rbln: device "gpu"; want rbln (an RBLN NPU) or cpu (the host CPU)`},
+		{"groups of the pod's NPUs", "0,1,2,3,4", Options{NPUsPerDevice: 2}, []string{"0,1", "2,3"}, ""},
+		{"one group, no pod list", "", Options{NPUsPerDevice: 4}, []string{"0,1,2,3"}, ""},
+		{"too few NPUs for a group", "0", Options{NPUsPerDevice: 2}, nil, "rbln.npus_per_device is 2, but the server's RBLN_VISIBLE_DEVICES lists 1 NPUs"},
+		{"groups are configured in rbln.devices", "", Options{NPUsPerDevice: 2, Devices: []string{"0"}}, nil, "write its groups there"},
+		{"configured groups", "", Options{Devices: []string{"0,1", "2,3"}}, []string{"0,1", "2,3"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(visibleDevices, tc.env)
+			t.Setenv(legacyVisibleDevices, "")
 			e, err := New(tc.opts)
 			if tc.err != "" {
 				assert.ErrorContains(t, err, tc.err)
@@ -156,6 +162,63 @@ func TestWorkerDevices(t *testing.T) {
 			assert.Equal(t, tc.want, e.opts.Devices)
 		})
 	}
+}
+
+// The older RBLN_DEVICES is the pod's list where RBLN_VISIBLE_DEVICES is
+// absent (issue 33, item 1).
+func TestWorkerDevicesFromLegacyVariable(t *testing.T) {
+	t.Setenv(visibleDevices, "")
+	t.Setenv(legacyVisibleDevices, "4,5")
+	e, err := New(Options{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"4", "5"}, e.opts.Devices)
+	t.Setenv(visibleDevices, "1")
+	e, err = New(Options{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"1"}, e.opts.Devices, "RBLN_VISIBLE_DEVICES wins")
+}
+
+// An RSD group's worker sees its NPUs, grouped into one logical device
+// before its first device use, and is told how many NPUs to compile for;
+// a worker that does not see the group as one device of that many NPUs
+// fails its start (issue 33, item 1).
+func TestRBLNGroupWorker(t *testing.T) {
+	e, err := New(Options{Devices: []string{"2,3"}})
+	require.NoError(t, err)
+	var got []string
+	for _, kv := range (&worker{device: "2,3", e: e}).env() {
+		for _, k := range []string{visibleDevices, npusPerDeviceEnv, groupSizeEnv} {
+			if strings.HasPrefix(kv, k+"=") {
+				got = append(got, kv)
+			}
+		}
+	}
+	assert.Subset(t, got, []string{"RBLN_VISIBLE_DEVICES=2,3", "RBLN_NPUS_PER_DEVICE=2", "STEPSERVE_WORKER_NPUS=2"})
+
+	requireTorch(t)
+	// The double groups the visible NPUs as the runtime does: one logical
+	// device of two NPUs, so the worker starts (and is then refused by
+	// this torch, which has no rbln device type).
+	var logs syncBuffer
+	path := filepath.Join(t.TempDir(), "scenario.json")
+	scenario(t, path, map[string]any{"available": true})
+	g, err := New(Options{Device: DeviceRBLN, Python: python, Devices: []string{"0,1"}, RestartBackoff: time.Hour,
+		Env:    map[string]string{"PYTHONPATH": fakeRBLN(), "STEPSERVE_FAKE_RBLN_SCENARIO": path},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	require.NoError(t, err)
+	t.Cleanup(func() { g.Close() })
+	_, err = g.Load(context.Background(), loadDigits(t), []bucketing.Shape{{Batch: 1}})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "physical NPUs")
+	assert.Contains(t, logs.String(), "device_count=1 physical_device_count=2")
+	assert.Contains(t, logs.String(), "RSD group of 2 NPUs")
+	assert.Contains(t, logs.String(), "rbln:0 | [0, 1]")
+
+	// A runtime that did not group them: two logical devices.
+	bad := rblnOnThisMachine(t, map[string]any{"available": true, "device_count": 1, "physical_device_count": 1}, Options{Devices: []string{"0,1"}})
+	_, err = bad.Load(context.Background(), loadDigits(t), []bucketing.Shape{{Batch: 1}})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "the worker for the RSD group RBLN_VISIBLE_DEVICES=0,1 sees 1 physical NPUs (torch.rbln.physical_device_count()), want 2")
 }
 
 // TestWorkerEnvironment: an rbln worker is given its own device, however

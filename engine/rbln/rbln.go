@@ -88,6 +88,12 @@ type Options struct {
 	// torch engine takes none (see Workers), and leaves
 	// RBLN_VISIBLE_DEVICES as the server has it.
 	Devices []string
+	// NPUsPerDevice, with Devices empty, groups the pod's visible NPUs into
+	// RSD groups of this many (rbln.npus_per_device); 0 or 1: one NPU a
+	// device. A device of several NPUs ("0,1") is one logical device: its
+	// worker is started with RBLN_VISIBLE_DEVICES set to the group and
+	// RBLN_NPUS_PER_DEVICE to its size, and compiles for all of them.
+	NPUsPerDevice int
 	// Workers is the torch engine's worker count, default 1: one worker,
 	// device "cpu"; n > 1 workers are devices "cpu0" .. "cpu<n-1>", which
 	// model.yaml's instances may name (devices: all loads a model on

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -467,6 +468,12 @@ func (w *worker) env() []string {
 	env := os.Environ()
 	if w.e.opts.Device == DeviceRBLN {
 		env = append(env, visibleDevices+"="+w.device)
+		if g := groupSize(w.device); g > 1 {
+			// An RSD group: its NPUs are one logical device, rbln:0, set
+			// before the worker's first device use; the worker compiles
+			// for all of them (num_devices).
+			env = append(env, npusPerDeviceEnv+"="+strconv.Itoa(g), groupSizeEnv+"="+strconv.Itoa(g))
+		}
 	}
 	env = append(env,
 		"TORCH_RBLN_DEPLOY=ON",

@@ -72,6 +72,10 @@ class Runtime:
     device_count: Optional[int] = None
     physical_device_count: Optional[int] = None
     device_summary: Optional[str] = None
+    # NPUs in this worker's logical device (an RSD group when above 1), as
+    # the supervisor started it: compiled graphs are partitioned across
+    # them (torch.compile's num_devices).
+    group_npus: int = 1
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -97,6 +101,13 @@ class Runtime:
         if missing:
             rt.unusable = missing
             return rt
+        try:
+            rt.group_npus = max(int(os.environ.get("STEPSERVE_WORKER_NPUS", "1") or 1), 1)
+        except ValueError:
+            rt.group_npus = 1
+        if rt.group_npus > 1:
+            notes.append(f"RSD group of {rt.group_npus} NPUs (RBLN_VISIBLE_DEVICES={os.environ.get('RBLN_VISIBLE_DEVICES', '')}, "
+                         f"RBLN_NPUS_PER_DEVICE={os.environ.get('RBLN_NPUS_PER_DEVICE', '')}): compiled with num_devices={rt.group_npus}")
         rt.device_count = _query(rbln, "device_count")
         rt.physical_device_count = _query(rbln, "physical_device_count")
         rt.device_summary = _summary(rbln)
@@ -305,6 +316,9 @@ class Worker:
             body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
         if self.rt.compile_available:
             opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
+            if self.rt.group_npus > 1:
+                # An RSD group: the graph is partitioned across its NPUs.
+                opts["num_devices"] = self.rt.group_npus
             # fullgraph: a graph break would split the step into several
             # programs with eager code between them; refuse it at load.
             body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)

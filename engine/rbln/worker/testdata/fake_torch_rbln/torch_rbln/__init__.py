@@ -18,8 +18,11 @@ appends a line to it, so that a test can count the steps the worker ran.
 is_available() is False unless the scenario says "available": true; this
 torch has no rbln device type, so a worker told it is available still cannot
 place tensors on rbln:0 (which is how tests reach that refusal).
-device_count() defaults to 1 when available, else 0; device_summary()
-prints, as torch-rbln's does.
+device_count() and physical_device_count() default, when available, to
+what the runtime's grouping variables make of RBLN_VISIBLE_DEVICES (one
+logical device of two NPUs for RBLN_VISIBLE_DEVICES=0,1 and
+RBLN_NPUS_PER_DEVICE=2), else 0; device_summary() prints the groups, as
+torch-rbln's does.
 
 With "track_memory": true, memory_stats_per_chiplet() reports an emulated
 caching allocator instead of the scenario's "memory": tensors handed to
@@ -156,16 +159,46 @@ def _is_available() -> bool:
     return bool(scenario().get("available", False))
 
 
+def _groups() -> list[list[int]] | None:
+    """The logical devices the runtime's variables make of the visible
+    NPUs, as the device does (Environment Variables › Device mapping):
+    RBLN_VISIBLE_DEVICES (or the older RBLN_DEVICES) is the pool, indexed
+    from 0; RBLN_DEVICE_MAP ("[0,1],[2,3]") names groups and wins over
+    RBLN_NPUS_PER_DEVICE (groups of n in order, the rest unused). None
+    when no visible list is set: the scenario's counts then hold."""
+    visible = os.environ.get("RBLN_VISIBLE_DEVICES") or os.environ.get("RBLN_DEVICES")
+    if not visible:
+        return None
+    pool = [p for p in visible.split(",") if p.strip()]
+    dmap = os.environ.get("RBLN_DEVICE_MAP", "").strip()
+    if dmap:
+        return [[int(x) for x in g.strip(" []").split(",")] for g in dmap.split("]") if g.strip(" ,[")]
+    n = int(os.environ.get("RBLN_NPUS_PER_DEVICE", "1") or 1)
+    return [list(range(i, i + n)) for i in range(0, len(pool) - n + 1, n)]
+
+
 def _device_count() -> int:
-    return int(scenario().get("device_count", 1 if _is_available() else 0))
+    s = scenario()
+    if "device_count" in s or not _is_available():
+        return int(s.get("device_count", 1 if _is_available() else 0))
+    g = _groups()
+    return 1 if g is None else len(g)
 
 
 def _physical_device_count() -> int:
-    return int(scenario().get("physical_device_count", _device_count()))
+    s = scenario()
+    if "physical_device_count" in s or "device_count" in s or not _is_available():
+        return int(s.get("physical_device_count", _device_count()))
+    visible = os.environ.get("RBLN_VISIBLE_DEVICES") or os.environ.get("RBLN_DEVICES")
+    return len([p for p in visible.split(",") if p.strip()]) if visible else 1
 
 
 def _device_summary() -> None:
-    print(scenario().get("device_summary", f"[RBLN] Device Topology Initialized (fake): {_device_count()} logical device(s)"))
+    g = _groups()
+    default = f"[RBLN] Device Topology Initialized (fake): {_device_count()} logical device(s)"
+    if g is not None and _is_available():
+        default += "".join(f"\n| rbln:{i} | {npus} |" for i, npus in enumerate(g))
+    print(scenario().get("device_summary", default))
 
 
 rbln = types.SimpleNamespace(
