@@ -271,7 +271,7 @@ var keys = []key{
 	{"rbln.devices", "", "the rbln engine's logical devices, one worker each: NPUs (0,1 is two devices) or RSD groups of NPUs that form one logical device ([0,1],[2,3] is two devices of two NPUs; a list of lists in YAML); empty: the server's RBLN_VISIBLE_DEVICES (or RBLN_DEVICES), grouped by rbln.npus_per_device, else 0",
 		deviceList(func(c *Config) *[]string { return &c.RBLN.Devices }, "one or more devices or groups, e.g. 0, 0,1 or [0,1],[2,3] (lists, or lists of lists, in YAML), or empty for the server's RBLN_VISIBLE_DEVICES"), deviceKind},
 	{"rbln.npus_per_device", "1", "with rbln.devices empty, NPUs per logical device (an RSD group) over the pod's visible NPUs, in order: 2 makes [0,1],[2,3] of four; NPUs left over are not used",
-		value(func(c *Config) *int { return &c.RBLN.NPUsPerDevice }, strconv.Atoi, func(n int) bool { return n >= 1 && n <= 32 && n&(n-1) == 0 }, "1, 2, 4, 8, 16 or 32"), intKind(1, 32)},
+		value(func(c *Config) *int { return &c.RBLN.NPUsPerDevice }, strconv.Atoi, func(n int) bool { return n >= 1 && n <= 32 && n&(n-1) == 0 }, "1, 2, 4, 8, 16 or 32"), powerOfTwoKind(32)},
 	{"rbln.torch_workers", "1", "the torch engine's workers (Python processes on the host CPU): 1 is device cpu; more are devices cpu0, cpu1, ..., which a model's instances may name (devices: all loads it on each)",
 		value(func(c *Config) *int { return &c.RBLN.TorchWorkers }, strconv.Atoi, between(1, 64), "an integer in 1..64"), intKind(1, 64)},
 	{"rbln.env", "", "extra worker environment, KEY=VALUE pairs comma-separated (a map in the YAML file)",
@@ -649,6 +649,9 @@ func deviceList(field func(*Config) *[]string, want string) reader {
 			}
 		default:
 			err = fmt.Errorf("not a list")
+		}
+		if err == nil {
+			err = npugroup.Distinct(l)
 		}
 		if err != nil {
 			return invalid(key, fmt.Sprint(v.Get(key)), want+" ("+err.Error()+")")

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -113,6 +114,15 @@ func stringKind(word string, minLength int) kind {
 // levelKind is a log level, as slog reads it (either case).
 var levelKind = kind{"debug|info|warn|error", enumKind("debug", "info", "warn", "error", "DEBUG", "INFO", "WARN", "ERROR").schema}
 
+// powerOfTwoKind is a power of two up to hi, as a number or quoted.
+func powerOfTwoKind(hi int) kind {
+	var nums, words []any
+	for n := 1; n <= hi; n *= 2 {
+		nums, words = append(nums, n), append(words, strconv.Itoa(n))
+	}
+	return kind{"integer", map[string]any{"anyOf": []any{map[string]any{"type": "integer", "enum": nums}, map[string]any{"type": "string", "enum": words}}}}
+}
+
 // deviceKind is rbln.devices: NPU indices and RSD groups of them, as text
 // ("0,1", "[0,1],[2,3]", "" for none) or a YAML list whose items are
 // indices or lists of indices.
@@ -121,7 +131,7 @@ var deviceKind = kind{"devices", map[string]any{"anyOf": []any{
 	map[string]any{"type": "integer", "minimum": 0},
 	map[string]any{"type": "array", "items": map[string]any{"anyOf": []any{
 		map[string]any{"type": "integer", "minimum": 0},
-		map[string]any{"type": "string", "pattern": `^\s*` + deviceEntry + `\s*$`},
+		map[string]any{"type": "string", "pattern": `^\s*(` + deviceEntry + `|[0-9]+(\s*,\s*[0-9]+)+)\s*$`},
 		map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": []any{
 			map[string]any{"type": "integer", "minimum": 0},
 			map[string]any{"type": "string", "pattern": `^\s*[0-9]+\s*$`},

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -68,9 +69,9 @@ func (in Instances) Replicas(devices int) int {
 // (and on the CPU engine every bucket's plan).
 const maxPerDevice = 64
 
-// deviceRE is a device name: what RBLN_VISIBLE_DEVICES lists, or an
-// engine's own names (cpu, cpu0).
-var deviceRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
+// deviceRE is a device name: what RBLN_VISIBLE_DEVICES lists, an
+// engine's own names (cpu, cpu0), or an RSD group of NPUs ("0,1").
+var deviceRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$|^[0-9]+(,[0-9]+){1,31}$`)
 
 // UnmarshalYAML reads the instances mapping strictly: devices is a list of
 // device names or the string all; per_device and min_ready are integers;
@@ -102,10 +103,27 @@ func (in *Instances) UnmarshalYAML(n *yaml.Node) error {
 					return fail("devices", "line %d: the list is empty; name at least one device, or write devices: all", v.Line)
 				}
 				for _, d := range v.Content {
+					if d.Kind == yaml.SequenceNode {
+						// An RSD group, [0, 1]: the engine device "0,1"
+						// (rbln.devices).
+						var npus []string
+						for _, x := range d.Content {
+							if x.Kind != yaml.ScalarNode || x.Tag == "!!null" {
+								return fail("devices", "line %d: a device group lists NPU indices, found %s", x.Line, nodeKind(x))
+							}
+							npus = append(npus, strings.TrimSpace(x.Value))
+						}
+						in.Devices = append(in.Devices, strings.Join(npus, ","))
+						continue
+					}
 					if d.Kind != yaml.ScalarNode || d.Tag == "!!null" {
 						return fail("devices", "line %d: want a device name, found %s", d.Line, nodeKind(d))
 					}
-					in.Devices = append(in.Devices, d.Value)
+					name := d.Value
+					if strings.Contains(name, ",") { // a group written "0, 1"
+						name = strings.ReplaceAll(name, " ", "")
+					}
+					in.Devices = append(in.Devices, name)
 				}
 			default:
 				return fail("devices", "line %d: want a list of device names (e.g. [0, 1]) or all, found %s", v.Line, nodeKind(v))
@@ -167,7 +185,7 @@ func (in *Instances) validate(bad func(string, string, ...any) error) error {
 		case d == "all":
 			return bad("instances.devices", "all is not a device name; write devices: all (not a list) for every device")
 		case !deviceRE.MatchString(d):
-			return bad("instances.devices", "%q is not a device name; use letters, digits, '_', '.', ':' or '-'", clip.Clip(d, maxNameInError))
+			return bad("instances.devices", "%q is not a device name; use letters, digits, '_', '.', ':' or '-', or an RSD group's NPUs ([0, 1] or \"0,1\")", clip.Clip(d, maxNameInError))
 		case slices.Contains(in.Devices[:i], d):
 			return bad("instances.devices", "%q appears twice; set per_device for more than one replica on a device", d)
 		}

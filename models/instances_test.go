@@ -34,6 +34,7 @@ func TestInstancesParsed(t *testing.T) {
 		{"instances: {devices: all, per_device: 2, min_ready: 3}", Instances{All: true, PerDevice: 2, MinReady: 3}, 8},
 		{"instances:\n  devices: [cpu0, 'rbln:1']\n  per_device: 2\n  min_ready: 4", Instances{Devices: []string{"cpu0", "rbln:1"}, PerDevice: 2, MinReady: 4}, 4},
 		{"instances: {per_device: 2}", Instances{PerDevice: 2, MinReady: 1}, 2},
+		{"instances: {devices: [[0, 1], '2,3']}", Instances{Devices: []string{"0,1", "2,3"}, PerDevice: 1, MinReady: 1}, 2},
 		{"instances:", Instances{PerDevice: 1, MinReady: 1}, 1},
 	} {
 		t.Run(tc.doc, func(t *testing.T) {
@@ -54,7 +55,8 @@ func TestInstancesErrors(t *testing.T) {
 		{"instances: {devices: every}", `instances.devices: line 11: want a list of device names (e.g. [0, 1]) or all, found a string ("every")`},
 		{"instances: {devices: 0}", `instances.devices: line 11: want a list of device names (e.g. [0, 1]) or all, found an integer ("0")`},
 		{"instances: {devices: []}", "instances.devices: line 11: the list is empty; name at least one device, or write devices: all"},
-		{"instances: {devices: [[0]]}", "instances.devices: line 11: want a device name, found a list"},
+		{"instances: {devices: [[0, ~]]}", "instances.devices: line 11: a device group lists NPU indices, found nothing"},
+		{"instances: {devices: [[0, a]]}", `instances.devices: "0,a" is not a device name`},
 		{"instances: {devices: [0, ~]}", "instances.devices: line 11: want a device name, found nothing"},
 		{"instances: {devices: [all]}", "instances.devices: all is not a device name; write devices: all (not a list)"},
 		{"instances: {devices: ['a b']}", `instances.devices: "a b" is not a device name`},

@@ -567,13 +567,13 @@ func wrk(url, script string, conns int, d time.Duration) result {
 	return r
 }
 
-// waitIdle waits, up to 10 s, until process pid has used under 5 ms of
-// CPU in 200 ms.
+// waitIdle waits, up to 10 s, until process pid has used at most one
+// clock tick (10 ms) of CPU in 200 ms.
 func waitIdle(pid int) {
 	for range 50 {
 		c := processCPU(pid)
 		time.Sleep(200 * time.Millisecond)
-		if processCPU(pid)-c < 5*time.Millisecond {
+		if processCPU(pid)-c <= 10*time.Millisecond {
 			return
 		}
 	}

@@ -109,3 +109,21 @@ func group(parts []string) (string, error) {
 	}
 	return strings.Join(npus, ","), nil
 }
+
+// Distinct checks that no NPU is in two entries: two workers would drive
+// it.
+func Distinct(entries []string) error {
+	owner := map[string]string{}
+	for _, e := range entries {
+		for _, n := range strings.Split(e, ",") {
+			if o, ok := owner[n]; ok {
+				if o == e {
+					return fmt.Errorf("device %s is listed twice", e)
+				}
+				return fmt.Errorf("NPU %s is in two devices (%s and %s); each NPU belongs to one worker", n, o, e)
+			}
+			owner[n] = e
+		}
+	}
+	return nil
+}

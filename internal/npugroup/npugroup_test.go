@@ -52,3 +52,9 @@ func TestEntry(t *testing.T) {
 	_, err = Entry([]any{0, "x"})
 	assert.ErrorContains(t, err, `"x" is not an NPU index`)
 }
+
+func TestDistinct(t *testing.T) {
+	assert.NoError(t, Distinct([]string{"0,1", "2,3", "4"}))
+	assert.ErrorContains(t, Distinct([]string{"0,1", "1,2"}), "NPU 1 is in two devices (0,1 and 1,2)")
+	assert.ErrorContains(t, Distinct([]string{"0", "0"}), "device 0 is listed twice")
+}

@@ -247,7 +247,7 @@ func AppendJSONData(b []byte, data []byte, dt models.Datatype) ([]byte, error) {
 // maxFloat16 is float16's largest finite value.
 const maxFloat16 = 65504
 
-// fitFloat16 checks the request's FP32 and FP64 inputs against float16's
+// fitFloat16 checks the request's FP32, FP64 and BF16 inputs against float16's
 // range, for a model whose engine computes in float16: staging would make
 // a finite value beyond ±65504 infinite. They are refused (400 naming the
 // input, the element and the range) or, where the model's
@@ -263,14 +263,19 @@ func (req *InferRequest) fitFloat16(m *models.Model) error {
 			width = 4
 		case models.FP64:
 			width = 8
+		case models.BF16:
+			width = 2
 		default:
 			continue
 		}
 		for j := 0; j+width <= len(t.Data); j += width {
 			var v float64
-			if width == 4 {
+			switch width {
+			case 2:
+				v = float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(t.Data[j:])) << 16))
+			case 4:
 				v = float64(math.Float32frombits(binary.LittleEndian.Uint32(t.Data[j:])))
-			} else {
+			default:
 				v = math.Float64frombits(binary.LittleEndian.Uint64(t.Data[j:]))
 			}
 			if v <= maxFloat16 && v >= -maxFloat16 {
@@ -281,9 +286,13 @@ func (req *InferRequest) fitFloat16(m *models.Model) error {
 					spec.Name, j/width, v, m.Name))
 			}
 			v = math.Copysign(maxFloat16, v)
-			if width == 4 {
+			switch width {
+			case 2:
+				// 65504 is not a bfloat16: the largest bfloat16 below it.
+				binary.LittleEndian.PutUint16(t.Data[j:], uint16(math.Float32bits(float32(math.Copysign(65280, v)))>>16))
+			case 4:
 				binary.LittleEndian.PutUint32(t.Data[j:], math.Float32bits(float32(v)))
-			} else {
+			default:
 				binary.LittleEndian.PutUint64(t.Data[j:], math.Float64bits(v))
 			}
 		}

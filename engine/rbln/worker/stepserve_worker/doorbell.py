@@ -183,35 +183,48 @@ def extras(report: Any, limit: int = MAX_TEXT) -> bytes:
     def fits() -> bool:
         return len(_dump(d)) <= limit
 
+    def mark(key: str) -> None:
+        if key not in cut:
+            cut.append(key)
+
     if "report" in d:
         del d["report"]
-        cut.append("report")
+        mark("report")
         if fits():
             return _dump(d)
-    for key in ("host_bounce_by_site", "cpu_fallback_reasons", "recompile_by_op", "cpu_fallback_by_op"):
-        v = d.get(key)
-        if not v:
-            continue
-        cut.append(key)
-        items = sorted(v.items(), key=lambda kv: -kv[1] if isinstance(kv[1], (int, float)) else 0)
-        n = len(items)
-        while n > 0:  # halve until it fits, the largest entries kept
-            n //= 2
-            d[key] = dict(items[:n])
-            if fits():
-                return _dump(d)
-        del d[key]
+    # The per-site and per-op detail: the largest map is halved first (its
+    # largest entries kept), until it fits or no detail is left.
+    detail = ("host_bounce_by_site", "cpu_fallback_reasons", "recompile_by_op", "cpu_fallback_by_op")
+    while not fits():
+        present = [k for k in detail if d.get(k)]
+        if not present:
+            break
+        key = max(present, key=lambda k: len(_dump({k: d[k]})))
+        mark(key)
+        items = sorted(d[key].items(), key=lambda kv: -kv[1] if isinstance(kv[1], (int, float)) else 0)
+        if len(items) // 2 == 0:
+            del d[key]
+        else:
+            d[key] = dict(items[:len(items) // 2])
+    if fits():
+        return _dump(d)
+    # Then notes and reasons: the first few of each, each shortened, the
+    # longer list giving way first.
     for key in ("notes", "reasons"):
         v = d.get(key) or []
-        if not v:
-            continue
-        cut.append(key)
-        keep = [str(x)[:200] for x in v[:8]]
-        d[key] = keep
-        while keep and not fits():
-            keep.pop()
-        if fits():
-            return _dump(d)
+        short = [str(x)[:200] for x in v[:8]]
+        if short != v:
+            d[key] = short
+            mark(key)
+    while not fits():
+        present = [k for k in ("notes", "reasons") if d.get(k)]
+        if not present:
+            break
+        key = max(present, key=lambda k: len(_dump({k: d[k]})))
+        mark(key)
+        d[key].pop()
+    if fits():
+        return _dump(d)
     return _dump({"reasons": ["the step's report did not fit the doorbell's text area"], "truncated": ["everything"]})
 
 

@@ -143,6 +143,15 @@ class ExtrasTest(unittest.TestCase):
         self.assertIn("aten::op_19999", kept, "the largest first")
         self.assertTrue(all(ops[k] == v for k, v in kept.items()))
 
+    def test_the_largest_detail_goes_first(self) -> None:
+        import json
+        r = self.report(reasons=["cpu_fallback"], cpu_fallback_by_op={f"aten::op_{i:05d}": i for i in range(20000)},
+                        host_bounce_by_site={"a.py:1": 3, "b.py:2": 1}, notes=["keep me"])
+        d = json.loads(bell.extras(r))
+        self.assertEqual({"a.py:1": 3, "b.py:2": 1}, d["host_bounce_by_site"], "a small map is not cut for a large one")
+        self.assertEqual(["keep me"], d["notes"])
+        self.assertEqual(["cpu_fallback_by_op"], d["truncated"])
+
     def test_a_tiny_area_still_gets_json(self) -> None:
         import json
         r = self.report(reasons=["r" * 500] * 50, notes=["n" * 500] * 50)
