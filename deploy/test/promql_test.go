@@ -97,7 +97,7 @@ func exported(t *testing.T, metrics string) map[string]bool {
 // npuOnly are the metrics only an rbln worker on an NPU exports, which no
 // server here can run: each is checked by name against its registration
 // in engine/rbln instead.
-var npuOnly = []string{"stepserve_device_memory_bytes"}
+var npuOnly = []string{"stepserve_device_memory_bytes", "stepserve_device_memory_age_seconds", "stepserve_device_allocator_events"}
 
 // TestQueriesNameExportedMetrics parses every expression in the rules and
 // the dashboard and checks that each stepserve metric it names is exported

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/npugroup"
 	"log/slog"
 	"os"
 	"slices"
@@ -62,7 +63,10 @@ func workerDevices(opts *Options) ([]string, error) {
 		if per > 1 {
 			return nil, fmt.Errorf("rbln: rbln.npus_per_device groups the pod's NPUs when rbln.devices is empty; with rbln.devices set, write its groups there ([0,1],[2,3])")
 		}
-		if len(pod) > 0 && !slices.Equal(pod, opts.Devices) {
+		if err := npugroup.Distinct(opts.Devices); err != nil {
+			return nil, fmt.Errorf("rbln: rbln.devices: %w", err)
+		}
+		if len(pod) > 0 && !slices.Equal(pod, strings.Split(strings.Join(opts.Devices, ","), ",")) {
 			opts.Logger.Warn("rbln.devices overrides the server's "+podVar+": each worker is given its configured device",
 				"devices", opts.Devices, podVar, strings.Join(pod, ","))
 		}

@@ -103,7 +103,9 @@ func TestRBLNHelloIsLoggedAndMemoryRead(t *testing.T) {
 	requireTorch(t)
 	path := filepath.Join(t.TempDir(), "scenario.json")
 	scenario(t, path, map[string]any{"available": true, "device_count": 1, "physical_device_count": 1,
-		"device_summary": "| rbln:0 | [ 0 ] | Active |", "memory": map[string]any{"npu.0.chiplet.0.allocated.current": 2048}})
+		"device_summary": "| rbln:0 | [ 0 ] | Active |", "memory": map[string]any{"npu.0.chiplet.0.allocated.current": 2048,
+			"npu.0.chiplet.0.active.current": 4096, "npu.0.chiplet.0.cached.current": 512,
+			"npu.0.chiplet.0.num_ooms": 3, "npu.0.chiplet.0.num_alloc_retries": 1}})
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
 	e, err := New(Options{Device: DeviceRBLN, Python: python, Devices: []string{"0"}, RestartBackoff: time.Hour, Registerer: reg,
@@ -118,6 +120,11 @@ func TestRBLNHelloIsLoggedAndMemoryRead(t *testing.T) {
 	assert.Contains(t, out, `device_kind=rbln device_count=1 physical_device_count=1 device_summary="| rbln:0 | [ 0 ] | Active |"`)
 	e.workers[0].pollMemory()
 	assert.Equal(t, 2048.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "0", "allocated")))
+	assert.Equal(t, 4096.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "0", "active")))
+	assert.Equal(t, 512.0, testutil.ToFloat64(e.metrics.deviceMemory.WithLabelValues("0", "0", "0", "cached")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(e.metrics.deviceEvents.WithLabelValues("0", "0", "0", "ooms")), "num_ooms")
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.deviceEvents.WithLabelValues("0", "0", "0", "alloc_retries")))
+	assert.Zero(t, testutil.ToFloat64(e.metrics.memoryAge.WithLabelValues("0")), "an idle worker reads its memory live")
 	n, err := testutil.GatherAndCount(reg, "stepserve_worker_up")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
@@ -194,6 +201,16 @@ func TestRBLNGroupWorker(t *testing.T) {
 		}
 	}
 	assert.Subset(t, got, []string{"RBLN_VISIBLE_DEVICES=2,3", "RBLN_NPUS_PER_DEVICE=2", "STEPSERVE_WORKER_NPUS=2"})
+	// The pod's own grouping does not regroup a worker's device.
+	t.Setenv(npusPerDeviceEnv, "4")
+	t.Setenv(deviceMapEnv, "[0,1],[2,3]")
+	var single []string
+	for _, kv := range (&worker{device: "1", e: e}).env() {
+		if strings.HasPrefix(kv, "RBLN_") {
+			single = append(single, kv)
+		}
+	}
+	assert.Equal(t, []string{"RBLN_VISIBLE_DEVICES=1", "RBLN_NPUS_PER_DEVICE=1"}, single)
 
 	requireTorch(t)
 	// The double groups the visible NPUs as the runtime does: one logical

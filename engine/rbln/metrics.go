@@ -7,6 +7,8 @@ type metrics struct {
 	workerRestarts *prometheus.CounterVec
 	lateReplies    *prometheus.CounterVec
 	deviceMemory   *prometheus.GaugeVec
+	deviceEvents   *prometheus.GaugeVec
+	memoryAge      *prometheus.GaugeVec
 	modelReloads   *prometheus.CounterVec
 	outputDropped  *prometheus.CounterVec
 }
@@ -29,6 +31,14 @@ func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
 			Name: "stepserve_device_memory_bytes",
 			Help: "Device memory per NPU and chiplet from torch.rbln.memory_stats_per_chiplet(), read after warm-up and periodically.",
 		}, []string{"device", "npu", "chiplet", "kind"}),
+		deviceEvents: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_device_allocator_events",
+			Help: "The device allocator's event counts per NPU and chiplet since the worker started, from memory_stats_per_chiplet(): out-of-memory errors (event=ooms) and allocation retries after a cache flush (event=alloc_retries). Alert on increase().",
+		}, []string{"device", "npu", "chiplet", "event"}),
+		memoryAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "stepserve_device_memory_age_seconds",
+			Help: "How old the device memory reading was when last polled: 0 when read live; while steps keep the device busy the worker answers with its last reading, refreshed between steps every 5 s.",
+		}, []string{"device"}),
 		modelReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_worker_model_reloads_total",
 			Help: "Models put back on the device's rbln worker after it restarted, by outcome (ok, failed); a model whose reloads keep failing is retried with a growing backoff.",
@@ -50,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, devices []string) (*metrics, error) {
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.lateReplies, m.deviceMemory, m.modelReloads, m.outputDropped} {
+		for _, c := range []prometheus.Collector{m.workerUp, m.workerRestarts, m.lateReplies, m.deviceMemory, m.deviceEvents, m.memoryAge, m.modelReloads, m.outputDropped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -80,5 +90,12 @@ func (m *metrics) dropped(device string, n int) {
 func (m *metrics) lateReply(device, kind string) { m.lateReplies.WithLabelValues(device, kind).Inc() }
 
 func (m *metrics) memory(device, npu, chiplet, kind string, bytes float64) {
-	m.deviceMemory.WithLabelValues(device, npu, chiplet, kind).Set(bytes)
+	switch kind {
+	case "num_ooms":
+		m.deviceEvents.WithLabelValues(device, npu, chiplet, "ooms").Set(bytes)
+	case "num_alloc_retries":
+		m.deviceEvents.WithLabelValues(device, npu, chiplet, "alloc_retries").Set(bytes)
+	default:
+		m.deviceMemory.WithLabelValues(device, npu, chiplet, kind).Set(bytes)
+	}
 }

@@ -415,7 +415,14 @@ func (p *program) Close() error {
 func (p *program) unload() {
 	ctx, cancel := context.WithTimeout(context.Background(), p.w.e.opts.CompileTimeout)
 	defer cancel()
-	p.w.call(ctx, &unloadRequest{Model: p.key}, nil)
+	var reply struct {
+		Notes []string `json:"notes"`
+	}
+	if err := p.w.call(ctx, &unloadRequest{Model: p.key}, &reply); err == nil && len(reply.Notes) > 0 {
+		// What the worker could not release yet (another model's compiled
+		// programs share dynamo's cache).
+		p.w.logger.Info("rbln model unloaded", "model", p.key, "notes", reply.Notes)
+	}
 }
 
 // release unmaps the staging memory; the worker's mapping, if any, stays

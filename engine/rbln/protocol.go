@@ -321,12 +321,15 @@ type profileReply struct {
 type memoryReply struct {
 	Chiplets []chipletMemory `json:"chiplets"`
 	Cached   bool            `json:"cached"`
+	// AgeSeconds is how old the reading is (0: read now); nil from a
+	// worker that does not say, negative when it has none.
+	AgeSeconds *float64 `json:"age_seconds"`
 }
 
 type chipletMemory struct {
 	NPU     string  `json:"npu"`
 	Chiplet string  `json:"chiplet"`
-	Kind    string  `json:"kind"` // allocated, reserved, allocated_peak or reserved_peak
+	Kind    string  `json:"kind"` // allocated, reserved, active, cached (and each _peak), or the event counts num_ooms and num_alloc_retries
 	Bytes   float64 `json:"bytes"`
 }
 

@@ -245,6 +245,16 @@ func TestExplainScenarios(t *testing.T) {
 			assert.False(t, v.Clean, "zero copies out is not the one a clean step makes")
 			assert.Equal(t, int64(1), v.Fired[steps.MissingD2H])
 		}},
+		{"a host step, no copy either way (the real torch_rbln on the torch engine)", with(func(d, v map[string]any) {
+			v["clean"], v["reasons"] = false, []string{"missing h2d: 0 host-to-device copies", "missing d2h: 0 device-to-host copies"}
+			bp := d["runtime"].(map[string]any)["by_primitive"].(map[string]any)
+			bp["h2v"], bp["v2h"] = map[string]any{"calls": 0, "ns": 0}, map[string]any{"calls": 0, "ns": 0}
+		}), func(t *testing.T, x engine.Explain, v steps.Verdict) {
+			assert.True(t, v.Unmeasured, "unmeasured for device transfers, not failed: %v", x.Reasons)
+			assert.Empty(t, v.Fired, "no missing_* signal on the host")
+			assert.Equal(t, [2]engine.Count{engine.Unknown, engine.Unknown}, [2]engine.Count{x.H2D, x.D2H})
+			assert.Contains(t, strings.Join(x.Notes, "; "), "host step")
+		}},
 		{"slow device copies", with(func(d, v map[string]any) {
 			v["clean"], v["reasons"] = false, []string{"runtime hidden d2h [src_not_on_device]: 2x"}
 			v["notes"] = []any{map[string]any{"signal": "runtime/v2v_slow:src_not_on_device", "fix": "establish device residency"}}

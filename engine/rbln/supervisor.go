@@ -16,7 +16,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -467,13 +469,19 @@ func (w *worker) greeting(nc net.Conn) (*hello, error) {
 func (w *worker) env() []string {
 	env := os.Environ()
 	if w.e.opts.Device == DeviceRBLN {
-		env = append(env, visibleDevices+"="+w.device)
-		if g := groupSize(w.device); g > 1 {
-			// An RSD group: its NPUs are one logical device, rbln:0, set
-			// before the worker's first device use; the worker compiles
-			// for all of them (num_devices).
-			env = append(env, npusPerDeviceEnv+"="+strconv.Itoa(g), groupSizeEnv+"="+strconv.Itoa(g))
-		}
+		// The worker's device is its own: the grouping the server's
+		// environment may carry (the pod's RBLN_NPUS_PER_DEVICE or
+		// RBLN_DEVICE_MAP, the older RBLN_DEVICES) would regroup it.
+		// rbln.env, appended below, still sets any of them on purpose.
+		env = slices.DeleteFunc(env, func(kv string) bool {
+			k, _, _ := strings.Cut(kv, "=")
+			return k == npusPerDeviceEnv || k == deviceMapEnv || k == legacyVisibleDevices
+		})
+		// Its NPUs are one logical device, rbln:0 (an RSD group when more
+		// than one), set before its first device use; it compiles for
+		// all of them (num_devices).
+		g := strconv.Itoa(groupSize(w.device))
+		env = append(env, visibleDevices+"="+w.device, npusPerDeviceEnv+"="+g, groupSizeEnv+"="+g)
 	}
 	env = append(env,
 		"TORCH_RBLN_DEPLOY=ON",
@@ -607,6 +615,9 @@ func (w *worker) pollMemory() {
 	}
 	for _, c := range r.Chiplets {
 		w.e.metrics.memory(w.device, c.NPU, c.Chiplet, c.Kind, c.Bytes)
+	}
+	if r.AgeSeconds != nil && *r.AgeSeconds >= 0 && len(r.Chiplets) > 0 { // a worker with device memory
+		w.e.metrics.memoryAge.WithLabelValues(w.device).Set(*r.AgeSeconds)
 	}
 }
 

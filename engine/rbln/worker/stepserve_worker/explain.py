@@ -182,12 +182,38 @@ def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
     return r
 
 
-_CHIPLET_KEY = re.compile(r"^npu\.(\d+)\.chiplet\.(\d+)\.(allocated|reserved)\.(current|peak)$")
+def host_step(r: Report) -> Report:
+    """A step the torch engine ran on the host CPU, as explain saw it: with
+    the real torch_rbln importable its region opens there too, sees no
+    device copy, and calls the step not clean for missing transfers. A host
+    step has no transfers to count: where it made none, they are unknown
+    (the supervisor then reports the step unmeasured for transfers, not
+    failed), the reasons about them go, and the step is clean unless
+    something else fired. A step that did copy (a scripted double) is left
+    as it is."""
+    if not r.measured or r.h2d != 0 or r.d2h != 0:
+        return r
+    r.h2d = r.d2h = r.h2d_ns = r.d2h_ns = r.v2v = r.v2v_slow = None
+    r.reasons = [x for x in r.reasons if not _TRANSFER_REASON.search(x)]
+    others = any((n or 0) > 0 for n in (r.cpu_fallbacks, r.recompiles, r.host_bounces))
+    if not others and not r.reasons:
+        r.clean = True
+        r.report = ""
+    r.notes = r.notes + ["host step (engine torch, the host CPU): no device transfers to count"]
+    return r
+
+
+_TRANSFER_REASON = re.compile(r"h2d|d2h|host[- _]to[- _]device|device[- _]to[- _]host|transfer|missing_", re.IGNORECASE)
+
+
+_CHIPLET_KEY = re.compile(r"^npu\.(\d+)\.chiplet\.(\d+)\.(?:(allocated|reserved|active|cached)\.(current|peak)|(num_ooms|num_alloc_retries))$")
 
 
 def chiplet_memory(stats: Any) -> list[dict[str, Any]]:
     """memory_stats_per_chiplet() as rows of npu, chiplet, kind, bytes, for
-    the kinds allocated, reserved, allocated_peak and reserved_peak."""
+    the kinds allocated, reserved, active and cached (current, and _peak),
+    and the allocator's event counts num_ooms and num_alloc_retries (in
+    "bytes", as counts)."""
     rows: list[dict[str, Any]] = []
     if not isinstance(stats, dict):
         return rows
@@ -196,6 +222,9 @@ def chiplet_memory(stats: Any) -> list[dict[str, Any]]:
         n = _int(value)
         if m is None or n is None:
             continue
-        kind = m.group(3) if m.group(4) == "current" else m.group(3) + "_peak"
+        if m.group(5):
+            kind = m.group(5)
+        else:
+            kind = m.group(3) if m.group(4) == "current" else m.group(3) + "_peak"
         rows.append({"npu": m.group(1), "chiplet": m.group(2), "kind": kind, "bytes": n})
     return sorted(rows, key=lambda r: (r["npu"], r["chiplet"], r["kind"]))

@@ -317,8 +317,11 @@ class Worker:
         if self.rt.compile_available:
             opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
             if self.rt.group_npus > 1:
-                # An RSD group: the graph is partitioned across its NPUs.
+                # An RSD group: the graph is partitioned across its NPUs,
+                # and its artifacts are kept apart from single-NPU ones.
                 opts["num_devices"] = self.rt.group_npus
+                if m.cache_dir:
+                    opts["cache_dir"] = os.path.join(m.cache_dir, f"npus{self.rt.group_npus}")
             # fullgraph: a graph break would split the step into several
             # programs with eager code between them; refuse it at load.
             body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
@@ -377,11 +380,34 @@ class Worker:
             m.module = None
             del m
             gc.collect()
+            kept = self._release_programs()
             # Freed tensors stay in the caching allocator until emptied.
             empty = getattr(self.rt.rbln, "empty_cache", None) if self.rt.kind == "rbln" else None
             if empty is not None:
                 empty()
+            if kept:
+                return {"notes": [kept]}
         return {}
+
+    def _release_programs(self) -> str:
+        """Release compiled programs' device buffers after an unload:
+        dropping a graph's references leaves its program in dynamo's cache,
+        which only torch._dynamo.reset() clears (execution semantics, the
+        torch.compile section). reset() clears every model's, so it runs
+        only when no model left on this worker has a compiled graph; else
+        the unloaded model's programs stay cached until the last compiled
+        model here unloads, and the note returned says so."""
+        if not self.rt.compile_available:
+            return ""
+        others = sorted(n for n, o in self.models.items() if any(b.graph is not None for b in o.buckets))
+        if others:
+            return (f"compiled programs stay cached on this worker: torch._dynamo.reset() would drop those of "
+                    f"{', '.join(others)} too; they are released when the last compiled model here unloads")
+        reset = getattr(getattr(torch, "_dynamo", None), "reset", None)
+        if reset is None:
+            return "torch._dynamo.reset() is unavailable: compiled programs stay cached until the worker restarts"
+        reset()
+        return ""
 
     def memory(self, msg: dict[str, Any]) -> dict[str, Any]:
         # A worker on the host CPU has no device memory, and must not query
@@ -455,7 +481,10 @@ class Worker:
                 text = p.report() if clean is not True else None
             except Exception as e:
                 return "report", ex.unmeasured(f"explain region failed to close or report: {type(e).__name__}: {e}"), ns
-            return "report", ex.normalize(verdict, dump, text), ns
+            r = ex.normalize(verdict, dump, text)
+            if self.rt.kind == "cpu":
+                r = ex.host_step(r)
+            return "report", r, ns
 
     def step_binary(self, slot: int, bucket: int, lane: int = 0) -> tuple[int, tuple[int, ...], int, bytes]:
         """A step asked for over the doorbell: (flags, counters, body ns,
@@ -497,6 +526,10 @@ DEVICE_REQUESTS = ("load", "compile", "step", "unload")
 #: TEST ONLY (the supervisor's fault tests): "<seconds>" makes every compile
 #: request sleep that long before it starts, "<seconds>:gil" holding the
 #: interpreter lock throughout, as a compile stuck in native code would.
+#: How old the device memory reading may grow while steps keep the device
+#: thread busy before it is read again, between two steps.
+MEMORY_REFRESH_SECONDS = 5.0
+
 TEST_COMPILE_SLEEP_ENV = "STEPSERVE_WORKER_TEST_COMPILE_SLEEP"
 # For the supervisor's fault tests: while the file this names exists, a load
 # kills the process, as a model that crashes the device would.
@@ -529,6 +562,7 @@ class Server:
         self._cancelled: set[int] = set()  # of those, the ones the supervisor gave up on
         self._busy = threading.Lock()  # held by the device thread while it runs a request
         self._memory: dict[str, Any] = {"chiplets": []}  # the last reading, for while it is busy
+        self._memory_at = 0.0  # when it was read (time.monotonic()); 0: never
         self._ran: set[tuple[str, int]] = set()  # (model, bucket) whose graph has run
         self._stopping = threading.Event()
         self._terminated = False
@@ -599,18 +633,33 @@ class Server:
         (never inside a step's explain region, whose counters are
         process-wide), else the last reading."""
         if not self._busy.acquire(blocking=False):
-            return dict(self._memory, cached=True)
+            return dict(self._memory, cached=True, age_seconds=self._memory_age())
         try:
             self._memory = self.worker.memory(msg)
+            self._memory_at = time.monotonic()
         finally:
             self._busy.release()
-        return dict(self._memory, cached=False)
+        return dict(self._memory, cached=False, age_seconds=0.0)
+
+    def _memory_age(self) -> float:
+        return max(time.monotonic() - self._memory_at, 0.0) if self._memory_at else -1.0
 
     def _remember_memory(self) -> None:
+        """Read the device memory now (on the device thread, between
+        steps, never inside an explain region)."""
         try:
             self._memory = self.worker.memory({})
+            self._memory_at = time.monotonic()
         except Exception as e:
             print(f"stepserve_worker: reading device memory failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    def _refresh_memory(self) -> None:
+        """Between steps, read the device memory again once the last
+        reading is MEMORY_REFRESH_SECONDS old: a poll that comes while
+        steps keep the device thread busy is answered with a reading that
+        old at most, not the one from the last load."""
+        if time.monotonic() - self._memory_at >= MEMORY_REFRESH_SECONDS:
+            self._remember_memory()
 
     def _answer(self, msg: dict[str, Any], handler: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
         self.out.send(self._result(msg, handler))
@@ -624,6 +673,7 @@ class Server:
             reply |= {"ok": True, **handler(msg)}
         except Exception as e:
             print(f"stepserve_worker: {msg['type']} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self._log_oom(e)
             reply |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             _close_fds(msg)  # what the handler keeps, it has mapped
@@ -673,14 +723,20 @@ class Server:
                                "error": "cancelled: the supervisor gave up on it before it ran"})
                 return
             with self._busy:
-                if self._builds(msg):
+                building = self._builds(msg)
+                if building:
                     self.out.send({"type": "building", "id": rid})
                 if msg["type"] == "compile":
                     _test_compile_sleep()
                 reply = self._result(msg, handlers[msg["type"]])
                 self._ran_after(msg, reply["ok"])
-                if msg["type"] != "step":  # device memory changed; steps allocate none
+                if msg["type"] != "step" or building:
+                    # Device memory changed: loads, compiles, unloads, and a
+                    # bucket's first step, which builds its graph and
+                    # commits lazily allocated weights and buffers.
                     self._remember_memory()
+                else:
+                    self._refresh_memory()
             # Answered once idle: a memory poll that follows reads live.
             self._reply(rid, reply)
         finally:
@@ -694,9 +750,28 @@ class Server:
                 flags, counts, ns, text = self.worker.step_binary(slot, bucket, lane)
         except Exception as e:
             print(f"stepserve_worker: step failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self._log_oom(e)
             self.bell.fail(seq, f"{type(e).__name__}: {e}")
             return
         self.bell.report(seq, bell.STATUS_DONE, flags, counts, ns, text)
+        if time.monotonic() - self._memory_at >= MEMORY_REFRESH_SECONDS:
+            with self._busy:  # after the report: the step's latency is not the reading's
+                self._refresh_memory()
+
+    def _log_oom(self, e: BaseException) -> None:
+        """On a device out-of-memory error, print torch.rbln.memory_summary()
+        (one row per NPU and chiplet: one full chiplet is the usual cause
+        when the totals look comfortable), and read the memory again so
+        that the OOM counters reach the gauges."""
+        if "out of memory" not in str(e).lower():
+            return
+        summary = getattr(self.worker.rt.rbln, "memory_summary", None) if self.worker.rt.kind == "rbln" else None
+        if summary is not None:
+            try:
+                print(f"stepserve_worker: device out of memory; memory_summary():\n{summary()}", file=sys.stderr, flush=True)
+            except Exception as se:
+                print(f"stepserve_worker: memory_summary() failed: {type(se).__name__}: {se}", file=sys.stderr, flush=True)
+        self._memory_at = 0.0  # stale: the next chance re-reads it
 
     def _reply(self, rid: int, reply: dict[str, Any]) -> None:
         """Send reply; one that cannot be encoded (too large, not JSON) is

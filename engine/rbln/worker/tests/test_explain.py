@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testdata" / "fake_torch_rbln"))
 from torch_rbln import CLEAN  # the test double's clean scenario  # noqa: E402
 
-from stepserve_worker.explain import chiplet_memory, normalize, unmeasured  # noqa: E402
+from stepserve_worker.explain import chiplet_memory, host_step, normalize, unmeasured  # noqa: E402
 
 
 def older(s: dict) -> dict:
@@ -113,11 +113,55 @@ class NormalizeTest(unittest.TestCase):
 
     def test_chiplet_memory(self) -> None:
         rows = chiplet_memory({"npu.0.chiplet.1.allocated.current": 10, "npu.0.chiplet.1.reserved.peak": 30,
-                               "npu.0.chiplet.1.active.current": 5, "allocated.current": 99, "npu.0.chiplet.1.reserved.current": "x"})
+                               "npu.0.chiplet.1.active.current": 5, "npu.0.chiplet.1.cached.current": 7,
+                               "npu.0.chiplet.1.num_ooms": 2, "npu.0.chiplet.1.num_alloc_retries": 1,
+                               "npu.0.chiplet.1.num_device_alloc": 9, "npu.0.chiplet.1.allocated.total_freed": 4,
+                               "allocated.current": 99, "npu.0.chiplet.1.reserved.current": "x"})
         self.assertEqual([{"npu": "0", "chiplet": "1", "kind": "allocated", "bytes": 10},
-                          {"npu": "0", "chiplet": "1", "kind": "reserved_peak", "bytes": 30}], rows)
+                          {"npu": "0", "chiplet": "1", "kind": "reserved_peak", "bytes": 30},
+                          {"npu": "0", "chiplet": "1", "kind": "active", "bytes": 5},
+                          {"npu": "0", "chiplet": "1", "kind": "cached", "bytes": 7},
+                          {"npu": "0", "chiplet": "1", "kind": "num_ooms", "bytes": 2},
+                          {"npu": "0", "chiplet": "1", "kind": "num_alloc_retries", "bytes": 1}],
+                         sorted(rows, key=lambda r: ["allocated", "reserved_peak", "active", "cached", "num_ooms", "num_alloc_retries"].index(r["kind"])))
         self.assertEqual([], chiplet_memory(None))
 
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HostStepTest(unittest.TestCase):
+    """A torch-engine step on the host CPU, seen by a real explain(): no
+    device copy, so missing transfers; reported as a host step, not a
+    failure (issue 33, item 10)."""
+
+    def host_dump(self) -> dict:
+        d = copy.deepcopy(CLEAN["dump"])
+        for prim in ("h2v", "v2h"):
+            d["runtime"]["by_primitive"][prim] = {"ns": 0, "calls": 0}
+        return d
+
+    def test_missing_transfers_on_the_host_are_unknown(self) -> None:
+        verdict = {"clean": False, "reasons": ["missing h2d: 0 host-to-device copies", "missing d2h: 0"]}
+        r = host_step(normalize(verdict, self.host_dump(), "[missing transfers]"))
+        self.assertTrue(r.measured)
+        self.assertTrue(r.clean, "nothing else fired")
+        self.assertEqual([], r.reasons)
+        self.assertIsNone(r.h2d)
+        self.assertIsNone(r.d2h)
+        self.assertEqual("", r.report)
+        self.assertIn("host step", r.notes[-1])
+
+    def test_other_signals_still_count(self) -> None:
+        d = self.host_dump()
+        verdict = {"clean": False, "reasons": ["cpu_fallback: aten::nonzero", "missing h2d"]}
+        r = normalize(verdict, d, "text")
+        r.cpu_fallbacks = 2
+        r = host_step(r)
+        self.assertFalse(r.clean)
+        self.assertEqual(["cpu_fallback: aten::nonzero"], r.reasons)
+
+    def test_a_step_that_copied_is_left_alone(self) -> None:
+        r = normalize(CLEAN["verdict"], CLEAN["dump"], None)
+        self.assertEqual((1, 1), (host_step(r).h2d, host_step(r).d2h))

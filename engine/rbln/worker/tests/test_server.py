@@ -84,12 +84,34 @@ class ServerTest(unittest.TestCase):
         mem = self.read()
         self.assertEqual((3, True), (mem["id"], mem["ok"]))
         self.assertTrue(mem["cached"], "read while the device is busy: the last reading")
+        self.assertEqual(-1.0, mem["age_seconds"], "no reading yet: the age says so")
         self.worker.release.set()
         self.assertEqual({"type": "result", "id": 1, "ok": True}, self.read())
         self.send({"type": "memory", "id": 4})
         mem = self.read()
         self.assertFalse(mem["cached"], "read live while the device is idle")
         self.assertEqual(1, mem["chiplets"][0]["bytes"])
+        self.assertEqual(0.0, mem["age_seconds"])
+
+    def test_memory_is_read_after_a_build_and_between_steps(self) -> None:
+        """A bucket's first step commits lazily allocated memory: read after
+        it; later steps re-read once the reading is MEMORY_REFRESH_SECONDS
+        old (issue 33, item 6)."""
+        import stepserve_worker.worker as wk
+        reads: list[str] = []
+        self.worker.memory = lambda msg: (reads.append("read"), {"chiplets": []})[1]  # type: ignore[method-assign]
+        self.worker.release.set()
+        self.send({"type": "step", "id": 1, "model": "m", "bucket": 0})
+        self.assertEqual({"type": "building", "id": 1}, self.read(), "the bucket's first step builds")
+        self.assertTrue(self.read()["ok"])
+        self.assertEqual(1, len(reads), "read after the build")
+        self.send({"type": "step", "id": 2, "model": "m", "bucket": 0})
+        self.assertTrue(self.read()["ok"])
+        self.assertEqual(1, len(reads), "a fresh reading is not read again")
+        self.server._memory_at -= wk.MEMORY_REFRESH_SECONDS + 1
+        self.send({"type": "step", "id": 3, "model": "m", "bucket": 0})
+        self.assertTrue(self.read()["ok"])
+        self.assertEqual(2, len(reads), "a stale one is, between steps")
 
     def test_cancelled_request_is_skipped(self) -> None:
         self.send({"type": "compile", "id": 1, "model": "m", "bucket": 0})

@@ -148,6 +148,33 @@ class Allocator:
 ALLOCATOR = Allocator()
 
 
+class Programs:
+    """Emulated compiled programs, for the unload test: compile() (which
+    engine/rbln/testdata/emulated_rbln.py installs as torch.compile) returns
+    the body it is given, and keeps a program of the scenario's
+    "program_bytes" (default 4096) allocated on the emulated device in a
+    cache, as dynamo's cache holds RBLN programs whatever references the
+    caller drops; only reset() (installed as torch._dynamo.reset) frees them,
+    into the allocator's cache, as the real one drains and releases."""
+
+    def __init__(self) -> None:
+        self.cache: list[int] = []
+
+    def compile(self, fn: Any, **_: Any) -> Any:
+        n = int(scenario().get("program_bytes", 4096))
+        self.cache.append(n)
+        ALLOCATOR.allocated += n
+        ALLOCATOR.reserved = max(ALLOCATOR.reserved, ALLOCATOR.allocated)
+        return fn
+
+    def reset(self) -> None:
+        ALLOCATOR.allocated -= sum(self.cache)
+        self.cache.clear()
+
+
+PROGRAMS = Programs()
+
+
 def _memory_stats_per_chiplet() -> dict[str, int]:
     s = scenario()
     if s.get("track_memory"):
@@ -172,7 +199,7 @@ def _groups() -> list[list[int]] | None:
     pool = [p for p in visible.split(",") if p.strip()]
     dmap = os.environ.get("RBLN_DEVICE_MAP", "").strip()
     if dmap:
-        return [[int(x) for x in g.strip(" []").split(",")] for g in dmap.split("]") if g.strip(" ,[")]
+        return [[int(x) for x in g.strip(" ,[]").split(",")] for g in dmap.split("]") if g.strip(" ,[")]
     n = int(os.environ.get("RBLN_NPUS_PER_DEVICE", "1") or 1)
     return [list(range(i, i + n)) for i in range(0, len(pool) - n + 1, n)]
 
