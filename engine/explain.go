@@ -70,6 +70,9 @@ type Explain struct {
 	// body (copy in, graph, copy out, inside the worker), the CPU engine's
 	// compute. Unknown elsewhere, never zero for unmeasured.
 	DeviceNS Count `json:"device_ns"`
+	// Dispatch is what torch-rbln's dispatcher and runtime saw of the step
+	// besides its signals; nil where the engine does not say.
+	Dispatch *Dispatch `json:"dispatch,omitempty"`
 
 	// Which operator fell back or recompiled, and where data crossed the
 	// host; nil where the engine has nothing to say.
@@ -86,6 +89,22 @@ type Explain struct {
 	// Report is the engine's human-readable report, kept for steps that are
 	// not clean.
 	Report string `json:"report,omitempty"`
+}
+
+// Dispatch is torch-rbln's dispatch and runtime detail of one step (its
+// explain dump's dispatch.total, dispatch.warm_hit,
+// dispatch.cpu_fallback_ns, runtime.total_ns and the v2v primitive's ns).
+type Dispatch struct {
+	// Total is the operators dispatched; WarmHits those a warm compiled
+	// program served. A steady step's are equal.
+	Total    Count `json:"total"`
+	WarmHits Count `json:"warm_hits"`
+	// CPUFallbackNS is the time spent in operators that fell back.
+	CPUFallbackNS Count `json:"cpu_fallback_ns"`
+	// RuntimeNS is the device runtime's own total time in the step.
+	RuntimeNS Count `json:"runtime_ns"`
+	// V2VNS is the time of device-to-device copies.
+	V2VNS Count `json:"v2v_ns"`
 }
 
 // Unmeasured is the report of a step nobody observed: not measured, not

@@ -45,9 +45,9 @@ const (
 	offDoneSeq = 64
 	offStatus  = 72
 	offFlags   = 76
-	offCounts  = 80
-	offBodyNS  = 168
-	offTextLen = 176
+	offCounts  = 80  // 11 signal counters, then 5 of the dispatch detail
+	offBodyNS  = 208 // offCounts + 16*8
+	offTextLen = 216
 )
 
 // The report's status and flags.
@@ -318,6 +318,15 @@ func (d *doorbell) report() (engine.Explain, int64, error) {
 		&x.WallNS, &x.H2DNS, &x.D2HNS, &x.V2V, &x.V2VSlow}
 	for i, c := range counts {
 		*c = max(engine.Count(int64(binary.LittleEndian.Uint64(b[offCounts+8*i:]))), engine.Unknown)
+	}
+	var dp engine.Dispatch
+	known := false
+	for i, c := range [...]*engine.Count{&dp.Total, &dp.WarmHits, &dp.CPUFallbackNS, &dp.RuntimeNS, &dp.V2VNS} {
+		*c = max(engine.Count(int64(binary.LittleEndian.Uint64(b[offCounts+8*(len(counts)+i):]))), engine.Unknown)
+		known = known || c.Known()
+	}
+	if known {
+		x.Dispatch = &dp
 	}
 	if flags&flagExtras != 0 {
 		// The same text as the last step's (an engine without explain says

@@ -37,7 +37,7 @@ req = b.request()
 assert req == (1, 7, 3, 1), req
 assert b.request() is None, "a request is seen once"
 extras = json.dumps({"reasons": ["cpu_fallback: aten::nonzero"], "cpu_fallback_by_op": {"aten::nonzero": 2}, "report": "[overhead]"}).encode()
-b.report(1, 0, FLAG_MEASURED | FLAG_EXTRAS, (2, 0, 0, 0, 1, 1, 5000, 100, 200, -1, 0), 1234, extras)
+b.report(1, 0, FLAG_MEASURED | FLAG_EXTRAS, (2, 0, 0, 0, 1, 1, 5000, 100, 200, -1, 0, 7, 5, 900, 4000, -1), 1234, extras)
 `, d.childArg(3))
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+src)
 	cmd.ExtraFiles = d.files
@@ -55,6 +55,8 @@ b.report(1, 0, FLAG_MEASURED | FLAG_EXTRAS, (2, 0, 0, 0, 1, 1, 5000, 100, 200, -
 	assert.Equal(t, engine.Count(5000), x.WallNS)
 	assert.Equal(t, engine.Unknown, x.V2V, "-1 on the wire is unknown")
 	assert.Equal(t, engine.Count(0), x.V2VSlow)
+	require.NotNil(t, x.Dispatch, "the dispatch detail")
+	assert.Equal(t, engine.Dispatch{Total: 7, WarmHits: 5, CPUFallbackNS: 900, RuntimeNS: 4000, V2VNS: engine.Unknown}, *x.Dispatch)
 	assert.Equal(t, []string{"cpu_fallback: aten::nonzero"}, x.Reasons)
 	assert.Equal(t, map[string]int64{"aten::nonzero": 2}, x.CPUFallbackByOp)
 	assert.Equal(t, "[overhead]", x.Report)

@@ -17,9 +17,9 @@ two must change together, with the protocol version:
     64   u64  done number (the worker's; written last)
     72   i32  status: 0 done, 1 failed (text is the error)
     76   u32  flags: 1 measured, 2 clean, 4 text holds the report's extras (JSON)
-    80   11 x i64 counters, in COUNTERS order, -1 unknown
-    168  i64  ns the worker spent inside the step body
-    176  u32  text length
+    80   16 x i64 counters, in COUNTERS then DISPATCH order, -1 unknown
+    208  i64  ns the worker spent inside the step body
+    216  u32  text length
     256  text
 """
 
@@ -52,11 +52,14 @@ COUNTERS = ("cpu_fallbacks", "recompiles", "host_bounces", "host_bounce_bytes", 
 # number while it is written. Every host this runs on is little-endian.
 _REQUEST = struct.Struct("=QIII")
 _SEQ = struct.Struct("=Q")
-_REPORT = struct.Struct("=iI11qqI")
+_REPORT = struct.Struct("=iI16qqI")
 _REPORT_OFFSET = 72
 _DONE_OFFSET = 64
 
-UNKNOWN = (-1,) * len(COUNTERS)
+#: The dispatch detail's counters (Report.dispatch's keys), after COUNTERS.
+DISPATCH = ("total", "warm_hits", "cpu_fallback_ns", "runtime_ns", "v2v_ns")
+
+UNKNOWN = (-1,) * (len(COUNTERS) + len(DISPATCH))
 
 #: How long the device thread polls the block for the next step before it
 #: sleeps on the ring.

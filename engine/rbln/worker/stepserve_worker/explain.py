@@ -33,6 +33,9 @@ class Report:
     cpu_fallback_reasons: Optional[dict[str, int]] = None
     notes: list[str] = field(default_factory=list)
     report: str = ""
+    # The dispatcher's and runtime's detail (doorbell.DISPATCH keys); None
+    # when the dump has none of it.
+    dispatch: Optional[dict[str, Optional[int]]] = None
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,8 +136,9 @@ def _notes(v: Any) -> list[str]:
 def counters(verdict: Any, dump: Any) -> tuple[Optional[int], ...]:
     """The report's counters, in doorbell.COUNTERS order (cpu_fallbacks,
     recompiles, host_bounces, host_bounce_bytes, h2d, d2h, wall_ns, h2d_ns,
-    d2h_ns, v2v, v2v_slow): what normalize reads, and all the binary step
-    path sends for a clean step."""
+    d2h_ns, v2v, v2v_slow), then the dispatch detail in doorbell.DISPATCH
+    order (total, warm_hits, cpu_fallback_ns, runtime_ns, v2v_ns): what
+    normalize reads, and all the binary step path sends for a clean step."""
     dispatch = _get(dump, "dispatch")
     bounce = _get(dump, "hidden_host_bounce")
     cpu_fallbacks = _int(_get(dispatch, "cpu_fallback"))
@@ -157,7 +161,21 @@ def counters(verdict: Any, dump: Any) -> tuple[Optional[int], ...]:
             _primitive(by_primitive, "h2v", "calls"), _primitive(by_primitive, "v2h", "calls"),
             _int(_get(dump, "wall_ns")),
             _primitive(by_primitive, "h2v", "ns"), _primitive(by_primitive, "v2h", "ns"),
-            _primitive(by_primitive, "v2v", "calls"), _v2v_slow(verdict, dump))
+            _primitive(by_primitive, "v2v", "calls"), _v2v_slow(verdict, dump),
+            # The dispatch detail (doorbell.DISPATCH order).
+            _int(_get(dispatch, "total")), _int(_get(dispatch, "warm_hit")), _int(_get(dispatch, "cpu_fallback_ns")),
+            _int(_get(runtime, "total_ns")), _primitive(by_primitive, "v2v", "ns"))
+
+
+DISPATCH_KEYS = ("total", "warm_hits", "cpu_fallback_ns", "runtime_ns", "v2v_ns")
+
+
+def dispatch_detail(values: tuple[Optional[int], ...]) -> Optional[dict[str, Optional[int]]]:
+    """The dispatch detail as Report.dispatch: None when nothing of it is
+    known."""
+    if all(v is None for v in values):
+        return None
+    return dict(zip(DISPATCH_KEYS, values))
 
 
 def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
@@ -170,8 +188,10 @@ def normalize(verdict: Any, dump: Any, report_text: Optional[str]) -> Report:
         r.reasons = [str(x) for x in reasons]
     if not isinstance(clean, bool):
         r.reasons.append("verdict has no boolean 'clean'")
+    c = counters(verdict, dump)
     (r.cpu_fallbacks, r.recompiles, r.host_bounces, r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns,
-     r.h2d_ns, r.d2h_ns, r.v2v, r.v2v_slow) = counters(verdict, dump)
+     r.h2d_ns, r.d2h_ns, r.v2v, r.v2v_slow) = c[:11]
+    r.dispatch = dispatch_detail(c[11:])
     r.cpu_fallback_by_op = _counts(_get(dump, "cpu_fallback_by_op"))
     r.recompile_by_op = _counts(_get(dump, "recompile_by_op"))
     r.host_bounce_by_site = _counts(_get(dump, "hidden_host_bounce", "by_site"))

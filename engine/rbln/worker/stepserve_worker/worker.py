@@ -136,10 +136,17 @@ class Runtime:
             if t.device.type != self.kind:
                 raise DeviceError(f"{what} are on {t.device}, not {self.kind}:*: the engine requires the {self.kind} device")
 
-    def explain(self) -> Any:
-        """A fresh explain region, or None where explain is unavailable."""
+    def explain(self, with_stack: bool = False) -> Any:
+        """A fresh explain region, or None where explain is unavailable;
+        with_stack records the call sites (a release without the argument
+        gets a plain region)."""
         if self.rbln is None or not hasattr(self.rbln, "explain"):
             return None
+        if with_stack:
+            try:
+                return self.rbln.explain(with_stack=True)
+            except TypeError:
+                pass
         return self.rbln.explain()
 
 
@@ -215,6 +222,11 @@ class Bucket:
     lanes: list[tuple[Staging, Staging]] = field(default_factory=list)
     device_in: Optional[torch.Tensor] = None
     graph: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    # The bucket's first step that was not clean makes the next one open
+    # its explain region with_stack=True, once, so that its report (in
+    # /explain) shows the call sites.
+    stack_next: bool = False
+    stacked: bool = False
 
 
 @dataclass
@@ -457,7 +469,10 @@ class Worker:
         ns) for a clean step, whose report the caller builds as it needs;
         ("report", Report, ns) for any other."""
         with torch.inference_mode():
-            region = self.rt.explain()
+            stacked = b.stack_next
+            if stacked:
+                b.stack_next, b.stacked = False, True
+            region = self.rt.explain(with_stack=stacked)
             if region is None:
                 ns = self._body(b, lane)
                 return "report", ex.unmeasured("torch.rbln.explain is unavailable"), ns
@@ -484,6 +499,10 @@ class Worker:
             r = ex.normalize(verdict, dump, text)
             if self.rt.kind == "cpu":
                 r = ex.host_step(r)
+            if stacked:
+                r.notes = r.notes + ["explain(with_stack=True): this report carries the call sites"]
+            elif not r.clean and not b.stacked:
+                b.stack_next = True
             return "report", r, ns
 
     def step_binary(self, slot: int, bucket: int, lane: int = 0) -> tuple[int, tuple[int, ...], int, bytes]:
@@ -515,7 +534,9 @@ def _flags(r: ex.Report) -> int:
 
 
 def _wire_counts(r: ex.Report) -> tuple[int, ...]:
-    return tuple(-1 if (v := getattr(r, k)) is None else v for k in bell.COUNTERS)
+    d = r.dispatch or {}
+    return (tuple(-1 if (v := getattr(r, k)) is None else v for k in bell.COUNTERS)
+            + tuple(-1 if (v := d.get(k)) is None else v for k in bell.DISPATCH))
 
 
 #: The requests the device thread runs, one at a time and in the order they

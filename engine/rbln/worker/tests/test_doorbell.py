@@ -39,8 +39,8 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise TimeoutError("no report")
             time.sleep(0.001)
-        status, flags, *rest = struct.unpack_from("<iI11qqI", self.block, 72)
-        counters, body, n = tuple(rest[:11]), rest[11], rest[12]
+        status, flags, *rest = struct.unpack_from("<iI16qqI", self.block, 72)
+        counters, body, n = tuple(rest[:16]), rest[16], rest[17]
         return status, flags, counters, body, bytes(self.block[256:256 + n])
 
 
@@ -53,7 +53,7 @@ class StubWorker:
         self.calls.append(f"bell {slot}/{bucket}" + (f" lane {lane}" if lane else ""))
         if slot == 9:
             raise KeyError("model slot 9 is not loaded on this worker")
-        return bell.FLAG_MEASURED | bell.FLAG_CLEAN, (0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0), 4321, b""
+        return bell.FLAG_MEASURED | bell.FLAG_CLEAN, (0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0, 3, 3, 0, 400, -1), 4321, b""
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.calls.append("load")
@@ -85,7 +85,7 @@ class DoorbellTest(unittest.TestCase):
         status, flags, counters, body, text = self.sup.step(3, 1)
         self.assertEqual(bell.STATUS_DONE, status)
         self.assertEqual(bell.FLAG_MEASURED | bell.FLAG_CLEAN, flags)
-        self.assertEqual((0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0), counters)
+        self.assertEqual((0, 0, 0, 0, 1, 1, 500, 10, 20, -1, 0, 3, 3, 0, 400, -1), counters)
         self.assertEqual(4321, body)
         self.assertEqual(b"", text, "a clean step's report has no text")
         self.sup.step(3, 2, lane=1)
@@ -166,5 +166,5 @@ class ExtrasTest(unittest.TestCase):
         r = self.report(reasons=["host_bounce"], host_bounce_by_site={f"site {i}": i for i in range(30000)})
         seq = 1
         sup.worker_end.report(seq, bell.STATUS_DONE, bell.FLAG_MEASURED | bell.FLAG_EXTRAS, bell.UNKNOWN, 0, bell.extras(r))
-        n = struct.unpack_from("<I", sup.block, 176)[0]
+        n = struct.unpack_from("<I", sup.block, 216)[0]
         json.loads(bytes(sup.block[256:256 + n]))

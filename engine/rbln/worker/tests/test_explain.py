@@ -28,6 +28,18 @@ class NormalizeTest(unittest.TestCase):
                                                       r.host_bounce_bytes, r.h2d, r.d2h, r.wall_ns))
         self.assertEqual("", r.report, "report text is kept only for steps that are not clean")
 
+    def test_dispatch_detail(self) -> None:
+        """dispatch.total / warm_hit / cpu_fallback_ns, runtime.total_ns and
+        v2v ns (issue 33, item 8)."""
+        from stepserve_worker import doorbell
+        from stepserve_worker.explain import DISPATCH_KEYS
+        self.assertEqual(doorbell.DISPATCH, DISPATCH_KEYS)
+        r = normalize(CLEAN["verdict"], CLEAN["dump"], None)
+        self.assertEqual({"total": 3, "warm_hits": 3, "cpu_fallback_ns": 0, "runtime_ns": 40000, "v2v_ns": None}, r.dispatch)
+        d = copy.deepcopy(CLEAN["dump"])
+        del d["dispatch"], d["runtime"]
+        self.assertIsNone(normalize(CLEAN["verdict"], d, None).dispatch, "nothing known: no detail")
+
     def test_clean_newer_fields(self) -> None:
         r = normalize(CLEAN["verdict"], CLEAN["dump"], None)
         self.assertEqual((1000, 2000), (r.h2d_ns, r.d2h_ns), "transfer time from runtime.by_primitive")

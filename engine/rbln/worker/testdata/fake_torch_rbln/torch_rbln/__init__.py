@@ -94,13 +94,14 @@ def scenario() -> dict[str, Any]:
 class FakeExplain:
     """Scripted stand-in for torch.rbln.RBLNExplain."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_stack: bool = False) -> None:
         self._s = scenario()
+        self._with_stack = with_stack
 
     def __enter__(self) -> "FakeExplain":
         if path := os.environ.get(REGIONS_ENV):
             with open(path, "a") as f:
-                f.write("region\n")
+                f.write("region with_stack\n" if self._with_stack else "region\n")
         if self._s.get("raise_on_enter"):
             raise RuntimeError("explain regions must not overlap (fake)")
         return self
@@ -115,7 +116,8 @@ class FakeExplain:
         return self._s.get("dump")
 
     def report(self) -> str:
-        return self._s.get("report", "")
+        text = self._s.get("report", "")
+        return text + "\n  at model.py:12 (fake stack)" if self._with_stack else text
 
 
 class Allocator:
