@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/models"
 )
 
 const python = "/usr/bin/python3"
@@ -656,4 +658,64 @@ engine: torch
 		"f64 FP64":   "[3 -4.5]",
 	}, got)
 
+}
+
+// TestTorchProbeRunsOnTheHost: a module's signature is probed once on
+// zeros on the host CPU in float32, before its weights move to the device
+// in the compute dtype: an eager device run with the unsupported_op
+// fallback disabled would refuse a module the compiler lowers whole
+// (issue 33, item 2). The torch engine computes in bfloat16 here (the
+// worker's device dtype, as on an NPU), so the probe's float32 shows.
+func TestTorchProbeRunsOnTheHost(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "probe")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	log := filepath.Join(t.TempDir(), "forward.log")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(`import os
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        with open(os.environ["PROBE_LOG"], "a") as f:
+            f.write(f"{self.lin.weight.dtype} {x.dtype} {x.device.type}\n")
+        return self.lin(x)
+
+
+def build(config):
+    return M()
+`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`architecture: torch
+torch: {module: model.py, weights: weights.safetensors}
+inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+outputs: [{name: y, datatype: FP32, shape: [-1, 2]}]
+buckets: {batch: [1]}
+engine: torch
+device_dtype: bfloat16
+`), 0o644))
+	f, err := os.Create(filepath.Join(dir, "weights.safetensors"))
+	require.NoError(t, err)
+	require.NoError(t, models.WriteSafetensors(f, []*models.Tensor{
+		{Name: "lin.weight", Shape: []int{2, 4}, Data: []float32{1, 0, 0, 0, 0, 1, 0, 0}},
+		{Name: "lin.bias", Shape: []int{2}, Data: []float32{0, 0}},
+	}, nil))
+	require.NoError(t, f.Close())
+
+	p := start(t, "--model_repository", repo, "--rbln.env", "STEPSERVE_WORKER_CPU_DTYPE=device,PROBE_LOG="+log)
+	resp, out := post(t, p.base+"/v2/models/probe/infer", []byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[3,4,0,0]}]}`))
+	require.Equal(t, 200, resp.StatusCode, string(out))
+	assert.Contains(t, string(out), `"data":[3,4]`)
+	b, err := os.ReadFile(log)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.GreaterOrEqual(t, len(lines), 2)
+	assert.Equal(t, "torch.float32 torch.float32 cpu", lines[0], "the probe: on the host, in float32, before the weights move")
+	for _, l := range lines[1:] {
+		assert.Equal(t, "torch.bfloat16 torch.bfloat16 cpu", l, "every step after it computes in the compute dtype")
+	}
 }

@@ -222,8 +222,10 @@ def step_body(module: nn.Module, batch: int, ins: list[Field], in_row: int, outs
 
 
 def probe(module: nn.Module, batch: int, ins: list[Field], outs: list[Field]) -> Optional[str]:
-    """Run forward once on zeros, eagerly, to check the outputs' count,
-    shapes and types before any graph is built; the error, or None."""
+    """Run forward once on zeros, eagerly where the module's weights are
+    (the host CPU: the worker probes before it moves them), to check the
+    outputs' count, shapes and types before any graph is built; the error,
+    or None."""
     args = [torch.zeros((batch, *f.shape), dtype=f.dtype, device=next(iter(module.parameters()), torch.empty(0)).device)
             for f in ins]
     with torch.inference_mode():

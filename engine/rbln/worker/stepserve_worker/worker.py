@@ -276,16 +276,24 @@ class Worker:
                 # supervisor found unused (skip_tensors) are not read.
                 files = [Path(f) for f in msg.get("weight_files") or [msg["weights"]]]
                 module = nets.build(msg, safetensors.load_all(files, frozenset(msg.get("skip_tensors") or ()))).eval()
+            if user:
+                # The declared signature, checked once on zeros on the host
+                # CPU in float32 (shapes and types only) before the weights
+                # move and before any graph is built: a wrong output count
+                # or shape fails the load, naming the output. Not eagerly on
+                # the device: with the unsupported_op fallback disabled, a
+                # module the compiler lowers whole but with one operator
+                # outside the eager tables would be refused, which is the
+                # case the documentation compiles for. The compiled graph is
+                # judged by the warm-up (clean and finite, strict_warmup).
+                with torch.inference_mode():
+                    module = module.float()
+                ins, outs = usermodel.signature(msg, buckets[0].shape.seq, torch.float32)
+                if problem := usermodel.probe(module, buckets[0].shape.batch, ins, outs):
+                    raise usermodel.UserModelError(f"{msg['torch'].get('name') or msg['torch']['module']}: {problem}")
             with torch.inference_mode():
                 module = module.to(device=self.rt.device, dtype=compute)  # weights move once
             self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
-            if user:
-                # The declared signature, checked once on zeros before any
-                # graph is built: a wrong output count or shape fails the
-                # load, naming the output.
-                ins, outs = usermodel.signature(msg, buckets[0].shape.seq, compute)
-                if problem := usermodel.probe(module, buckets[0].shape.batch, ins, outs):
-                    raise usermodel.UserModelError(f"{msg['torch'].get('name') or msg['torch']['module']}: {problem}")
         except BaseException:
             usermodel.forget(name)
             for sm in maps:
