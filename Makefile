@@ -17,7 +17,9 @@ LDFLAGS := -X main.version=$(VERSION)
 # OpenBLAS behind the CPU engine's matrix products where libopenblas-dev is
 # installed (make deps installs it); pure-Go gonum otherwise.
 GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
-ADDR    ?= :8000
+# make run's listen address: ADDR=:9000 sets it; unset, the server's own
+# (STEPSERVE_SERVER_ADDR, else :8000).
+ADDR    ?=
 PYTHON  ?= /usr/bin/python3
 
 .PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
@@ -36,9 +38,10 @@ help:
 build:
 	$(GO) build -tags "$(GOTAGS)" -ldflags "$(LDFLAGS)" -o bin/stepserve ./cmd/serve
 
-## run: build, then serve ./model_repository on $(ADDR) with the CPU engine
+## run: build, then serve ./model_repository with the CPU engine on :8000
+## (or ADDR=host:port, or STEPSERVE_SERVER_ADDR)
 run: build
-	./bin/stepserve --model_repository ./model_repository --server.addr $(ADDR)
+	./bin/stepserve --model_repository ./model_repository $(if $(ADDR),--server.addr $(ADDR))
 
 HELM_VERSION := v3.22.0
 HELM         := $(CURDIR)/bin/helm-$(HELM_VERSION)

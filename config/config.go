@@ -328,6 +328,9 @@ Inference Protocol v2 (Triton's and KServe's REST and gRPC APIs, with binary
 tensors). It serves every model directory of --model_repository.
 
 Usage: stepserve [--key=value ...]    stepserve --version
+       stepserve advise --model NAME [--url URL] [--max-buckets K]
+                         (a running server's bucket advice for a model, with
+                         the model.yaml block to paste; advise --help)
 
 Settings come from defaults, then a YAML file (--config), then environment
 variables, then flags; each overrides the one before. Every key below is a

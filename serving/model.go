@@ -36,8 +36,9 @@ type Model struct {
 	fbEngine string // the failover engine's name, when there is one
 	batcher  *batching.Batcher
 	loaded   time.Time
-	readyIn  atomic.Int64 // ns from the start of its load to ready
-	resident int64        // the host memory estimated before it was loaded
+	loadTook time.Duration // its own load, to its program on the engine
+	readyIn  atomic.Int64  // ns of its own load and warm-up
+	resident int64         // the host memory estimated before it was loaded
 
 	// gen is a language model's loop (architecture decoder); nil for
 	// the others, which program, runners and batcher serve.
@@ -155,13 +156,14 @@ func oneReplicaConfig(cfg *models.Config) *models.Config {
 // compiles and runs every bucket twice, on the failover engine too; with
 // lazy, buckets compile on first use. It honours ctx.
 func (m *Model) Warmup(ctx context.Context) error {
+	warmStart := time.Now()
 	if m.gen != nil {
 		start := time.Now()
 		if err := m.gen.warmup(ctx); err != nil {
 			return fmt.Errorf("model %s: %w", m.model.Name, err)
 		}
 		m.warmed.Store(true)
-		took := time.Since(m.loaded)
+		took := m.loadTook + time.Since(warmStart)
 		m.readyIn.Store(int64(took))
 		m.set.metrics.loaded(m.model.Name, took)
 		m.logger.Info("model ready", "kind", "language model", "kv_cache_blocks", m.gen.opts.KVCacheBlocks,
@@ -211,7 +213,7 @@ func (m *Model) Warmup(ctx context.Context) error {
 			}
 		}
 	}
-	took := time.Since(m.loaded)
+	took := m.loadTook + time.Since(warmStart)
 	m.readyIn.Store(int64(took))
 	m.set.metrics.loaded(m.model.Name, took)
 	m.warmed.Store(true)
@@ -243,8 +245,9 @@ func (m *Model) ComputeDtype() string {
 	return ""
 }
 
-// ReadyIn is how long the model took from the start of its load to ready
-// (loading, compiling and warming up every bucket); 0 until it is ready.
+// ReadyIn is how long the model's own load and warm-up took (reading it,
+// loading, compiling and warming up every bucket; not the other models'
+// loads it waited behind at start); 0 until it is ready.
 func (m *Model) ReadyIn() time.Duration { return time.Duration(m.readyIn.Load()) }
 
 // Ready reports whether requests can be served now: warmed up, not

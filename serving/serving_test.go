@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -652,4 +653,29 @@ func TestStartWithBadModels(t *testing.T) {
 			assert.True(t, ready, "not strict: ready with the models it has")
 		}
 	}
+}
+
+// A model's ReadyIn is its own load and warm-up, not the loads of the
+// models LoadAll read after it before the warm-ups began: a CPU model is
+// not reported as taking the seconds a worker engine took to start
+// (issue 34). The engine that is slow to start sleeps on synctest's clock.
+func TestReadyInIsTheModelsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		require.NoError(t, enginetest.WriteSumMax(filepath.Join(dir, "a")))
+		require.NoError(t, enginetest.WriteSumMax(filepath.Join(dir, "b")))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "b", "model.yaml"), []byte(enginetest.SumMaxYAML+"engine: rbln\n"), 0o644))
+		s, err := New(Options{Repository: dir, DefaultEngine: "cpu", Engines: map[string]Engine{
+			"cpu":  {Engine: &enginetest.Engine{}},
+			"rbln": {Start: func() (engine.Engine, error) { time.Sleep(5 * time.Second); return &enginetest.Engine{}, nil }},
+		}})
+		require.NoError(t, err)
+		defer s.Close()
+		require.NoError(t, s.LoadAll(context.Background()))
+		require.NoError(t, s.Warmup(context.Background()))
+		a, _ := s.Model("a")
+		b, _ := s.Model("b")
+		assert.Less(t, a.ReadyIn(), time.Second, "a's own load and warm-up")
+		assert.GreaterOrEqual(t, b.ReadyIn(), 5*time.Second, "b's includes its engine's start")
+	})
 }

@@ -474,6 +474,7 @@ func (s *Set) guard(ctx context.Context, name string, load func() error) (err er
 // model.yaml and the tensors' shapes, its batching keys, and its
 // estimated memory against the limit.
 func (s *Set) read(ctx context.Context, name string, override Override) (*Model, error) {
+	began := time.Now()
 	man, err := models.Open(s.opts.Repository, name)
 	if err != nil {
 		return nil, err
@@ -512,6 +513,10 @@ func (s *Set) read(ctx context.Context, name string, override Override) (*Model,
 		return nil, err
 	}
 	sm.resident = need
+	// Its own load, from reading the repository to its program on the
+	// engine: not the other models' that LoadAll reads before the
+	// warm-ups begin.
+	sm.loaded, sm.loadTook = began, time.Since(began)
 	return sm, nil
 }
 

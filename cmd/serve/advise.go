@@ -21,6 +21,14 @@ import (
 // bucket advice (GET /v2/models/{model}/buckets/advice) and prints it for
 // a person: the lists now and advised, their padding on the traffic the
 // server saw, and the model.yaml block to paste.
+// programs is "program" or "programs" for n.
+func programs(n int) string {
+	if n == 1 {
+		return "program"
+	}
+	return "programs"
+}
+
 func advise(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("stepserve advise", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -92,9 +100,9 @@ block to paste.
 	}
 	fmt.Fprintf(stdout, "model %s: %d steps recorded (recent ones weigh more: the weight halves every %s)\n\n", out.Name, a.Steps,
 		strings.TrimSuffix(strings.TrimSuffix(bucketing.DefaultHalfLife.String(), "0s"), "0m"))
-	fmt.Fprintf(stdout, "  now:     %-40s %3d programs, %5.1f%% of the device work is padding\n", lists(a.CurrentBatch, a.CurrentSeq), a.CurrentPrograms, 100*a.PaddingNow)
-	fmt.Fprintf(stdout, "  advised: %-40s %3d programs, %5.1f%% of the device work is padding\n\n", lists(a.Batch, a.Seq), a.Programs, 100*a.PaddingAdvised)
-	fmt.Fprintf(stdout, "With at most %d programs, the advised lists are %s for this traffic: %.2fx the device work of today's.\nmodel.yaml:\n\n%s", out.MaxBuckets, how, a.WorkRatio, a.YAML)
+	fmt.Fprintf(stdout, "  now:     %-40s %3d %-8s %5.1f%% of the device work is padding\n", lists(a.CurrentBatch, a.CurrentSeq), a.CurrentPrograms, programs(a.CurrentPrograms)+",", 100*a.PaddingNow)
+	fmt.Fprintf(stdout, "  advised: %-40s %3d %-8s %5.1f%% of the device work is padding\n\n", lists(a.Batch, a.Seq), a.Programs, programs(a.Programs)+",", 100*a.PaddingAdvised)
+	fmt.Fprintf(stdout, "With at most %d %s, the advised lists are %s for this traffic: %.2fx the device work of today's.\nmodel.yaml:\n\n%s", out.MaxBuckets, programs(out.MaxBuckets), how, a.WorkRatio, a.YAML)
 	return 0
 }
 

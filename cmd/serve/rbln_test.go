@@ -41,7 +41,7 @@ func fakeRBLNPath(t *testing.T) string {
 	return p
 }
 
-var workerPID = regexp.MustCompile(`msg="rbln worker up" engine=torch device=cpu pid=(\d+)`)
+var workerPID = regexp.MustCompile(`msg="torch worker up" engine=torch device=cpu pid=(\d+)`)
 
 // latestWorkerPID is the pid of the newest worker the server logged.
 func latestWorkerPID(t *testing.T, p *process) int {

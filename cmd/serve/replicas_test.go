@@ -31,7 +31,7 @@ func TestReplicasOnTwoTorchWorkers(t *testing.T) {
 	var codes map[int]int
 	go func() { codes = hammerDigits(t, p.base, 4, stop); close(done) }()
 	time.Sleep(300 * time.Millisecond)
-	pids := regexp.MustCompile(`msg="rbln worker up" engine=torch device=cpu0 pid=(\d+)`).FindStringSubmatch(p.logs.String())
+	pids := regexp.MustCompile(`msg="torch worker up" engine=torch device=cpu0 pid=(\d+)`).FindStringSubmatch(p.logs.String())
 	require.NotNil(t, pids, "no worker for cpu0 started")
 	pid, _ := strconv.Atoi(pids[1])
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))

@@ -73,7 +73,7 @@ func TestCtrlCStopsTheWorkerInOrder(t *testing.T) {
 		t.Fatal("the server did not stop on SIGINT")
 	}
 	logs := p.logs.String()
-	assert.Contains(t, logs, fmt.Sprintf(`msg="rbln worker stopped" engine=torch device=cpu pid=%d exit="status 0"`, worker))
+	assert.Contains(t, logs, fmt.Sprintf(`msg="torch worker stopped" engine=torch device=cpu pid=%d exit="status 0"`, worker))
 	assert.Contains(t, logs, "stepserve_worker: stopping: shutdown requested", "stopped by its server, not by the signal")
 	assert.NotContains(t, logs, "terminated by a signal")
 	assert.NotContains(t, logs, "Traceback")

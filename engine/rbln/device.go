@@ -128,7 +128,7 @@ func LogLevel(l slog.Level) string {
 // sees no device at all starts, and refuses every load with the reason it
 // gives, so that the model's error says it.
 func (w *worker) checkHello(hi *hello) error {
-	w.logger.Info("rbln worker handshake", "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device,
+	w.logger.Info(w.what(" handshake"), "pid", hi.PID, "torch", hi.Torch, "worker_device", hi.Device,
 		"device_kind", hi.DeviceKind, "device_count", count(hi.DeviceCount), "physical_device_count", count(hi.PhysicalDeviceCount),
 		"device_summary", hi.DeviceSummary, "notes", hi.Notes)
 	want := w.e.opts.Device

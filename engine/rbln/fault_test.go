@@ -317,7 +317,7 @@ func TestWorkerStopsInOrder(t *testing.T) {
 	took := time.Since(start)
 	t.Logf("engine close, worker stopping by itself: %v", took)
 	assert.Less(t, took, e.opts.StopTimeout, "no SIGTERM was needed")
-	assert.Contains(t, logs.String(), `msg="rbln worker stopped"`)
+	assert.Contains(t, logs.String(), `msg="torch worker stopped"`)
 	assert.Contains(t, logs.String(), `exit="status 0"`)
 	assert.NotContains(t, logs.String(), "Traceback")
 }

@@ -41,6 +41,7 @@ const (
 // the last lines in a tail. It is an io.Writer for one of exec.Cmd's
 // outputs, which writes from one goroutine.
 type lineLogger struct {
+	name   string // the worker's, in the log's message; "rbln worker" when empty
 	logger *slog.Logger
 	tail   *tail
 	level  slog.Level
@@ -85,10 +86,14 @@ func (l *lineLogger) line() {
 	}
 	l.tail.add(line)
 	if dropped, ok := l.limit.take(); ok {
-		if dropped > 0 {
-			l.logger.Warn("rbln worker output over the log's rate limit; lines dropped", "dropped", dropped)
+		name := l.name
+		if name == "" {
+			name = "rbln worker"
 		}
-		l.logger.Log(context.Background(), l.level, "rbln worker", "line", line)
+		if dropped > 0 {
+			l.logger.Warn(name+" output over the log's rate limit; lines dropped", "dropped", dropped)
+		}
+		l.logger.Log(context.Background(), l.level, name, "line", line)
 	}
 }
 

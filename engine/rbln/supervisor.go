@@ -94,7 +94,7 @@ func (w *worker) supervise() {
 			return
 		default:
 		}
-		w.logger.Error("rbln worker down; restarting", "err", err, "backoff", backoff)
+		w.logger.Error(w.what(" down; restarting"), "err", err, "backoff", backoff)
 		w.e.metrics.restarted(w.device)
 		if time.Since(start) > 30*time.Second {
 			backoff = w.e.opts.RestartBackoff // it ran for a while: not a crash loop
@@ -186,7 +186,7 @@ func (w *worker) runOnce(ready func()) error {
 	}
 	w.mu.Unlock()
 	w.e.metrics.up(w.device, true)
-	w.logger.Info("rbln worker up", "pid", pid)
+	w.logger.Info(w.what(" up"), "pid", pid)
 
 	// Reload what the previous life had loaded, then serve again. This runs
 	// beside the loop below, which must keep watching the process: calls
@@ -280,9 +280,9 @@ loop:
 		select {
 		case err := <-exited:
 			hasExited = true
-			w.logger.Info("rbln worker stopped", "pid", pid, "exit", exitStatus(err))
+			w.logger.Info(w.what(" stopped"), "pid", pid, "exit", exitStatus(err))
 		case <-time.After(w.e.opts.StopTimeout):
-			w.logger.Warn("rbln worker did not stop when asked; terminating it", "pid", pid, "after", w.e.opts.StopTimeout)
+			w.logger.Warn(w.what(" did not stop when asked; terminating it"), "pid", pid, "after", w.e.opts.StopTimeout)
 			terminate()
 		}
 	default:
@@ -397,8 +397,8 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	// stdout and stderr share one rate limit: a module that floods either
 	// cannot flood the log.
 	limit := newLineLimit(func(n int) { w.e.metrics.dropped(w.device, n) })
-	cmd.Stdout = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelInfo, limit: limit}
-	cmd.Stderr = &lineLogger{logger: w.logger, tail: w.tail, level: slog.LevelWarn, limit: limit}
+	cmd.Stdout = &lineLogger{name: w.what(""), logger: w.logger, tail: w.tail, level: slog.LevelInfo, limit: limit}
+	cmd.Stderr = &lineLogger{name: w.what(""), logger: w.logger, tail: w.tail, level: slog.LevelWarn, limit: limit}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error {
 		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM); err != nil {
@@ -431,7 +431,7 @@ func (w *worker) spawn() (c *conn, cmd *exec.Cmd, terminate func(), err error) {
 	}
 	late := func(kind string) {
 		w.e.metrics.lateReply(w.device, kind)
-		w.logger.Debug("rbln worker answered a request its caller had given up on", "kind", kind)
+		w.logger.Debug(w.what(" answered a request its caller had given up on"), "kind", kind)
 	}
 	if !hi.Doorbell {
 		killGroup(cmd.Process.Pid)
@@ -463,6 +463,10 @@ func (w *worker) greeting(nc net.Conn) (*hello, error) {
 	}
 	return &hi, nil
 }
+
+// what is a log message about this worker: "rbln worker" or "torch
+// worker" (the engine's name), then s.
+func (w *worker) what(s string) string { return w.e.Name() + " worker" + s }
 
 // env is the worker's environment: the server's, the device selection and
 // torch-rbln settings the design requires, then the configured extras.

@@ -164,34 +164,34 @@ func (s *Store) prune() {
 
 // write stores data as prefix.N.json (N the next free index of prefix),
 // whole or not at all, and deletes the oldest files past the bound.
-func (s *Store) write(prefix string, data []byte, info FileInfo) error {
+func (s *Store) write(prefix string, data []byte, info FileInfo) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := os.MkdirAll(s.dir, 0o750); err != nil {
-		return fmt.Errorf("trace: creating trace.dir: %w", err)
+		return "", fmt.Errorf("trace: creating trace.dir: %w", err)
 	}
 	if s.dir == defaultDir() {
 		// A directory under the shared temp directory that another user
 		// made first (or a link) is not ours to write traces into.
 		st, err := os.Lstat(s.dir)
 		if err != nil {
-			return fmt.Errorf("trace: %w", err)
+			return "", fmt.Errorf("trace: %w", err)
 		}
 		if sys, ok := st.Sys().(*syscall.Stat_t); !st.IsDir() || ok && int(sys.Uid) != os.Getuid() {
-			return fmt.Errorf("trace: %s is not a directory of this user's; set trace.dir", s.dir)
+			return "", fmt.Errorf("trace: %s is not a directory of this user's; set trace.dir", s.dir)
 		}
 	}
 	if err := s.scan(); err != nil {
-		return err
+		return "", err
 	}
 	n := s.next[prefix]
 	name := prefix + "." + strconv.Itoa(n) + ".json"
 	if !validName(name) {
-		return fmt.Errorf("trace: file name %q is too long", name)
+		return "", fmt.Errorf("trace: file name %q is too long", name)
 	}
 	tmp, err := os.CreateTemp(s.dir, ".writing-*")
 	if err != nil {
-		return fmt.Errorf("trace: %w", err)
+		return "", fmt.Errorf("trace: %w", err)
 	}
 	_, err = tmp.Write(data)
 	if cerr := tmp.Close(); err == nil {
@@ -202,7 +202,7 @@ func (s *Store) write(prefix string, data []byte, info FileInfo) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("trace: writing %s: %w", name, err)
+		return "", fmt.Errorf("trace: writing %s: %w", name, err)
 	}
 	s.next[prefix] = n + 1
 	info.Name, info.Size = name, int64(len(data))
@@ -212,5 +212,5 @@ func (s *Store) write(prefix string, data []byte, info FileInfo) error {
 	s.files = slices.DeleteFunc(s.files, func(f FileInfo) bool { return f.Name == name })
 	s.files = append(s.files, info)
 	s.prune()
-	return nil
+	return name, nil
 }

@@ -509,11 +509,12 @@ func (t *Tracer) writeLocked(s *session) {
 	t.writes.Add(1)
 	go func() {
 		defer t.writes.Done()
-		if err := t.store.write(s.file, data, meta); err != nil {
+		name, err := t.store.write(s.file, data, meta)
+		if err != nil {
 			t.opts.Logger.Error("trace not written", "model", s.model, "dir", t.opts.Dir, "err", err)
 			return
 		}
-		t.opts.Logger.Info("trace written", "model", s.model, "file", meta.Name, "steps", meta.Steps,
+		t.opts.Logger.Info("trace written", "model", s.model, "file", name, "steps", meta.Steps,
 			"bytes", len(data), "dropped_events", meta.DroppedEvents)
 	}()
 }

@@ -1,7 +1,9 @@
 package trace
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -94,7 +96,8 @@ func TestWorkerEventsAreAlignedOnTheStep(t *testing.T) {
 func TestStoreKeepsMaxFilesAndRefusesPaths(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "secret.txt"), []byte("x"), 0o600))
-	tr := New(Options{Dir: dir, MaxFiles: 2})
+	var logs bytes.Buffer
+	tr := New(Options{Dir: dir, MaxFiles: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	for range 3 {
 		_, err := tr.Update("", []byte(`{"trace_level":["TIMESTAMPS"],"trace_count":"1"}`))
 		require.NoError(t, err)
@@ -105,6 +108,7 @@ func TestStoreKeepsMaxFilesAndRefusesPaths(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, files, 2)
 	assert.Equal(t, []string{"m.2.json", "m.1.json"}, []string{files[0].Name, files[1].Name})
+	assert.Contains(t, logs.String(), `msg="trace written" model=m file=m.2.json`, "the log names the file written")
 	for _, name := range []string{"../secret.txt", "secret.txt", "/etc/passwd", "m.0.json", ".writing-1.json", ""} {
 		_, _, err := tr.Files().Open(name)
 		assert.Error(t, err, name)

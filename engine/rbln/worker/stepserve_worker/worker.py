@@ -917,8 +917,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     sock = socket.socket(fileno=args.fd)
     doorbell = bell.Doorbell.from_arg(args.doorbell) if args.doorbell else None
     rt = Runtime.detect(args.device)
-    for note in rt.notes:
-        print(f"stepserve_worker: {note}", file=sys.stderr, flush=True)
+    # rt.notes travel in the hello, which the supervisor logs at info with
+    # the handshake: printed here they were warnings on every start.
     server = Server(sock, Worker(rt), doorbell)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.terminate)
