@@ -34,6 +34,7 @@ import (
 
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/internal/npugroup"
+	"github.com/stepserve/stepserve/internal/suggest"
 )
 
 // Config is the server-wide configuration.
@@ -392,7 +393,7 @@ func checkEnv(environ []string) error {
 			strings.HasPrefix(name, "STEPSERVE_FAKE_") || name == "STEPSERVE_SOAK" || name == "STEPSERVE_CPU_KERNELS" {
 			continue
 		}
-		if best := nearest(name, names); best != "" {
+		if best := suggest.Nearest(name, names); best != "" {
 			return fmt.Errorf("config: environment variable %s names no setting; did you mean %s?", name, best)
 		}
 		return fmt.Errorf("config: environment variable %s names no setting (stepserve --help lists them)", name)
@@ -411,46 +412,10 @@ func flagError(err error, fs *pflag.FlagSet) error {
 	name, _, _ = strings.Cut(name, "=")
 	var flags []string
 	fs.VisitAll(func(f *pflag.Flag) { flags = append(flags, f.Name) })
-	if best := nearest(name, flags); best != "" {
+	if best := suggest.Nearest(name, flags); best != "" {
 		return fmt.Errorf("config: unknown flag --%s; did you mean --%s? (stepserve --help lists the flags)", name, best)
 	}
 	return fmt.Errorf("config: unknown flag --%s (stepserve --help lists the flags)", name)
-}
-
-// nearest is the name of names closest to s, when close enough to be a
-// misspelling of it; "" otherwise.
-func nearest(s string, names []string) string {
-	best, bestD := "", 1<<30
-	for _, n := range names {
-		if d := editDistance(s, n); d < bestD {
-			best, bestD = n, d
-		}
-	}
-	if bestD <= max(2, len(s)/4) {
-		return best
-	}
-	return ""
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 // Load reads the configuration for a process started with args (without the
@@ -512,7 +477,7 @@ func Load(args []string) (*Config, error) {
 		known := append(Keys(), "config", "version")
 		for _, k := range v.AllKeys() {
 			if !slices.Contains(known, k) && !strings.HasPrefix(k, "rbln.env.") {
-				if near := nearest(k, Keys()); near != "" {
+				if near := suggest.Nearest(k, Keys()); near != "" {
 					return nil, fmt.Errorf("%w: %s: unknown key %q; did you mean %q?", ErrInvalid, *file, k, near)
 				}
 				return nil, fmt.Errorf("%w: %s: unknown key %q; known keys: %s", ErrInvalid, *file, k, strings.Join(Keys(), ", "))
@@ -682,7 +647,7 @@ func modelRepository(c *Config, v *viper.Viper, key string) error {
 		return invalid(key, "", "a directory of models")
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return invalid(key, dir, "an existing directory of models (<name>/model.yaml)")
+		return invalid(key, dir, "an existing directory of models (<name>/model.yaml, or a Hugging Face folder <name>/config.json)")
 	}
 	c.ModelRepository = dir
 	return nil

@@ -7,15 +7,18 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/suggest"
 )
 
 // Config is the schema of a model.yaml file.
@@ -295,9 +298,39 @@ var (
 	// yamlWord is a value short and plain enough to quote: a typo such as
 	// "soon", not a line of some other file.
 	yamlWord    = regexp.MustCompile("^ `([A-Za-z0-9_.+-]{1,10})`$")
-	yamlUnknown = regexp.MustCompile(`^line (\d+): field (.*) not found in type .*$`)
+	yamlUnknown = regexp.MustCompile(`^line (\d+): field (.*) not found in type (.*)$`)
 	yamlTwice   = regexp.MustCompile(`^line (\d+): (?:field .* already set in type .*|mapping key .* already defined at line \d+)$`)
 )
+
+// yamlKeys are the keys each struct type of model.yaml takes, by the type's
+// name as the YAML decoder names it (models.Config, models.Buckets, ...):
+// the names an unknown key may be a misspelling of.
+var yamlKeys = sync.OnceValue(func() map[string][]string {
+	keys := map[string][]string{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map || t.Kind() == reflect.Array {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return
+		}
+		if _, seen := keys[t.String()]; seen {
+			return
+		}
+		keys[t.String()] = nil
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if name == "" || name == "-" || !f.IsExported() {
+				continue
+			}
+			keys[t.String()] = append(keys[t.String()], name)
+			walk(f.Type)
+		}
+	}
+	walk(reflect.TypeFor[Config]())
+	return keys
+})
 
 // yamlError rewrites a YAML decoding error for a reader of model.yaml:
 // what was found and what is wanted, by line, quoting at most a key name
@@ -324,7 +357,11 @@ func yamlError(err error) string {
 			}
 			out = append(out, fmt.Sprintf("line %s: want %s, found %s", m[1], yamlWant(m[4]), found))
 		} else if m := yamlUnknown.FindStringSubmatch(e); m != nil {
-			out = append(out, fmt.Sprintf("line %s: unknown key %q", m[1], clip.Clip(m[2], maxNameInError)))
+			msg := fmt.Sprintf("line %s: unknown key %q", m[1], clip.Clip(m[2], maxNameInError))
+			if near := suggest.Nearest(m[2], yamlKeys()[m[3]]); near != "" {
+				msg += fmt.Sprintf("; did you mean %q?", near)
+			}
+			out = append(out, msg)
 		} else if m := yamlTwice.FindStringSubmatch(e); m != nil {
 			out = append(out, fmt.Sprintf("line %s: a key appears twice", m[1]))
 		} else if i := strings.Index(e, ":"); i >= 0 {

@@ -55,6 +55,8 @@ func TestParseConfigErrors(t *testing.T) {
 		name, old, new, want string
 	}{
 		{"unknown key", "architecture: mlp", "architecture: mlp\nbatch_size: 4", `line 3: unknown key "batch_size"`},
+		{"misspelt key", "architecture: mlp", "architecture: mlp\nbukets: {batch: [1]}", `line 3: unknown key "bukets"; did you mean "buckets"?`},
+		{"misspelt nested key", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_dely: 1ms}", `line 3: unknown key "max_queue_dely"; did you mean "max_queue_delay"?`},
 		{"no architecture", "architecture: mlp", "", "architecture: is required"},
 		{"bad architecture", "architecture: mlp", "architecture: cnn", `architecture: "cnn" is not supported`},
 		{"no mlp section", "mlp:\n  sizes: [4, 8, 3]", "", "mlp: is required"},

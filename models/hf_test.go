@@ -156,3 +156,21 @@ func TestHFSeqBuckets(t *testing.T) {
 	assert.Equal(t, []int{32}, hfSeqBuckets(40))
 	assert.Empty(t, hfSeqBuckets(31))
 }
+
+// A Hugging Face folder without its tokenizer is named by its folder and
+// config.json, not by a model.yaml it does not have, and is still a
+// configuration error (issue 34).
+func TestHFFolderWithoutTokenizerSaysSo(t *testing.T) {
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "novocab")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("../model_repository/tiny-xlmr", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
+	}
+	_, err := Open(repo, "novocab")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrConfig)
+	assert.EqualError(t, err, "novocab/config.json: a Hugging Face encoder folder needs its tokenizer.json (or a WordPiece vocab.txt) beside it to read text; this folder has neither")
+}

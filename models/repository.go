@@ -107,6 +107,7 @@ type Manifest struct {
 	// A decoder folder's generation_config.json and chat template.
 	generation *GenerationConfig
 	chat       *ChatTemplate
+	hf         bool // a Hugging Face folder: no model.yaml
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -136,6 +137,7 @@ func Open(repo, name string) (*Manifest, error) {
 func (m *Manifest) open() error {
 	file := path.Join(m.Name, ConfigFile)
 	hf, err := m.openHF()
+	m.hf = hf
 	if err != nil || hf {
 		if err == nil {
 			err = m.openLayers()
@@ -218,12 +220,21 @@ func (m *Manifest) checkVocab() error {
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%s: %w: a decoder language model needs its %s (this folder has none)", path.Join(m.Name, HFConfigFile), ErrConfig, TokenizerFile)
+			return folderError(fmt.Sprintf("%s: a decoder language model's folder needs its %s beside it; this folder has none",
+				path.Join(m.Name, HFConfigFile), TokenizerFile))
 		}
 		m.tokfile = TokenizerFile
 	}
 	return nil
 }
+
+// folderError is a Hugging Face folder missing a file it needs: a
+// configuration error ([ErrConfig], a 400 on load) whose text names the
+// folder, not a model.yaml it does not have.
+type folderError string
+
+func (e folderError) Error() string        { return string(e) }
+func (e folderError) Is(target error) bool { return target == ErrConfig }
 
 // openTorch checks an architecture torch model's files: the module a
 // regular file of at most maxModuleBytes, the weights (if named) a

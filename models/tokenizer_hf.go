@@ -223,6 +223,10 @@ func (m *Manifest) findTokenizer(configFile string) (string, error) {
 		}
 	}
 	if m.Config.TextInput() {
+		if m.hf {
+			return "", folderError(fmt.Sprintf("%s: a Hugging Face encoder folder needs its %s (or a WordPiece %s) beside it to read text; this folder has neither",
+				path.Join(m.Name, HFConfigFile), TokenizerFile, VocabFile))
+		}
 		return "", fmt.Errorf("%s: %w: inputs: a text input needs a %s or a WordPiece %s in the model directory", configFile, ErrConfig, TokenizerFile, VocabFile)
 	}
 	return "", nil

@@ -197,7 +197,7 @@ func (s *Set) LoadAll(ctx context.Context) error {
 		return err
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("models: repository %s holds no model (no <name>/%s)", s.opts.Repository, models.ConfigFile)
+		return fmt.Errorf("models: repository %s holds no model (no <name>/%s, and no Hugging Face folder <name>/%s)", s.opts.Repository, models.ConfigFile, models.HFConfigFile)
 	}
 	var failed []error
 	for _, name := range names {
