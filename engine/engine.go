@@ -62,3 +62,12 @@ var ErrUnavailable = errors.New("engine: device unavailable")
 // requests are answered with the error and never run again elsewhere:
 // retrying them would take the next device down too.
 var ErrStepLost = errors.New("engine: the device went down while running the step")
+
+// A ModelError is a load that failed for the model's own files (a torch
+// module that does not import, a factory that raises, outputs that do not
+// match model.yaml): its message names the file and, where it can, the
+// line, and callers add the model's name and no more of their own path to
+// it.
+type ModelError struct{ Msg string }
+
+func (e *ModelError) Error() string { return e.Msg }

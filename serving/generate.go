@@ -129,7 +129,7 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 	}
 	dec, err := de.LoadDecoder(ctx, m)
 	if err != nil {
-		return nil, fmt.Errorf("model %s: load on engine %s: %w", m.Name, name, err)
+		return nil, loadError(m.Name, name, err)
 	}
 	if so, ok := dec.(engine.StepObserver); ok {
 		// The device steps' explain reports, on the step series every

@@ -116,7 +116,7 @@ func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *buck
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
-		return nil, nil, fmt.Errorf("model %s: load on engine %s: %w", m.Name, name, err)
+		return nil, nil, loadError(m.Name, name, err)
 	}
 	reps := engine.ReplicasOf(prog)
 	if need := m.Config.Instances.MinReadyCount(); need > len(reps) {
@@ -150,6 +150,15 @@ func oneReplicaConfig(cfg *models.Config) *models.Config {
 	one := *cfg
 	one.Instances = models.Instances{}
 	return &one
+}
+
+// loadError is model's failed load on engine name: a model error (its own
+// files at fault, named in it) with the model's name alone.
+func loadError(model, name string, err error) error {
+	if _, ok := errors.AsType[*engine.ModelError](err); ok {
+		return fmt.Errorf("model %s: %w", model, err)
+	}
+	return fmt.Errorf("model %s: load on engine %s: %w", model, name, err)
 }
 
 // Warmup makes the model ready: with warmup: eager (the default) it first

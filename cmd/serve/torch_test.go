@@ -214,7 +214,7 @@ func TestBadTorchModelsFailTheirLoad(t *testing.T) {
 		{"no-factory", string(module), replace(string(yaml), "module: model.py", "module: model.py\n  factory: make"),
 			"has no callable 'make'"},
 		{"factory-raises", replace(string(module), "    return Mixed(", "    raise ValueError('no GPU here')\n    return Mixed("), string(yaml),
-			"build(config) failed: ValueError: no GPU here"},
+			"model.py: build(config) failed: ValueError: no GPU here (model.py, line "},
 		{"shape-mismatch", string(module), replace(string(yaml), "width: 16", "width: 8"),
 			"tensor 'embed.weight' has shape [50, 16], the module's has [50, 8]"},
 		{"missing-key", replace(string(module), "        self.head = nn.Linear(width, 5)", "        self.head = nn.Linear(width, 5)\n        self.extra = nn.Linear(2, 2)"),
@@ -236,6 +236,7 @@ func TestBadTorchModelsFailTheirLoad(t *testing.T) {
 			resp, body := post(t, p.base+"/v2/repository/models/"+tc.name+"/load", nil, "Authorization", "Bearer "+token)
 			assert.Equal(t, 400, resp.StatusCode, string(body))
 			assert.Contains(t, string(body), tc.want)
+			assert.NotContains(t, string(body), "rbln worker for device", "the model's own error, not the worker's path to it")
 			assert.Equal(t, 200, status(t, "GET", p.base+"/v2/models/mixed/ready"), "the good model still serves")
 		})
 	}

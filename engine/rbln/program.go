@@ -228,7 +228,7 @@ func tensorSpecs(specs []models.TensorSpec) []tensorSpec {
 func (p *program) load(ctx context.Context) error {
 	var info loadReply
 	if err := p.w.call(ctx, p.loadRequest(), &info); err != nil {
-		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
+		return loadError(p.model.Name, err)
 	}
 	// The worker refuses a model it cannot place on its engine's device;
 	// this holds a worker that did not to the same rule.
@@ -238,7 +238,7 @@ func (p *program) load(ctx context.Context) error {
 	}
 	if err := p.checkMapped(info.Staging); err != nil {
 		go p.unload()
-		return fmt.Errorf("rbln: loading model %s: %w", p.model.Name, err)
+		return loadError(p.model.Name, err)
 	}
 	p.mu.Lock()
 	p.mapped = info.Staging
@@ -423,6 +423,15 @@ func (p *program) unload() {
 		// programs share dynamo's cache).
 		p.w.logger.Info("rbln model unloaded", "model", p.key, "notes", reply.Notes)
 	}
+}
+
+// loadError is a failed load's error: a model error as it is, anything
+// else naming the engine and the model.
+func loadError(model string, err error) error {
+	if _, ok := errors.AsType[*engine.ModelError](err); ok {
+		return err
+	}
+	return fmt.Errorf("rbln: loading model %s: %w", model, err)
 }
 
 // release unmaps the staging memory; the worker's mapping, if any, stays

@@ -559,6 +559,12 @@ func (w *worker) call(ctx context.Context, req request, reply any) error {
 		return err
 	}
 	if !m.OK {
+		if msg, ok := strings.CutPrefix(m.Error, "UserModelError: "); ok {
+			// The model's own code or files: the worker's message names
+			// them; the worker's device and the request kind would only
+			// bury it.
+			return &engine.ModelError{Msg: msg}
+		}
 		return fmt.Errorf("rbln worker for device %s: %s %s", w.device, req.kind(), m.Error)
 	}
 	if reply == nil {

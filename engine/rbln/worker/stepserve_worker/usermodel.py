@@ -12,7 +12,9 @@ byte row per batch row, so that one copy brings them all back."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
+import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,8 +121,25 @@ def import_file(path: Path, unique: str, shown: str = "") -> types.ModuleType:
         spec.loader.exec_module(mod)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise UserModelError(f"{shown}: import failed: {type(e).__name__}: {e}") from e
+        where = "" if isinstance(e, SyntaxError) else where_in(e, path)  # a SyntaxError says its line
+        raise UserModelError(f"{shown}: import failed: {type(e).__name__}: {e}{where}") from e
     return mod
+
+
+def where_in(e: BaseException, path: Path) -> str:
+    """" (model.py, line N)": the innermost line of the user's file the
+    exception passed through, or "" when it did not."""
+    try:
+        target = path.resolve()
+    except OSError:
+        return ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        try:
+            if Path(frame.filename).resolve() == target:
+                return f" ({path.name}, line {frame.lineno})"
+        except OSError:
+            continue
+    return ""
 
 
 def forget(unique: str) -> None:
@@ -144,7 +163,7 @@ def build(msg: dict[str, Any]) -> nn.Module:
     try:
         module = factory(dict(spec.get("config") or {}))
     except Exception as e:
-        raise UserModelError(f"torch.factory: {shown}: {factory_name}(config) failed: {type(e).__name__}: {e}") from e
+        raise UserModelError(f"{shown}: {factory_name}(config) failed: {type(e).__name__}: {e}{where_in(e, path)}") from e
     if not isinstance(module, nn.Module):
         raise UserModelError(f"torch.factory: {shown}: {factory_name}(config) returned {type(module).__name__}, not a torch.nn.Module")
     weights = spec.get("weights")
@@ -232,7 +251,12 @@ def probe(module: nn.Module, batch: int, ins: list[Field], outs: list[Field]) ->
         try:
             ys = module(*args)
         except Exception as e:
-            return f"forward on zeros of the declared inputs failed: {type(e).__name__}: {e}"
+            where = ""
+            try:
+                where = where_in(e, Path(inspect.getfile(type(module))))
+            except (TypeError, OSError):
+                pass
+            return f"forward on zeros of the declared inputs failed: {type(e).__name__}: {e}{where}"
     try:
         check_outputs(ys, outs, batch)
     except UserModelError as e:
