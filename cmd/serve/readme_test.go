@@ -71,6 +71,32 @@ func TestREADMEExamples(t *testing.T) {
 	}
 }
 
+// TestREADMEGRPCExample runs the README's Python gRPC client (the blocks
+// that name localhost:8001) against the real server's gRPC listener, from
+// the repository's root as the README says.
+func TestREADMEGRPCExample(t *testing.T) {
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import grpc, grpc_tools.protoc").CombinedOutput(); err != nil {
+		t.Skipf("Python's grpcio and grpc_tools are needed (make deps installs python3-grpcio and python3-grpc-tools): %s", out)
+	}
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?s)```python\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], "localhost:8001") {
+			blocks = append(blocks, m[1])
+		}
+	}
+	require.NotEmpty(t, blocks, "the README's gRPC example")
+	p := start(t)
+	for i, block := range blocks {
+		cmd := exec.Command("/usr/bin/python3", "-c", strings.ReplaceAll(block, "localhost:8001", p.grpc))
+		cmd.Dir = "../.."
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "README gRPC block %d:\n%s\noutput:\n%s", i, block, out)
+		assert.Regexp(t, `^probabilities 7 0\.998\d*\n$`, string(out))
+	}
+}
+
 // TestREADMEChartPreview runs the README's offline chart preview with the
 // Helm make deps builds, and checks it shows the objects it says.
 func TestREADMEChartPreview(t *testing.T) {
