@@ -86,7 +86,7 @@ deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 ## test: install what the tests need, then run every test in its short
 ## form (Go with the race detector, the kernel sets this CPU runs, the
 ## worker's Python unit tests, the chart and the alert rules); about 3.5
-## minutes warm on 2 cores (README: "Testing")
+## minutes warm on 2 cores (docs/development.md: "Testing")
 test: deps
 	$(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)

@@ -281,9 +281,9 @@ func headerLength(b []byte, fileSize int64) (int, error) {
 	n := binary.LittleEndian.Uint64(b)
 	switch {
 	case bytes.HasPrefix(b, []byte("PK\x03\x04")):
-		return 0, fmt.Errorf("%w: this is a zip archive, as torch.save writes, not safetensors; save the state_dict as safetensors (README, \"Add your own model\")", ErrSafetensors)
+		return 0, fmt.Errorf("%w: this is a zip archive, as torch.save writes, not safetensors; save the state_dict as safetensors (docs/models.md, \"Add your own model\")", ErrSafetensors)
 	case b[0] == 0x80 && b[1] >= 2 && b[1] <= 5:
-		return 0, fmt.Errorf("%w: this is a Python pickle (an old torch.save), not safetensors; save the state_dict as safetensors (README, \"Add your own model\")", ErrSafetensors)
+		return 0, fmt.Errorf("%w: this is a Python pickle (an old torch.save), not safetensors; save the state_dict as safetensors (docs/models.md, \"Add your own model\")", ErrSafetensors)
 	}
 	if n > maxSafetensorsHeader {
 		return 0, fmt.Errorf("%w: header length %d exceeds the %d-byte limit", ErrSafetensors, n, maxSafetensorsHeader)

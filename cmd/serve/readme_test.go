@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,13 +12,26 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// readmeBlocks are the README's fenced blocks of the given language that
-// talk to a server (they name localhost:8000).
-func readmeBlocks(t *testing.T, lang string) []string {
-	b, err := os.ReadFile("../../README.md")
+// docText is README.md and every docs/*.md, the text whose examples the
+// tests run.
+func docText(t *testing.T) string {
+	files, err := filepath.Glob("../../docs/*.md")
 	require.NoError(t, err)
+	var all strings.Builder
+	for _, f := range append([]string{"../../README.md"}, files...) {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		all.Write(b)
+		all.WriteString("\n")
+	}
+	return all.String()
+}
+
+// readmeBlocks are the fenced blocks of the given language in README.md and
+// docs/ that talk to a server (they name localhost:8000).
+func readmeBlocks(t *testing.T, lang string) []string {
 	var out []string
-	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllStringSubmatch(docText(t), -1) {
 		if strings.Contains(m[1], "localhost:8000") {
 			out = append(out, m[1])
 		}
@@ -78,10 +92,8 @@ func TestREADMEGRPCExample(t *testing.T) {
 	if out, err := exec.Command("/usr/bin/python3", "-c", "import grpc, grpc_tools.protoc").CombinedOutput(); err != nil {
 		t.Skipf("Python's grpcio and grpc_tools are needed (make deps installs python3-grpcio and python3-grpc-tools): %s", out)
 	}
-	b, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
 	var blocks []string
-	for _, m := range regexp.MustCompile("(?s)```python\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+	for _, m := range regexp.MustCompile("(?s)```python\n(.*?)```").FindAllStringSubmatch(docText(t), -1) {
 		if strings.Contains(m[1], "localhost:8001") {
 			blocks = append(blocks, m[1])
 		}
@@ -100,10 +112,8 @@ func TestREADMEGRPCExample(t *testing.T) {
 // TestREADMEChartPreview runs the README's offline chart preview with the
 // Helm make deps builds, and checks it shows the objects it says.
 func TestREADMEChartPreview(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
 	var block string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(docText(t), -1) {
 		if strings.Contains(m[1], " template ") {
 			block = m[1]
 		}

@@ -210,13 +210,16 @@ func TestEverythingEnabled(t *testing.T) {
 	assert.Equal(t, r.deployment.Spec.Selector.MatchLabels, r.monitor.Spec.Selector.MatchLabels)
 
 	require.NotNil(t, r.rule)
+	runbooks, err := os.ReadFile("../../docs/operations.md")
+	require.NoError(t, err)
 	alerts := map[string]bool{}
 	for _, g := range r.rule.Spec.Groups {
 		for _, rule := range g.Rules {
 			alerts[rule.Alert] = true
 			assert.NotEmpty(t, rule.Annotations["summary"], rule.Alert)
 			assert.NotEmpty(t, rule.Annotations["description"], rule.Alert)
-			assert.Contains(t, rule.Annotations["runbook"], "README.md#", rule.Alert)
+			assert.Equal(t, "docs/operations.md#"+strings.ToLower(rule.Alert), rule.Annotations["runbook"], rule.Alert)
+			assert.Contains(t, string(runbooks), "\n#### "+rule.Alert+"\n", "docs/operations.md has the runbook of %s", rule.Alert)
 		}
 	}
 	for _, a := range []string{"StepserveCPUFallback", "StepserveRecompileInSteadyState", "StepserveNonCleanSteps",
