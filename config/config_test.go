@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -429,4 +431,49 @@ func TestGRPCAddr(t *testing.T) {
 	_, err = Load([]string{"--model_repository", dir, "--server.grpc_addr", "8001"})
 	assert.ErrorIs(t, err, ErrInvalid)
 	assert.ErrorContains(t, err, `server.grpc_addr: "8001"; want host:port, e.g. :8001, or empty to serve no gRPC`)
+}
+
+// TestDocsKeyTableIsCurrent holds docs/configuration.md's key table to the
+// keys: every key documented once, none that does not exist, each with its
+// default and environment variable (issue 34). The meaning column is the
+// docs' own prose.
+func TestDocsKeyTableIsCurrent(t *testing.T) {
+	b, err := os.ReadFile("../docs/configuration.md")
+	require.NoError(t, err)
+	defaults := map[string]string{}
+	for _, k := range keys {
+		defaults[k.name] = k.def
+	}
+	tick := regexp.MustCompile("`([^`]+)`")
+	documented := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		cols := strings.Split(line, " | ")
+		require.GreaterOrEqual(t, len(cols), 4, line)
+		names := tick.FindAllStringSubmatch(cols[0], -1)
+		for i, n := range names {
+			name := n[1]
+			_, ok := defaults[name]
+			require.True(t, ok, "docs/configuration.md documents %q, which is not a key", name)
+			require.False(t, documented[name], "%q is documented twice", name)
+			documented[name] = true
+			if i > 0 {
+				continue // the row's other keys (a token's token_file) share its columns
+			}
+			def := strings.Trim(cols[1], "`")
+			if defaults[name] == "" {
+				assert.Contains(t, []string{"(empty)", "(none)", "(required)"}, def, "%s's default", name)
+			} else {
+				assert.Equal(t, defaults[name], def, "%s's default", name)
+			}
+			env := tick.FindStringSubmatch(cols[2])
+			require.NotNil(t, env, "%s's environment variable", name)
+			assert.Equal(t, envName(name), env[1], "%s's environment variable", name)
+		}
+	}
+	for _, name := range Keys() {
+		assert.True(t, documented[name], "docs/configuration.md lacks %s", name)
+	}
 }
