@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -388,4 +389,43 @@ func helmBin() string {
 		return b
 	}
 	return "helm"
+}
+
+// Grafana-managed alert rules ship, when asked, as a ConfigMap Grafana's
+// sidecar provisions (label grafana_alert), with the Prometheus data
+// source's uid in every query (issue 34).
+func TestGrafanaAlertsConfigMap(t *testing.T) {
+	r := render(t)
+	_, ok := r.configMaps["rel-stepserve-grafana-alerts"]
+	assert.False(t, ok, "off by default")
+	r = render(t, "--set", "grafanaAlerts.enabled=true,grafanaAlerts.datasourceUid=prom-main")
+	cm, ok := r.configMaps["rel-stepserve-grafana-alerts"]
+	require.True(t, ok)
+	assert.Equal(t, "1", cm.Labels["grafana_alert"])
+	var doc struct {
+		APIVersion int `json:"apiVersion"`
+		Groups     []struct {
+			Folder string
+			Rules  []struct {
+				UID       string `json:"uid"`
+				Title     string
+				Condition string
+				Data      []struct {
+					DatasourceUID string `json:"datasourceUid"`
+				}
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(cm.Data["stepserve-alerts.json"]), &doc))
+	assert.Equal(t, 1, doc.APIVersion)
+	require.NotEmpty(t, doc.Groups)
+	for _, g := range doc.Groups {
+		assert.Equal(t, "stepserve", g.Folder)
+		for _, rule := range g.Rules {
+			assert.Equal(t, "C", rule.Condition, rule.Title)
+			assert.LessOrEqual(t, len(rule.UID), 40, rule.Title)
+			assert.Equal(t, "prom-main", rule.Data[0].DatasourceUID, rule.Title)
+		}
+	}
+	assert.NotContains(t, cm.Data["stepserve-alerts.json"], "__STEPSERVE_PROMETHEUS_UID__")
 }

@@ -39,6 +39,42 @@ func expressions(t *testing.T) map[string]string {
 			out["alert "+r.Alert] = r.Expr
 		}
 	}
+	// The Grafana-managed rules (generated from the same rules) query
+	// what the Prometheus rules do, every one.
+	b, err = os.ReadFile("../helm/stepserve/files/grafana-alerts.json")
+	require.NoError(t, err)
+	var grafana struct {
+		Groups []struct {
+			Rules []struct {
+				Title string
+				Data  []struct {
+					RefID string `json:"refId"`
+					Model struct{ Expr string }
+				}
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal(b, &grafana))
+	n := 0
+	for _, g := range grafana.Groups {
+		for _, r := range g.Rules {
+			n++
+			require.NotEmpty(t, r.Data, r.Title)
+			assert.Equal(t, "A", r.Data[0].RefID, r.Title)
+			assert.Equal(t, strings.TrimSpace(out["alert "+r.Title]), r.Data[0].Model.Expr, "Grafana's %s asks what Prometheus's does", r.Title)
+			out["Grafana alert "+r.Title] = r.Data[0].Model.Expr
+		}
+	}
+	alerts := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				alerts++
+			}
+		}
+	}
+	assert.Equal(t, alerts, n, "a Grafana rule for every Prometheus alert")
+
 	b, err = os.ReadFile("../helm/stepserve/files/dashboard.json")
 	require.NoError(t, err)
 	var dash struct {
