@@ -22,7 +22,7 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 ADDR    ?=
 PYTHON  ?= /usr/bin/python3
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate grafana-alerts digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -264,7 +264,7 @@ tokenizer-files:
 	cd models/tokenizers && $(GO) test -count=1 -timeout 5m -run '^TestGeneratedFilesAreCurrent$$' -update .
 
 # What the generators write, but the torch references (make golden).
-GENERATED := deploy/helm/stepserve/values.schema.json deploy/helm/stepserve/files/grafana-alerts.json server/inferencepb models/testdata/tokenizers \
+GENERATED := deploy/helm/stepserve/values.schema.json deploy/helm/stepserve/files/grafana-alerts.json deploy/helm/stepserve/files/dashboard.json server/inferencepb models/testdata/tokenizers \
 	model_repository/tiny-encoder model_repository/tiny-xlmr model_repository/tiny-reranker \
 	model_repository/tiny-llama
 
@@ -272,7 +272,7 @@ GENERATED := deploy/helm/stepserve/values.schema.json deploy/helm/stepserve/file
 ## (proto), the test tokenizer files, the demo models (tiny-encoder,
 ## tiny-xlmr, tiny-reranker) and the torch references (golden, which needs
 ## Debian's python3-torch and writes bytes that depend on the CPU)
-generate: schema grafana-alerts proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama golden
+generate: schema grafana-alerts dashboard proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama golden
 
 ## check-generated: run every generator but the torch references and fail
 ## when any generated file differs from what they write (the tree is left
@@ -282,12 +282,17 @@ check-generated:
 	@set -e; tmp=$$(mktemp -d); mkdir $$tmp/before $$tmp/now; \
 	tar cf $$tmp/before.tar $(wildcard $(GENERATED)); tar xf $$tmp/before.tar -C $$tmp/before; \
 	trap 'rm -rf $(GENERATED); tar xf $$tmp/before.tar; rm -rf $$tmp' EXIT; \
-	rc=0; $(MAKE) --no-print-directory schema grafana-alerts proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama >$$tmp/log 2>&1 || rc=$$?; \
+	rc=0; $(MAKE) --no-print-directory schema grafana-alerts dashboard proto tokenizer-files tiny-encoder tiny-xlmr tiny-llama >$$tmp/log 2>&1 || rc=$$?; \
 	tar cf - $(wildcard $(GENERATED)) | tar xf - -C $$tmp/now; \
 	if [ $$rc != 0 ]; then cat $$tmp/log; exit $$rc; fi; \
 	if ! diff -r --brief $$tmp/before $$tmp/now; then \
-		echo "check-generated: stale: run make generate (schema, grafana-alerts, proto, tokenizer-files, tiny-encoder, tiny-xlmr, tiny-llama) and commit what it writes"; exit 1; fi; \
+		echo "check-generated: stale: run make generate (schema, grafana-alerts, dashboard, proto, tokenizer-files, tiny-encoder, tiny-xlmr, tiny-llama) and commit what it writes"; exit 1; fi; \
 	echo "check-generated: every generated file is current ($(GENERATED))"
+
+## dashboard: regenerate the chart's Grafana dashboard (files/dashboard.json)
+## from its definition in cmd/gen-dashboard (Grafana's Go SDK)
+dashboard:
+	$(GO) run ./cmd/gen-dashboard -chart deploy/helm/stepserve
 
 ## grafana-alerts: regenerate the chart's Grafana-managed alert rules
 ## (files/grafana-alerts.json) from its Prometheus rules, with Grafana's Go
