@@ -94,3 +94,62 @@ func TestFreshCloneBuildsAndRetrains(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(shipped, written), "%s: make digits in a fresh clone chose other rows than the shipped file", heldout)
 }
+
+// TestNewcomerPath follows the README in a fresh clone (nothing outside
+// it): make build, the server on the shipped repository, the README's
+// first inference example, then a Hugging Face folder dropped in as the
+// Hub ships it (no model.yaml; here the shipped tiny-xlmr's files without
+// its model.yaml) and served: its embeddings over OpenAI's API (issue 34).
+func TestNewcomerPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a fresh clone: make test-long runs it")
+	}
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	if _, err := os.Stat(filepath.Join(root, ".git")); err != nil {
+		t.Skip("not a git checkout")
+	}
+	clone := filepath.Join(t.TempDir(), "stepserve")
+	out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command("make", "-C", clone, "build", "GOTAGS=").CombinedOutput()
+	require.NoError(t, err, "make build in a fresh clone:\n%s", out)
+
+	// The Hub folder: config.json, model.safetensors, tokenizer.json and
+	// the sentence-transformers files, no model.yaml.
+	hub := filepath.Join(clone, "model_repository", "my-embedder")
+	require.NoError(t, os.MkdirAll(filepath.Join(hub, "1_Pooling"), 0o755))
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "modules.json", "1_Pooling/config.json"} {
+		b, err := os.ReadFile(filepath.Join(clone, "model_repository", "tiny-xlmr", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(hub, f), b, 0o644))
+	}
+	cmd := exec.Command(filepath.Join(clone, "bin", "stepserve"), "--server.addr", "127.0.0.1:0", "--server.grpc_addr=",
+		"--model_repository", filepath.Join(clone, "model_repository"))
+	cmd.Dir = clone
+	p := startCmd(t, cmd)
+
+	readme, err := os.ReadFile(filepath.Join(clone, "README.md"))
+	require.NoError(t, err)
+	var first string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(readme), -1) {
+		if bytes.Contains([]byte(m[1]), []byte("digits/infer")) {
+			first = m[1]
+			break
+		}
+	}
+	require.NotEmpty(t, first, "the README's first inference example")
+	script := "set -e -o pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n" +
+		regexp.MustCompile(`localhost:8000`).ReplaceAllString(first, p.base[len("http://"):])
+	out, err = exec.Command("bash", "-c", script).CombinedOutput()
+	require.NoError(t, err, "%s\n%s", first, out)
+	assert.Contains(t, string(out), `"model_name":"digits"`)
+
+	resp, body := post(t, p.base+"/v1/embeddings", []byte(`{"model": "my-embedder", "input": ["The water is warm."]}`))
+	require.Equal(t, 200, resp.StatusCode, string(body))
+	assert.Contains(t, string(body), `"object":"list"`)
+	assert.Contains(t, string(body), `"model":"my-embedder"`)
+}
