@@ -200,13 +200,14 @@ func hostileCases() []hostileCase {
 // (garbage included), the heap goal its last GC set (twice the heap that
 // GC found live, at GOGC 100: it follows live memory, not garbage), and
 // its failed requests.
-type serverStats struct{ goroutines, heap, nextGC, gcs, errors, invalid float64 }
+type serverStats struct{ goroutines, heap, live, nextGC, gcs, errors, invalid float64 }
 
 func stats(t *testing.T, base string) serverStats {
 	m := scrape(t, base)
 	return serverStats{
 		goroutines: metricSum(t, m, "go_goroutines"),
 		heap:       metricSum(t, m, "go_memstats_heap_alloc_bytes"),
+		live:       metricSum(t, m, "go_gc_heap_live_bytes"),
 		nextGC:     metricSum(t, m, "go_memstats_next_gc_bytes"),
 		gcs:        metricSum(t, m, "go_gc_duration_seconds_count"),
 		errors:     metricSum(t, m, "stepserve_requests_total", `outcome="error"`),

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"syscall"
@@ -87,7 +88,11 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	cpuThreads := cpufallback.SetThreads(cfg.Engine.CPUThreads)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
-		collectors.NewGoCollector(),
+		// go_gc_heap_live_bytes beside the memstats: the heap the last
+		// collection found live, which garbage (and so the GC's pacing,
+		// internal/gcfloor) does not move.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newBuildInfo(version, cpufallback.BLAS(), cpufallback.Kernels()),
 	)
@@ -152,27 +157,29 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		return err
 	}
 	api, err := server.New(server.Options{
-		Models:              set,
-		Conns:               conns,
-		IdleTimeout:         cfg.Server.IdleTimeout,
-		ReadTimeout:         cfg.Server.ReadTimeout,
-		ModelControl:        cfg.Server.EnableModelControl,
-		MaxBodyBytes:        cfg.Server.MaxBodyBytes,
-		MaxRequestElements:  cfg.Server.MaxRequestElements,
-		MaxResponseBytes:    cfg.Server.MaxResponseBytes,
-		MaxInflightBytes:    inflight,
-		InferenceTokens:     cfg.Auth.InferenceTokens,
-		RepositoryTokens:    cfg.Auth.RepositoryTokens,
-		RepositoryAnonymous: cfg.Auth.RepositoryAnonymous,
-		MetricsElsewhere:    cfg.Server.MetricsAddr != "",
-		Version:             version,
-		Logger:              logger,
-		LogLevel:            logLevel,
-		LogFormat:           cfg.Log.Format,
-		LogRequests:         cfg.Log.Requests,
-		Tracer:              newTracer(cfg, logger),
-		Registerer:          reg,
-		Gatherer:            reg,
+		Models:                 set,
+		Conns:                  conns,
+		IdleTimeout:            cfg.Server.IdleTimeout,
+		ReadTimeout:            cfg.Server.ReadTimeout,
+		ModelControl:           cfg.Server.EnableModelControl,
+		MaxBodyBytes:           cfg.Server.MaxBodyBytes,
+		MaxRequestElements:     cfg.Server.MaxRequestElements,
+		MaxResponseBytes:       cfg.Server.MaxResponseBytes,
+		MaxSharedMemoryRegions: cfg.Server.MaxSharedMemoryRegions,
+		MaxSharedMemoryBytes:   cfg.Server.MaxSharedMemoryBytes,
+		MaxInflightBytes:       inflight,
+		InferenceTokens:        cfg.Auth.InferenceTokens,
+		RepositoryTokens:       cfg.Auth.RepositoryTokens,
+		RepositoryAnonymous:    cfg.Auth.RepositoryAnonymous,
+		MetricsElsewhere:       cfg.Server.MetricsAddr != "",
+		Version:                version,
+		Logger:                 logger,
+		LogLevel:               logLevel,
+		LogFormat:              cfg.Log.Format,
+		LogRequests:            cfg.Log.Requests,
+		Tracer:                 newTracer(cfg, logger),
+		Registerer:             reg,
+		Gatherer:               reg,
 	})
 	if err != nil {
 		return err

@@ -216,7 +216,10 @@ func TestOverload(t *testing.T) {
 	assert.Less(t, after.quantile(0.5), 3*base.quantile(0.5)+20*time.Millisecond, "latency returns to its baseline")
 	s := stats(t, p.base)
 	assert.Equal(t, before.errors, s.errors, "no 5xx other than 503")
-	assert.Less(t, s.heap, before.heap+256<<20, "memory stays bounded")
+	// The heap the server's last collection found live: the garbage the
+	// burst left (however the GC paces itself) is not memory it holds.
+	t.Logf("heap: before %.0f MiB live, after %.0f MiB live (%.0f MiB allocated, garbage included)", before.live/(1<<20), s.live/(1<<20), s.heap/(1<<20))
+	assert.Less(t, s.live, before.live+256<<20, "memory stays bounded")
 }
 
 // TestDrainUnderLoad sends SIGTERM while clients keep sending: requests in
