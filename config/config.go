@@ -68,6 +68,10 @@ type Server struct {
 	MaxRequestElements int64
 	// MaxResponseBytes bounds the response one request may ask for.
 	MaxResponseBytes int64
+	// MaxSharedMemoryRegions and MaxSharedMemoryBytes bound Triton's
+	// system shared memory: regions registered, and bytes mapped, at once.
+	MaxSharedMemoryRegions int
+	MaxSharedMemoryBytes   int64
 	// MaxInflightBytes bounds the memory all requests in flight may hold
 	// together; 0 means half the memory limit the server finds.
 	MaxInflightBytes int64
@@ -238,6 +242,10 @@ var keys = []key{
 		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)"), intKind(0, 1<<24)},
 	{"server.max_response_bytes", "64MiB", "largest response one request may ask for, bounded from its shapes before it runs (413 above it)",
 		value(func(c *Config) *int64 { return &c.Server.MaxResponseBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)"), sizeKind(1024, false)},
+	{"server.shared_memory.max_regions", "64", "most system shared-memory regions registered at once (Triton's shared-memory extension); a registration past it is refused with 400",
+		value(func(c *Config) *int { return &c.Server.MaxSharedMemoryRegions }, strconv.Atoi, between(1, 4096), "an integer in 1..4096"), intKind(1, 4096)},
+	{"server.shared_memory.max_bytes", "16GiB", "most bytes of registered system shared-memory regions mapped at once; a registration past it is refused with 400",
+		value(func(c *Config) *int64 { return &c.Server.MaxSharedMemoryBytes }, ParseBytes, atLeast[int64](1<<20), "a size of at least 1MiB: bytes, or with a unit (1GiB, 16GiB)"), sizeKind(1<<20, false)},
 	{"server.max_inflight_bytes", "0", "memory all requests in flight may hold together: bodies, tensors, outputs and responses not yet written (503 when spent); 0: half the memory limit (cgroup, RLIMIT_AS or RAM)",
 		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)"), sizeKind(1<<20, true)},
 	{"server.metrics_addr", "", "a separate listen address for /metrics and the health endpoints (empty: the main one)",

@@ -477,3 +477,20 @@ func TestDocsKeyTableIsCurrent(t *testing.T) {
 		assert.True(t, documented[name], "docs/configuration.md lacks %s", name)
 	}
 }
+
+// The system shared-memory limits are configuration keys (issue 30's
+// review): defaults as the server had them, set by flag, refused out of
+// range.
+func TestSharedMemoryLimits(t *testing.T) {
+	dir := repo(t)
+	c, err := Load([]string{"--model_repository", dir})
+	require.NoError(t, err)
+	assert.Equal(t, 64, c.Server.MaxSharedMemoryRegions)
+	assert.Equal(t, int64(16<<30), c.Server.MaxSharedMemoryBytes)
+	c, err = Load([]string{"--model_repository", dir, "--server.shared_memory.max_regions", "2", "--server.shared_memory.max_bytes", "1GiB"})
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.Server.MaxSharedMemoryRegions)
+	assert.Equal(t, int64(1<<30), c.Server.MaxSharedMemoryBytes)
+	_, err = Load([]string{"--model_repository", dir, "--server.shared_memory.max_regions", "0"})
+	assert.ErrorContains(t, err, `server.shared_memory.max_regions: "0"; want an integer in 1..4096`)
+}

@@ -325,11 +325,11 @@ func TestSharedMemoryLimits(t *testing.T) {
 	// A page and two bytes across two page boundaries map three pages.
 	w := register("b", page-1, page+2)
 	assert.Equal(t, 400, w.Code)
-	assert.Contains(t, errorOf(t, w), "it would map 12 KiB, and 4 KiB of the server's 12 KiB for shared memory is mapped already")
+	assert.Contains(t, errorOf(t, w), "it would map 12 KiB, and 4 KiB of the server's 12 KiB for shared memory (server.shared_memory.max_bytes) is mapped already")
 	require.Equal(t, 200, register("b", page, page).Code)
 	w = register("c", 0, 8)
 	assert.Equal(t, 400, w.Code)
-	assert.Contains(t, errorOf(t, w), "failed to register shared memory region 'c': 2 regions are registered, the most the server holds; unregister one first")
+	assert.Contains(t, errorOf(t, w), "failed to register shared memory region 'c': 2 regions are registered, the most the server holds (server.shared_memory.max_regions); unregister one first")
 	require.Equal(t, 200, do(t, s, "POST", "/v2/systemsharedmemory/unregister", nil).Code)
 
 	// A quarter MiB of rows in the region: their copy out of it alone

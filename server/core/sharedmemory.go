@@ -215,7 +215,7 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	off, size := int64(offset), int64(byteSize)
 	if size > s.maxBytes {
 		// Checked before any rounding: a size near 2^63 would overflow it.
-		return fail("byte_size %d is more than the %s the server maps for shared memory", byteSize, bytesize.Format(s.maxBytes))
+		return fail("byte_size %d is more than the %s the server maps for shared memory (server.shared_memory.max_bytes)", byteSize, bytesize.Format(s.maxBytes))
 	}
 	page := int64(os.Getpagesize())
 	pageOff := off / page * page
@@ -230,9 +230,9 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	case s.regions[name] != nil:
 		return regionExistsError{BadRequest(fmt.Sprintf("shared memory region '%s' already in manager; unregister it first, or register under another name", name))}
 	case len(s.regions) >= s.maxRegions:
-		return fail("%d regions are registered, the most the server holds; unregister one first", len(s.regions))
+		return fail("%d regions are registered, the most the server holds (server.shared_memory.max_regions); unregister one first", len(s.regions))
 	case cost > s.maxBytes-s.mapped:
-		return fail("it would map %s, and %s of the server's %s for shared memory is mapped already; unregister regions first",
+		return fail("it would map %s, and %s of the server's %s for shared memory (server.shared_memory.max_bytes) is mapped already; unregister regions first",
 			bytesize.Format(cost), bytesize.Format(s.mapped), bytesize.Format(s.maxBytes))
 	}
 	mapping, err := mapObject(file, key, pageOff, off, size, mapLen)
