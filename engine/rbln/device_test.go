@@ -210,7 +210,7 @@ func TestRBLNGroupWorker(t *testing.T) {
 			single = append(single, kv)
 		}
 	}
-	assert.Equal(t, []string{"RBLN_VISIBLE_DEVICES=1", "RBLN_NPUS_PER_DEVICE=1"}, single)
+	assert.Equal(t, []string{"RBLN_VISIBLE_DEVICES=1"}, single, "a single NPU: no grouping variable at all (Rebel100's cards group themselves)")
 
 	requireTorch(t)
 	// The double groups the visible NPUs as the runtime does: one logical

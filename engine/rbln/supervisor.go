@@ -481,11 +481,15 @@ func (w *worker) env() []string {
 			k, _, _ := strings.Cut(kv, "=")
 			return k == npusPerDeviceEnv || k == deviceMapEnv || k == legacyVisibleDevices
 		})
-		// Its NPUs are one logical device, rbln:0 (an RSD group when more
-		// than one), set before its first device use; it compiles for
-		// all of them (num_devices).
-		g := strconv.Itoa(groupSize(w.device))
-		env = append(env, visibleDevices+"="+w.device, npusPerDeviceEnv+"="+g, groupSizeEnv+"="+g)
+		env = append(env, visibleDevices+"="+w.device)
+		if g := groupSize(w.device); g > 1 {
+			// An RSD group: its NPUs are one logical device, rbln:0, set
+			// before its first device use; it compiles for all of them
+			// (num_devices). A single NPU gets no grouping variable at
+			// all (on Rebel100 the documentation says to leave them
+			// unset: the card is its own RSD group).
+			env = append(env, npusPerDeviceEnv+"="+strconv.Itoa(g), groupSizeEnv+"="+strconv.Itoa(g))
+		}
 	}
 	env = append(env,
 		"TORCH_RBLN_DEPLOY=ON",
