@@ -252,7 +252,11 @@ func TestCompileDeadline(t *testing.T) {
 func TestSupervisorGivesUpAModelWhoseReloadKillsTheWorker(t *testing.T) {
 	requireTorch(t)
 	crash := filepath.Join(t.TempDir(), "crash")
-	e, _ := newEngine(t, Options{RestartBackoff: 10 * time.Millisecond, MaxRestartBackoff: 50 * time.Millisecond,
+	// A model given up is retried after 16 restart backoffs (1.6 s here),
+	// doubling: the second below must fall inside the first of them. (At
+	// 10 ms the retry came 160 ms after the give-up, and the check passed
+	// only while a worker took over a second to start.)
+	e, _ := newEngine(t, Options{RestartBackoff: 100 * time.Millisecond, MaxRestartBackoff: 200 * time.Millisecond,
 		Env: map[string]string{"STEPSERVE_WORKER_TEST_CRASH_ON_LOAD": crash}})
 	grid, _ := bucketing.NewGrid([]int{1}, nil)
 	m := loadDigits(t)
