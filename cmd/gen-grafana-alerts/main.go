@@ -13,7 +13,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -27,6 +26,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/expr"
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/stepserve/stepserve/internal/genjson"
 )
 
 // DatasourcePlaceholder is replaced by the chart with the Prometheus data
@@ -117,14 +118,7 @@ func Render(src []byte) ([]byte, error) {
 			doc.Groups = append(doc.Groups, pg)
 		}
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(doc); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
+	return genjson.Marshal(doc)
 }
 
 func grafanaRule(group, alert, query, forDur string, labels, annotations map[string]string) (map[string]any, error) {

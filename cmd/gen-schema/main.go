@@ -10,7 +10,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"path/filepath"
 
 	"github.com/stepserve/stepserve/config"
+	"github.com/stepserve/stepserve/internal/genjson"
 )
 
 func main() {
@@ -51,12 +51,5 @@ func render(old []byte) ([]byte, error) {
 	s := config.Schema()
 	s["description"] = "stepserve's configuration (its YAML file): every key, typed; unknown keys are refused. Generated from the server's keys by make schema."
 	props["config"] = s
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return genjson.Marshal(doc)
 }

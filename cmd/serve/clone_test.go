@@ -34,17 +34,7 @@ func TestFreshCloneBuildsAndRetrains(t *testing.T) {
 	if testing.Short() {
 		t.Skip("retrains two models twice (minutes): make test-long runs it")
 	}
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
-	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	if _, err := os.Stat(filepath.Join(root, ".git")); err != nil {
-		t.Skip("not a git checkout")
-	}
-	clone := filepath.Join(t.TempDir(), "stepserve")
-	out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	root, clone := freshClone(t)
 
 	makeTarget := func(target string) string {
 		t.Helper()
@@ -104,18 +94,8 @@ func TestNewcomerPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a fresh clone: make test-long runs it")
 	}
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
-	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	if _, err := os.Stat(filepath.Join(root, ".git")); err != nil {
-		t.Skip("not a git checkout")
-	}
-	clone := filepath.Join(t.TempDir(), "stepserve")
-	out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	out, err = exec.Command("make", "-C", clone, "build", "GOTAGS=").CombinedOutput()
+	_, clone := freshClone(t)
+	out, err := exec.Command("make", "-C", clone, "build", "GOTAGS=").CombinedOutput()
 	require.NoError(t, err, "make build in a fresh clone:\n%s", out)
 
 	// The Hub folder: config.json, model.safetensors, tokenizer.json and
@@ -152,4 +132,23 @@ func TestNewcomerPath(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode, string(body))
 	assert.Contains(t, string(body), `"object":"list"`)
 	assert.Contains(t, string(body), `"model":"my-embedder"`)
+}
+
+// freshClone clones the repository this test runs in (root) into a
+// temporary directory (clone), as a user's git clone would: only what is
+// committed. It skips the test without git or outside a checkout.
+func freshClone(t *testing.T) (root, clone string) {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	if _, err := os.Stat(filepath.Join(root, ".git")); err != nil {
+		t.Skip("not a git checkout")
+	}
+	clone = filepath.Join(t.TempDir(), "stepserve")
+	out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return root, clone
 }
