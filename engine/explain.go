@@ -73,6 +73,13 @@ type Explain struct {
 	// Dispatch is what torch-rbln's dispatcher and runtime saw of the step
 	// besides its signals; nil where the engine does not say.
 	Dispatch *Dispatch `json:"dispatch,omitempty"`
+	// HostOps counts the operators the compiler split out of the step's
+	// compiled program to run on the host inside it (the RBLN Compiler's
+	// inspect(), host_op_reason), which explain() cannot see: a property
+	// of the bucket's program, read when it was built. HostOpReasons
+	// names them with the compiler's reason (at most 32).
+	HostOps       Count             `json:"host_ops"`
+	HostOpReasons map[string]string `json:"host_op_reasons,omitempty"`
 
 	// Which operator fell back or recompiled, and where data crossed the
 	// host; nil where the engine has nothing to say.
@@ -123,6 +130,7 @@ func Unmeasured() Explain {
 		V2V:             Unknown,
 		V2VSlow:         Unknown,
 		DeviceNS:        Unknown,
+		HostOps:         Unknown,
 	}
 }
 

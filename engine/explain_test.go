@@ -20,10 +20,10 @@ func TestExplainUnknownIsNeverZero(t *testing.T) {
 			func() Explain { x := Unmeasured(); x.Measured = true; return x }()},
 		{"negative counts are unknown", `{"measured":true,"h2d":-7,"d2h":-1}`,
 			func() Explain { x := Unmeasured(); x.Measured = true; return x }()},
-		{"zero is zero", `{"measured":true,"clean":true,"cpu_fallbacks":0,"recompiles":0,"host_bounces":0,"host_bounce_bytes":0,"h2d":0,"d2h":0,"wall_ns":0,"h2d_ns":0,"d2h_ns":0,"v2v":0,"v2v_slow":0,"device_ns":0}`,
+		{"zero is zero", `{"measured":true,"clean":true,"cpu_fallbacks":0,"recompiles":0,"host_bounces":0,"host_bounce_bytes":0,"h2d":0,"d2h":0,"wall_ns":0,"h2d_ns":0,"d2h_ns":0,"v2v":0,"v2v_slow":0,"device_ns":0,"host_ops":0}`,
 			Explain{Measured: true, Clean: true}},
-		{"device time left out is unknown", `{"measured":true,"clean":true,"cpu_fallbacks":0,"recompiles":0,"host_bounces":0,"host_bounce_bytes":0,"h2d":0,"d2h":0,"wall_ns":0,"h2d_ns":0,"d2h_ns":0,"v2v":0,"v2v_slow":0}`,
-			Explain{Measured: true, Clean: true, DeviceNS: Unknown}},
+		{"device time and host ops left out are unknown", `{"measured":true,"clean":true,"cpu_fallbacks":0,"recompiles":0,"host_bounces":0,"host_bounce_bytes":0,"h2d":0,"d2h":0,"wall_ns":0,"h2d_ns":0,"d2h_ns":0,"v2v":0,"v2v_slow":0}`,
+			Explain{Measured: true, Clean: true, DeviceNS: Unknown, HostOps: Unknown}},
 		{"an empty report measured nothing", `{}`, Unmeasured()},
 		{"a null report measured nothing", `null`, Unmeasured()},
 	} {

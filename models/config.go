@@ -64,6 +64,12 @@ type Config struct {
 	// engine computes in float16: "refuse" (400 naming the input and the
 	// range) or "clamp" (to ±65504). Staging would make it infinite.
 	Float16Overflow string `yaml:"float16_overflow"`
+	// TPFailover: on an RSD group (an rbln device of several NPUs), a
+	// bucket whose program fails across the group is compiled again for
+	// one NPU and runs on the group's first (torch-rbln's
+	// TORCH_RBLN_USE_TP_FAILOVER, for this model alone). Other engines
+	// have no groups and ignore it.
+	TPFailover bool `yaml:"tp_failover"`
 	// Instances places the model on its engine's devices: which, how many
 	// replicas each, and how many must be healthy for it to be ready.
 	Instances Instances `yaml:"instances"`

@@ -94,6 +94,18 @@ func TestParseConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "the file is empty")
 }
 
+// tp_failover is read from model.yaml (off unless written).
+func TestTPFailoverKey(t *testing.T) {
+	cfg, err := ParseConfig(strings.NewReader(validMLP))
+	require.NoError(t, err)
+	assert.False(t, cfg.TPFailover)
+	cfg, err = ParseConfig(strings.NewReader(strings.Replace(validMLP, "architecture: mlp", "architecture: mlp\ntp_failover: true", 1)))
+	require.NoError(t, err)
+	assert.True(t, cfg.TPFailover)
+	_, err = ParseConfig(strings.NewReader(strings.Replace(validMLP, "architecture: mlp", "architecture: mlp\ntp_failover: sometimes", 1)))
+	assert.Error(t, err)
+}
+
 func TestValidName(t *testing.T) {
 	for _, ok := range []string{"digits", "bge-small_v1.5", "A1"} {
 		assert.True(t, ValidName(ok), ok)

@@ -2,6 +2,9 @@ package steps
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/stepserve/stepserve/engine"
 )
@@ -23,11 +26,14 @@ const (
 	// path the step structure does not use.
 	MissingH2D
 	MissingD2H
+	// HostOp: the step's compiled program runs operators on the host
+	// inside it (the compiler split them out), unseen by explain().
+	HostOp
 	numSignals
 )
 
 var signalNames = [numSignals]string{"cpu_fallback", "recompile", "host_bounce", "v2v_slow",
-	"extra_h2d", "extra_d2h", "missing_h2d", "missing_d2h"}
+	"extra_h2d", "extra_d2h", "missing_h2d", "missing_d2h", "host_op"}
 
 func (s Signal) String() string { return signalNames[s] }
 
@@ -88,6 +94,7 @@ func Check(x *engine.Explain) Verdict {
 	over(Recompile, x.Recompiles, 0)
 	over(HostBounce, x.HostBounces, 0)
 	over(V2VSlow, x.V2VSlow, 0)
+	over(HostOp, x.HostOps, 0)
 	over(ExtraH2D, x.H2D, wantH2D)
 	over(ExtraD2H, x.D2H, wantD2H)
 	if x.H2D.Known() && x.H2D < wantH2D {
@@ -111,6 +118,9 @@ func Check(x *engine.Explain) Verdict {
 			x.Reasons = append(x.Reasons, fmt.Sprintf("%s: %d host-to-device copies, want %d", Signal(s), x.H2D, wantH2D))
 		case ExtraD2H, MissingD2H:
 			x.Reasons = append(x.Reasons, fmt.Sprintf("%s: %d device-to-host copies, want %d", Signal(s), x.D2H, wantD2H))
+		case HostOp:
+			// The worker's own verdict cannot see these: always named.
+			x.Reasons = append(x.Reasons, hostOpReason(x))
 		default:
 			if name {
 				x.Reasons = append(x.Reasons, fmt.Sprintf("%s: %d", Signal(s), n))
@@ -130,6 +140,23 @@ func Check(x *engine.Explain) Verdict {
 	}
 	v.Clean = x.Clean
 	return v
+}
+
+// hostOpReason names a step's host operators with the compiler's reasons.
+func hostOpReason(x *engine.Explain) string {
+	ops := slices.Sorted(maps.Keys(x.HostOpReasons))
+	named := make([]string, len(ops))
+	for i, op := range ops {
+		named[i] = op
+		if why := x.HostOpReasons[op]; why != "" {
+			named[i] += " (" + why + ")"
+		}
+	}
+	s := fmt.Sprintf("host_op: the compiled program runs %d operator(s) on the host", int64(x.HostOps))
+	if len(named) > 0 {
+		s += ": " + strings.Join(named, ", ")
+	}
+	return s
 }
 
 func countText(c engine.Count) string {

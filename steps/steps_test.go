@@ -249,7 +249,7 @@ func TestSignalLabels(t *testing.T) {
 	for _, s := range Signals() {
 		names = append(names, s.String())
 	}
-	assert.Equal(t, []string{"cpu_fallback", "recompile", "host_bounce", "v2v_slow", "extra_h2d", "extra_d2h", "missing_h2d", "missing_d2h"}, names)
+	assert.Equal(t, []string{"cpu_fallback", "recompile", "host_bounce", "v2v_slow", "extra_h2d", "extra_d2h", "missing_h2d", "missing_d2h", "host_op"}, names)
 }
 
 func TestWarmupRunsEveryBucketTwice(t *testing.T) {

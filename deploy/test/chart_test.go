@@ -224,7 +224,7 @@ func TestEverythingEnabled(t *testing.T) {
 		}
 	}
 	for _, a := range []string{"StepserveCPUFallback", "StepserveRecompileInSteadyState", "StepserveNonCleanSteps",
-		"StepserveHostBounce", "StepserveFailoverToCPU", "StepserveWorkerRestarts", "StepserveQueueSaturated",
+		"StepserveHostBounce", "StepserveHostOpInProgram", "StepserveFailoverToCPU", "StepserveWorkerRestarts", "StepserveQueueSaturated",
 		"StepserveHighLatencyP99", "StepserveModelNotReady", "StepserveReplicasDown", "StepserveConnectionsRefused"} {
 		assert.True(t, alerts[a], a)
 	}

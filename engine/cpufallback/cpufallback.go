@@ -228,6 +228,8 @@ func (p *program) step(ctx context.Context, bucket int, rec *trace.Recorder) (en
 		// The CPU is the device: its compute is the plan's step, the
 		// rest (the plan lookup, the context check) the host's.
 		DeviceNS: engine.Count(computed),
+		// No compiled program to hold host operators: not applicable.
+		HostOps: engine.Unknown,
 	}
 	if built {
 		x.Recompiles = 1

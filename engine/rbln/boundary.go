@@ -139,13 +139,14 @@ type column struct {
 // inputs as int32 (token ids, masks and type ids: models.PrepareInputs
 // keeps every id below vocab_size, at most 2^22, so none is narrowed; one
 // that were would saturate, never wrap). A model of architecture torch
-// (bytes) has rows of bytes instead: each tensor's row in its own device
-// type (floats in floats, the others as declared) at a multiple of 64
-// bytes, which the user's step body views out of the one buffer.
-func newBoundary(l engine.Layout, floats dtype, bytes bool) (boundary, error) {
+// (torch) keeps each tensor's own device type (floats in floats, the
+// others as declared): a row of that type where a side's tensors share
+// one, else a row of bytes with each at a multiple of 64 bytes, which the
+// user's step body views out of the one buffer (newTorchSide).
+func newBoundary(l engine.Layout, floats dtype, torch bool) (boundary, error) {
 	newSide := newSide
-	if bytes {
-		newSide = newByteSide
+	if torch {
+		newSide = newTorchSide
 	}
 	in, err := newSide(l.Inputs, floats)
 	if err != nil {
@@ -184,19 +185,41 @@ func newSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 	return s, nil
 }
 
+// newTorchSide lays out a side of an architecture torch model: every
+// tensor in its device type (floats in floats, the others as declared).
+// Where they all have the same one, the side is a row of that type, the
+// tensors side by side as newSide lays them out, and the graph slices
+// them out with no reinterpretation (step 3 of the recommended structure:
+// one dtype at the boundary). Only a side that mixes types is a byte row
+// (newByteSide), whose bitcasts the warm-up proves the frontend lowers.
+func newTorchSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
+	var s side
+	for i, t := range tensors {
+		from, to, err := torchDtypes(t, floats)
+		if err != nil {
+			return side{}, err
+		}
+		if i > 0 && to != s.dt {
+			return newByteSide(tensors, floats)
+		}
+		width := t.RowBytes / t.Datatype.Size()
+		s.dt = to
+		s.tensors = append(s.tensors, column{from: from, to: to, offset: t.Offset, width: width, at: s.cols})
+		s.cols += width
+	}
+	s.row = (s.cols + boundaryAlign - 1) / boundaryAlign * boundaryAlign
+	return s, nil
+}
+
 // newByteSide lays out a byte row: every tensor in its device type at a
 // multiple of boundaryAlign bytes (the device's 64-element rule for a
 // uint8 row, and a multiple of every element size).
 func newByteSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 	s := side{dt: dtUint8, byteRow: true}
 	for _, t := range tensors {
-		from, ok := hostDtype(t.Datatype)
-		if !ok {
-			return side{}, fmt.Errorf("tensor %q is %s, which the worker does not stage", t.Name, t.Datatype)
-		}
-		to := deviceDtype(from)
-		if from.floating() {
-			to = floats
+		from, to, err := torchDtypes(t, floats)
+		if err != nil {
+			return side{}, err
 		}
 		width := t.RowBytes / t.Datatype.Size()
 		s.tensors = append(s.tensors, column{from: from, to: to, offset: t.Offset, width: width, at: s.row})
@@ -205,6 +228,20 @@ func newByteSide(tensors []engine.TensorLayout, floats dtype) (side, error) {
 	}
 	s.row = max(s.row, boundaryAlign)
 	return s, nil
+}
+
+// torchDtypes is an architecture torch tensor's element type in the host
+// layout and on the device: floats in floats, the others as declared
+// (the unsigned ones wider than a byte as the next wider signed type).
+func torchDtypes(t engine.TensorLayout, floats dtype) (from, to dtype, err error) {
+	from, ok := hostDtype(t.Datatype)
+	if !ok {
+		return 0, 0, fmt.Errorf("tensor %q is %s, which the worker does not stage", t.Name, t.Datatype)
+	}
+	if from.floating() {
+		return from, floats, nil
+	}
+	return from, deviceDtype(from), nil
 }
 
 // bytes is the size of the side's staging for batch rows.

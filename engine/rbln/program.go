@@ -54,6 +54,10 @@ type program struct {
 	// as a message, announced; the others ring the doorbell.
 	ran    []bool
 	closed bool
+	// hostOps is what the worker found inspecting each bucket's program
+	// when its graph was built (the host operators inside it); nil until
+	// then, or where the worker could not inspect it.
+	hostOps []*hostOpsReply
 
 	// lives counts the worker's restarts this program was reloaded after:
 	// what the worker held (a decoder's KV cache) went with each.
@@ -78,7 +82,7 @@ func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucket
 	n := programs.Add(1)
 	p := &program{w: w, model: m, key: fmt.Sprintf("%s.%d", m.Name, n), slot: uint32(n), shapes: shapes, floats: floats,
 		nlanes:   w.e.opts.Lanes,
-		compiled: make([]bool, len(shapes)), ran: make([]bool, len(shapes))}
+		compiled: make([]bool, len(shapes)), ran: make([]bool, len(shapes)), hostOps: make([]*hostOpsReply, len(shapes))}
 	if err := p.allocate(); err != nil {
 		return nil, err
 	}
@@ -161,12 +165,15 @@ func (p *program) loadRequest() *loadRequest {
 	weights := absPath(p.model.Weights.Path)
 	req := &loadRequest{
 		Model:           p.key,
+		Name:            p.model.Name,
+		Version:         p.model.Version,
 		Slot:            p.slot,
 		Weights:         weights,
 		Architecture:    cfg.Architecture,
 		DeviceDtype:     cfg.DeviceDtype,
 		ComputeDtype:    p.floats.String(),
 		CompileCacheDir: p.w.e.opts.CompileCacheDir,
+		TPFailover:      cfg.TPFailover,
 		Buckets:         buckets,
 		staging:         p.staging.f,
 	}
@@ -328,7 +335,7 @@ func (p *program) Step(ctx context.Context, bucket int) (engine.Explain, error) 
 // worker announces).
 func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, error) {
 	p.mu.Lock()
-	ran := p.ran[bucket]
+	ran, ops := p.ran[bucket], p.hostOps[bucket]
 	p.mu.Unlock()
 	if ran {
 		x, body, err := p.w.step(ctx, p.slot, bucket, lane)
@@ -340,9 +347,20 @@ func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, e
 		if body > 0 {
 			x.DeviceNS = engine.Count(body)
 		}
+		stampHostOps(&x, ops)
 		return x, nil
 	}
 	return p.stepMessage(ctx, bucket, lane, nil)
+}
+
+// stampHostOps gives x the host operators of its bucket's program (h,
+// nil where not inspected): every step runs them, and explain() sees
+// none of them.
+func stampHostOps(x *engine.Explain, h *hostOpsReply) {
+	x.HostOps, x.HostOpReasons = engine.Unknown, nil
+	if h != nil && h.Count != nil {
+		x.HostOps, x.HostOpReasons = engine.Count(*h.Count), h.Ops
+	}
 }
 
 // stepMessage runs one step as a message rather than over the doorbell: a
@@ -356,8 +374,20 @@ func (p *program) stepMessage(ctx context.Context, bucket, lane int, prof *trace
 	p.mu.Lock()
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.ran[bucket] = true
+	if r.HostOps != nil { // the graph was built by this step and inspected
+		p.hostOps[bucket] = r.HostOps
+		if r.HostOps.Count == nil {
+			p.w.logger.Info("compiled program not inspected for host operators", "model", p.model.Name,
+				"bucket", p.shapes[bucket].Label(), "why", r.HostOps.Reason)
+		} else if *r.HostOps.Count > 0 {
+			p.w.logger.Warn("compiled program runs operators on the host", "model", p.model.Name,
+				"bucket", p.shapes[bucket].Label(), "host_ops", *r.HostOps.Count, "ops", r.HostOps.Ops)
+		}
+	}
+	ops := p.hostOps[bucket]
 	p.mu.Unlock()
 	x := r.Explain
+	stampHostOps(&x, ops)
 	if r.BodyNS > 0 {
 		x.DeviceNS = engine.Count(r.BodyNS)
 	}

@@ -62,7 +62,11 @@ type pingRequest struct{ header }
 // every bucket's buffers lie in the staging memory sent with it.
 type loadRequest struct {
 	header
-	Model   string `json:"model"`
+	Model string `json:"model"` // the program's key: the name and a load number
+	// Name and Version are the model's own, which name its compiled
+	// programs' cache directory across loads and restarts.
+	Name    string `json:"name"`
+	Version string `json:"version"`
 	Slot    uint32 `json:"slot"` // the program's number on the step doorbell
 	Weights string `json:"weights"`
 	// WeightFiles are sharded weights' files, in order (Weights is the
@@ -70,16 +74,19 @@ type loadRequest struct {
 	WeightFiles []string `json:"weight_files,omitempty"`
 	// SkipTensors are the weights' tensors the model does not use
 	// (models.Model.Skipped): the worker does not read them.
-	SkipTensors     []string     `json:"skip_tensors,omitempty"`
-	Architecture    string       `json:"architecture"`
-	DeviceDtype     string       `json:"device_dtype"`
-	ComputeDtype    string       `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
-	CompileCacheDir string       `json:"compile_cache_dir"`
-	Buckets         []bucketSpec `json:"buckets"`
-	MLP             *mlpSpec     `json:"mlp,omitempty"`
-	Encoder         *encoderSpec `json:"encoder,omitempty"`
-	Torch           *torchSpec   `json:"torch,omitempty"`
-	Decoder         *decoderSpec `json:"decoder,omitempty"`
+	SkipTensors     []string `json:"skip_tensors,omitempty"`
+	Architecture    string   `json:"architecture"`
+	DeviceDtype     string   `json:"device_dtype"`
+	ComputeDtype    string   `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
+	CompileCacheDir string   `json:"compile_cache_dir"`
+	// TPFailover: a bucket whose program fails across an RSD group is
+	// compiled again with num_devices=1 (models.Config.TPFailover).
+	TPFailover bool         `json:"tp_failover,omitempty"`
+	Buckets    []bucketSpec `json:"buckets"`
+	MLP        *mlpSpec     `json:"mlp,omitempty"`
+	Encoder    *encoderSpec `json:"encoder,omitempty"`
+	Torch      *torchSpec   `json:"torch,omitempty"`
+	Decoder    *decoderSpec `json:"decoder,omitempty"`
 
 	staging *os.File // sent with the message, as its descriptor 0
 }
@@ -302,6 +309,19 @@ type stepReply struct {
 	// not say (a first step, whose body builds the graph).
 	BodyNS  int64         `json:"body_ns"`
 	Profile *profileReply `json:"profile"`
+	// HostOps is what inspecting the bucket's program found, on the step
+	// that built it; nil on the others.
+	HostOps *hostOpsReply `json:"host_ops"`
+}
+
+// hostOpsReply is the worker's inspection of one bucket's compiled
+// program (programs.py): Count is nil where it could not inspect it, and
+// Reason says why.
+type hostOpsReply struct {
+	Count     *int64            `json:"count"`
+	Ops       map[string]string `json:"ops"`
+	Reason    string            `json:"reason"`
+	Artifacts int               `json:"artifacts"`
 }
 
 // profileReply is a profiled step's torch.profiler trace: its Chrome

@@ -2,7 +2,6 @@ package rbln
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -31,15 +30,8 @@ const programBytes = 4096
 // until empty_cache.
 func TestUnloadFreesDeviceMemory(t *testing.T) {
 	requireTorch(t)
-	path := filepath.Join(t.TempDir(), "scenario.json")
 	const baseline = 1 << 20 // what the runtime holds before any model
-	scenario(t, path, map[string]any{"available": true, "device_count": 1, "track_memory": true, "memory_baseline": baseline, "program_bytes": programBytes})
-	script, err := filepath.Abs("testdata/emulated_rbln.sh")
-	require.NoError(t, err)
-	// The emulated device is the host's CPU, whose worker computes in
-	// float32 unless told to use the model's device_dtype.
-	e, _ := newEngine(t, Options{Device: DeviceRBLN, Devices: []string{"0"}, Python: script,
-		Env: map[string]string{"PYTHONPATH": fakeRBLN(), "STEPSERVE_FAKE_RBLN_SCENARIO": path, cpuDtypeEnv: "device"}})
+	e := emulatedEngine(t, map[string]any{"available": true, "device_count": 1, "track_memory": true, "memory_baseline": baseline, "program_bytes": programBytes}, Options{})
 	e.mu.Lock()
 	require.NoError(t, e.start())
 	e.mu.Unlock()
@@ -86,13 +78,8 @@ func TestUnloadFreesDeviceMemory(t *testing.T) {
 // (issue 33, item 4).
 func TestUnloadKeepsProgramsOtherModelsShare(t *testing.T) {
 	requireTorch(t)
-	path := filepath.Join(t.TempDir(), "scenario.json")
 	const baseline = 1 << 20
-	scenario(t, path, map[string]any{"available": true, "device_count": 1, "track_memory": true, "memory_baseline": baseline, "program_bytes": programBytes})
-	script, err := filepath.Abs("testdata/emulated_rbln.sh")
-	require.NoError(t, err)
-	e, _ := newEngine(t, Options{Device: DeviceRBLN, Devices: []string{"0"}, Python: script,
-		Env: map[string]string{"PYTHONPATH": fakeRBLN(), "STEPSERVE_FAKE_RBLN_SCENARIO": path, cpuDtypeEnv: "device"}})
+	e := emulatedEngine(t, map[string]any{"available": true, "device_count": 1, "track_memory": true, "memory_baseline": baseline, "program_bytes": programBytes}, Options{})
 	e.mu.Lock()
 	require.NoError(t, e.start())
 	e.mu.Unlock()

@@ -313,11 +313,11 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
         width = int(enc["num_labels"]) if (enc.get("head") or "none") == "classification" else enc["hidden"]
         return Boundary(torch.int32, 3 * shape.seq, compute, width)
     if arch == "torch":
-        # A byte row: every input (output) in its device type at a multiple
-        # of 64 bytes (usermodel.fields), viewed out of it in the graph.
+        # A row of the fields' one dtype where they share one, else a byte
+        # row with every field at a multiple of 64 bytes (usermodel.fields).
         from . import usermodel
         ins, outs = usermodel.signature(spec, shape.seq, compute)
-        return Boundary(torch.uint8, ins[-1].offset + ins[-1].nbytes, torch.uint8, outs[-1].offset + outs[-1].nbytes)
+        return Boundary(*usermodel.row_cols(ins), *usermodel.row_cols(outs))
     if arch == "decoder":
         # One sequence a row: its tokens' ids, positions and cache slots,
         # then its fields and block table (engine/rbln/decoder.go); out, the

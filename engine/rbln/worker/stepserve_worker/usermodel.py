@@ -80,11 +80,20 @@ def device_dtype(datatype: str, compute: torch.dtype) -> torch.dtype:
 
 def fields(specs: list[dict[str, Any]], compute: torch.dtype) -> tuple[list[Field], int]:
     """The fields of a staging row described by the load request (name,
-    datatype, shape per row), and the row's padded length in bytes."""
+    datatype, shape per row), and the row's data length in bytes.
+
+    Where every field has the same device dtype (every float in the
+    compute dtype, say), the row is a row of that dtype: the fields side
+    by side, each sliced out in the graph, no reinterpretation (step 3 of
+    the recommended structure: one dtype at the boundary). Only a side
+    that mixes dtypes is a byte row, each field at a multiple of 64 bytes
+    and viewed out of it (Tensor.view(dtype), a bitcast in the graph),
+    which the warm-up proves the frontend lowers (row_dtype)."""
     out: list[Field] = []
+    dts = [device_dtype(s["datatype"], compute) for s in specs]
+    typed = len(set(dts)) <= 1
     offset = 0
-    for s in specs:
-        dt = device_dtype(s["datatype"], compute)
+    for s, dt in zip(specs, dts):
         shape = tuple(int(d) for d in s["shape"])
         size = torch.empty(0, dtype=dt).element_size()
         f = Field(s["name"], shape, dt, offset, 0)
@@ -92,8 +101,25 @@ def fields(specs: list[dict[str, Any]], compute: torch.dtype) -> tuple[list[Fiel
         if "offset" in s and int(s["offset"]) != offset:
             raise UserModelError(f"{s['name']}: the supervisor placed it at byte {s['offset']}, the worker at {offset}")
         out.append(f)
-        offset += -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
-    return out, max(offset, ALIGN_BYTES)
+        offset += f.nbytes if typed else -(-f.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+    return out, offset
+
+
+def row_dtype(fs: list[Field]) -> Optional[torch.dtype]:
+    """The dtype of a side's staging row: the fields' own where they share
+    one, else None (a byte row)."""
+    dts = {f.dtype for f in fs}
+    return dts.pop() if len(dts) == 1 else None
+
+
+def row_cols(fs: list[Field]) -> tuple[torch.dtype, int]:
+    """A side's row dtype and data columns: elements of the shared dtype,
+    or bytes of a byte row."""
+    dt = row_dtype(fs)
+    end = fs[-1].offset + fs[-1].nbytes if fs else 0
+    if dt is None:
+        return torch.uint8, end
+    return dt, end // torch.empty(0, dtype=dt).element_size()
 
 
 def signature(msg: dict[str, Any], seq: int, compute: torch.dtype) -> tuple[list[Field], list[Field]]:
@@ -217,25 +243,40 @@ def check_outputs(outs: Any, want: list[Field], batch: int) -> list[torch.Tensor
 
 def step_body(module: nn.Module, batch: int, ins: list[Field], in_row: int, outs: list[Field], out_row: int,
               name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The function compiled per bucket: the bound byte buffer [batch,
-    in_row] in, each input viewed out of it in its device type; forward;
-    every output packed, as bytes, into one [batch, out_row] tensor out."""
+    """The function compiled per bucket: the bound buffer [batch, in_row]
+    in, each input sliced out of it; forward; every output packed into one
+    [batch, out_row] tensor out. A row of one dtype (fields) is sliced and
+    concatenated as it is; a byte row's fields are viewed in their device
+    types and packed back as bytes."""
     from .nets import own_code  # the built-in architectures' helper
 
+    in_dt, out_dt = row_dtype(ins), row_dtype(outs)
+
+    def cut(x: torch.Tensor, f: Field) -> torch.Tensor:
+        if in_dt is None:
+            return x[:, f.offset:f.offset + f.nbytes].view(f.dtype).reshape(batch, *f.shape)
+        at = f.offset // x.element_size()
+        return x[:, at:at + f.count].reshape(batch, *f.shape)
+
     def user_body(x: torch.Tensor) -> torch.Tensor:
-        args = [x[:, f.offset:f.offset + f.nbytes].view(f.dtype).reshape(batch, *f.shape) for f in ins]
-        ys = module(*args)
+        ys = module(*[cut(x, f) for f in ins])
         if isinstance(ys, torch.Tensor):
             ys = (ys,)
+        if out_dt is not None:
+            parts = [y.to(out_dt).reshape(batch, -1) for y in ys]
+            cols = sum(f.count for f in outs)
+            if out_row > cols:
+                parts.append(torch.zeros((batch, out_row - cols), dtype=out_dt, device=x.device))
+            return torch.cat(parts, dim=1)
         parts = []
         end = 0
         for y, f in zip(ys, outs):
             if f.offset > end:
-                parts.append(x.new_zeros((batch, f.offset - end)))
+                parts.append(torch.zeros((batch, f.offset - end), dtype=torch.uint8, device=x.device))
             parts.append(y.to(f.dtype).reshape(batch, -1).contiguous().view(torch.uint8))
             end = f.offset + f.nbytes
         if out_row > end:
-            parts.append(x.new_zeros((batch, out_row - end)))
+            parts.append(torch.zeros((batch, out_row - end), dtype=torch.uint8, device=x.device))
         return torch.cat(parts, dim=1)
     return own_code(user_body, name)
 

@@ -31,7 +31,7 @@ from . import doorbell as bell
 from . import explain as ex
 from . import nets
 from . import profile as prof
-from . import safetensors, usermodel
+from . import programs, safetensors, usermodel
 from .protocol import ProtocolError, Writer, read_message
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -227,6 +227,17 @@ class Bucket:
     # /explain) shows the call sites.
     stack_next: bool = False
     stacked: bool = False
+    # Where torch.compile writes this bucket's artifacts ("" for its
+    # default), and what inspecting them found once the graph was built
+    # (programs.inspect).
+    cache_dir: str = ""
+    host_ops: Optional[dict[str, Any]] = None
+    inspected: bool = False
+    # The NPUs its program spans (the RSD group's, or 1 after a
+    # tensor-parallel failover), and whether it has run since it was
+    # compiled (its first run builds it).
+    num_devices: int = 1
+    ran: bool = False
 
 
 @dataclass
@@ -240,6 +251,11 @@ class Model:
     # The load message of an architecture torch model (its signature);
     # None for the built-in architectures.
     user: Optional[dict[str, Any]] = None
+    # model.yaml tp_failover: a bucket whose program fails across the RSD
+    # group is compiled again for one NPU.
+    tp_failover: bool = False
+    # Names its compiled programs' directory (programs.identity).
+    identity: str = ""
 
 
 class Worker:
@@ -300,7 +316,7 @@ class Worker:
                 sm.close()
             raise
         self.models[name] = Model(name, module, buckets, compute, msg.get("compile_cache_dir", ""), maps,
-                                  msg if user else None)
+                                  msg if user else None, bool(msg.get("tp_failover")), programs.identity(msg))
         if isinstance(msg.get("slot"), int):
             self.slots[msg["slot"]] = name
         return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
@@ -327,7 +343,12 @@ class Worker:
         new buffer) and judges the second."""
         m, b = self._bucket(msg)
         start = time.monotonic()
-        bucket = msg["bucket"]
+        self._build(m, b, msg["bucket"], self.rt.group_npus)
+        return {"compile_seconds": time.monotonic() - start}
+
+    def _build(self, m: Model, b: Bucket, bucket: int, num_devices: int) -> None:
+        """Bucket's step graph, compiled (lazily) for num_devices NPUs, and
+        its bound input buffer."""
         if m.user is not None:
             ins, outs = usermodel.signature(m.user, b.shape.seq, m.compute_dtype)
             body = usermodel.step_body(m.module, b.shape.batch, ins, b.bound.in_row, outs, b.bound.out_row,
@@ -335,21 +356,28 @@ class Worker:
         else:
             body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
         if self.rt.compile_available:
-            opts = {"cache_dir": m.cache_dir} if m.cache_dir else {}
+            opts: dict[str, Any] = {}
+            if m.cache_dir:
+                # Each bucket's artifacts in a directory of their own, so
+                # that the program built there is the one inspected (an
+                # RSD group's apart from single-NPU ones).
+                base = m.cache_dir
+                if num_devices > 1:
+                    base = os.path.join(base, f"npus{num_devices}")
+                b.cache_dir = programs.bucket_dir(base, m.identity, b.shape.batch, b.shape.seq)
+                opts["cache_dir"] = b.cache_dir
             if self.rt.group_npus > 1:
-                # An RSD group: the graph is partitioned across its NPUs,
-                # and its artifacts are kept apart from single-NPU ones.
-                opts["num_devices"] = self.rt.group_npus
-                if m.cache_dir:
-                    opts["cache_dir"] = os.path.join(m.cache_dir, f"npus{self.rt.group_npus}")
+                # An RSD group: the graph is partitioned across its NPUs
+                # (num_devices overrides the group's size: 1 after a
+                # tensor-parallel failover).
+                opts["num_devices"] = num_devices
             # fullgraph: a graph break would split the step into several
             # programs with eager code between them; refuse it at load.
             body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
-        b.graph = body
+        b.graph, b.inspected, b.ran, b.num_devices = body, False, False, num_devices
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=b.bound.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
             self.rt.rbln.bind_device_memory(b.device_in)
-        return {"compile_seconds": time.monotonic() - start}
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         """A step asked for as a message: its explain report, the ns its
@@ -364,20 +392,51 @@ class Worker:
             # whatever explain saw (the build happens outside its region).
             self.compile(msg)
         reply: dict[str, Any] = {}
-        if msg.get("profile"):
-            with prof.StepProfile(self.rt.rbln, f"{prof.ANCHOR} {m.name} bucket {msg['bucket']}") as p:
-                report, ns = self._run_timed(b, lane)
-            reply["profile"] = p.result()
-        else:
-            report, ns = self._run_timed(b, lane)
+        failover = ""
+        try:
+            report, ns = self._profiled_run(m, b, msg, lane, reply)
+        except RuntimeError as e:
+            if b.ran or not m.tp_failover or b.num_devices <= 1:
+                raise
+            # Tensor-parallel failover (torch-rbln's TORCH_RBLN_USE_TP_FAILOVER,
+            # for this model): the program failed across the group on its
+            # first run; it is compiled again for one NPU and runs on the
+            # group's first.
+            failover = (f"tensor-parallel failover: the bucket's program failed across the {b.num_devices}-NPU group "
+                        f"({type(e).__name__}: {str(e)[:300]}); compiled again with num_devices=1, it runs on the "
+                        f"group's first NPU (model.yaml tp_failover)")
+            print(f"stepserve_worker: model {m.name!r} bucket {msg['bucket']}: {failover}", file=sys.stderr, flush=True)
+            self._build(m, b, msg["bucket"], 1)
+            report, ns = self._profiled_run(m, b, msg, lane, reply)
+        b.ran = True
+        if failover:
+            report.notes = report.notes + [failover]
         if first:
             report.recompiles = (report.recompiles or 0) + 1
             report.clean = False
             report.reasons.append("recompile: the bucket's graph was built on first use, not at load")
         else:
             reply["body_ns"] = ns
+        if self.rt.compile_available and not b.inspected:
+            # The graph's first run built its program (torch.compile is
+            # lazy): its host operators, which explain() cannot see, are
+            # read from the artifact now.
+            b.inspected = True
+            b.host_ops = programs.inspect(b.cache_dir)
+            reply["host_ops"] = b.host_ops
         reply["explain"] = report.to_wire()
         return reply
+
+    def _profiled_run(self, m: Model, b: Bucket, msg: dict[str, Any], lane: int,
+                      reply: dict[str, Any]) -> tuple[ex.Report, int]:
+        """The step, under torch.profiler when msg asks for it (its events
+        go in reply)."""
+        if msg.get("profile"):
+            with prof.StepProfile(self.rt.rbln, f"{prof.ANCHOR} {m.name} bucket {msg['bucket']}") as p:
+                out = self._run_timed(b, lane)
+            reply["profile"] = p.result()
+            return out
+        return self._run_timed(b, lane)
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)

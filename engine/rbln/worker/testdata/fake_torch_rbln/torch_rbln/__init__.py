@@ -24,6 +24,16 @@ logical device of two NPUs for RBLN_VISIBLE_DEVICES=0,1 and
 RBLN_NPUS_PER_DEVICE=2), else 0; device_summary() prints the groups, as
 torch-rbln's does.
 
+Compiled programs (emulated_rbln.py installs PROGRAMS.compile as
+torch.compile) write an artifact, program<n>.rbln, into their cache_dir
+when first run; the rebel double beside this package loads one and its
+inspect() reports the scenario's "host_op_reason" (for example
+{"aten::sort": "unsupported dtype"}), read when the program was built.
+With "refuse_bitcast": true a program fails where its graph calls
+Tensor.view(dtype), as a frontend that does not lower a bitcast would;
+with "fail_tp": true one compiled with num_devices above 1 fails with a
+RuntimeError, as a model without tensor-parallel support does.
+
 With "track_memory": true, memory_stats_per_chiplet() reports an emulated
 caching allocator instead of the scenario's "memory": tensors handed to
 place() (engine/rbln/testdata/emulated_rbln.py hands it what the worker put
@@ -41,6 +51,7 @@ import weakref
 from typing import Any, Iterable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 SCENARIO_ENV = "STEPSERVE_FAKE_RBLN_SCENARIO"
 #: Where "1" at import, install_privateuse1() runs (for workers a test starts).
@@ -150,6 +161,17 @@ class Allocator:
 ALLOCATOR = Allocator()
 
 
+class RefuseBitcast(TorchFunctionMode):
+    """Tensor.view(dtype), a bitcast, refused as a frontend that does not
+    lower it would."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.view and (any(isinstance(a, torch.dtype) for a in args[1:]) or "dtype" in kwargs):
+            raise RuntimeError("rbln (test double): aten::view.dtype, a bitcast, is not lowered by this frontend")
+        return func(*args, **kwargs)
+
+
 class Programs:
     """Emulated compiled programs, for the unload test: compile() (which
     engine/rbln/testdata/emulated_rbln.py installs as torch.compile) returns
@@ -162,12 +184,40 @@ class Programs:
     def __init__(self) -> None:
         self.cache: list[int] = []
 
-    def compile(self, fn: Any, **_: Any) -> Any:
+    def compile(self, fn: Any, options: Any = None, **_: Any) -> Any:
         n = int(scenario().get("program_bytes", 4096))
         self.cache.append(n)
         ALLOCATOR.allocated += n
         ALLOCATOR.reserved = max(ALLOCATOR.reserved, ALLOCATOR.allocated)
-        return fn
+        cache_dir = (options or {}).get("cache_dir")
+        devices = int((options or {}).get("num_devices", 1))
+        built: list[bool] = []
+        number = len(self.cache)
+
+        def program(*args: Any, **kwargs: Any) -> Any:
+            # torch.compile is lazy: the artifact is written where
+            # cache_dir says when the graph is first built, and holds what
+            # the double's rebel.RBLNCompiledModel.inspect() reports: the
+            # scenario's "host_op_reason" (absent: none).
+            if cache_dir and not built:
+                built.append(True)
+                os.makedirs(cache_dir, exist_ok=True)
+                report = {k: v for k, v in {"host_op_reason": scenario().get("host_op_reason")}.items() if v is not None}
+                with open(os.path.join(cache_dir, f"program{number}.rbln"), "w") as f:
+                    json.dump(report, f)
+            # "fail_tp": a model that does not support tensor parallelism
+            # fails when its program spans more than one NPU.
+            if devices > 1 and scenario().get("fail_tp"):
+                raise RuntimeError(f"rbln (test double): this model does not support tensor parallelism (tp={devices})")
+            # "refuse_bitcast": a frontend that does not lower
+            # Tensor.view(dtype) fails the program where its graph
+            # reinterprets bytes.
+            if not scenario().get("refuse_bitcast"):
+                return fn(*args, **kwargs)
+            with RefuseBitcast():
+                return fn(*args, **kwargs)
+
+        return program
 
     def reset(self) -> None:
         ALLOCATOR.allocated -= sum(self.cache)

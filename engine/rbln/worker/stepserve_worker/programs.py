@@ -1,0 +1,162 @@
+"""Host operators inside compiled programs.
+
+An operator the RBLN Compiler cannot lower is split out of the graph as a
+host operator and runs inside the compiled artifact, on the host CPU, and
+torch.rbln.explain() cannot see it: the step still reads [clean]. The RBLN
+Compiler's Python API reports such operators under host_op_reason when a
+compiled model is inspected (rebel.RBLNCompiledModel(path).inspect(); the
+constructor loads a saved .rbln artifact). The worker compiles each bucket
+with its own torch.compile cache_dir, the option that "chooses where
+artifacts are written", so the artifacts found there after the bucket's
+graph is built are that bucket's program, and inspecting them names its
+host operators.
+
+The shape of inspect()'s result is read defensively, as explain()'s is: a
+mapping or an object with host_op_reason, at its top or one level down (per
+graph), whose value is a mapping of operator to reason, a list of names or
+of {op, reason} records, or one name. What cannot be read is unknown (None),
+never zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+#: The key of inspect()'s result that names the host operators.
+HOST_OP_REASON = "host_op_reason"
+
+#: At most this many operators are named (the count is always whole).
+MAX_NAMED = 32
+
+
+def identity(msg: dict[str, Any]) -> str:
+    """A directory name for the model a load message describes, the same
+    across loads and restarts while the model is: its name, and a hash of
+    what its programs are built from (version, architecture and its
+    section, dtypes, each weights file's size and modification time, a
+    torch module's source). A model changed in any of these compiles into
+    a directory of its own, so that the artifacts inspected there are this
+    model's."""
+    h = hashlib.sha256()
+    spec = {k: msg.get(k) for k in ("name", "version", "architecture", "device_dtype", "compute_dtype",
+                                      "mlp", "encoder", "torch", "decoder", "skip_tensors")}
+    h.update(json.dumps(spec, sort_keys=True, default=str).encode())
+    for f in msg.get("weight_files") or [msg.get("weights") or ""]:
+        try:
+            st = os.stat(f)
+            h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+        except OSError:
+            h.update(f.encode())
+    module = ((msg.get("torch") or {}).get("module")) or ""
+    if module:
+        try:
+            h.update(Path(module).read_bytes())
+        except OSError:
+            h.update(module.encode())
+    name = msg.get("name") or msg.get("model") or "model"
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+    return f"{safe}-{h.hexdigest()[:12]}"
+
+
+def bucket_dir(base: str, model: str, batch: int, seq: int) -> str:
+    """The cache_dir of one bucket (batch x seq) of the model whose
+    identity() is model, under base."""
+    return os.path.join(base, model, f"b{batch}x{seq}")
+
+
+def _field(obj: Any, key: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _find(info: Any) -> tuple[bool, Any]:
+    """(found, value) of host_op_reason at the top of info or one level
+    down (a per-graph table)."""
+    if isinstance(info, dict) and HOST_OP_REASON in info:
+        return True, info[HOST_OP_REASON]
+    if not isinstance(info, (dict, list, tuple)) and hasattr(info, HOST_OP_REASON):
+        return True, getattr(info, HOST_OP_REASON)
+    values = info.values() if isinstance(info, dict) else (info if isinstance(info, (list, tuple)) else ())
+    found, merged = False, []
+    for v in values:
+        if isinstance(v, dict) and HOST_OP_REASON in v:
+            found = True
+            if v[HOST_OP_REASON] is not None:
+                merged.append(v[HOST_OP_REASON])
+    return found, merged
+
+
+def _table(info: Any) -> bool:
+    """Whether info is something inspect() could have put host_op_reason
+    in: a mapping, a list of per-graph tables, or an object with the
+    attribute. Anything else (text, a number) was not read."""
+    return isinstance(info, (dict, list, tuple)) or hasattr(info, HOST_OP_REASON)
+
+
+def _ops(value: Any) -> Optional[dict[str, str]]:
+    """host_op_reason's value as {operator: reason}; None when unreadable."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {value: ""} if value else {}
+    if isinstance(value, dict):
+        return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out: dict[str, str] = {}
+        for item in value:
+            if isinstance(item, (list, tuple, dict)) and not (isinstance(item, dict) and ("op" in item or "name" in item)):
+                sub = _ops(item)
+                if sub is None:
+                    return None
+                for k, v in sub.items():
+                    out.setdefault(k, v)
+            elif isinstance(item, dict):
+                op = str(item.get("op") or item.get("name"))
+                out.setdefault(op, str(item.get("reason", "")))
+            elif isinstance(item, str):
+                out.setdefault(item, "")
+            else:
+                return None
+        return out
+    return None
+
+
+def inspect(directory: str) -> dict[str, Any]:
+    """The host operators of the programs under directory:
+    {"count": n or None, "ops": {operator: reason}, "reason": why unknown,
+    "artifacts": how many were inspected}."""
+    if not directory:
+        return {"count": None, "reason": "no compile cache directory (rbln.compile_cache_dir), "
+                "so the compiled programs cannot be found to inspect"}
+    try:
+        import rebel  # the RBLN Compiler's Python API
+    except Exception as e:  # noqa: BLE001 - absent or broken alike
+        return {"count": None, "reason": f"the RBLN Compiler's Python API (rebel) is not importable: {e}"}
+    compiled = getattr(rebel, "RBLNCompiledModel", None)
+    if compiled is None:
+        return {"count": None, "reason": "rebel has no RBLNCompiledModel to inspect programs with"}
+    paths = sorted(Path(directory).rglob("*.rbln")) if os.path.isdir(directory) else []
+    if not paths:
+        return {"count": None, "reason": f"no compiled artifact (*.rbln) under {directory} after the graph was built"}
+    ops: dict[str, str] = {}
+    for path in paths:
+        try:
+            info = compiled(str(path)).inspect()
+        except Exception as e:  # noqa: BLE001 - a program that cannot be read is unknown
+            return {"count": None, "reason": f"inspecting {path.name}: {type(e).__name__}: {e}"}
+        if not _table(info):
+            return {"count": None, "reason": f"{path.name}: inspect() returned {type(info).__name__}, not a table to read host_op_reason from"}
+        found, value = _find(info)
+        # inspect() read the program: no host_op_reason is no host operator.
+        got = _ops(value) if found else {}
+        if got is None:
+            return {"count": None, "reason": f"{path.name}: unreadable host_op_reason: {value!r:.200}"}
+        for op, why in got.items():
+            ops.setdefault(op, why)
+    named = dict(sorted(ops.items())[:MAX_NAMED])
+    return {"count": len(ops), "ops": named, "artifacts": len(paths)}
