@@ -167,11 +167,11 @@ soak: build
 
 ## bench: every benchmark in one run, written to bench/REPORT.md (and
 ## printed): HTTP serving against the plain net/http baseline and the
-## FastAPI + PyTorch peer with wrk, gRPC beside HTTP (bench/grpcload),
+## FastAPI + PyTorch peer with wrk, gRPC beside HTTP (h2load, bench/grpcload),
 ## dynamic batching, engine steps against
 ## OpenBLAS, allocations. Installs what it needs with apt (as root).
 bench: deps build
-	@missing=""; for p in wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	@missing=""; command -v wrk >/dev/null || missing="wrk"; command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	$(PYTHON) -c 'import fastapi, uvicorn' 2>/dev/null || missing="$$missing python3-fastapi python3-uvicorn"; \
 	$(PYTHON) -c 'import numpy' 2>/dev/null || missing="$$missing python3-numpy"; \
 	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0"; \
@@ -228,7 +228,7 @@ bench-llama: build
 ## encoder at 64 texts) over HTTP binary, gRPC raw and system shared
 ## memory, with the server's CPU per request (bench/run -only grpc)
 bench-grpc: build
-	@command -v wrk >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk; }
+	@command -v wrk >/dev/null && command -v h2load >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wrk nghttp2-client; }
 	$(GO) build -o bin/grpcload ./bench/grpcload
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -only grpc -d $(BENCHTIME)
 

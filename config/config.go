@@ -72,6 +72,8 @@ type Server struct {
 	// system shared memory: regions registered, and bytes mapped, at once.
 	MaxSharedMemoryRegions int
 	MaxSharedMemoryBytes   int64
+	// SharedMemory turns Triton's system shared-memory extension on.
+	SharedMemory bool
 	// MaxInflightBytes bounds the memory all requests in flight may hold
 	// together; 0 means half the memory limit the server finds.
 	MaxInflightBytes int64
@@ -242,6 +244,8 @@ var keys = []key{
 		value(func(c *Config) *int { return &c.Server.MaxConnections }, strconv.Atoi, between(0, 1<<24), "an integer in 0..16777216 (0: from the descriptor limit)"), intKind(0, 1<<24)},
 	{"server.max_response_bytes", "64MiB", "largest response one request may ask for, bounded from its shapes before it runs (413 above it)",
 		value(func(c *Config) *int64 { return &c.Server.MaxResponseBytes }, ParseBytes, atLeast[int64](1024), "a size of at least 1KiB: bytes, or with a unit (512KiB, 64MiB, 1GiB)"), sizeKind(1024, false)},
+	{"server.shared_memory.enabled", "true", "serve Triton's system shared-memory extension (a same-host client registers a /dev/shm object and tensors are read from and written to it); false: registration answers 501 (gRPC UNIMPLEMENTED) and GET /v2 does not list the extension",
+		value(func(c *Config) *bool { return &c.Server.SharedMemory }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.shared_memory.max_regions", "64", "most system shared-memory regions registered at once (Triton's shared-memory extension); a registration past it is refused with 400",
 		value(func(c *Config) *int { return &c.Server.MaxSharedMemoryRegions }, strconv.Atoi, between(1, 4096), "an integer in 1..4096"), intKind(1, 4096)},
 	{"server.shared_memory.max_bytes", "16GiB", "most bytes of registered system shared-memory regions mapped at once; a registration past it is refused with 400",

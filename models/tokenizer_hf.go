@@ -183,6 +183,9 @@ func bert(vocab []string, lowercase bool) (*tokenizers.Tokenizer, error) {
 		},
 		"model": map[string]any{"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
 			"max_input_chars_per_word": maxWordChars, "vocab": ids},
+		// What transformers' BertTokenizer decodes with: pieces joined,
+		// "##" continuations glued on, spaces before punctuation cleaned.
+		"decoder": map[string]any{"type": "WordPiece", "prefix": "##", "cleanup": true},
 	}
 	b, err := json.Marshal(file)
 	if err != nil {
@@ -193,6 +196,11 @@ func bert(vocab []string, lowercase bool) (*tokenizers.Tokenizer, error) {
 
 // PadID is [PAD]'s id.
 func (t *Tokenizer) PadID() int64 { return t.PAD }
+
+// Tokenizers is the same tokenizer as a tokenizer.json pipeline (with
+// BertTokenizer's WordPiece decoder), for what the vocab.txt pipeline
+// does not do: pairs, offsets, decoding ids.
+func (t *Tokenizer) Tokenizers() *tokenizers.Tokenizer { return t.hf }
 
 // AppendEncodePair encodes a pair as BERT does: [CLS] text [SEP] pair
 // [SEP], token types 0 up to the first [SEP] and 1 after.

@@ -64,6 +64,9 @@ func TestLoadWithConfig(t *testing.T) {
 		{"files", `{"parameters":{"file:1/model.onnx":"AAAA"}}`, `load parameter "file:1/model.onnx": model files sent with the load are not supported`},
 		{"unknown parameter", `{"parameters":{"flavour":"x"}}`, `load parameter "flavour" is not supported; want config`},
 		{"not parameters", `{"config":"{}"}`, `load request: want {"parameters": {...}}`},
+		{"config twice", `{"parameters":{"config":"{\"max_batch_size\":4}","config":"{}"}}`, `load parameter "config" is given twice`},
+		{"parameters twice", `{"parameters":{},"parameters":{"config":"{}"}}`, `load request: "parameters" is given twice`},
+		{"parameters in two spellings", `{"parameters":{"config":"{}"},"Parameters":{"config":"{\"max_batch_size\":4}"}}`, `load request: want {"parameters": {...}}; "Parameters" is not a key of it`},
 	} {
 		w := do(t, s, "POST", "/v2/repository/models/summax/load", []byte(tc.body))
 		assert.Equal(t, 400, w.Code, tc.name)
@@ -132,6 +135,9 @@ func TestLoadConfigIsProtoJSON(t *testing.T) {
 		{"an unknown group field", `{"instance_group":[{"count":1,"rate_limiter":{}}]}`, `load config: instance_group[0].rate_limiter: cannot be set at load; stepserve takes name, kind, count and gpus`},
 		{"a list for an object", `{"dynamic_batching":[1]}`, `load config: dynamic_batching: want an object; got [1]`},
 		{"both spellings", `{"max_batch_size":2,"maxBatchSize":4}`, `load config: max_batch_size: given twice (as max_batch_size and maxBatchSize)`},
+		{"one key twice", `{"max_batch_size":2,"max_batch_size":4}`, `load config: max_batch_size: given twice`},
+		{"a nested key twice", `{"dynamic_batching":{"priority_levels":2,"priority_levels":3}}`, `load config: dynamic_batching.priority_levels: given twice`},
+		{"a group's key twice", `{"instance_group":[{"count":1,"count":2}]}`, `load config: instance_group[0].count: given twice`},
 		{"a zero batch", `{"max_batch_size":"0"}`, `load config: max_batch_size: want a positive integer; got 0`},
 	} {
 		w := load(tc.config)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 )
@@ -526,4 +527,35 @@ func TestSharedMemoryGRPC(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, md.Extensions, "system_shared_memory")
 	assert.NotContains(t, md.Extensions, "cuda_shared_memory")
+}
+
+// TestSharedMemoryTurnedOff: with server.shared_memory.enabled false, no
+// region can be registered over HTTP (501) or gRPC (UNIMPLEMENTED), both
+// naming the key; GET /v2 does not list the extension; a request naming
+// a region is refused saying why.
+func TestSharedMemoryTurnedOff(t *testing.T) {
+	s := shmServer(t, newSumMax(t), Options{NoSharedMemory: true})
+	key, _ := shmObject(t, 64)
+	w := do(t, s, "POST", "/v2/systemsharedmemory/region/io/register", registerBody(key, 0, 64))
+	assert.Equal(t, 501, w.Code)
+	assert.Contains(t, errorOf(t, w), "system shared memory is turned off on this server (server.shared_memory.enabled: false)")
+
+	var meta struct {
+		Extensions []string `json:"extensions"`
+	}
+	w = do(t, s, "GET", "/v2", nil)
+	require.Equal(t, 200, w.Code)
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &meta))
+	assert.NotContains(t, meta.Extensions, "system_shared_memory")
+	assert.Contains(t, meta.Extensions, "binary_tensor_data")
+
+	w = do(t, s, "POST", "/v2/models/summax/infer",
+		[]byte(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"parameters":{"shared_memory_region":"io","shared_memory_byte_size":12}}]}`))
+	assert.Equal(t, 400, w.Code)
+	assert.Contains(t, errorOf(t, w), "server.shared_memory.enabled: false")
+
+	c, _ := grpcClients(t, s)
+	_, err := c.SystemSharedMemoryRegister(context.Background(), &pb.SystemSharedMemoryRegisterRequest{Name: "io", Key: key, ByteSize: 64})
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "server.shared_memory.enabled: false")
 }

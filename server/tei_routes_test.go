@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -182,11 +183,23 @@ func TestTEIDecode(t *testing.T) {
 		{"/decode", `{"ids":[1],"model":"nope"}`, 404, "Validation", "nope"},
 	})
 
-	// tiny-encoder's own vocab.txt: stepserve does not decode it.
+	// tiny-encoder's own vocab.txt decodes as transformers' BertTokenizer
+	// does: pieces joined, "##" glued on, spaces before punctuation gone.
 	vocab := newTextFixture(t, textOptions{onlyTiny: true})
-	vocab.assertTEIErrors(t, []teiCase{
-		{"/decode", `{"ids":[2,3]}`, 424, "Backend", "decode is not available for model tiny-encoder: its tokenizer is a vocab.txt"},
-	})
+	m := vocab.model(t, "tiny-encoder")
+	_, isVocab := m.Tokenizer.(*models.Tokenizer)
+	require.True(t, isVocab, "tiny-encoder ships a vocab.txt")
+	ids, err := m.Tokenizer.AppendEncode(nil, "Hello, world!", 128, false)
+	require.NoError(t, err)
+	st, b = vocab.post(t, "/decode", map[string]any{"ids": [][]int64{ids, {}}})
+	require.Equal(t, 200, st, string(b))
+	var got []string
+	decodeStrict(t, b, &got)
+	assert.Equal(t, []string{"hello, world!", ""}, got)
+	st, b = vocab.post(t, "/decode", map[string]any{"ids": ids, "skip_special_tokens": false})
+	require.Equal(t, 200, st, string(b))
+	decodeStrict(t, b, &got)
+	assert.Equal(t, []string{"[CLS] hello, world! [SEP]"}, got)
 }
 
 // POST / and POST /invocations answer as the endpoint the model's kind

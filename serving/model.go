@@ -27,6 +27,10 @@ type Model struct {
 	set    *Set
 	logger *slog.Logger
 
+	// computeDtype is ComputeDtype's answer once the engine gave it:
+	// every request that carries floats asks it.
+	computeDtype atomic.Pointer[string]
+
 	program  engine.Program
 	runners  []*steps.Runner // one per replica; they share stats and explains
 	replicas *replicas
@@ -244,14 +248,19 @@ func (m *Model) LoadedAt() time.Time { return m.loaded }
 // ComputeDtype is the dtype the model's engine computes its floats in,
 // where the engine says; "" where it does not.
 func (m *Model) ComputeDtype() string {
+	if d := m.computeDtype.Load(); d != nil {
+		return *d
+	}
 	eng, err := m.set.engines.get(m.engine)
 	if err != nil {
-		return ""
+		return "" // asked again next time
 	}
-	if d, ok := eng.(engine.DtypeEngine); ok {
-		return d.ComputeDtype(m.model.Config)
+	var d string
+	if de, ok := eng.(engine.DtypeEngine); ok {
+		d = de.ComputeDtype(m.model.Config)
 	}
-	return ""
+	m.computeDtype.Store(&d)
+	return d
 }
 
 // ReadyIn is how long the model's own load and warm-up took (reading it,

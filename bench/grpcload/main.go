@@ -37,6 +37,7 @@ var (
 	duration = flag.Duration("d", 3*time.Second, "how long to load")
 	typed    = flag.Bool("typed", false, "send typed contents (fp32_contents) instead of raw_input_contents")
 	reqFile  = flag.String("request", "", "a file holding the ModelInferRequest to send, protobuf-encoded (make bench's large inputs and shared-memory calls); empty: the single-row digits request")
+	frame    = flag.String("frame", "", "write the request as one gRPC length-prefixed message to this file and exit: the body for a raw HTTP/2 load generator (h2load)")
 )
 
 // seven is a held-out 7 (README, "Try it").
@@ -81,6 +82,9 @@ func run() error {
 	req, err := request() // shared: sent, never changed
 	if err != nil {
 		return err
+	}
+	if *frame != "" {
+		return writeFrame(*frame, req)
 	}
 	clients := make([]pb.GRPCInferenceServiceClient, max(*conns, 1))
 	for i := range clients {
@@ -157,4 +161,15 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// writeFrame writes req as gRPC sends it on the wire: a zero compression
+// flag, the message's length (4 bytes, big endian), the message.
+func writeFrame(path string, req *pb.ModelInferRequest) error {
+	msg, err := proto.Marshal(req)
+	if err != nil {
+		return err
+	}
+	b := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	return os.WriteFile(path, append(b, msg...), 0o644)
 }

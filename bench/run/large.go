@@ -33,7 +33,7 @@ type largeCase struct {
 	conns    int   // requests in flight
 
 	httpBinary, httpShm string // wrk scripts
-	grpcRaw, grpcShm    string // bench/grpcload request files
+	grpcRaw, grpcShm    string // bench/grpcload request files; with ".grpc" added, h2load's (gRPC-framed)
 	region              string // the shared-memory object, under /dev/shm
 }
 
@@ -176,7 +176,12 @@ func writeProto(dir, name string, m proto.Message) (string, error) {
 		return "", err
 	}
 	path := filepath.Join(dir, name)
-	return path, os.WriteFile(path, b, 0o644)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "", err
+	}
+	// As gRPC sends it: no compression, the length (big endian), the message.
+	framed := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b)))
+	return path, os.WriteFile(path+".grpc", append(framed, b...), 0o644)
 }
 
 // reportLarge is section 1c: each large case over HTTP binary tensors,
@@ -185,7 +190,7 @@ func writeProto(dir, name string, m proto.Message) (string, error) {
 func reportLarge(r *report, dir, base, grpcAddr string, pid int) error {
 	r.line("## 1c. Large inputs: HTTP binary tensors, gRPC raw contents and system shared memory")
 	r.line("")
-	r.line("The same request four ways, interleaved round by round on the server of section 1: HTTP binary tensors (Triton's binary extension; wrk), gRPC `raw_input_contents` (`bench/grpcload`, all streams on one connection), and the input read from and the output written to a registered system shared-memory region (Triton's extension) over HTTP and over gRPC, where the message carries only the region's name and size. Requests in flight: 16 for digits, 4 for the encoder (a request is a whole step of 64 texts). Server CPU per request is the server process's CPU time over the requests answered, counted until the server is idle again after each round.")
+	r.line("The same request four ways, interleaved round by round on the server of section 1: HTTP binary tensors (Triton's binary extension; wrk), gRPC `raw_input_contents` (h2load, and the Go client `bench/grpcload`, all streams on one connection, as in section 1b), and the input read from and the output written to a registered system shared-memory region (Triton's extension) over HTTP (wrk) and over gRPC (h2load), where the message carries only the region's name and size. Requests in flight: 16 for digits, 4 for the encoder (a request is a whole step of 64 texts). Server CPU per request is the server process's CPU time over the requests answered, counted until the server is idle again after each round.")
 	r.line("")
 	r.line("| request | transport | throughput, latency | server CPU per request | throughput / HTTP binary | server CPU / HTTP binary |")
 	r.line("|---|---|---|---|---|---|")
@@ -197,11 +202,14 @@ func reportLarge(r *report, dir, base, grpcAddr string, pid int) error {
 			return fmt.Errorf("large inputs, %s: %w", c.model, err)
 		}
 		url := base + "/v2/models/" + c.model + "/infer"
-		rs := interleaved(c.conns, target{url: url, script: c.httpBinary, pid: pid}, target{grpc: grpcAddr, request: c.grpcRaw, pid: pid},
-			target{url: url, script: c.httpShm, pid: pid}, target{grpc: grpcAddr, request: c.grpcShm, pid: pid})
+		rs := interleaved(c.conns, target{url: url, script: c.httpBinary, pid: pid},
+			target{grpc: grpcAddr, h2: c.grpcRaw + ".grpc", metrics: base, pid: pid},
+			target{grpc: grpcAddr, request: c.grpcRaw, pid: pid},
+			target{url: url, script: c.httpShm, pid: pid},
+			target{grpc: grpcAddr, h2: c.grpcShm + ".grpc", metrics: base, pid: pid})
 		c.cleanup(base)
 		hb := rs[0]
-		for i, name := range []string{"HTTP binary tensors", "gRPC raw_input_contents", "HTTP, shared memory", "gRPC, shared memory"} {
+		for i, name := range []string{"HTTP binary tensors", "gRPC raw_input_contents (h2load)", "gRPC raw_input_contents (grpcload, Go)", "HTTP, shared memory", "gRPC, shared memory (h2load)"} {
 			cpu := fmt.Sprintf("%.1f µs", rs[i].serverCPU)
 			if rs[i].serverCPU >= 10000 {
 				cpu = fmt.Sprintf("%.1f ms", rs[i].serverCPU/1000)

@@ -167,6 +167,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		MaxResponseBytes:       cfg.Server.MaxResponseBytes,
 		MaxSharedMemoryRegions: cfg.Server.MaxSharedMemoryRegions,
 		MaxSharedMemoryBytes:   cfg.Server.MaxSharedMemoryBytes,
+		NoSharedMemory:         !cfg.Server.SharedMemory,
 		MaxInflightBytes:       inflight,
 		InferenceTokens:        cfg.Auth.InferenceTokens,
 		RepositoryTokens:       cfg.Auth.RepositoryTokens,

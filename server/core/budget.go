@@ -42,6 +42,25 @@ func NewBudget(limit int64) *Budget {
 // InUse is what requests in flight hold now.
 func (b *Budget) InUse() int64 { return b.used.Load() }
 
+// Limit is the most the budget holds.
+func (b *Budget) Limit() int64 { return b.limit }
+
+// Take takes n bytes, waiting up to wait for others to give them back:
+// an error wrapping [ErrBusy] if they do not in time, ctx's if it ends
+// first.
+func (b *Budget) Take(ctx context.Context, n int64, wait time.Duration) error {
+	if b.TryTake(n) {
+		return nil
+	}
+	if err := b.wait(ctx, n, wait); err != nil {
+		if err == errBudgetBusy {
+			return fmt.Errorf("%w", ErrBusy)
+		}
+		return err
+	}
+	return nil
+}
+
 // TryTake takes n bytes if they are free.
 func (b *Budget) TryTake(n int64) bool {
 	for {

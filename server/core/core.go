@@ -105,6 +105,9 @@ type Options struct {
 	// [DefaultMaxSharedMemoryRegions], [DefaultMaxSharedMemoryBytes].
 	MaxSharedMemoryRegions int
 	MaxSharedMemoryBytes   int64
+	// NoSharedMemory turns the system shared-memory extension off: no
+	// region can be registered, and GET /v2 does not list it.
+	NoSharedMemory bool
 }
 
 // Core is what every front door shares: the models, the limits, the
@@ -182,6 +185,9 @@ func (c *Core) ServerMetadata(r *http.Request) (any, error) {
 	if c.Opts.Tracer == nil {
 		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "trace" })
 	}
+	if c.Opts.NoSharedMemory {
+		ext = slices.DeleteFunc(slices.Clone(ext), func(e string) bool { return e == "system_shared_memory" })
+	}
 	return map[string]any{
 		"name":       "stepserve",
 		"version":    c.Opts.Version,
@@ -222,6 +228,7 @@ func New(opts Options) (*Core, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	c.SharedMemory = NewSharedMemory(opts.MaxSharedMemoryRegions, opts.MaxSharedMemoryBytes, c.Logger)
+	c.SharedMemory.disabled = opts.NoSharedMemory
 	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
 		c.Logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",
 			"inference_token", len(opts.InferenceTokens) > 0)

@@ -63,6 +63,22 @@ func loadOverride(r *http.Request, name string) (serving.Override, error) {
 	if err := dec.Decode(&body); err != nil {
 		return nil, BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}: %s", clip.Clip(err.Error(), 200)))
 	}
+	if k, ok := duplicateKey(bytes.TrimSpace(b)); ok {
+		return nil, BadRequest(fmt.Sprintf("load request: %q is given twice", clip.Clip(k, 64)))
+	}
+	if k, ok := otherKey(bytes.TrimSpace(b), "parameters"); ok {
+		// encoding/json matches keys regardless of case: "Parameters"
+		// would be read as parameters, and merged with them.
+		return nil, BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}; %q is not a key of it", clip.Clip(k, 64)))
+	}
+	var raw struct {
+		Parameters json.RawMessage `json:"parameters"`
+	}
+	if json.Unmarshal(b, &raw) == nil {
+		if k, ok := duplicateKey(raw.Parameters); ok {
+			return nil, BadRequest(fmt.Sprintf("load parameter %q is given twice", clip.Clip(k, 64)))
+		}
+	}
 	var override serving.Override
 	for _, k := range sortedKeys(body.Parameters) {
 		v := body.Parameters[k]
@@ -253,6 +269,9 @@ func readConfig(text string) (*pb.ModelConfig, map[string]bool, error) {
 	if err != nil {
 		return nil, nil, BadRequest(fmt.Sprintf("load parameter config is not a JSON object: %s", clip.Clip(err.Error(), 200)))
 	}
+	if k, ok := duplicateKey([]byte(text)); ok {
+		return nil, nil, configError(clip.Clip(k, 64), "given twice")
+	}
 	var cfg pb.ModelConfig
 	set := map[string]bool{}
 	if err := readLoadable(top, cfg.ProtoReflect(), "", set); err != nil {
@@ -358,7 +377,52 @@ func object(raw json.RawMessage, key string) (map[string]json.RawMessage, error)
 	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
 		return nil, configError(key, "want an object; got %s", clip.Clip(string(raw), 64))
 	}
+	if k, ok := duplicateKey(raw); ok {
+		return nil, configError(key+"."+clip.Clip(k, 64), "given twice")
+	}
 	return obj, nil
+}
+
+// otherKey is a key of the JSON object raw other than want, spelled
+// exactly.
+func otherKey(raw []byte, want string) (string, bool) {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return "", false
+	}
+	for _, k := range sortedKeys(obj) {
+		if k != want {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// duplicateKey is a key the JSON object raw gives twice, which a Go map
+// would keep only the last of: protobuf's JSON refuses it, and so does
+// stepserve, rather than apply one of two values silently.
+func duplicateKey(raw []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		k, _ := t.(string)
+		if seen[k] {
+			return k, true
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 func configError(key, format string, args ...any) error {

@@ -474,8 +474,12 @@ func decodeValues(in *WireInput, spec models.TensorSpec) (data []byte, strs []st
 	case in.shm != nil:
 		data = in.Bin // the request's own copy, checked to be the shape's size
 	case hasBin:
-		data = make([]byte, int(elems)*spec.Datatype.Size())
-		copy(data, in.Bin)
+		if size := int(elems) * spec.Datatype.Size(); len(in.Bin) >= size {
+			data = append([]byte(nil), in.Bin[:size]...) // copied without zeroing first
+		} else {
+			data = make([]byte, size)
+			copy(data, in.Bin)
+		}
 	case in.Contents != nil:
 		// Counted before anything is allocated for them.
 		c, err := in.Contents.Count(spec.Datatype)

@@ -81,6 +81,7 @@ type SharedMemory struct {
 	maxRegions int
 	maxBytes   int64
 	logger     *slog.Logger
+	disabled   bool // server.shared_memory.enabled: false
 
 	mu      sync.Mutex
 	regions map[string]*shmRegion
@@ -196,6 +197,9 @@ func keyFile(key string) (string, error) {
 // region and what was wrong (an existing name is also gRPC's
 // ALREADY_EXISTS), or 503 once the server is closing.
 func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error {
+	if s.disabled {
+		return &Error{http.StatusNotImplemented, "failed to register shared memory region: system shared memory is turned off on this server (server.shared_memory.enabled: false); send tensors in the request, as JSON or binary tensor data"}
+	}
 	if err := checkRegionName(name); err != nil {
 		return BadRequest("failed to register shared memory region: " + err.Error())
 	}
@@ -390,6 +394,8 @@ func (s *SharedMemory) hold(name string, offset, byteSize int64) (*shmRegion, er
 	defer s.mu.Unlock()
 	r := s.regions[name]
 	switch {
+	case r == nil && s.disabled:
+		return nil, BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; system shared memory is turned off on this server (server.shared_memory.enabled: false)")
 	case r == nil:
 		// Triton's words, then what to do.
 		return nil, BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; register it first (see GET /v2/systemsharedmemory/status)")

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -135,8 +135,31 @@ func (g *gatedStream) RecvMsg(m any) error {
 			timer.Stop()
 			return status.FromContextError(ctx.Err()).Err()
 		}
-	} else if err := ch.Take(ctx, g.api.readCharge(compressed), "the request message"); err != nil {
-		return refuse(ctx, err)
+	} else {
+		n := g.api.readCharge(compressed)
+		if g.idle {
+			// A client stream waits for its client's next message as
+			// long as the client keeps it open, holding room for it:
+			// idle streams cost a client nothing, so together they hold
+			// at most idleReads (a quarter of the budget). One past it
+			// waits as any call waits for room, then is refused with a
+			// retry pushback, rather than take the rest of the budget
+			// from every other call.
+			idle := min(n, g.api.idleReads.Limit())
+			if err := g.api.idleReads.Take(ctx, idle, g.api.c.BudgetWait); err != nil {
+				if errors.Is(err, core.ErrBusy) {
+					grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
+					return status.Error(codes.ResourceExhausted, fmt.Sprintf(
+						"the server is busy: streams waiting for their next message hold all the room it keeps for them (a quarter of server.max_inflight_bytes, %s); retry",
+						bytesize.Format(g.api.idleReads.Limit())))
+				}
+				return status.FromContextError(err).Err()
+			}
+			defer g.api.idleReads.Give(idle)
+		}
+		if err := ch.Take(ctx, n, "the request message"); err != nil {
+			return refuse(ctx, err)
+		}
 	}
 	release := func() {
 		ch.Release()
@@ -144,16 +167,7 @@ func (g *gatedStream) RecvMsg(m any) error {
 			<-g.api.probes
 		}
 	}
-	done := make(chan error, 1)
-	go func() { done <- g.ServerStream.RecvMsg(m) }()
-	timeout := g.api.readTimeout()
-	if g.idle {
-		timeout = math.MaxInt64
-	}
-	timer := time.NewTimer(timeout)
-	select {
-	case err := <-done:
-		timer.Stop()
+	received := func(err error) error {
 		if r, ok := m.(*rawInfer); ok && err == nil && !g.probe {
 			// ModelInfer's message, undecoded: charged as what it holds
 			// until its handler has charged what it decodes to and let it
@@ -164,17 +178,61 @@ func (g *gatedStream) RecvMsg(m any) error {
 		}
 		release() // decoded: a message of its size, which its handler holds briefly
 		return err
+	}
+	lost := func() {
+		if r, ok := m.(*rawInfer); ok {
+			r.free()
+		}
+		release()
+	}
+	timeout := g.api.readTimeout()
+	if g.idle {
+		return received(g.ServerStream.RecvMsg(m))
+	}
+	if ws, ok := grpc.ServerTransportStreamFromContext(ctx).(statusWriter); ok {
+		// The message is read on this goroutine; a timer that fires first
+		// answers the call itself, which ends the stream and so the read.
+		var state atomic.Int32 // 0 reading, 1 read, 2 timed out
+		timer := time.AfterFunc(timeout, func() {
+			if state.CompareAndSwap(0, 2) {
+				ws.WriteStatus(errReadTimeout)
+			}
+		})
+		err := g.ServerStream.RecvMsg(m)
+		if state.CompareAndSwap(0, 1) {
+			timer.Stop()
+			return received(err)
+		}
+		lost() // answered already: whatever arrived is dropped
+		return errReadTimeout.Err()
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.ServerStream.RecvMsg(m) }()
+	timer := time.NewTimer(timeout)
+	select {
+	case err := <-done:
+		timer.Stop()
+		return received(err)
 	case <-timer.C:
 		// The handler's error ends the stream, which ends the read.
 		go func() {
 			<-done
-			if r, ok := m.(*rawInfer); ok {
-				r.free()
-			}
-			release()
+			lost()
 		}()
-		return status.Error(codes.DeadlineExceeded, "the request message did not arrive within server.read_timeout")
+		return errReadTimeout.Err()
 	}
+}
+
+// errReadTimeout answers a call whose message did not arrive in time.
+var errReadTimeout = status.New(codes.DeadlineExceeded, "the request message did not arrive within server.read_timeout")
+
+// statusWriter is what gRPC's own server stream (the transport's, in the
+// call's context) can do besides grpc.ServerTransportStream: end the call
+// with a status at once, from any goroutine. A read that waits for a
+// message can then be bounded without a goroutine a message to wait in
+// its place. Where the stream cannot (another transport), it can.
+type statusWriter interface {
+	WriteStatus(st *status.Status) error
 }
 
 // maxRecv is the most a message may take of the budget: gRPC's receive

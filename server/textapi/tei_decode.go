@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/models/tokenizers"
 	"github.com/stepserve/stepserve/server/core"
 )
 
@@ -61,11 +62,13 @@ type idDecoder interface {
 }
 
 // decoderOf is tok's decoder: a tokenizer.json's, with the file's own
-// decoder (WordPiece, ByteLevel, Metaspace, ...). A vocab.txt tokenizer
-// keeps its pipeline to itself (models.Tokenizer), so it has none here.
+// decoder (WordPiece, ByteLevel, Metaspace, ...), or a vocab.txt's, with
+// BertTokenizer's WordPiece decoder; nil for a tokenizer with neither.
 func decoderOf(tok models.TextTokenizer) idDecoder {
-	if hf, ok := tok.(*models.HFTokenizer); ok {
-		return hf.Tokenizers()
+	if p, ok := tok.(interface{ Tokenizers() *tokenizers.Tokenizer }); ok {
+		if t := p.Tokenizers(); t != nil {
+			return t
+		}
 	}
 	return nil
 }
@@ -92,7 +95,7 @@ func (s *API) teiDecode(t *textRequest, body []byte) int {
 	m := t.m.Model()
 	dec := decoderOf(m.Tokenizer)
 	if dec == nil {
-		return t.fail(notAvailable(fmt.Sprintf("decode is not available for model %s: its tokenizer is a vocab.txt, which stepserve does not decode; serve it with its tokenizer.json", m.Name)))
+		return t.fail(notAvailable(fmt.Sprintf("decode is not available for model %s: its tokenizer has no decoder", m.Name)))
 	}
 	skip := req.SkipSpecialTokens == nil || *req.SkipSpecialTokens
 	// A text is at most its tokens' spellings and a space between them,
