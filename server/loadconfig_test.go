@@ -67,6 +67,7 @@ func TestLoadWithConfig(t *testing.T) {
 		{"config twice", `{"parameters":{"config":"{\"max_batch_size\":4}","config":"{}"}}`, `load parameter "config" is given twice`},
 		{"parameters twice", `{"parameters":{},"parameters":{"config":"{}"}}`, `load request: "parameters" is given twice`},
 		{"parameters in two spellings", `{"parameters":{"config":"{}"},"Parameters":{"config":"{\"max_batch_size\":4}"}}`, `load request: want {"parameters": {...}}; "Parameters" is not a key of it`},
+		{"something after the object", `{"parameters":{"config":"{}"},"Parameters":{"config":"{\"max_batch_size\":4}"}} 1`, `load request: want one JSON object {"parameters": {...}}; something follows it`},
 	} {
 		w := do(t, s, "POST", "/v2/repository/models/summax/load", []byte(tc.body))
 		assert.Equal(t, 400, w.Code, tc.name)

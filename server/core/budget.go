@@ -49,6 +49,9 @@ func (b *Budget) Limit() int64 { return b.limit }
 // an error wrapping [ErrBusy] if they do not in time, ctx's if it ends
 // first.
 func (b *Budget) Take(ctx context.Context, n int64, wait time.Duration) error {
+	if n <= 0 {
+		return nil // nothing to take; a negative n would give room back
+	}
 	if b.TryTake(n) {
 		return nil
 	}

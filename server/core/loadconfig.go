@@ -63,6 +63,11 @@ func loadOverride(r *http.Request, name string) (serving.Override, error) {
 	if err := dec.Decode(&body); err != nil {
 		return nil, BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}: %s", clip.Clip(err.Error(), 200)))
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		// The checks below read the whole body: what follows the object
+		// would hide it from them.
+		return nil, BadRequest("load request: want one JSON object {\"parameters\": {...}}; something follows it")
+	}
 	if k, ok := duplicateKey(bytes.TrimSpace(b)); ok {
 		return nil, BadRequest(fmt.Sprintf("load request: %q is given twice", clip.Clip(k, 64)))
 	}

@@ -144,8 +144,19 @@ func (g *gatedStream) RecvMsg(m any) error {
 			// at most idleReads (a quarter of the budget). One past it
 			// waits as any call waits for room, then is refused with a
 			// retry pushback, rather than take the rest of the budget
-			// from every other call.
-			idle := min(n, g.api.idleReads.Limit())
+			// from every other call. A budget whose quarter cannot hold
+			// one message's room serves no stream at all: one idle
+			// stream would otherwise hold more than the quarter.
+			if n > g.api.idleReads.Limit() {
+				room := "server.max_body_bytes"
+				if compressed {
+					room = "twice server.max_body_bytes, as the message is compressed"
+				}
+				return status.Error(codes.ResourceExhausted, fmt.Sprintf(
+					"a stream waiting for its next message holds room for one message (%s: %s), more than the quarter of server.max_inflight_bytes (%s) that waiting streams may hold together; raise server.max_inflight_bytes or lower server.max_body_bytes, or send unary ModelInfer calls",
+					bytesize.Format(n), room, bytesize.Format(g.api.idleReads.Limit())))
+			}
+			idle := n
 			if err := g.api.idleReads.Take(ctx, idle, g.api.c.BudgetWait); err != nil {
 				if errors.Is(err, core.ErrBusy) {
 					grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))

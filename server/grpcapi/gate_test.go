@@ -101,6 +101,26 @@ func TestTransportStreamWritesStatus(t *testing.T) {
 // of a message, included). A stream past the quarter waits as a call
 // waits for room, then is refused with RESOURCE_EXHAUSTED saying why;
 // the others read on.
+// A budget whose quarter cannot hold one message's room serves no
+// stream: one idle stream would otherwise hold nearly all of it (a 256 MiB
+// container's 128 MiB budget against a 64 MiB body, twice that gzipped),
+// and every other call would be refused while it waits.
+func TestAStreamNeverHoldsMoreThanTheQuarter(t *testing.T) {
+	const budget = 16 << 20
+	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 8 << 20 })
+	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
+	for _, opts := range [][]grpc.CallOption{nil, {grpc.UseCompressor("gzip")}} {
+		st, err := c.ModelStreamInfer(context.Background(), opts...)
+		require.NoError(t, err)
+		_, err = st.Recv()
+		assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+		assert.Contains(t, status.Convert(err).Message(), "more than the quarter of server.max_inflight_bytes (4 MiB)")
+		assert.LessOrEqual(t, a.c.Budget.InUse(), int64(budget/4), "the refused stream holds nothing but its window")
+		_, err = c.ModelInfer(context.Background(), rawX([]int64{1, 3}, fp32(1, 2, 3)))
+		require.NoError(t, err, "a call beside it is answered")
+	}
+}
+
 func TestIdleStreamsCannotSpendTheBudget(t *testing.T) {
 	const budget = 16 << 20
 	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 1 << 20 })

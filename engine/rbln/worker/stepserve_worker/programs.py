@@ -21,6 +21,7 @@ never zero.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -45,6 +46,9 @@ def identity(msg: dict[str, Any]) -> str:
     spec = {k: msg.get(k) for k in ("name", "version", "architecture", "device_dtype", "compute_dtype",
                                       "mlp", "encoder", "torch", "decoder", "skip_tensors")}
     h.update(json.dumps(spec, sort_keys=True, default=str).encode())
+    # A new compiler builds into a directory of its own: the last one's
+    # artifacts (and their host operators) are not this program's.
+    h.update(toolchain().encode())
     for f in msg.get("weight_files") or [msg.get("weights") or ""]:
         try:
             st = os.stat(f)
@@ -62,6 +66,18 @@ def identity(msg: dict[str, Any]) -> str:
     return f"{safe}-{h.hexdigest()[:12]}"
 
 
+def toolchain() -> str:
+    """The versions of what builds the programs: the RBLN Compiler
+    (rebel), torch-rbln and torch; "-" for one that is absent."""
+    out = []
+    for name in ("rebel", "torch_rbln", "torch"):
+        try:
+            out.append(f"{name}={getattr(importlib.import_module(name), '__version__', '?')}")
+        except Exception:  # noqa: BLE001 - absent or broken alike
+            out.append(f"{name}=-")
+    return " ".join(out)
+
+
 def bucket_dir(base: str, model: str, batch: int, seq: int) -> str:
     """The cache_dir of one bucket (batch x seq) of the model whose
     identity() is model, under base."""
@@ -74,20 +90,27 @@ def _field(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
-def _find(info: Any) -> tuple[bool, Any]:
-    """(found, value) of host_op_reason at the top of info or one level
-    down (a per-graph table)."""
+#: How deep in inspect()'s result host_op_reason is looked for.
+MAX_DEPTH = 4
+
+
+def _find(info: Any, depth: int = 0) -> tuple[bool, Any]:
+    """(found, value) of host_op_reason at the top of info, or merged from
+    every table below it (per graph, per partition), down to MAX_DEPTH."""
     if isinstance(info, dict) and HOST_OP_REASON in info:
         return True, info[HOST_OP_REASON]
-    if not isinstance(info, (dict, list, tuple)) and hasattr(info, HOST_OP_REASON):
+    if not isinstance(info, (dict, list, tuple, str, bytes)) and hasattr(info, HOST_OP_REASON):
         return True, getattr(info, HOST_OP_REASON)
+    if depth >= MAX_DEPTH:
+        return False, []
     values = info.values() if isinstance(info, dict) else (info if isinstance(info, (list, tuple)) else ())
     found, merged = False, []
     for v in values:
-        if isinstance(v, dict) and HOST_OP_REASON in v:
+        f, value = _find(v, depth + 1)
+        if f:
             found = True
-            if v[HOST_OP_REASON] is not None:
-                merged.append(v[HOST_OP_REASON])
+            if value is not None and value != []:
+                merged.append(value)
     return found, merged
 
 
@@ -126,10 +149,15 @@ def _ops(value: Any) -> Optional[dict[str, str]]:
     return None
 
 
-def inspect(directory: str) -> dict[str, Any]:
+def inspect(directory: str, since_ns: Optional[int] = None) -> dict[str, Any]:
     """The host operators of the programs under directory:
     {"count": n or None, "ops": {operator: reason}, "reason": why unknown,
-    "artifacts": how many were inspected}."""
+    "artifacts": how many were inspected}. With since_ns (when the graph
+    was built), only artifacts written since are read where there are
+    any: the directory outlives loads, and an earlier build's programs
+    are not this one's. None written since is a cache hit: the program
+    was built before, by the same model and compiler (identity), and
+    every artifact there is read."""
     if not directory:
         return {"count": None, "reason": "no compile cache directory (rbln.compile_cache_dir), "
                 "so the compiled programs cannot be found to inspect"}
@@ -141,6 +169,12 @@ def inspect(directory: str) -> dict[str, Any]:
     if compiled is None:
         return {"count": None, "reason": "rebel has no RBLNCompiledModel to inspect programs with"}
     paths = sorted(Path(directory).rglob("*.rbln")) if os.path.isdir(directory) else []
+    if since_ns is not None:
+        # A file's time is the kernel's coarse clock, a few ms behind
+        # time.time_ns(): a second's slack.
+        fresh = [p for p in paths if _mtime_ns(p) >= since_ns - 1_000_000_000]
+        if fresh:
+            paths = fresh
     if not paths:
         return {"count": None, "reason": f"no compiled artifact (*.rbln) under {directory} after the graph was built"}
     ops: dict[str, str] = {}
@@ -160,3 +194,10 @@ def inspect(directory: str) -> dict[str, Any]:
             ops.setdefault(op, why)
     named = dict(sorted(ops.items())[:MAX_NAMED])
     return {"count": len(ops), "ops": named, "artifacts": len(paths)}
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0

@@ -233,6 +233,7 @@ class Bucket:
     cache_dir: str = ""
     host_ops: Optional[dict[str, Any]] = None
     inspected: bool = False
+    built_ns: int = 0  # when its graph was built: the artifacts since are its program's
     # The NPUs its program spans (the RSD group's, or 1 after a
     # tensor-parallel failover), and whether it has run since it was
     # compiled (its first run builds it).
@@ -375,6 +376,7 @@ class Worker:
             # programs with eager code between them; refuse it at load.
             body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
         b.graph, b.inspected, b.ran, b.num_devices = body, False, False, num_devices
+        b.built_ns = time.time_ns()
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=b.bound.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
             self.rt.rbln.bind_device_memory(b.device_in)
@@ -422,7 +424,7 @@ class Worker:
             # lazy): its host operators, which explain() cannot see, are
             # read from the artifact now.
             b.inspected = True
-            b.host_ops = programs.inspect(b.cache_dir)
+            b.host_ops = programs.inspect(b.cache_dir, since_ns=b.built_ns)
             reply["host_ops"] = b.host_ops
         reply["explain"] = report.to_wire()
         return reply

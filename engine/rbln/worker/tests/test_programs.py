@@ -45,6 +45,44 @@ class InspectTest(unittest.TestCase):
             self.assertEqual({"aten::nonzero": "", "aten::sort": "int64"}, got["ops"])
             self.assertEqual(3, got["artifacts"])
 
+    def test_found_below_the_top(self) -> None:
+        # A per-graph list of per-partition tables: found wherever it is,
+        # not read as "none".
+        info = {"graphs": [{"partitions": [{"host_op_reason": {"aten::sort": "int64"}}, {"host_op_reason": None}]}]}
+        found, value = programs._find(info)
+        self.assertTrue(found)
+        self.assertEqual({"aten::sort": "int64"}, programs._ops(value))
+        self.assertEqual((False, []), programs._find({"graphs": [{"partitions": [{"other": 1}]}]}))
+
+    def test_an_earlier_build_is_not_this_one(self) -> None:
+        # The directory outlives loads: artifacts written before the graph
+        # was built are not its program's, unless none was written since
+        # (a cache hit).
+        import os
+        import time
+        with tempfile.TemporaryDirectory() as d:
+            artifact(d, "old.rbln", {"host_op_reason": ["aten::nonzero"]})
+            hour_ago = time.time() - 3600
+            os.utime(Path(d) / "old.rbln", (hour_ago, hour_ago))
+            since = time.time_ns()
+            self.assertEqual(1, programs.inspect(d, since_ns=since)["count"], "a cache hit reads what is there")
+            artifact(d, "new.rbln", {"something_else": 1})
+            got = programs.inspect(d, since_ns=since)
+            self.assertEqual(0, got["count"], "the new build has no host operator")
+            self.assertEqual(1, got["artifacts"])
+            self.assertEqual(1, programs.inspect(d)["count"], "without a build time every artifact is read")
+
+    def test_a_new_compiler_builds_apart(self) -> None:
+        msg = {"name": "digits", "version": "1", "architecture": "mlp", "mlp": {"sizes": [64, 10]}}
+        a = programs.identity(msg)
+        real = programs.toolchain
+        programs.toolchain = lambda: "rebel=9.9 torch_rbln=9.9 torch=1.13"
+        try:
+            self.assertNotEqual(a, programs.identity(msg))
+        finally:
+            programs.toolchain = real
+        self.assertIn("torch=", programs.toolchain())
+
     def test_unknown_is_never_zero(self) -> None:
         self.assertIsNone(programs.inspect("")["count"])
         with tempfile.TemporaryDirectory() as base:
