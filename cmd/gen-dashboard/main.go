@@ -161,10 +161,8 @@ func Dashboard() *dashboard.DashboardBuilder {
 			Description("The fraction of the device work that is padding on each model's recent steps (decayed, half-life 1h), with its bucket lists now (solid) and with the lists the bucket advisor gives for as many programs (dashed). A wide gap: run `stepserve advise --model <name>` (or GET /v2/models/<name>/buckets/advice) and paste its model.yaml block.").
 			Min(0).
 			Max(1).
-			Overrides([]cog.Builder[dashboard.DashboardFieldConfigSourceOverrides]{dashboard.NewDashboardFieldConfigSourceOverridesBuilder().
-				Matcher(dashboard.MatcherConfig{Id: "byRegexp", Options: ".* advised"}).
-				Properties([]dashboard.DynamicConfigValue{dashboard.DynamicConfigValue{Id: "custom.lineStyle", Value: map[string]interface{}{"dash": []interface{}{10, 10}, "fill": "dash"}}})}).
-			WithOverride(dashboard.MatcherConfig{Id: "byRegexp", Options: ".* advised"}, []dashboard.DynamicConfigValue{dashboard.DynamicConfigValue{Id: "custom.lineStyle", Value: map[string]interface{}{"fill": "dash", "dash": []interface{}{10, 10}}}}).
+			// The advised lists' series dashed.
+			WithOverride(dashboard.MatcherConfig{Id: "byRegexp", Options: ".* advised"}, []dashboard.DynamicConfigValue{{Id: "custom.lineStyle", Value: map[string]any{"fill": "dash", "dash": []any{10, 10}}}}).
 			Legend(legend().
 				Calcs([]string{"lastNotNull"}))).
 		WithPanel(panel(0x1c, "Token-budget deferrals", "reqps", dashboard.GridPos{H: 8, W: 12, X: 12, Y: 100},
