@@ -94,13 +94,6 @@ func TestTransportStreamWritesStatus(t *testing.T) {
 	assert.True(t, <-h.got, "the transport stream in a call's context has WriteStatus")
 }
 
-// Streams waiting for their client's next message hold room for it, and
-// idle streams are cheap to open: together they may hold at most a
-// quarter of the in-flight budget, so that a crowd of them cannot refuse
-// every other call (compressed streams, which hold room for both forms
-// of a message, included). A stream past the quarter waits as a call
-// waits for room, then is refused with RESOURCE_EXHAUSTED saying why;
-// the others read on.
 // A budget whose quarter cannot hold one message's room serves no
 // stream: one idle stream would otherwise hold nearly all of it (a 256 MiB
 // container's 128 MiB budget against a 64 MiB body, twice that gzipped),
@@ -121,6 +114,13 @@ func TestAStreamNeverHoldsMoreThanTheQuarter(t *testing.T) {
 	}
 }
 
+// Streams waiting for their client's next message hold room for it, and
+// idle streams are cheap to open: together they may hold at most a
+// quarter of the in-flight budget, so that a crowd of them cannot refuse
+// every other call (compressed streams, which hold room for both forms
+// of a message, included). A stream past the quarter waits as a call
+// waits for room, then is refused with RESOURCE_EXHAUSTED saying why;
+// the others read on.
 func TestIdleStreamsCannotSpendTheBudget(t *testing.T) {
 	const budget = 16 << 20
 	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 1 << 20 })

@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,13 +69,19 @@ def identity(msg: dict[str, Any]) -> str:
 
 def toolchain() -> str:
     """The versions of what builds the programs: the RBLN Compiler
-    (rebel), torch-rbln and torch; "-" for one that is absent."""
+    (rebel), torch-rbln and torch, as this worker has them; "-" for one it
+    has not imported. Nothing is imported here but the compiler's Python
+    API, and only where torch-rbln already is (a host-CPU worker must not
+    start a device runtime to name a directory it never compiles into)."""
     out = []
     for name in ("rebel", "torch_rbln", "torch"):
-        try:
-            out.append(f"{name}={getattr(importlib.import_module(name), '__version__', '?')}")
-        except Exception:  # noqa: BLE001 - absent or broken alike
-            out.append(f"{name}=-")
+        mod = sys.modules.get(name)
+        if mod is None and name == "rebel" and "torch_rbln" in sys.modules:
+            try:
+                mod = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - absent or broken alike
+                mod = None
+        out.append(f"{name}={getattr(mod, '__version__', '?') if mod is not None else '-'}")
     return " ".join(out)
 
 
