@@ -46,12 +46,7 @@ func TestHostOpsInCompiledProgram(t *testing.T) {
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
 	require.NoError(t, err)
 
-	prog, err := e.Load(context.Background(), m, grid.Shapes())
-	require.NoError(t, err)
-	t.Cleanup(func() { prog.Close() })
-	r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name(), StrictWarmup: true})
-	require.NoError(t, err)
-	_, err = r.Warmup(context.Background())
+	prog, _, err := loadAndWarm(t, e, m, grid, true)
 	require.Error(t, err, "strict warm-up refuses a program with host operators")
 	assert.Contains(t, err.Error(), "host_op: the compiled program runs 1 operator(s) on the host: aten::sort (int64 input is not supported on the device)")
 

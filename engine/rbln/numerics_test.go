@@ -26,12 +26,7 @@ var inDeviceDtype = map[string]string{"STEPSERVE_WORKER_CPU_DTYPE": "device"}
 // warmRunner loads m on e with the grid's buckets and warms it up.
 func warmRunner(t *testing.T, m *models.Model, e engine.Engine, grid *bucketing.Grid) *steps.Runner {
 	t.Helper()
-	prog, err := e.Load(context.Background(), m, grid.Shapes())
-	require.NoError(t, err)
-	t.Cleanup(func() { prog.Close() })
-	r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name()})
-	require.NoError(t, err)
-	_, err = r.Warmup(context.Background())
+	_, r, err := loadAndWarm(t, e, m, grid, false)
 	require.NoError(t, err)
 	return r
 }

@@ -84,14 +84,7 @@ func loadDigits(t testing.TB) *models.Model {
 func runners(t *testing.T, m *models.Model, e engine.Engine) *steps.Runner {
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
 	require.NoError(t, err)
-	prog, err := e.Load(context.Background(), m, grid.Shapes())
-	require.NoError(t, err)
-	t.Cleanup(func() { prog.Close() })
-	r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name()})
-	require.NoError(t, err)
-	_, err = r.Warmup(context.Background())
-	require.NoError(t, err)
-	return r
+	return warmRunner(t, m, e, grid)
 }
 
 func digitsRequest(rows int, seed float32) *steps.Request {

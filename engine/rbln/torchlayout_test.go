@@ -1,7 +1,6 @@
 package rbln
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/steps"
 )
 
 // mixedTorchModel is cmd/serve's test module (inputs FP32 and INT64,
@@ -75,20 +73,14 @@ func TestTorchBoundaryHasOneDtypeWherePossible(t *testing.T) {
 			m.Config.DeviceDtype = "bfloat16" // the host's torch has no float16 convolution
 			grid, err := bucketing.NewGrid([]int{1, 4}, nil)
 			require.NoError(t, err)
-			prog, err := e.Load(context.Background(), m, grid.Shapes())
-			require.NoError(t, err)
-			t.Cleanup(func() { prog.Close() })
-			p := onlyProgram(t, e)
-			for _, b := range p.bounds {
+			_, _, err = loadAndWarm(t, e, m, grid, true)
+			for _, b := range onlyProgram(t, e).bounds {
 				assert.Equal(t, tc.byteRow, b.in.byteRow, "inputs")
 				assert.Equal(t, tc.byteRow, b.out.byteRow, "outputs")
 				if !tc.byteRow {
 					assert.Equal(t, dtBFloat16, b.in.dt, "the row is in the compute dtype")
 				}
 			}
-			r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name(), StrictWarmup: true})
-			require.NoError(t, err)
-			_, err = r.Warmup(context.Background())
 			if tc.err {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), "aten::view.dtype, a bitcast, is not lowered")

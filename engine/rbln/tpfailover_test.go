@@ -26,11 +26,7 @@ func TestTPFailoverIsPerModel(t *testing.T) {
 		m.Config.TPFailover = failover
 		grid, err := bucketing.NewGrid([]int{1, 4}, nil)
 		require.NoError(t, err)
-		prog, err := e.Load(context.Background(), m, grid.Shapes())
-		require.NoError(t, err)
-		r, err := steps.New(steps.Options{Model: m, Program: prog, Grid: grid, Engine: e.Name()})
-		require.NoError(t, err)
-		_, err = r.Warmup(context.Background())
+		prog, r, err := loadAndWarm(t, e, m, grid, false)
 		if !failover {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "this model does not support tensor parallelism (tp=2)")

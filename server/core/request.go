@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -474,12 +475,9 @@ func decodeValues(in *WireInput, spec models.TensorSpec) (data []byte, strs []st
 	case in.shm != nil:
 		data = in.Bin // the request's own copy, checked to be the shape's size
 	case hasBin:
-		if size := int(elems) * spec.Datatype.Size(); len(in.Bin) >= size {
-			data = append([]byte(nil), in.Bin[:size]...) // copied without zeroing first
-		} else {
-			data = make([]byte, size)
-			copy(data, in.Bin)
-		}
+		// checkInput held it to the shape's size (an HTTP body's share, or
+		// gRPC's raw contents); cloned, not zeroed first.
+		data = slices.Clone(in.Bin)
 	case in.Contents != nil:
 		// Counted before anything is allocated for them.
 		c, err := in.Contents.Count(spec.Datatype)
