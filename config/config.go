@@ -157,9 +157,11 @@ type RBLN struct {
 	NPUsPerDevice   int
 	Env             map[string]string
 	CompileCacheDir string
-	StrictWarmup    bool
-	StallTimeout    time.Duration
-	CompileTimeout  time.Duration
+	// TorchCompile is the torch engine's compiler: auto, inductor or off.
+	TorchCompile   string
+	StrictWarmup   bool
+	StallTimeout   time.Duration
+	CompileTimeout time.Duration
 	// Profiler starts the workers with RBLN_PROFILER=1 (and
 	// RBLN_PROFILER_DIR under the trace directory), so that torch.profiler
 	// sees device activity on NPUs whose bridge records it.
@@ -291,7 +293,9 @@ var keys = []key{
 		mapOf(func(c *Config) *map[string]string { return &c.RBLN.Env }, "KEY=VALUE pairs, comma-separated (a map in YAML)"), mapKind},
 	{"rbln.compile_cache_dir", "", "torch.compile cache_dir for compiled step graphs",
 		value(func(c *Config) *string { return &c.RBLN.CompileCacheDir }, asString, anything, ""), stringKind("path", 0)},
-	{"rbln.strict_warmup", "true", "refuse readiness unless every bucket's second warm-up run is clean (false: log it and serve)",
+	{"rbln.torch_compile", "auto", "how the torch engine builds each bucket's step: auto (torch.compile with inductor where the worker's torch has it, 2.x, and inductor compiles on the host; else eager, the log saying why), inductor (refuse to load without it) or off (eager); the rbln engine always compiles with backend rbln",
+		oneOf(func(c *Config) *string { return &c.RBLN.TorchCompile }, "auto", "inductor", "off"), enumKind("auto", "inductor", "off")},
+	{"rbln.strict_warmup", "true", "refuse readiness unless every bucket's second warm-up run is clean, and refuse a bucket whose step graph breaks or fails to compile (naming the line or the error) or, on the rbln engine, that the step audit finds against the step structure (false: log it and serve, eagerly where it did not compile)",
 		value(func(c *Config) *bool { return &c.RBLN.StrictWarmup }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"rbln.stall_timeout", "10s", "a worker that answers no ping for this long, while it builds no graph, is killed and restarted",
 		value(func(c *Config) *time.Duration { return &c.RBLN.StallTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 10s"), durationKind(false)},

@@ -71,3 +71,9 @@ var ErrStepLost = errors.New("engine: the device went down while running the ste
 type ModelError struct{ Msg string }
 
 func (e *ModelError) Error() string { return e.Msg }
+
+// ProgramReporter is a [Program] that reports its compiled programs, one
+// per bucket (per replica for a replicated one), in bucket order.
+type ProgramReporter interface {
+	Programs(ctx context.Context) []ProgramReport
+}

@@ -146,3 +146,98 @@ func (x *Explain) UnmarshalJSON(b []byte) error {
 	*x = Explain(f)
 	return nil
 }
+
+// ProgramReport is what building one bucket's step graph produced, and
+// what running it has shown since: GET /v2/models/{model}/explain lists
+// one per bucket (and kind, for a decoder's prefill and decode steps).
+// Counts the engine could not see are null (Unknown), never 0.
+type ProgramReport struct {
+	Bucket string `json:"bucket"`
+	// Kind is "step", or "prefill" or "decode" for a decoder's buckets.
+	Kind string `json:"kind"`
+	// Compiler built the program: "inductor" (torch on the host CPU),
+	// "rbln" (the RBLN Compiler) or "none" (the body runs eagerly, or the
+	// CPU engine's Go kernels).
+	Compiler string `json:"compiler"`
+	// Device is the worker's device that holds it (a replicated model has
+	// one report per replica).
+	Device string `json:"device,omitempty"`
+	// Built: its first run has built it (torch.compile is lazy).
+	Built bool `json:"built"`
+	// Graphs the compiler captured for the bucket: 1 for a whole step,
+	// more with graph breaks or recompiles.
+	Graphs      Count        `json:"graphs"`
+	GraphBreaks Count        `json:"graph_breaks"`
+	Breaks      []GraphBreak `json:"breaks,omitempty"`
+	// Recompiles are graphs captured after the first run (a guard that
+	// stopped holding), with the compiler's reasons (the latest few).
+	Recompiles       Count    `json:"recompiles"`
+	RecompileReasons []string `json:"recompile_reasons,omitempty"`
+	// CompileSeconds is the first run's time, which built the program;
+	// CacheHit says whether the compiler's cache served it (null where
+	// the compiler does not say).
+	CompileSeconds *float64 `json:"compile_seconds"`
+	CacheHit       *bool    `json:"cache_hit"`
+	// HostOps counts the operators the compiler split out to the host
+	// (the rbln engine's inspection; null elsewhere).
+	HostOps Count `json:"host_ops"`
+	// Audit is the step audit of the program's graphs against the step
+	// structure; nil where no graph was audited.
+	Audit *Audit `json:"audit"`
+	// Error is the compiler's failure where the bucket is served eagerly
+	// instead (strict warm-up off); Note says why it runs as it does.
+	Error string `json:"error,omitempty"`
+	Note  string `json:"note,omitempty"`
+}
+
+// GraphBreak is one place where a step's graph breaks: the step falls
+// back to the host there on every run.
+type GraphBreak struct {
+	Reason string `json:"reason"`
+	Line   string `json:"line"` // file.py:123
+	Code   string `json:"code,omitempty"`
+}
+
+// Audit is what the step audit found in a program's captured graphs:
+// findings by rule (the step structure's items), operator and line.
+type Audit struct {
+	Graphs int `json:"graphs"`
+	// Total counts the distinct findings; ByRule the same by rule;
+	// Findings lists them (at most 64: Truncated counts the rest).
+	Total     int            `json:"total"`
+	ByRule    map[string]int `json:"by_rule"`
+	Findings  []Finding      `json:"findings"`
+	Truncated int            `json:"truncated,omitempty"`
+	// Error says why a graph could not be traced to its operators (its
+	// findings are then partial).
+	Error string `json:"error,omitempty"`
+}
+
+// Finding is one place a step graph goes against the step structure.
+type Finding struct {
+	Rule string `json:"rule"` // created_in_step, float64, int64, mixed_float, input_layout, host_read, outputs
+	// Item is the step structure's item the rule comes from.
+	Item   int    `json:"item"`
+	Op     string `json:"op"`
+	Line   string `json:"line"`
+	Code   string `json:"code,omitempty"`
+	Dtype  string `json:"dtype,omitempty"`
+	Detail string `json:"detail,omitempty"`
+	// Count is how many of the graph's nodes the finding stands for.
+	Count int `json:"count"`
+}
+
+// AuditRules are the step audit's rules, in the order of the step
+// structure's items.
+var AuditRules = []string{"created_in_step", "float64", "int64", "mixed_float", "input_layout", "host_read", "outputs"}
+
+// UnmarshalJSON reads a report whose absent counts are Unknown.
+func (r *ProgramReport) UnmarshalJSON(b []byte) error {
+	type fields ProgramReport
+	f := fields{Graphs: Unknown, GraphBreaks: Unknown, Recompiles: Unknown, HostOps: Unknown}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	*r = ProgramReport(f)
+	return nil
+}

@@ -174,3 +174,15 @@ func Placement(engine string, in models.Instances, devices []string, next string
 	}
 	return out, nil
 }
+
+// Programs implements [ProgramReporter]: every replica's programs, each
+// named with its device.
+func (g *group) Programs(ctx context.Context) []ProgramReport {
+	var out []ProgramReport
+	for _, p := range g.programs {
+		if r, ok := p.(ProgramReporter); ok {
+			out = append(out, r.Programs(ctx)...)
+		}
+	}
+	return out
+}

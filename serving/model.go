@@ -296,6 +296,20 @@ func (m *Model) Explains() []Record {
 	return m.runners[0].Explains()
 }
 
+// Programs reports the model's compiled step programs, one per bucket
+// (per replica, and per kind for a language model's prefill and decode
+// buckets); nil where its engine reports none.
+func (m *Model) Programs(ctx context.Context) []engine.ProgramReport {
+	var src any = m.program
+	if m.gen != nil {
+		src = m.gen.dec
+	}
+	if r, ok := src.(engine.ProgramReporter); ok {
+		return r.Programs(ctx)
+	}
+	return nil
+}
+
 // Stats summarises the model's steps per bucket since load, every
 // replica's.
 func (m *Model) Stats() []BucketStats {

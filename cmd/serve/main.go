@@ -275,6 +275,7 @@ func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer)
 			}
 			return rbln.New(rbln.Options{
 				Device: device, Python: r.Python, Devices: devices, Workers: n, NPUsPerDevice: r.NPUsPerDevice, Env: workerEnv(cfg), CompileCacheDir: r.CompileCacheDir,
+				TorchCompile: r.TorchCompile, StrictWarmup: r.StrictWarmup,
 				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
 				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
 			})

@@ -286,3 +286,18 @@ func floats(b []byte) []float32 {
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
+
+// Programs implements [engine.ProgramReporter]: a bucket's plan is Go
+// kernels chosen for its shape, not a captured graph: no compiler, no
+// graph, nothing to break or recompile.
+func (p *program) Programs(context.Context) []engine.ProgramReport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]engine.ProgramReport, len(p.buckets))
+	for i, b := range p.buckets {
+		out[i] = engine.ProgramReport{Bucket: b.shape.Label(), Kind: "step", Compiler: "none", Device: Device,
+			Built: b.plan != nil, Graphs: 0, GraphBreaks: engine.Unknown, Recompiles: engine.Unknown, HostOps: engine.Unknown,
+			Note: "the CPU engine runs Go kernels planned for the bucket's shape; no graph is captured or compiled"}
+	}
+	return out
+}

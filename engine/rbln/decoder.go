@@ -375,3 +375,16 @@ func (d *decoder) ObserveSteps(f func(bucket, rows int, padding float64, took ti
 
 // Close implements [engine.Decoder].
 func (d *decoder) Close() error { return d.p.Close() }
+
+// Programs implements [engine.ProgramReporter]: the program's reports,
+// the decode buckets (the first) and the prefill ones named so.
+func (d *decoder) Programs(ctx context.Context) []engine.ProgramReport {
+	out := d.p.Programs(ctx)
+	for i := range out {
+		out[i].Kind = "prefill"
+		if i < d.decodes {
+			out[i].Kind = "decode"
+		}
+	}
+	return out
+}

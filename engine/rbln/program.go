@@ -66,6 +66,15 @@ type program struct {
 	// bodyNS adds up the time the worker spent inside the step bodies of
 	// doorbell steps: the rest of a step's round trip is host overhead.
 	bodyNS atomic.Int64
+
+	// compiler builds the buckets' steps (the load reply's: inductor, rbln
+	// or none), compileNote says why none does; reports are the worker's
+	// last reports of the compiled programs, by bucket (compiled.go),
+	// guarded by mu; refreshing is set while a read of them is under way.
+	compiler    string
+	compileNote string
+	reports     []engine.ProgramReport
+	refreshing  atomic.Bool
 }
 
 func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucketing.Shape) (*program, error) {
@@ -173,6 +182,8 @@ func (p *program) loadRequest() *loadRequest {
 		DeviceDtype:     cfg.DeviceDtype,
 		ComputeDtype:    p.floats.String(),
 		CompileCacheDir: p.w.e.opts.CompileCacheDir,
+		TorchCompile:    p.w.e.opts.TorchCompile,
+		StrictWarmup:    p.w.e.opts.StrictWarmup,
 		TPFailover:      cfg.TPFailover,
 		Buckets:         buckets,
 		staging:         p.staging.f,
@@ -249,9 +260,17 @@ func (p *program) load(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	p.mapped = info.Staging
+	p.compiler = info.Compiler
+	if p.compiler == "" { // a worker from before the compiler was named
+		p.compiler = "none"
+		if info.Compiled {
+			p.compiler = "rbln"
+		}
+	}
+	p.reports = nil // a new life: nothing built yet
 	p.mu.Unlock()
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
-		"compiled", info.Compiled, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
+		"compiler", p.compiler, "compute_dtype", info.ComputeDtype, "notes", info.Notes)
 	return nil
 }
 
@@ -348,6 +367,7 @@ func (p *program) step(ctx context.Context, bucket, lane int) (engine.Explain, e
 			x.DeviceNS = engine.Count(body)
 		}
 		stampHostOps(&x, ops)
+		p.refreshLater(x)
 		return x, nil
 	}
 	return p.stepMessage(ctx, bucket, lane, nil)
@@ -372,6 +392,7 @@ func (p *program) stepMessage(ctx context.Context, bucket, lane int, prof *trace
 		return engine.Explain{}, err
 	}
 	p.mu.Lock()
+	built := !p.ran[bucket]
 	p.compiled[bucket] = true // a lazy bucket is compiled by its first step
 	p.ran[bucket] = true
 	if r.HostOps != nil { // the graph was built by this step and inspected
@@ -386,6 +407,13 @@ func (p *program) stepMessage(ctx context.Context, bucket, lane int, prof *trace
 	}
 	ops := p.hostOps[bucket]
 	p.mu.Unlock()
+	if built {
+		// The step built the bucket's program: what the compiler made of
+		// it is read now, at warm-up, not at the first /explain.
+		p.refreshPrograms(ctx)
+	} else {
+		p.refreshLater(r.Explain)
+	}
 	x := r.Explain
 	stampHostOps(&x, ops)
 	if r.BodyNS > 0 {

@@ -79,6 +79,9 @@ type loadRequest struct {
 	DeviceDtype     string   `json:"device_dtype"`
 	ComputeDtype    string   `json:"compute_dtype"` // of floats in staging; the worker computes in it or refuses
 	CompileCacheDir string   `json:"compile_cache_dir"`
+	// TorchCompile and StrictWarmup are Options'.
+	TorchCompile string `json:"torch_compile,omitempty"`
+	StrictWarmup bool   `json:"strict_warmup"`
 	// TPFailover: a bucket whose program fails across an RSD group is
 	// compiled again with num_devices=1 (models.Config.TPFailover).
 	TPFailover bool         `json:"tp_failover,omitempty"`
@@ -278,6 +281,7 @@ type hello struct {
 type loadReply struct {
 	Device       string   `json:"device"`
 	Compiled     bool     `json:"compiled"`
+	Compiler     string   `json:"compiler"` // inductor, rbln or none
 	ComputeDtype string   `json:"compute_dtype"`
 	Notes        []string `json:"notes"`
 	// Staging is every bucket's staging as the worker mapped it.

@@ -110,8 +110,20 @@ type Options struct {
 	// into another. Default 2 on rbln, 1 on torch (whose worker computes
 	// on the same host cores the packing would use).
 	Lanes int
-	// CompileCacheDir is passed to torch.compile as its cache_dir option.
+	// CompileCacheDir is passed to torch.compile as its cache_dir option
+	// (rbln); the torch engine's inductor keeps its caches under it.
 	CompileCacheDir string
+	// TorchCompile is the torch engine's compiler (rbln.torch_compile):
+	// "auto" (the default: inductor where the worker's torch has
+	// torch.compile and inductor works on the host, else eager), "inductor"
+	// or "off". The rbln engine always compiles with backend rbln.
+	TorchCompile string
+	// StrictWarmup (rbln.strict_warmup): a bucket whose step graph breaks
+	// or fails to compile is refused, naming the bucket and the break's
+	// line or the compiler's error, and on the rbln engine so is one the
+	// step audit finds against the step structure; false serves such a
+	// bucket (eagerly, or with its breaks), its signals counted.
+	StrictWarmup bool
 	// LogLevel is TORCH_RBLN_LOG_LEVEL (DEBUG, INFO, WARNING or ERROR, see
 	// [LogLevel]); default "WARNING".
 	LogLevel string
@@ -192,7 +204,13 @@ func New(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{opts: opts, metrics: m}, nil
+	e := &Engine{opts: opts, metrics: m}
+	if reg != nil {
+		if err := reg.Register(newProgramCollector(e)); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
 }
 
 // Name implements [engine.Engine]: "rbln" for workers on an RBLN device,

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -497,6 +498,12 @@ func (w *worker) env() []string {
 		"TORCH_RBLN_LOG_LEVEL="+w.e.opts.LogLevel,
 		"PYTHONUNBUFFERED=1",
 	)
+	if d := w.e.opts.CompileCacheDir; d != "" && w.e.opts.Device == DeviceCPU {
+		// Inductor's caches (compiled graphs, kernels) under
+		// rbln.compile_cache_dir, so that a restart compiles nothing it
+		// compiled before; rbln.env, appended below, may still set it.
+		env = append(env, "TORCHINDUCTOR_CACHE_DIR="+filepath.Join(d, "inductor"))
+	}
 	pythonPath := w.e.workerDir
 	for k, v := range w.e.opts.Env {
 		if k == "PYTHONPATH" {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/serving"
@@ -74,7 +75,11 @@ func (s *API) explain(r *http.Request) (any, error) {
 	if recs == nil {
 		recs = []serving.Record{}
 	}
-	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs}, nil
+	progs := m.Programs(r.Context())
+	if progs == nil {
+		progs = []engine.ProgramReport{}
+	}
+	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs, "programs": progs}, nil
 }
 
 // Routes mounts the OIP endpoints on r.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -342,6 +342,12 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
             raise LoadError(f"decoder: a vocabulary of {spec['decoder']['vocab']} tokens is smaller than the {spec['decoder']['top_logprobs']} most likely a step returns")
         return decoder.Decoder(spec["decoder"], tensors)
     raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder or decoder")
+
+
+def is_decoder(model: Optional[nn.Module]) -> bool:
+    """Whether model is a decoder language model (prefill and decode steps)."""
+    from . import decoder
+    return isinstance(model, decoder.Decoder)
 
 
 def step_body(model: nn.Module, shape: Shape, bound: Boundary,

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from . import safetensors
 
@@ -262,22 +263,21 @@ def step_body(module: nn.Module, batch: int, ins: list[Field], in_row: int, outs
         ys = module(*[cut(x, f) for f in ins])
         if isinstance(ys, torch.Tensor):
             ys = (ys,)
+        # The padding is put on by F.pad, never by a tensor made in the
+        # step (the step structure's item 1).
         if out_dt is not None:
             parts = [y.to(out_dt).reshape(batch, -1) for y in ys]
             cols = sum(f.count for f in outs)
-            if out_row > cols:
-                parts.append(torch.zeros((batch, out_row - cols), dtype=out_dt, device=x.device))
-            return torch.cat(parts, dim=1)
+            packed = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            return F.pad(packed, (0, out_row - cols)) if out_row > cols else packed
         parts = []
         end = 0
         for y, f in zip(ys, outs):
-            if f.offset > end:
-                parts.append(torch.zeros((batch, f.offset - end), dtype=torch.uint8, device=x.device))
-            parts.append(y.to(f.dtype).reshape(batch, -1).contiguous().view(torch.uint8))
+            part = y.to(f.dtype).reshape(batch, -1).contiguous().view(torch.uint8)
+            parts.append(F.pad(part, (f.offset - end, 0)) if f.offset > end else part)
             end = f.offset + f.nbytes
-        if out_row > end:
-            parts.append(torch.zeros((batch, out_row - end), dtype=torch.uint8, device=x.device))
-        return torch.cat(parts, dim=1)
+        packed = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return F.pad(packed, (0, out_row - end)) if out_row > end else packed
     return own_code(user_body, name)
 
 

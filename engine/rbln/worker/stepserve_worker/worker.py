@@ -31,7 +31,7 @@ from . import doorbell as bell
 from . import explain as ex
 from . import nets
 from . import profile as prof
-from . import programs, safetensors, usermodel
+from . import compiler, programs, safetensors, usermodel
 from .protocol import ProtocolError, Writer, read_message
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -239,6 +239,9 @@ class Bucket:
     # compiled (its first run builds it).
     num_devices: int = 1
     ran: bool = False
+    # What compiles its step and what building and running it showed
+    # (compiler.Program); None until its graph is built.
+    program: Optional[compiler.Program] = None
 
 
 @dataclass
@@ -257,6 +260,14 @@ class Model:
     tp_failover: bool = False
     # Names its compiled programs' directory (programs.identity).
     identity: str = ""
+    # What compiles its buckets' steps (compiler.RBLN, INDUCTOR or NONE),
+    # and why none does, if so.
+    compiler: str = compiler.NONE
+    compile_note: str = ""
+    # rbln.strict_warmup: a graph break or a compiler error refuses the
+    # bucket (and, on the rbln engine, audit findings) instead of serving
+    # it eagerly.
+    strict: bool = True
 
 
 class Worker:
@@ -277,6 +288,10 @@ class Worker:
             self.unload({"model": name})
         self.rt.require_device("loads", [])
         compute = self._compute_dtype(name, msg)
+        try:
+            chosen, compile_note = compiler.choose(self.rt.kind, msg.get("torch_compile") or "auto", self.rt.compile_available)
+        except compiler.Unavailable as e:
+            raise compiler.Unavailable(f"model {name!r}: {e}") from None
         maps = [StagingMap(fd) for fd in msg.get("fds", [])]
         try:
             buckets = [_staged_bucket(msg, i, compute, maps) for i in range(len(msg["buckets"]))]
@@ -317,10 +332,12 @@ class Worker:
                 sm.close()
             raise
         self.models[name] = Model(name, module, buckets, compute, msg.get("compile_cache_dir", ""), maps,
-                                  msg if user else None, bool(msg.get("tp_failover")), programs.identity(msg))
+                                  msg if user else None, bool(msg.get("tp_failover")), programs.identity(msg),
+                                  chosen, compile_note, msg.get("strict_warmup", True) is not False)
         if isinstance(msg.get("slot"), int):
             self.slots[msg["slot"]] = name
-        return {"device": str(self.rt.device), "compiled": self.rt.compile_available, "notes": self.rt.notes,
+        notes = self.rt.notes + ([compile_note] if compile_note else [])
+        return {"device": str(self.rt.device), "compiled": chosen != compiler.NONE, "compiler": chosen, "notes": notes,
                 "compute_dtype": _dtype_name(compute),
                 "staging": [{"in": b.staging_in.view(), "out": b.staging_out.view()} for b in buckets]}
 
@@ -356,8 +373,13 @@ class Worker:
                                        name=_code_name(m.name, bucket))
         else:
             body = nets.step_body(m.module, b.shape, b.bound, name=_code_name(m.name, bucket))
-        if self.rt.compile_available:
-            opts: dict[str, Any] = {}
+        kind = "step"
+        if m.user is None and nets.is_decoder(m.module):
+            kind = "decode" if b.shape.seq == 1 else "prefill"
+        prog = compiler.Program(b.shape.label(), kind, m.compiler, m.strict,
+                                refuse_findings=self.rt.kind == "rbln" and m.strict)
+        opts: dict[str, Any] = {}
+        if m.compiler == compiler.RBLN:
             if m.cache_dir:
                 # Each bucket's artifacts in a directory of their own, so
                 # that the program built there is the one inspected (an
@@ -372,10 +394,11 @@ class Worker:
                 # (num_devices overrides the group's size: 1 after a
                 # tensor-parallel failover).
                 opts["num_devices"] = num_devices
-            # fullgraph: a graph break would split the step into several
-            # programs with eager code between them; refuse it at load.
-            body = torch.compile(body, backend="rbln", dynamic=False, fullgraph=True, options=opts)
-        b.graph, b.inspected, b.ran, b.num_devices = body, False, False, num_devices
+        # fullgraph: a graph break would split the step into several
+        # programs with eager code between them; the first run refuses it
+        # (or, without strict warm-up, counts it on every step).
+        b.program = prog
+        b.graph, b.inspected, b.ran, b.num_devices = prog.compile(body, opts), False, False, num_devices
         b.built_ns = time.time_ns()
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=b.bound.in_dtype, device=self.rt.device)
         if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
@@ -419,7 +442,7 @@ class Worker:
             report.reasons.append("recompile: the bucket's graph was built on first use, not at load")
         else:
             reply["body_ns"] = ns
-        if self.rt.compile_available and not b.inspected:
+        if m.compiler == compiler.RBLN and not b.inspected:
             # The graph's first run built its program (torch.compile is
             # lazy): its host operators, which explain() cannot see, are
             # read from the artifact now.
@@ -439,6 +462,25 @@ class Worker:
             reply["profile"] = p.result()
             return out
         return self._run_timed(b, lane)
+
+    def programs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Each bucket's compiled program, in bucket order, as
+        compiler.Program.report() gives it (a bucket not built yet: its
+        compiler, and nothing counted)."""
+        m = self.models.get(msg["model"])
+        if m is None:
+            raise KeyError(f"model {msg['model']!r} is not loaded on this worker")
+        out = []
+        for b in list(m.buckets):
+            p = b.program
+            if p is None:
+                out.append({"bucket": b.shape.label(), "compiler": m.compiler, "built": False})
+                continue
+            r = p.report()
+            if b.host_ops is not None:
+                r["host_ops"] = b.host_ops.get("count")
+            out.append(r)
+        return {"programs": out, "note": m.compile_note}
 
     def unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         m = self.models.pop(msg["model"], None)
@@ -478,9 +520,10 @@ class Worker:
         only when no model left on this worker has a compiled graph; else
         the unloaded model's programs stay cached until the last compiled
         model here unloads, and the note returned says so."""
-        if not self.rt.compile_available:
+        if not self.rt.compile_available and not compiler.has_dynamo():
             return ""
-        others = sorted(n for n, o in self.models.items() if any(b.graph is not None for b in o.buckets))
+        others = sorted(n for n, o in self.models.items()
+                        if any(b.program is not None and b.program.compiler != compiler.NONE for b in o.buckets))
         if others:
             return (f"compiled programs stay cached on this worker: torch._dynamo.reset() would drop those of "
                     f"{', '.join(others)} too; they are released when the last compiled model here unloads")
@@ -544,12 +587,12 @@ class Worker:
             region = self.rt.explain(with_stack=stacked)
             if region is None:
                 ns = self._body(b, lane)
-                return "report", ex.unmeasured("torch.rbln.explain is unavailable"), ns
+                return "report", _compiled_signals(b, None, "torch.rbln.explain is unavailable"), ns
             try:
                 p = region.__enter__()
             except Exception as e:  # e.g. RuntimeError: regions overlap
                 ns = self._body(b, lane)
-                return "report", ex.unmeasured(f"explain region failed to open: {type(e).__name__}: {e}"), ns
+                return "report", _compiled_signals(b, None, f"explain region failed to open: {type(e).__name__}: {e}"), ns
             try:
                 ns = self._body(b, lane)
             except BaseException:
@@ -558,7 +601,7 @@ class Worker:
             try:
                 region.__exit__(None, None, None)
                 verdict = p.verdict()
-                if type(verdict) is dict and verdict.get("clean") is True:
+                if type(verdict) is dict and verdict.get("clean") is True and not _signalled(b):
                     return "clean", (verdict, p.dump()), ns
                 dump = p.dump()
                 clean = verdict.get("clean") if isinstance(verdict, dict) else None
@@ -568,6 +611,7 @@ class Worker:
             r = ex.normalize(verdict, dump, text)
             if self.rt.kind == "cpu":
                 r = ex.host_step(r)
+            r = _compiled_signals(b, r, "")
             if stacked:
                 r.notes = r.notes + ["explain(with_stack=True): this report carries the call sites"]
             elif not r.clean and not b.stacked:
@@ -596,6 +640,40 @@ class Worker:
                 counts = tuple(-1 if c is None else c for c in counts)
             return bell.FLAG_MEASURED | bell.FLAG_CLEAN, counts, ns, b""
         return _flags(value), _wire_counts(value), ns, bell.extras(value)
+
+
+def _signalled(b: Bucket) -> bool:
+    """Whether the bucket's last step recompiled or fell back to the host
+    at a graph break, as Dynamo counted it."""
+    p = b.program
+    return p is not None and (p.step_recompiles > 0 or p.step_fallbacks > 0)
+
+
+def _compiled_signals(b: Bucket, r: Optional[ex.Report], unmeasured: str) -> ex.Report:
+    """The step's report with what the compiler counted in it added: a
+    recompile (a graph captured after the first run, with Dynamo's guard
+    failure) and the falls back to the host at graph breaks. Where no
+    explain region saw the step (r None), the compiler's counts are the
+    report, measured for those two signals alone (every other count
+    unknown); without a compiler that counts, the step is unmeasured."""
+    p = b.program
+    if r is None:
+        if p is None or not p.counted:
+            return ex.unmeasured(unmeasured)
+        r = ex.Report(measured=True, clean=True, cpu_fallbacks=0, recompiles=0,
+                      notes=[f"counted by the compiler ({p.compiler}): {unmeasured}; its other counters are unknown"])
+    if p is None or not _signalled(b):
+        return r
+    if p.step_recompiles:
+        r.recompiles = (r.recompiles or 0) + p.step_recompiles
+        why = p.recompile_reasons[-1] if p.recompile_reasons else "no guard failure recorded"
+        r.reasons.append(f"recompile: the bucket's step graph was compiled again after warm-up ({why})")
+    if p.step_fallbacks:
+        r.cpu_fallbacks = (r.cpu_fallbacks or 0) + p.step_fallbacks
+        where = "; ".join(f"{x['line'] or '?'} {x['reason']}" for x in p.breaks[:4])
+        r.reasons.append(f"cpu_fallback: the step graph breaks {p.step_fallbacks} time(s), each a fall back to the host ({where})")
+    r.clean = False
+    return r
 
 
 def _flags(r: ex.Report) -> int:
@@ -715,6 +793,10 @@ class Server:
                     self._cancelled.add(msg["target"])
         elif kind == "memory":
             self._answer(msg, self._memory_now)
+        elif kind == "programs":
+            # Read while the device thread runs: the reports are plain
+            # values it replaces, never half-written.
+            self._answer(msg, self.worker.programs)
         else:
             self._answer(msg, None)
 

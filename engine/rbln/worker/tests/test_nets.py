@@ -53,7 +53,7 @@ class MaskTest(unittest.TestCase):
     def test_additive_mask_was_nan_in_float16(self) -> None:
         # Why the mask is a masked_fill: the first release's (1 - mask) * -1e9
         # is -inf in float16, and a real key's 0 x -inf is NaN.
-        additive = (1 - self.mask.to(torch.float16)) * -1e9
+        additive = (1 - self.mask.to(torch.float16)) * torch.tensor(-1e9, dtype=torch.float16)
         self.assertTrue(torch.isnan(additive[1, :2]).all())
 
 

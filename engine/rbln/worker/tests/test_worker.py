@@ -77,7 +77,9 @@ class Fixture(unittest.TestCase):
                    for i, batch in enumerate((1, 2))]
         return {"model": "m", "weights": str(self.dir / "w.safetensors"), "architecture": "mlp",
                 "mlp": {"sizes": [4, 8, 3], "activation": "relu", "output_activation": "softmax"},
-                "device_dtype": "float16", "compute_dtype": dtype, "buckets": buckets, "fds": self.fds, **load}
+                "device_dtype": "float16", "compute_dtype": dtype, "buckets": buckets, "fds": self.fds,
+                # Eager unless a test asks: tests/test_compile.py compiles.
+                "torch_compile": "off", **load}
 
     def put(self, bucket: int, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
         """Stage x's rows in bucket's input, padded to 64 as Go pads them."""
@@ -344,7 +346,7 @@ class StepStructureTest(Fixture):
         w.load(self.load)
         for b in (0, 1):
             w.compile({"model": "m", "bucket": b})
-        graphs = [bk.graph for bk in w.models["m"].buckets]
+        graphs = [bk.program.body for bk in w.models["m"].buckets]
         self.assertIsNot(graphs[0].__code__, graphs[1].__code__)
         self.assertEqual(["step_m_b0", "step_m_b1"], [g.__code__.co_name for g in graphs])
         rep = w.step({"model": "m", "bucket": 1})["explain"]
@@ -353,10 +355,10 @@ class StepStructureTest(Fixture):
     def test_compile_asks_for_one_whole_graph(self) -> None:
         w = self.worker()
         w.load(self.load)
+        w.models["m"].compiler = "rbln"  # as a load on the rbln engine chooses
         calls = []
         real = getattr(torch, "compile", None)
         torch.compile = lambda fn, **kw: calls.append(kw) or fn  # type: ignore[attr-defined]
-        w.rt.compile_available = True
         try:
             w.compile({"model": "m", "bucket": 0})
         finally:
@@ -364,7 +366,13 @@ class StepStructureTest(Fixture):
                 del torch.compile
             else:
                 torch.compile = real
-        self.assertEqual([{"backend": "rbln", "dynamic": False, "fullgraph": True, "options": {}}], calls)
+        self.assertEqual(1, len(calls))
+        backend = calls[0].pop("backend")
+        # Backend rbln: by name where torch.compile is not Dynamo's, else
+        # behind the step audit, which hands each graph on to it.
+        self.assertIn(getattr(backend, "__name__", backend), ("rbln", "audited_rbln"))
+        self.assertEqual({"dynamic": False, "fullgraph": True}, {k: calls[0][k] for k in ("dynamic", "fullgraph")})
+        self.assertFalse(calls[0].get("options"), "no cache_dir, no RSD group: no options")
 
     def test_unload_drops_the_module_and_graphs(self) -> None:
         import weakref
