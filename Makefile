@@ -21,8 +21,16 @@ GOTAGS  ?= $(shell pkg-config --exists openblas 2>/dev/null && echo openblas)
 # (STEPSERVE_SERVER_ADDR, else :8000).
 ADDR    ?=
 PYTHON  ?= /usr/bin/python3
+# The torch 2.x root the compile tests run the worker in (Debian 13's
+# python3-torch 2.6 and what inductor needs; ~2 minutes and 1.7 GB to
+# build, once): make torch2-root builds it where it is missing or broken.
+TORCH2_ROOT   ?= /var/cache/stepserve/torch2-root
+TORCH2_PYTHON := $(CURDIR)/engine/rbln/worker/torch2/python
+# The environment that points the compiled-engine tests at the root, where
+# it is built (they skip, saying so, without it; make test builds it).
+TORCH2_ENV     = $(if $(wildcard $(TORCH2_ROOT)/usr/bin/python3),TORCH2_PYTHON=$(TORCH2_PYTHON) TORCH2_ROOT=$(TORCH2_ROOT))
 
-.PHONY: all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -57,9 +65,21 @@ STATICCHECK         := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)
 ## and Helm, built from its module), and Debian's python3-torch (the rbln
 ## worker, run on torch's CPU here), libopenblas-dev, prometheus, and
 ## python3-protobuf and python3-grpc-tools (which parse the Triton answers
-## as the protocol's messages); installs with apt as root. After it, make
-## test runs offline.
-deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
+## as the protocol's messages); installs with apt as root; and the torch
+## 2.x root (make torch2-root). After it, make test runs offline.
+deps: deps-host torch2-root
+
+## torch2-root: a Debian 13 root with torch 2.6 (python3-torch,
+## libtorch-dev, g++) at TORCH2_ROOT, in which the tests compile steps with
+## inductor (Debian 12's torch 1.13 has no torch.compile); built once with
+## debootstrap, again only when missing or broken
+torch2-root:
+	@if TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -c 'import torch, sys; sys.exit(not hasattr(torch, "compile"))' >/dev/null 2>&1; then \
+		echo "make torch2-root: $(TORCH2_ROOT) has torch $$(TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -c 'import torch; print(torch.__version__)' 2>/dev/null)"; \
+	else echo "make torch2-root: building $(TORCH2_ROOT) (about 2 minutes, 1.7 GB)"; engine/rbln/worker/torch2/build-root $(TORCH2_ROOT); fi
+
+.PHONY: deps-host
+deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai (the OpenAI Node SDK test, server/testdata/openai-sdk) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
@@ -88,11 +108,13 @@ deps: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 ## worker's Python unit tests, the chart and the alert rules); about 3.5
 ## minutes warm on 2 cores (docs/development.md: "Testing")
 test: deps
-	$(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
 	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
 	cd engine/rbln/worker && $(PYTHON) -m unittest discover -s tests -t .
+	@echo "The worker's tests again on torch 2.x (the root), compiling with inductor:"
+	cd engine/rbln/worker && REQUIRE_COMPILE_TESTS=1 TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -m unittest discover -s tests -t .
 	$(MAKE) chart-test
 
 ## test-long: the long tests (CI runs them after make test): retraining
@@ -126,7 +148,7 @@ chart-test: $(HELM) $(HELM_COMPAT) build
 	$(HELM_COMPAT) template stepserve deploy/helm/stepserve >/dev/null
 	promtool check rules deploy/helm/stepserve/files/stepserve-rules.yaml
 	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
-	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(GO) test -count=1 -timeout 10m ./...
+	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(TORCH2_ENV) $(GO) test -count=1 -timeout 10m ./...
 
 ## lint: gofmt, go vet, staticcheck (pinned; it finds dead code) and
 ## go mod tidy -diff (every module's requirements as tidy writes them), for

@@ -208,7 +208,22 @@ func Dashboard() *dashboard.DashboardBuilder {
 		WithPanel(panel(0x28, "Device allocator events and memory reading age", "short", dashboard.GridPos{H: 8, W: 12, X: 0, Y: 156},
 			query{"increase(stepserve_device_allocator_events[15m])", "dev {{device}} npu {{npu}} chiplet {{chiplet}} {{event}} /15m"},
 			query{"stepserve_device_memory_age_seconds", "dev {{device}} reading age (s)"}).
-			Description("Out-of-memory errors and allocation retries counted by the device allocator (per NPU and chiplet; an increase fires StepserveDeviceOOM), and how old the memory reading was at its last poll (0: read live)."))
+			Description("Out-of-memory errors and allocation retries counted by the device allocator (per NPU and chiplet; an increase fires StepserveDeviceOOM), and how old the memory reading was at its last poll (0: read live).")).
+		WithRow(dashboard.NewRowBuilder("Compiled programs").
+			Title("Compiled programs").
+			GridPos(dashboard.GridPos{H: 1, W: 24, X: 0, Y: 164}).
+			Id(0x29)).
+		WithPanel(panel(0x2a, "Graphs and graph breaks per bucket", "short", dashboard.GridPos{H: 8, W: 12, X: 0, Y: 165},
+			query{"max by (model, bucket, kind, compiler) (stepserve_program_graphs{model=~\"$model\"})", "{{model}} {{bucket}} {{kind}} graphs ({{compiler}})"},
+			query{"max by (model, bucket, kind) (stepserve_program_graph_breaks{model=~\"$model\"})", "{{model}} {{bucket}} {{kind}} breaks"}).
+			Description("Graphs the compiler (inductor on the host CPU, rbln on an NPU) captured for each bucket's step: 1 is a whole step. Breaks fall back to the host on every step (each counts as cpu_fallback); strict warm-up refuses them.")).
+		WithPanel(panel(0x2b, "Recompiles and compile time per bucket", "short", dashboard.GridPos{H: 8, W: 12, X: 12, Y: 165},
+			query{"max by (model, bucket, kind) (stepserve_program_recompiles{model=~\"$model\"})", "{{model}} {{bucket}} {{kind}} recompiles"},
+			query{"max by (model, bucket, kind) (stepserve_program_compile_seconds{model=~\"$model\"})", "{{model}} {{bucket}} {{kind}} compile s"}).
+			Description("Graphs captured after a bucket's first run (a compiled guard stopped holding: /explain names Dynamo's reason), and the first run's seconds, which built the program (a fraction of a second where the compiler's cache served it).")).
+		WithPanel(panel(0x2c, "Step audit findings by rule", "short", dashboard.GridPos{H: 8, W: 12, X: 0, Y: 173},
+			query{"sum by (model, rule) (stepserve_step_audit_findings{model=~\"$model\"})", "{{model}} {{rule}}"}).
+			Description("Places the captured step graphs go against the documented step structure, by rule: created_in_step (item 1), float64, int64, mixed_float, input_layout (item 3), host_read (item 4), outputs (item 5). /explain's programs[].audit names each operator and source line."))
 }
 
 // query is one of a panel's Prometheus queries and its legend.

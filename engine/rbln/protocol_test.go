@@ -61,7 +61,7 @@ buckets: {batch: [1, 4]}
 			`{"architecture":"mlp","buckets":[` +
 				`{"batch":1,"seq":0,"in_fd":0,"in_offset":0,"in_bytes":128,"in_dtype":"float16","in_cols":64,"in_row":64,"out_fd":0,"out_offset":4096,"out_bytes":128,"out_dtype":"float16","out_cols":10,"out_row":64},` +
 				`{"batch":4,"seq":0,"in_fd":0,"in_offset":8192,"in_bytes":512,"in_dtype":"float16","in_cols":64,"in_row":64,"out_fd":0,"out_offset":12288,"out_bytes":512,"out_dtype":"float16","out_cols":10,"out_row":64}],` +
-				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","id":9,"mlp":{"activation":"relu","output_activation":"softmax","sizes":[64,128,10]},"model":"digits","name":"digits","version":"2","slot":3,"type":"load","weights":"/models/digits/weights.safetensors"}`},
+				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","id":9,"mlp":{"activation":"relu","output_activation":"softmax","sizes":[64,128,10]},"model":"digits","name":"digits","version":"2","slot":3,"strict_warmup":false,"type":"load","weights":"/models/digits/weights.safetensors"}`},
 		{"tiny-encoder", `
 architecture: encoder
 encoder: {vocab_size: 1024, hidden: 128, layers: 2, heads: 4, intermediate: 512, max_position: 128, pooling: mean, normalize: true, lowercase: true, truncate: true}
@@ -72,7 +72,7 @@ buckets: {batch: [1, 4], seq: [32]}
 			`{"architecture":"encoder","buckets":[` +
 				`{"batch":1,"seq":32,"in_fd":0,"in_offset":0,"in_bytes":512,"in_dtype":"int32","in_cols":96,"in_row":128,"out_fd":0,"out_offset":4096,"out_bytes":256,"out_dtype":"float16","out_cols":128,"out_row":128},` +
 				`{"batch":4,"seq":32,"in_fd":0,"in_offset":8192,"in_bytes":2048,"in_dtype":"int32","in_cols":96,"in_row":128,"out_fd":0,"out_offset":12288,"out_bytes":1024,"out_dtype":"float16","out_cols":128,"out_row":128}],` +
-				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","encoder":{"family":"bert","head":"none","hidden_act":"gelu","pad_token_id":0,"heads":4,"hidden":128,"intermediate":512,"layer_norm_eps":1e-12,"layers":2,"max_position":128,"normalize":true,"pooling":"mean","type_vocab_size":2,"vocab_size":1024},"id":9,"model":"tiny-encoder","name":"tiny-encoder","version":"2","slot":3,"type":"load","weights":"/models/tiny-encoder/weights.safetensors"}`},
+				`"compile_cache_dir":"/cache","device_dtype":"float16","compute_dtype":"float16","encoder":{"family":"bert","head":"none","hidden_act":"gelu","pad_token_id":0,"heads":4,"hidden":128,"intermediate":512,"layer_norm_eps":1e-12,"layers":2,"max_position":128,"normalize":true,"pooling":"mean","type_vocab_size":2,"vocab_size":1024},"id":9,"model":"tiny-encoder","name":"tiny-encoder","version":"2","slot":3,"strict_warmup":false,"type":"load","weights":"/models/tiny-encoder/weights.safetensors"}`},
 	} {
 		t.Run(tc.model, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), models.ConfigFile)

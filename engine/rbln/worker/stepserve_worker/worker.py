@@ -477,6 +477,8 @@ class Worker:
                 out.append({"bucket": b.shape.label(), "compiler": m.compiler, "built": False})
                 continue
             r = p.report()
+            if m.compile_note and "note" not in r:
+                r["note"] = m.compile_note
             if b.host_ops is not None:
                 r["host_ops"] = b.host_ops.get("count")
             out.append(r)
@@ -490,7 +492,7 @@ class Worker:
             for b in m.buckets:
                 # The compiled graph (its code object's cache) and the bound
                 # buffer go with the bucket's references to them.
-                b.graph, b.device_in = None, None
+                b.graph, b.device_in, b.program = None, None, None
                 b.staging_in.close()
                 b.staging_out.close()
                 for sin, sout in b.lanes:

@@ -26,7 +26,7 @@ from tests.test_worker import Fixture  # noqa: E402
 
 #: Set by make test where the root's torch 2.x runs these: a skip there is
 #: a failure.
-REQUIRED_ENV = "STEPSERVE_REQUIRE_COMPILE_TESTS"
+REQUIRED_ENV = "REQUIRE_COMPILE_TESTS"
 
 HAVE = compiler.has_dynamo() and not compiler.inductor_problem()
 WHY = compiler.inductor_problem() or "inductor works"

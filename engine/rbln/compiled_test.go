@@ -1,0 +1,257 @@
+package rbln
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/steps"
+)
+
+// torch2 is the python of the torch 2.x root (make torch2-root), in which
+// steps compile with inductor for real; make test sets
+// TORCH2_PYTHON to it. Without it the test skips, saying so.
+func torch2(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("TORCH2_PYTHON")
+	if p == "" {
+		t.Skip("TORCH2_PYTHON is unset: make test runs the compiled-engine tests in the torch 2.x root (make torch2-root)")
+	}
+	return p
+}
+
+// programsOf is a loaded program's reports, one per bucket.
+func programsOf(t *testing.T, p engine.Program) []engine.ProgramReport {
+	t.Helper()
+	r, ok := p.(engine.ProgramReporter)
+	require.True(t, ok, "%T reports no programs", p)
+	return r.Programs(context.Background())
+}
+
+// torchModule is an architecture torch model whose module is forward
+// (the body of a torch.nn.Module's forward(self, x) over x [batch, 64]),
+// in a directory named name, with one bucket of 2 rows.
+func torchModule(t *testing.T, name, init, forward string) *models.Model {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	yaml := `architecture: torch
+torch:
+  module: model.py
+  factory: build
+inputs:
+  - {name: x, datatype: FP32, shape: [-1, 64]}
+outputs:
+  - {name: y, datatype: FP32, shape: [-1, 64]}
+buckets:
+  batch: [2]
+engine: torch
+`
+	src := "import torch\n\n\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n" +
+		indent(init, 8) + "\n    def forward(self, x):\n" + indent(forward, 8) + "\n\ndef build(config):\n    return M()\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(yaml), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.py"), []byte(src), 0o644))
+	m, err := models.Load(dir)
+	require.NoError(t, err)
+	return m
+}
+
+func indent(s string, n int) string {
+	pad := strings.Repeat(" ", n)
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		lines[i] = pad + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+// rowsRequest is rows of 64 float32 inputs and outputs.
+func rowsRequest(rows int, v float32) *steps.Request {
+	r := digitsRequest(rows, v)
+	r.Outputs[0] = make([]byte, rows*64*4)
+	return r
+}
+
+// TestCompiledDigitsCNNAgreesWithEager: digits-cnn on the torch engine
+// compiled with inductor in the torch 2.x root: one graph per bucket, no
+// break, no recompile over steps of every row count, outputs as the
+// eager engine's on the same torch; the programs' gauges say the same.
+func TestCompiledDigitsCNNAgreesWithEager(t *testing.T) {
+	python := torch2(t)
+	m, err := models.Load("../../model_repository/digits-cnn")
+	require.NoError(t, err)
+	grid, err := bucketing.NewGrid([]int{1, 32}, nil)
+	require.NoError(t, err)
+	compiled, reg := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true})
+	eager, _ := newEngine(t, Options{Python: python, TorchCompile: "off", StrictWarmup: true})
+	prog, onCompiled, err := loadAndWarm(t, compiled, m, grid, false)
+	require.NoError(t, err)
+	eagerProg, onEager, err := loadAndWarm(t, eager, m, grid, false)
+	require.NoError(t, err)
+
+	worst := 0.0
+	for i, rows := range []int{1, 2, 7, 16, 31, 32, 1, 32} {
+		a, b := digitsRequest(rows, float32(i)), digitsRequest(rows, float32(i))
+		require.NoError(t, onCompiled.Run(context.Background(), []*steps.Request{a}))
+		require.NoError(t, onEager.Run(context.Background(), []*steps.Request{b}))
+		fa, fb := floats(a.Outputs[0]), floats(b.Outputs[0])
+		for j := range fa {
+			worst = math.Max(worst, math.Abs(fa[j]-fb[j]))
+		}
+	}
+	t.Logf("digits-cnn, inductor vs eager on torch 2.x: max abs diff %.3g", worst)
+	assert.Less(t, worst, 1e-5)
+
+	for _, p := range programsOf(t, prog) {
+		assert.Equal(t, "inductor", p.Compiler, p.Bucket)
+		assert.True(t, p.Built, p.Bucket)
+		assert.Equal(t, engine.Count(1), p.Graphs, "%s: one whole graph", p.Bucket)
+		assert.Equal(t, engine.Count(0), p.GraphBreaks, p.Bucket)
+		assert.Equal(t, engine.Count(0), p.Recompiles, p.Bucket)
+		require.NotNil(t, p.CompileSeconds, p.Bucket)
+		require.NotNil(t, p.Audit, p.Bucket)
+		assert.Zero(t, p.Audit.ByRule["created_in_step"], "%s: the step makes no tensor of its own: %+v", p.Bucket, p.Audit.Findings)
+		hit := "unknown"
+		if p.CacheHit != nil {
+			hit = fmt.Sprint(*p.CacheHit)
+		}
+		t.Logf("%s: compiled in %.1f s (inductor's cache hit: %s); audit %v", p.Bucket, *p.CompileSeconds, hit, p.Audit.ByRule)
+	}
+	for _, p := range programsOf(t, eagerProg) {
+		assert.Equal(t, "none", p.Compiler)
+		assert.Equal(t, engine.Count(0), p.Graphs, "eager: no graph")
+		assert.Contains(t, p.Note, "rbln.torch_compile is off")
+	}
+	v, ok := gaugeValue(reg, "stepserve_program_graphs", map[string]string{"model": "digits-cnn", "bucket": "b32", "compiler": "inductor", "engine": "torch"})
+	assert.True(t, ok && v == 1, "stepserve_program_graphs of b32: %v (%v)", v, ok)
+}
+
+// gaugeValue is the value of the gauge name whose labels include labels.
+func gaugeValue(reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	fams, err := reg.Gather()
+	if err != nil {
+		return 0, false
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue metrics
+				}
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestGraphBreakRefusedOrServed: a module that reads a value on the host
+// breaks its graph. With strict warm-up the load is refused, naming the
+// line; without, it is served and every step counts the fallback.
+func TestGraphBreakRefusedOrServed(t *testing.T) {
+	python := torch2(t)
+	m := torchModule(t, "hostread", "pass", "y = x * 2\nif float(y.max()) > 1:\n    y = y + 1\nreturn y")
+	grid, err := bucketing.NewGrid([]int{2}, nil)
+	require.NoError(t, err)
+
+	strict, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true})
+	_, _, err = loadAndWarm(t, strict, m, grid, true)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the step graph breaks at hostread/model.py:10 (if float(y.max()) > 1:)")
+
+	lenient, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: false})
+	prog, r, err := loadAndWarm(t, lenient, m, grid, false)
+	require.NoError(t, err)
+	x, err := prog.Step(context.Background(), 0)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Count(1), x.CPUFallbacks, "the break falls back to the host: %v", x.Reasons)
+	v := steps.Check(&x)
+	assert.Equal(t, int64(1), v.Fired[steps.CPUFallback])
+	assert.Contains(t, strings.Join(x.Reasons, "; "), "hostread/model.py:10")
+	req := rowsRequest(2, 1)
+	require.NoError(t, r.Run(context.Background(), []*steps.Request{req}))
+	p := programsOf(t, prog)[0]
+	assert.Equal(t, engine.Count(1), p.GraphBreaks)
+	require.Len(t, p.Breaks, 1)
+	assert.Equal(t, "hostread/model.py:10", p.Breaks[0].Line)
+	assert.Contains(t, p.Breaks[0].Reason, "item")
+	require.NotNil(t, p.Audit)
+	assert.Equal(t, 1, p.Audit.ByRule["host_read"])
+}
+
+// TestRecompileIsCounted: a module whose compiled guard stops holding
+// (it bakes in a Python attribute it changes) recompiles after warm-up;
+// the step reports it with Dynamo's reason and the program counts it.
+func TestRecompileIsCounted(t *testing.T) {
+	python := torch2(t)
+	m := torchModule(t, "counting", "self.calls = 0", "self.calls += 1\nreturn x * self.calls")
+	grid, err := bucketing.NewGrid([]int{2}, nil)
+	require.NoError(t, err)
+	e, reg := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: false})
+	prog, _, err := loadAndWarm(t, e, m, grid, false)
+	require.NoError(t, err)
+	x, err := prog.Step(context.Background(), 0)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Count(1), x.Recompiles)
+	v := steps.Check(&x)
+	assert.Equal(t, int64(1), v.Fired[steps.Recompile])
+	assert.Contains(t, strings.Join(x.Reasons, "; "), "calls", "Dynamo's guard failure names the attribute")
+	p := programsOf(t, prog)[0]
+	assert.GreaterOrEqual(t, int64(p.Recompiles), int64(2), "warm-up's second run and this step")
+	assert.NotEmpty(t, p.RecompileReasons)
+	assert.Eventually(t, func() bool {
+		v, ok := gaugeValue(reg, "stepserve_program_recompiles", map[string]string{"model": "counting"})
+		return ok && v >= 2
+	}, 5*time.Second, 100*time.Millisecond, "the recompiles reach the gauge")
+}
+
+// TestCompileCacheServesASecondStart: inductor's caches under
+// rbln.compile_cache_dir make a second start of the same model compile
+// nothing new: every bucket a cache hit. (The load times of both starts
+// are logged; tests assert no times.)
+func TestCompileCacheServesASecondStart(t *testing.T) {
+	python := torch2(t)
+	m, err := models.Load("../../model_repository/digits-cnn")
+	require.NoError(t, err)
+	grid, err := bucketing.NewGrid([]int{1, 4}, nil)
+	require.NoError(t, err)
+	cache := t.TempDir()
+	for start, want := range []bool{false, true} {
+		e, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true, CompileCacheDir: cache})
+		began := time.Now()
+		prog, _, err := loadAndWarm(t, e, m, grid, true)
+		require.NoError(t, err)
+		took := time.Since(began)
+		for _, p := range programsOf(t, prog) {
+			require.NotNil(t, p.CacheHit, "%s: inductor says whether its cache served it", p.Bucket)
+			assert.Equal(t, want, *p.CacheHit, "start %d, %s", start+1, p.Bucket)
+			assert.Equal(t, engine.Count(1), p.Graphs)
+		}
+		t.Logf("start %d: digits-cnn loaded and warmed (2 buckets) in %v", start+1, took.Round(10*time.Millisecond))
+		require.NoError(t, prog.Close())
+		require.NoError(t, e.Close())
+	}
+	entries, err := os.ReadDir(filepath.Join(cache, "inductor"))
+	require.NoError(t, err, "inductor's cache is under rbln.compile_cache_dir")
+	assert.NotEmpty(t, entries)
+}
