@@ -135,6 +135,11 @@ func exported(t *testing.T, metrics string) map[string]bool {
 // in engine/rbln instead.
 var npuOnly = []string{"stepserve_device_memory_bytes", "stepserve_device_memory_age_seconds", "stepserve_device_allocator_events"}
 
+// compiledOnly are the metrics of compiled programs (engine/rbln's
+// compiled.go), which a worker exports once Dynamo counted something:
+// where no torch 2.x root runs the test, checked by name.
+var compiledOnly = []string{"stepserve_program_graph_breaks", "stepserve_program_recompiles", "stepserve_program_compile_seconds", "stepserve_step_audit_findings"}
+
 // TestQueriesNameExportedMetrics parses every expression in the rules and
 // the dashboard and checks that each stepserve metric it names is exported
 // by a real server: digits on the torch engine (a real worker on the CPU,
@@ -152,8 +157,15 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 		}
 		return y
 	})
-	s := startServer(t, "--model_repository", repo, "--engine.failover", "cpufallback",
-		"--rbln.env", "PYTHONPATH="+fake+",STEPSERVE_FAKE_RBLN_SCENARIO="+scenario)
+	args := []string{"--model_repository", repo, "--engine.failover", "cpufallback",
+		"--rbln.env", "PYTHONPATH=" + fake + ",STEPSERVE_FAKE_RBLN_SCENARIO=" + scenario}
+	compiled := os.Getenv("TORCH2_PYTHON")
+	if compiled != "" {
+		// The worker on torch 2.x compiles digits with inductor: the
+		// compiled programs' gauges are exported, with their labels.
+		args = append(args, "--rbln.python", compiled, "--rbln.torch_compile", "inductor")
+	}
+	s := startServer(t, args...)
 	s.infer(t, "digits", digitRow)
 	s.infer(t, "tiny-encoder", `{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["hello"]}]}`)
 	have := exported(t, s.get(t, "/metrics"))
@@ -162,6 +174,17 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 	for _, name := range npuOnly {
 		require.Contains(t, string(src), `Name: "`+name+`"`, "engine/rbln registers %s", name)
 		have[name] = true
+	}
+	if compiled == "" {
+		// Without the torch 2.x root (make torch2-root) the worker compiles
+		// nothing: the compiled programs' gauges are checked by name
+		// against their registration.
+		src, err := os.ReadFile("../../engine/rbln/compiled.go")
+		require.NoError(t, err)
+		for _, name := range compiledOnly {
+			require.Contains(t, string(src), `"`+name+`"`, "engine/rbln registers %s", name)
+			have[name] = true
+		}
 	}
 
 	used := map[string]bool{}

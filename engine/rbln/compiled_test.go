@@ -255,3 +255,43 @@ func TestCompileCacheServesASecondStart(t *testing.T) {
 	require.NoError(t, err, "inductor's cache is under rbln.compile_cache_dir")
 	assert.NotEmpty(t, entries)
 }
+
+// TestAuditOfShippedModels compiles the smallest bucket of every shipped
+// model the torch engine runs as steps (the language model's steps are
+// audited by the worker's tests) with inductor, and logs what the step
+// audit finds in each, by rule, operator and line. Each compiles whole, and
+// stepserve's own step code makes no tensor inside the step. make
+// test-long runs it (it compiles five models).
+func TestAuditOfShippedModels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles every shipped model: make test-long")
+	}
+	python := torch2(t)
+	e, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true})
+	for _, name := range []string{"digits", "digits-cnn", "tiny-encoder", "tiny-xlmr", "tiny-reranker"} {
+		t.Run(name, func(t *testing.T) {
+			m, err := models.Load("../../model_repository/" + name)
+			require.NoError(t, err)
+			m.Config.Engine = "torch"
+			var seq []int
+			if len(m.Config.Buckets.Seq) > 0 {
+				seq = m.Config.Buckets.Seq[:1]
+			}
+			grid, err := bucketing.NewGrid(m.Config.Buckets.Batch[:1], seq)
+			require.NoError(t, err)
+			prog, _, err := loadAndWarm(t, e, m, grid, false)
+			require.NoError(t, err)
+			p := programsOf(t, prog)[0]
+			assert.Equal(t, "inductor", p.Compiler)
+			assert.Equal(t, engine.Count(1), p.Graphs)
+			assert.Equal(t, engine.Count(0), p.GraphBreaks)
+			require.NotNil(t, p.Audit)
+			assert.Empty(t, p.Audit.Error)
+			assert.Zero(t, p.Audit.ByRule["created_in_step"], "%+v", p.Audit.Findings)
+			t.Logf("%s %s: audit %v", name, p.Bucket, p.Audit.ByRule)
+			for _, f := range p.Audit.Findings {
+				t.Logf("  %s (item %d): %s %s at %s: %s", f.Rule, f.Item, f.Op, f.Dtype, f.Line, f.Code)
+			}
+		})
+	}
+}

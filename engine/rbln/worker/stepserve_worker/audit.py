@@ -112,14 +112,18 @@ class Audit:
             else:
                 self._by_key[key] = f
 
+    # The device thread adds findings while /explain's reader (the main
+    # thread) reads them: every read takes a snapshot, list() of the
+    # values, which the interpreter makes whole.
+
     def by_rule(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for f in self._by_key.values():
+        for f in list(self._by_key.values()):
             out[f.rule] = out.get(f.rule, 0) + 1
         return out
 
     def findings(self) -> list[Finding]:
-        return sorted(self._by_key.values(), key=lambda f: (RULES[f.rule], f.rule, f.line, f.op))
+        return sorted(list(self._by_key.values()), key=lambda f: (RULES[f.rule], f.rule, f.line, f.op))
 
     def to_wire(self) -> dict[str, Any]:
         found = self.findings()

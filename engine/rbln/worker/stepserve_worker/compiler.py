@@ -223,7 +223,10 @@ class Program:
         def audited(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
             self.graphs += 1
             if self.audit is not None:
-                findings, why = au.check(gm, example_inputs, whole=self.fullgraph)
+                try:
+                    findings, why = au.check(gm, example_inputs, whole=self.fullgraph)
+                except Exception as e:  # noqa: BLE001 - the audit never fails a compile
+                    findings, why = [], f"the audit failed: {type(e).__name__}: {str(e)[:300]}"
                 self.audit.graphs += 1
                 self.audit.add(findings)
                 if why and not self.audit.error:

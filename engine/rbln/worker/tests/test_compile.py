@@ -130,6 +130,31 @@ class ProgramTest(unittest.TestCase):
         self.assertEqual((2, 1), (r["graphs"], r["recompiles"]))
         self.assertIn("calls", " ".join(r["recompile_reasons"]), "Dynamo's guard failure names the attribute")
 
+    def test_the_rbln_engine_refuses_a_step_with_findings(self) -> None:
+        # A stand-in for torch_rbln's backend, registered as "rbln": the
+        # real Dynamo in front of it, the graph run as captured behind it.
+        if "rbln" not in torch._dynamo.list_backends(exclude_tags=()):
+            torch._dynamo.register_backend(name="rbln")(lambda gm, example_inputs, **kw: gm.forward)
+
+        class Ramp(nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x + torch.arange(64, dtype=x.dtype)  # made in the step
+
+        strict = compiler.Program("b4", "step", compiler.RBLN, True, refuse_findings=True)
+        strict.compile(body_of(Ramp(), "ramp_strict"), {})
+        with self.assertRaises(compiler.CompileRefused) as cm, torch.inference_mode():
+            strict.run(torch.ones(4, 64))
+        line = Ramp.forward.__code__.co_firstlineno + 1
+        self.assertIn(f"the step audit found created_in_step (arange at tests/test_compile.py:{line})", str(cm.exception))
+        self.assertIn("bucket b4", str(cm.exception))
+
+        lenient = compiler.Program("b4", "step", compiler.RBLN, False, refuse_findings=False)
+        lenient.compile(body_of(Ramp(), "ramp_lenient"), {})
+        with torch.inference_mode():
+            out = lenient.run(torch.ones(4, 64))
+        self.assertEqual(64.0, float(out[0, -1]))
+        self.assertEqual(1, lenient.report()["audit"]["by_rule"]["created_in_step"])
+
     def test_the_audit_names_the_decoder_steps_findings(self) -> None:
         spec = {"vocab": 64, "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16,
                 "intermediate": 128, "rms_norm_eps": 1e-6, "block_size": 4, "table_width": 4, "blocks": 8,
