@@ -74,7 +74,7 @@ deps: deps-host torch2-root
 ## inductor (Debian 12's torch 1.13 has no torch.compile); built once with
 ## debootstrap, again only when missing or broken
 torch2-root:
-	@if TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -c 'import torch, sys; sys.exit(not hasattr(torch, "compile"))' >/dev/null 2>&1; then \
+	@if engine/rbln/worker/torch2/build-root --check $(TORCH2_ROOT); then \
 		echo "make torch2-root: $(TORCH2_ROOT) has torch $$(TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -c 'import torch; print(torch.__version__)' 2>/dev/null)"; \
 	else echo "make torch2-root: building $(TORCH2_ROOT) (about 2 minutes, 1.7 GB)"; engine/rbln/worker/torch2/build-root $(TORCH2_ROOT); fi
 
