@@ -5,7 +5,9 @@
 package rbln
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,14 +66,22 @@ func (p *program) cachedPrograms() []engine.ProgramReport {
 func (p *program) refreshPrograms(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, programsTimeout)
 	defer cancel()
+	seq := p.reportSeq.Add(1)
 	var r programsReply
 	if err := p.w.call(ctx, &programsRequest{Model: p.key}, &r); err != nil {
 		p.w.logger.Debug("compiled programs not read", "model", p.model.Name, "err", err)
 		return
 	}
 	p.mu.Lock()
-	p.reports = r.Programs
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	// Reads overlap (a build's, /explain's, a recompile's): a reply is kept
+	// only if no later-asked one was kept before it.
+	if seq > p.reportsFrom {
+		p.reports, p.reportsFrom = r.Programs, seq
+		if r.Note != "" {
+			p.compileNote = r.Note
+		}
+	}
 }
 
 // refreshLater rereads the reports once a step showed that a program
@@ -123,17 +133,28 @@ func (c *programCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *programCollector) Collect(ch chan<- prometheus.Metric) {
-	c.e.mu.Lock()
-	workers := append([]*worker(nil), c.e.workers...)
-	c.e.mu.Unlock()
-	for _, w := range workers {
+	workers := c.e.started.Load()
+	if workers == nil {
+		return // none started: no program yet
+	}
+	for _, w := range *workers {
 		w.mu.Lock()
 		ps := make([]*program, 0, len(w.programs))
 		for p := range w.programs {
 			ps = append(ps, p)
 		}
 		w.mu.Unlock()
+		// One series per model, bucket and device: where a worker holds
+		// several programs of one model (per_device replicas, the old and
+		// new versions through a reload), the newest speaks for them, as
+		// they are built from the same model.
+		slices.SortFunc(ps, func(a, b *program) int { return cmp.Compare(b.slot, a.slot) })
+		seen := map[string]bool{}
 		for _, p := range ps {
+			if seen[p.model.Name] || !p.healthy.Load() {
+				continue // a newer program speaks, or its worker is down (its reports are a dead life's)
+			}
+			seen[p.model.Name] = true
 			for _, r := range p.cachedPrograms() {
 				if !r.Built {
 					continue
@@ -150,7 +171,9 @@ func (c *programCollector) Collect(ch chan<- prometheus.Metric) {
 				if r.CompileSeconds != nil {
 					ch <- prometheus.MustNewConstMetric(c.compileSeconds, prometheus.GaugeValue, *r.CompileSeconds, labels...)
 				}
-				if r.Audit != nil {
+				if r.Audit != nil && r.Audit.Error == "" {
+					// Every rule, 0 included, where the audit read the whole
+					// graph; none where it could not (0 would read as clean).
 					for _, rule := range engine.AuditRules {
 						ch <- prometheus.MustNewConstMetric(c.findings, prometheus.GaugeValue, float64(r.Audit.ByRule[rule]), append(labels, rule)...)
 					}

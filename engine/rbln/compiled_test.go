@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -294,4 +295,26 @@ func TestAuditOfShippedModels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProgramMetricsWithTwoProgramsOfOneModel: two programs of one model
+// on one worker (per_device replicas; the old and new versions through a
+// reload) export one series per bucket, never the same series twice,
+// which would fail the whole scrape.
+func TestProgramMetricsWithTwoProgramsOfOneModel(t *testing.T) {
+	requireTorch(t)
+	e, reg := newEngine(t, Options{})
+	m := loadDigits(t)
+	m.Config.Instances.PerDevice = 2
+	grid, err := bucketing.NewGrid([]int{1}, nil)
+	require.NoError(t, err)
+	prog, _, err := loadAndWarm(t, e, m, grid, false)
+	require.NoError(t, err)
+	require.Len(t, engine.ReplicasOf(prog), 2)
+	reports := programsOf(t, prog)
+	require.Len(t, reports, 2, "a report per replica's program")
+	assert.Equal(t, "none", reports[0].Compiler, "the host's torch 1.13 compiles nothing")
+	n, err := testutil.GatherAndCount(reg, "stepserve_program_graphs")
+	require.NoError(t, err, "the scrape holds")
+	assert.Equal(t, 1, n, "one series for the bucket")
 }

@@ -75,6 +75,10 @@ type program struct {
 	compileNote string
 	reports     []engine.ProgramReport
 	refreshing  atomic.Bool
+	// reportSeq numbers the reads of reports as they are asked for;
+	// reportsFrom is the number of the read reports came from.
+	reportSeq   atomic.Uint64
+	reportsFrom uint64
 }
 
 func newProgram(ctx context.Context, w *worker, m *models.Model, shapes []bucketing.Shape) (*program, error) {
@@ -267,7 +271,7 @@ func (p *program) load(ctx context.Context) error {
 			p.compiler = "rbln"
 		}
 	}
-	p.reports = nil // a new life: nothing built yet
+	p.reports, p.compileNote = nil, info.CompileNote // a new life: nothing built yet
 	p.mu.Unlock()
 	p.w.logger.Info("model loaded on rbln worker", "model", p.model.Name, "worker_device", info.Device,
 		"compiler", p.compiler, "compute_dtype", info.ComputeDtype, "notes", info.Notes)

@@ -279,9 +279,11 @@ type hello struct {
 
 // loadReply says where and how the worker placed a model.
 type loadReply struct {
-	Device       string   `json:"device"`
-	Compiled     bool     `json:"compiled"`
-	Compiler     string   `json:"compiler"` // inductor, rbln or none
+	Device   string `json:"device"`
+	Compiled bool   `json:"compiled"`
+	Compiler string `json:"compiler"` // inductor, rbln or none
+	// CompileNote says why no compiler builds the steps, where none does.
+	CompileNote  string   `json:"compile_note"`
 	ComputeDtype string   `json:"compute_dtype"`
 	Notes        []string `json:"notes"`
 	// Staging is every bucket's staging as the worker mapped it.

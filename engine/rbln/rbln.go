@@ -42,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -154,6 +155,9 @@ type Engine struct {
 
 	mu      sync.Mutex
 	workers []*worker
+	// started is workers once all have started, for readers that must not
+	// wait on mu while a start holds it (a metrics scrape).
+	started atomic.Pointer[[]*worker]
 	next    int // round-robin placement of models that name no device
 	closed  bool
 }
@@ -257,6 +261,8 @@ func (e *Engine) start() error {
 	for _, w := range e.workers {
 		<-w.started
 	}
+	ws := e.workers
+	e.started.Store(&ws)
 	return nil
 }
 

@@ -137,10 +137,15 @@ _break_log: Optional[_BreakLog] = None
 
 
 def _listen_for_breaks() -> None:
+    """Take Dynamo's graph-break log (torch 2.1 and later; on 2.0 only the
+    break fullgraph refuses is named)."""
     global _break_log
     if _break_log is not None:
         return
-    log = torch._logging.getArtifactLogger("torch._dynamo.symbolic_convert", "graph_breaks")
+    try:
+        log = torch._logging.getArtifactLogger("torch._dynamo.symbolic_convert", "graph_breaks")
+    except Exception:  # noqa: BLE001 - torch 2.0 has no torch._logging
+        return
     _break_log = _BreakLog()
     log.addHandler(_break_log)
     log.setLevel(logging.DEBUG)
@@ -153,6 +158,17 @@ def _counter(group: str, name: str) -> int:
         return int(counters[group][name])
     except Exception:  # noqa: BLE001
         return 0
+
+
+def _recompile_limit() -> int:
+    """Dynamo's limit on graphs per code object (cache_size_limit, renamed
+    recompile_limit in later releases); 0 where it has none."""
+    cfg = getattr(getattr(torch, "_dynamo", None), "config", None)
+    for name in ("recompile_limit", "cache_size_limit"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 0
 
 
 def _guard_failures(code: Any) -> list[str]:
@@ -190,8 +206,13 @@ class Program:
         self.body: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
         self._options: dict[str, Any] = {}
         self._graph: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-        self._failures_seen = 0
         self._refused = ""
+        # Why the step runs eagerly although compiled (Dynamo's recompile
+        # limit), "" while it does not.
+        self.eager_reason = ""
+        # An RSD group with tensor-parallel failover: a compile error goes
+        # to the worker, which compiles the bucket again for one NPU.
+        self.raise_compile_errors = False
         # This step's signals (the last run's): graphs compiled again, and
         # falls back to the host at graph breaks.
         self.step_recompiles = 0
@@ -240,10 +261,9 @@ class Program:
 
     @staticmethod
     def _findings_text(findings: list[au.Finding]) -> str:
-        merged = au.Audit()
-        merged.add(findings)
-        shown = [f"{f.rule} ({f.op}{' at ' + f.line if f.line else ''})" for f in merged.findings()[:8]]
-        more = len(merged.findings()) - len(shown)
+        named = list(dict.fromkeys(f"{f.rule} ({f.op}{' at ' + f.line if f.line else ''})" for f in findings))
+        shown = named[:8]
+        more = len(named) - len(shown)
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
     def _break(self, reason: str, line: str, code: str) -> None:
@@ -258,27 +278,60 @@ class Program:
     # -- running --------------------------------------------------------
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
+        global _capturing
         assert self._graph is not None
-        if self.warm:
-            before = self.graphs
+        if not self.warm:
+            return self._first_run(x)
+        if not self.counted:
+            return self._graph(x)
+        before, failures = self.graphs, len(_guard_failures(self._code()))
+        if not self.fullgraph:
+            # A step with breaks compiles its later pieces lazily: their
+            # breaks are this program's too.
+            _capturing = self
+        try:
             out = self._graph(x)
-            self.step_recompiles = self.graphs - before
-            if self.step_recompiles:
-                self._recompiled(self.step_recompiles)
-            self.step_fallbacks = len(self.breaks) if self.counted and not self.fullgraph else 0
-            return out
-        return self._first_run(x)
+        finally:
+            _capturing = None
+        self.step_recompiles = 0
+        if self.graphs != before:
+            self._recompiled(self.graphs - before, failures)
+        fallbacks = len(self.breaks) if not self.fullgraph else 0
+        if self.eager_reason:
+            fallbacks += 1  # the whole step ran eagerly on the host
+        self.step_fallbacks = fallbacks
+        return out
 
-    def _recompiled(self, n: int) -> None:
+    def _code(self) -> Any:
+        return getattr(self.body, "__code__", None)
+
+    def _recompiled(self, n: int, failures_before: int) -> None:
+        """n graphs were captured after the first run. With a guard that
+        failed in between, they are recompiles; without one, in a step
+        with breaks, they are its later pieces compiled on first use."""
+        failures = _guard_failures(self._code())
+        new = failures[failures_before:]
+        if not new and not self.fullgraph:
+            return
         self.recompiles += n
-        failures = _guard_failures(getattr(self.body, "__code__", None))
-        new, self._failures_seen = failures[self._failures_seen:], len(failures)
+        self.step_recompiles = n
         for f in new or ["no guard failure recorded"]:
             if f not in self.recompile_reasons:
                 self.recompile_reasons.append(f)
         del self.recompile_reasons[:-16]  # the latest few
+        limit = _recompile_limit()
+        if limit and len(failures) >= limit and not self.eager_reason:
+            # Dynamo stops compiling the code past its limit and runs it
+            # eagerly from then on, saying nothing to the caller.
+            self.eager_reason = (f"Dynamo's recompile limit ({limit}) is reached: the step runs eagerly on the host "
+                                 f"from now on, every step a CPU fallback")
+            self.note = self.eager_reason
 
     def _first_run(self, x: torch.Tensor) -> torch.Tensor:
+        """The run that builds the program: a graph break is refused
+        (strict) or compiled around; a compiler error is refused (strict)
+        or served eagerly. A step that fails eagerly as well is the step's
+        own error, raised as it is, never called a compiler's."""
         global _capturing
         if not self.counted:
             out = self._timed(x)
@@ -288,53 +341,70 @@ class Program:
         hits, misses = _counter("inductor", "fxgraph_cache_hit"), _counter("inductor", "fxgraph_cache_miss")
         _capturing = self
         try:
-            try:
-                out = self._timed(x)
-            except torch._dynamo.exc.Unsupported as e:
-                # fullgraph: the step does not trace as one graph.
-                reason, line, code = _unsupported(e)
-                self._break(reason, line, code)
-                if self.strict:
-                    raise CompileRefused(f"bucket {self.bucket}: the step graph breaks at {line or 'an unknown line'}"
-                                         f"{' (' + code + ')' if code else ''}: {reason}; a break falls back to the host "
-                                         f"on every step (rbln.strict_warmup: false serves it so)") from None
-                self.breaks.clear()  # counted again as Dynamo compiles the pieces
-                self.fullgraph = False
-                self.graphs = 0
-                if self.audit is not None:
-                    self.audit = au.Audit()
-                self._graph = self._compiled()
-                out = self._timed(x)
-                if not self.breaks:
-                    self._break(reason, line, code)
-            except CompileRefused:
+            out = self._compile_run(x)
+        except CompileRefused:
+            raise
+        except Exception as e:  # noqa: BLE001 - the compiler failed, or the step itself did
+            if self._refused:
+                raise CompileRefused(f"bucket {self.bucket}: the step audit found {self._refused}: the rbln engine "
+                                     f"serves no step against the step structure (rbln.strict_warmup: false "
+                                     f"compiles it anyway)") from None
+            if not _compiler_error(e) or self.raise_compile_errors:
                 raise
-            except Exception as e:  # noqa: BLE001 - the compiler failed on this graph
-                if self._refused:
-                    raise CompileRefused(f"bucket {self.bucket}: the step audit found {self._refused}: the rbln engine "
-                                         f"serves no step against the step structure (rbln.strict_warmup: false "
-                                         f"compiles it anyway)") from None
-                if not _compiler_error(e):
-                    raise
-                first = (str(getattr(e, "inner_exception", None) or e).strip().splitlines() or [""])[0]
-                self.error = f"{self.compiler} failed to compile the step: {type(e).__name__}: {first[:400]}"
-                if self.strict:
-                    raise CompileRefused(f"bucket {self.bucket}: {self.error} (rbln.strict_warmup: false serves "
-                                         f"the bucket eagerly)") from None
-                self.note = f"served eagerly: {self.error}"
-                self.compiler = NONE
-                self.counted = False
-                self._graph = self.body
-                out = self._timed(x)
+            out = self._eager_instead(x, e)
         finally:
             _capturing = None
         if self.compiler == INDUCTOR:
             dh = _counter("inductor", "fxgraph_cache_hit") - hits
             dm = _counter("inductor", "fxgraph_cache_miss") - misses
             self.cache_hit = True if dh and not dm else (False if dm else None)
-        self._failures_seen = len(_guard_failures(getattr(self.body, "__code__", None)))
         self.warm = True
         self.step_fallbacks = len(self.breaks) if not self.fullgraph else 0
+        return out
+
+    def _compile_run(self, x: torch.Tensor) -> torch.Tensor:
+        """The first run with fullgraph; where the step does not trace as
+        one graph, refused (strict) or compiled again with breaks allowed."""
+        try:
+            return self._timed(x)
+        except torch._dynamo.exc.Unsupported as e:
+            reason, line, code = _unsupported(e)
+            self._break(reason, line, code)
+            if self.strict:
+                raise CompileRefused(f"bucket {self.bucket}: the step graph breaks at {line or 'an unknown line'}"
+                                     f"{' (' + code + ')' if code else ''}: {reason}; a break falls back to the host "
+                                     f"on every step (rbln.strict_warmup: false serves it so)") from None
+        self.breaks.clear()  # counted again as Dynamo compiles the pieces
+        self.fullgraph = False
+        self.graphs = 0
+        if self.audit is not None:
+            self.audit = au.Audit()
+        self._graph = self._compiled()
+        out = self._timed(x)
+        if not self.breaks:
+            self._break(reason, line, code)
+        return out
+
+    def _eager_instead(self, x: torch.Tensor, e: BaseException) -> torch.Tensor:
+        """The compiler failed on the step (e): run it eagerly. If that
+        fails too the step is wrong, not the compiler: its own error is
+        raised. Otherwise the compiler's error is refused (strict) or the
+        bucket is served eagerly from now on."""
+        first = (str(getattr(e, "inner_exception", None) or e).strip().splitlines() or [""])[0]
+        error = f"{self.compiler} failed to compile the step: {type(e).__name__}: {first[:400]}"
+        if self.strict and self.compiler != INDUCTOR:
+            # On a device an eager run proves nothing about the step (its
+            # operators may be outside the eager tables): refused as it is.
+            raise CompileRefused(f"bucket {self.bucket}: {error}") from None
+        start = time.perf_counter()
+        out = self.body(x)  # raises the step's own error, if it has one
+        seconds = time.perf_counter() - start
+        if self.strict:
+            raise CompileRefused(f"bucket {self.bucket}: {error} (rbln.strict_warmup: false serves the bucket "
+                                 f"eagerly)") from None
+        self.error, self.note = error, f"served eagerly: {error}"
+        self.compiler, self.counted, self._graph = NONE, False, self.body
+        self.compile_seconds = seconds
         return out
 
     def _timed(self, x: torch.Tensor) -> torch.Tensor:

@@ -191,6 +191,9 @@ class Encoder(nn.Module):
         self.pad = int(cfg.get("pad_token_id", 1 if self.roberta else 0))
         self.word = nn.Parameter(_take(t, names["word"] + ".weight", (cfg["vocab_size"], h)).clone())
         self.pos = nn.Parameter(_take(t, names["pos"] + ".weight", (cfg["max_position"], h)).clone())
+        # 0..max_position-1, made once at load: the step slices it rather
+        # than make a tensor of its own (the step structure's item 1).
+        self.register_buffer("ramp", torch.arange(cfg["max_position"], dtype=torch.int32), persistent=False)
         self.types = None
         if "types" in names:
             self.types = nn.Parameter(_take(t, names["types"] + ".weight", (cfg["type_vocab_size"], h)).clone())
@@ -216,9 +219,9 @@ class Encoder(nn.Module):
         non-padding ids so far for a real token, pad_token_id for padding."""
         s = ids.shape[1]
         if not self.roberta:
-            return torch.arange(s, device=ids.device).unsqueeze(0).expand(ids.shape[0], s)
+            return self.ramp[:s].unsqueeze(0).expand(ids.shape[0], s)
         real = (ids != self.pad).to(torch.int32)
-        return torch.cumsum(real, dim=1).to(torch.int32) * real + self.pad
+        return torch.cumsum(real, dim=1, dtype=torch.int32) * real + self.pad
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         # F.embedding, not indexing: ids arrive as int32 (the staging's
@@ -240,8 +243,8 @@ class Encoder(nn.Module):
         elif self.pooling == "last":
             # The last real token: a one-hot of mask's last 1 (none for an
             # all-padding row), as a product rather than a gather.
-            last = (mask.sum(1, keepdim=True) - 1).clamp(min=0)
-            pick = (torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) == last) & (mask != 0)
+            last = (mask.sum(1, keepdim=True, dtype=torch.int32) - 1).clamp(min=0)
+            pick = (self.ramp[:mask.shape[1]].unsqueeze(0) == last) & (mask != 0)
             pooled = (x * pick.to(x.dtype).unsqueeze(-1)).sum(1)
         else:
             pooled = x[:, 0]

@@ -338,6 +338,7 @@ class Worker:
             self.slots[msg["slot"]] = name
         notes = self.rt.notes + ([compile_note] if compile_note else [])
         return {"device": str(self.rt.device), "compiled": chosen != compiler.NONE, "compiler": chosen, "notes": notes,
+                "compile_note": compile_note,
                 "compute_dtype": _dtype_name(compute),
                 "staging": [{"in": b.staging_in.view(), "out": b.staging_out.view()} for b in buckets]}
 
@@ -378,6 +379,9 @@ class Worker:
             kind = "decode" if b.shape.seq == 1 else "prefill"
         prog = compiler.Program(b.shape.label(), kind, m.compiler, m.strict,
                                 refuse_findings=self.rt.kind == "rbln" and m.strict)
+        # A program that may fail across an RSD group goes back to the
+        # worker, which compiles it again for one NPU (tp_failover).
+        prog.raise_compile_errors = m.tp_failover and num_devices > 1
         opts: dict[str, Any] = {}
         if m.compiler == compiler.RBLN:
             if m.cache_dir:
@@ -420,6 +424,8 @@ class Worker:
         failover = ""
         try:
             report, ns = self._profiled_run(m, b, msg, lane, reply)
+        except compiler.CompileRefused:
+            raise  # the step itself: no number of NPUs changes it
         except RuntimeError as e:
             if b.ran or not m.tp_failover or b.num_devices <= 1:
                 raise
@@ -442,7 +448,7 @@ class Worker:
             report.reasons.append("recompile: the bucket's graph was built on first use, not at load")
         else:
             reply["body_ns"] = ns
-        if m.compiler == compiler.RBLN and not b.inspected:
+        if b.program is not None and b.program.compiler == compiler.RBLN and not b.inspected:
             # The graph's first run built its program (torch.compile is
             # lazy): its host operators, which explain() cannot see, are
             # read from the artifact now.
@@ -660,7 +666,9 @@ def _compiled_signals(b: Bucket, r: Optional[ex.Report], unmeasured: str) -> ex.
     unknown); without a compiler that counts, the step is unmeasured."""
     p = b.program
     if r is None:
-        if p is None or not p.counted:
+        # Only a host step is the compiler's to measure: on a device the
+        # signals are the runtime's, which nobody observed.
+        if p is None or not p.counted or p.compiler != compiler.INDUCTOR:
             return ex.unmeasured(unmeasured)
         r = ex.Report(measured=True, clean=True, cpu_fallbacks=0, recompiles=0,
                       notes=[f"counted by the compiler ({p.compiler}): {unmeasured}; its other counters are unknown"])

@@ -130,6 +130,21 @@ class ProgramTest(unittest.TestCase):
         self.assertEqual((2, 1), (r["graphs"], r["recompiles"]))
         self.assertIn("calls", " ".join(r["recompile_reasons"]), "Dynamo's guard failure names the attribute")
 
+    def test_a_steps_own_error_is_not_a_compilers(self) -> None:
+        class Mismatch(nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x @ torch.ones(3, 3)  # [4, 64] @ [3, 3]: the step is wrong
+
+        for strict in (True, False):
+            p = self.program(Mismatch(), f"mismatch_{strict}", strict=strict)
+            with self.assertRaises(RuntimeError) as cm, torch.inference_mode():
+                p.run(torch.ones(4, 64))
+            self.assertNotIsInstance(cm.exception, compiler.CompileRefused, "the step's error, as eager raises it")
+            self.assertIn("cannot be multiplied", str(cm.exception))
+            r = p.report()
+            self.assertEqual(("inductor", False, ""), (r["compiler"], r["built"], r.get("error", "")),
+                             "not called a compiler's failure")
+
     def test_the_rbln_engine_refuses_a_step_with_findings(self) -> None:
         # A stand-in for torch_rbln's backend, registered as "rbln": the
         # real Dynamo in front of it, the graph run as captured behind it.
