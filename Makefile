@@ -112,7 +112,7 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 ## worker's Python unit tests, the chart and the alert rules); about 3.5
 ## minutes warm on 2 cores (docs/development.md: "Testing")
 test: deps
-	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 10m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 20m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
 	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
