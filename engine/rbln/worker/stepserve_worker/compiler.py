@@ -359,7 +359,9 @@ class Program:
             dm = _counter("inductor", "fxgraph_cache_miss") - misses
             self.cache_hit = True if dh and not dm else (False if dm else None)
         self.warm = True
-        self.step_fallbacks = len(self.breaks) if not self.fullgraph else 0
+        # Breaks fall back to the host on every run of a compiled step; a
+        # step served eagerly instead has no graph to break.
+        self.step_fallbacks = len(self.breaks) if self.counted and not self.fullgraph else 0
         return out
 
     def _compile_run(self, x: torch.Tensor) -> torch.Tensor:
