@@ -209,7 +209,11 @@ func TestRecompileIsCounted(t *testing.T) {
 	m := torchModule(t, "counting", "self.calls = 0", "self.calls += 1\nreturn x * self.calls")
 	grid, err := bucketing.NewGrid([]int{2}, nil)
 	require.NoError(t, err)
-	e, reg := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: false})
+	// A stall timeout shorter than any recompile: the step that recompiles
+	// says it builds a graph, and is waited for as a compile is.
+	// Inductor's cache is a fresh one, so that the recompile compiles.
+	e, reg := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: false, StallTimeout: time.Second,
+		Env: map[string]string{"TORCHINDUCTOR_CACHE_DIR": t.TempDir()}})
 	prog, _, err := loadAndWarm(t, e, m, grid, false)
 	require.NoError(t, err)
 	x, err := prog.Step(context.Background(), 0)

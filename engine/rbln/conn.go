@@ -275,6 +275,10 @@ func (c *conn) health() health {
 	}
 	if c.building != nil {
 		h.building, h.buildingSince = describe(c.building.req), c.building.since
+	} else if c.bell != nil {
+		if ok, since := c.bell.building(); ok {
+			h.building, h.buildingSince = "a step that builds a graph (a recompile)", since
+		}
 	}
 	return h
 }

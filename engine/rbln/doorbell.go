@@ -38,16 +38,19 @@ const (
 	textOffset = 256
 	maxText    = blockSize - textOffset
 
-	offReqSeq  = 0
-	offSlot    = 8
-	offBucket  = 12
-	offLane    = 16
-	offDoneSeq = 64
-	offStatus  = 72
-	offFlags   = 76
-	offCounts  = 80  // 11 signal counters, then 5 of the dispatch detail
-	offBodyNS  = 208 // offCounts + 16*8
-	offTextLen = 216
+	offReqSeq = 0
+	offSlot   = 8
+	offBucket = 12
+	offLane   = 16
+	// offBuilding is the number of the step the worker builds a graph in
+	// (a recompile), written by the worker when it starts building.
+	offBuilding = 24
+	offDoneSeq  = 64
+	offStatus   = 72
+	offFlags    = 76
+	offCounts   = 80  // 11 signal counters, then 5 of the dispatch detail
+	offBodyNS   = 208 // offCounts + 16*8
+	offTextLen  = 216
 )
 
 // The report's status and flags.
@@ -104,8 +107,13 @@ type doorbell struct {
 	// worker's compute.
 	lastBody time.Duration
 	dead     atomic.Bool
-	extra    explainExtras // the last extras decoded, with their text
-	text     []byte
+	// waiting is the number of the step rung and not yet answered (0:
+	// none), rung when it was rung (unix ns): the liveness rule asks
+	// whether the worker builds a graph in it.
+	waiting atomic.Uint64
+	rung    atomic.Int64
+	extra   explainExtras // the last extras decoded, with their text
+	text    []byte
 }
 
 // explainExtras are the fields of [engine.Explain] a non-clean step's
@@ -184,12 +192,25 @@ func (d *doorbell) started() {
 
 func (d *doorbell) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&d.block[off])) }
 
+// building reports whether the worker builds a graph in the step it was
+// rung for (a recompile), and since when that step was rung.
+func (d *doorbell) building() (bool, time.Time) {
+	seq := d.waiting.Load()
+	if seq == 0 || d.block == nil || atomic.LoadUint64(d.word(offBuilding)) != seq {
+		return false, time.Time{}
+	}
+	return true, time.Unix(0, d.rung.Load())
+}
+
 // step runs one step of the program in slot on the worker and returns its
 // report. stall bounds the wait; past it the connection is failed (the
-// supervisor then kills the worker), as for a step that hangs. A caller
+// supervisor then kills the worker), as for a step that hangs; but a step
+// the worker says it builds a graph in (a recompile: it writes the step's
+// number at offBuilding) is bounded by compile instead, as a message that
+// builds one is. A caller
 // whose ctx ends first gets ctx's error; the step's report is then read
 // and dropped by a goroutine that holds the block until it comes.
-func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane int, stall time.Duration) (x engine.Explain, bodyNS int64, err error) {
+func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane int, stall, compile time.Duration) (x engine.Explain, bodyNS int64, err error) {
 	d.mu.Lock()
 	if d.dead.Load() {
 		d.mu.Unlock()
@@ -200,13 +221,16 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 	binary.LittleEndian.PutUint32(d.block[offSlot:], slot)
 	binary.LittleEndian.PutUint32(d.block[offBucket:], uint32(bucket))
 	binary.LittleEndian.PutUint32(d.block[offLane:], uint32(lane))
+	d.rung.Store(time.Now().UnixNano())
+	d.waiting.Store(seq)
+	defer d.waiting.CompareAndSwap(seq, 0)
 	atomic.StoreUint64(d.word(offReqSeq), seq) // after the fields: the worker reads them once it sees it
 	if err := ring(d.ring); err != nil {
 		d.mu.Unlock()
 		c.close(fmt.Errorf("%w: ringing the step doorbell: %v", errWorkerDown, err))
 		return x, 0, c.err
 	}
-	if err := d.wait(ctx, c, seq, stall); err != nil {
+	if err := d.wait(ctx, c, seq, stall, compile); err != nil {
 		if errors.Is(err, engine.ErrUnavailable) {
 			// Rung, and the worker went down (or stalled) under it.
 			err = fmt.Errorf("%w: %w", engine.ErrStepLost, err)
@@ -215,7 +239,7 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 			// Nobody reads this step's answer, but the next step must not
 			// take the block before it comes.
 			go func() {
-				d.wait(context.Background(), c, seq, stall)
+				d.wait(context.Background(), c, seq, stall, compile)
 				if c.late != nil {
 					c.late("step")
 				}
@@ -234,7 +258,7 @@ func (d *doorbell) step(ctx context.Context, c *conn, slot uint32, bucket, lane 
 
 // wait returns once the worker has answered step seq, the connection
 // fails, the stall deadline passes, or ctx ends.
-func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Duration) error {
+func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall, compile time.Duration) error {
 	doneSeq := d.word(offDoneSeq)
 	start := time.Now()
 	fds := []unix.PollFd{{Fd: int32(d.done), Events: unix.POLLIN}, {Fd: int32(d.abort), Events: unix.POLLIN}}
@@ -283,10 +307,17 @@ func (d *doorbell) wait(ctx context.Context, c *conn, seq uint64, stall time.Dur
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if time.Since(start) > stall {
-			err := fmt.Errorf("%w: a step got no answer in %v (stall timeout)", errWorkerDown, stall)
-			c.close(err)
-			return c.errOr(err)
+		if ran := time.Since(start); ran > stall {
+			building := atomic.LoadUint64(d.word(offBuilding)) == seq
+			if !building || ran > compile {
+				err := fmt.Errorf("%w: a step got no answer in %v (stall timeout)", errWorkerDown, stall)
+				if building {
+					err = fmt.Errorf("%w: a step that builds a graph (a recompile) ran %v, past the compile deadline (rbln.compile_timeout %v)",
+						errWorkerDown, ran.Round(time.Millisecond), compile)
+				}
+				c.close(err)
+				return c.errOr(err)
+			}
 		}
 		// Short sleeps: ctx is looked at between them.
 		_, err := unix.Poll(fds, 50)

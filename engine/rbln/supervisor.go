@@ -614,7 +614,7 @@ func (w *worker) step(ctx context.Context, slot uint32, bucket, lane int) (engin
 	if err != nil {
 		return engine.Explain{}, 0, err
 	}
-	x, body, err := c.bell.step(ctx, c, slot, bucket, lane, w.e.opts.StallTimeout)
+	x, body, err := c.bell.step(ctx, c, slot, bucket, lane, w.e.opts.StallTimeout, w.e.opts.CompileTimeout)
 	if errors.Is(err, engine.ErrUnavailable) {
 		w.lost(c)
 		err = w.replayable(err)

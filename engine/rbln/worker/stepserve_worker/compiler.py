@@ -115,6 +115,11 @@ def choose(kind: str, mode: str, compile_available: bool) -> tuple[str, str]:
 
 # -- graph breaks, as Dynamo logs them -----------------------------------
 
+#: Called when a graph is built inside a step that was not announced as
+#: building one (a recompile on the doorbell path): the worker's server
+#: sets it around such a step to tell the supervisor. None otherwise.
+on_build: Optional[Callable[[], None]] = None
+
 _BREAK = re.compile(r"Graph break (?:\(details suppressed\) )?in user code at (.+?):(\d+)\nReason: ([^\n]*)")
 _capturing: Optional["Program"] = None
 
@@ -243,6 +248,8 @@ class Program:
         comes (torch_rbln registers "rbln" with the device runtime)."""
         def audited(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
             self.graphs += 1
+            if on_build is not None:
+                on_build()  # a graph built in a doorbell step: compiling may take long
             if self.audit is not None:
                 try:
                     findings, why = au.check(gm, example_inputs, whole=self.fullgraph)

@@ -14,6 +14,9 @@ two must change together, with the protocol version:
     8    u32  model slot (the load request's "slot")
     12   u32  bucket
     16   u32  lane
+    24   u64  building: the number of the step the worker builds a graph
+              in (a recompile), written as it starts building; the
+              supervisor then bounds that step by its compile deadline
     64   u64  done number (the worker's; written last)
     72   i32  status: 0 done, 1 failed (text is the error)
     76   u32  flags: 1 measured, 2 clean, 4 text holds the report's extras (JSON)
@@ -55,6 +58,7 @@ _SEQ = struct.Struct("=Q")
 _REPORT = struct.Struct("=iI16qqI")
 _REPORT_OFFSET = 72
 _DONE_OFFSET = 64
+_BUILDING_OFFSET = 24
 
 #: The dispatch detail's counters (Report.dispatch's keys), after COUNTERS.
 DISPATCH = ("total", "warm_hits", "cpu_fallback_ns", "runtime_ns", "v2v_ns")
@@ -142,6 +146,12 @@ class Doorbell:
         _SEQ.pack_into(self.block, _DONE_OFFSET, seq)
         os.eventfd_write(self.done, 1)
         self._reported = time.perf_counter_ns()
+
+    def building(self, seq: int) -> None:
+        """Say that step seq builds a graph (a recompile): the supervisor
+        bounds it by its compile deadline, not its stall one."""
+        if self.block is not None:
+            _SEQ.pack_into(self.block, _BUILDING_OFFSET, seq)
 
     def fail(self, seq: int, error: str) -> None:
         self.report(seq, STATUS_FAILED, 0, UNKNOWN, 0, error.encode(errors="replace"))

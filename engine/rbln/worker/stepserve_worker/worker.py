@@ -927,6 +927,9 @@ class Server:
     def _bell_step(self, seq: int, slot: int, bucket: int, lane: int) -> None:
         """Run a step the supervisor rang for and write its binary report;
         a step that fails reports its error, as a step message's would."""
+        # A graph built inside this step (a recompile) is announced on the
+        # block, so that the supervisor waits for it as for a compile.
+        compiler.on_build = lambda: self.bell.building(seq)
         try:
             with self._busy:
                 flags, counts, ns, text = self.worker.step_binary(slot, bucket, lane)
@@ -935,6 +938,8 @@ class Server:
             self._log_oom(e)
             self.bell.fail(seq, f"{type(e).__name__}: {e}")
             return
+        finally:
+            compiler.on_build = None
         self.bell.report(seq, bell.STATUS_DONE, flags, counts, ns, text)
         if time.monotonic() - self._memory_at >= MEMORY_REFRESH_SECONDS:
             with self._busy:  # after the report: the step's latency is not the reading's
