@@ -109,7 +109,8 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 
 ## test: install what the tests need, then run every test in its short
 ## form (Go with the race detector, the kernel sets this CPU runs, the
-## worker's Python unit tests, the chart and the alert rules); about 3.5
+## worker's Python unit tests on torch 1.13 and, in the torch 2.x root,
+## compiling with inductor, the chart and the alert rules); about 10
 ## minutes warm on 2 cores (docs/development.md: "Testing")
 test: deps
 	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 20m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
