@@ -31,7 +31,7 @@ type programsReply struct {
 
 // programsTimeout bounds a programs request: a worker building a graph
 // may hold its interpreter, and then the last reports are answered.
-const programsTimeout = 2 * time.Second
+const programsTimeout = 5 * time.Second
 
 // Programs implements [engine.ProgramReporter]: the worker's reports, read
 // now, or the last ones read where the worker does not answer in time.
@@ -70,8 +70,10 @@ func (p *program) refreshPrograms(ctx context.Context) {
 	var r programsReply
 	if err := p.w.call(ctx, &programsRequest{Model: p.key}, &r); err != nil {
 		p.w.logger.Debug("compiled programs not read", "model", p.model.Name, "err", err)
+		p.stale.Store(true) // read again after the next step
 		return
 	}
+	p.stale.Store(false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Reads overlap (a build's, /explain's, a recompile's): a reply is kept
@@ -85,10 +87,10 @@ func (p *program) refreshPrograms(ctx context.Context) {
 }
 
 // refreshLater rereads the reports once a step showed that a program
-// changed (a recompile, a graph break), without delaying the step; one
-// read at a time.
+// changed (a recompile), or after a read that failed (a worker too busy
+// to answer in time), without delaying the step; one read at a time.
 func (p *program) refreshLater(x engine.Explain) {
-	if x.Recompiles <= 0 || !p.refreshing.CompareAndSwap(false, true) {
+	if (x.Recompiles <= 0 && !p.stale.Load()) || !p.refreshing.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
@@ -144,21 +146,22 @@ func (c *programCollector) Collect(ch chan<- prometheus.Metric) {
 			ps = append(ps, p)
 		}
 		w.mu.Unlock()
-		// One series per model, bucket and device: where a worker holds
-		// several programs of one model (per_device replicas, the old and
-		// new versions through a reload), the newest speaks for them, as
-		// they are built from the same model.
+		// One series per model, bucket and kind on a device: where a worker
+		// holds several programs of one model (per_device replicas, the old
+		// and new versions through a reload), the newest that built the
+		// bucket speaks for them, as they are built from the same model.
 		slices.SortFunc(ps, func(a, b *program) int { return cmp.Compare(b.slot, a.slot) })
-		seen := map[string]bool{}
+		seen := map[[3]string]bool{}
 		for _, p := range ps {
-			if seen[p.model.Name] || !p.healthy.Load() {
-				continue // a newer program speaks, or its worker is down (its reports are a dead life's)
+			if !p.healthy.Load() {
+				continue // its worker is down: its reports are a dead life's
 			}
-			seen[p.model.Name] = true
 			for _, r := range p.cachedPrograms() {
-				if !r.Built {
+				key := [3]string{p.model.Name, r.Bucket, r.Kind}
+				if !r.Built || seen[key] {
 					continue
 				}
+				seen[key] = true
 				labels := []string{p.model.Name, r.Bucket, r.Kind, r.Device, r.Compiler}
 				gauge := func(d *prometheus.Desc, n engine.Count) {
 					if n.Known() {

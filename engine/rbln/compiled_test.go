@@ -306,7 +306,8 @@ func TestAuditOfShippedModels(t *testing.T) {
 // TestProgramMetricsWithTwoProgramsOfOneModel: two programs of one model
 // on one worker (per_device replicas; the old and new versions through a
 // reload) export one series per bucket, never the same series twice,
-// which would fail the whole scrape.
+// which would fail the whole scrape, and never none because the newest
+// has not built the bucket yet (a replica builds it on first use).
 func TestProgramMetricsWithTwoProgramsOfOneModel(t *testing.T) {
 	requireTorch(t)
 	e, reg := newEngine(t, Options{})
@@ -317,8 +318,13 @@ func TestProgramMetricsWithTwoProgramsOfOneModel(t *testing.T) {
 	prog, _, err := loadAndWarm(t, e, m, grid, false)
 	require.NoError(t, err)
 	require.Len(t, engine.ReplicasOf(prog), 2)
-	reports := programsOf(t, prog)
-	require.Len(t, reports, 2, "a report per replica's program")
+	var reports []engine.ProgramReport
+	require.Eventually(t, func() bool {
+		// Each call reads the workers' reports again (a read may time out
+		// on a loaded machine).
+		reports = programsOf(t, prog)
+		return len(reports) == 2 && (reports[0].Built || reports[1].Built)
+	}, 30*time.Second, 100*time.Millisecond, "a report per replica's program, one built at least")
 	assert.Equal(t, "none", reports[0].Compiler, "the host's torch 1.13 compiles nothing")
 	n, err := testutil.GatherAndCount(reg, "stepserve_program_graphs")
 	require.NoError(t, err, "the scrape holds")

@@ -75,6 +75,7 @@ type program struct {
 	compileNote string
 	reports     []engine.ProgramReport
 	refreshing  atomic.Bool
+	stale       atomic.Bool // the last read of reports failed
 	// reportSeq numbers the reads of reports as they are asked for;
 	// reportsFrom is the number of the read reports came from.
 	reportSeq   atomic.Uint64
