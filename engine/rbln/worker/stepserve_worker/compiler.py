@@ -176,6 +176,16 @@ def _recompile_limit() -> int:
     return 0
 
 
+def _guard_failure_count(code: Any) -> int:
+    """How many guard failures Dynamo recorded for code: read every step,
+    so it counts them without formatting any."""
+    try:
+        from torch._dynamo.utils import guard_failures  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return 0
+    return len(guard_failures.get(code, ()))
+
+
 def _guard_failures(code: Any) -> list[str]:
     try:
         from torch._dynamo.utils import guard_failures  # noqa: PLC0415
@@ -291,7 +301,7 @@ class Program:
             return self._first_run(x)
         if not self.counted:
             return self._graph(x)
-        before, failures = self.graphs, len(_guard_failures(self._code()))
+        before, failures = self.graphs, _guard_failure_count(self._code())
         if not self.fullgraph:
             # A step with breaks compiles its later pieces lazily: their
             # breaks are this program's too.
