@@ -21,13 +21,20 @@ import (
 type Shape struct {
 	Batch int
 	Seq   int
+	// Ctx is a decoder's decode step's context partition: the key
+	// positions it reads (0: all of max_model_len's).
+	Ctx int
 }
 
 // Label is the bucket's metric label: "b16", or "b16xs128" for sequence
-// models.
+// models, "b16xs1xc256" for a decoder's decode step in a context
+// partition.
 func (s Shape) Label() string {
-	if s.Seq == 0 {
+	switch {
+	case s.Seq == 0:
 		return fmt.Sprintf("b%d", s.Batch)
+	case s.Ctx > 0:
+		return fmt.Sprintf("b%dxs%dxc%d", s.Batch, s.Seq, s.Ctx)
 	}
 	return fmt.Sprintf("b%dxs%d", s.Batch, s.Seq)
 }

@@ -25,13 +25,13 @@ func TestChooseSmallestBucketThatHolds(t *testing.T) {
 func TestChooseInTwoDimensions(t *testing.T) {
 	g, err := NewGrid([]int{1, 4}, []int{32, 64, 128})
 	require.NoError(t, err)
-	assert.Equal(t, []Shape{{1, 32}, {1, 64}, {1, 128}, {4, 32}, {4, 64}, {4, 128}}, g.Shapes())
+	assert.Equal(t, []Shape{{Batch: 1, Seq: 32}, {Batch: 1, Seq: 64}, {Batch: 1, Seq: 128}, {Batch: 4, Seq: 32}, {Batch: 4, Seq: 64}, {Batch: 4, Seq: 128}}, g.Shapes())
 	assert.Equal(t, 128, g.MaxSeq())
 	for _, tc := range []struct {
 		rows, seq int
 		want      Shape
 	}{
-		{1, 1, Shape{1, 32}}, {1, 33, Shape{1, 64}}, {2, 64, Shape{4, 64}}, {4, 128, Shape{4, 128}},
+		{1, 1, Shape{Batch: 1, Seq: 32}}, {1, 33, Shape{Batch: 1, Seq: 64}}, {2, 64, Shape{Batch: 4, Seq: 64}}, {4, 128, Shape{Batch: 4, Seq: 128}},
 	} {
 		i, ok := g.Choose(tc.rows, tc.seq)
 		require.True(t, ok)
@@ -41,7 +41,7 @@ func TestChooseInTwoDimensions(t *testing.T) {
 	assert.False(t, ok)
 	_, ok = g.Choose(1, 0)
 	assert.False(t, ok)
-	assert.InDelta(t, 1-float64(3*20)/float64(4*32), PaddingRatio(3*20, Shape{4, 32}), 1e-12)
+	assert.InDelta(t, 1-float64(3*20)/float64(4*32), PaddingRatio(3*20, Shape{Batch: 4, Seq: 32}), 1e-12)
 }
 
 func TestNextSplitsAcrossSteps(t *testing.T) {

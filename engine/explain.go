@@ -208,6 +208,10 @@ type Audit struct {
 	ByRule    map[string]int `json:"by_rule"`
 	Findings  []Finding      `json:"findings"`
 	Truncated int            `json:"truncated,omitempty"`
+	// Widened lists the 64-bit integer indices an operator returns by its
+	// definition (argmax, sort, topk): allowed, not findings, and named
+	// so that what a step still holds in int64 is known (rule "widened").
+	Widened []Finding `json:"widened,omitempty"`
 	// Error says why a graph could not be traced to its operators (its
 	// findings are then partial).
 	Error string `json:"error,omitempty"`

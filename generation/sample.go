@@ -91,7 +91,9 @@ func topN(x []float32, n int, lse float32, dst []TopLogprob) []TopLogprob {
 }
 
 // draw samples from softmax(logits / temperature), cut to the top k and
-// then to the top p of the mass.
+// then to the top p of the mass. The probabilities are float32, as the
+// step graphs compute them; sums are kept in float64 here, which only
+// moves a draw that lands within a rounding of a boundary.
 func (sp *Sampler) draw(logits []float32, s Sampling, pos int) int32 {
 	inv := 1 / s.Temperature
 	m := logits[argmax(logits)]
@@ -104,7 +106,7 @@ func (sp *Sampler) draw(logits []float32, s Sampling, pos int) int32 {
 	n := len(logits)
 	cut := (s.TopK > 0 && s.TopK < n) || (s.TopP > 0 && s.TopP < 1)
 	if !cut {
-		u := uniform(s.Seed, pos) * total
+		u := float64(Uniform(s.Seed, pos)) * total
 		for i, p := range sp.probs[:n] {
 			if u -= float64(p); u < 0 {
 				return int32(i)
@@ -142,7 +144,7 @@ func (sp *Sampler) draw(logits []float32, s Sampling, pos int) int32 {
 		}
 		mass = cum
 	}
-	u := uniform(s.Seed, pos) * mass
+	u := float64(Uniform(s.Seed, pos)) * mass
 	for _, i := range idx[:keep] {
 		if u -= float64(probs[i]); u < 0 {
 			return i
@@ -151,13 +153,29 @@ func (sp *Sampler) draw(logits []float32, s Sampling, pos int) int32 {
 	return idx[keep-1]
 }
 
-// uniform is a number in [0, 1) that depends only on seed and pos:
-// SplitMix64 of the two, the generator a counter-based draw needs (no
-// state carried from step to step, nothing shared between sequences).
-func uniform(seed uint64, pos int) float64 {
-	z := seed + uint64(pos+1)*0x9e3779b97f4a7c15
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	z ^= z >> 31
-	return float64(z>>11) / (1 << 53)
+// Uniform is the draw of the token at position pos of a sequence seeded
+// seed: a number in [0, 1) that depends on the two alone (no state
+// carried from step to step, nothing shared between sequences), in 32-bit
+// integer arithmetic and a float32 result, so that a device's step graph
+// computes the same bits with no 64-bit integer or float64 tensor (the
+// worker's decoder.py uniform; the engines' agreement on 1,000 pairs is
+// engine/rbln/worker/testdata/uniform32.json). Each 32-bit half of the
+// seed and the position go through Wellons' lowbias32 mixer in turn; the
+// top 24 bits of the result are the float32's mantissa.
+func Uniform(seed uint64, pos int) float32 {
+	h := mix32(uint32(pos) + 0x9e3779b9)
+	h = mix32(h ^ uint32(seed>>32))
+	h = mix32(h ^ uint32(seed))
+	return float32(h>>8) / (1 << 24)
+}
+
+// mix32 is lowbias32 (Chris Wellons' hash-prospector): a bijection of
+// uint32 with a bias of 0.17 over its avalanche.
+func mix32(x uint32) uint32 {
+	x ^= x >> 16
+	x *= 0x7feb352d
+	x ^= x >> 15
+	x *= 0x846ca68b
+	x ^= x >> 16
+	return x
 }

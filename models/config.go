@@ -143,6 +143,14 @@ type Buckets struct {
 	Batch []int `yaml:"batch"`
 	// Seq are the sequence lengths of sequence models, multiples of 32.
 	Seq []int `yaml:"seq"`
+	// Context are a decoder's context partitions: the key positions a
+	// decode step reads, multiples of generation.block_size, ascending;
+	// the last is max_model_len (rounded up to a block), added when
+	// missing. A decode step runs in the least partition that holds its
+	// longest sequence, so that its work grows with the context, not
+	// with max_model_len (default 128, then 4 times more up to
+	// max_model_len).
+	Context []int `yaml:"context"`
 }
 
 // Batching is a model's batching policy, with Triton's names. Nil fields
@@ -476,7 +484,11 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if n := len(c.Buckets.Batch) * max(len(c.Buckets.Seq), 1); n > maxBuckets {
+	if n := len(c.Buckets.Batch) * (max(len(c.Buckets.Seq), 1) + len(c.Buckets.Context)); n > maxBuckets {
+		if len(c.Buckets.Context) > 0 {
+			return bad("buckets", "%d batch sizes, %d sequence lengths and %d context partitions make %d buckets, above the limit of %d",
+				len(c.Buckets.Batch), len(c.Buckets.Seq), len(c.Buckets.Context), n, maxBuckets)
+		}
 		return bad("buckets", "%d batch sizes and %d sequence lengths make %d buckets, above the limit of %d",
 			len(c.Buckets.Batch), len(c.Buckets.Seq), n, maxBuckets)
 	}
@@ -489,6 +501,9 @@ func (c *Config) validate() error {
 
 	if c.Generation != nil && c.Architecture != "decoder" {
 		return bad("generation", "is for decoder language models; remove it")
+	}
+	if len(c.Buckets.Context) > 0 && c.Architecture != "decoder" {
+		return bad("buckets.context", "is for decoder language models' decode steps; remove it")
 	}
 	switch c.Architecture {
 	case "mlp":

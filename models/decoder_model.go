@@ -148,7 +148,44 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	if most := slices.Max(c.Buckets.Batch); most < g.MaxNumSeqs {
 		return bad("buckets.batch", "the largest decode batch %d is less than generation.max_num_seqs %d", most, g.MaxNumSeqs)
 	}
+	full := perSeq * g.BlockSize
+	if len(c.Buckets.Context) == 0 {
+		c.Buckets.Context = defaultContexts(g.BlockSize, full)
+	}
+	for i, n := range c.Buckets.Context {
+		switch {
+		case n < g.BlockSize || n%g.BlockSize != 0:
+			return bad("buckets.context", "%d; want multiples of generation.block_size %d", n, g.BlockSize)
+		case n > full:
+			return bad("buckets.context", "%d is above max_model_len %d (in blocks of %d: %d)", n, g.MaxModelLen, g.BlockSize, full)
+		case i > 0 && n <= c.Buckets.Context[i-1]:
+			return bad("buckets.context", "%v; want ascending lengths, each once", c.Buckets.Context)
+		}
+	}
+	if c.Buckets.Context[len(c.Buckets.Context)-1] != full {
+		c.Buckets.Context = append(c.Buckets.Context, full)
+	}
+	if len(c.Buckets.Context) > maxContexts {
+		return bad("buckets.context", "%d context partitions; want at most %d (each is a compiled decode program per batch size)", len(c.Buckets.Context), maxContexts)
+	}
 	return nil
+}
+
+// maxContexts bounds buckets.context.
+const maxContexts = 16
+
+// defaultContexts is the context ladder of a decoder whose sequences reach
+// full positions (a multiple of blockSize): 128 positions (a block's
+// multiple), then 4 times more each rung, then full. A step reads at most
+// 4 times the positions it needs, and a model of 4,096 positions compiles
+// 4 decode programs per batch size, not one per doubling: on a device a
+// compile is minutes.
+func defaultContexts(blockSize, full int) []int {
+	var out []int
+	for n := (128 + blockSize - 1) / blockSize * blockSize; n < full; n *= 4 {
+		out = append(out, n)
+	}
+	return append(out, full)
 }
 
 // Decoder is a decoder language model's weights, by layer.

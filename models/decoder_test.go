@@ -2,7 +2,9 @@ package models
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -168,4 +170,53 @@ func TestParseGenerationConfig(t *testing.T) {
 	}
 	assert.True(t, IsDecoderConfig([]byte(qwen2)))
 	assert.False(t, IsDecoderConfig([]byte(`{"architectures": ["BertModel"]}`)))
+}
+
+// tinyLlama is the shipped demo's folder with model.yaml replaced by yaml.
+func tinyLlama(t *testing.T, yaml string) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := "../model_repository/tiny-llama"
+	entries, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.Name() == "model.yaml" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(yaml), 0o644))
+	return dir
+}
+
+func TestContextPartitions(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want []int
+	}{
+		{"generation:\n  max_model_len: 1024\n", []int{128, 512, 1024}},
+		{"generation:\n  max_model_len: 2048\n", []int{128, 512, 2048}},
+		{"generation:\n  max_model_len: 128\n  max_tokens: 64\n", []int{128}},
+		{"generation:\n  max_model_len: 100\n  max_tokens: 64\n", []int{112}}, // a block's multiple
+		{"generation:\n  max_model_len: 1000\n  block_size: 48\n", []int{144, 576, 1008}},
+		{"buckets:\n  context: [64, 256]\ngeneration:\n  max_model_len: 1024\n", []int{64, 256, 1024}},
+		{"buckets:\n  context: [64, 1024]\ngeneration:\n  max_model_len: 1024\n", []int{64, 1024}},
+	} {
+		m, err := Load(tinyLlama(t, tc.yaml))
+		require.NoError(t, err, tc.yaml)
+		assert.Equal(t, tc.want, m.Config.Buckets.Context, tc.yaml)
+	}
+	for yaml, want := range map[string]string{
+		"buckets:\n  context: [100]\n":          "buckets.context: 100; want multiples of generation.block_size 16",
+		"buckets:\n  context: [256, 128]\n":     "want ascending lengths",
+		"buckets:\n  context: [4096]\n":         "4096 is above max_model_len 1024",
+		"buckets:\n  context: [0]\n":            "buckets.context: 0; want multiples",
+		"buckets:\n  context: [16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 272]\n": "18 context partitions; want at most 16",
+	} {
+		_, err := Load(tinyLlama(t, "generation:\n  max_model_len: 1024\n"+yaml))
+		require.Error(t, err, yaml)
+		assert.Contains(t, err.Error(), want)
+	}
 }

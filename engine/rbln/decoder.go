@@ -96,9 +96,13 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 	if err != nil {
 		return nil, err
 	}
+	// Decode buckets by batch and context partition, prefill ones by
+	// batch and chunk length (over the whole context).
 	var decodes, prefills []bucketing.Shape
 	for _, b := range cfg.Buckets.Batch {
-		decodes = append(decodes, bucketing.Shape{Batch: b, Seq: 1})
+		for _, c := range cfg.Buckets.Context {
+			decodes = append(decodes, bucketing.Shape{Batch: b, Seq: 1, Ctx: c})
+		}
 		for _, t := range cfg.Buckets.Seq {
 			prefills = append(prefills, bucketing.Shape{Batch: b, Seq: t})
 		}
@@ -191,9 +195,14 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 		if len(d.rows) == 0 {
 			break
 		}
-		// Decodes first, then prompt chunks: rows sorted in place, no
-		// slice made per step.
-		slices.SortStableFunc(d.rows, func(a, b piece) int { return cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)) })
+		// Decodes first, shortest context first, then prompt chunks: rows
+		// sorted in place, no slice made per step.
+		slices.SortStableFunc(d.rows, func(a, b piece) int {
+			if c := cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)); c != 0 || a.end-a.start > 1 {
+				return c
+			}
+			return cmp.Compare(a.end, b.end)
+		})
 		split := 0
 		for split < len(d.rows) && d.rows[split].end-d.rows[split].start == 1 {
 			split++
@@ -220,7 +229,10 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 
 // bucket chooses the bucket for the first rows of group: the decode or
 // prefill bucket of the fewest rows and tokens that hold them, or the
-// largest, taking as many rows as it holds.
+// largest, taking as many rows as it holds. Decode rows come sorted by
+// their context, shortest first: the bucket is the least context
+// partition that holds the longest of the rows it takes, so that a short
+// conversation reads a few hundred key positions, not max_model_len's.
 func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 	tokens := 0
 	for _, pc := range group {
@@ -230,27 +242,45 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 	if tokens > 1 {
 		lo, hi = d.decodes, len(d.p.shapes)
 	}
+	most := 0 // the largest batch
+	for _, s := range d.p.shapes[lo:hi] {
+		if s.Seq >= tokens {
+			most = max(most, s.Batch)
+		}
+	}
+	if most == 0 {
+		return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
+	}
+	taken = min(len(group), most)
+	ctx := 0 // the least partition that holds the rows taken
+	if tokens == 1 {
+		need := 0
+		for _, pc := range group[:taken] {
+			need = max(need, pc.end)
+		}
+		for _, s := range d.p.shapes[lo:hi] {
+			if s.Ctx >= need && (ctx == 0 || s.Ctx < ctx) {
+				ctx = s.Ctx
+			}
+		}
+		if ctx == 0 {
+			return 0, 0, fmt.Errorf("rbln: model %s: no context partition holds a sequence of %d tokens", d.p.model.Name, need)
+		}
+	}
 	best, bestCost := -1, 0
-	largest, largestRows := -1, 0
 	for i := lo; i < hi; i++ {
 		s := d.p.shapes[i]
-		if s.Seq < tokens {
+		if s.Seq < tokens || s.Ctx != ctx || s.Batch < taken {
 			continue
 		}
-		if s.Batch > largestRows || s.Batch == largestRows && largest >= 0 && s.Seq < d.p.shapes[largest].Seq {
-			largest, largestRows = i, s.Batch
-		}
-		if s.Batch >= len(group) && (best < 0 || s.Batch*s.Seq < bestCost) {
+		if best < 0 || s.Batch*s.Seq < bestCost {
 			best, bestCost = i, s.Batch*s.Seq
 		}
 	}
-	switch {
-	case best >= 0:
-		return best, len(group), nil
-	case largest >= 0:
-		return largest, largestRows, nil
+	if best < 0 {
+		return 0, 0, fmt.Errorf("rbln: model %s: no bucket of context %d holds %d rows of %d tokens", d.p.model.Name, ctx, taken, tokens)
 	}
-	return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
+	return best, taken, nil
 }
 
 // run packs rows into bucket's staging, steps it, and reads the sampled

@@ -166,7 +166,7 @@ func (p *program) loadRequest() *loadRequest {
 	for i, s := range p.shapes {
 		b := &p.bounds[i]
 		buckets[i] = bucketSpec{
-			Batch: s.Batch, Seq: s.Seq,
+			Batch: s.Batch, Seq: s.Seq, Ctx: s.Ctx,
 			InOffset: lane0.in[i].offset, InBytes: b.in.bytes(b.batch),
 			InDtype: b.in.dt.String(), InCols: b.in.cols, InRow: b.in.row,
 			OutOffset: lane0.out[i].offset, OutBytes: b.out.bytes(b.batch),

@@ -101,6 +101,7 @@ type loadRequest struct {
 type bucketSpec struct {
 	Batch     int    `json:"batch"`
 	Seq       int    `json:"seq"`
+	Ctx       int    `json:"ctx,omitempty"` // a decode step's context partition
 	InFD      int    `json:"in_fd"`
 	InOffset  int    `json:"in_offset"`
 	InBytes   int    `json:"in_bytes"`

@@ -17,6 +17,7 @@ type Decoder struct {
 	RopeTheta                                    float64
 	Tied, QKVBias                                bool
 	Llama3Scaling                                bool // rope_scaling: llama3 (factor 8, low 1, high 4, original 64)
+	SlidingWindow                                int  // Mistral's attention window; 0 for none
 	BOS, EOS                                     int
 }
 
@@ -89,6 +90,9 @@ func (d Decoder) Config() map[string]any {
 		"max_position_embeddings": d.MaxPosition, "rms_norm_eps": 1e-6, "rope_theta": d.RopeTheta,
 		"hidden_act": "silu", "tie_word_embeddings": d.Tied, "bos_token_id": d.BOS, "eos_token_id": d.EOS,
 		"torch_dtype": "float32", "transformers_version": "4.46.0", "initializer_range": 0.02,
+	}
+	if typ == "mistral" && d.SlidingWindow > 0 {
+		c["sliding_window"] = d.SlidingWindow
 	}
 	if typ == "llama" {
 		c["attention_bias"] = d.QKVBias

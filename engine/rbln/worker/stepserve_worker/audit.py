@@ -16,7 +16,10 @@ it comes from:
   factory operator (arange, zeros, full, a tensor constant, ...) whose
   value depends on no input.
 - float64 (item 3, "use one dtype"): any float64 tensor.
-- int64 (item 3): a 64-bit integer tensor, named with the op that makes it.
+- int64 (item 3): a 64-bit integer tensor, named with the op that makes
+  it; except the indices an operator returns as int64 whatever its inputs
+  (argmax, sort, topk, ...): those are listed apart, as "widened", so that
+  the audit says where a step holds 64-bit integers it could not avoid.
 - mixed_float (item 3): more than one floating dtype in the graph.
 - input_layout (item 3, "make the last dimension a multiple of 64, and
   pass offset-zero contiguous inputs"): a step input that is not.
@@ -71,6 +74,15 @@ _DATA_DEPENDENT = frozenset({
     "_local_scalar_dense", "item", "argwhere", "bincount", "histc",
 })
 
+# Operators whose index results are int64 by their definition: a step
+# that narrows them at once holds no 64-bit arithmetic of its own.
+_INT64_INDICES = frozenset({
+    "argmax", "argmin", "sort", "topk", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin",
+})
+
+#: The rule name of an allowed 64-bit index (not a finding).
+WIDENED = "widened"
+
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -85,7 +97,7 @@ class Finding:
     count: int = 1
 
     def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"rule": self.rule, "item": RULES[self.rule], "op": self.op, "line": self.line,
+        d: dict[str, Any] = {"rule": self.rule, "item": RULES.get(self.rule, 3), "op": self.op, "line": self.line,
                              "count": self.count}
         for k in ("code", "dtype", "detail"):
             if v := getattr(self, k):
@@ -99,6 +111,8 @@ class Audit:
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, str, str, str], Finding] = {}
+        # The int64 indices operators return (rule WIDENED), by operator and line.
+        self._widened: dict[tuple[str, str, str, str], Finding] = {}
         self.graphs = 0
         # Why a graph could not be audited (the trace failed); "" if every
         # one was.
@@ -107,10 +121,11 @@ class Audit:
     def add(self, findings: Iterable[Finding]) -> None:
         for f in findings:
             key = (f.rule, f.op, f.line, f.dtype)
-            if (have := self._by_key.get(key)) is not None:
+            into = self._widened if f.rule == WIDENED else self._by_key
+            if (have := into.get(key)) is not None:
                 have.count += f.count
             else:
-                self._by_key[key] = f
+                into[key] = f
 
     # The device thread adds findings while /explain's reader (the main
     # thread) reads them: every read takes a snapshot, list() of the
@@ -131,6 +146,9 @@ class Audit:
                              "findings": [f.to_wire() for f in found[:MAX_FINDINGS]]}
         if len(found) > MAX_FINDINGS:
             d["truncated"] = len(found) - MAX_FINDINGS
+        widened = sorted(list(self._widened.values()), key=lambda f: (f.line, f.op))
+        if widened:
+            d["widened"] = [f.to_wire() for f in widened[:MAX_FINDINGS]]
         if self.error:
             d["error"] = self.error
         return d
@@ -191,7 +209,8 @@ def _step_inputs(gm: torch.fx.GraphModule) -> list[int]:
 
 
 def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = True) -> tuple[list[Finding], str]:
-    """The findings of one captured graph, and why its aten trace failed
+    """The findings of one captured graph (with its allowed int64 indices,
+    rule WIDENED: real() drops them), and why its aten trace failed
     ("" if it did not: its findings are then complete). A graph that is
     not the whole step (one piece of a step with graph breaks) hands its
     values on to the host code after it, so its outputs are not judged:
@@ -243,6 +262,9 @@ def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = Tru
             # every compiler drops (max_pool2d's unused indices).
             continue
         op = _op_name(n.target)
+        producer = op
+        if op == "getitem" and n.args and isinstance(n.args[0], torch.fx.Node):
+            producer = _op_name(n.args[0].target)  # one result of a node of several
         if isinstance(v, (list, tuple)):
             # A node of several results: each is judged where it is read
             # (its getitem), the unused ones not at all.
@@ -258,8 +280,11 @@ def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = Tru
                 continue
             if dt == torch.float64:
                 findings.append(Finding("float64", op, line, code, "float64", "a float64 tensor"))
+            elif dt == torch.int64 and producer in _INT64_INDICES:
+                findings.append(Finding(WIDENED, producer, line, code, "int64",
+                                        f"{producer}'s indices are int64 by the operator's definition"))
             elif dt == torch.int64:
-                findings.append(Finding("int64", op, line, code, "int64", "a 64-bit integer tensor"))
+                findings.append(Finding("int64", producer, line, code, "int64", "a 64-bit integer tensor"))
             if dt in _FLOATING:
                 floats.setdefault(dt, (op, line, code))
     if len(floats) > 1:
@@ -268,6 +293,11 @@ def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = Tru
             findings.append(Finding("mixed_float", op, line, code, _name(dt),
                                     f"floating dtypes {names} in one step; {_name(dt)} first made here"))
     return findings, ""
+
+
+def real(findings: Iterable[Finding]) -> list[Finding]:
+    """findings less the allowed int64 indices."""
+    return [f for f in findings if f.rule != WIDENED]
 
 
 def _outputs(gm: torch.fx.GraphModule) -> int:

@@ -269,8 +269,8 @@ class Program:
                 self.audit.add(findings)
                 if why and not self.audit.error:
                     self.audit.error = why
-                if findings and self.refuse_findings:
-                    self._refused = self._findings_text(findings)
+                if au.real(findings) and self.refuse_findings:
+                    self._refused = self._findings_text(au.real(findings))
                     raise CompileRefused(self._refused)
             return torch._dynamo.lookup_backend(name)(gm, example_inputs, **kwargs)
         audited.__name__ = f"audited_{self.compiler}"

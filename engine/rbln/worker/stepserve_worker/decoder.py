@@ -1,12 +1,16 @@
 """Decoder language models (Llama, Mistral, Qwen2) as the worker runs them:
-the weights and a paged KV cache resident on the device, and one step
-graph per bucket that takes a batch of rows (one sequence each: its
-tokens' ids, positions and cache slots, its block table and sampling
-parameters, as int32; engine/rbln/decoder.go packs them), writes the new
-keys and values into the cache by slot, attends over the cache through the
-block table, and samples each row's next token in the graph. Its one
+the weights and a paged KV cache resident on the device (per layer, a key
+and a value buffer allocated at load), and one step graph per bucket that
+takes a batch of rows (one sequence each: its tokens' ids, positions and
+cache slots, its block table and sampling parameters, as int32;
+engine/rbln/decoder.go packs them), writes the new keys and values into
+the cache by slot, attends over the blocks of its context partition (the
+bucket's context length, not max_model_len) and samples each row's next
+token in the graph, in float32 with a 32-bit counter-based draw. Its one
 output is, per row, the token, its log-probability and the most likely
-tokens' (float32 bits in int32)."""
+tokens' (float32 bits in int32). The graph holds no float64 and no
+64-bit integer arithmetic and creates no tensor: what the documented step
+structure asks (the step audit checks it)."""
 
 from __future__ import annotations
 
@@ -21,30 +25,54 @@ from torch.nn import functional as F
 VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION = range(9)
 FIELDS = 9
 
+#: The most rows a step may have: the resident counting table covers them
+#: (generation's max_num_seqs is at most 1,024).
+MAX_ROWS = 4096
+
 # Below it, greedy (generation/sample.go's minTemperature).
 MIN_TEMPERATURE = 1e-5
 
-# SplitMix64's constants, as signed int64 (torch has no uint64 arithmetic):
-# generation/sample.go's uniform, the same draw on every engine.
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+# generation/sample.go's Uniform in int32 arithmetic: lowbias32's
+# multipliers and the position's offset as signed 32-bit constants (torch
+# has no uint32 arithmetic; int32 products wrap in two's complement, as
+# uint32 ones do).
+_MIX1 = 0x7FEB352D
+_MIX2 = 0x846CA68B - (1 << 32)
+_GOLDEN32 = 0x9E3779B9 - (1 << 32)
 
 
-def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
-    """z >> s as unsigned 64-bit: torch's shift is arithmetic."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
+def _shr32(z: torch.Tensor, s: int) -> torch.Tensor:
+    """z >> s as unsigned 32-bit: torch's shift is arithmetic."""
+    return (z >> s) & ((1 << (32 - s)) - 1)
 
 
-def uniform(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """A number in [0, 1) from (seed, pos) alone, float64: SplitMix64 of
-    seed + (pos + 1) * golden, as generation/sample.go draws it. int64
-    products wrap in two's complement, as uint64 ones do."""
-    z = seed + (pos + 1) * _GOLDEN
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    z = z ^ _shr(z, 31)
-    return _shr(z, 11).to(torch.float64) / float(1 << 53)
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ _shr32(x, 16)
+    x = x * _MIX1
+    x = x ^ _shr32(x, 15)
+    x = x * _MIX2
+    return x ^ _shr32(x, 16)
+
+
+def uniform(seed_lo: torch.Tensor, seed_hi: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A float32 in [0, 1) from a row's seed halves and the sampled token's
+    position alone (int32 tensors), the bits generation.Uniform draws:
+    the position, then the seed's high and low words, through lowbias32
+    in turn; the top 24 bits are the mantissa."""
+    h = _mix32(pos + _GOLDEN32)
+    h = _mix32(h ^ seed_hi)
+    h = _mix32(h ^ seed_lo)
+    return _shr32(h, 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+# torch 1.13 indexes a tensor (index_put_) only with int64 indices; 2.x,
+# whose graphs are compiled and audited, takes the int32 ones as they come.
+_INT32_INDEX = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _index(t: torch.Tensor) -> torch.Tensor:
+    """t (int32) as index_put_ takes it on this torch."""
+    return t if _INT32_INDEX else t.long()
 
 
 class Decoder(nn.Module):
@@ -93,18 +121,31 @@ class Decoder(nn.Module):
             layer.up = linear(p + "mlp.up_proj", I, H, False)
             layer.down = linear(p + "mlp.down_proj", H, I, False)
             self.layers.append(layer)
-        # RoPE's cosines and sines for every position a sequence may reach,
-        # as transformers makes them (float32 angles, then the model's
-        # dtype when the module is cast).
+        # Everything a step reads besides its row is resident, made here
+        # (item 1 of the step structure: no tensor is created inside the
+        # step). RoPE's cosines and sines for every position a sequence may
+        # reach, as transformers makes them (float32 angles, then the
+        # model's dtype when the module is cast).
         positions = self.table_width * self.block_size
         inv = torch.tensor(spec["inv_freq"], dtype=torch.float64)
         ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv).to(torch.float32)
         self.register_buffer("cos", torch.cat((ang.cos(), ang.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((ang.sin(), ang.sin()), -1), persistent=False)
-        # The KV cache, one block more than the scheduler's: padding rows
-        # and tokens write to the last one, which no sequence reads.
+        # 0, 1, 2, ... as int32: key positions, a vocabulary's ranks, a
+        # chunk's token offsets and a batch's rows are its prefixes.
+        self.register_buffer("counting", torch.arange(max(positions, self.vocab, MAX_ROWS), dtype=torch.int32),
+                             persistent=False)
+        # The KV cache: per layer, a key and a value buffer allocated once
+        # here, [slots, kv_heads, head_dim], one block more than the
+        # scheduler's (padding rows and tokens write to the last one, which
+        # no sequence reads). A step writes its tokens' keys and values in
+        # place by slot (index_put_ on the buffer: a mutation the compiler
+        # sees, not a copy of the cache out and back) and reads only the
+        # blocks its context partition covers.
         slots = (self.blocks + 1) * self.block_size
-        self.register_buffer("cache", torch.zeros(self.layers_n, 2, slots, self.kv_heads, self.head_dim), persistent=False)
+        for layer in self.layers:
+            layer.register_buffer("keys", torch.zeros(slots, self.kv_heads, self.head_dim), persistent=False)
+            layer.register_buffer("values", torch.zeros(slots, self.kv_heads, self.head_dim), persistent=False)
 
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -116,85 +157,108 @@ class Decoder(nn.Module):
         h = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
-    def step(self, x: torch.Tensor, T: int) -> torch.Tensor:
-        """One step on rows x [B, 3T + FIELDS + table_width] (int32):
-        returns [B, 2 + 2 top] int32."""
-        B = x.shape[0]
-        ids = x[:, :T].long()
-        pos = x[:, T:2 * T].long()
-        slots = x[:, 2 * T:3 * T].long()
+    def step(self, x: torch.Tensor, T: int, C: int = 0) -> torch.Tensor:
+        """One step on rows x [B, >= 3T + FIELDS + table_width] (int32)
+        whose sequences' contexts fit C positions (a multiple of the block
+        size; 0 is max_model_len's): returns [B, 2 + 2 top] int32. Every
+        integer is int32 end to end: ids, positions, slots and block
+        tables index their tables as they come."""
+        B, bs = x.shape[0], self.block_size
+        if B > MAX_ROWS or T > self.table_width * bs:
+            raise ValueError(f"decoder: a step of {B} rows of {T} tokens; want at most {MAX_ROWS} rows "
+                             f"of at most {self.table_width * bs} tokens")
+        if C % bs or C > self.table_width * bs:
+            raise ValueError(f"decoder: a context of {C} positions; want a multiple of the block size {bs} "
+                             f"up to {self.table_width * bs}")
+        W = C // bs if C else self.table_width
+        C = W * bs
+        ids = x[:, :T]
+        pos = x[:, T:2 * T]
+        slots = _index(x[:, 2 * T:3 * T].reshape(B * T))
         meta = x[:, 3 * T:3 * T + FIELDS]
-        table = x[:, 3 * T + FIELDS:3 * T + FIELDS + self.table_width].long()
-        valid = meta[:, VALID].long()
+        # The context partition: the first W blocks of each row's table.
+        blocks = x[:, 3 * T + FIELDS:3 * T + FIELDS + W].reshape(B * W)
         nh, kvh, hd = self.heads, self.kv_heads, self.head_dim
-        S = self.table_width * self.block_size
+        group = nh // kvh
 
-        h = self.embed[ids]  # [B, T, H]
-        cos = self.cos[pos].unsqueeze(2)  # [B, T, 1, hd]
-        sin = self.sin[pos].unsqueeze(2)
-        # Each row's keys are its block table's slots, in position order.
-        kv_slots = (table.unsqueeze(-1) * self.block_size + torch.arange(self.block_size, device=x.device)).reshape(B, S)
-        key_pos = torch.arange(S, device=x.device)
-        allowed = key_pos.view(1, 1, S) <= pos.unsqueeze(-1)  # [B, T, S]: causal
+        h = self.embed.index_select(0, ids.reshape(B * T)).view(B, T, self.hidden)
+        cos = self.cos.index_select(0, pos.reshape(B * T)).view(B, T, 1, hd)
+        sin = self.sin.index_select(0, pos.reshape(B * T)).view(B, T, 1, hd)
+        key_pos = self.counting[:C].view(1, 1, C)
+        allowed = key_pos <= pos.unsqueeze(-1)  # [B, T, C]: causal
         if self.window:
-            allowed = allowed & (key_pos.view(1, 1, S) > pos.unsqueeze(-1) - self.window)
-        flat_slots = slots.reshape(B * T)
-        for i, L in enumerate(self.layers):
+            allowed = allowed & (key_pos > pos.unsqueeze(-1) - self.window)
+        hidden = ~allowed.view(B, 1, 1, T, C)
+        for L in self.layers:
             a = self.rms(h, L.input_norm)
             q = self.rotate(L.q(a).view(B, T, nh, hd), cos, sin)
             k = self.rotate(L.k(a).view(B, T, kvh, hd), cos, sin)
             v = L.v(a).view(B, T, kvh, hd)
-            self.cache[i, 0].index_copy_(0, flat_slots, k.reshape(B * T, kvh, hd).to(self.cache.dtype))
-            self.cache[i, 1].index_copy_(0, flat_slots, v.reshape(B * T, kvh, hd).to(self.cache.dtype))
-            keys = self.cache[i, 0][kv_slots]  # [B, S, kvh, hd]
-            values = self.cache[i, 1][kv_slots]
-            if nh != kvh:
-                keys = keys.repeat_interleave(nh // kvh, dim=2)
-                values = values.repeat_interleave(nh // kvh, dim=2)
+            L.keys.index_put_((slots,), k.reshape(B * T, kvh, hd).to(L.keys.dtype))
+            L.values.index_put_((slots,), v.reshape(B * T, kvh, hd).to(L.values.dtype))
+            # Each row's keys are its blocks', in position order.
+            keys = L.keys.view(-1, bs, kvh, hd).index_select(0, blocks).view(B, C, kvh, hd)
+            values = L.values.view(-1, bs, kvh, hd).index_select(0, blocks).view(B, C, kvh, hd)
+            # Queries grouped by the key/value head they share (GQA with no
+            # copy of the keys): query head j reads key head j // group.
+            qg = q.view(B, T, kvh, group, hd)
             # Scaled in the model's dtype, then softmax in float32, as
             # transformers' eager attention does.
-            scores = (torch.einsum("bthd,bshd->bhts", q, keys) * (1 / math.sqrt(hd))).float()
-            scores = scores.masked_fill(~allowed.unsqueeze(1), float("-inf"))
+            scores = (torch.einsum("btkgd,bskd->bkgts", qg, keys) * (1 / math.sqrt(hd))).float()
+            scores = scores.masked_fill(hidden, float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(values.dtype)
-            attn = torch.einsum("bhts,bshd->bthd", weights, values).reshape(B, T, nh * hd)
+            attn = torch.einsum("bkgts,bskd->btkgd", weights, values).reshape(B, T, nh * hd)
             h = h + L.o(attn)
             a = self.rms(h, L.post_norm)
             h = h + L.down(F.silu(L.gate(a)) * L.up(a))
-        last = (valid - 1).clamp(min=0)
-        final = self.rms(h[torch.arange(B, device=x.device), last], self.norm)  # [B, H]
+        # Each row's last real token.
+        last = self.counting[:B] * T + (meta[:, VALID] - 1).clamp(min=0)
+        final = self.rms(h.reshape(B * T, self.hidden).index_select(0, last), self.norm)  # [B, H]
         logits = (self.head(final) if self.head is not None else final @ self.embed.t()).float()
         return self.sample(logits, meta)
 
     def sample(self, logits: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        """Each row's next token, as generation/sample.go draws it: greedy
-        at temperature 0, else temperature, top-k, top-p and one draw keyed
-        by the row's seed and position; with its log-probability and the
-        top most likely tokens'."""
-        V = logits.shape[-1]
+        """Each row's next token, as generation/sample.go draws it, in
+        float32: greedy at temperature 0, else temperature, top-k, top-p
+        and one draw keyed by the row's seed and position (uniform); with
+        its log-probability and the top most likely tokens'. Without a cut
+        the draw walks the vocabulary in id order, with one in order of
+        probability, as the Go sampler does. The only 64-bit integers are
+        the indices argmax, sort and topk return (their operators' own
+        type), narrowed at once."""
+        B, V = logits.shape
         temp = meta[:, TEMPERATURE].contiguous().view(torch.float32)
         top_p = meta[:, TOP_P].contiguous().view(torch.float32)
-        top_k = meta[:, TOP_K].long()
-        seed = (meta[:, SEED_HI].long() << 32) | (meta[:, SEED_LO].long() & 0xFFFFFFFF)
-        pos = meta[:, POSITION].long()
+        top_k = meta[:, TOP_K].unsqueeze(-1)
+        u = uniform(meta[:, SEED_LO], meta[:, SEED_HI], meta[:, POSITION]).unsqueeze(-1)
 
-        greedy = torch.argmax(logits, dim=-1)
+        greedy = torch.argmax(logits, dim=-1).to(torch.int32)
         z = logits / temp.clamp(min=1e-6).unsqueeze(-1)
-        p = torch.exp(z - z.max(dim=-1, keepdim=True).values).double()
+        p = torch.exp(z - z.max(dim=-1, keepdim=True).values)
+        # Uncut: the first token whose running mass passes u of the whole.
+        whole = (p.cumsum(-1) <= u * p.sum(-1, keepdim=True)).sum(-1, dtype=torch.int32).clamp(max=V - 1)
         sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
-        rank = torch.arange(V, device=logits.device).unsqueeze(0)
-        keep = (top_k.unsqueeze(-1) <= 0) | (rank < top_k.unsqueeze(-1))
-        sp = sp * keep
+        order = order.to(torch.int32)
+        rank = self.counting[:V].unsqueeze(0)
+        sp = sp * ((top_k <= 0) | (rank < top_k))
         mass = sp.sum(-1, keepdim=True)
-        cut = ((top_p > 0) & (top_p < 1)).unsqueeze(-1)
+        cut_p = ((top_p > 0) & (top_p < 1)).unsqueeze(-1)
         before = sp.cumsum(-1) - sp  # the mass of the tokens ranked above
-        sp = torch.where(cut & (before >= top_p.double().unsqueeze(-1) * mass), torch.zeros_like(sp), sp)
-        u = uniform(seed, pos).unsqueeze(-1) * sp.sum(-1, keepdim=True)
-        at = (sp.cumsum(-1) <= u).sum(-1).clamp(max=V - 1)
-        drawn = order.gather(-1, at.unsqueeze(-1)).squeeze(-1)
+        sp = sp * ~(cut_p & (before >= top_p.unsqueeze(-1) * mass))
+        at = (sp.cumsum(-1) <= u * sp.sum(-1, keepdim=True)).sum(-1, dtype=torch.int32).clamp(max=V - 1)
+        # Row r's element i of a [B, V] tensor is element r*V + i of its
+        # flat view (index_select takes int32 indices; gather does not).
+        flat = self.counting[:B] * V
+        ranked = order.reshape(B * V).index_select(0, flat + at)
+        cut = ((top_k.squeeze(-1) > 0) & (top_k.squeeze(-1) < V)) | cut_p.squeeze(-1)
+        drawn = torch.where(cut, ranked, whole)
         token = torch.where(temp >= MIN_TEMPERATURE, drawn, greedy)
 
         lsm = torch.log_softmax(logits, dim=-1)
-        chosen = lsm.gather(-1, token.unsqueeze(-1))
+        chosen = lsm.reshape(B * V).index_select(0, flat + token).unsqueeze(-1)
         tv, ti = torch.topk(lsm, self.top, dim=-1)
-        return torch.cat((token.unsqueeze(-1).to(torch.int32), chosen.view(torch.int32),
-                          ti.to(torch.int32), tv.contiguous().view(torch.int32)), dim=-1)
+        # Packed as float32 (the ids' bits reinterpreted), then one view as
+        # int32: inductor 2.6 fails to lower a cat of bitcast views.
+        ints = torch.cat((token.unsqueeze(-1), ti.to(torch.int32)), dim=-1).view(torch.float32)
+        packed = torch.cat((ints[:, :1], chosen, ints[:, 1:], tv), dim=-1)
+        return packed.view(torch.int32)

@@ -259,10 +259,15 @@ class Shape:
 
     batch: int
     seq: int
+    # A decoder's decode step's context partition: the key positions it
+    # reads (0: all of max_model_len's).
+    ctx: int = 0
 
     def label(self) -> str:
-        """As the supervisor names buckets: b4, or b4xs32."""
-        return f"b{self.batch}xs{self.seq}" if self.seq else f"b{self.batch}"
+        """As the supervisor names buckets: b4, b4xs32, or b4xs1xc256."""
+        if not self.seq:
+            return f"b{self.batch}"
+        return f"b{self.batch}xs{self.seq}" + (f"xc{self.ctx}" if self.ctx else "")
 
 
 #: The device's rule for last dimensions: eager operators on tensors whose
@@ -375,10 +380,10 @@ def step_body(model: nn.Module, shape: Shape, bound: Boundary,
 
     from . import decoder
     if isinstance(model, decoder.Decoder):
-        t = shape.seq
+        t, c = shape.seq, shape.ctx
 
         def decoder_body(x: torch.Tensor) -> torch.Tensor:
-            return pad(model.step(x, t))
+            return pad(model.step(x, t, c))
         return own_code(decoder_body, name)
 
     if isinstance(model, Encoder):

@@ -132,6 +132,7 @@ class InspectTest(unittest.TestCase):
     def test_bucket_dirs_never_shared(self) -> None:
         self.assertNotEqual(programs.bucket_dir("/c", "a", 1, 0), programs.bucket_dir("/c", "a", 4, 0))
         self.assertNotEqual(programs.bucket_dir("/c", "a", 1, 32), programs.bucket_dir("/c", "a", 1, 64))
+        self.assertNotEqual(programs.bucket_dir("/c", "a", 1, 1, 128), programs.bucket_dir("/c", "a", 1, 1, 512))
 
 
 if __name__ == "__main__":
