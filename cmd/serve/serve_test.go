@@ -168,6 +168,13 @@ func (p *process) alive() bool {
 
 func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 	t.Helper()
+	return startCmdWithin(t, cmd, 30*time.Second)
+}
+
+// startCmdWithin is startCmd for a server whose models take up to ready
+// to load (compiled ones).
+func startCmdWithin(t *testing.T, cmd *exec.Cmd, ready time.Duration) *process {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -205,10 +212,10 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 	case err := <-p.done:
 		p.done <- err
 		t.Fatalf("server exited before serving (%v); log:\n%s", err, p.logs)
-	case <-time.After(30 * time.Second):
+	case <-time.After(ready):
 		t.Fatalf("server did not report its address; log:\n%s", p.logs)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(ready)
 	for {
 		resp, err := http.Get(p.base + "/v2/health/ready")
 		if err == nil {
@@ -220,7 +227,7 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *process {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 30s")
+			t.Fatalf("server not ready after %s; log:\n%s", ready, p.logs)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

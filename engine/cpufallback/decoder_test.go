@@ -189,3 +189,39 @@ func BenchmarkDecodeStep(b *testing.B) {
 		dec.Close()
 	}
 }
+
+// BenchmarkDecodeContext times a decode step of one sequence at 64 tokens
+// of context on the demo's Llama shape with max_model_len 1024 and 128: a
+// step's work follows the sequence's context, not max_model_len (the
+// torch engine's counterpart is engine/rbln's BenchmarkCompiledDecoder).
+// Compare the two lines of one run.
+//
+//	go test -run '^$' -bench DecodeContext ./engine/cpufallback
+func BenchmarkDecodeContext(b *testing.B) {
+	for _, maxLen := range []int{1024, 128} {
+		dir := writeDecoder(b, enginetest.DecoderShapes["llama"], fmt.Sprintf("generation:\n  max_model_len: %d\n  max_num_seqs: 16\n  max_tokens: 32\n", maxLen))
+		m, err := models.Load(dir)
+		require.NoError(b, err)
+		dec, err := Engine{}.LoadDecoder(context.Background(), m)
+		require.NoError(b, err)
+		g := m.Config.Generation
+		s, err := generation.New(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: 1, MaxModelLen: maxLen, MaxBatchTokens: 256})
+		require.NoError(b, err)
+		require.NoError(b, s.Add(&generation.Sequence{Prompt: enginetest.Prompts(63)[0], MaxTokens: 32, Sampling: generation.Sampling{Logprobs: -1}}))
+		step := s.Schedule() // the prompt
+		out, err := dec.Step(context.Background(), step)
+		require.NoError(b, err)
+		s.Advance(step, []int32{out[0].Token})
+		step = s.Schedule() // the decode at position 63: a context of 64
+		require.Equal(b, 1, step.Tokens())
+		b.Run(fmt.Sprintf("len%d", maxLen), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := dec.Step(context.Background(), step); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e6/float64(b.N), "µs/token")
+		})
+		dec.Close()
+	}
+}

@@ -122,7 +122,27 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		}
 	}
 	d.life = p.lives.Load()
+	d.logCompiles(ctx)
 	return d, nil
+}
+
+// logCompiles logs what building each bucket's program took, the first
+// run's time (torch.compile is lazy: a device compile is minutes), and
+// the sum: the figures stepserve_program_compile_seconds exports.
+func (d *decoder) logCompiles(ctx context.Context) {
+	total, built := 0.0, 0
+	for _, r := range d.Programs(ctx) {
+		if r.CompileSeconds == nil {
+			continue
+		}
+		total += *r.CompileSeconds
+		built++
+		d.p.w.logger.Info("decoder program built", "model", d.p.model.Name, "kind", r.Kind, "bucket", r.Bucket,
+			"compiler", r.Compiler, "seconds", *r.CompileSeconds)
+	}
+	if built > 0 {
+		d.p.w.logger.Info("decoder programs built", "model", d.p.model.Name, "programs", built, "seconds", total)
+	}
 }
 
 // decoderSpecOf is the load message's description of m.

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/engine"
+)
+
+// TestCompiledTinyLlamaServingRun serves the shipped tiny-llama on the
+// torch engine compiled with inductor (the torch 2.x root, strict
+// warm-up) and sends it 100 completions, streamed and not, eight at a
+// time, of prompts from 1 to 600 tokens, some sharing a prefix, in a KV
+// cache too small for them all (preemption): afterwards every program
+// in /explain is inductor's, one graph, no break, no recompile, nothing
+// found by the step audit, and every completion was answered.
+func TestCompiledTinyLlamaServingRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles a language model's buckets (minutes): make test-long")
+	}
+	python := os.Getenv("TORCH2_PYTHON")
+	if python == "" {
+		t.Skip("TORCH2_PYTHON is unset: make test-long runs this in the torch 2.x root (make torch2-root)")
+	}
+	repo := t.TempDir()
+	dir := filepath.Join(repo, "tiny-llama")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	src := "../../model_repository/tiny-llama"
+	entries, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644))
+	}
+	// Decode buckets of 4 and 16 rows in the default context partitions
+	// (128, 512, 1024), prefill chunks of 64 tokens.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`engine: torch
+buckets:
+  batch: [4, 16]
+  seq: [64]
+generation:
+  max_num_seqs: 16
+  max_model_len: 1024
+  max_batch_tokens: 64
+  max_tokens: 32
+  kv_cache_blocks: 96
+`), 0o644))
+	p := startCmdWithin(t, exec.Command(binPath, "--server.addr", "127.0.0.1:0", "--model_repository", repo,
+		"--rbln.python", python, "--rbln.torch_compile", "inductor", "--rbln.strict_warmup=true"), 10*time.Minute)
+
+	rng := rand.New(rand.NewPCG(45, 45))
+	shared := make([]int, 300)
+	for i := range shared {
+		shared[i] = 3 + rng.IntN(500)
+	}
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	var mu sync.Mutex
+	answered, streamed, longest := 0, 0, 0
+	for range 8 {
+		wg.Go(func() {
+			for i := range jobs {
+				n := 1 + (i*599)/99 // 1 to 600 tokens
+				prompt := make([]int, n)
+				for j := range prompt {
+					prompt[j] = 3 + (i*31+j*7)%500
+				}
+				if i%3 == 0 && n > len(shared) {
+					copy(prompt, shared) // a prefix the cache has seen
+				}
+				stream := i%2 == 1
+				body, _ := json.Marshal(map[string]any{"model": "tiny-llama", "prompt": prompt, "max_tokens": 8 + i%24,
+					"stream": stream, "temperature": float64(i%3) * 0.5, "seed": i})
+				resp, err := http.Post(p.base+"/v1/completions", "application/json", bytes.NewReader(body))
+				if !assert.NoError(t, err) {
+					continue
+				}
+				ok := resp.StatusCode == http.StatusOK
+				var text strings.Builder
+				sc := bufio.NewScanner(resp.Body)
+				sc.Buffer(make([]byte, 1<<20), 1<<20)
+				done := !stream
+				for sc.Scan() {
+					text.WriteString(sc.Text() + "\n")
+					done = done || sc.Text() == "data: [DONE]"
+				}
+				resp.Body.Close()
+				assert.True(t, ok && done, "completion %d (%d prompt tokens, stream %v): %d %s", i, n, stream, resp.StatusCode, text.String())
+				mu.Lock()
+				if ok && done {
+					answered++
+					if stream {
+						streamed++
+					}
+				}
+				longest = max(longest, n)
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range 100 {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	assert.Equal(t, 100, answered)
+	t.Logf("%d completions answered (%d streamed), prompts up to %d tokens", answered, streamed, longest)
+
+	resp, err := http.Get(p.base + "/v2/models/tiny-llama/explain")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var x struct {
+		Programs []engine.ProgramReport `json:"programs"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&x))
+	// 2 batch sizes x (3 context partitions + 1 prefill chunk length).
+	require.Len(t, x.Programs, 8)
+	kinds := map[string]int{}
+	total := 0.0
+	for _, r := range x.Programs {
+		kinds[r.Kind]++
+		what := fmt.Sprintf("%s %s", r.Kind, r.Bucket)
+		assert.Equal(t, "inductor", r.Compiler, what)
+		assert.Equal(t, [3]engine.Count{1, 0, 0}, [3]engine.Count{r.Graphs, r.GraphBreaks, r.Recompiles}, "%s: graphs, breaks, recompiles", what)
+		if assert.NotNil(t, r.Audit, what) {
+			assert.Zero(t, r.Audit.Total, "%s: %+v", what, r.Audit.Findings)
+		}
+		if r.CompileSeconds != nil {
+			total += *r.CompileSeconds
+			t.Logf("%s: compiled in %.1f s", what, *r.CompileSeconds)
+		}
+	}
+	assert.Equal(t, map[string]int{"decode": 6, "prefill": 2}, kinds)
+	t.Logf("8 programs compiled in %.1f s in all", total)
+	metrics := scrape(t, p.base)
+	assert.NotRegexp(t, `stepserve_program_recompiles\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)
+	assert.NotRegexp(t, `stepserve_step_audit_findings\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)
+}
