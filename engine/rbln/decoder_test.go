@@ -108,6 +108,7 @@ func workerDecoder(t testing.TB, yaml string) (*decoder, *models.Model, *stepLog
 		defer log.mu.Unlock()
 		log.steps = append(log.steps, x)
 		log.rows = append(log.rows, rows)
+		log.buckets = append(log.buckets, bucket)
 	})
 	return d, m, log
 }
@@ -116,6 +117,7 @@ type stepLog struct {
 	mu      sync.Mutex
 	steps   []engine.Explain
 	rows    []int
+	buckets []int
 	regions string
 }
 
@@ -147,6 +149,41 @@ func TestWorkerDecoderStepsAreExplained(t *testing.T) {
 		}
 	}
 	assert.Positive(t, batched, "some steps carried several sequences")
+}
+
+// A sequence's decode steps run in the least context partition that
+// holds it, moving up the ladder as it grows; sequences that need little
+// share a step of the small partition, and a batch's partition is its
+// longest sequence's.
+func TestDecodeStepsFollowTheContextPartitions(t *testing.T) {
+	requireTorch(t)
+	d, m, log := workerDecoder(t, "buckets:\n  batch: [1, 2]\n  seq: [32]\n  context: [32, 64]\ngeneration:\n  max_model_len: 96\n  max_num_seqs: 2\n  max_batch_tokens: 32\n  block_size: 16\n")
+	loop := enginetest.StartLoop(t, d, m)
+	used := func() []string {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		var out []string
+		for _, b := range log.buckets {
+			if s := d.p.shapes[b]; s.Seq == 1 && (len(out) == 0 || out[len(out)-1] != s.Label()) {
+				out = append(out, s.Label())
+			}
+		}
+		log.buckets = log.buckets[:0]
+		return out
+	}
+	used()
+	// Alone: a 20-token prompt and 70 new tokens decode at contexts 21 to
+	// 89.
+	enginetest.Generate(t, loop, enginetest.Prompts(20), 70, nil)
+	assert.Equal(t, []string{"b1xs1xc32", "b1xs1xc64", "b1xs1xc96"}, used())
+	// Together with a 50-token prompt: the short one decodes alone in the
+	// small partition while the long one prefills, then the pair in the
+	// partition of the longer, never the short one's.
+	enginetest.Generate(t, loop, enginetest.Prompts(5, 50), 8, nil)
+	together := used()
+	assert.Contains(t, together, "b2xs1xc64")
+	assert.NotContains(t, together, "b2xs1xc32")
+	assert.Equal(t, "b1xs1xc32", together[0], together)
 }
 
 // BenchmarkWorkerDecodeStep times decode steps of a small Llama on the

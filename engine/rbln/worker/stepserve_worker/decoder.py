@@ -147,6 +147,10 @@ class Decoder(nn.Module):
             layer.register_buffer("keys", torch.zeros(slots, self.kv_heads, self.head_dim), persistent=False)
             layer.register_buffer("values", torch.zeros(slots, self.kv_heads, self.head_dim), persistent=False)
 
+    def kv_buffers(self) -> list[torch.Tensor]:
+        """The KV cache: each layer's key and value buffers."""
+        return [t for L in self.layers for t in (L.keys, L.values)]
+
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

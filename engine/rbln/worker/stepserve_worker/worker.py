@@ -326,6 +326,12 @@ class Worker:
             with torch.inference_mode():
                 module = module.to(device=self.rt.device, dtype=compute)  # weights move once
             self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
+            if nets.is_decoder(module) and self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
+                # The KV cache's buffers get their device memory now, one
+                # flat region each at a fixed address, as the input
+                # buffers do: every step's graph writes them in place.
+                for t in module.kv_buffers():
+                    self.rt.rbln.bind_device_memory(t)
         except BaseException:
             usermodel.forget(name)
             for sm in maps:

@@ -7,7 +7,9 @@ Debian 12's torch 1.13 saying so."""
 from __future__ import annotations
 
 import gc
+import math
 import os
+import re
 import sys
 import unittest
 import weakref
@@ -230,6 +232,32 @@ class ProgramTest(unittest.TestCase):
         written = set(x[:, 8:12].reshape(-1).tolist())
         touched = {i for i in range(keys.shape[0]) if keys[i].abs().sum() > 0}
         self.assertEqual(written, touched)
+
+    def test_no_step_copies_the_kv_cache(self) -> None:
+        # Inductor's code for a decode step allocates nothing the size of a
+        # layer's key or value buffer, and no loop of it runs over the
+        # whole buffer: the cache is written where it lies, by slot, not
+        # copied out, updated and copied back (nor rewritten in place).
+        from torch._inductor.utils import run_and_get_code
+        dec = small_decoder(tied=True, qkv_bias=False, window=0)
+        x = decoder_rows(dec, B=2, T=1)
+        bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
+        staged = F.pad(x, (0, bound.in_row - x.shape[1]))
+        body = nets.step_body(dec, nets.Shape(2, 1, 8), bound, name="dec_no_copy")
+        with torch.inference_mode():
+            _, codes = run_and_get_code(torch.compile(body, fullgraph=True, dynamic=False), staged)
+        code = "\n".join(codes)
+        shapes = re.findall(r"empty_strided_cpu\(\(([0-9, ]*)\)", code)
+        self.assertTrue(shapes, "no buffer allocations found in inductor's code: its format changed")
+        sizes = [math.prod(int(d) for d in s.split(",") if d.strip()) for s in shapes]
+        cache = dec.layers[0].keys.numel()
+        self.assertLess(max(sizes), cache, f"a buffer of {max(sizes)} elements, a layer's cache is {cache}")
+        self.assertNotIn("aten.copy_", code)
+        slots, kvh, hd = dec.layers[0].keys.shape
+        bounds = {int(n) for n in re.findall(r"for\s*\([^;]*;[^;<]*<\s*(?:static_cast<int64_t>\()?(\d+)L", code)}
+        self.assertTrue(bounds, "no loop bounds found in inductor's code: its format changed")
+        self.assertFalse(bounds & {slots, slots * kvh, slots * kvh * hd},
+                         f"a loop over the whole cache ({slots} slots): bounds {sorted(bounds)}")
 
 
 def small_decoder(tied: bool, qkv_bias: bool, window: int) -> decoder.Decoder:
