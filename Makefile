@@ -33,7 +33,7 @@ TORCH2_PYTHON := $(CURDIR)/engine/rbln/worker/torch2/python
 TORCH2_USABLE := $(and $(filter 0,$(shell id -u)),$(wildcard $(TORCH2_ROOT)/usr/bin/python3))
 TORCH2_ENV     = $(if $(TORCH2_USABLE),TORCH2_PYTHON=$(TORCH2_PYTHON) TORCH2_ROOT=$(TORCH2_ROOT))
 
-.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama bench-decoder fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -214,6 +214,7 @@ bench: deps build
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 	$(MAKE) bench-onnx
 	$(MAKE) bench-llama
+	$(MAKE) bench-decoder
 
 BENCHTIME ?= 9s
 
@@ -233,6 +234,16 @@ bench-onnx: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/onnx && npm ci --no-audit --no-fund
 	$(GO) run -tags "$(GOTAGS)" ./bench/ortpeer -python $(PYTHON) -rounds $(ORT_ROUNDS) -seconds $(ORT_SECONDS) -kernels $(ORT_KERNELS) -server bin/stepserve
+
+## bench-decoder: the decoder's steps as device graphs (issue 45): on the
+## torch engine in the torch 2.x root, decode tokens/s compiled with
+## inductor against eager at 1 and 16 sequences, and decode time per token
+## at a 64-token context with max_model_len 1024 against 128 (a step reads
+## its context partition); the CPU engine's decode step at the same two
+## lengths. Compare the lines of one run.
+bench-decoder: deps
+	$(GO) test -run '^$$' -bench DecodeContext -benchtime 2s ./engine/cpufallback
+	$(TORCH2_ENV) $(GO) test -run '^$$' -bench CompiledDecoder -benchtime 30x -timeout 30m ./engine/rbln
 
 ## bench-generate: the CPU engine's generation on a SmolLM-135M-shaped random
 ## decoder: prefill and decode tokens/s at one sequence, aggregate decode at

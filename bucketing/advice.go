@@ -190,6 +190,11 @@ type Advice struct {
 	// search (two).
 	Steps int64 `json:"steps"`
 	Exact bool  `json:"exact"`
+	// Context and CurrentContext are a decoder's context partitions,
+	// advised and now, for the advice of its decode steps
+	// ([AdviseContexts]): Batch is then the current batch list, kept.
+	Context        []int `json:"context,omitempty"`
+	CurrentContext []int `json:"current_context,omitempty"`
 	// YAML is the buckets block to paste into model.yaml.
 	YAML string `json:"model_yaml"`
 
@@ -490,6 +495,64 @@ func oneDim(sizes []int, w []float64, cand []int, k int, ops *int64) ([]int, flo
 	}
 	slices.Reverse(out)
 	return out, best[bj][n-1]
+}
+
+// AdviseContexts is [Advise] for a decoder's decode steps, recorded as
+// (rows, longest context) with a step's real elements the contexts of its
+// rows: the context partitions (multiples of blockSize, the last the
+// current last, max_model_len's) of at most maxBuckets decode programs,
+// len(batch) per partition, that make the recorded steps read the fewest
+// key positions. The batch list stays as it is, since prefill buckets
+// share it: each step weighs as the batch bucket that holds its rows, and
+// the partitions are chosen exactly, in one dimension.
+func AdviseContexts(h Histogram, batch, contexts []int, blockSize, maxBuckets int) (Advice, error) {
+	a := Advice{CurrentBatch: slices.Clone(batch), CurrentContext: slices.Clone(contexts),
+		CurrentPrograms: len(batch) * len(contexts), Steps: h.Steps}
+	if len(batch) == 0 || len(contexts) == 0 || blockSize < 1 {
+		return a, fmt.Errorf("no decode buckets to advise on")
+	}
+	per := maxBuckets / len(batch)
+	if per < 1 {
+		return a, fmt.Errorf("max_buckets: %d; want at least %d, a context partition for each of the %d batch sizes", maxBuckets, len(batch), len(batch))
+	}
+	if h.Steps == 0 || h.Used <= 0 {
+		return a, ErrNoTraffic
+	}
+	one := Histogram{Rows: []int{1}, Seq: h.Seq, Weight: [][]float64{make([]float64, len(h.Seq))}, Used: h.Used,
+		Steps: h.Steps, MaxRows: 1, MaxSeq: h.MaxSeq}
+	for i, r := range h.Rows {
+		b := batch[len(batch)-1]
+		if j, ok := slices.BinarySearch(batch, r); ok || j < len(batch) {
+			b = batch[j]
+		}
+		for j := range h.Seq {
+			one.Weight[0][j] += h.Weight[i][j] * float64(b)
+		}
+	}
+	up := func(n, m int) int { return (n + m - 1) / m * m }
+	var cur []int // the partitions in the record's units
+	for _, c := range contexts {
+		if u := up(c, seqMultiple); len(cur) == 0 || u > cur[len(cur)-1] {
+			cur = append(cur, u)
+		}
+	}
+	d, err := Advise(one, []int{1}, cur, per)
+	if err != nil {
+		return a, err
+	}
+	full := contexts[len(contexts)-1]
+	for _, c := range d.Seq {
+		if c = min(up(c, blockSize), full); len(a.Context) == 0 || c > a.Context[len(a.Context)-1] {
+			a.Context = append(a.Context, c)
+		}
+	}
+	if a.Context[len(a.Context)-1] != full {
+		a.Context = append(a.Context, full)
+	}
+	a.Batch, a.Programs = slices.Clone(batch), len(batch)*len(a.Context)
+	a.PaddingNow, a.PaddingAdvised, a.WorkRatio, a.Exact = d.PaddingNow, d.PaddingAdvised, d.WorkRatio, true
+	a.YAML = "buckets:\n  context: " + intList(a.Context) + "\n"
+	return a, nil
 }
 
 // bucketsYAML is the model.yaml block for the lists.

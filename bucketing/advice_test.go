@@ -180,3 +180,47 @@ func TestAdviseWithoutTraffic(t *testing.T) {
 	_, err = Advise(record(8, 0, [][2]int{{1, 0}}).Snapshot(), []int{8}, nil, 0)
 	assert.ErrorContains(t, err, "max_buckets: 0; want at least 1")
 }
+
+func TestAdviseContexts(t *testing.T) {
+	now := time.Now()
+	tr := NewTraffic(16, 1024, 0)
+	for i := range 300 {
+		tr.Record(1+i%4, 40+i%60, (1+i%4)*(40+i%60), now) // short conversations
+	}
+	for range 20 {
+		tr.Record(2, 900, 1800, now) // a few long ones
+	}
+	batch, current := []int{4, 16}, []int{128, 512, 1024}
+	a, err := AdviseContexts(tr.Snapshot(), batch, current, 16, 6)
+	require.NoError(t, err)
+	assert.Equal(t, batch, a.Batch, "the batch list stays: prefill buckets share it")
+	assert.Equal(t, current, a.CurrentContext)
+	assert.LessOrEqual(t, len(a.Context), 3)
+	assert.Equal(t, 1024, a.Context[len(a.Context)-1], "max_model_len's partition stays")
+	assert.Less(t, a.Context[0], 128, "the short conversations get a partition of their own size")
+	for _, c := range a.Context {
+		assert.Zero(t, c%16, "%d: a multiple of the block size", c)
+	}
+	assert.Less(t, a.PaddingAdvised, a.PaddingNow)
+	assert.Less(t, a.WorkRatio, 1.0)
+	assert.Equal(t, 2*len(a.Context), a.Programs)
+	assert.Contains(t, a.YAML, "context: [")
+
+	// Blocks of 48 positions: partitions are multiples of 48.
+	a, err = AdviseContexts(tr.Snapshot(), batch, []int{144, 1008}, 48, 4)
+	require.NoError(t, err)
+	for _, c := range a.Context {
+		assert.Zero(t, c%48, "%d: a multiple of the block size", c)
+	}
+	assert.Equal(t, 1008, a.Context[len(a.Context)-1])
+
+	// One partition a batch size: max_model_len's alone.
+	a, err = AdviseContexts(tr.Snapshot(), batch, current, 16, 2)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1024}, a.Context)
+
+	_, err = AdviseContexts(tr.Snapshot(), batch, current, 16, 1)
+	assert.ErrorContains(t, err, "want at least 2")
+	_, err = AdviseContexts(NewTraffic(16, 1024, 0).Snapshot(), batch, current, 16, 6)
+	assert.ErrorIs(t, err, ErrNoTraffic)
+}

@@ -72,6 +72,15 @@ type ModelError struct{ Msg string }
 
 func (e *ModelError) Error() string { return e.Msg }
 
+// ContextAdvisor is a [Decoder] whose decode steps run in context
+// partitions (buckets.context): it records each decode step's rows and
+// longest context, and advises the partitions that would have read the
+// fewest key positions ([bucketing.AdviseContexts]); maxBuckets 0 is as
+// many decode programs as it has now.
+type ContextAdvisor interface {
+	AdviseContexts(maxBuckets int) (bucketing.Advice, error)
+}
+
 // ProgramReporter is a [Program] that reports its compiled programs, one
 // per bucket (per replica for a replicated one), in bucket order.
 type ProgramReporter interface {

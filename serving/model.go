@@ -323,7 +323,13 @@ func (m *Model) Stats() []BucketStats {
 // (every replica's); see [steps.Runner.Advise].
 func (m *Model) Advise(maxBuckets int) (Advice, error) {
 	if m.gen != nil {
-		return Advice{}, fmt.Errorf("%w: model %s is a language model; its steps are scheduled continuously, not by buckets", ErrNoTraffic, m.model.Name)
+		// A language model's prefill steps are scheduled continuously;
+		// its decode steps' context partitions are advised where its
+		// engine runs them.
+		if a, ok := m.gen.dec.(engine.ContextAdvisor); ok {
+			return a.AdviseContexts(maxBuckets)
+		}
+		return Advice{}, fmt.Errorf("%w: model %s is a language model on an engine whose decode steps have no context partitions (the torch and rbln engines have); its steps are scheduled continuously, not by buckets", ErrNoTraffic, m.model.Name)
 	}
 	return m.runners[0].Advise(maxBuckets)
 }

@@ -100,8 +100,15 @@ block to paste.
 	}
 	fmt.Fprintf(stdout, "model %s: %d steps recorded (recent ones weigh more: the weight halves every %s)\n\n", out.Name, a.Steps,
 		strings.TrimSuffix(strings.TrimSuffix(bucketing.DefaultHalfLife.String(), "0s"), "0m"))
-	fmt.Fprintf(stdout, "  now:     %-40s %3d %-8s %5.1f%% of the device work is padding\n", lists(a.CurrentBatch, a.CurrentSeq), a.CurrentPrograms, programs(a.CurrentPrograms)+",", 100*a.PaddingNow)
-	fmt.Fprintf(stdout, "  advised: %-40s %3d %-8s %5.1f%% of the device work is padding\n\n", lists(a.Batch, a.Seq), a.Programs, programs(a.Programs)+",", 100*a.PaddingAdvised)
+	now, advised, what := lists(a.CurrentBatch, a.CurrentSeq), lists(a.Batch, a.Seq), "device work"
+	if len(a.Context) > 0 {
+		// A language model's decode steps: the padding is key positions
+		// read past the sequences' contexts.
+		now, advised, what = lists(a.CurrentBatch, nil)+" x context "+fmt.Sprint(a.CurrentContext),
+			lists(a.Batch, nil)+" x context "+fmt.Sprint(a.Context), "decode steps' key reads"
+	}
+	fmt.Fprintf(stdout, "  now:     %-40s %3d %-8s %5.1f%% of the %s is padding\n", now, a.CurrentPrograms, programs(a.CurrentPrograms)+",", 100*a.PaddingNow, what)
+	fmt.Fprintf(stdout, "  advised: %-40s %3d %-8s %5.1f%% of the %s is padding\n\n", advised, a.Programs, programs(a.Programs)+",", 100*a.PaddingAdvised, what)
 	fmt.Fprintf(stdout, "With at most %d %s, the advised lists are %s for this traffic: %.2fx the device work of today's.\nmodel.yaml:\n\n%s", out.MaxBuckets, programs(out.MaxBuckets), how, a.WorkRatio, a.YAML)
 	return 0
 }

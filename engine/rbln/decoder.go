@@ -114,7 +114,10 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		return nil, err
 	}
 	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, decodes: len(decodes),
-		width: (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize}
+		width:    (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize,
+		batch:    slices.Clone(cfg.Buckets.Batch),
+		contexts: slices.Clone(cfg.Buckets.Context),
+		traffic:  bucketing.NewTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), 0)}
 	for i := range p.shapes {
 		if err := d.warm(ctx, i); err != nil {
 			p.Close()
@@ -164,6 +167,10 @@ type decoder struct {
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
+	// batch and contexts are the decode buckets' lists; traffic records
+	// the decode steps (rows, longest context) for the advisor.
+	batch, contexts []int
+	traffic         *bucketing.Traffic
 
 	observe func(bucket, rows int, padding float64, took time.Duration, x engine.Explain)
 
@@ -286,6 +293,13 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 		if ctx == 0 {
 			return 0, 0, fmt.Errorf("rbln: model %s: no context partition holds a sequence of %d tokens", d.p.model.Name, need)
 		}
+	}
+	if tokens == 1 {
+		read := 0
+		for _, pc := range group[:taken] {
+			read += pc.end
+		}
+		d.traffic.Record(taken, group[taken-1].end, read, time.Now())
 	}
 	best, bestCost := -1, 0
 	for i := lo; i < hi; i++ {
@@ -411,6 +425,14 @@ func (d *decoder) warm(ctx context.Context, bucket int) error {
 		}
 	}
 	return nil
+}
+
+// AdviseContexts implements [engine.ContextAdvisor].
+func (d *decoder) AdviseContexts(maxBuckets int) (bucketing.Advice, error) {
+	if maxBuckets <= 0 {
+		maxBuckets = len(d.batch) * len(d.contexts)
+	}
+	return bucketing.AdviseContexts(d.traffic.Snapshot(), d.batch, d.contexts, d.gen.BlockSize, maxBuckets)
 }
 
 // Shapes implements [engine.StepObserver]: the decode buckets, then the
