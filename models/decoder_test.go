@@ -209,10 +209,10 @@ func TestContextPartitions(t *testing.T) {
 		assert.Equal(t, tc.want, m.Config.Buckets.Context, tc.yaml)
 	}
 	for yaml, want := range map[string]string{
-		"buckets:\n  context: [100]\n":          "buckets.context: 100; want multiples of generation.block_size 16",
-		"buckets:\n  context: [256, 128]\n":     "want ascending lengths",
-		"buckets:\n  context: [4096]\n":         "4096 is above max_model_len 1024",
-		"buckets:\n  context: [0]\n":            "buckets.context: 0; want multiples",
+		"buckets:\n  context: [100]\n":      "buckets.context: 100; want multiples of generation.block_size 16",
+		"buckets:\n  context: [256, 128]\n": "want ascending lengths",
+		"buckets:\n  context: [4096]\n":     "4096 is above max_model_len 1024",
+		"buckets:\n  context: [0]\n":        "buckets.context: 0; want multiples",
 		"buckets:\n  context: [16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 272]\n": "18 context partitions; want at most 16",
 	} {
 		_, err := Load(tinyLlama(t, "generation:\n  max_model_len: 1024\n"+yaml))
