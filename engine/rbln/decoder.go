@@ -281,9 +281,10 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 	taken = min(len(group), most)
 	ctx := 0 // the least partition that holds the rows taken
 	if tokens == 1 {
-		need := 0
+		need, read := 0, 0
 		for _, pc := range group[:taken] {
 			need = max(need, pc.end)
+			read += pc.end
 		}
 		for _, s := range d.p.shapes[lo:hi] {
 			if s.Ctx >= need && (ctx == 0 || s.Ctx < ctx) {
@@ -293,13 +294,9 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 		if ctx == 0 {
 			return 0, 0, fmt.Errorf("rbln: model %s: no context partition holds a sequence of %d tokens", d.p.model.Name, need)
 		}
-	}
-	if tokens == 1 {
-		read := 0
-		for _, pc := range group[:taken] {
-			read += pc.end
-		}
-		d.traffic.Record(taken, group[taken-1].end, read, time.Now())
+		// For the advisor: the step's rows and the key positions they
+		// need, of the ones its partition reads.
+		d.traffic.Record(taken, need, read, time.Now())
 	}
 	best, bestCost := -1, 0
 	for i := lo; i < hi; i++ {
