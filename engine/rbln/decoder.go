@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/stepserve/stepserve/bucketing"
@@ -240,7 +241,7 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 				if err != nil {
 					return nil, err
 				}
-				if err := d.run(ctx, step, bucket, group[:taken]); err != nil {
+				if _, err := d.run(ctx, step, bucket, group[:taken]); err != nil {
 					return nil, err
 				}
 				group = group[taken:]
@@ -315,8 +316,8 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 }
 
 // run packs rows into bucket's staging, steps it, and reads the sampled
-// rows back.
-func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, rows []piece) error {
+// rows back; it returns the step's explain report.
+func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, rows []piece) (engine.Explain, error) {
 	s := d.p.shapes[bucket]
 	in, out := d.p.Staging(bucket)
 	clear(in)
@@ -375,7 +376,7 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 	began := time.Now()
 	x, err := d.p.Step(ctx, bucket)
 	if err != nil {
-		return err
+		return x, err
 	}
 	if d.observe != nil && len(rows) > 0 {
 		real := 0
@@ -393,7 +394,7 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		base := r * outWords
 		tok := get(base)
 		if tok < 0 || int(tok) >= d.cfg.Vocab {
-			return fmt.Errorf("rbln: model %s: the step sampled token %d, outside the vocabulary", d.p.model.Name, tok)
+			return x, fmt.Errorf("rbln: model %s: the step sampled token %d, outside the vocabulary", d.p.model.Name, tok)
 		}
 		sp := step.Work[pc.w].Seq.Sampling
 		o := generation.Sampled{Token: tok, Logprob: math.Float32frombits(uint32(get(base + 1)))}
@@ -406,22 +407,57 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		}
 		d.out[pc.w] = o
 	}
-	return nil
+	return x, nil
 }
 
 // warm compiles bucket and runs it twice on padding rows (no real token:
 // every write goes to the trash block), so that no client's step builds a
-// graph.
+// graph. The second run is judged as an encoder's warm-up is: a measured
+// step that is not clean, or whose program runs operators on the host,
+// refuses the model under rbln.strict_warmup, naming the bucket (else it
+// is logged and served, its signals counted on every step).
 func (d *decoder) warm(ctx context.Context, bucket int) error {
 	if err := d.p.Compile(ctx, bucket); err != nil {
 		return err
 	}
+	var x engine.Explain
 	for range 2 {
-		if err := d.run(ctx, &generation.Step{}, bucket, nil); err != nil {
+		var err error
+		if x, err = d.run(ctx, &generation.Step{}, bucket, nil); err != nil {
 			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", d.p.model.Name, d.p.shapes[bucket].Label(), err)
 		}
 	}
+	if !x.Measured {
+		return nil
+	}
+	var why []string
+	if !x.Clean {
+		why = append(why, x.Reasons...)
+		if len(why) == 0 {
+			why = append(why, "explain() says not clean")
+		}
+	}
+	if x.HostOps.Known() && x.HostOps > 0 {
+		why = append(why, fmt.Sprintf("host_op: the compiled program runs %d operator(s) on the host: %v", x.HostOps, x.HostOpReasons))
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	err := fmt.Errorf("rbln: model %s: warm-up of %s bucket %s is not clean on its second run: %s", d.p.model.Name,
+		d.kind(bucket), d.p.shapes[bucket].Label(), strings.Join(why, "; "))
+	if d.p.w.e.opts.StrictWarmup {
+		return err
+	}
+	d.p.w.logger.Warn("decoder warm-up not clean", "err", err)
 	return nil
+}
+
+// kind is bucket's kind: decode or prefill.
+func (d *decoder) kind(bucket int) string {
+	if bucket < d.decodes {
+		return "decode"
+	}
+	return "prefill"
 }
 
 // AdviseContexts implements [engine.ContextAdvisor].
@@ -450,10 +486,7 @@ func (d *decoder) Close() error { return d.p.Close() }
 func (d *decoder) Programs(ctx context.Context) []engine.ProgramReport {
 	out := d.p.Programs(ctx)
 	for i := range out {
-		out[i].Kind = "prefill"
-		if i < d.decodes {
-			out[i].Kind = "decode"
-		}
+		out[i].Kind = d.kind(i % len(d.p.shapes))
 	}
 	return out
 }
