@@ -171,6 +171,9 @@ class Decoder(nn.Module):
         if B > MAX_ROWS or T > self.table_width * bs:
             raise ValueError(f"decoder: a step of {B} rows of {T} tokens; want at most {MAX_ROWS} rows "
                              f"of at most {self.table_width * bs} tokens")
+        if B * max(T, self.vocab) >= 1 << 31:
+            raise ValueError(f"decoder: {B} rows of a {self.vocab}-token vocabulary overflow the int32 "
+                             "offsets the step indexes its rows by")
         if C % bs or C > self.table_width * bs:
             raise ValueError(f"decoder: a context of {C} positions; want a multiple of the block size {bs} "
                              f"up to {self.table_width * bs}")
