@@ -243,16 +243,22 @@ class Decoder(nn.Module):
         z = logits / temp.clamp(min=1e-6).unsqueeze(-1)
         p = torch.exp(z - z.max(dim=-1, keepdim=True).values)
         # Uncut: the first token whose running mass passes u of the whole.
-        whole = (p.cumsum(-1) <= u * p.sum(-1, keepdim=True)).sum(-1, dtype=torch.int32).clamp(max=V - 1)
+        # The whole is the running sum's own last element, so that u < 1
+        # always stops within it (a separately reduced sum may exceed it by
+        # a rounding, which would walk past the last token that has mass).
+        run = p.cumsum(-1)
+        whole = (run <= u * run[:, -1:]).sum(-1, dtype=torch.int32).clamp(max=V - 1)
         sp, order = torch.sort(p, dim=-1, descending=True, stable=True)
         order = order.to(torch.int32)
         rank = self.counting[:V].unsqueeze(0)
         sp = sp * ((top_k <= 0) | (rank < top_k))
-        mass = sp.sum(-1, keepdim=True)
+        kept = sp.cumsum(-1)
+        mass = kept[:, -1:]
         cut_p = ((top_p > 0) & (top_p < 1)).unsqueeze(-1)
-        before = sp.cumsum(-1) - sp  # the mass of the tokens ranked above
+        before = kept - sp  # the mass of the tokens ranked above
         sp = sp * ~(cut_p & (before >= top_p.unsqueeze(-1) * mass))
-        at = (sp.cumsum(-1) <= u * sp.sum(-1, keepdim=True)).sum(-1, dtype=torch.int32).clamp(max=V - 1)
+        run = sp.cumsum(-1)
+        at = (run <= u * run[:, -1:]).sum(-1, dtype=torch.int32).clamp(max=V - 1)
         # Row r's element i of a [B, V] tensor is element r*V + i of its
         # flat view (index_select takes int32 indices; gather does not).
         flat = self.counting[:B] * V

@@ -6,6 +6,10 @@ inductor (2.x), in 32-bit integer arithmetic only."""
 from __future__ import annotations
 
 import json
+import math
+import random
+import struct
+import types
 import unittest
 from pathlib import Path
 
@@ -44,6 +48,109 @@ class UniformTest(unittest.TestCase):
     def test_compiled_draws_as_go(self) -> None:
         f = torch.compile(decoder.uniform, fullgraph=True, dynamic=False)
         self.check(f(self.lo, self.hi, self.pos))
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("i", struct.pack("f", x))[0]
+
+
+def _mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def go_uniform(seed: int, pos: int) -> float:
+    """generation.Uniform, in Python integers."""
+    h = _mix32((pos + 0x9E3779B9) & 0xFFFFFFFF)
+    h = _mix32(h ^ (seed >> 32))
+    h = _mix32(h ^ (seed & 0xFFFFFFFF))
+    return (h >> 8) / (1 << 24)
+
+
+def go_draw(logits: list[float], temp: float, top_p: float, top_k: int, seed: int, pos: int) -> int:
+    """generation.Sampler's token, step for step (float32 probabilities,
+    float64 sums): the reference the graph's sampler is held to."""
+    temp, top_p = _f32(temp), _f32(top_p)
+    if temp < _f32(1e-5):
+        return logits.index(max(logits))
+    inv, m, n = _f32(1 / temp), max(logits), len(logits)
+    probs = [_f32(math.exp(_f32(_f32(v - m) * inv))) for v in logits]
+    u0 = go_uniform(seed, pos)
+    if not (0 < top_k < n or 0 < top_p < 1):
+        u = u0 * sum(probs)
+        for i, p in enumerate(probs):
+            u -= p
+            if u < 0:
+                return i
+        return n - 1
+    idx = sorted(range(n), key=lambda i: (-probs[i], i))
+    keep = top_k if 0 < top_k < n else n
+    mass = sum(probs[i] for i in idx[:keep])
+    if 0 < top_p < 1:
+        want, cum = top_p * mass, 0.0
+        for k, i in enumerate(idx[:keep]):
+            cum += probs[i]
+            if cum >= want:
+                keep = k + 1
+                break
+        mass = cum
+    u = u0 * mass
+    for i in idx[:keep]:
+        u -= probs[i]
+        if u < 0:
+            return i
+    return idx[keep - 1]
+
+
+def graph_draw(logits: list[float], temp: float, top_p: float, top_k: int, seed: int, pos: int) -> int:
+    """The decoder's in-graph sampler on one row."""
+    V = len(logits)
+    fake = types.SimpleNamespace(counting=torch.arange(max(V, 64), dtype=torch.int32), top=min(3, V))
+    meta = torch.zeros(1, decoder.FIELDS, dtype=torch.int32)
+    meta[0, decoder.TEMPERATURE], meta[0, decoder.TOP_P], meta[0, decoder.TOP_K] = _bits(temp), _bits(top_p), top_k
+    meta[0, decoder.SEED_LO] = int32([seed & 0xFFFFFFFF])[0]
+    meta[0, decoder.SEED_HI] = int32([seed >> 32])[0]
+    meta[0, decoder.POSITION] = pos
+    with torch.inference_mode():
+        return int(decoder.Decoder.sample(fake, torch.tensor([logits], dtype=torch.float32), meta)[0, 0])
+
+
+class SampleTest(unittest.TestCase):
+    def test_the_graph_samples_as_go(self) -> None:
+        # Ties, every edge of top-k and top-p, near-greedy temperatures.
+        rng = random.Random(45)
+        for case in range(2000):
+            V = rng.choice([2, 3, 5, 8, 17, 50])
+            if case % 3 == 0:
+                logits = [float(rng.randint(0, 3)) for _ in range(V)]
+            else:
+                logits = [_f32(rng.gauss(0, 2)) for _ in range(V)]
+            args = (logits, rng.choice([0.0, 1e-6, 1e-5, 0.5, 1.0, 2.0]), rng.choice([0.0, 1.0, 0.5, 0.9, 1e-9, 0.999, -1.0, 1.5]),
+                    rng.choice([0, -1, 1, 2, V - 1, V, V + 5, 1 << 30]), rng.getrandbits(64), rng.randint(0, 5000))
+            self.assertEqual(go_draw(*args), graph_draw(*args), args)
+
+    def test_a_draw_near_one_stays_on_a_kept_token(self) -> None:
+        # The largest draw, 1 - 2^-24, on a 32,000-token vocabulary whose
+        # running sum ends a rounding below its reduced sum: the draw must
+        # not be carried past the last token with mass (the least likely,
+        # which top-k cut; or the last id, which has almost none).
+        seed, pos = 7, 7069537
+        self.assertEqual(1 - 2 ** -24, go_uniform(seed, pos))
+        rng = random.Random(8)
+        logits = [_f32(rng.gauss(0, 1)) for _ in range(32000)]
+        logits[-1] = -30.0
+        for top_k in (0, 31999):
+            want = go_draw(logits, 1.0, 1.0, top_k, seed, pos)
+            got = graph_draw(logits, 1.0, 1.0, top_k, seed, pos)
+            self.assertNotEqual(31999, got, f"top_k {top_k}: drew the last id")
+            self.assertEqual(want, got, f"top_k {top_k}")
 
 
 if __name__ == "__main__":
