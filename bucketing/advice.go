@@ -42,6 +42,7 @@ type Traffic struct {
 	rowWidth int // rows per row bin: 1 unless the largest bucket is above maxRowBins
 	rowBins  int
 	seqBins  int // 1 for a model without a sequence
+	seqUnit  int // positions per sequence bin
 	seq      bool
 	w        []float64 // [rowBin*seqBins + seqBin], in units of scale
 	used     float64   // real elements, in units of scale
@@ -59,17 +60,35 @@ type Traffic struct {
 // maxBatch rows and maxSeq positions (0 for a model without a sequence).
 // halfLife 0 takes [DefaultHalfLife].
 func NewTraffic(maxBatch, maxSeq int, halfLife time.Duration) *Traffic {
+	return newTraffic(maxBatch, maxSeq, seqMultiple, halfLife)
+}
+
+// maxContextBins bounds a context record's bins (its memory with
+// maxRowBins: 4 MiB at most).
+const maxContextBins = 512
+
+// NewContextTraffic returns an empty record of a decoder's decode steps,
+// as (rows, longest context): contexts in bins of blockSize positions (a
+// multiple of it past 512 bins), so that the partitions advised from it
+// are block multiples exactly.
+func NewContextTraffic(maxBatch, maxContext, blockSize int, halfLife time.Duration) *Traffic {
+	blockSize = max(blockSize, 1)
+	blocks := (maxContext + blockSize - 1) / blockSize
+	return newTraffic(maxBatch, maxContext, blockSize*((blocks+maxContextBins-1)/maxContextBins), halfLife)
+}
+
+func newTraffic(maxBatch, maxSeq, unit int, halfLife time.Duration) *Traffic {
 	if halfLife <= 0 {
 		halfLife = DefaultHalfLife
 	}
-	t := &Traffic{rowWidth: 1, seqBins: 1, tau: halfLife.Seconds() / math.Ln2}
+	t := &Traffic{rowWidth: 1, seqBins: 1, seqUnit: max(unit, 1), tau: halfLife.Seconds() / math.Ln2}
 	if maxBatch > maxRowBins {
 		t.rowWidth = (maxBatch + maxRowBins - 1) / maxRowBins
 	}
 	t.rowBins = (maxBatch + t.rowWidth - 1) / t.rowWidth
 	if maxSeq > 0 {
 		t.seq = true
-		t.seqBins = (maxSeq + seqMultiple - 1) / seqMultiple
+		t.seqBins = (maxSeq + t.seqUnit - 1) / t.seqUnit
 	}
 	t.w = make([]float64, t.rowBins*t.seqBins)
 	return t
@@ -105,7 +124,7 @@ func (t *Traffic) Record(rows, seq, used int, now time.Time) {
 	rb := min((rows-1)/t.rowWidth, t.rowBins-1)
 	sb := 0
 	if t.seq {
-		sb = min(max(seq-1, 0)/seqMultiple, t.seqBins-1)
+		sb = min(max(seq-1, 0)/t.seqUnit, t.seqBins-1)
 	}
 	t.w[rb*t.seqBins+sb] += weight
 	t.used += weight * float64(used)
@@ -147,7 +166,7 @@ func (t *Traffic) Snapshot() Histogram {
 	}
 	if t.seq {
 		for sb := range t.seqBins {
-			h.Seq = append(h.Seq, (sb+1)*seqMultiple)
+			h.Seq = append(h.Seq, (sb+1)*t.seqUnit)
 		}
 	} else {
 		h.Seq = []int{0}
@@ -497,6 +516,9 @@ func oneDim(sizes []int, w []float64, cand []int, k int, ops *int64) ([]int, flo
 	return out, best[bj][n-1]
 }
 
+// MaxContexts bounds a decoder's context partitions (buckets.context).
+const MaxContexts = 16
+
 // AdviseContexts is [Advise] for a decoder's decode steps, recorded as
 // (rows, longest context) with a step's real elements the contexts of its
 // rows: the context partitions (multiples of blockSize, the last the
@@ -511,7 +533,7 @@ func AdviseContexts(h Histogram, batch, contexts []int, blockSize, maxBuckets in
 	if len(batch) == 0 || len(contexts) == 0 || blockSize < 1 {
 		return a, fmt.Errorf("no decode buckets to advise on")
 	}
-	per := maxBuckets / len(batch)
+	per := min(maxBuckets/len(batch), MaxContexts)
 	if per < 1 {
 		return a, fmt.Errorf("max_buckets: %d; want at least %d, a context partition for each of the %d batch sizes", maxBuckets, len(batch), len(batch))
 	}
@@ -529,11 +551,17 @@ func AdviseContexts(h Histogram, batch, contexts []int, blockSize, maxBuckets in
 			one.Weight[0][j] += h.Weight[i][j] * float64(b)
 		}
 	}
+	// The record's bins (NewContextTraffic's: block multiples) are the
+	// unit: a current partition stands for the bin that holds it, and an
+	// advised bin that is one stands for the partition itself.
+	unit := max(h.Seq[0], 1)
 	up := func(n, m int) int { return (n + m - 1) / m * m }
-	var cur []int // the partitions in the record's units
+	var cur []int
+	exact := map[int]int{}
 	for _, c := range contexts {
-		if u := up(c, seqMultiple); len(cur) == 0 || u > cur[len(cur)-1] {
+		if u := up(c, unit); len(cur) == 0 || u > cur[len(cur)-1] {
 			cur = append(cur, u)
+			exact[u] = c
 		}
 	}
 	d, err := Advise(one, []int{1}, cur, per)
@@ -542,6 +570,9 @@ func AdviseContexts(h Histogram, batch, contexts []int, blockSize, maxBuckets in
 	}
 	full := contexts[len(contexts)-1]
 	for _, c := range d.Seq {
+		if was, ok := exact[c]; ok {
+			c = was
+		}
 		if c = min(up(c, blockSize), full); len(a.Context) == 0 || c > a.Context[len(a.Context)-1] {
 			a.Context = append(a.Context, c)
 		}

@@ -183,7 +183,7 @@ func TestAdviseWithoutTraffic(t *testing.T) {
 
 func TestAdviseContexts(t *testing.T) {
 	now := time.Now()
-	tr := NewTraffic(16, 1024, 0)
+	tr := NewContextTraffic(16, 1024, 16, 0)
 	for i := range 300 {
 		tr.Record(1+i%4, 40+i%60, (1+i%4)*(40+i%60), now) // short conversations
 	}
@@ -206,14 +206,6 @@ func TestAdviseContexts(t *testing.T) {
 	assert.Equal(t, 2*len(a.Context), a.Programs)
 	assert.Contains(t, a.YAML, "context: [")
 
-	// Blocks of 48 positions: partitions are multiples of 48.
-	a, err = AdviseContexts(tr.Snapshot(), batch, []int{144, 1008}, 48, 4)
-	require.NoError(t, err)
-	for _, c := range a.Context {
-		assert.Zero(t, c%48, "%d: a multiple of the block size", c)
-	}
-	assert.Equal(t, 1008, a.Context[len(a.Context)-1])
-
 	// One partition a batch size: max_model_len's alone.
 	a, err = AdviseContexts(tr.Snapshot(), batch, current, 16, 2)
 	require.NoError(t, err)
@@ -221,6 +213,43 @@ func TestAdviseContexts(t *testing.T) {
 
 	_, err = AdviseContexts(tr.Snapshot(), batch, current, 16, 1)
 	assert.ErrorContains(t, err, "want at least 2")
-	_, err = AdviseContexts(NewTraffic(16, 1024, 0).Snapshot(), batch, current, 16, 6)
+	_, err = AdviseContexts(NewContextTraffic(16, 1024, 16, 0).Snapshot(), batch, current, 16, 6)
 	assert.ErrorIs(t, err, ErrNoTraffic)
+
+	// A budget past 16 partitions a batch size advises 16 at most.
+	wide := NewContextTraffic(1, 4096, 16, 0)
+	for c := 16; c <= 4096; c += 16 {
+		wide.Record(1, c, c, now)
+	}
+	a, err = AdviseContexts(wide.Snapshot(), []int{1}, []int{4096}, 16, 4096)
+	require.NoError(t, err)
+	assert.Len(t, a.Context, MaxContexts)
+}
+
+// Partitions that are the best already come back as they are, whatever
+// the block size: not rounded to another unit.
+func TestAdviseContextsKeepsExactPartitions(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		block   int
+		current []int
+		seen    [2]int // contexts recorded, from and to
+	}{
+		{16, []int{144, 1024}, [2]int{130, 144}},
+		{16, []int{48, 1024}, [2]int{33, 48}},
+		{48, []int{144, 576, 1008}, [2]int{100, 140}},
+	} {
+		full := tc.current[len(tc.current)-1]
+		tr := NewContextTraffic(4, full, tc.block, 0)
+		for c := tc.seen[0]; c <= tc.seen[1]; c++ {
+			tr.Record(4, c, 4*c, now)
+		}
+		tr.Record(4, full, 4*full, now)
+		a, err := AdviseContexts(tr.Snapshot(), []int{4}, tc.current, tc.block, 2)
+		require.NoError(t, err)
+		assert.Equal(t, []int{tc.current[0], full}, a.Context, "block %d, %v", tc.block, tc.current)
+		for _, c := range a.Context {
+			assert.Zero(t, c%tc.block, "%d: a multiple of the block size", c)
+		}
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"math"
 	"path"
 	"slices"
+
+	"github.com/stepserve/stepserve/bucketing"
 )
 
 // The names a decoder model's signature takes over OIP v2 and Triton's
@@ -148,6 +150,17 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	if most := slices.Max(c.Buckets.Batch); most < g.MaxNumSeqs {
 		return bad("buckets.batch", "the largest decode batch %d is less than generation.max_num_seqs %d", most, g.MaxNumSeqs)
 	}
+	// A step's rows, and its offsets into them, are int32 on the device:
+	// cache slots, and rows x vocabulary (or x tokens).
+	if slots := int64(g.KVCacheBlocks+1) * int64(g.BlockSize); slots >= 1<<31 {
+		return bad("generation.kv_cache_blocks", "%d blocks of %d tokens make %d cache slots; want fewer than 2^31 (slots are int32 on the device)",
+			g.KVCacheBlocks, g.BlockSize, slots)
+	}
+	most, widest := slices.Max(c.Buckets.Batch), max(d.Vocab, slices.Max(c.Buckets.Seq))
+	if most > maxDecoderRows || int64(most)*int64(widest) >= 1<<31 {
+		return bad("buckets.batch", "a step of %d rows; want at most %d rows, and rows x %d (the vocabulary or the longest chunk) below 2^31 (the step's int32 offsets)",
+			most, maxDecoderRows, widest)
+	}
 	full := perSeq * g.BlockSize
 	if len(c.Buckets.Context) == 0 {
 		c.Buckets.Context = defaultContexts(g.BlockSize, full)
@@ -165,14 +178,15 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	if c.Buckets.Context[len(c.Buckets.Context)-1] != full {
 		c.Buckets.Context = append(c.Buckets.Context, full)
 	}
-	if len(c.Buckets.Context) > maxContexts {
-		return bad("buckets.context", "%d context partitions; want at most %d (each is a compiled decode program per batch size)", len(c.Buckets.Context), maxContexts)
+	if len(c.Buckets.Context) > bucketing.MaxContexts {
+		return bad("buckets.context", "%d context partitions; want at most %d (each is a compiled decode program per batch size)", len(c.Buckets.Context), bucketing.MaxContexts)
 	}
 	return nil
 }
 
-// maxContexts bounds buckets.context.
-const maxContexts = 16
+// maxDecoderRows bounds a decoder step's rows: the worker's step indexes
+// them with a resident table of this many (decoder.py MAX_ROWS).
+const maxDecoderRows = 4096
 
 // defaultContexts is the context ladder of a decoder whose sequences reach
 // full positions (a multiple of blockSize): 128 positions (a block's

@@ -209,10 +209,12 @@ func TestContextPartitions(t *testing.T) {
 		assert.Equal(t, tc.want, m.Config.Buckets.Context, tc.yaml)
 	}
 	for yaml, want := range map[string]string{
-		"buckets:\n  context: [100]\n":      "buckets.context: 100; want multiples of generation.block_size 16",
-		"buckets:\n  context: [256, 128]\n": "want ascending lengths",
-		"buckets:\n  context: [4096]\n":     "4096 is above max_model_len 1024",
-		"buckets:\n  context: [0]\n":        "buckets.context: 0; want multiples",
+		"buckets:\n  context: [100]\n":                     "buckets.context: 100; want multiples of generation.block_size 16",
+		"buckets:\n  context: [256, 128]\n":                "want ascending lengths",
+		"buckets:\n  context: [4096]\n":                    "4096 is above max_model_len 1024",
+		"buckets:\n  context: [0]\n":                       "buckets.context: 0; want multiples",
+		"buckets:\n  batch: [16, 8192]\n":                  "buckets.batch: a step of 8192 rows; want at most 4096",
+		"  kv_cache_blocks: 3000000\n  block_size: 1024\n": "cache slots; want fewer than 2^31",
 		"buckets:\n  context: [16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 272]\n": "18 context partitions; want at most 16",
 	} {
 		_, err := Load(tinyLlama(t, "generation:\n  max_model_len: 1024\n"+yaml))

@@ -118,7 +118,7 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		width:    (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize,
 		batch:    slices.Clone(cfg.Buckets.Batch),
 		contexts: slices.Clone(cfg.Buckets.Context),
-		traffic:  bucketing.NewTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), 0)}
+		traffic:  bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0)}
 	for i := range p.shapes {
 		if err := d.warm(ctx, i); err != nil {
 			p.Close()

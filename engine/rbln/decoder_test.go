@@ -185,15 +185,14 @@ func TestDecodeStepsFollowTheContextPartitions(t *testing.T) {
 	assert.NotContains(t, together, "b2xs1xc32")
 	assert.Equal(t, "b1xs1xc32", together[0], together)
 
-	// The advisor learned the contexts: 96 positions, max_model_len's,
-	// stays the last partition; the advice reads no more than today's.
+	// The advisor recorded every decode step (the 70-token run's 69 and
+	// the pair's), and keeps max_model_len's partition last.
 	a, err := d.AdviseContexts(0)
 	require.NoError(t, err)
 	assert.Equal(t, []int{32, 64, 96}, a.CurrentContext)
 	assert.Equal(t, 96, a.Context[len(a.Context)-1])
-	assert.LessOrEqual(t, len(a.Context)*2, 6)
-	assert.LessOrEqual(t, a.PaddingAdvised, a.PaddingNow)
-	assert.Positive(t, a.Steps)
+	assert.GreaterOrEqual(t, a.Steps, int64(69+7))
+	assert.Equal(t, 2*len(a.Context), a.Programs)
 	t.Logf("advice: %v -> %v, padding %.2f -> %.2f", a.CurrentContext, a.Context, a.PaddingNow, a.PaddingAdvised)
 }
 

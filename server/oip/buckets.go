@@ -46,5 +46,8 @@ func (s *API) bucketAdvice(r *http.Request) (any, error) {
 		}
 		return nil, core.BadRequest(err.Error())
 	}
+	if k == 0 {
+		k = a.CurrentPrograms // a language model's: as many decode programs as now
+	}
 	return map[string]any{"name": m.Model().Name, "version": m.Model().Version, "max_buckets": k, "advice": a}, nil
 }

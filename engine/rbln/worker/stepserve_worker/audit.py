@@ -75,10 +75,11 @@ _DATA_DEPENDENT = frozenset({
 })
 
 # Operators whose index results are int64 by their definition: a step
-# that narrows them at once holds no 64-bit arithmetic of its own.
-_INT64_INDICES = frozenset({
-    "argmax", "argmin", "sort", "topk", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin",
-})
+# that narrows them at once holds no 64-bit arithmetic of its own. argmax
+# and argmin return only indices; the others return (values, indices),
+# and only the indices, their second result, are exempt.
+_INT64_INDEX_OPS = frozenset({"argmax", "argmin"})
+_INT64_INDEX_PAIRS = frozenset({"sort", "topk", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin"})
 
 #: The rule name of an allowed 64-bit index (not a finding).
 WIDENED = "widened"
@@ -262,9 +263,10 @@ def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = Tru
             # every compiler drops (max_pool2d's unused indices).
             continue
         op = _op_name(n.target)
-        producer = op
+        producer, indices = op, op in _INT64_INDEX_OPS
         if op == "getitem" and n.args and isinstance(n.args[0], torch.fx.Node):
             producer = _op_name(n.args[0].target)  # one result of a node of several
+            indices = producer in _INT64_INDEX_PAIRS and len(n.args) > 1 and n.args[1] == 1
         if isinstance(v, (list, tuple)):
             # A node of several results: each is judged where it is read
             # (its getitem), the unused ones not at all.
@@ -280,7 +282,7 @@ def check(gm: torch.fx.GraphModule, example_inputs: list[Any], whole: bool = Tru
                 continue
             if dt == torch.float64:
                 findings.append(Finding("float64", op, line, code, "float64", "a float64 tensor"))
-            elif dt == torch.int64 and producer in _INT64_INDICES:
+            elif dt == torch.int64 and indices:
                 findings.append(Finding(WIDENED, producer, line, code, "int64",
                                         f"{producer}'s indices are int64 by the operator's definition"))
             elif dt == torch.int64:

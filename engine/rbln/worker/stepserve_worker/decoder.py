@@ -270,8 +270,9 @@ class Decoder(nn.Module):
         lsm = torch.log_softmax(logits, dim=-1)
         chosen = lsm.reshape(B * V).index_select(0, flat + token).unsqueeze(-1)
         tv, ti = torch.topk(lsm, self.top, dim=-1)
-        # Packed as float32 (the ids' bits reinterpreted), then one view as
-        # int32: inductor 2.6 fails to lower a cat of bitcast views.
-        ints = torch.cat((token.unsqueeze(-1), ti.to(torch.int32)), dim=-1).view(torch.float32)
-        packed = torch.cat((ints[:, :1], chosen, ints[:, 1:], tv), dim=-1)
-        return packed.view(torch.int32)
+        # The log-probabilities' bits as int32 in one view (inductor 2.6
+        # fails to lower a cat of several bitcast views), then packed with
+        # the ids, which stay int32: as float32 bits most ids would be
+        # denormals, which a device may flush to zero.
+        floats = torch.cat((chosen, tv), dim=-1).view(torch.int32)
+        return torch.cat((token.unsqueeze(-1), floats[:, :1], ti.to(torch.int32), floats[:, 1:]), dim=-1)

@@ -173,12 +173,33 @@ class ProgramTest(unittest.TestCase):
         self.assertEqual(64.0, float(out[0, -1]))
         self.assertEqual(1, lenient.report()["audit"]["by_rule"]["created_in_step"])
 
+    def test_only_an_operators_own_indices_are_widened(self) -> None:
+        # sort's and max's indices, narrowed at once, are listed as
+        # widened; max's values of an int64 tensor, arithmetic the step
+        # chose, are a finding.
+        class Indices(nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                order = torch.sort(x, dim=-1)[1].to(torch.int32)
+                best = x.max(dim=-1)[1].to(torch.int32).unsqueeze(-1)
+                wide = (x * 8).to(torch.int64).max(dim=-1)[0].to(torch.int32).unsqueeze(-1)
+                return (order + best + wide).float()
+
+        p = compiler.Program("b4", "step", compiler.INDUCTOR, strict=True, refuse_findings=False)
+        p.compile(body_of(Indices(), "indices_audit"), {})
+        with torch.inference_mode():
+            p.run(torch.rand(4, 64))
+        found = p.report()["audit"]
+        self.assertEqual({("sort", "widened"), ("max", "widened")}, {(w["op"], w["rule"]) for w in found["widened"]}, found)
+        int64 = [f for f in found["findings"] if f["rule"] == "int64"]
+        self.assertTrue(int64, found)
+        self.assertIn("wide = ", " ".join(f.get("code", "") for f in int64), found)
+
     def test_the_decoder_steps_compile_whole_and_pass_the_audit(self) -> None:
         # GQA (4 query heads over 2), a sliding window shorter than the
         # context, tied and untied heads, q/k/v biases: every decoder
         # family's step, decode and prefill, in a context partition
         # narrower than the cache and in the whole of it.
-        for tied, bias, window, shapes in ((True, False, 0, ((1, 8), (4, 0))), (False, True, 6, ((1, 0),))):
+        for tied, bias, window, shapes in ((True, False, 0, ((1, 16), (4, 0))), (False, True, 6, ((1, 0),))):
             dec = small_decoder(tied=tied, qkv_bias=bias, window=window)
             for T, C in shapes:
                 with self.subTest(tied=tied, bias=bias, window=window, T=T, C=C):
@@ -258,6 +279,39 @@ class ProgramTest(unittest.TestCase):
         self.assertTrue(bounds, "no loop bounds found in inductor's code: its format changed")
         self.assertFalse(bounds & {slots, slots * kvh, slots * kvh * hd},
                          f"a loop over the whole cache ({slots} slots): bounds {sorted(bounds)}")
+
+
+class DecoderTest(unittest.TestCase):
+    """The decoder's step on either torch, eager."""
+
+    def test_a_context_partition_computes_what_the_whole_context_does(self) -> None:
+        # Rows whose sequences fit 16 positions: the same tokens,
+        # log-probabilities and cache writes reading 4 blocks as reading
+        # all 8, with and without a sliding window.
+        for window in (0, 6):
+            dec = small_decoder(tied=False, qkv_bias=True, window=window)
+            for T in (1, 4):
+                with self.subTest(window=window, T=T):
+                    x = decoder_rows(dec, B=3, T=T)  # positions up to 10 + T - 1 < 16
+                    cache = [(L.keys.clone(), L.values.clone()) for L in dec.layers]
+                    with torch.inference_mode():
+                        narrow = dec.step(x.clone(), T, 16)
+                        written = [(L.keys.clone(), L.values.clone()) for L in dec.layers]
+                        for L, (k, v) in zip(dec.layers, cache):
+                            L.keys.copy_(k)
+                            L.values.copy_(v)
+                        whole = dec.step(x.clone(), T, 0)
+                    self.assertTrue(torch.equal(narrow, whole), (narrow, whole))
+                    for L, (k, v) in zip(dec.layers, written):
+                        self.assertTrue(torch.equal(L.keys, k) and torch.equal(L.values, v))
+
+    def test_a_step_refuses_what_it_cannot_index(self) -> None:
+        dec = small_decoder(tied=True, qkv_bias=False, window=0)
+        x = decoder_rows(dec, B=2, T=1)
+        with self.assertRaisesRegex(ValueError, "want a multiple of the block size 4"):
+            dec.step(x, 1, 6)
+        with self.assertRaisesRegex(ValueError, "up to 32"):
+            dec.step(x, 1, 64)
 
 
 def small_decoder(tied: bool, qkv_bias: bool, window: int) -> decoder.Decoder:
