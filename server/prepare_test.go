@@ -109,7 +109,10 @@ func TestManyStringsForAShapeOfOne(t *testing.T) {
 		_, err := core.DecodeRequest([]byte(body), -1, m, 1<<30)
 		assert.ErrorContains(t, err, `input "s": more strings than the shape holds (1)`)
 	})
-	assert.Less(t, allocs, 20.0, "nothing is built past the first string")
+	// A million strings built would be a million allocations; the bound
+	// leaves room for what the race detector and the runtime add (a run
+	// counted 20 under -race).
+	assert.Less(t, allocs, 64.0, "nothing is built past the first string")
 
 	var blob []byte
 	for range 3 {
