@@ -110,10 +110,10 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 ## test: install what the tests need, then run every test in its short
 ## form (Go with the race detector, the kernel sets this CPU runs, the
 ## worker's Python unit tests on torch 1.13 and, in the torch 2.x root,
-## compiling with inductor, the chart and the alert rules); about 10
+## compiling with inductor, the chart and the alert rules); about 16
 ## minutes warm on 2 cores (docs/development.md: "Testing")
 test: deps
-	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 20m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 30m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
 	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
