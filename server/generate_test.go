@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/generation"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/serving"
@@ -71,19 +71,10 @@ type genFixture struct {
 func newGenFixture(t *testing.T, yaml string) *genFixture {
 	t.Helper()
 	repo := t.TempDir()
-	dir := filepath.Join(repo, "tiny-llama")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	src := "../model_repository/tiny-llama"
-	entries, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		if e.Name() == models.ConfigFile && yaml != "" {
-			b = []byte("engine: cpu\n" + yaml)
-		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644))
+	if yaml != "" {
+		yaml = "engine: cpu\n" + yaml
 	}
+	enginetest.CopyModel(t, "../model_repository/tiny-llama", filepath.Join(repo, "tiny-llama"), yaml)
 	eng := &gatedDecoders{}
 	reg := prometheus.NewRegistry()
 	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "cpu", Registerer: reg,

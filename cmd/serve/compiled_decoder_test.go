@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/engine"
+	"github.com/stepserve/stepserve/engine/enginetest"
 )
 
 // TestCompiledTinyLlamaServingRun serves the shipped tiny-llama on the
@@ -37,19 +38,9 @@ func TestCompiledTinyLlamaServingRun(t *testing.T) {
 		t.Skip("TORCH2_PYTHON is unset: make test-long runs this in the torch 2.x root (make torch2-root)")
 	}
 	repo := t.TempDir()
-	dir := filepath.Join(repo, "tiny-llama")
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	src := "../../model_repository/tiny-llama"
-	entries, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644))
-	}
 	// Decode buckets of 4 and 16 rows in the default context partitions
 	// (128, 512, 1024), prefill chunks of 64 tokens.
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), []byte(`engine: torch
+	enginetest.CopyModel(t, "../../model_repository/tiny-llama", filepath.Join(repo, "tiny-llama"), `engine: torch
 buckets:
   batch: [4, 16]
   seq: [64]
@@ -59,7 +50,7 @@ generation:
   max_batch_tokens: 64
   max_tokens: 32
   kv_cache_blocks: 96
-`), 0o644))
+`)
 	p := startCmdWithin(t, exec.Command(binPath, "--server.addr", "127.0.0.1:0", "--model_repository", repo,
 		"--rbln.python", python, "--rbln.torch_compile", "inductor", "--rbln.strict_warmup=true"), 10*time.Minute)
 

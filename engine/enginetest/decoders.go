@@ -136,3 +136,20 @@ func Generate(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, s
 	wg.Wait()
 	return out
 }
+
+// CopyModel copies the model folder src (flat, as the shipped ones are)
+// to dst, writing modelYAML as its model.yaml when it is not empty.
+func CopyModel(t testing.TB, src, dst, modelYAML string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dst, 0o755))
+	entries, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		if e.Name() == models.ConfigFile && modelYAML != "" {
+			b = []byte(modelYAML)
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644))
+	}
+}
