@@ -264,21 +264,13 @@ func TestDecoderWarmupGatedOnHostOps(t *testing.T) {
 	dir := enginetest.WriteDecoder(t, enginetest.DecoderShapes["llama"], 11, "engine: rbln\ndevice_dtype: bfloat16\nbuckets:\n  batch: [1]\n  seq: [32]\ngeneration:\n  max_model_len: 64\n  max_num_seqs: 1\n  max_batch_tokens: 32\n")
 	m, err := models.Load(dir)
 	require.NoError(t, err)
-	s := map[string]any{"available": true, "device_count": 1,
-		"verdict": map[string]any{"clean": true, "reasons": []string{}},
-		"dump": map[string]any{
-			"hidden_host_bounce": map[string]any{"by_site": map[string]any{}, "total_count": 0, "total_bytes": 0},
-			"runtime":            map[string]any{"by_primitive": map[string]any{"h2v": map[string]any{"calls": 1, "ns": 700}, "v2h": map[string]any{"calls": 1, "ns": 900}}},
-			"runtime_residency":  map[string]any{"available": true, "total_count": 0},
-		},
-		"host_op_reason": map[string]string{"aten::sort": "not supported on the device"}}
-
-	strict := emulatedEngine(t, s, Options{CompileCacheDir: t.TempDir(), StrictWarmup: true})
+	hostOps := map[string]string{"aten::sort": "not supported on the device"}
+	strict := hostOpsEngineWith(t, hostOps, Options{CompileCacheDir: t.TempDir(), StrictWarmup: true})
 	_, err = strict.LoadDecoder(context.Background(), m)
 	require.Error(t, err)
 	assert.Regexp(t, `warm-up of decode bucket b1xs1xc64 is not clean on its second run: host_op: the compiled program runs 1 operator\(s\) on the host: map\[aten::sort:not supported on the device\]`, err.Error())
 
-	lenient := emulatedEngine(t, s, Options{CompileCacheDir: t.TempDir()})
+	lenient := hostOpsEngineWith(t, hostOps, Options{CompileCacheDir: t.TempDir()})
 	dec, err := lenient.LoadDecoder(context.Background(), m)
 	require.NoError(t, err)
 	dec.Close()

@@ -204,9 +204,7 @@ class ProgramTest(unittest.TestCase):
             for T, C in shapes:
                 with self.subTest(tied=tied, bias=bias, window=window, T=T, C=C):
                     x = decoder_rows(dec, B=3, T=T)
-                    bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
-                    staged = F.pad(x, (0, bound.in_row - x.shape[1]))
-                    body = nets.step_body(dec, nets.Shape(3, T, C), bound, name=f"dec_{int(tied)}_{T}_{C}")
+                    staged, body = decoder_body(dec, x, nets.Shape(3, T, C), f"dec_{int(tied)}_{T}_{C}")
                     p = compiler.Program(f"b3xs{T}", "decode" if T == 1 else "prefill", compiler.INDUCTOR,
                                          strict=True, refuse_findings=True)
                     p.compile(body, {})
@@ -239,9 +237,7 @@ class ProgramTest(unittest.TestCase):
         # rows' slots and nowhere else.
         dec = small_decoder(tied=True, qkv_bias=False, window=0)
         x = decoder_rows(dec, B=2, T=4)
-        bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
-        staged = F.pad(x, (0, bound.in_row - x.shape[1]))
-        body = nets.step_body(dec, nets.Shape(2, 4, 0), bound, name="dec_in_place")
+        staged, body = decoder_body(dec, x, nets.Shape(2, 4, 0), "dec_in_place")
         p = compiler.Program("b2xs4", "prefill", compiler.INDUCTOR, strict=True, refuse_findings=True)
         p.compile(body, {})
         keys = dec.layers[0].keys
@@ -262,9 +258,7 @@ class ProgramTest(unittest.TestCase):
         from torch._inductor.utils import run_and_get_code
         dec = small_decoder(tied=True, qkv_bias=False, window=0)
         x = decoder_rows(dec, B=2, T=1)
-        bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
-        staged = F.pad(x, (0, bound.in_row - x.shape[1]))
-        body = nets.step_body(dec, nets.Shape(2, 1, 8), bound, name="dec_no_copy")
+        staged, body = decoder_body(dec, x, nets.Shape(2, 1, 8), "dec_no_copy")
         with torch.inference_mode():
             _, codes = run_and_get_code(torch.compile(body, fullgraph=True, dynamic=False), staged)
         code = "\n".join(codes)
@@ -340,6 +334,13 @@ def small_decoder(tied: bool, qkv_bias: bool, window: int) -> decoder.Decoder:
             tensors |= {pre + "self_attn.q_proj.bias": rnd(64) * 0.1, pre + "self_attn.k_proj.bias": rnd(32) * 0.1,
                         pre + "self_attn.v_proj.bias": rnd(32) * 0.1}
     return decoder.Decoder(spec, tensors).eval()
+
+
+def decoder_body(dec: decoder.Decoder, x: torch.Tensor, shape: nets.Shape, name: str):
+    """x staged as the worker stages a bucket's rows (padded to 64), and
+    the bucket's step body."""
+    bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
+    return F.pad(x, (0, bound.in_row - x.shape[1])), nets.step_body(dec, shape, bound, name=name)
 
 
 def decoder_rows(dec: decoder.Decoder, B: int, T: int) -> torch.Tensor:
