@@ -32,4 +32,8 @@ type Decoder interface {
 type StepObserver interface {
 	Shapes() []bucketing.Shape
 	ObserveSteps(func(bucket, rows int, padding float64, took time.Duration, x Explain))
+	// Warmups is each bucket's second warm-up run's explain report, in
+	// Shapes' order: the caller judges them as a Runner's warm-up is
+	// judged (steps.Check, the engine's strict_warmup).
+	Warmups() []Explain
 }

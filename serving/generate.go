@@ -16,6 +16,7 @@ import (
 	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/models/tokenizers"
+	"github.com/stepserve/stepserve/steps"
 )
 
 // ErrNotGenerative is a generation asked of a model that is not a
@@ -132,6 +133,10 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 		return nil, loadError(m.Name, name, err)
 	}
 	if so, ok := dec.(engine.StepObserver); ok {
+		if err := s.judgeWarmups(m.Name, name, so); err != nil {
+			dec.Close()
+			return nil, err
+		}
 		// The device steps' explain reports, on the step series every
 		// model's steps are counted on (and alerted on).
 		rec := s.opts.StepMetrics.Recorder(m.Name, eng.Name(), "", so.Shapes())
@@ -167,6 +172,30 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(), gen: gen,
 		logger: s.logger.With("model", m.Name, "engine", name)}
 	return sm, nil
+}
+
+// judgeWarmups reads a decoder's warm-up as a Runner's is read
+// (steps.Runner.Warmup): a bucket whose second run was measured and is
+// not clean (its program runs operators on the host, a fallback, a
+// recompile) refuses the model under the engine's strict warm-up, naming
+// the kind and bucket; otherwise it is logged and served.
+func (s *Set) judgeWarmups(model, engineName string, so engine.StepObserver) error {
+	shapes := so.Shapes()
+	for i, x := range so.Warmups() {
+		if v := steps.Check(&x); v.Clean || v.Unmeasured {
+			continue
+		}
+		kind := "prefill"
+		if shapes[i].Seq == 1 {
+			kind = "decode"
+		}
+		err := fmt.Errorf("model %s: warm-up of %s bucket %s is not clean on its second run: %s", model, kind, shapes[i].Label(), strings.Join(x.Reasons, "; "))
+		if s.engines.strictWarmup(engineName) {
+			return err
+		}
+		s.logger.Warn("decoder warm-up not clean", "model", model, "err", err)
+	}
+	return nil
 }
 
 // Generative reports whether the model is a language model, served by

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -122,20 +121,10 @@ generation:
 	// 2 batch sizes x (3 context partitions + 1 prefill chunk length).
 	require.Len(t, x.Programs, 8)
 	kinds := map[string]int{}
-	total := 0.0
 	for _, r := range x.Programs {
 		kinds[r.Kind]++
-		what := fmt.Sprintf("%s %s", r.Kind, r.Bucket)
-		assert.Equal(t, "inductor", r.Compiler, what)
-		assert.Equal(t, [3]engine.Count{1, 0, 0}, [3]engine.Count{r.Graphs, r.GraphBreaks, r.Recompiles}, "%s: graphs, breaks, recompiles", what)
-		if assert.NotNil(t, r.Audit, what) {
-			assert.Zero(t, r.Audit.Total, "%s: %+v", what, r.Audit.Findings)
-		}
-		if r.CompileSeconds != nil {
-			total += *r.CompileSeconds
-			t.Logf("%s: compiled in %.1f s", what, *r.CompileSeconds)
-		}
 	}
+	total := enginetest.CompiledWhole(t, x.Programs)
 	assert.Equal(t, map[string]int{"decode": 6, "prefill": 2}, kinds)
 	t.Logf("8 programs compiled in %.1f s in all", total)
 	metrics := scrape(t, p.base)

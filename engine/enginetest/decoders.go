@@ -18,8 +18,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/generation"
 	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
@@ -152,4 +154,24 @@ func CopyModel(t testing.TB, src, dst, modelYAML string) {
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644))
 	}
+}
+
+// CompiledWhole asserts that every report is a program inductor built as
+// one graph, with no break, no recompile and nothing found by the step
+// audit, logs each one's build time, and returns their sum.
+func CompiledWhole(t testing.TB, reports []engine.ProgramReport) (seconds float64) {
+	t.Helper()
+	for _, r := range reports {
+		what := r.Kind + " " + r.Bucket
+		assert.Equal(t, "inductor", r.Compiler, "%s: %s", what, r.Error)
+		assert.Equal(t, [3]engine.Count{1, 0, 0}, [3]engine.Count{r.Graphs, r.GraphBreaks, r.Recompiles}, "%s: graphs, breaks, recompiles", what)
+		if assert.NotNil(t, r.Audit, what) {
+			assert.Zero(t, r.Audit.Total, "%s: %+v", what, r.Audit.Findings)
+		}
+		if r.CompileSeconds != nil {
+			seconds += *r.CompileSeconds
+			t.Logf("%s: compiled in %.1f s", what, *r.CompileSeconds)
+		}
+	}
+	return seconds
 }

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/stepserve/stepserve/bucketing"
@@ -115,10 +114,9 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		return nil, err
 	}
 	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, decodes: len(decodes),
-		width:    (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize,
-		batch:    slices.Clone(cfg.Buckets.Batch),
-		contexts: slices.Clone(cfg.Buckets.Context),
-		traffic:  bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0)}
+		width:   (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize,
+		traffic: bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0),
+		warmups: make([]engine.Explain, len(p.shapes))}
 	for i := range p.shapes {
 		if err := d.warm(ctx, i); err != nil {
 			p.Close()
@@ -168,10 +166,11 @@ type decoder struct {
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
-	// batch and contexts are the decode buckets' lists; traffic records
-	// the decode steps (rows, longest context) for the advisor.
-	batch, contexts []int
-	traffic         *bucketing.Traffic
+	// traffic records the decode steps (rows, longest context) for the
+	// advisor.
+	traffic *bucketing.Traffic
+	// warmups are the buckets' second warm-up runs' reports.
+	warmups []engine.Explain
 
 	observe func(bucket, rows int, padding float64, took time.Duration, x engine.Explain)
 
@@ -412,45 +411,23 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 
 // warm compiles bucket and runs it twice on padding rows (no real token:
 // every write goes to the trash block), so that no client's step builds a
-// graph. The second run is judged as an encoder's warm-up is: a measured
-// step that is not clean, or whose program runs operators on the host,
-// refuses the model under rbln.strict_warmup, naming the bucket (else it
-// is logged and served, its signals counted on every step).
+// graph; the second run's report is kept for Warmups.
 func (d *decoder) warm(ctx context.Context, bucket int) error {
 	if err := d.p.Compile(ctx, bucket); err != nil {
 		return err
 	}
-	var x engine.Explain
 	for range 2 {
-		var err error
-		if x, err = d.run(ctx, &generation.Step{}, bucket, nil); err != nil {
+		x, err := d.run(ctx, &generation.Step{}, bucket, nil)
+		if err != nil {
 			return fmt.Errorf("rbln: model %s: warming bucket %s up: %w", d.p.model.Name, d.p.shapes[bucket].Label(), err)
 		}
+		d.warmups[bucket] = x
 	}
-	if !x.Measured {
-		return nil
-	}
-	var why []string
-	if !x.Clean {
-		why = append(why, x.Reasons...)
-		if len(why) == 0 {
-			why = append(why, "explain() says not clean")
-		}
-	}
-	if x.HostOps.Known() && x.HostOps > 0 {
-		why = append(why, fmt.Sprintf("host_op: the compiled program runs %d operator(s) on the host: %v", x.HostOps, x.HostOpReasons))
-	}
-	if len(why) == 0 {
-		return nil
-	}
-	err := fmt.Errorf("rbln: model %s: warm-up of %s bucket %s is not clean on its second run: %s", d.p.model.Name,
-		d.kind(bucket), d.p.shapes[bucket].Label(), strings.Join(why, "; "))
-	if d.p.w.e.opts.StrictWarmup {
-		return err
-	}
-	d.p.w.logger.Warn("decoder warm-up not clean", "err", err)
 	return nil
 }
+
+// Warmups implements [engine.StepObserver].
+func (d *decoder) Warmups() []engine.Explain { return d.warmups }
 
 // kind is bucket's kind: decode or prefill.
 func (d *decoder) kind(bucket int) string {
@@ -462,10 +439,11 @@ func (d *decoder) kind(bucket int) string {
 
 // AdviseContexts implements [engine.ContextAdvisor].
 func (d *decoder) AdviseContexts(maxBuckets int) (bucketing.Advice, error) {
+	b := d.p.model.Config.Buckets
 	if maxBuckets <= 0 {
-		maxBuckets = len(d.batch) * len(d.contexts)
+		maxBuckets = len(b.Batch) * len(b.Context)
 	}
-	return bucketing.AdviseContexts(d.traffic.Snapshot(), d.batch, d.contexts, d.gen.BlockSize, maxBuckets)
+	return bucketing.AdviseContexts(d.traffic.Snapshot(), b.Batch, b.Context, d.gen.BlockSize, maxBuckets)
 }
 
 // Shapes implements [engine.StepObserver]: the decode buckets, then the

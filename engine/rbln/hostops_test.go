@@ -17,11 +17,6 @@ import (
 // programs report the scenario's host operators when inspected, compiling
 // into cacheDir ("" for none).
 func hostOpsEngine(t *testing.T, hostOps map[string]string, cacheDir string) *Engine {
-	return hostOpsEngineWith(t, hostOps, Options{CompileCacheDir: cacheDir})
-}
-
-// hostOpsEngineWith is hostOpsEngine with opts.
-func hostOpsEngineWith(t *testing.T, hostOps map[string]string, opts Options) *Engine {
 	t.Helper()
 	// explain() sees a clean step: one copy each way, nothing else.
 	s := map[string]any{"available": true, "device_count": 1,
@@ -34,7 +29,7 @@ func hostOpsEngineWith(t *testing.T, hostOps map[string]string, opts Options) *E
 	if hostOps != nil {
 		s["host_op_reason"] = hostOps
 	}
-	return emulatedEngine(t, s, opts)
+	return emulatedEngine(t, s, Options{CompileCacheDir: cacheDir})
 }
 
 // TestHostOpsInCompiledProgram: an operator the compiler split out of a

@@ -28,7 +28,7 @@ import linecache
 import logging
 import re
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -176,22 +176,19 @@ def _recompile_limit() -> int:
     return 0
 
 
-def _guard_failure_count(code: Any) -> int:
-    """How many guard failures Dynamo recorded for code: read every step,
-    so it counts them without formatting any."""
+def _recorded_guard_failures(code: Any) -> Sequence[Any]:
+    """The guard failures Dynamo recorded for code, as it keeps them:
+    counted every step (len), formatted only when a recompile is reported
+    (_guard_failures)."""
     try:
         from torch._dynamo.utils import guard_failures  # noqa: PLC0415
     except Exception:  # noqa: BLE001
-        return 0
-    return len(guard_failures.get(code, ()))
+        return ()
+    return guard_failures.get(code, ())
 
 
 def _guard_failures(code: Any) -> list[str]:
-    try:
-        from torch._dynamo.utils import guard_failures  # noqa: PLC0415
-    except Exception:  # noqa: BLE001
-        return []
-    return [str(f).strip() for f in guard_failures.get(code, [])]
+    return [str(f).strip() for f in _recorded_guard_failures(code)]
 
 
 class Program:
@@ -301,7 +298,7 @@ class Program:
             return self._first_run(x)
         if not self.counted:
             return self._graph(x)
-        before, failures = self.graphs, _guard_failure_count(self._code())
+        before, failures = self.graphs, len(_recorded_guard_failures(self._code()))
         if not self.fullgraph:
             # A step with breaks compiles its later pieces lazily: their
             # breaks are this program's too.

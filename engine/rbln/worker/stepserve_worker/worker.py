@@ -136,6 +136,13 @@ class Runtime:
             if t.device.type != self.kind:
                 raise DeviceError(f"{what} are on {t.device}, not {self.kind}:*: the engine requires the {self.kind} device")
 
+    def bind(self, t: torch.Tensor) -> None:
+        """Give t its device memory now, one flat region at a fixed address
+        (torch.rbln.bind_device_memory), where the device has such a call:
+        buffers a graph reads or writes in place every step."""
+        if self.device.type != "cpu" and hasattr(self.rbln, "bind_device_memory"):
+            self.rbln.bind_device_memory(t)
+
     def explain(self, with_stack: bool = False) -> Any:
         """A fresh explain region, or None where explain is unavailable;
         with_stack records the call sites (a release without the argument
@@ -326,12 +333,12 @@ class Worker:
             with torch.inference_mode():
                 module = module.to(device=self.rt.device, dtype=compute)  # weights move once
             self.rt.require_device(f"model {name!r}'s weights", [*module.parameters(), *module.buffers()])
-            if nets.is_decoder(module) and self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
-                # The KV cache's buffers get their device memory now, one
-                # flat region each at a fixed address, as the input
-                # buffers do: every step's graph writes them in place.
+            if nets.is_decoder(module):
+                # The KV cache's buffers get their device memory now, as
+                # the input buffers do: every step's graph writes them in
+                # place.
                 for t in module.kv_buffers():
-                    self.rt.rbln.bind_device_memory(t)
+                    self.rt.bind(t)
         except BaseException:
             usermodel.forget(name)
             for sm in maps:
@@ -411,8 +418,7 @@ class Worker:
         b.graph, b.inspected, b.ran, b.num_devices = prog.compile(body, opts), False, False, num_devices
         b.built_ns = time.time_ns()
         b.device_in = torch.empty(b.staging_in.tensor.shape, dtype=b.bound.in_dtype, device=self.rt.device)
-        if self.rt.device.type != "cpu" and hasattr(self.rt.rbln, "bind_device_memory"):
-            self.rt.rbln.bind_device_memory(b.device_in)
+        self.rt.bind(b.device_in)
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         """A step asked for as a message: its explain report, the ns its
