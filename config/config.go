@@ -250,7 +250,7 @@ var keys = []key{
 		value(func(c *Config) *bool { return &c.Server.SharedMemory }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.shared_memory.max_regions", "64", "most system shared-memory regions registered at once (Triton's shared-memory extension); a registration past it is refused with 400",
 		value(func(c *Config) *int { return &c.Server.MaxSharedMemoryRegions }, strconv.Atoi, between(1, 4096), "an integer in 1..4096"), intKind(1, 4096)},
-	{"server.shared_memory.max_bytes", "16GiB", "most bytes of registered system shared-memory regions mapped at once; a registration past it is refused with 400",
+	{"server.shared_memory.max_bytes", "16GiB", "most bytes of registered system shared-memory regions mapped at once; under RLIMIT_AS, at most a quarter of the address space the limit leaves (the heap's plan is half of it); a registration past it is refused with 400",
 		value(func(c *Config) *int64 { return &c.Server.MaxSharedMemoryBytes }, ParseBytes, atLeast[int64](1<<20), "a size of at least 1MiB: bytes, or with a unit (1GiB, 16GiB)"), sizeKind(1<<20, false)},
 	{"server.max_inflight_bytes", "0", "memory all requests in flight may hold together: bodies, tensors, outputs and responses not yet written (503 when spent); 0: half the memory limit (cgroup, RLIMIT_AS or RAM)",
 		value(func(c *Config) *int64 { return &c.Server.MaxInflightBytes }, ParseBytes, func(n int64) bool { return n == 0 || n >= 1<<20 }, "0 (half the memory limit) or a size of at least 1MiB: bytes, or with a unit (512MiB, 4GiB)"), sizeKind(1<<20, true)},

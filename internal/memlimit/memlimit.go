@@ -2,7 +2,9 @@
 // smallest of its cgroup's memory limit (v2 or v1, on its cgroup or a
 // parent), the address space RLIMIT_AS leaves it, and the machine's RAM.
 // The budgets that must hold before anything is allocated (the requests in
-// flight, the models resident) are taken from it.
+// flight, the models resident) are taken from it, and, under RLIMIT_AS,
+// the address space left to what is mapped outside the heap
+// ([Limit.SharedMemoryShare]).
 package memlimit
 
 import (
@@ -25,6 +27,36 @@ type Limit struct {
 	// Source says where the figure comes from; empty when nothing could
 	// be read.
 	Source string
+
+	// RLimitAS is the address-space limit (RLIMIT_AS); Outside is what
+	// was mapped outside the Go runtime when it was read (libc, the
+	// runtime's reservations, thread stacks); AddressSpace is what the
+	// limit leaves beside it. All three are 0 when there is no RLIMIT_AS
+	// (or the process's size could not be read). The heap is planned on
+	// at most half of AddressSpace (Bytes), clients' shared memory on a
+	// quarter ([Limit.SharedMemoryShare]), and the last quarter is what
+	// the process maps as it runs: each new thread's stack, malloc's
+	// arenas, the heap past its soft limit.
+	RLimitAS, Outside, AddressSpace int64
+}
+
+// SharedMemoryShare is the address space that mappings made at clients'
+// request (Triton's system shared-memory regions) may take together under
+// RLIMIT_AS: a quarter of what it leaves beside what is mapped outside the
+// Go runtime, so that the heap's half, the regions and the threads'
+// quarter all fit under the limit. It means nothing without RLIMIT_AS
+// ([Limit.AddressSpaceCapped] false): then it is 0, and the regions are
+// bounded by configuration alone.
+func (l Limit) SharedMemoryShare() int64 { return l.AddressSpace / 4 }
+
+// AddressSpaceCapped reports whether RLIMIT_AS applies, and the address
+// space it leaves is known.
+func (l Limit) AddressSpaceCapped() bool { return l.RLimitAS > 0 }
+
+// AddressSpaceSource says where AddressSpace comes from, for messages.
+func (l Limit) AddressSpaceSource() string {
+	return fmt.Sprintf("the address space RLIMIT_AS (%s) leaves beside the %s mapped outside the Go runtime",
+		bytesize.Format(l.RLimitAS), bytesize.Format(l.Outside))
 }
 
 // Read returns the memory this process may use: the smallest of the
@@ -33,7 +65,7 @@ type Limit struct {
 // leaves to the Go runtime (the limit less what is mapped outside it now:
 // libc, the runtime's own reservations, thread stacks; half, because each
 // thread started later maps its stack and, in a cgo build, a malloc
-// arena), and the machine's RAM. It reads /proc and /sys; Bytes is 0 when
+// arena, and clients' shared memory has a quarter), and the machine's RAM. It reads /proc and /sys; Bytes is 0 when
 // none of them says.
 func Read() Limit {
 	sample := []runtimemetrics.Sample{{Name: "/memory/classes/total:bytes"}}
@@ -42,18 +74,16 @@ func Read() Limit {
 	if sample[0].Value.Kind() == runtimemetrics.KindUint64 {
 		goMapped = int64(sample[0].Value.Uint64())
 	}
-	n, source := memoryLimit(os.DirFS("/"), addressSpaceLimit(), goMapped)
-	return Limit{n, source}
+	return memoryLimit(os.DirFS("/"), addressSpaceLimit(), goMapped)
 }
 
 // memoryLimit is Read reading the files under root, with the
 // RLIMIT_AS given (0: none) and the bytes the Go runtime has mapped.
-func memoryLimit(root fs.FS, rlimitAS uint64, goMapped int64) (int64, string) {
-	var limit int64
-	var source string
+func memoryLimit(root fs.FS, rlimitAS uint64, goMapped int64) Limit {
+	var l Limit
 	consider := func(n int64, from string) {
-		if n > 0 && (limit == 0 || n < limit) {
-			limit, source = n, from
+		if n > 0 && (l.Bytes == 0 || n < l.Bytes) {
+			l.Bytes, l.Source = n, from
 		}
 	}
 	if kb, ok := procField(root, "proc/meminfo", "MemTotal"); ok {
@@ -61,14 +91,16 @@ func memoryLimit(root fs.FS, rlimitAS uint64, goMapped int64) (int64, string) {
 	}
 	if kb, ok := procField(root, "proc/self/status", "VmSize"); ok && rlimitAS > 0 {
 		// Half what is left: each thread the runtime starts later maps its
-		// stack, and in a cgo-linked build a 64 MiB malloc arena.
-		other := max(kb<<10-goMapped, 0)
-		consider((int64(rlimitAS)-other)/2, fmt.Sprintf("half the address space RLIMIT_AS (%s) leaves beside the %s mapped outside the Go runtime",
-			bytesize.Format(int64(rlimitAS)), bytesize.Format(other)))
+		// stack, and in a cgo-linked build a 64 MiB malloc arena; shared
+		// memory clients register takes a quarter (SharedMemoryShare).
+		l.RLimitAS = int64(min(rlimitAS, 1<<62))
+		l.Outside = max(kb<<10-goMapped, 0)
+		l.AddressSpace = max(l.RLimitAS-l.Outside, 0)
+		consider(l.AddressSpace/2, "half "+l.AddressSpaceSource())
 	}
 	n, from := cgroupLimit(root)
 	consider(n, from)
-	return limit, source
+	return l
 }
 
 // cgroupLimit is the smallest memory limit set on the process's cgroup or

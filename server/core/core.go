@@ -103,6 +103,8 @@ type Options struct {
 	// shared-memory regions clients may have registered at once, and
 	// the bytes they map together; 0 means
 	// [DefaultMaxSharedMemoryRegions], [DefaultMaxSharedMemoryBytes].
+	// Under RLIMIT_AS, New lowers the bytes to shared memory's share of
+	// the address space where that is less ([SharedMemoryBound]).
 	MaxSharedMemoryRegions int
 	MaxSharedMemoryBytes   int64
 	// NoSharedMemory turns the system shared-memory extension off: no
@@ -229,6 +231,11 @@ func New(opts Options) (*Core, error) {
 	}
 	c.SharedMemory = NewSharedMemory(opts.MaxSharedMemoryRegions, opts.MaxSharedMemoryBytes, c.Logger)
 	c.SharedMemory.disabled = opts.NoSharedMemory
+	if !opts.NoSharedMemory {
+		// Under RLIMIT_AS, the regions get a share of the address space
+		// the heap's plan is taken from, not all of it.
+		c.SharedMemory.capAddressSpace(memlimit.Read())
+	}
 	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
 		c.Logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",
 			"inference_token", len(opts.InferenceTokens) > 0)

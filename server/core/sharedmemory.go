@@ -20,6 +20,7 @@ import (
 
 	"github.com/stepserve/stepserve/internal/bytesize"
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/memlimit"
 )
 
 // Triton's system shared-memory extension: a client on the same host puts
@@ -35,11 +36,34 @@ import (
 const sharedMemoryDir = "/dev/shm"
 
 // The limits on what clients may have mapped at once, for a server whose
-// Options leave them zero.
+// Options leave them zero. Under RLIMIT_AS the bytes are bounded by a
+// share of the address space too ([SharedMemoryBound]).
 const (
 	DefaultMaxSharedMemoryRegions = 64
 	DefaultMaxSharedMemoryBytes   = 16 << 30
 )
+
+// SharedMemoryBound is the most bytes of system shared memory the server
+// maps at once: configured (server.shared_memory.max_bytes; 0:
+// [DefaultMaxSharedMemoryBytes]), or, under RLIMIT_AS, shared memory's
+// share of the address space the limit leaves
+// ([memlimit.Limit.SharedMemoryShare]: a quarter) where that is less. The
+// heap's plan (the memory limit, the in-flight budget, the models') is
+// taken from the same address space, and a region is mapped whole, sparse
+// or not: without the share, regions registered up to the configured bound
+// took the address space the heap grows into, and the next requests ended
+// the server ("fatal error: out of memory"). from is empty when the bound
+// is configured, and otherwise says where it comes from, for the refusals
+// and the log.
+func SharedMemoryBound(configured int64, l memlimit.Limit) (bound int64, from string) {
+	if configured <= 0 {
+		configured = DefaultMaxSharedMemoryBytes
+	}
+	if share := l.SharedMemoryShare(); l.AddressSpaceCapped() && share < configured {
+		return share, fmt.Sprintf("a quarter of %s, below server.shared_memory.max_bytes (%s)", l.AddressSpaceSource(), bytesize.Format(configured))
+	}
+	return configured, ""
+}
 
 // CUDASharedMemoryInstead is what to use instead of Triton's CUDA
 // shared-memory extension, which stepserve does not implement (501 over
@@ -80,6 +104,7 @@ const tmpfsMagic = 0x01021994
 type SharedMemory struct {
 	maxRegions int
 	maxBytes   int64
+	maxFrom    string // where maxBytes comes from when not the key ([SharedMemoryBound])
 	logger     *slog.Logger
 	disabled   bool // server.shared_memory.enabled: false
 
@@ -116,6 +141,38 @@ func NewSharedMemory(maxRegions int, maxBytes int64, logger *slog.Logger) *Share
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &SharedMemory{maxRegions: maxRegions, maxBytes: maxBytes, logger: logger, regions: map[string]*shmRegion{}}
+}
+
+// capAddressSpace lowers the bytes s maps at once to shared memory's
+// share of the address space RLIMIT_AS leaves, where that is less
+// ([SharedMemoryBound]), and logs it; before any region is registered.
+func (s *SharedMemory) capAddressSpace(l memlimit.Limit) {
+	configured := s.maxBytes
+	bound, from := SharedMemoryBound(configured, l)
+	if from == "" {
+		return
+	}
+	s.maxBytes, s.maxFrom = bound, from
+	s.logger.Info("system shared memory bounded by the address space RLIMIT_AS leaves: registrations past it are refused",
+		"max_bytes", bytesize.Format(bound), "server.shared_memory.max_bytes", bytesize.Format(configured),
+		"rlimit_as", bytesize.Format(l.RLimitAS), "from", from)
+}
+
+// bound says, in a refusal that names the bytes s maps at most, where the
+// figure comes from: the key, in parentheses after it, or the address
+// space, at the end; then what the client can do, todo (if anything), and
+// what the operator can.
+func (s *SharedMemory) bound(todo string) (key, end string) {
+	if s.maxFrom == "" {
+		if todo != "" {
+			end = "; " + todo
+		}
+		return " (server.shared_memory.max_bytes)", end
+	}
+	if todo != "" {
+		todo += ", or "
+	}
+	return "", fmt.Sprintf("; the %s is %s: %sraise RLIMIT_AS to map more", bytesize.Format(s.maxBytes), s.maxFrom, todo)
 }
 
 // SharedMemoryStatus is a registered region, as Triton's status endpoint
@@ -219,7 +276,8 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	off, size := int64(offset), int64(byteSize)
 	if size > s.maxBytes {
 		// Checked before any rounding: a size near 2^63 would overflow it.
-		return fail("byte_size %d is more than the %s the server maps for shared memory (server.shared_memory.max_bytes)", byteSize, bytesize.Format(s.maxBytes))
+		key, end := s.bound("")
+		return fail("byte_size %d is more than the %s the server maps for shared memory%s%s", byteSize, bytesize.Format(s.maxBytes), key, end)
 	}
 	page := int64(os.Getpagesize())
 	pageOff := off / page * page
@@ -236,8 +294,9 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	case len(s.regions) >= s.maxRegions:
 		return fail("%d regions are registered, the most the server holds (server.shared_memory.max_regions); unregister one first", len(s.regions))
 	case cost > s.maxBytes-s.mapped:
-		return fail("it would map %s, and %s of the server's %s for shared memory (server.shared_memory.max_bytes) is mapped already; unregister regions first",
-			bytesize.Format(cost), bytesize.Format(s.mapped), bytesize.Format(s.maxBytes))
+		key, end := s.bound("unregister regions first")
+		return fail("it would map %s, and %s of the server's %s for shared memory%s is mapped already%s",
+			bytesize.Format(cost), bytesize.Format(s.mapped), bytesize.Format(s.maxBytes), key, end)
 	}
 	mapping, err := mapObject(file, key, pageOff, off, size, mapLen)
 	if err != nil {
@@ -290,6 +349,11 @@ func mapObject(file, key string, pageOff, off, size, mapLen int64) ([]byte, erro
 		return nil, fmt.Errorf("the object %s is %d bytes, but offset %d + byte_size %d needs %d", key, st.Size, off, size, off+size)
 	}
 	mapping, err := unix.Mmap(fd, pageOff, int(mapLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if errors.Is(err, unix.ENOMEM) {
+		// Past RLIMIT_AS or vm.max_map_count: the address space is
+		// spent, by regions or the heap; nothing was mapped.
+		return nil, fmt.Errorf("mapping %s of %s: the server's address space has no room for it (%v: its RLIMIT_AS or vm.max_map_count is reached); unregister regions first", bytesize.Format(mapLen), path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("mapping %d bytes of %s: %v", mapLen, path, err)
 	}

@@ -1,15 +1,24 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/stepserve/stepserve/internal/memlimit"
 )
 
 // shmObject creates a shared-memory object of size bytes in /dev/shm,
@@ -132,4 +141,96 @@ func TestSharedMemoryGuardsFaults(t *testing.T) {
 	assert.ErrorIs(t, guardFault(func() { copy(buf, m[4096:]) }), errShrank)
 	assert.ErrorIs(t, guardFault(func() { copy(m[4096:], buf) }), errShrank)
 	assert.Panics(t, func() { _ = guardFault(func() { panic("not a fault") }) })
+}
+
+// addressSpace is a memlimit.Limit under an RLIMIT_AS of limit, with
+// outside mapped outside the Go runtime.
+func addressSpace(limit, outside int64) memlimit.Limit {
+	return memlimit.Limit{Bytes: (limit - outside) / 2, RLimitAS: limit, Outside: outside, AddressSpace: limit - outside}
+}
+
+// The configured bound, lowered under RLIMIT_AS to a quarter of what the
+// limit leaves, and said so.
+func TestSharedMemoryBound(t *testing.T) {
+	const gib = 1 << 30
+	n, from := SharedMemoryBound(0, memlimit.Limit{Bytes: 16 * gib})
+	assert.Equal(t, int64(DefaultMaxSharedMemoryBytes), n, "no RLIMIT_AS: the default")
+	assert.Empty(t, from)
+	n, from = SharedMemoryBound(1*gib, memlimit.Limit{Bytes: 16 * gib})
+	assert.Equal(t, int64(gib), n, "no RLIMIT_AS: the key")
+	assert.Empty(t, from)
+
+	under4 := addressSpace(4*gib, 1*gib)
+	n, from = SharedMemoryBound(0, under4)
+	assert.Equal(t, int64(3*gib/4), n, "a quarter of the 3 GiB left")
+	assert.Equal(t, "a quarter of the address space RLIMIT_AS (4 GiB) leaves beside the 1 GiB mapped outside the Go runtime, below server.shared_memory.max_bytes (16 GiB)", from)
+	n, from = SharedMemoryBound(512<<20, under4)
+	assert.Equal(t, int64(512<<20), n, "a key below the share holds")
+	assert.Empty(t, from)
+
+	// Mapped past the limit already: nothing to share.
+	n, from = SharedMemoryBound(0, memlimit.Limit{RLimitAS: gib, Outside: 2 * gib})
+	assert.Zero(t, n)
+	assert.Contains(t, from, "RLIMIT_AS (1 GiB)")
+}
+
+// Under RLIMIT_AS, a registration past shared memory's share of the
+// address space is a 400 (gRPC INVALID_ARGUMENT) naming the bytes mapped,
+// the bound and where it comes from; the start says so once.
+func TestSharedMemoryRefusedPastTheAddressSpaceShare(t *testing.T) {
+	page := int64(os.Getpagesize())
+	pages := func(n int64) uint64 { return uint64(n * page) }
+	var logs bytes.Buffer
+	s := NewSharedMemory(0, 0, slog.New(slog.NewTextHandler(&logs, nil)))
+	l := addressSpace(64<<30, 64<<30-12*page) // 12 pages left: a share of 3
+	s.capAddressSpace(l)
+	assert.Equal(t, 3*page, s.maxBytes)
+	assert.Contains(t, logs.String(), "system shared memory bounded by the address space RLIMIT_AS leaves")
+	assert.Contains(t, logs.String(), "max_bytes=\"12 KiB\" server.shared_memory.max_bytes=\"16 GiB\" rlimit_as=\"64 GiB\"")
+
+	key, _ := shmObject(t, 1<<20)
+	require.NoError(t, s.Register("a", key, 0, pages(2)))
+	err := s.Register("b", key, 0, pages(2))
+	require.Error(t, err)
+	assert.Equal(t, 400, StatusOf(err))
+	assert.Equal(t, codes.InvalidArgument, status.Code(GRPCError(err)))
+	assert.Equal(t, "failed to register shared memory region 'b': it would map 8 KiB, and 8 KiB of the server's 12 KiB for shared memory is mapped already; "+
+		"the 12 KiB is a quarter of the address space RLIMIT_AS (64 GiB) leaves beside the 64 GiB mapped outside the Go runtime, below server.shared_memory.max_bytes (16 GiB): "+
+		"unregister regions first, or raise RLIMIT_AS to map more", err.Error())
+	err = s.Register("c", key, 0, pages(4))
+	assert.Equal(t, 400, StatusOf(err))
+	assert.ErrorContains(t, err, "byte_size 16384 is more than the 12 KiB the server maps for shared memory; the 12 KiB is a quarter of the address space RLIMIT_AS (64 GiB) leaves")
+	assert.ErrorContains(t, err, "below server.shared_memory.max_bytes (16 GiB): raise RLIMIT_AS to map more")
+	assert.Equal(t, 2*page, s.mapped, "nothing more mapped")
+	require.NoError(t, s.Register("b", key, 0, pages(1)), "what fits the share is registered")
+
+	// No RLIMIT_AS: the key alone, and its own words.
+	s = NewSharedMemory(0, 2*page, nil)
+	s.capAddressSpace(memlimit.Limit{Bytes: 1 << 40})
+	require.NoError(t, s.Register("a", key, 0, pages(2)))
+	assert.EqualError(t, s.Register("b", key, 0, pages(1)), "failed to register shared memory region 'b': it would map 4 KiB, and 8 KiB of the server's 8 KiB for shared memory (server.shared_memory.max_bytes) is mapped already; unregister regions first")
+	s.Close()
+}
+
+// An mmap the address space has no room for (ENOMEM under RLIMIT_AS) is a
+// 400 saying so, not the end of the server: a child test process under
+// prlimit --as registers a sparse object larger than its cap, its bound
+// left at 16 GiB.
+func TestSharedMemoryMapFailureIsARefusal(t *testing.T) {
+	if os.Getenv("SHM_ENOMEM_CHILD") != "" {
+		s := NewSharedMemory(0, 0, nil)
+		err := s.Register("big", os.Getenv("SHM_ENOMEM_CHILD"), 0, 4<<30)
+		fmt.Printf("%d %v", StatusOf(err), err)
+		return
+	}
+	if _, err := exec.LookPath("prlimit"); err != nil {
+		t.Skip("no prlimit")
+	}
+	key, _ := shmObject(t, 4<<30) // sparse: no memory
+	cmd := exec.Command("prlimit", "--as=3221225472", "--", os.Args[0], "-test.run=^TestSharedMemoryMapFailureIsARefusal$")
+	cmd.Env = append(os.Environ(), "SHM_ENOMEM_CHILD="+key)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.True(t, strings.HasPrefix(string(out), "400 failed to register shared memory region 'big': mapping 4 GiB of /dev/shm/"), "%s", out)
+	assert.Contains(t, string(out), "the server's address space has no room for it (cannot allocate memory: its RLIMIT_AS or vm.max_map_count is reached); unregister regions first")
 }
