@@ -57,6 +57,10 @@ type Request struct {
 	EOS       []int32 // tokens that end it
 	MinTokens int     // tokens generated before an EOS token may end it
 	Sampling  Sampling
+	// Ended, when set, is called in the loop (it must not block) once
+	// the generation's last event is on its stream: the loop holds
+	// nothing of it any more, whether or not its events are read.
+	Ended func()
 }
 
 // Event is what a generation's stream carries: a token, or, last, how it
@@ -82,6 +86,7 @@ type Stream struct {
 	ended  bool          // the last event has been pushed
 	ready  chan struct{} // holds a signal while events wait
 	stop   func() bool   // unregisters the context's cancellation
+	onEnd  func()        // Request.Ended
 }
 
 func newStream() *Stream { return &Stream{ready: make(chan struct{}, 1)} }
@@ -179,6 +184,7 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling}
 	st := newStream()
+	st.onEnd = r.Ended
 	reply := make(chan error, 1)
 	select {
 	case l.adds <- add{q, st, reply}:
@@ -331,6 +337,9 @@ func (l *Loop) end(q *Sequence, last Event) {
 	}
 	st.push(last)
 	delete(l.streams, q)
+	if st.onEnd != nil {
+		st.onEnd()
+	}
 	st.mu.Lock()
 	stop := st.stop
 	st.mu.Unlock()

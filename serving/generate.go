@@ -279,12 +279,18 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		return nil, fmt.Errorf("%w: model %s holds %d generations: max_num_seqs %d running and generation.max_queue_size %d waiting",
 			ErrQueueFull, m.model.Name, live-1, g.opts.MaxNumSeqs, g.opts.MaxQueueSize)
 	}
+	// The place is the loop's work: it is given back when the loop ends
+	// the generation, not when its client has read it all (a client
+	// that does not read holds its stream's events, charged to the
+	// in-flight budget by its door, and never the model's places).
+	var once sync.Once
+	release := func() { once.Do(g.release) }
 	gctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
-		MinTokens: r.MinTokens, Sampling: sampling})
+		MinTokens: r.MinTokens, Sampling: sampling, Ended: release})
 	if err != nil {
-		g.release()
+		release()
 		cancel()
 		switch {
 		case errors.Is(err, generation.ErrTooLong):
@@ -295,8 +301,8 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		return nil, err
 	}
 	g.metrics.promptTokens.Add(float64(len(prompt)))
-	ts := &TextStream{g: g, st: st, cancel: cancel, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0,
-		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt)}
+	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0,
+		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt), maxTokens: maxTokens, top: max(r.Logprobs, 0)}
 	return ts, nil
 }
 
@@ -398,6 +404,7 @@ type TextStream struct {
 	g        *generator
 	st       *generation.Stream
 	cancel   context.CancelFunc
+	release  func() // gives the generation's place back, once
 	dec      *tokenizers.Stream
 	stops    []string
 	logprobs bool
@@ -407,6 +414,9 @@ type TextStream struct {
 	first    time.Time
 	last     time.Time
 	once     sync.Once
+
+	maxTokens int // the most tokens it generates
+	top       int // the most likely tokens each one's logprobs list
 
 	// PromptTokens and CompletionTokens count the prompt's tokens and
 	// those generated so far (the usage the APIs report).
@@ -480,6 +490,24 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 	}
 }
 
+// Per generated token, what a stream may hold until its client reads it:
+// the loop's event (in a queue that doubles as it grows) and the text
+// the door builds from it (a token is at most a few dozen bytes of
+// text), and with logprobs each listed token's entry, twice, as the
+// loop's and the door's.
+const (
+	heldPerToken    = 2*64 + 64
+	heldPerTopToken = 2 * 64
+)
+
+// MaxHeld bounds the memory the stream's events and text may take while
+// they wait for its client: what a door charges to the in-flight budget
+// for the generation's life, so that clients that do not read cannot
+// hold memory the budget does not see.
+func (s *TextStream) MaxHeld() int64 {
+	return int64(s.maxTokens) * (heldPerToken + int64(s.top)*heldPerTopToken)
+}
+
 // cut ends the stream at the first stop string in the pending text.
 func (s *TextStream) cut(out *TextEvent) bool {
 	at := -1
@@ -543,7 +571,7 @@ func (s *TextStream) Close() {
 		if s.CompletionTokens > 1 {
 			m.tpot.Observe(s.last.Sub(s.first).Seconds() / float64(s.CompletionTokens-1))
 		}
-		s.g.release()
+		s.release()
 	})
 }
 

@@ -228,6 +228,9 @@ func ParseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 // a 400 that names the input or field at fault.
 func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Model, maxElements int64) (req *InferRequest, decoded int64, seq int, err error) {
 	cfg := m.Config
+	if err := CheckRequestID(wr.ID); err != nil {
+		return nil, 0, 0, err
+	}
 	if len(wr.Inputs) == 0 {
 		return nil, 0, 0, BadRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, Signature(cfg.Inputs)))
 	}

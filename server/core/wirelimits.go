@@ -259,3 +259,16 @@ func Plural(n int, noun string) string {
 	}
 	return noun + "s"
 }
+
+// MaxRequestIDBytes bounds a request's id on every door (OIP's id over
+// HTTP and gRPC, Triton's generate, ModelStreamInfer): an id is echoed in
+// every response, and an unbounded one is memory a client chooses.
+const MaxRequestIDBytes = 256
+
+// CheckRequestID refuses an id past MaxRequestIDBytes.
+func CheckRequestID(id string) error {
+	if len(id) > MaxRequestIDBytes {
+		return BadRequest(fmt.Sprintf("id is %d bytes; want a string of at most %d bytes", len(id), MaxRequestIDBytes))
+	}
+	return nil
+}

@@ -113,10 +113,11 @@ type gatedStream struct {
 	api   *API
 	probe bool
 	// idle: a client stream (ModelStreamInfer), which waits for its
-	// client's next request as long as the client keeps it open: its
-	// reads have no server.read_timeout (the stream's context, which
-	// keepalive and the client end, bounds them). While it waits, the
-	// room for its next message is held, as for any read.
+	// client's next message as long as the client keeps it open: its
+	// reads have no server.read_timeout. ModelStreamInfer reads through
+	// here only where gRPC's transport stream cannot read a message's
+	// prefix first (streamread.go): the room for its next message is
+	// then held while it waits, as for any read.
 	idle bool
 }
 
@@ -137,37 +138,6 @@ func (g *gatedStream) RecvMsg(m any) error {
 		}
 	} else {
 		n := g.api.readCharge(compressed)
-		if g.idle {
-			// A client stream waits for its client's next message as
-			// long as the client keeps it open, holding room for it:
-			// idle streams cost a client nothing, so together they hold
-			// at most idleReads (a quarter of the budget). One past it
-			// waits as any call waits for room, then is refused with a
-			// retry pushback, rather than take the rest of the budget
-			// from every other call. A budget whose quarter cannot hold
-			// one message's room serves no stream at all: one idle
-			// stream would otherwise hold more than the quarter.
-			if n > g.api.idleReads.Limit() {
-				room := "server.max_body_bytes"
-				if compressed {
-					room = "twice server.max_body_bytes, as the message is compressed"
-				}
-				return status.Error(codes.ResourceExhausted, fmt.Sprintf(
-					"a stream waiting for its next message holds room for one message (%s: %s), more than the quarter of server.max_inflight_bytes (%s) that waiting streams may hold together; raise server.max_inflight_bytes or lower server.max_body_bytes, or send unary ModelInfer calls",
-					bytesize.Format(n), room, bytesize.Format(g.api.idleReads.Limit())))
-			}
-			idle := n
-			if err := g.api.idleReads.Take(ctx, idle, g.api.c.BudgetWait); err != nil {
-				if errors.Is(err, core.ErrBusy) {
-					grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
-					return status.Error(codes.ResourceExhausted, fmt.Sprintf(
-						"the server is busy: streams waiting for their next message hold all the room it keeps for them (a quarter of server.max_inflight_bytes, %s); retry",
-						bytesize.Format(g.api.idleReads.Limit())))
-				}
-				return status.FromContextError(err).Err()
-			}
-			defer g.api.idleReads.Give(idle)
-		}
 		if err := ch.Take(ctx, n, "the request message"); err != nil {
 			return refuse(ctx, err)
 		}

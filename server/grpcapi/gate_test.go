@@ -3,6 +3,7 @@ package grpcapi
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,47 +95,34 @@ func TestTransportStreamWritesStatus(t *testing.T) {
 	assert.True(t, <-h.got, "the transport stream in a call's context has WriteStatus")
 }
 
-// A budget whose quarter cannot hold one message's room serves no
-// stream: one idle stream would otherwise hold nearly all of it (a 256 MiB
-// container's 128 MiB budget against a 64 MiB body, twice that gzipped),
-// and every other call would be refused while it waits.
-func TestAStreamNeverHoldsMoreThanTheQuarter(t *testing.T) {
+// The transport stream in a stream's context reads a message's prefix
+// before its bytes (rawMessageReader): without it, a stream would hold
+// room for the largest message while it waits (gatedStream), and this
+// test says so.
+func TestTransportStreamReadsPrefixFirst(t *testing.T) {
+	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = 16 << 20; o.MaxBodyBytes = 8 << 20 })
+	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
+	st, err := c.ModelStreamInfer(context.Background())
+	require.NoError(t, err)
+	// Waiting for its first message, the stream holds its window only.
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, a.window(), a.c.Budget.InUse())
+	require.NoError(t, st.Send(rawX([]int64{1, 3}, fp32(1, 2, 3))))
+	r, err := st.Recv()
+	require.NoError(t, err)
+	assert.Contains(t, r.GetErrorMessage(), "not a language model")
+}
+
+// Streams waiting for their client's next message hold nothing but their
+// flow-control windows: a crowd of them, compressed or not, refuses no
+// one (a stream once held room for a whole message while it waited, and
+// two of them could shut every other stream out), and each reads on.
+func TestIdleStreamsHoldOnlyTheirWindows(t *testing.T) {
 	const budget = 16 << 20
 	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 8 << 20 })
 	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
-	for _, opts := range [][]grpc.CallOption{nil, {grpc.UseCompressor("gzip")}} {
-		st, err := c.ModelStreamInfer(context.Background(), opts...)
-		require.NoError(t, err)
-		_, err = st.Recv()
-		assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
-		assert.Contains(t, status.Convert(err).Message(), "more than the quarter of server.max_inflight_bytes (4 MiB)")
-		assert.LessOrEqual(t, a.c.Budget.InUse(), int64(budget/4), "the refused stream holds nothing but its window")
-		_, err = c.ModelInfer(context.Background(), rawX([]int64{1, 3}, fp32(1, 2, 3)))
-		require.NoError(t, err, "a call beside it is answered")
-	}
-}
-
-// Streams waiting for their client's next message hold room for it, and
-// idle streams are cheap to open: together they may hold at most a
-// quarter of the in-flight budget, so that a crowd of them cannot refuse
-// every other call (compressed streams, which hold room for both forms
-// of a message, included). A stream past the quarter waits as a call
-// waits for room, then is refused with RESOURCE_EXHAUSTED saying why;
-// the others read on.
-func TestIdleStreamsCannotSpendTheBudget(t *testing.T) {
-	const budget = 16 << 20
-	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 1 << 20 })
-	a.c.BudgetWait = 50 * time.Millisecond
-	conn := clientConn(t, a)
-	c := pb.NewGRPCInferenceServiceClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	type answer struct {
-		i    int
-		resp *pb.ModelStreamInferResponse
-		err  error
-	}
-	answers := make(chan answer, 40)
 	var streams []pb.GRPCInferenceService_ModelStreamInferClient
 	for i := range 40 {
 		var opts []grpc.CallOption
@@ -144,53 +132,85 @@ func TestIdleStreamsCannotSpendTheBudget(t *testing.T) {
 		st, err := c.ModelStreamInfer(ctx, opts...)
 		require.NoError(t, err)
 		streams = append(streams, st)
-		go func() {
-			resp, err := st.Recv()
-			answers <- answer{i, resp, err}
-		}()
 	}
-	// The first refusal says the quarter is full: every stream has asked
-	// for its room by then, or is about to.
-	var first answer
-	select {
-	case first = <-answers:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no stream past the quarter was refused")
-	}
-	time.Sleep(100 * time.Millisecond)
-	assert.LessOrEqual(t, a.c.Budget.InUse(), int64(budget/4+40*a.window()), "idle streams hold at most a quarter of the budget")
-	for range 5 {
-		_, err := c.ModelInfer(context.Background(), rawX([]int64{1, 3}, fp32(1, 2, 3)))
-		require.NoError(t, err, "a call beside the idle crowd is answered")
-	}
-
-	// The streams past the quarter were refused, saying why.
-	refused := map[int]bool{}
-	answers <- first
-	for len(answers) > 0 {
-		a := <-answers
-		assert.Equal(t, codes.ResourceExhausted, status.Code(a.err), "%v", a.err)
-		assert.Contains(t, status.Convert(a.err).Message(), "streams waiting for their next message hold all the room it keeps for them")
-		refused[a.i] = true
-	}
-	assert.NotEmpty(t, refused)
-	assert.Less(t, len(refused), 40)
-	// One that holds its room reads (summax is no language model: the
-	// answer says so).
-	for i, st := range streams {
-		if refused[i] {
-			continue
-		}
+	require.Eventually(t, func() bool { return a.c.Budget.InUse() == 40*a.window() }, 5*time.Second, 5*time.Millisecond,
+		"40 waiting streams hold their windows, %d bytes, and nothing more", 40*a.window())
+	_, err := c.ModelInfer(ctx, rawX([]int64{1, 3}, fp32(1, 2, 3)))
+	require.NoError(t, err, "a call beside the idle crowd is answered")
+	for _, st := range streams {
 		require.NoError(t, st.Send(rawX([]int64{1, 3}, fp32(1, 2, 3))))
-		for a := range answers {
-			if a.i != i { // a refusal that came late
-				assert.Equal(t, codes.ResourceExhausted, status.Code(a.err), "%v", a.err)
-				continue
-			}
-			require.NoError(t, a.err)
-			assert.Contains(t, a.resp.GetErrorMessage(), "not a language model")
-			break
-		}
-		break
+		r, err := st.Recv()
+		require.NoError(t, err)
+		assert.Contains(t, r.GetErrorMessage(), "not a language model")
 	}
+}
+
+// A stream's message is charged at the length its prefix gives, once it
+// gives it: a small one reads where the budget has a little room, a
+// large one waits for room, then ends the stream RESOURCE_EXHAUSTED with
+// a retry pushback.
+func TestStreamMessageIsChargedAtItsLength(t *testing.T) {
+	const budget = 16 << 20
+	a, _ := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = budget; o.MaxBodyBytes = 8 << 20 })
+	a.c.BudgetWait = 20 * time.Millisecond
+	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
+	ctx := context.Background()
+	small, err := c.ModelStreamInfer(ctx)
+	require.NoError(t, err)
+	large, err := c.ModelStreamInfer(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return a.c.Budget.InUse() == 2*a.window() }, 5*time.Second, 5*time.Millisecond)
+	// All but 1 MiB of the budget is held by others.
+	held := budget - a.c.Budget.InUse() - 1<<20
+	require.True(t, a.c.Budget.TryTake(held))
+	defer a.c.Budget.Give(held)
+
+	require.NoError(t, small.Send(rawX([]int64{1, 3}, fp32(1, 2, 3))))
+	r, err := small.Recv()
+	require.NoError(t, err)
+	assert.Contains(t, r.GetErrorMessage(), "not a language model")
+
+	big := rawX([]int64{1, 3}, fp32(1, 2, 3))
+	big.Id = strings.Repeat("x", 4<<20)
+	require.NoError(t, large.Send(big))
+	_, err = large.Recv()
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "the server is busy")
+	assert.Equal(t, []string{retryPushbackMs}, large.Trailer().Get("grpc-retry-pushback-ms"))
+}
+
+// A stream with nothing in progress that sends nothing for
+// server.idle_timeout is ended, saying so; one that keeps sending is not.
+func TestIdleStreamEndsAfterTheIdleTimeout(t *testing.T) {
+	a, _ := newAPIWith(t, func(o *core.Options) { o.IdleTimeout = 300 * time.Millisecond })
+	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
+	st, err := c.ModelStreamInfer(context.Background())
+	require.NoError(t, err)
+	for range 4 { // 4 requests 150 ms apart: never idle for the timeout
+		time.Sleep(150 * time.Millisecond)
+		require.NoError(t, st.Send(rawX([]int64{1, 3}, fp32(1, 2, 3))))
+		r, err := st.Recv()
+		require.NoError(t, err)
+		assert.Contains(t, r.GetErrorMessage(), "not a language model")
+	}
+	_, err = st.Recv()
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "server.idle_timeout")
+	assert.Eventually(t, func() bool { return a.c.Budget.InUse() == 0 }, 5*time.Second, 5*time.Millisecond,
+		"the ended stream's window comes back")
+}
+
+// An id past core.MaxRequestIDBytes is refused, and not echoed.
+func TestStreamRefusesALongID(t *testing.T) {
+	a, _ := newAPI(t)
+	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
+	st, err := c.ModelStreamInfer(context.Background())
+	require.NoError(t, err)
+	req := rawX([]int64{1, 3}, fp32(1, 2, 3))
+	req.Id = strings.Repeat("i", core.MaxRequestIDBytes+1)
+	require.NoError(t, st.Send(req))
+	r, err := st.Recv()
+	require.NoError(t, err)
+	assert.Contains(t, r.GetErrorMessage(), "id is 257 bytes; want a string of at most 256 bytes")
+	assert.Less(t, len(r.GetInferResponse().GetId()), 100)
 }

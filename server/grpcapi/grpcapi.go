@@ -14,13 +14,9 @@ type API struct {
 	c *core.Core
 	grpcState
 	probes chan struct{} // probe messages being read (gate.go)
-	// idleReads is the room client streams hold, at most, while they
-	// wait for their client's next message (gate.go): a quarter of the
-	// in-flight budget.
-	idleReads *core.Budget
 }
 
 // New builds the gRPC API over c; [API.Server] builds its server.
 func New(c *core.Core) *API {
-	return &API{c: c, probes: make(chan struct{}, probeSlots), idleReads: core.NewBudget(max(c.Budget.Limit()/4, 1))}
+	return &API{c: c, probes: make(chan struct{}, probeSlots)}
 }

@@ -46,21 +46,12 @@ var tritonStreamParams = map[string]bool{
 // ModelStreamInfer implements the streaming RPC.
 func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencepb.ModelInferRequest, inferencepb.ModelStreamInferResponse]) error {
 	ctx := stream.Context()
-	var sendMu sync.Mutex
-	var sendErr error
-	send := func(r *inferencepb.ModelStreamInferResponse) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if sendErr == nil {
-			sendErr = stream.Send(r)
-		}
-		return sendErr
-	}
+	sio := newStreamIO(g.s, stream)
 	slots := make(chan struct{}, streamGenerations)
 	var wg sync.WaitGroup
 	defer wg.Wait() // the generations of a half-closed stream end first
 	for {
-		req, err := stream.Recv()
+		req, ch, err := sio.recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -70,32 +61,41 @@ func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencep
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
+			ch.Release()
 			return ctx.Err()
 		}
+		sio.begin()
 		wg.Go(func() {
 			defer func() { <-slots }()
+			defer sio.done()
+			defer ch.Release() // what the request and its generation held
 			defer func() {
 				// This goroutine is the stream's own: the server's
 				// recovery does not reach it.
 				if p := recover(); p != nil {
-					g.s.c.Logger.Error("panic serving a ModelStreamInfer request", "model", req.GetModelName(), "panic", p)
-					send(errorResponse(req, "internal error: the request's generation failed"))
+					g.s.c.Logger.Error("panic serving a ModelStreamInfer request", "model", core.ClipName(req.GetModelName()), "panic", p)
+					sio.send(errorResponse(req, "internal error: the request's generation failed"))
 				}
 			}()
-			g.streamGenerate(ctx, req, send)
+			g.streamGenerate(ctx, req, &ch, sio.send)
 		})
 	}
 }
 
-// streamGenerate answers one request of a stream.
-func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelInferRequest, send func(*inferencepb.ModelStreamInferResponse) error) {
+// streamGenerate answers one request of a stream. ch holds what the
+// request holds; the generation's events are charged to it too.
+func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelInferRequest, ch *core.Charge, send func(*inferencepb.ModelStreamInferResponse) error) {
 	s := g.s
 	start := time.Now()
 	head := &inferencepb.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}
 	fail := func(err error) {
 		r := errorResponse(req, core.GRPCError(err).Error())
-		r.InferResponse.ModelName, r.InferResponse.ModelVersion = head.ModelName, head.ModelVersion
+		r.InferResponse.ModelName, r.InferResponse.ModelVersion = core.ClipName(head.ModelName), core.ClipName(head.ModelVersion)
 		send(r)
+	}
+	if err := core.CheckRequestID(req.GetId()); err != nil {
+		fail(err)
+		return
 	}
 	m, err := s.c.Lookup(req.GetModelName(), req.GetModelVersion())
 	if err != nil {
@@ -127,6 +127,11 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 		return
 	}
 	defer ts.Close()
+	if err := ch.Take(ctx, ts.MaxHeld(), "the generation's output"); err != nil {
+		st = core.StatusOf(err)
+		fail(err)
+		return
+	}
 	var whole []byte
 	for {
 		ev, ok := ts.Next(ctx)
@@ -172,9 +177,11 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 
 // errorResponse is the last response of a request that failed: its
 // error, flagged final as Triton flags a decoupled request's last.
+// Its names and id are clipped: an id past core.MaxRequestIDBytes is
+// refused, not echoed in full.
 func errorResponse(req *inferencepb.ModelInferRequest, msg string) *inferencepb.ModelStreamInferResponse {
 	return &inferencepb.ModelStreamInferResponse{ErrorMessage: msg, InferResponse: &inferencepb.ModelInferResponse{
-		ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId(),
+		ModelName: core.ClipName(req.GetModelName()), ModelVersion: core.ClipName(req.GetModelVersion()), Id: core.ClipName(req.GetId()),
 		Parameters: map[string]*inferencepb.InferParameter{
 			"triton_final_response": {ParameterChoice: &inferencepb.InferParameter_BoolParam{BoolParam: true}},
 		}}}

@@ -372,8 +372,8 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			for k, v := range raw {
 				switch k {
 				case "id":
-					if err := json.Unmarshal(v, &id); err != nil || len(id) > 256 {
-						return t.fail(core.BadRequest("id: want a string of at most 256 bytes"))
+					if err := json.Unmarshal(v, &id); err != nil || len(id) > core.MaxRequestIDBytes {
+						return t.fail(core.BadRequest(fmt.Sprintf("id: want a string of at most %d bytes", core.MaxRequestIDBytes)))
 					}
 				case "text_input":
 					var s string
@@ -453,6 +453,11 @@ func (t *textRequest) generate(gr *serving.GenerateRequest, gw genWriter) int {
 		return t.fail(err)
 	}
 	defer ts.Close()
+	// What the generation's events may hold while they wait for the
+	// client is charged with the request, until it ends.
+	if err := t.ch.Take(ctx, ts.MaxHeld(), "the generation's output"); err != nil {
+		return t.fail(err)
+	}
 	rc := http.NewResponseController(t.w)
 	if !gw.streaming() {
 		var text strings.Builder

@@ -1,0 +1,288 @@
+package grpcapi
+
+// How a ModelStreamInfer stream reads its requests and sends its
+// responses within the server's memory and time bounds.
+//
+// Reading. A stream waits for its client's next request as long as the
+// client keeps it open, and holds nothing for it while it waits beyond the
+// flow-control window charged when the stream opened (tapStream). The
+// message's 5-byte gRPC prefix is read first; only then, its length known,
+// is room for it taken from the in-flight budget (waiting as any read
+// waits), and its bytes read within server.read_timeout. Once decoded, the
+// request is charged at what it holds decoded (scanInferRequest's bound)
+// until its generation ends, with what its generation's events may hold
+// while they wait for the client (serving.TextStream.MaxHeld).
+//
+// A stream with no generation in progress that sends nothing for
+// server.idle_timeout is ended (UNAVAILABLE: open a new stream), as HTTP
+// closes an idle keep-alive connection.
+//
+// Sending. A response that the client does not take within
+// streamWriteTimeout (its flow-control window stays shut: it does not
+// read) ends the stream with DEADLINE_EXCEEDED, which cancels its
+// generations and frees their KV cache blocks, as HTTP's event streams cut
+// a client that does not read.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stepserve/stepserve/internal/bytesize"
+	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/inferencepb"
+)
+
+// streamWriteTimeout bounds how long a response waits for its client to
+// take it, as HTTP's event streams bound each event's write.
+const streamWriteTimeout = 30 * time.Second
+
+// rawMessageReader is what gRPC's own server stream (the transport's, in
+// the call's context) can do besides grpc.ServerTransportStream: read a
+// message's prefix, then its bytes, as gRPC's parser does. Reading the
+// prefix first lets the length it gives be charged before the bytes are
+// asked for (gRPC opens the flow-control window for a whole message when
+// its parser reads one).
+type rawMessageReader interface {
+	ReadMessageHeader(header []byte) error
+	Read(n int) (mem.BufferSlice, error)
+}
+
+// streamIO reads a stream's requests and sends its responses.
+type streamIO struct {
+	api *API
+	ctx context.Context
+	raw rawMessageReader // nil: read through gRPC (gatedStream)
+	ws  statusWriter     // nil: the stream cannot be ended from here
+	ss  grpc.BidiStreamingServer[inferencepb.ModelInferRequest, inferencepb.ModelStreamInferResponse]
+
+	sendMu  sync.Mutex
+	sendErr error
+
+	mu      sync.Mutex
+	active  int  // generations in progress
+	waiting bool // reading: the next request's prefix is awaited
+	idle    *time.Timer
+}
+
+func newStreamIO(api *API, ss grpc.BidiStreamingServer[inferencepb.ModelInferRequest, inferencepb.ModelStreamInferResponse]) *streamIO {
+	ctx := ss.Context()
+	st := grpc.ServerTransportStreamFromContext(ctx)
+	s := &streamIO{api: api, ctx: ctx, ss: ss}
+	s.raw, _ = st.(rawMessageReader)
+	s.ws, _ = st.(statusWriter)
+	return s
+}
+
+// end ends the stream with st, from any goroutine: its context is
+// cancelled, and so every read, send and generation of it.
+func (s *streamIO) end(st *status.Status) {
+	if s.ws != nil {
+		s.ws.WriteStatus(st)
+	}
+}
+
+// begin and done count a generation in progress: a stream with one is
+// not idle.
+func (s *streamIO) begin() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active++
+	s.disarm()
+}
+
+func (s *streamIO) done() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	s.arm()
+}
+
+// wait says whether the stream is waiting for its client's next request.
+func (s *streamIO) wait(waiting bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = waiting
+	if waiting {
+		s.arm()
+	} else {
+		s.disarm()
+	}
+}
+
+// arm starts the idle timer of a stream that waits with nothing in
+// progress; mu is held.
+func (s *streamIO) arm() {
+	timeout := s.api.c.Opts.IdleTimeout
+	if timeout <= 0 || s.ws == nil || !s.waiting || s.active > 0 || s.idle != nil {
+		return
+	}
+	s.idle = time.AfterFunc(timeout, func() {
+		s.end(status.New(codes.Unavailable, fmt.Sprintf(
+			"the stream sent no request for %s (server.idle_timeout) and has none in progress; open a new stream", timeout)))
+	})
+}
+
+func (s *streamIO) disarm() {
+	if s.idle != nil {
+		s.idle.Stop()
+		s.idle = nil
+	}
+}
+
+// errNotReading ends a stream whose client does not take its responses.
+var errNotReading = status.New(codes.DeadlineExceeded, fmt.Sprintf(
+	"the client did not read its responses for %s; the stream's generations were cancelled", streamWriteTimeout))
+
+// send sends r within streamWriteTimeout; past it the stream ends. After
+// the first failed send every send fails at once.
+func (s *streamIO) send(r *inferencepb.ModelStreamInferResponse) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if s.sendErr != nil {
+		return s.sendErr
+	}
+	timer := time.AfterFunc(streamWriteTimeout, func() {
+		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream", "waited", streamWriteTimeout)
+		s.end(errNotReading)
+	})
+	s.sendErr = s.ss.Send(r)
+	if !timer.Stop() {
+		s.sendErr = errNotReading.Err()
+	}
+	return s.sendErr
+}
+
+// recv reads the stream's next request, charged to the in-flight budget
+// at what it holds decoded; the caller releases the charge when its
+// generation ends. io.EOF: the client closed its side.
+func (s *streamIO) recv() (*inferencepb.ModelInferRequest, core.Charge, error) {
+	ch := s.api.c.Charge()
+	if s.raw == nil {
+		req, err := s.ss.Recv()
+		if err == nil {
+			err = ch.Take(s.ctx, pbMessageBytes+2*int64(proto.Size(req)), "the request message")
+		}
+		return req, ch, err
+	}
+	var prefix [5]byte
+	s.wait(true)
+	err := s.raw.ReadMessageHeader(prefix[:])
+	s.wait(false)
+	if err != nil {
+		return nil, ch, s.readError(err)
+	}
+	compressed := prefix[0] != 0
+	n := int64(prefix[1])<<24 | int64(prefix[2])<<16 | int64(prefix[3])<<8 | int64(prefix[4])
+	if n > s.api.maxRecv() {
+		return nil, ch, status.Errorf(codes.ResourceExhausted, "the request message is %s, more than server.max_body_bytes (%s)",
+			bytesize.Format(n), bytesize.Format(s.api.maxRecv()))
+	}
+	room := n
+	if compressed {
+		room += s.api.maxRecv() // what it may decompress to
+	}
+	if err := ch.Take(s.ctx, room, "the request message"); err != nil {
+		if errors.Is(err, core.ErrBusy) {
+			grpc.SetTrailer(s.ctx, metadata.Pairs("grpc-retry-pushback-ms", retryPushbackMs))
+		}
+		return nil, ch, core.GRPCError(err)
+	}
+	b, err := s.readBody(int(n))
+	if err != nil {
+		ch.Release()
+		return nil, ch, err
+	}
+	if compressed {
+		if b, err = s.decompress(b); err != nil {
+			ch.Release()
+			return nil, ch, err
+		}
+	}
+	sc, err := scanInferRequest(b, s.api.c.Opts.MaxRequestElements)
+	if err == nil || errors.Is(err, errProtoMalformed) {
+		// Decoding takes what the message holds decoded, besides its
+		// bytes (freed once decoded).
+		err = ch.Take(s.ctx, sc.decoded, "decoding the request message")
+	}
+	if err != nil {
+		ch.Release()
+		return nil, ch, core.GRPCError(err)
+	}
+	req := &inferencepb.ModelInferRequest{}
+	if err := proto.Unmarshal(b, req); err != nil {
+		ch.Release()
+		return nil, ch, status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+	}
+	ch.Shrink(sc.decoded)
+	return req, ch, nil
+}
+
+// readBody reads a message's n bytes within server.read_timeout.
+func (s *streamIO) readBody(n int) ([]byte, error) {
+	timer := time.AfterFunc(s.api.readTimeout(), func() { s.end(errReadTimeout) })
+	data, err := s.raw.Read(n)
+	if !timer.Stop() {
+		data.Free()
+		return nil, errReadTimeout.Err()
+	}
+	if err != nil {
+		return nil, s.readError(err)
+	}
+	b := data.Materialize()
+	data.Free()
+	return b, nil
+}
+
+// decompress decompresses a message in the call's encoding, reading at
+// most one byte past the receive limit.
+func (s *streamIO) decompress(b []byte) ([]byte, error) {
+	st, ok := grpc.ServerTransportStreamFromContext(s.ctx).(callStream)
+	if !ok {
+		return nil, status.Error(codes.Internal, "grpc: a compressed message on a call with no encoding")
+	}
+	c := encoding.GetCompressor(st.RecvCompress())
+	if c == nil {
+		return nil, status.Errorf(codes.Unimplemented, "grpc: decompressor is not installed for grpc-encoding %q", st.RecvCompress())
+	}
+	r, err := c.Decompress(bytes.NewReader(b))
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "grpc: failed to decompress the received message: %v", err)
+	}
+	max := s.api.maxRecv()
+	out, err := io.ReadAll(io.LimitReader(r, max+1))
+	if cl, ok := r.(io.Closer); ok {
+		cl.Close()
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "grpc: failed to decompress the received message: %v", err)
+	}
+	if int64(len(out)) > max {
+		return nil, status.Errorf(codes.ResourceExhausted, "grpc: received message after decompression larger than max %d", max)
+	}
+	return out, nil
+}
+
+// readError is a read's error as the stream's answer: io.EOF as it is (the
+// client closed its side), the context's when the stream ended.
+func (s *streamIO) readError(err error) error {
+	switch {
+	case errors.Is(err, io.EOF):
+		return io.EOF
+	case s.ctx.Err() != nil:
+		return status.FromContextError(s.ctx.Err()).Err()
+	}
+	return err
+}
