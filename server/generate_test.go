@@ -646,3 +646,23 @@ func TestGeneratePrefixCacheHits(t *testing.T) {
 	assert.Positive(t, metricValue(t, f.reg, "stepserve_generation_prefix_cache_hit_tokens_total", ""), "the system prompt's blocks were shared")
 	assert.Equal(t, decodeCompletion(t, want).Choices[0].Message.Content, decodeCompletion(t, got).Choices[0].Message.Content)
 }
+
+// A parameter of too many values is refused 413 naming it: the field at
+// fault, not the prompt.
+func TestTooManyValuesNamesTheField(t *testing.T) {
+	f := newGenFixture(t, "")
+	stops := `"a"` + strings.Repeat(`,"a"`, 9999)
+	bias := `"1":0` + strings.Repeat(`,"1":0`, 99999)
+	for field, body := range map[string]string{
+		"stop":       `{"model":"tiny-llama","prompt":"hi","stop":[` + stops + `]}`,
+		"logit_bias": `{"model":"tiny-llama","prompt":"hi","logit_bias":{` + bias + `}}`,
+	} {
+		st, b := f.post(t, "/v1/completions", json.RawMessage(body))
+		require.Equal(t, 413, st, string(b))
+		var e openaiErrorResponse
+		decodeStrict(t, b, &e)
+		assert.Contains(t, e.Error.Message, "JSON values ("+field+" holds", field)
+		require.NotNil(t, e.Error.Param, field)
+		assert.Equal(t, field, *e.Error.Param)
+	}
+}

@@ -50,6 +50,9 @@ func withParam(param string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if pe := (*paramError)(nil); errors.As(err, &pe) || param == "" {
+		return err // the innermost names the field
+	}
 	return &paramError{param, err}
 }
 

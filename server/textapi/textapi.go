@@ -259,10 +259,14 @@ func (t *textRequest) decode(body []byte, v any, field string, strict bool) erro
 // decodeCharged decodes body into v once len(body) and perValue bytes for
 // each of its JSON values are charged, refusing more than maxValues.
 func (t *textRequest) decodeCharged(body []byte, v any, field string, strict bool, perValue int64, maxValues int) error {
-	values := jsonValues(body)
+	values, most, mostN := jsonValues(body)
 	if values > maxValues {
-		return &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
-			"the request holds more than %d JSON values; a request sends at most %d texts (or pairs): split it", maxValues, maxClientBatch)}
+		where := ""
+		if most != "" {
+			where = fmt.Sprintf(" (%s holds %d)", core.ClipName(most), mostN)
+		}
+		return withParam(most, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
+			"the request holds more than %d JSON values%s; a request sends at most %d texts (or pairs): split it", maxValues, where, maxClientBatch)})
 	}
 	if err := t.ch.Take(t.r.Context(), int64(len(body))+perValue*int64(values+1), "decoding the request"); err != nil {
 		return err
@@ -315,9 +319,19 @@ const maxTextValues = 3*maxClientBatch + 1024
 
 // jsonValues counts the values in a JSON document, as the elements and
 // members its arrays and objects hold (a comma or an opening bracket each,
-// outside strings), in one pass: a bound, not a parse.
-func jsonValues(b []byte) int {
-	n, inString := 0, false
+// outside strings), in one pass: a bound, not a parse. It also returns
+// the top-level key whose value holds the most of them, and how many, so
+// that a refusal can name the field at fault.
+func jsonValues(b []byte) (n int, most string, mostN int) {
+	inString := false
+	depth, cur := 0, 0
+	key, keyStart, expectKey := "", -1, false
+	endKey := func() {
+		if cur > mostN {
+			most, mostN = key, cur
+		}
+		cur = 0
+	}
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		switch {
@@ -326,14 +340,39 @@ func jsonValues(b []byte) int {
 				i++
 			} else if c == '"' {
 				inString = false
+				if keyStart >= 0 {
+					key, keyStart = string(b[keyStart:i]), -1
+				}
 			}
 		case c == '"':
 			inString = true
-		case c == ',' || c == '[' || c == '{':
+			if depth == 1 && expectKey {
+				keyStart, expectKey = i+1, false
+			}
+		case c == '[' || c == '{':
 			n++
+			if depth >= 1 {
+				cur++
+			}
+			depth++
+			expectKey = depth == 1 && c == '{'
+		case c == ',':
+			n++
+			if depth >= 2 {
+				cur++
+			}
+			if depth == 1 {
+				endKey()
+				expectKey = true
+			}
+		case c == ']' || c == '}':
+			depth--
+			if depth == 0 {
+				endKey()
+			}
 		}
 	}
-	return n
+	return n, most, mostN
 }
 
 // find chooses the model a request names (name, or the query's model=),
