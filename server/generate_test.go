@@ -666,3 +666,37 @@ func TestTooManyValuesNamesTheField(t *testing.T) {
 		assert.Equal(t, field, *e.Error.Param)
 	}
 }
+
+// A generation whose client does not read it holds its place only while
+// the loop generates it: once generated, its events wait for the client
+// and a new generation is admitted (they were once refused "queue full"
+// until every unread stream was closed).
+func TestUnreadGenerationsGiveTheirPlacesBack(t *testing.T) {
+	f := newGenFixture(t, "generation:\n  max_num_seqs: 1\n  max_queue_size: 1\n  max_batch_tokens: 32\n  max_model_len: 128\n")
+	m, ok := f.set.Model("tiny-llama")
+	require.True(t, ok)
+	four := 4
+	var held []*serving.TextStream
+	for range 2 {
+		ts, err := m.Generate(context.Background(), &serving.GenerateRequest{Prompt: "hi", MaxTokens: &four, IgnoreEOS: true, Logprobs: -1})
+		require.NoError(t, err)
+		defer ts.Close()
+		held = append(held, ts)
+	}
+	require.Eventually(t, func() bool { return m.Generations() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"generated and unread: no place held")
+	st, b := f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "max_tokens": 2})
+	require.Equal(t, 200, st, string(b))
+	for _, ts := range held { // their events waited, all of them
+		n := 0
+		for {
+			ev, ok := ts.Next(context.Background())
+			if !ok {
+				break
+			}
+			require.NoError(t, ev.Err)
+			n += len(ev.Tokens)
+		}
+		assert.Equal(t, 4, n)
+	}
+}
