@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -155,9 +156,9 @@ func TestHostileGRPCStreamHugeIDs(t *testing.T) {
 	assert.True(t, p.alive())
 }
 
-// One stream's generations, whose responses its client never reads, hold
-// none of the model's places once the loop has generated them, and the
-// stream is ended 30 s after a response stopped going out: new
+// Generations whose responses their client never reads hold none of the
+// model's places once the loop has generated them, and their streams
+// are ended 30 s after a response stopped going out: new
 // generations, over HTTP and gRPC, are served all along (they were once
 // refused "queue full" for as long as the stream stayed open).
 func TestHostileGRPCStreamNotReading(t *testing.T) {
@@ -166,7 +167,7 @@ func TestHostileGRPCStreamNotReading(t *testing.T) {
 	require.NoError(t, os.CopyFS(dir, os.DirFS("../../model_repository/tiny-llama")))
 	yaml, err := os.ReadFile(filepath.Join(dir, "model.yaml"))
 	require.NoError(t, err)
-	// 64 places: one stream's 64 generations would take them all.
+	// 64 places.
 	yaml = []byte(strings.Replace(string(yaml), "  max_num_seqs: 16\n", "  max_num_seqs: 16\n  max_queue_size: 48\n", 1))
 	require.Contains(t, string(yaml), "max_queue_size: 48")
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.yaml"), yaml, 0o644))
@@ -175,11 +176,15 @@ func TestHostileGRPCStreamNotReading(t *testing.T) {
 	attacker := notReading(t, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := attacker.ModelStreamInfer(ctx)
-	require.NoError(t, err)
+	// Two streams of 64 generations: more than the model's places, even
+	// once the first few have sent their responses into gRPC's buffers.
 	attacked := time.Now()
-	for i := range 64 {
-		require.NoError(t, st.Send(genStreamRequest("held-"+strconv.Itoa(i), "once upon a time", 64)))
+	for s := range 2 {
+		st, err := attacker.ModelStreamInfer(ctx)
+		require.NoError(t, err)
+		for i := range 64 {
+			require.NoError(t, st.Send(genStreamRequest(fmt.Sprintf("held-%d-%d", s, i), "once upon a time", 64)))
+		}
 	}
 	// The loop generates them all; their responses wait for the client.
 	require.Eventually(t, func() bool {
