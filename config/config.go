@@ -236,7 +236,7 @@ var keys = []key{
 		value(func(c *Config) *time.Duration { return &c.Server.ReadTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.write_timeout", "120s", "how long writing a response may take, from the end of the request headers",
 		value(func(c *Config) *time.Duration { return &c.Server.WriteTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
-	{"server.idle_timeout", "120s", "how long an idle keep-alive connection (or a gRPC connection with no call in progress) stays open",
+	{"server.idle_timeout", "120s", "how long an idle keep-alive connection (or a gRPC connection with no call in progress, or a ModelStreamInfer stream with no request in progress) stays open",
 		value(func(c *Config) *time.Duration { return &c.Server.IdleTimeout }, time.ParseDuration, positive, "a positive duration, e.g. 60s"), durationKind(false)},
 	{"server.max_header_bytes", "1MiB", "largest request header block (431 above it)",
 		value(func(c *Config) *int64 { return &c.Server.MaxHeaderBytes }, ParseBytes, between[int64](4096, 1<<30), "a size from 4KiB to 1GiB"), sizeKind(4096, false)},
