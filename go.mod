@@ -3,7 +3,6 @@ module github.com/stepserve/stepserve
 go 1.26.8
 
 require (
-	github.com/ardanlabs/jinja v1.8.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/prometheus/client_golang v1.25.0

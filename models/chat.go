@@ -5,16 +5,21 @@ package models
 // beside it, which newer transformers write), rendered with the messages
 // of a chat request into the prompt the model was trained on.
 //
-// Templates are rendered by github.com/ardanlabs/jinja: a pure-Go Jinja
-// implementation written for exactly these templates (it is tested
-// against those of the Llama, Mistral, Qwen, Gemma and DeepSeek
-// families), with the globals they call (raise_exception, strftime_now)
-// and Python's string methods, no cgo and no dependencies of its own.
-// The alternatives were a general Django-style engine that does not
-// follow Jinja's semantics where the templates rely on them (loop
-// controls, namespace, string methods), or a Python process per render.
+// Templates are rendered by internal/jinja, stepserve's fork of
+// github.com/ardanlabs/jinja: a pure-Go Jinja implementation written for
+// exactly these templates (it is tested against those of the Llama,
+// Mistral, Qwen, Gemma and DeepSeek families), with the globals they call
+// (raise_exception, strftime_now) and Python's string methods, no cgo and
+// no dependencies of its own. The alternatives were a general
+// Django-style engine that does not follow Jinja's semantics where the
+// templates rely on them (loop controls, namespace, string methods), or a
+// Python process per render. The fork adds what the original lacks: an
+// evaluation budget. A template is a program that came with the model
+// folder, and one that loops, allocates or recurses without end must cost
+// a request an error, not the server its CPU, its memory or its stack.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,9 +27,8 @@ import (
 	"os"
 	"path"
 
-	"github.com/ardanlabs/jinja"
-
 	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/internal/jinja"
 )
 
 // chatTemplateFile is where newer transformers write a folder's chat
@@ -40,6 +44,59 @@ const maxChatTemplateBytes = 1 << 20
 // request's fault: a 400.
 var ErrChat = errors.New("models: chat")
 
+// ErrChatTemplateBudget is wrapped by the errors of a chat template that
+// exceeded its evaluation budget, and of rendering with a template that
+// was refused at load for exceeding it on a probe. They are the
+// template's fault (the model's), not the request's: not a 400.
+var ErrChatTemplateBudget = errors.New("the model's chat template exceeded its evaluation budget")
+
+// A chat template's evaluation budget (see internal/jinja's Limits): a
+// template may take ChatTemplateSteps steps, build strings, lists and an
+// output of ChatTemplateBytes, and nest calls ChatTemplateDepth deep, on
+// top of what the conversation brings:
+//
+//   - chatStepsPerPair steps for each pair of messages: some real
+//     templates look back over the conversation for each message (Gemma
+//     4's takes 30M steps for 2,400 messages, about as many as an HTTP
+//     request holds; DeepSeek V4's 17M), where Llama 3's, Qwen's and
+//     Mistral's take 0.1M to 1.8M, linear in them;
+//   - a step per chatBytesPerStep bytes of the messages (a template reads
+//     and copies its messages a few times over);
+//   - the messages' bytes, to the bytes budget: the output holds them.
+//
+// A step is 30 to 50 ns of CPU (a million: 50 ms), and a step is charged
+// per 64 bytes a template builds (a million: 64 MB at most).
+const (
+	ChatTemplateSteps = 1_000_000
+	ChatTemplateBytes = 4 << 20
+	ChatTemplateDepth = 64
+	chatStepsPerPair  = 10
+	chatBytesPerStep  = 4
+)
+
+// chatLimits is the budget of rendering messages.
+func chatLimits(messages []ChatMessage) jinja.Limits {
+	n, size := int64(len(messages)), int64(0)
+	for _, m := range messages {
+		size += int64(len(m.Role) + len(m.Content))
+	}
+	return jinja.Limits{
+		MaxSteps: ChatTemplateSteps + chatStepsPerPair*n*n + size/chatBytesPerStep,
+		MaxBytes: ChatTemplateBytes + size,
+		MaxDepth: ChatTemplateDepth,
+	}
+}
+
+// probeMessages is the conversation a template is tried on at load,
+// within the budget of no messages: a template that exceeds it on four
+// messages would on every request.
+var probeMessages = []ChatMessage{
+	{"system", "You are a helpful assistant."},
+	{"user", "Hello!"},
+	{"assistant", "Hello! How can I help you today?"},
+	{"user", "What is 2+2?"},
+}
+
 // ChatMessage is one message of a conversation.
 type ChatMessage struct {
 	Role    string
@@ -47,12 +104,26 @@ type ChatMessage struct {
 }
 
 // ChatTemplate is a model's chat template, compiled. It is safe for
-// concurrent use.
+// concurrent use. A template refused at load (see [ParseChatTemplate]) is
+// one too, whose Refused says why: the model serves without chat, and
+// rendering with it fails wrapping [ErrChatTemplateBudget].
 type ChatTemplate struct {
 	tmpl *jinja.Template
 	// The special tokens templates refer to by name (bos_token,
 	// eos_token, ...), from tokenizer_config.json.
 	tokens map[string]any
+	// refused is why the template was refused at load; "" when it
+	// serves.
+	refused string
+}
+
+// Refused is why the template was refused at load, to log and to answer
+// chat requests with; "" for one that serves (and for none).
+func (t *ChatTemplate) Refused() string {
+	if t == nil {
+		return ""
+	}
+	return t.refused
 }
 
 // tokenizerConfig is what tokenizer_config.json says of chat.
@@ -68,7 +139,8 @@ type tokenizerConfig struct {
 // (in root): chat_template.jinja where there is one, else
 // tokenizer_config.json's chat_template (a string, or a list of named
 // templates, of which "default" is used). It returns nil and no error for
-// a folder with no chat template.
+// a folder with no chat template, and a refused template (see
+// [ParseChatTemplate]) for one that exceeds its budget.
 func ReadChatTemplate(root *os.Root, dir string) (*ChatTemplate, error) {
 	cfgFile := path.Join(dir, hfTokenizerConfig)
 	b, err := readFile(root, cfgFile, maxConfigBytes)
@@ -154,32 +226,74 @@ func specialTokens(cfg tokenizerConfig) map[string]any {
 
 // ParseChatTemplate compiles a chat template's source. tokens are the
 // special tokens it may refer to by name (bos_token, eos_token, ...).
+//
+// The template is then tried: it renders a probe conversation (system,
+// user, assistant, user, with the generation prompt) within the budget of
+// no messages. A template that exceeds its budget there, or nests too
+// deep to compile, would on every request: it is returned refused, with
+// no error (the model serves without chat; [ChatTemplate.Refused] says
+// why). Any other failure on the probe (a template that refuses a system
+// message, as many do) leaves it to serve: requests will have its words.
 func ParseChatTemplate(source string, tokens map[string]any) (*ChatTemplate, error) {
 	if len(source) > maxChatTemplateBytes {
 		return nil, fmt.Errorf("%w: the chat template is %d bytes; at most %d", ErrConfig, len(source), maxChatTemplateBytes)
 	}
 	t, err := jinja.Compile(source)
-	if err != nil {
+	var be *jinja.BudgetError
+	switch {
+	case errors.As(err, &be):
+		return &ChatTemplate{tokens: tokens, refused: "it does not compile: " + clip.Clip(err.Error(), 300)}, nil
+	case err != nil:
 		return nil, fmt.Errorf("%w: the chat template does not compile: %s", ErrConfig, clip.Clip(err.Error(), 300))
 	}
-	return &ChatTemplate{tmpl: t, tokens: tokens}, nil
+	ct := &ChatTemplate{tmpl: t, tokens: tokens}
+	if _, err := ct.render(context.Background(), probeMessages, true, chatLimits(nil)); errors.As(err, &be) {
+		ct.tmpl, ct.refused = nil, fmt.Sprintf("it exceeded its evaluation budget on a probe conversation of %d messages: %s", len(probeMessages), be.Reason)
+	}
+	return ct, nil
 }
 
 // Render renders messages into a prompt; with addGenerationPrompt the
-// prompt ends where the assistant's reply begins. The template's own
-// refusals (raise_exception: a role it does not know, roles that do not
+// prompt ends where the assistant's reply begins. It ends when ctx does
+// (an error wrapping ctx's). The template's own refusals
+// (raise_exception: a role it does not know, roles that do not
 // alternate) and messages it cannot take wrap [ErrChat], in the
-// template's words: the request's fault. Any other failure is the
-// template's, and wraps neither.
-func (t *ChatTemplate) Render(messages []ChatMessage, addGenerationPrompt bool) (string, error) {
+// template's words: the request's fault. A template that exceeds its
+// budget (see ChatTemplateSteps), or was refused at load, wraps
+// [ErrChatTemplateBudget]. Any other failure is the template's, and
+// wraps neither.
+func (t *ChatTemplate) Render(ctx context.Context, messages []ChatMessage, addGenerationPrompt bool) (string, error) {
+	if t.refused != "" {
+		return "", &chatBudgetError{"the model's chat template was refused at load: " + t.refused}
+	}
 	if len(messages) == 0 {
 		return "", fmt.Errorf("%w: no messages; want at least one {role, content}", ErrChat)
 	}
-	msgs := make([]any, len(messages))
 	for i, m := range messages {
 		if m.Role == "" {
 			return "", fmt.Errorf("%w: message %d has no role", ErrChat, i)
 		}
+	}
+	out, err := t.render(ctx, messages, addGenerationPrompt, chatLimits(messages))
+	var r *refusal
+	var be *jinja.BudgetError
+	switch {
+	case errors.As(err, &r):
+		return "", fmt.Errorf("%w: the chat template refused the messages: %s", ErrChat, clip.Clip(r.msg, 500))
+	case errors.As(err, &be):
+		return "", &chatBudgetError{ErrChatTemplateBudget.Error() + ": " + be.Reason}
+	case err != nil && ctx.Err() != nil:
+		return "", fmt.Errorf("models: rendering the chat template: %w", ctx.Err())
+	case err != nil:
+		return "", fmt.Errorf("models: the model's chat template failed to render: %s", clip.Clip(err.Error(), 500))
+	}
+	return out, nil
+}
+
+// render renders messages within lim.
+func (t *ChatTemplate) render(ctx context.Context, messages []ChatMessage, addGenerationPrompt bool, lim jinja.Limits) (string, error) {
+	msgs := make([]any, len(messages))
+	for i, m := range messages {
 		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
 	data := make(map[string]jinja.Value, len(t.tokens)+3)
@@ -191,20 +305,23 @@ func (t *ChatTemplate) Render(messages []ChatMessage, addGenerationPrompt bool) 
 	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 		msg := "raise_exception"
 		if len(args) > 0 {
-			msg = args[0].String()
+			if args[0].IsString() {
+				msg = args[0].AsString()
+			} else {
+				msg = args[0].String()
+			}
 		}
 		return jinja.Undefined(), &refusal{msg}
 	})
-	out, err := t.tmpl.RenderValues(data)
-	var r *refusal
-	switch {
-	case errors.As(err, &r):
-		return "", fmt.Errorf("%w: the chat template refused the messages: %s", ErrChat, clip.Clip(r.msg, 500))
-	case err != nil:
-		return "", fmt.Errorf("models: the model's chat template failed to render: %s", clip.Clip(err.Error(), 500))
-	}
-	return out, nil
+	return t.tmpl.RenderContext(ctx, data, lim)
 }
+
+// chatBudgetError is a template's budget exceeded, in its own words; it
+// wraps ErrChatTemplateBudget.
+type chatBudgetError struct{ msg string }
+
+func (e *chatBudgetError) Error() string { return e.msg }
+func (e *chatBudgetError) Unwrap() error { return ErrChatTemplateBudget }
 
 // refusal is a template's raise_exception.
 type refusal struct{ msg string }

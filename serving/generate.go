@@ -171,6 +171,9 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 	}()
 	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(), gen: gen,
 		logger: s.logger.With("model", m.Name, "engine", name)}
+	if why := m.Decoder.Chat.Refused(); why != "" {
+		sm.logger.Warn("chat template refused: the model serves without chat", "reason", why)
+	}
 	return sm, nil
 }
 
@@ -202,8 +205,11 @@ func (s *Set) judgeWarmups(model, engineName string, so engine.StepObserver) err
 // Generate.
 func (m *Model) Generative() bool { return m.gen != nil }
 
-// ChatTemplate reports whether the model has a chat template.
-func (m *Model) ChatTemplate() bool { return m.gen != nil && m.gen.chat != nil }
+// ChatTemplate reports whether the model has a chat template (not one
+// refused at load).
+func (m *Model) ChatTemplate() bool {
+	return m.gen != nil && m.gen.chat != nil && m.gen.chat.Refused() == ""
+}
 
 // GenerationOptions are a language model's generation bounds.
 func (m *Model) GenerationOptions() models.GenerationOptions {
@@ -245,7 +251,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if len(r.Stop) > MaxStops {
 		return nil, badGenerate("%d stop strings; want at most %d", len(r.Stop), MaxStops)
 	}
-	prompt, err := g.prompt(r)
+	prompt, err := g.prompt(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +353,7 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 // prompt is r's prompt's token ids: the text as the tokenizer frames it
 // (a Llama's BOS), or the messages rendered by the chat template and
 // tokenized as they are (the template writes the special tokens).
-func (g *generator) prompt(r *GenerateRequest) ([]int32, error) {
+func (g *generator) prompt(ctx context.Context, r *GenerateRequest) ([]int32, error) {
 	if r.PromptIDs != nil {
 		if r.Prompt != "" || r.Messages != nil {
 			return nil, badGenerate("give a prompt as text, as token ids or as messages: one of them")
@@ -373,13 +379,21 @@ func (g *generator) prompt(r *GenerateRequest) ([]int32, error) {
 		if g.chat == nil {
 			return nil, badGenerate("the model has no chat template (its tokenizer_config.json has no chat_template); send a prompt to the completions API instead")
 		}
+		if why := g.chat.Refused(); why != "" {
+			return nil, badGenerate("the model's chat template was refused at load (%s): the model serves no chat; send a prompt to the completions API instead", why)
+		}
 		for i, msg := range r.Messages {
 			if len(msg.Content) > g.opts.MaxModelLen*promptBytesPerToken {
 				return nil, badGenerate("messages[%d] is %d bytes, more than max_model_len %d tokens can hold", i, len(msg.Content), g.opts.MaxModelLen)
 			}
 		}
 		var err error
-		if text, err = g.chat.Render(r.Messages, true); err != nil {
+		if text, err = g.chat.Render(ctx, r.Messages, true); err != nil {
+			// A template past its budget is the model's fault (a 500),
+			// an ended request its own.
+			if errors.Is(err, models.ErrChatTemplateBudget) || ctx.Err() != nil {
+				return nil, err
+			}
 			return nil, fmt.Errorf("%w: %w", ErrBadParameter, err)
 		}
 		special = false

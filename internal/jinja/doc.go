@@ -1,0 +1,67 @@
+// Package jinja is a Jinja template engine purpose-built for LLM chat
+// templates: a fork of github.com/ardanlabs/jinja v1.8.0 (Apache-2.0,
+// Copyright 2026 Ardan Labs; its LICENSE is beside this file) that adds
+// an evaluation budget.
+//
+// Why a fork: chat templates come with the model folders an operator
+// serves (tokenizer_config.json's chat_template), and the original has
+// no limits at all. A template of {% for i in range(100000000) %} burns
+// CPU for ever, {{ 'x' * 3000000000 }} allocates 3 GB (a fatal "out of
+// memory" under an address-space cap), a macro calling itself overflows
+// the stack, and 1 MiB of "(" overflows it at compile time (fatal
+// errors, not panics: the whole server goes). Newer versions (v1.9 and
+// on) need Go 1.27 and have no limits either.
+//
+// What was changed, and why:
+//
+//   - Limits, DefaultLimits, RenderContext, ErrBudget and BudgetError are
+//     new (budget.go). Every node executed, expression evaluated and loop
+//     iteration costs a step; building or scanning a string or a list
+//     costs a step per 64 bytes of it besides (a list item counts as 24
+//     bytes), so a bounded number of steps is a bounded amount of CPU and
+//     of allocation. Sizes are checked before the allocation: repetition
+//     (*), concatenation (+ and ~), range, replace, join, indent, format,
+//     escape, split, tojson, a list's append and insert, dict.update.
+//     Macro and caller() calls nest at most MaxDepth deep. The context is
+//     read every 1024 steps. Render and RenderValues run within
+//     DefaultLimits (they had none); the first budget error is sticky,
+//     so a path that drops an error (tojson's NaN handling) cannot carry
+//     on for free, and a panic in a render is an error.
+//   - Walks over values (printing a list or a dict, ==, in, tojson,
+//     unique) are charged per value and bounded by MaxDepth (walk.go): a
+//     template can build a list that holds itself ({{ l.append(l) }}),
+//     which the original printed by recursing until the stack overflowed.
+//     Value.String and Value.Equals, called outside a render, are cut
+//     past 64 levels or 1 MiB.
+//   - Built-ins take the render's budget: Callable has an unexported
+//     budget-aware implementation beside Fn (Fn still works, within
+//     DefaultLimits); the signatures of the internal filter functions
+//     changed accordingly.
+//   - Compiling refuses a template nested more than MaxNesting deep
+//     (blocks in blocks, or an expression's brackets, unary operators and
+//     chains), with an error wrapping ErrBudget: the parser and the
+//     evaluator recurse per level. applyTrimming finds each tag's
+//     neighbouring text in linear time; it searched for it from every
+//     tag, quadratic in a template of tags with nothing between them
+//     (1 MiB of {##} took 44 s to compile).
+//   - Semantics changed only where the bounds needed it, towards
+//     Python's: a slice's bounds are clamped as slice.indices clamps them
+//     (the original iterated over whatever range the template gave, so
+//     [-10**18:10**18:2] ran for ever); ** of two ints is an int, and *
+//     repeats a string or a list by an int either way round, a negative
+//     count giving an empty one (the original panicked); indexing a
+//     string by code point does not convert the whole string to runes;
+//     a string read as a number (int, float, comparisons) is read up to
+//     its first 64 bytes; tojson(indent=N) is written by the same bounded
+//     encoder as tojson, as Python's json.dumps writes it (the original
+//     went through encoding/json, unbounded, sorting keys and escaping
+//     HTML).
+//
+// The library's own tests came along (jinja_test.go, requests_test.go,
+// slice_alloc_test.go, bench_test.go, testdata/ and
+// scripts/render_python.py): requests_test.go compares every template
+// under testdata/templates rendered for every request under
+// testdata/requests with Python Jinja2's rendering, byte for byte, and
+// runs the reference with uv as it did, or with a python3 that has
+// jinja2 installed. budget_test.go tests the budget.
+package jinja

@@ -1,0 +1,94 @@
+package jinja
+
+import (
+	"context"
+	"fmt"
+)
+
+// Template is a compiled Jinja template ready for rendering.
+type Template struct {
+	nodes []node
+	src   string
+}
+
+// Compile parses a Jinja template source string and returns a compiled
+// template that can be rendered multiple times with different data. A
+// template nested deeper than MaxNesting is refused with an error that
+// wraps ErrBudget.
+func Compile(source string) (*Template, error) {
+	segs, err := scan(source)
+	if err != nil {
+		return nil, fmt.Errorf("jinja scan: %w", err)
+	}
+
+	nodes, err := parseTemplate(segs)
+	if err != nil {
+		return nil, fmt.Errorf("jinja parse: %w", err)
+	}
+
+	return &Template{nodes: nodes, src: source}, nil
+}
+
+// Render executes the template with the provided data and returns the
+// rendered string, within DefaultLimits. Each call creates an isolated
+// scope so templates are safe to render concurrently after compilation.
+func (t *Template) Render(data map[string]any) (string, error) {
+	// Convert Go data to Value types.
+	vals := make(map[string]Value, len(data))
+	for k, v := range data {
+		vals[k] = FromGoValue(v)
+	}
+
+	return t.RenderContext(context.Background(), vals, DefaultLimits)
+}
+
+// RenderValues is like Render but accepts pre-converted Value data.
+func (t *Template) RenderValues(data map[string]Value) (string, error) {
+	return t.RenderContext(context.Background(), data, DefaultLimits)
+}
+
+// RenderContext is RenderValues within lim (a zero field: DefaultLimits'),
+// ending when ctx does. A render that exceeds a limit fails with an
+// error wrapping ErrBudget (a *BudgetError says which limit); one that
+// ctx ends, with an error wrapping ctx's.
+func (t *Template) RenderContext(ctx context.Context, data map[string]Value, lim Limits) (string, error) {
+	return render(t.nodes, data, newBudget(ctx, lim))
+}
+
+// =============================================================================
+
+// render executes the AST with the given data and returns the result.
+func render(nodes []node, data map[string]Value, b *budget) (result string, err error) {
+	// A panic in a render is a bug of this package that a template
+	// found: an error, not the caller's crash.
+	defer func() {
+		if r := recover(); r != nil {
+			result, err = "", fmt.Errorf("jinja: render failed: %v", r)
+		}
+	}()
+
+	e := evaluator{b: b, output: out{b: b}}
+
+	// Use the cached builtins scope directly. The scope is initialized
+	// once at package init and is only read after that (lookupFilter,
+	// chained get() through parent links, passed to nested evaluators).
+	// No code path writes to e.builtins, so sharing the cached scope
+	// across renders is safe and avoids cloning ~20 entries per render.
+	e.builtins = cachedBuiltins
+
+	// Create user data scope on top of builtins.
+	e.scope = newScope(e.builtins)
+	for k, v := range data {
+		e.scope.set(k, v)
+	}
+
+	if err := e.execNodes(nodes); err != nil {
+		return "", err
+	}
+	// A budget error some path dropped still ends the render.
+	if b.err != nil {
+		return "", b.err
+	}
+
+	return e.output.String(), nil
+}
