@@ -211,6 +211,16 @@ func (m *Model) ChatTemplate() bool {
 	return m.gen != nil && m.gen.chat != nil && m.gen.chat.Refused() == ""
 }
 
+// ChatTemplateRefused says why the model's chat template was refused at
+// load (it exceeded its evaluation budget on a probe conversation), or
+// "" when it was not.
+func (m *Model) ChatTemplateRefused() string {
+	if m.gen == nil {
+		return ""
+	}
+	return m.gen.chat.Refused()
+}
+
 // GenerationOptions are a language model's generation bounds.
 func (m *Model) GenerationOptions() models.GenerationOptions {
 	if m.gen == nil {

@@ -12,6 +12,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,6 +98,22 @@ func TestHostileChatTemplates(t *testing.T) {
 			}
 		}
 		assert.Equal(t, h.refused, warned, "%s: a load warning that its template was refused, and why; log:\n%s", h.model, logs)
+		// /v1/models says whether the model serves chat, and why not.
+		resp, err := http.Get(p.base + "/v1/models/" + h.model)
+		require.NoError(t, err)
+		var om struct {
+			Capabilities        []string `json:"capabilities"`
+			ChatTemplateRefused string   `json:"chat_template_refused"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&om))
+		resp.Body.Close()
+		if h.refused {
+			assert.Equal(t, []string{"completion"}, om.Capabilities, h.model)
+			assert.Contains(t, om.ChatTemplateRefused, h.says, h.model)
+		} else {
+			assert.Equal(t, []string{"completion", "chat"}, om.Capabilities, h.model)
+			assert.Empty(t, om.ChatTemplateRefused, h.model)
+		}
 	}
 
 	// tiny-llama's chat answers throughout.

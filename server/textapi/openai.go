@@ -148,18 +148,33 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// openaiModel is OpenAI's model object.
+// openaiModel is OpenAI's model object. A language model's says, besides,
+// what vLLM's does (max_model_len) and what it serves (capabilities, as
+// ollama lists them: completion, and chat where its chat template is
+// served), with why its chat template was refused at load, if it was.
 type openaiModel struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
+	ID                  string   `json:"id"`
+	Object              string   `json:"object"`
+	Created             int64    `json:"created"`
+	OwnedBy             string   `json:"owned_by"`
+	MaxModelLen         int      `json:"max_model_len,omitempty"`
+	Capabilities        []string `json:"capabilities,omitempty"`
+	ChatTemplateRefused string   `json:"chat_template_refused,omitempty"`
 }
 
 // newOpenAIModel is m as OpenAI lists a model; created is when it was
 // loaded (Unix seconds).
 func newOpenAIModel(m *serving.Model) openaiModel {
-	return openaiModel{ID: m.Model().Name, Object: "model", Created: m.LoadedAt().Unix(), OwnedBy: "stepserve"}
+	om := openaiModel{ID: m.Model().Name, Object: "model", Created: m.LoadedAt().Unix(), OwnedBy: "stepserve"}
+	if m.Generative() {
+		om.MaxModelLen = m.GenerationOptions().MaxModelLen
+		om.Capabilities = []string{"completion"}
+		if m.ChatTemplate() {
+			om.Capabilities = append(om.Capabilities, "chat")
+		}
+		om.ChatTemplateRefused = m.ChatTemplateRefused()
+	}
+	return om
 }
 
 // openaiModels lists the models that serve embeddings or generate text.
