@@ -517,11 +517,11 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 // Per generated token, what a stream may hold until its client reads it:
 // the loop's event (in a queue that doubles as it grows) and the text
 // the door builds from it (a token is at most a few dozen bytes of
-// text), and with logprobs each listed token's entry, twice, as the
-// loop's and the door's.
+// text), and with logprobs each listed token's entry, as the loop's (8
+// bytes) and the door's (its text and bytes besides).
 const (
 	heldPerToken    = 2*64 + 64
-	heldPerTopToken = 2 * 64
+	heldPerTopToken = 80
 )
 
 // MaxHeld bounds the memory the stream's events and text may take while

@@ -179,12 +179,14 @@ func TestHostileGRPCStreamNotReading(t *testing.T) {
 	// Two streams of 64 generations: more than the model's places, even
 	// once the first few have sent their responses into gRPC's buffers.
 	attacked := time.Now()
+	var held []pb.GRPCInferenceService_ModelStreamInferClient
 	for s := range 2 {
 		st, err := attacker.ModelStreamInfer(ctx)
 		require.NoError(t, err)
 		for i := range 64 {
 			require.NoError(t, st.Send(genStreamRequest(fmt.Sprintf("held-%d-%d", s, i), "once upon a time", 64)))
 		}
+		held = append(held, st)
 	}
 	// The loop generates them all; their responses wait for the client.
 	require.Eventually(t, func() bool {
@@ -201,6 +203,17 @@ func TestHostileGRPCStreamNotReading(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(p.logs.String(), "did not read its responses") },
 		2*time.Minute, 100*time.Millisecond, "the stream is ended")
 	t.Logf("the stream was ended %s after its requests were sent", time.Since(attacked).Round(time.Second))
+	// Its connection is closed with it: nothing more can be sent on the
+	// ended streams into buffers the budget does not see.
+	big := genStreamRequest("more", strings.Repeat("x", 1<<20), 1)
+	require.Eventually(t, func() bool {
+		for _, st := range held {
+			if st.Send(big) == nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "the attacker's connection is closed")
 	require.Eventually(t, func() bool { return inflightBytes(t, p) < 16<<20 }, time.Minute, 100*time.Millisecond,
 		"the ended stream's generations give their memory back")
 	httpGenerates(t, p)

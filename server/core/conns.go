@@ -308,6 +308,101 @@ type grpcConnKey struct{}
 type grpcConn struct {
 	lc     *limitedConn
 	active int // under lc.limit.mu
+	// atEnd run once the connection has closed (under lc.limit.mu);
+	// ended says it has. closeIdle: close it once no call is in
+	// progress.
+	atEnd     []func()
+	ended     bool
+	closeIdle bool
+}
+
+// CloseGRPCConn closes the gRPC connection ctx's call runs on: every call
+// on it ends, and whatever gRPC's transport holds for them (responses a
+// client does not read, data sent on streams the server has ended) goes
+// with it, as net/http closes a connection whose client does not read
+// within the write timeout. It reports false where ctx's call runs on no
+// connection of a ConnLimit.
+func CloseGRPCConn(ctx context.Context) bool {
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return false
+	}
+	gc.lc.Close()
+	return true
+}
+
+// GRPCConnCalls is how many calls are in progress on the gRPC connection
+// ctx's call runs on (that call included); -1 where it runs on no
+// connection of a ConnLimit.
+func GRPCConnCalls(ctx context.Context) int {
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return -1
+	}
+	gc.lc.limit.mu.Lock()
+	defer gc.lc.limit.mu.Unlock()
+	return gc.active
+}
+
+// AtGRPCConnEnd runs f once the gRPC connection ctx's call runs on has
+// closed (at once if it has), and returns how many functions wait for it
+// so. It reports false, and does not run f, where the call runs on no
+// connection of a ConnLimit.
+func AtGRPCConnEnd(ctx context.Context, f func()) (waiting int, ok bool) {
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return 0, false
+	}
+	l := gc.lc.limit
+	l.mu.Lock()
+	if !gc.ended {
+		gc.atEnd = append(gc.atEnd, f)
+		n := len(gc.atEnd)
+		l.mu.Unlock()
+		return n, true
+	}
+	l.mu.Unlock()
+	f()
+	return 0, true
+}
+
+// CloseGRPCConnWhenIdle closes the gRPC connection ctx's call runs on once
+// no call is in progress on it (that call's end included), as
+// keepalive's MaxConnectionIdle would later. It reports false where the
+// call runs on no connection of a ConnLimit.
+func CloseGRPCConnWhenIdle(ctx context.Context) bool {
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return false
+	}
+	l := gc.lc.limit
+	l.mu.Lock()
+	gc.closeIdle = true
+	idle := gc.active == 0
+	l.mu.Unlock()
+	if idle {
+		gc.closeWhenIdle()
+	}
+	return true
+}
+
+// closeIdleGrace is how long a connection to be closed once idle stays
+// idle first: the ends of its last calls reach their client, and a call
+// that begins meanwhile keeps it open.
+const closeIdleGrace = time.Second
+
+// closeWhenIdle closes gc after closeIdleGrace if no call is in progress
+// on it then.
+func (gc *grpcConn) closeWhenIdle() {
+	time.AfterFunc(closeIdleGrace, func() {
+		l := gc.lc.limit
+		l.mu.Lock()
+		idle := gc.active == 0
+		l.mu.Unlock()
+		if idle {
+			gc.lc.Close()
+		}
+	})
 }
 
 func (h grpcConnStats) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
@@ -323,7 +418,23 @@ func (h grpcConnStats) TagConn(ctx context.Context, info *stats.ConnTagInfo) con
 	return context.WithValue(ctx, grpcConnKey{}, &grpcConn{lc: lc})
 }
 
-func (grpcConnStats) HandleConn(context.Context, stats.ConnStats) {}
+func (h grpcConnStats) HandleConn(ctx context.Context, st stats.ConnStats) {
+	if _, ok := st.(*stats.ConnEnd); !ok {
+		return
+	}
+	gc, ok := ctx.Value(grpcConnKey{}).(*grpcConn)
+	if !ok {
+		return
+	}
+	h.l.mu.Lock()
+	gc.ended = true
+	fs := gc.atEnd
+	gc.atEnd = nil
+	h.l.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
 
 func (grpcConnStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 
@@ -342,13 +453,17 @@ func (h grpcConnStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
 		return
 	}
 	h.l.mu.Lock()
-	defer h.l.mu.Unlock()
 	gc.active += delta
 	switch {
 	case gc.active > 0:
 		h.l.waiting.remove(gc.lc)
 	case !gc.lc.released:
 		h.l.waiting.push(gc.lc)
+	}
+	closing := gc.active == 0 && gc.closeIdle
+	h.l.mu.Unlock()
+	if closing {
+		gc.closeWhenIdle()
 	}
 }
 

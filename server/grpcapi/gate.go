@@ -275,7 +275,35 @@ func (s *API) tapStream(ctx context.Context, info *tap.Info) (context.Context, e
 			bytesize.Format(s.c.Opts.MaxInflightBytes), bytesize.Format(w)))
 	}
 	// ctx is the stream's, which gRPC cancels when the stream ends,
-	// whichever way it ends.
-	context.AfterFunc(ctx, func() { s.c.Budget.Give(w) })
-	return ctx, nil
+	// whichever way it ends; a stream the server ends itself may keep
+	// its window longer (windowHold).
+	h := &windowHold{budget: s.c.Budget, n: w}
+	context.AfterFunc(ctx, func() {
+		if !h.kept.Load() {
+			h.give()
+		}
+	})
+	return context.WithValue(ctx, windowKey{}, h), nil
+}
+
+// windowHold is a stream's flow-control window, charged to the budget
+// while data may arrive in it. When the client ends the stream, or the
+// handler returns, gRPC's transport forgets it, and the window comes back
+// with its context. A stream the server ends while its client does not
+// read is not forgotten: gRPC-Go queues its end behind the responses the
+// client has not taken, and meanwhile still accepts data into the stream's
+// window. Its window is kept charged (kept) until its connection closes.
+type windowHold struct {
+	budget *core.Budget
+	n      int64
+	kept   atomic.Bool
+	given  atomic.Bool
+}
+
+type windowKey struct{}
+
+func (h *windowHold) give() {
+	if h.given.CompareAndSwap(false, true) {
+		h.budget.Give(h.n)
+	}
 }

@@ -214,3 +214,37 @@ func TestStreamRefusesALongID(t *testing.T) {
 	assert.Contains(t, r.GetErrorMessage(), "id is 257 bytes; want a string of at most 256 bytes")
 	assert.Less(t, len(r.GetInferResponse().GetId()), 100)
 }
+
+// A stream the server ends itself keeps its window charged until its
+// connection closes (gRPC-Go keeps such a stream, and takes data into its
+// window, until its client reads what was queued before its end), and
+// the connection is closed once no call is in progress on it.
+func TestEndedStreamKeepsItsWindowUntilItsConnectionCloses(t *testing.T) {
+	limit, err := core.NewConnLimit(core.ConnLimitOptions{Max: 16, Listener: "api"})
+	require.NoError(t, err)
+	a, _ := newAPIWith(t, func(o *core.Options) {
+		o.MaxInflightBytes = 16 << 20
+		o.IdleTimeout = 300 * time.Millisecond
+		o.Conns = limit
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.Stop(ctx)
+		<-done
+	})
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	st, err := pb.NewGRPCInferenceServiceClient(conn).ModelStreamInfer(context.Background())
+	require.NoError(t, err)
+	_, err = st.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Equal(t, a.window(), a.c.Budget.InUse(), "the ended stream's window is kept while its connection is open")
+	assert.Eventually(t, func() bool { return a.c.Budget.InUse() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the connection, idle, is closed, and the window comes back")
+}

@@ -15,13 +15,17 @@ package grpcapi
 //
 // A stream with no generation in progress that sends nothing for
 // server.idle_timeout is ended (UNAVAILABLE: open a new stream), as HTTP
-// closes an idle keep-alive connection.
+// closes an idle keep-alive connection; its connection is closed once no
+// call is in progress on it.
 //
 // Sending. A response that the client does not take within
 // streamWriteTimeout (its flow-control window stays shut: it does not
 // read) ends the stream with DEADLINE_EXCEEDED, which cancels its
-// generations and frees their KV cache blocks, as HTTP's event streams cut
-// a client that does not read.
+// generations and frees their KV cache blocks, and closes its connection,
+// as net/http closes the connection of a client that does not read within
+// its write timeout: gRPC-Go would otherwise keep the stream, the
+// responses queued for it and whatever the client sends on it, uncharged,
+// until the client reads.
 
 import (
 	"bytes"
@@ -75,6 +79,10 @@ type streamIO struct {
 	active  int  // generations in progress
 	waiting bool // reading: the next request's prefix is awaited
 	idle    *time.Timer
+	idleGen int // counts arms: a timer that fires for an older one does nothing
+
+	cutOnce sync.Once
+	cutSt   *status.Status // how the server ended the stream, once it has
 }
 
 func newStreamIO(api *API, ss grpc.BidiStreamingServer[inferencepb.ModelInferRequest, inferencepb.ModelStreamInferResponse]) *streamIO {
@@ -86,12 +94,57 @@ func newStreamIO(api *API, ss grpc.BidiStreamingServer[inferencepb.ModelInferReq
 	return s
 }
 
-// end ends the stream with st, from any goroutine: its context is
-// cancelled, and so every read, send and generation of it.
-func (s *streamIO) end(st *status.Status) {
-	if s.ws != nil {
+// How the server ends a stream (cut): what becomes of its connection.
+const (
+	// keepConn: the connection goes on; the stream's window stays
+	// charged until it closes, and it is closed once no call is in
+	// progress on it.
+	keepConn = iota
+	// closeConn: the connection is closed at once (its client does not
+	// read, or does not send what it began): whatever gRPC's transport
+	// holds for its streams goes with it.
+	closeConn
+)
+
+// maxHeldWindows bounds the windows of ended streams a connection may
+// keep charged before it is closed at once.
+const maxHeldWindows = 16
+
+// cut ends the stream with st, from any goroutine, once: its context is
+// cancelled, and so every read, send and generation of it; then its
+// connection is dealt with as how says.
+func (s *streamIO) cut(st *status.Status, how int) {
+	s.cutOnce.Do(func() {
+		s.mu.Lock()
+		s.cutSt = st
+		s.mu.Unlock()
+		if s.ws == nil {
+			return // a stream that cannot be ended from here
+		}
+		if h, ok := s.ctx.Value(windowKey{}).(*windowHold); ok {
+			h.kept.Store(true)
+			n, ok := core.AtGRPCConnEnd(s.ctx, h.give)
+			if !ok {
+				h.give() // no connection to wait for: as before
+			}
+			if n > maxHeldWindows {
+				how = closeConn
+			}
+		}
 		s.ws.WriteStatus(st)
-	}
+		if how == closeConn {
+			core.CloseGRPCConn(s.ctx)
+		} else {
+			core.CloseGRPCConnWhenIdle(s.ctx)
+		}
+	})
+}
+
+// cutStatus is how the server ended the stream, or nil.
+func (s *streamIO) cutStatus() *status.Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cutSt
 }
 
 // begin and done count a generation in progress: a stream with one is
@@ -129,9 +182,16 @@ func (s *streamIO) arm() {
 	if timeout <= 0 || s.ws == nil || !s.waiting || s.active > 0 || s.idle != nil {
 		return
 	}
+	s.idleGen++
+	gen := s.idleGen
 	s.idle = time.AfterFunc(timeout, func() {
-		s.end(status.New(codes.Unavailable, fmt.Sprintf(
-			"the stream sent no request for %s (server.idle_timeout) and has none in progress; open a new stream", timeout)))
+		s.mu.Lock()
+		idle := s.idleGen == gen && s.idle != nil && s.waiting && s.active == 0
+		s.mu.Unlock()
+		if idle {
+			s.cut(status.New(codes.Unavailable, fmt.Sprintf(
+				"the stream sent no request for %s (server.idle_timeout) and has none in progress; open a new stream", timeout)), keepConn)
+		}
 	})
 }
 
@@ -139,6 +199,7 @@ func (s *streamIO) disarm() {
 	if s.idle != nil {
 		s.idle.Stop()
 		s.idle = nil
+		s.idleGen++
 	}
 }
 
@@ -155,8 +216,8 @@ func (s *streamIO) send(r *inferencepb.ModelStreamInferResponse) error {
 		return s.sendErr
 	}
 	timer := time.AfterFunc(streamWriteTimeout, func() {
-		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream", "waited", streamWriteTimeout)
-		s.end(errNotReading)
+		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream and closing its connection", "waited", streamWriteTimeout)
+		s.cut(errNotReading, closeConn)
 	})
 	s.sendErr = s.ss.Send(r)
 	if !timer.Stop() {
@@ -184,7 +245,10 @@ func (s *streamIO) recv() (*inferencepb.ModelInferRequest, core.Charge, error) {
 	if err != nil {
 		return nil, ch, s.readError(err)
 	}
-	compressed := prefix[0] != 0
+	if prefix[0] > 1 {
+		return nil, ch, status.Errorf(codes.Internal, "grpc: received unexpected payload format %d", prefix[0])
+	}
+	compressed := prefix[0] == 1
 	n := int64(prefix[1])<<24 | int64(prefix[2])<<16 | int64(prefix[3])<<8 | int64(prefix[4])
 	if n > s.api.maxRecv() {
 		return nil, ch, status.Errorf(codes.ResourceExhausted, "the request message is %s, more than server.max_body_bytes (%s)",
@@ -192,7 +256,9 @@ func (s *streamIO) recv() (*inferencepb.ModelInferRequest, core.Charge, error) {
 	}
 	room := n
 	if compressed {
-		room += s.api.maxRecv() // what it may decompress to
+		// And what it may decompress to; never more than the whole
+		// budget (a message that big is read alone).
+		room = min(n+s.api.maxRecv(), s.api.c.Opts.MaxInflightBytes)
 	}
 	if err := ch.Take(s.ctx, room, "the request message"); err != nil {
 		if errors.Is(err, core.ErrBusy) {
@@ -230,9 +296,11 @@ func (s *streamIO) recv() (*inferencepb.ModelInferRequest, core.Charge, error) {
 	return req, ch, nil
 }
 
-// readBody reads a message's n bytes within server.read_timeout.
+// readBody reads a message's n bytes within server.read_timeout; past
+// it, the stream ends and its connection is closed (gRPC opened the
+// stream's window for the whole message).
 func (s *streamIO) readBody(n int) ([]byte, error) {
-	timer := time.AfterFunc(s.api.readTimeout(), func() { s.end(errReadTimeout) })
+	timer := time.AfterFunc(s.api.readTimeout(), func() { s.cut(errReadTimeout, closeConn) })
 	data, err := s.raw.Read(n)
 	if !timer.Stop() {
 		data.Free()
@@ -253,9 +321,13 @@ func (s *streamIO) decompress(b []byte) ([]byte, error) {
 	if !ok {
 		return nil, status.Error(codes.Internal, "grpc: a compressed message on a call with no encoding")
 	}
-	c := encoding.GetCompressor(st.RecvCompress())
+	enc := st.RecvCompress()
+	if enc == "" || enc == encoding.Identity {
+		return nil, status.Error(codes.Internal, "grpc: compressed flag set with identity or empty encoding")
+	}
+	c := encoding.GetCompressor(enc)
 	if c == nil {
-		return nil, status.Errorf(codes.Unimplemented, "grpc: decompressor is not installed for grpc-encoding %q", st.RecvCompress())
+		return nil, status.Errorf(codes.Unimplemented, "grpc: decompressor is not installed for grpc-encoding %q", enc)
 	}
 	r, err := c.Decompress(bytes.NewReader(b))
 	if err != nil {
@@ -276,11 +348,14 @@ func (s *streamIO) decompress(b []byte) ([]byte, error) {
 }
 
 // readError is a read's error as the stream's answer: io.EOF as it is (the
-// client closed its side), the context's when the stream ended.
+// client closed its side), how the server ended the stream where it did,
+// the context's when the client did.
 func (s *streamIO) readError(err error) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return io.EOF
+	case s.cutStatus() != nil:
+		return s.cutStatus().Err()
 	case s.ctx.Err() != nil:
 		return status.FromContextError(s.ctx.Err()).Err()
 	}
