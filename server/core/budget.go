@@ -270,3 +270,13 @@ func (c *Core) admit(ctx context.Context, ch *Charge, f Footprint) error {
 // Charge is a new, empty charge against c's budget, waiting c.BudgetWait
 // for bytes others hold.
 func (c *Core) Charge() Charge { return Charge{Budget: c.Budget, Wait: c.BudgetWait} }
+
+// Hold adds n bytes held already, whatever the budget has left: memory
+// that exists and must be counted (a response gRPC has queued for a client
+// that has not read it), so that new requests find the budget as spent as
+// memory is. Give gives it back.
+func (b *Budget) Hold(n int64) {
+	if n > 0 {
+		b.used.Add(n)
+	}
+}

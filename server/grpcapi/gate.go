@@ -92,7 +92,7 @@ func (s *API) gated(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 				if err != nil {
 					return err
 				}
-				return ss.SendMsg(resp)
+				return ss.SendMsg(&outbound{ctx: ss.Context(), msg: resp})
 			}})
 	}
 	for _, sd := range desc.Streams {

@@ -248,3 +248,35 @@ func TestEndedStreamKeepsItsWindowUntilItsConnectionCloses(t *testing.T) {
 	assert.Eventually(t, func() bool { return a.c.Budget.InUse() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the connection, idle, is closed, and the window comes back")
 }
+
+// Responses gRPC has queued for a client that does not read stay charged
+// to the budget until they are written or dropped with the connection:
+// a handler's charge ends when it returns, and they were once memory the
+// budget did not see.
+func TestUnreadResponsesStayCharged(t *testing.T) {
+	a, set := newAPIWith(t, func(o *core.Options) { o.MaxInflightBytes = 256 << 20; o.MaxBodyBytes = 4 << 20 })
+	m, ok := set.Model("summax")
+	require.True(t, ok)
+	// Fixed windows of 64 KiB (gRPC's least): the client takes no more of
+	// a response it does not read.
+	conn := clientConn(t, a, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	ctx, cancel := context.WithCancel(context.Background())
+	const rows, calls = 20_000, 4 // 160 KB responses, beyond the client's 64 KiB window
+	req := rawX([]int64{rows, 3}, make([]byte, rows*12))
+	for range calls {
+		st, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, pb.GRPCInferenceService_ModelInfer_FullMethodName)
+		require.NoError(t, err)
+		require.NoError(t, st.SendMsg(req))
+		require.NoError(t, st.CloseSend())
+		// Never read.
+	}
+	// The calls have run (their handlers have returned, their own
+	// charges given back); what is queued for them is still charged.
+	require.Eventually(t, func() bool { return m.Statistics().InferenceCount == calls*rows }, time.Minute, 10*time.Millisecond, "rows run: %d", m.Statistics().InferenceCount)
+	require.Eventually(t, func() bool { return a.c.Budget.InUse() < calls*rows*20 }, 10*time.Second, 10*time.Millisecond,
+		"the handlers have given their charges back")
+	assert.Greater(t, a.c.Budget.InUse(), int64(calls*(rows*8-64<<10)), "unread responses stay charged, all but what the client's windows took")
+	cancel() // the client gives up its calls: the responses are dropped
+	assert.Eventually(t, func() bool { return a.c.Budget.InUse() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"dropped, they give their bytes back: %d in use", a.c.Budget.InUse())
+}

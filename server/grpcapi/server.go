@@ -78,7 +78,7 @@ func (s *API) Server() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// Every method is served as a stream (gate.go): the stream
 		// interceptors are every call's.
-		grpc.ForceServerCodecV2(grpcCodec{encoding.GetCodecV2(protoenc.Name)}),
+		grpc.ForceServerCodecV2(grpcCodec{CodecV2: encoding.GetCodecV2(protoenc.Name), api: s}),
 		grpc.ChainStreamInterceptor(s.grpcRecoverStream, s.grpcAuthStream),
 	}
 	if s.c.Opts.IdleTimeout > 0 {
@@ -506,8 +506,12 @@ func (r *rawInfer) freeLocked() {
 }
 
 // grpcCodec is gRPC's protobuf codec but for rawInfer, whose bytes it
-// keeps undecoded.
-type grpcCodec struct{ encoding.CodecV2 }
+// keeps undecoded, and for outgoing messages, which it charges to the
+// budget until gRPC has written them (outbound.go).
+type grpcCodec struct {
+	encoding.CodecV2
+	api *API
+}
 
 func (c grpcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawInfer); ok {

@@ -219,7 +219,7 @@ func (s *streamIO) send(r *inferencepb.ModelStreamInferResponse) error {
 		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream and closing its connection", "waited", streamWriteTimeout)
 		s.cut(errNotReading, closeConn)
 	})
-	s.sendErr = s.ss.Send(r)
+	s.sendErr = s.ss.SendMsg(&outbound{ctx: s.ctx, msg: r})
 	if !timer.Stop() {
 		s.sendErr = errNotReading.Err()
 	}
