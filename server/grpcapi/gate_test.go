@@ -274,7 +274,7 @@ func TestUnreadResponsesStayCharged(t *testing.T) {
 	// charges given back); what is queued for them is still charged.
 	require.Eventually(t, func() bool { return m.Statistics().InferenceCount == calls*rows }, time.Minute, 10*time.Millisecond, "rows run: %d", m.Statistics().InferenceCount)
 	require.Eventually(t, func() bool { return a.c.Budget.InUse() < calls*rows*20 }, 10*time.Second, 10*time.Millisecond,
-		"the handlers have given their charges back")
+		"the handlers have given their charges back: %d in use", a.c.Budget.InUse())
 	assert.Greater(t, a.c.Budget.InUse(), int64(calls*(rows*8-64<<10)), "unread responses stay charged, all but what the client's windows took")
 	cancel() // the client gives up its calls: the responses are dropped
 	assert.Eventually(t, func() bool { return a.c.Budget.InUse() == 0 }, 10*time.Second, 10*time.Millisecond,

@@ -45,11 +45,21 @@ func (c grpcCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if mem.IsBelowBufferPoolingThreshold(size) {
 		return c.CodecV2.Marshal(v)
 	}
-	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(make([]byte, 0, size), m)
+	// gRPC's pool for what fits its tiers tightly (up to 32 KiB); a
+	// larger response its own buffer, of its size (the pool's next tier
+	// is 1 MiB, which the budget would be charged for).
+	pool := mem.DefaultBufferPool()
+	if size > 32<<10 {
+		pool = exactPool{}
+	}
+	buf := pool.Get(size)
+	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend((*buf)[:0], m)
 	if err != nil {
+		pool.Put(buf)
 		return nil, err
 	}
-	h := &heldResponse{budget: c.api.c.Budget, n: int64(cap(b))}
+	*buf = b
+	h := &heldResponse{budget: c.api.c.Budget, n: int64(cap(b)), pool: pool}
 	h.budget.Hold(h.n)
 	if ctx != nil {
 		wait := writeDeadline(h.n)
@@ -59,7 +69,7 @@ func (c grpcCodec) Marshal(v any) (mem.BufferSlice, error) {
 			core.CloseGRPCConn(ctx)
 		})
 	}
-	return mem.BufferSlice{mem.NewBuffer(&b, h)}, nil
+	return mem.BufferSlice{mem.NewBuffer(buf, h)}, nil
 }
 
 // writeDeadline is how long a response of n bytes may wait to be written:
@@ -71,23 +81,33 @@ func writeDeadline(n int64) time.Duration {
 
 // heldResponse is a response's buffer's pool: what gives its bytes back
 // to the budget when gRPC frees it.
+// Its buffer comes from, and goes back to, gRPC's pool.
 type heldResponse struct {
 	budget *core.Budget
 	n      int64
 	timer  *time.Timer
+	pool   mem.BufferPool
 	once   sync.Once
 }
 
-func (h *heldResponse) Get(length int) *[]byte {
-	b := make([]byte, length)
-	return &b
-}
+func (h *heldResponse) Get(length int) *[]byte { return h.pool.Get(length) }
 
-func (h *heldResponse) Put(*[]byte) {
+func (h *heldResponse) Put(b *[]byte) {
 	h.once.Do(func() {
 		if h.timer != nil {
 			h.timer.Stop()
 		}
 		h.budget.Give(h.n)
 	})
+	h.pool.Put(b)
 }
+
+// exactPool allocates buffers of the length asked for, and keeps none.
+type exactPool struct{}
+
+func (exactPool) Get(length int) *[]byte {
+	b := make([]byte, length)
+	return &b
+}
+
+func (exactPool) Put(*[]byte) {}
