@@ -52,8 +52,9 @@ var ErrChatTemplateBudget = errors.New("the model's chat template exceeded its e
 
 // A chat template's evaluation budget (see internal/jinja's Limits): a
 // template may take ChatTemplateSteps steps, build strings, lists and an
-// output of ChatTemplateBytes, and nest calls ChatTemplateDepth deep, on
-// top of what the conversation brings:
+// output of ChatTemplateBytes each, build ChatTemplateAlloc bytes in all
+// over its render, and nest calls ChatTemplateDepth deep, on top of what
+// the conversation brings:
 //
 //   - chatStepsPerPair steps for each pair of messages: some real
 //     templates look back over the conversation for each message (Gemma
@@ -62,16 +63,24 @@ var ErrChatTemplateBudget = errors.New("the model's chat template exceeded its e
 //     Mistral's take 0.1M to 1.8M, linear in them;
 //   - a step per chatBytesPerStep bytes of the messages (a template reads
 //     and copies its messages a few times over);
-//   - the messages' bytes, to the bytes budget: the output holds them.
+//   - the messages' bytes, to the bytes budget: the output holds them;
+//   - chatAllocPerByte bytes built per byte of the messages: a template
+//     copies its messages into its output, and into a few strings on the
+//     way. The real templates build 1.6 to 15 MB for 2,400 messages of
+//     200 bytes (Kimi K3's the most; 26 MB for messages of 1,000 bytes).
 //
-// A step is 30 to 50 ns of CPU (a million: 50 ms), and a step is charged
-// per 64 bytes a template builds (a million: 64 MB at most).
+// A step is 30 to 50 ns of CPU (a million: 50 ms). Building costs a step
+// per 64 bytes too, but the steps grow with the square of the messages
+// (58M for 2,400 of them: 3.7 GB at 64 bytes a step), and what is built
+// does not: ChatTemplateAlloc bounds the memory a render can hold.
 const (
 	ChatTemplateSteps = 1_000_000
 	ChatTemplateBytes = 4 << 20
+	ChatTemplateAlloc = 64 << 20
 	ChatTemplateDepth = 64
 	chatStepsPerPair  = 10
 	chatBytesPerStep  = 4
+	chatAllocPerByte  = 4
 )
 
 // chatLimits is the budget of rendering messages.
@@ -83,6 +92,7 @@ func chatLimits(messages []ChatMessage) jinja.Limits {
 	return jinja.Limits{
 		MaxSteps: ChatTemplateSteps + chatStepsPerPair*n*n + size/chatBytesPerStep,
 		MaxBytes: ChatTemplateBytes + size,
+		MaxAlloc: ChatTemplateAlloc + chatAllocPerByte*size,
 		MaxDepth: ChatTemplateDepth,
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -231,6 +232,50 @@ func TestChatTemplateBudgetOnBigInputs(t *testing.T) {
 	}
 }
 
+// A template that keeps a big string per message passes the probe, and
+// its step budget on 2,400 messages (58M steps: 3.7 GB of strings at 64
+// bytes a step), but not what a render may build in all: it is refused
+// after some 16 messages' worth, quickly, without allocating gigabytes.
+func TestChatTemplateAllocBudgetOnBigInputs(t *testing.T) {
+	msgs := make([]ChatMessage, 2400)
+	for i := range msgs {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		msgs[i] = ChatMessage{role, fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", 16))[:200]}
+	}
+	lim := chatLimits(msgs)
+	for _, c := range []struct{ name, source string }{
+		{"a namespace's list", `{% set ns = namespace(l=[]) %}{% for m in messages %}{{ ns.l.append('x' * 4000000) }}{% endfor %}{{ messages[-1].content }}`},
+		{"a list of the messages, repeated", `{% set l = [] %}{% for m in messages %}{{ l.append(m.content * 20000) }}{% endfor %}{{ messages[-1].content }}`},
+		{"a namespace's list, added to", `{% set ns = namespace(l=[]) %}{% for m in messages %}{% set ns.l = ns.l + [m.content * 20000] %}{% endfor %}{{ messages[-1].content }}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ct, err := ParseChatTemplate(c.source, nil)
+			require.NoError(t, err)
+			require.Empty(t, ct.Refused(), "passes the probe")
+			_, err = ct.Render(context.Background(), probeMessages, true)
+			require.NoError(t, err)
+
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			_, err = ct.Render(context.Background(), msgs, true)
+			took := time.Since(start)
+			runtime.ReadMemStats(&after)
+			allocated := after.TotalAlloc - before.TotalAlloc
+			t.Logf("%s: refused in %s, %d MB allocated: %v", c.name, took, allocated>>20, err)
+			assert.ErrorIs(t, err, ErrChatTemplateBudget)
+			assert.NotErrorIs(t, err, ErrChat)
+			assert.ErrorContains(t, err, fmt.Sprintf("the model's chat template exceeded its evaluation budget: more than %d bytes built", lim.MaxAlloc))
+			assert.Less(t, allocated, 2*uint64(lim.MaxAlloc))
+			assert.Less(t, took, 2*time.Second)
+		})
+	}
+}
+
 // A render ends when its request does.
 func TestChatTemplateRenderEndsWithItsContext(t *testing.T) {
 	ct, err := ParseChatTemplate(`{% for m in messages %}{% for i in range(30000) %}{% endfor %}{{ m.content }}{% endfor %}`, nil)
@@ -290,14 +335,18 @@ func TestChatTemplateBudgetServesRealTemplates(t *testing.T) {
 			ct, err := ParseChatTemplate(source, tokens)
 			require.NoError(t, err)
 			require.Empty(t, ct.Refused())
-			for _, n := range []int{1, 4, 100, 2400} {
+			for _, n := range []int{1, 4, 100, 2400, -2400} {
+				words := 80 // messages of some 1,000 bytes; -2400: 2,400 of some 200
+				if n < 0 {
+					n, words = -n, 16
+				}
 				msgs := []ChatMessage{{"system", "You are a helpful assistant."}}
 				for i := 1; i < n; i++ {
 					role := "user"
 					if i%2 == 0 {
 						role = "assistant"
 					}
-					msgs = append(msgs, ChatMessage{role, fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", 80))})
+					msgs = append(msgs, ChatMessage{role, fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", words))})
 				}
 				start := time.Now()
 				out, err := ct.Render(context.Background(), msgs, true)

@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 )
 
 // Limits bounds one render. A zero field takes [DefaultLimits]' value: no
@@ -28,11 +30,23 @@ type Limits struct {
 	// another, and how deep a walk over nested values (printing one,
 	// tojson, comparing two) descends.
 	MaxDepth int
+	// MaxAlloc bounds what the render builds over its whole run: the
+	// bytes of every string, list (its items, 24 bytes each, and what
+	// they box: a number's 8, a string's header), dict, scope, loop
+	// variable and closure it makes, and of every output buffer as it
+	// grows, counted when made and never given back when they become
+	// garbage. So it bounds the memory a render can hold live at once
+	// (up to the allocator's rounding of small objects to their size
+	// class, a fifth at most), however many steps it may take: MaxSteps
+	// bounds time, and a budget of steps that grows with the
+	// conversation would otherwise let a template keep a string of
+	// MaxBytes per iteration. It is charged before the allocation.
+	MaxAlloc int64
 }
 
 // DefaultLimits are the limits of Render and RenderValues, and of any zero
 // field of the Limits given to RenderContext.
-var DefaultLimits = Limits{MaxSteps: 1_000_000, MaxBytes: 4 << 20, MaxDepth: 64}
+var DefaultLimits = Limits{MaxSteps: 1_000_000, MaxBytes: 4 << 20, MaxDepth: 64, MaxAlloc: 64 << 20}
 
 // MaxNesting bounds how deep a template nests at compile time: blocks in
 // blocks ({% if %} in {% for %} ...), and an expression's brackets,
@@ -47,10 +61,11 @@ var ErrBudget = errors.New("jinja: evaluation budget exceeded")
 // BudgetError is a budget exceeded: which one, its limit, and what
 // exceeded it.
 type BudgetError struct {
-	Budget string // "steps", "bytes", "depth" or "nesting"
+	Budget string // "steps", "bytes", "alloc", "depth" or "nesting"
 	Limit  int64
 	// Reason says what exceeded it, e.g. "more than 1000000 steps", "a
-	// string of 3000000000 bytes; at most 4194304".
+	// string of 3000000000 bytes; at most 4194304", "more than 67108864
+	// bytes built".
 	Reason string
 }
 
@@ -68,6 +83,66 @@ const loopIterationSteps = 4
 // valueBytes is what a list charges per item: the size of a Value.
 const valueBytes = 24
 
+// What MaxAlloc charges for what a render makes besides strings' bytes
+// and lists' items (measured with Go 1.26 on amd64; see
+// TestBudgetAllocBoundsWhatARenderKeeps):
+const (
+	// listBytes is a list's own header (a *List).
+	listBytes = 24
+	// dictBytes is an empty dict: a *Dict and its map's header.
+	dictBytes = 80
+	// dictEntryBytes is a key added to a dict, amortized over the map's
+	// and the key list's growth (about 215 bytes a key for dicts of 16
+	// keys and more); a first key costs dictFirstBytes, the map's first
+	// group of eight (a dict of one key is 448 bytes).
+	dictEntryBytes = 224
+	dictFirstBytes = 384
+	// scopeBytes is a scope (a macro call's, a loop's): its map holds
+	// eight names before it grows, each more a dictEntryBytes.
+	scopeBytes  = 416
+	scopeInline = 8
+	// loopBytes is a loop's loop variable: a dict of its ten fields
+	// (about 1030 bytes).
+	loopBytes = 1152
+	// callableBytes is a callable a render makes (a macro, a caller, a
+	// joiner, a method of a string, list or dict): its closure and its box.
+	callableBytes = 128
+	// stringBoxBytes is a string kept in a list, a dict or a scope: its
+	// header boxed in the Value, and the text of a short string built
+	// uncharged (a code point, a number's digits: 24 bytes at most).
+	stringBoxBytes = 16 + 24
+	// numberBoxBytes is a number kept: its box.
+	numberBoxBytes = 8
+	// runeItemBytes is a list item that is a code point of a string: the
+	// item, its string's header and its bytes.
+	runeItemBytes = valueBytes + 16 + 8
+	// partItemBytes is a list item that is a part of a split string: the
+	// item and its string's header (its bytes are the string's).
+	partItemBytes = valueBytes + 16
+	// pairBytes is what a (key, value) pair makes besides its item: a
+	// list of two and the key's header.
+	pairBytes = listBytes + 2*valueBytes + 16
+)
+
+// boxBytes is what keeping v in a list, a dict or a scope may hold that
+// was not charged where v was made: a number's box, a string's header, a
+// callable's closure, an empty list's header.
+func boxBytes(v Value) int64 {
+	switch v.kind {
+	case KindString:
+		return stringBoxBytes
+	case KindInt, KindFloat:
+		return numberBoxBytes
+	case KindList:
+		return listBytes
+	case KindDict:
+		return dictBytes
+	case KindCallable:
+		return callableBytes
+	}
+	return 0
+}
+
 // ctxCheckEvery is how many steps pass between two looks at the context.
 const ctxCheckEvery = 1024
 
@@ -77,6 +152,7 @@ type budget struct {
 	ctx   context.Context
 	lim   Limits
 	steps int64
+	alloc int64 // the bytes built so far (MaxAlloc's account)
 	check int64 // the step count at which ctx is next read
 	depth int
 	// err is the first budget or context error: once set, every charge
@@ -93,6 +169,9 @@ func newBudget(ctx context.Context, lim Limits) *budget {
 	}
 	if lim.MaxDepth <= 0 {
 		lim.MaxDepth = DefaultLimits.MaxDepth
+	}
+	if lim.MaxAlloc <= 0 {
+		lim.MaxAlloc = DefaultLimits.MaxAlloc
 	}
 	if ctx == nil {
 		ctx = context.Background()
@@ -133,25 +212,73 @@ func (b *budget) scan(n int) error {
 	return b.step(int64(n) >> 6)
 }
 
-// str checks that a string of n bytes may be built, before it is, and
-// charges building it.
-func (b *budget) str(n int64) error {
+// grow charges building n bytes to MaxAlloc, before they are built.
+func (b *budget) grow(n int64) error {
+	if b.err != nil {
+		return b.err
+	}
+	if n > b.lim.MaxAlloc-b.alloc || n < 0 { // refused before, uncounted
+		return b.fail(&BudgetError{Budget: "alloc", Limit: b.lim.MaxAlloc, Reason: fmt.Sprintf("more than %d bytes built", b.lim.MaxAlloc)})
+	}
+	b.alloc += n
+	return nil
+}
+
+// build charges building n bytes: to MaxAlloc (as allocated: see
+// allocSize), and a step per 64.
+func (b *budget) build(n int64) error {
+	if err := b.grow(allocSize(n)); err != nil {
+		return err
+	}
+	return b.step(n >> 6)
+}
+
+// allocSize is what Go's allocator takes for an object of n bytes, where
+// it is much more: one of more than 32 KiB takes whole pages of 8 KiB (a
+// quarter more for 32769 bytes). Smaller objects are rounded to their
+// size class, an eighth or so more, which MaxAlloc leaves uncounted.
+func allocSize(n int64) int64 {
+	const page = 8 << 10
+	if n <= 32<<10 || n > math.MaxInt64-page {
+		return n
+	}
+	return (n + page - 1) &^ (page - 1)
+}
+
+// strSize checks that a string of n bytes may be, without charging for
+// it.
+func (b *budget) strSize(n int64) error {
 	if b.err != nil {
 		return b.err
 	}
 	if n > b.lim.MaxBytes || n < 0 {
 		return b.fail(&BudgetError{Budget: "bytes", Limit: b.lim.MaxBytes, Reason: fmt.Sprintf("a string of %d bytes; at most %d", n, b.lim.MaxBytes)})
 	}
-	return b.step(n >> 6)
+	return nil
+}
+
+// str checks that a string of n bytes may be built, before it is, and
+// charges building it.
+func (b *budget) str(n int64) error {
+	if err := b.strSize(n); err != nil {
+		return err
+	}
+	return b.build(n)
 }
 
 // list checks that a list of n items may be built, before it is, and
 // charges building it.
 func (b *budget) list(n int64) error {
+	return b.listOf(n, 0)
+}
+
+// listOf is list for items that each make each bytes more (the box of a
+// number, the header of a string).
+func (b *budget) listOf(n, each int64) error {
 	if err := b.listSize(n); err != nil {
 		return err
 	}
-	return b.step(n * valueBytes >> 6)
+	return b.build(listBytes + n*(valueBytes+each))
 }
 
 // listSize checks that a list (or a dict) of n items may be, without
@@ -163,6 +290,108 @@ func (b *budget) listSize(n int64) error {
 	if n > b.lim.MaxBytes/valueBytes || n < 0 {
 		return b.fail(&BudgetError{Budget: "bytes", Limit: b.lim.MaxBytes, Reason: fmt.Sprintf("a list of %d items (%d bytes each); at most %d bytes", n, valueBytes, b.lim.MaxBytes)})
 	}
+	return nil
+}
+
+// appendItem appends v to l, within the budget: the list's size is
+// checked, and its growth charged as it is made (it doubles, up to
+// MaxBytes), and what v boxes.
+func (b *budget) appendItem(l *List, v Value) error {
+	n := len(l.Items)
+	if err := b.listSize(int64(n) + 1); err != nil {
+		return err
+	}
+	if !l.extends(1) {
+		items, err := b.listArray(l.Items, int64(n)+1)
+		if err != nil {
+			return err
+		}
+		l.Items, l.tail = items, &listTail{n: n, b: b}
+	}
+	if err := b.grow(boxBytes(v)); err != nil {
+		return err
+	}
+	l.Items = append(l.Items, v)
+	if l.tail != nil {
+		l.tail.n++
+	}
+	return nil
+}
+
+// listArray is a new array for a list of n items (n checked), holding
+// items, charged: it has room for twice as many, up to MaxBytes, so that
+// a list grown an item at a time is copied a bounded number of times.
+func (b *budget) listArray(items []Value, n int64) ([]Value, error) {
+	c := min(max(2*n, 4), max(b.lim.MaxBytes/valueBytes, n))
+	if err := b.build(c * valueBytes); err != nil {
+		return nil, err
+	}
+	a := make([]Value, len(items), c)
+	copy(a, items)
+	return a, nil
+}
+
+// own makes l's items its own, copying them (charged) where its array is
+// shared: before it is changed in place.
+func (b *budget) own(l *List) error {
+	if l.tail == nil || !l.tail.shared {
+		return nil
+	}
+	items, err := b.listArray(l.Items, int64(len(l.Items)))
+	if err != nil {
+		return err
+	}
+	l.Items, l.tail = items, &listTail{n: len(items), b: b}
+	return nil
+}
+
+// setKey sets d's key to v, within the budget: a new key is charged its
+// entry, and v what it boxes. A dict grows by at most MaxBytes / 24 keys.
+func (b *budget) setKey(d *Dict, key string, v Value) error {
+	n := boxBytes(v)
+	if _, ok := d.Data[key]; !ok {
+		if err := b.listSize(int64(d.Len()) + 1); err != nil {
+			return err
+		}
+		n += dictEntryBytes
+		if d.Len() == 0 {
+			n += dictFirstBytes - dictEntryBytes
+		}
+	}
+	if err := b.grow(n); err != nil {
+		return err
+	}
+	d.Set(key, v)
+	return nil
+}
+
+// newDict is an empty dict, charged.
+func (b *budget) newDict() (Value, error) {
+	if err := b.grow(dictBytes); err != nil {
+		return Undefined(), err
+	}
+	return NewDict(), nil
+}
+
+// newScope is a scope under parent, charged.
+func (b *budget) newScope(parent *scope) (*scope, error) {
+	if err := b.grow(scopeBytes); err != nil {
+		return nil, err
+	}
+	return newScope(parent), nil
+}
+
+// setVar sets s's name to v, within the budget: a name past the scope's
+// first eight is charged its entry, and v what it boxes.
+func (b *budget) setVar(s *scope, name string, v Value) error {
+	n := boxBytes(v)
+	if _, ok := s.vars[name]; !ok && len(s.vars) >= scopeInline {
+		n += dictEntryBytes
+	}
+	if err := b.grow(n); err != nil {
+		return err
+	}
+	s.set(name, v)
 	return nil
 }
 
@@ -192,19 +421,33 @@ func (b *budget) nested(depth int) error {
 // set block's.
 type out struct {
 	b  *budget
-	sb []byte
+	sb strings.Builder
 }
 
-// write appends s, refusing an output past MaxBytes before growing it.
+// write appends s, refusing an output past MaxBytes before growing it,
+// and charging its growth to MaxAlloc as it is made (the builder grows to
+// twice its capacity and what is written: strings.Builder.Grow's rule).
 func (o *out) write(s string) error {
-	if n := int64(len(o.sb)) + int64(len(s)); n > o.b.lim.MaxBytes {
+	n := int64(o.sb.Len()) + int64(len(s))
+	if n > o.b.lim.MaxBytes {
 		return o.b.fail(&BudgetError{Budget: "bytes", Limit: o.b.lim.MaxBytes, Reason: fmt.Sprintf("an output of more than %d bytes", o.b.lim.MaxBytes)})
 	}
 	if err := o.b.scan(len(s)); err != nil {
 		return err
 	}
-	o.sb = append(o.sb, s...)
+	if n > int64(o.sb.Cap()) {
+		c := 2*int64(o.sb.Cap()) + int64(len(s))
+		if err := o.b.grow(allocSize(c)); err != nil {
+			return err
+		}
+		o.sb.Grow(len(s))
+	}
+	o.sb.WriteString(s)
 	return nil
 }
 
-func (o *out) String() string { return string(o.sb) }
+// len is how many bytes were written.
+func (o *out) len() int { return o.sb.Len() }
+
+// String is what was written (without a copy: the builder's).
+func (o *out) String() string { return o.sb.String() }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,10 +49,20 @@ func registerGlobals(s *scope) {
 }
 
 func builtinNamespace(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
-	d := NewDict()
+	return b.dictOf(kwargs)
+}
+
+// dictOf is a dict of kwargs, charged.
+func (b *budget) dictOf(kwargs map[string]Value) (Value, error) {
+	d, err := b.newDict()
+	if err != nil {
+		return Undefined(), err
+	}
 	dict := d.AsDict()
 	for k, v := range kwargs {
-		dict.Set(k, v)
+		if err := b.setKey(dict, k, v); err != nil {
+			return Undefined(), err
+		}
 	}
 	return d, nil
 }
@@ -70,7 +81,26 @@ func builtinRaiseException(b *budget, args []Value, kwargs map[string]Value) (Va
 // builtinRange is range(stop), range(start, stop) or range(start, stop,
 // step). Its length is known, and checked, before any of it is built.
 func builtinRange(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
-	var start, stop, step int64
+	start, step, count, err := rangeOf(b, args)
+	if err != nil {
+		return Undefined(), err
+	}
+	if err := b.listOf(count, numberBoxBytes); err != nil {
+		return Undefined(), err
+	}
+
+	items := make([]Value, count)
+	for i := range items {
+		items[i] = NewInt(start + int64(i)*step)
+	}
+	return NewList(items), nil
+}
+
+// rangeOf is range's first item, its step and its count, the count
+// checked as a list's (a loop over a range does not build it, but is
+// bounded as if it did).
+func rangeOf(b *budget, args []Value) (start, step, count int64, err error) {
+	var stop int64
 	switch len(args) {
 	case 1:
 		start = 0
@@ -85,33 +115,28 @@ func builtinRange(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 		stop = toInt64(args[1])
 		step = toInt64(args[2])
 	default:
-		return Undefined(), fmt.Errorf("range: expected 1-3 arguments, got %d", len(args))
+		return 0, 0, 0, fmt.Errorf("range: expected 1-3 arguments, got %d", len(args))
 	}
 
 	if step == 0 {
-		return Undefined(), fmt.Errorf("range: step must not be zero")
+		return 0, 0, 0, fmt.Errorf("range: step must not be zero")
 	}
 
 	// The count, in uint64: stop-start may not fit an int64.
-	var count uint64
+	var n uint64
 	switch {
 	case step > 0 && start < stop:
-		count = (uint64(stop)-uint64(start)-1)/uint64(step) + 1
+		n = (uint64(stop)-uint64(start)-1)/uint64(step) + 1
 	case step < 0 && start > stop:
-		count = (uint64(start)-uint64(stop)-1)/(uint64(-(step+1))+1) + 1
+		n = (uint64(start)-uint64(stop)-1)/(uint64(-(step+1))+1) + 1
 	}
-	if count > math.MaxInt64 {
-		count = math.MaxInt64
+	if n > math.MaxInt64 {
+		n = math.MaxInt64
 	}
-	if err := b.list(int64(count)); err != nil {
-		return Undefined(), err
+	if err := b.listSize(int64(n)); err != nil {
+		return 0, 0, 0, err
 	}
-
-	items := make([]Value, count)
-	for i := range items {
-		items[i] = NewInt(start + int64(i)*step)
-	}
-	return NewList(items), nil
+	return start, step, int64(n), nil
 }
 
 func builtinJoiner(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
@@ -123,6 +148,9 @@ func builtinJoiner(b *budget, args []Value, kwargs map[string]Value) (Value, err
 		}
 	}
 
+	if err := b.grow(callableBytes); err != nil {
+		return Undefined(), err
+	}
 	first := true
 	return NewCallable("joiner", func(args []Value, kwargs map[string]Value) (Value, error) {
 		if first {
@@ -134,12 +162,7 @@ func builtinJoiner(b *budget, args []Value, kwargs map[string]Value) (Value, err
 }
 
 func builtinDict(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
-	d := NewDict()
-	dict := d.AsDict()
-	for k, v := range kwargs {
-		dict.Set(k, v)
-	}
-	return d, nil
+	return b.dictOf(kwargs)
 }
 
 func builtinStrftimeNow(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
@@ -187,6 +210,13 @@ func builtinCycler(b *budget, args []Value, kwargs map[string]Value) (Value, err
 		return Undefined(), fmt.Errorf("cycler: expected at least one argument")
 	}
 
+	// Its items, a dict of three and two callables.
+	if err := b.list(int64(len(args))); err != nil {
+		return Undefined(), err
+	}
+	if err := b.grow(dictBytes + 3*dictEntryBytes + 2*callableBytes); err != nil {
+		return Undefined(), err
+	}
 	idx := 0
 	items := make([]Value, len(args))
 	copy(items, args)
@@ -554,8 +584,12 @@ func (enc *jsonEncoder) encode(v Value, depth int) error {
 // \u0026 / \u003c / \u003e), matching Python json.dumps's default behaviour.
 func (enc *jsonEncoder) encodeString(s string) error {
 	// The encoding is at least s and its quotes: refused before it is
-	// built where that is already too long.
-	if err := enc.b.str(int64(len(enc.o.sb)) + int64(len(s)) + 2); err != nil {
+	// built where that is already too long. It is built twice (the
+	// encoder's buffer, its string) before it is written.
+	if err := enc.b.strSize(int64(enc.o.len()) + int64(len(s)) + 2); err != nil {
+		return err
+	}
+	if err := enc.b.build(2 * (int64(len(s)) + 2)); err != nil {
 		return err
 	}
 	var buf bytes.Buffer
@@ -579,15 +613,46 @@ func filterFromjson(b *budget, args []Value, kwargs map[string]Value) (Value, er
 
 	// Decoding builds several times the text's size: charged so.
 	s := args[0].AsString()
-	if err := b.scan(8 * len(s)); err != nil {
+	if err := b.build(8 * int64(len(s))); err != nil {
 		return Undefined(), err
 	}
 	var result any
 	if err := json.Unmarshal([]byte(s), &result); err != nil {
 		return Undefined(), fmt.Errorf("fromjson: %w", err)
 	}
+	// And the values made of it, which the template may keep.
+	if err := b.grow(jsonValueBytes(result)); err != nil {
+		return Undefined(), err
+	}
 
 	return FromGoValue(result), nil
+}
+
+// jsonValueBytes is what FromGoValue makes of a decoded JSON value: its
+// lists, dicts and strings, as the budget charges them.
+func jsonValueBytes(x any) int64 {
+	switch x := x.(type) {
+	case string:
+		return stringBoxBytes + int64(len(x))
+	case float64:
+		return numberBoxBytes
+	case []any:
+		n := listBytes + int64(len(x))*valueBytes
+		for _, item := range x {
+			n += jsonValueBytes(item)
+		}
+		return n
+	case map[string]any:
+		n := int64(dictBytes)
+		if len(x) > 0 {
+			n += dictFirstBytes + int64(len(x)-1)*dictEntryBytes
+		}
+		for k, v := range x {
+			n += int64(len(k)) + jsonValueBytes(v)
+		}
+		return n
+	}
+	return 0
 }
 
 func filterItems(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
@@ -820,7 +885,11 @@ func filterReverse(b *budget, args []Value, kwargs map[string]Value) (Value, err
 
 	v := args[0]
 	if v.IsString() {
+		// Its code points (4 bytes each), and its string.
 		if err := b.str(int64(len(v.AsString()))); err != nil {
+			return Undefined(), err
+		}
+		if err := b.build(4 * int64(utf8.RuneCountInString(v.AsString()))); err != nil {
 			return Undefined(), err
 		}
 		runes := []rune(v.AsString())
@@ -888,12 +957,13 @@ func filterUnique(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 		return NewList(nil), nil
 	}
 
+	// The items kept, and a set of their texts (about 64 bytes a key).
 	src := args[0].AsList().Items
-	if err := b.list(int64(len(src))); err != nil {
+	if err := b.listOf(int64(len(src)), 64); err != nil {
 		return Undefined(), err
 	}
 	seen := make(map[string]bool)
-	var items []Value
+	items := make([]Value, 0, len(src))
 	for _, item := range src {
 		key, err := b.print(item)
 		if err != nil {
@@ -922,7 +992,7 @@ func filterList(b *budget, args []Value, kwargs map[string]Value) (Value, error)
 		if err := b.scan(len(s)); err != nil {
 			return Undefined(), err
 		}
-		if err := b.list(int64(utf8.RuneCountInString(s))); err != nil {
+		if err := b.listOf(int64(utf8.RuneCountInString(s)), runeItemBytes-valueBytes); err != nil {
 			return Undefined(), err
 		}
 		items := make([]Value, 0, utf8.RuneCountInString(s))
@@ -932,6 +1002,9 @@ func filterList(b *budget, args []Value, kwargs map[string]Value) (Value, error)
 		return NewList(items), nil
 	}
 
+	if err := b.listOf(1, boxBytes(v)); err != nil {
+		return Undefined(), err
+	}
 	return NewList([]Value{v}), nil
 }
 
@@ -1061,7 +1134,11 @@ func filterMap(b *budget, args []Value, kwargs map[string]Value) (Value, error) 
 		return NewList(items), nil
 	}
 
-	return NewList(list.Items), nil
+	// A copy: lists that shared an array would change each other.
+	if err := b.list(int64(list.Len())); err != nil {
+		return Undefined(), err
+	}
+	return NewList(slices.Clone(list.Items)), nil
 }
 
 // selectItems is the items of list (or of their attribute attr) whose
@@ -1070,7 +1147,7 @@ func (b *budget) selectItems(list *List, testName string, testArgs []Value, attr
 	if err := b.list(int64(list.Len())); err != nil {
 		return Undefined(), err
 	}
-	var items []Value
+	items := make([]Value, 0, list.Len())
 	for _, item := range list.Items {
 		if err := b.step(1); err != nil {
 			return Undefined(), err
@@ -1182,32 +1259,56 @@ func filterIndent(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 	}
 
 	// The indented size, checked before it is built: every line that is
-	// not empty grows by width.
+	// not empty grows by width. The lines are not split into a slice (4
+	// MiB of newlines made 64 MiB of it): the text is read twice, and
+	// written once, into a string of the size checked. A line costs time
+	// besides its bytes: a step per four.
 	if err := b.scan(len(s)); err != nil {
 		return Undefined(), err
 	}
-	lines := strings.Split(s, "\n")
-	grown := int64(0)
-	for i, line := range lines {
-		if line != "" && (i > 0 || indentFirst) {
+	lines, grown := int64(0), int64(0)
+	for rest, first := s, true; ; first = false {
+		line, after, more := strings.Cut(rest, "\n")
+		lines++
+		if line != "" && (!first || indentFirst) {
 			grown++
 		}
+		if !more {
+			break
+		}
+		rest = after
 	}
-	if err := b.str(int64(len(s)) + mulSat(grown, width)); err != nil {
+	if err := b.step(lines / 4); err != nil {
 		return Undefined(), err
 	}
-
-	pad := strings.Repeat(" ", int(width))
-	for i, line := range lines {
-		if i == 0 && !indentFirst {
-			continue
-		}
-		if line != "" {
-			lines[i] = pad + line
-		}
+	size := int64(len(s)) + mulSat(grown, width)
+	if err := b.str(size); err != nil {
+		return Undefined(), err
+	}
+	if grown == 0 { // nothing to indent (whatever the width)
+		return NewString(s), nil
 	}
 
-	return NewString(strings.Join(lines, "\n")), nil
+	// width*grown fits the size checked: the pad does too.
+	if err := b.build(width); err != nil {
+		return Undefined(), err
+	}
+	pad := strings.Repeat(" ", int(width))
+	var sb strings.Builder
+	sb.Grow(int(size))
+	for rest, first := s, true; ; first = false {
+		line, after, more := strings.Cut(rest, "\n")
+		if line != "" && (!first || indentFirst) {
+			sb.WriteString(pad)
+		}
+		sb.WriteString(line)
+		if !more {
+			break
+		}
+		sb.WriteByte('\n')
+		rest = after
+	}
+	return NewString(sb.String()), nil
 }
 
 func filterWordcount(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
@@ -1264,7 +1365,8 @@ func filterDictsort(b *budget, args []Value, kwargs map[string]Value) (Value, er
 		reverse = r.AsBool()
 	}
 
-	if err := b.list(3 * int64(len(d.Keys))); err != nil {
+	// The keys (a string's header each), and a pair for each.
+	if err := b.listOf(int64(len(d.Keys)), 16+pairBytes); err != nil {
 		return Undefined(), err
 	}
 	keys := make([]string, len(d.Keys))
@@ -1333,8 +1435,9 @@ func filterSum(b *budget, args []Value, kwargs map[string]Value) (Value, error) 
 		return NewInt(0), nil
 	}
 
+	// A scan of the items.
 	list := args[0].AsList()
-	if err := b.list(int64(list.Len())); err != nil {
+	if err := b.step(int64(list.Len()) * valueBytes >> 6); err != nil {
 		return Undefined(), err
 	}
 	var sumF float64
@@ -1366,12 +1469,16 @@ func filterBatch(b *budget, args []Value, kwargs map[string]Value) (Value, error
 		return NewList(nil), nil
 	}
 	linecount = min(linecount, int64(list.Len()))
+	if linecount == 0 { // an empty list
+		return NewList(nil), nil
+	}
 
-	// The batches' items, and a list for each.
-	if err := b.list(2 * int64(list.Len())); err != nil {
+	// The batches' items, and a list (an item and a header) for each:
+	// at most one a batched item.
+	if err := b.listOf(int64(list.Len()), valueBytes+listBytes); err != nil {
 		return Undefined(), err
 	}
-	var batches []Value
+	batches := make([]Value, 0, (int64(list.Len())+linecount-1)/linecount)
 	for i := 0; i < list.Len(); i += int(linecount) {
 		end := min(i+int(linecount), list.Len())
 		batch := make([]Value, end-i)

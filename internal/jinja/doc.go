@@ -18,8 +18,9 @@
 //     new (budget.go). Every node executed, expression evaluated and loop
 //     iteration costs a step; building or scanning a string or a list
 //     costs a step per 64 bytes of it besides (a list item counts as 24
-//     bytes), so a bounded number of steps is a bounded amount of CPU and
-//     of allocation. Sizes are checked before the allocation: repetition
+//     bytes), so a bounded number of steps is a bounded amount of CPU
+//     (and of allocation: see MaxAlloc below for why that was not enough).
+//     Sizes are checked before the allocation: repetition
 //     (*), concatenation (+ and ~), range, replace, join, indent, format,
 //     escape, split, tojson, a list's append and insert, dict.update.
 //     Macro and caller() calls nest at most MaxDepth deep. The context is
@@ -27,6 +28,39 @@
 //     DefaultLimits (they had none); the first budget error is sticky,
 //     so a path that drops an error (tojson's NaN handling) cannot carry
 //     on for free, and a panic in a render is an error.
+//   - Limits.MaxAlloc bounds what a render builds over its whole run, the
+//     memory it can hold at once (budget.go): the steps bound time, and a
+//     budget of steps that grows with a conversation's square (the
+//     models package's: 58M steps for 2,400 messages) let a template keep
+//     a string of MaxBytes per message, 3.7 GB. Every allocation a
+//     template can keep is charged before it is made, garbage or not:
+//     strings and lists where steps are charged by size; a list's growth
+//     (append and insert double it, charged as they do), a dict's and a
+//     scope's entries (namespace attributes, dict literals, update, set,
+//     macro arguments), what an item boxes (a number, a string's header,
+//     a closure), closures (macros, callers, joiners), loop variables,
+//     and outputs as they grow (a strings.Builder, whose String does not
+//     copy). Exceeding it is a BudgetError of budget "alloc", "more than
+//     N bytes built". So that real templates stay linear in it, what
+//     made them quadratic in garbage is gone: a loop over range() makes
+//     its numbers as it goes rather than a list of them (Gemma 4's and
+//     DeepSeek V4's templates loop over range(i) at each message); a + b
+//     extends a's array in place where a may grow and no other list has
+//     (List's tail; every list stays its own: one that would change its
+//     items in place, insert or pop, copies them first), so
+//     {% set x = x + [y] %} in a loop is linear (Mistral Medium 3.5's);
+//     loop.cycle is one callable per loop, not one per iteration.
+//   - indent and split build their results directly, charged what they
+//     build: indent split its text into a slice of lines (16 bytes a
+//     line, charged a step per 64 bytes of text: 4 MiB of newlines made
+//     64 MiB) and a string per line; it now writes the result once, a
+//     step per four lines besides its bytes, and builds no pad where no
+//     line is indented ('x' | indent(9000000000) made a pad of 9 GB).
+//     split built a []string and then the list (40 bytes a part, charged
+//     24). tojson checks its output's size as it grows and charges each
+//     string it encodes (it charged the whole output so far per string,
+//     quadratic steps); fromjson charges the values it makes; map without
+//     an attribute copies its list rather than sharing its array.
 //   - Walks over values (printing a list or a dict, ==, in, tojson,
 //     unique) are charged per value and bounded by MaxDepth (walk.go): a
 //     template can build a list that holds itself ({{ l.append(l) }}),

@@ -138,44 +138,49 @@ func (e *evaluator) execIf(n *ifNode) error {
 }
 
 func (e *evaluator) execFor(n *forNode) error {
-	iterVal, err := e.evalExpr(n.iter)
-	if err != nil {
+	// The items, as a count and a function: a loop over range() makes
+	// its numbers as it goes rather than a list of them (templates loop
+	// over range(i) for each message: a list each, quadratic garbage).
+	var (
+		items []Value
+		total int
+		at    func(i int) Value
+	)
+	if start, step, count, ok, err := e.loopRange(n.iter); err != nil {
 		return err
-	}
-
-	var items []Value
-	switch {
-	case iterVal.IsList():
-		items = iterVal.AsList().Items
-	case iterVal.IsDict():
-		d := iterVal.AsDict()
-		if err := e.b.list(int64(d.Len())); err != nil {
+	} else if ok {
+		total = int(count)
+		at = func(i int) Value { return NewInt(start + int64(i)*step) }
+	} else {
+		iterVal, err := e.evalExpr(n.iter)
+		if err != nil {
 			return err
 		}
-		items = make([]Value, 0, d.Len())
-		for _, key := range d.Keys {
-			items = append(items, NewString(key))
-		}
-	case iterVal.IsString():
-		s := iterVal.AsString()
-		if err := e.b.scan(len(s)); err != nil {
+		if items, err = e.loopItems(iterVal); err != nil {
 			return err
 		}
-		if err := e.b.list(int64(utf8.RuneCountInString(s))); err != nil {
-			return err
-		}
-		for _, r := range s {
-			items = append(items, NewString(string(r)))
-		}
-	default:
-		// Empty iteration.
+		total = len(items)
 	}
 
 	// Apply filter if present.
 	if n.filterExpr != nil {
-		var filtered []Value
-		for _, item := range items {
-			child := newScope(e.scope)
+		// The kept items: at most all of them. One scope serves every
+		// item (an expression cannot keep it).
+		if err := e.b.listOf(int64(total), numberBoxBytes); err != nil {
+			return err
+		}
+		filtered := make([]Value, 0, total)
+		child, err := e.b.newScope(e.scope)
+		if err != nil {
+			return err
+		}
+		for i := range total {
+			var item Value
+			if at != nil {
+				item = at(i)
+			} else {
+				item = items[i]
+			}
 			child.set(n.valVar, item)
 			old := e.scope
 			e.scope = child
@@ -188,28 +193,49 @@ func (e *evaluator) execFor(n *forNode) error {
 				filtered = append(filtered, item)
 			}
 		}
-		items = filtered
+		items, total, at = filtered, len(filtered), nil
+	}
+	if at == nil {
+		at = func(i int) Value { return items[i] }
 	}
 
-	if len(items) == 0 {
+	if total == 0 {
 		if n.elseBody != nil {
 			return e.execNodes(n.elseBody)
 		}
 		return nil
 	}
 
-	total := int64(len(items))
-
 	// Pre-allocate the loop dict and child scope once, then reuse them
-	// across iterations to avoid per-iteration allocations.
-	loop := NewDict()
+	// across iterations to avoid per-iteration allocations. Both are
+	// charged: a template can keep them (a macro defined in the loop
+	// keeps its scope, {{ l.append(loop) }} the loop variable).
+	if err := e.b.grow(loopBytes); err != nil {
+		return err
+	}
+	loop := Value{kind: KindDict, v: &Dict{Keys: make([]string, 0, 10), Data: make(map[string]Value, 10)}}
 	ld := loop.AsDict()
-	ld.Set("length", NewInt(total))
+	ld.Set("length", NewInt(int64(total)))
 
-	child := newScope(e.scope)
+	child, err := e.b.newScope(e.scope)
+	if err != nil {
+		return err
+	}
 	child.set("loop", loop)
 
-	for i, item := range items {
+	// loop.cycle: one callable for the loop, which cycles by the current
+	// iteration (as Python's, a method of the loop), rather than one a
+	// iteration.
+	cycleIdx := int64(0)
+	ld.Data["cycle"] = NewCallable("loop.cycle", func(args []Value, kwargs map[string]Value) (Value, error) {
+		if len(args) == 0 {
+			return Undefined(), nil
+		}
+		return args[int(cycleIdx)%len(args)], nil
+	})
+
+	for i := range total {
+		item := at(i)
 		// Every iteration costs steps, whatever its body: updating the
 		// loop variable's fields costs about as much as four
 		// expressions.
@@ -235,30 +261,23 @@ func (e *evaluator) execFor(n *forNode) error {
 		idx := int64(i)
 		ld.Data["index"] = NewInt(idx + 1)
 		ld.Data["index0"] = NewInt(idx)
-		ld.Data["revindex"] = NewInt(total - idx)
-		ld.Data["revindex0"] = NewInt(total - idx - 1)
+		ld.Data["revindex"] = NewInt(int64(total) - idx)
+		ld.Data["revindex0"] = NewInt(int64(total) - idx - 1)
 		ld.Data["first"] = NewBool(i == 0)
-		ld.Data["last"] = NewBool(i == len(items)-1)
+		ld.Data["last"] = NewBool(i == total-1)
 
 		if i > 0 {
-			ld.Data["previtem"] = items[i-1]
+			ld.Data["previtem"] = at(i - 1)
 		} else {
 			ld.Data["previtem"] = Undefined()
 		}
-		if i < len(items)-1 {
-			ld.Data["nextitem"] = items[i+1]
+		if i < total-1 {
+			ld.Data["nextitem"] = at(i + 1)
 		} else {
 			ld.Data["nextitem"] = Undefined()
 		}
 
-		// cycle function — capture idx by value for closure correctness.
-		cycleIdx := idx
-		ld.Data["cycle"] = NewCallable("loop.cycle", func(args []Value, kwargs map[string]Value) (Value, error) {
-			if len(args) == 0 {
-				return Undefined(), nil
-			}
-			return args[int(cycleIdx)%len(args)], nil
-		})
+		cycleIdx = idx
 
 		old := e.scope
 		e.scope = child
@@ -280,6 +299,69 @@ func (e *evaluator) execFor(n *forNode) error {
 	return nil
 }
 
+// loopRange is a loop's range(...) when its iterable is a call of the
+// built-in range: its first item, step and count, and true.
+func (e *evaluator) loopRange(iter expr) (start, step, count int64, ok bool, err error) {
+	call, isCall := iter.(*callExpr)
+	if !isCall || len(call.kwargs) > 0 {
+		return 0, 0, 0, false, nil
+	}
+	name, isName := call.fn.(*nameExpr)
+	if !isName || name.name != "range" {
+		return 0, 0, 0, false, nil
+	}
+	fn, _ := e.scope.get(name.name)
+	if c, isCallable := fn.v.(Callable); !isCallable || c.bfn == nil || c.Name != "range" {
+		return 0, 0, 0, false, nil // a variable or a macro named range
+	}
+	// The steps of evaluating the call and its callee, as evalExpr would.
+	if err := e.b.step(2); err != nil {
+		return 0, 0, 0, false, err
+	}
+	args := make([]Value, len(call.args))
+	for i, a := range call.args {
+		if args[i], err = e.evalExpr(a); err != nil {
+			return 0, 0, 0, false, err
+		}
+	}
+	start, step, count, err = rangeOf(e.b, args)
+	return start, step, count, err == nil, err
+}
+
+// loopItems are the items a loop iterates over: a list's, a dict's keys,
+// a string's code points; none for anything else.
+func (e *evaluator) loopItems(iterVal Value) ([]Value, error) {
+	switch {
+	case iterVal.IsList():
+		return iterVal.AsList().Items, nil
+	case iterVal.IsDict():
+		d := iterVal.AsDict()
+		if err := e.b.listOf(int64(d.Len()), stringBoxBytes); err != nil {
+			return nil, err
+		}
+		items := make([]Value, 0, d.Len())
+		for _, key := range d.Keys {
+			items = append(items, NewString(key))
+		}
+		return items, nil
+	case iterVal.IsString():
+		s := iterVal.AsString()
+		if err := e.b.scan(len(s)); err != nil {
+			return nil, err
+		}
+		n := utf8.RuneCountInString(s)
+		if err := e.b.listOf(int64(n), runeItemBytes-valueBytes); err != nil {
+			return nil, err
+		}
+		items := make([]Value, 0, n)
+		for _, r := range s {
+			items = append(items, NewString(string(r)))
+		}
+		return items, nil
+	}
+	return nil, nil // empty iteration
+}
+
 func (e *evaluator) execSet(n *setNode) error {
 	val, err := e.evalExpr(n.value)
 	if err != nil {
@@ -291,12 +373,10 @@ func (e *evaluator) execSet(n *setNode) error {
 		if !ok || !nsVal.IsDict() {
 			return fmt.Errorf("set: namespace %q not found or not a dict", n.namespace)
 		}
-		nsVal.AsDict().Set(n.target, val)
-		return nil
+		return e.b.setKey(nsVal.AsDict(), n.target, val)
 	}
 
-	e.scope.set(n.target, val)
-	return nil
+	return e.b.setVar(e.scope, n.target, val)
 }
 
 func (e *evaluator) execSetBlock(n *setBlockNode) error {
@@ -304,8 +384,7 @@ func (e *evaluator) execSetBlock(n *setBlockNode) error {
 	if err := bodyEval.execNodes(n.body); err != nil {
 		return err
 	}
-	e.scope.set(n.target, NewString(bodyEval.output.String()))
-	return nil
+	return e.b.setVar(e.scope, n.target, NewString(bodyEval.output.String()))
 }
 
 func (e *evaluator) execMacro(n *macroNode) error {
@@ -314,6 +393,12 @@ func (e *evaluator) execMacro(n *macroNode) error {
 	body := n.body
 	parentScope := e.scope
 
+	// The macro (a closure) is charged as it is made; each call its scope
+	// and what its arguments box (a macro or a caller made in the call
+	// may keep them).
+	if err := e.b.grow(callableBytes); err != nil {
+		return err
+	}
 	fn := NewCallable(n.name, func(args []Value, kwargs map[string]Value) (Value, error) {
 		// A macro calling itself (or another that calls it back) is
 		// bounded by the budget's depth.
@@ -322,29 +407,34 @@ func (e *evaluator) execMacro(n *macroNode) error {
 		}
 		defer e.b.leave()
 
-		child := newScope(parentScope)
+		child, err := e.b.newScope(parentScope)
+		if err != nil {
+			return Undefined(), err
+		}
 
 		// Bind positional args.
 		for i, param := range params {
+			v := Undefined()
 			if i < len(args) {
-				child.set(param.name, args[i])
-			} else if v, ok := kwargs[param.name]; ok {
-				child.set(param.name, v)
+				v = args[i]
+			} else if kv, ok := kwargs[param.name]; ok {
+				v = kv
 			} else if param.defaultVal != nil {
 				defEval := e.child(child)
-				defVal, err := defEval.evalExpr(param.defaultVal)
-				if err != nil {
+				if v, err = defEval.evalExpr(param.defaultVal); err != nil {
 					return Undefined(), err
 				}
-				child.set(param.name, defVal)
-			} else {
-				child.set(param.name, Undefined())
+			}
+			if err := e.b.setVar(child, param.name, v); err != nil {
+				return Undefined(), err
 			}
 		}
 
 		// Set caller if available.
 		if caller, ok := kwargs["caller"]; ok {
-			child.set("caller", caller)
+			if err := e.b.setVar(child, "caller", caller); err != nil {
+				return Undefined(), err
+			}
 		}
 
 		macroEval := e.child(child)
@@ -355,8 +445,7 @@ func (e *evaluator) execMacro(n *macroNode) error {
 		return NewString(macroEval.output.String()), nil
 	})
 
-	e.scope.set(n.name, fn)
-	return nil
+	return e.b.setVar(e.scope, n.name, fn)
 }
 
 func (e *evaluator) execCall(n *callNode) error {
@@ -365,16 +454,24 @@ func (e *evaluator) execCall(n *callNode) error {
 	body := n.body
 	parentScope := e.scope
 
+	if err := e.b.grow(callableBytes); err != nil {
+		return err
+	}
 	caller := NewCallable("caller", func(args []Value, kwargs map[string]Value) (Value, error) {
 		if err := e.b.enter(); err != nil {
 			return Undefined(), err
 		}
 		defer e.b.leave()
 
-		child := newScope(parentScope)
+		child, err := e.b.newScope(parentScope)
+		if err != nil {
+			return Undefined(), err
+		}
 		for i, argName := range callerArgs {
 			if i < len(args) {
-				child.set(argName, args[i])
+				if err := e.b.setVar(child, argName, args[i]); err != nil {
+					return Undefined(), err
+				}
 			}
 		}
 
@@ -539,12 +636,18 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 			if err != nil {
 				return Undefined(), err
 			}
+			if err := e.b.grow(boxBytes(v)); err != nil {
+				return Undefined(), err
+			}
 			items[i] = v
 		}
 		return NewList(items), nil
 
 	case *dictExpr:
-		d := NewDict()
+		d, err := e.b.newDict()
+		if err != nil {
+			return Undefined(), err
+		}
 		dict := d.AsDict()
 		for _, pair := range n.pairs {
 			key, err := e.evalExpr(pair.key)
@@ -559,7 +662,9 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 			if err != nil {
 				return Undefined(), err
 			}
-			dict.Set(k, val)
+			if err := e.b.setKey(dict, k, val); err != nil {
+				return Undefined(), err
+			}
 		}
 		return d, nil
 
@@ -712,8 +817,11 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 				return Undefined(), err
 			}
 			count := sliceLen(start, stop, step)
-			if step == 1 {
+			if step == 1 { // a substring: the string's own bytes
 				return NewString(s[start : start+count]), nil
+			}
+			if err := e.b.build(2 * int64(count)); err != nil { // the bytes, and their string
+				return Undefined(), err
 			}
 			buf := make([]byte, 0, count)
 			for i := start; len(buf) < count; i += step {
@@ -722,12 +830,20 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 			return NewString(string(buf)), nil
 		}
 
+		// The code points (4 bytes each), the slice's, and its string (4
+		// bytes a code point at most).
+		if err := e.b.build(4 * int64(utf8.RuneCountInString(s))); err != nil {
+			return Undefined(), err
+		}
 		runes := []rune(s)
 		start, stop, step, err := resolveSlice(n, e, len(runes))
 		if err != nil {
 			return Undefined(), err
 		}
 		count := sliceLen(start, stop, step)
+		if err := e.b.build(8 * int64(count)); err != nil {
+			return Undefined(), err
+		}
 		result := make([]rune, 0, count)
 		for i := start; len(result) < count; i += step {
 			result = append(result, runes[i])
@@ -1109,31 +1225,14 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 			if err := b.scan(len(s)); err != nil {
 				return Undefined(), err
 			}
-			var parts []string
-			if len(args) == 0 {
-				if err := b.list(int64(countFields(s))); err != nil {
+			sep, fields := "", len(args) == 0
+			if !fields {
+				var err error
+				if sep, err = b.print(args[0]); err != nil {
 					return Undefined(), err
 				}
-				parts = strings.Fields(s)
-			} else {
-				sep, err := b.print(args[0])
-				if err != nil {
-					return Undefined(), err
-				}
-				n := utf8.RuneCountInString(s)
-				if sep != "" {
-					n = strings.Count(s, sep) + 1
-				}
-				if err := b.list(int64(n)); err != nil {
-					return Undefined(), err
-				}
-				parts = strings.Split(s, sep)
 			}
-			items := make([]Value, len(parts))
-			for i, p := range parts {
-				items[i] = NewString(p)
-			}
-			return NewList(items), nil
+			return b.split(s, sep, fields)
 		}), nil
 
 	case "startswith", "endswith":
@@ -1249,6 +1348,57 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 
 func isStripSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' }
 
+// split is s split at sep (strings.Split's parts), or into its fields
+// (strings.Fields'), a list of the parts built directly: each is an item
+// and a string's header (its bytes are s's), charged before it is built.
+func (b *budget) split(s, sep string, fields bool) (Value, error) {
+	var n int
+	switch {
+	case fields:
+		n = countFields(s)
+	case sep == "":
+		n = utf8.RuneCountInString(s)
+	default:
+		n = strings.Count(s, sep) + 1
+	}
+	if err := b.listOf(int64(n), partItemBytes-valueBytes); err != nil {
+		return Undefined(), err
+	}
+	items := make([]Value, 0, n)
+	switch {
+	case fields:
+		start := -1
+		for i, r := range s {
+			switch {
+			case unicode.IsSpace(r) && start >= 0:
+				items = append(items, NewString(s[start:i]))
+				start = -1
+			case !unicode.IsSpace(r) && start < 0:
+				start = i
+			}
+		}
+		if start >= 0 {
+			items = append(items, NewString(s[start:]))
+		}
+	case sep == "": // each UTF-8 sequence, as strings.Split
+		for len(s) > 0 {
+			_, size := utf8.DecodeRuneInString(s)
+			items = append(items, NewString(s[:size]))
+			s = s[size:]
+		}
+	default:
+		for {
+			before, after, ok := strings.Cut(s, sep)
+			items = append(items, NewString(before))
+			if !ok {
+				break
+			}
+			s = after
+		}
+	}
+	return NewList(items), nil
+}
+
 // countFields is len(strings.Fields(s)), without building them.
 func countFields(s string) int {
 	n, in := 0, false
@@ -1320,12 +1470,11 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 	case "append":
 		return NewCallable("list.append", func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(args) > 0 {
-				// The size is checked; the evaluation that called it was
-				// the step.
-				if err := b.listSize(int64(list.Len()) + 1); err != nil {
+				// The size is checked and the growth charged; the
+				// evaluation that called it was the step.
+				if err := b.appendItem(list, args[0]); err != nil {
 					return Undefined(), err
 				}
-				list.Append(args[0])
 			}
 			return None(), nil
 		}), nil
@@ -1347,7 +1496,15 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 				return Undefined(), err
 			}
 			val := list.Items[idx]
+			if idx < list.Len()-1 { // but the last, items move
+				if err := b.own(list); err != nil {
+					return Undefined(), err
+				}
+			}
 			list.Items = append(list.Items[:idx], list.Items[idx+1:]...)
+			if list.tail != nil && !list.tail.shared { // the array's alone: its room is the list's
+				list.tail.n = list.Len()
+			}
 			return val, nil
 		}), nil
 
@@ -1356,7 +1513,8 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 			if len(args) < 2 {
 				return None(), nil
 			}
-			if err := b.list(int64(list.Len()) + 1); err != nil {
+			// The items moved along, a step per 64 bytes of them.
+			if err := b.step(int64(list.Len()) * valueBytes >> 6); err != nil {
 				return Undefined(), err
 			}
 			i := toInt64(args[0])
@@ -1364,7 +1522,14 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 				i += int64(list.Len())
 			}
 			idx := int(min(max(i, 0), int64(list.Len())))
-			list.Items = append(list.Items, Undefined())
+			if idx < list.Len() {
+				if err := b.own(list); err != nil {
+					return Undefined(), err
+				}
+			}
+			if err := b.appendItem(list, args[1]); err != nil {
+				return Undefined(), err
+			}
 			copy(list.Items[idx+1:], list.Items[idx:])
 			list.Items[idx] = args[1]
 			return None(), nil
@@ -1390,7 +1555,11 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 
 	case "keys", "values":
 		return NewCallable("dict."+method, func(args []Value, kwargs map[string]Value) (Value, error) {
-			if err := b.list(int64(d.Len())); err != nil {
+			each := int64(0) // the values are the dict's; the keys are boxed anew
+			if method == "keys" {
+				each = stringBoxBytes
+			}
+			if err := b.listOf(int64(d.Len()), each); err != nil {
 				return Undefined(), err
 			}
 			items := make([]Value, 0, d.Len())
@@ -1459,11 +1628,13 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 				if err := b.listSize(int64(d.Len()) + int64(other.Len())); err != nil {
 					return Undefined(), err
 				}
-				if err := b.list(int64(other.Len())); err != nil {
+				if err := b.step(int64(other.Len()) * valueBytes >> 6); err != nil {
 					return Undefined(), err
 				}
 				for _, key := range other.Keys {
-					d.Set(key, other.Data[key])
+					if err := b.setKey(d, key, other.Data[key]); err != nil {
+						return Undefined(), err
+					}
 				}
 			}
 			return None(), nil
@@ -1475,8 +1646,9 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 
 // dictItems is d's (key, value) pairs.
 func (b *budget) dictItems(d *Dict) (Value, error) {
-	// Each pair is a list of two as well as an item.
-	if err := b.list(3 * int64(d.Len())); err != nil {
+	// Each pair is an item, and a list of two: its header, its items,
+	// and its key's box.
+	if err := b.listOf(int64(d.Len()), pairBytes); err != nil {
 		return Undefined(), err
 	}
 	items := make([]Value, 0, d.Len())
@@ -1495,19 +1667,39 @@ func (b *budget) addValues(x, y Value) (Value, error) {
 		return b.concat(x, y)
 	}
 	if x.IsList() && y.IsList() {
-		xl, yl := x.AsList(), y.AsList()
-		if err := b.list(int64(xl.Len()) + int64(yl.Len())); err != nil {
-			return Undefined(), err
-		}
-		items := make([]Value, 0, xl.Len()+yl.Len())
-		items = append(items, xl.Items...)
-		items = append(items, yl.Items...)
-		return NewList(items), nil
+		return b.concatLists(x.AsList(), y.AsList())
 	}
 	if x.IsFloat() || y.IsFloat() {
 		return NewFloat(toFloat64(x) + toFloat64(y)), nil
 	}
 	return NewInt(toInt64(x) + toInt64(y)), nil
+}
+
+// concatLists is x + y, a new list: x's array extended in place where x
+// may grow (see List.tail), the new list sharing it, y's items copied
+// (a step per 64 bytes of them); else a new array with room to grow.
+func (b *budget) concatLists(x, y *List) (Value, error) {
+	n := int64(x.Len()) + int64(y.Len())
+	if err := b.listSize(n); err != nil {
+		return Undefined(), err
+	}
+	if x.extendsFor(b, y.Len()) {
+		if err := b.build(listBytes + int64(y.Len())*valueBytes); err != nil {
+			return Undefined(), err
+		}
+		items := append(x.Items, y.Items...) // within its capacity: in place
+		x.tail.n, x.tail.shared = len(items), true
+		return Value{kind: KindList, v: &List{Items: items, tail: x.tail}}, nil
+	}
+	if err := b.grow(listBytes); err != nil {
+		return Undefined(), err
+	}
+	items, err := b.listArray(x.Items, n)
+	if err != nil {
+		return Undefined(), err
+	}
+	items = append(items, y.Items...)
+	return Value{kind: KindList, v: &List{Items: items, tail: &listTail{n: len(items), b: b}}}, nil
 }
 
 // concat is x ~ y: their texts joined, its size checked before.

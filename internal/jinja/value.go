@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -197,6 +198,24 @@ func (v Value) Equals(other Value) bool {
 // List holds an ordered sequence of values.
 type List struct {
 	Items []Value
+	// tail is the account of an array a render made (nil for one it did
+	// not: a list of the caller's data, a literal's), shared by the lists
+	// whose Items are that array: a + b extends a's array where the render
+	// made it, it has room, and no other list has extended it, rather
+	// than copying a (so {% set x = x + [y] %} in a loop is linear, not
+	// quadratic); a list the caller gave is never changed by +. Each list
+	// of the array is a prefix of its first tail.n items, which none
+	// changes in place once the array is shared (a list that would, an
+	// insert or a pop, copies its items first).
+	tail *listTail
+}
+
+// listTail is how much of an array its lists use, which render made it,
+// and whether more than one list uses it.
+type listTail struct {
+	n      int
+	b      *budget
+	shared bool
 }
 
 // Len returns the number of items in the list.
@@ -206,7 +225,24 @@ func (l *List) Len() int { return len(l.Items) }
 func (l *List) Get(i int) Value { return l.Items[i] }
 
 // Append adds a value to the end of the list.
-func (l *List) Append(v Value) { l.Items = append(l.Items, v) }
+func (l *List) Append(v Value) {
+	if l.tail != nil { // others may share its array
+		l.Items, l.tail = slices.Clip(l.Items), nil
+	}
+	l.Items = append(l.Items, v)
+}
+
+// extends reports whether l may grow in place by n items: its array has
+// room, which no other list uses.
+func (l *List) extends(n int) bool {
+	return len(l.Items)+n <= cap(l.Items) && (l.tail == nil || l.tail.n == len(l.Items))
+}
+
+// extendsFor is extends, for a + b in b's render: the render made l's
+// array.
+func (l *List) extendsFor(b *budget, n int) bool {
+	return l.tail != nil && l.tail.b == b && l.extends(n)
+}
 
 // =============================================================================
 
