@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .loading import LoadError, take
+
 # The row fields after the 3*T token words (decoder.go's meta* constants).
 VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION = range(9)
 FIELDS = 9
@@ -80,8 +82,6 @@ class Decoder(nn.Module):
 
     def __init__(self, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
-        from .nets import LoadError, _take  # noqa: PLC0415 (nets imports this module)
-
         self.vocab, self.hidden = spec["vocab"], spec["hidden"]
         self.layers_n, self.heads, self.kv_heads = spec["layers"], spec["heads"], spec["kv_heads"]
         self.head_dim, self.inter = spec["head_dim"], spec["intermediate"]
@@ -95,7 +95,7 @@ class Decoder(nn.Module):
         H, Q, KV, I = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.inter
 
         def param(name: str, *shape: int) -> nn.Parameter:
-            return nn.Parameter(_take(tensors, name, tuple(shape)).clone(), requires_grad=False)
+            return nn.Parameter(take(tensors, name, tuple(shape)).clone(), requires_grad=False)
 
         def linear(name: str, out: int, inp: int, bias: bool) -> nn.Linear:
             lin = nn.Linear(inp, out, bias=bias)

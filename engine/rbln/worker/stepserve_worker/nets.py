@@ -5,13 +5,15 @@ step body that reads one flat input buffer and returns one packed output."""
 from __future__ import annotations
 
 import math
-import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from . import decoder, usermodel
+from .loading import LoadError, own_code, take
 
 
 
@@ -47,32 +49,19 @@ def normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     return F.normalize(x, dim=-1, eps=tiny)
 
 
-class LoadError(ValueError):
-    """The model cannot be built; the message names the key or tensor."""
-
-
-def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    t = tensors.get(name)
-    if t is None:
-        raise LoadError(f"tensor {name!r} is missing (want shape {list(shape)})")
-    if tuple(t.shape) != shape:
-        raise LoadError(f"tensor {name!r} has shape {list(t.shape)}, want {list(shape)}")
-    return t
-
-
 def _linear(tensors: dict[str, torch.Tensor], name: str, out: int, inp: int) -> nn.Linear:
     lin = nn.Linear(inp, out)
     with torch.no_grad():
-        lin.weight.copy_(_take(tensors, name + ".weight", (out, inp)))
-        lin.bias.copy_(_take(tensors, name + ".bias", (out,)))
+        lin.weight.copy_(take(tensors, name + ".weight", (out, inp)))
+        lin.bias.copy_(take(tensors, name + ".bias", (out,)))
     return lin
 
 
 def _norm(tensors: dict[str, torch.Tensor], name: str, hidden: int, eps: float) -> LayerNorm:
     ln = LayerNorm(hidden, eps=eps)
     with torch.no_grad():
-        ln.weight.copy_(_take(tensors, name + ".weight", (hidden,)))
-        ln.bias.copy_(_take(tensors, name + ".bias", (hidden,)))
+        ln.weight.copy_(take(tensors, name + ".weight", (hidden,)))
+        ln.bias.copy_(take(tensors, name + ".bias", (hidden,)))
     return ln
 
 
@@ -189,14 +178,14 @@ class Encoder(nn.Module):
         h, eps = cfg["hidden"], cfg["layer_norm_eps"]
         self.roberta = family in ROBERTA_FAMILIES
         self.pad = int(cfg.get("pad_token_id", 1 if self.roberta else 0))
-        self.word = nn.Parameter(_take(t, names["word"] + ".weight", (cfg["vocab_size"], h)).clone())
-        self.pos = nn.Parameter(_take(t, names["pos"] + ".weight", (cfg["max_position"], h)).clone())
+        self.word = nn.Parameter(take(t, names["word"] + ".weight", (cfg["vocab_size"], h)).clone())
+        self.pos = nn.Parameter(take(t, names["pos"] + ".weight", (cfg["max_position"], h)).clone())
         # 0..max_position-1, made once at load: the step slices it rather
         # than make a tensor of its own (the step structure's item 1).
         self.register_buffer("ramp", torch.arange(cfg["max_position"], dtype=torch.int32), persistent=False)
         self.types = None
         if "types" in names:
-            self.types = nn.Parameter(_take(t, names["types"] + ".weight", (cfg["type_vocab_size"], h)).clone())
+            self.types = nn.Parameter(take(t, names["types"] + ".weight", (cfg["type_vocab_size"], h)).clone())
         self.norm = _norm(t, names["norm"], h, eps)
         act = hidden_act(cfg.get("hidden_act") or "gelu")
         self.layers = nn.ModuleList(
@@ -323,14 +312,12 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
     if arch == "torch":
         # A row of the fields' one dtype where they share one, else a byte
         # row with every field at a multiple of 64 bytes (usermodel.fields).
-        from . import usermodel
         ins, outs = usermodel.signature(spec, shape.seq, compute)
         return Boundary(*usermodel.row_cols(ins), *usermodel.row_cols(outs))
     if arch == "decoder":
         # One sequence a row: its tokens' ids, positions and cache slots,
         # then its fields and block table (engine/rbln/decoder.go); out, the
         # sampled token, its log-probability and the top tokens'.
-        from . import decoder
         dec = spec["decoder"]
         return Boundary(torch.int32, 3 * shape.seq + decoder.FIELDS + dec["table_width"],
                         torch.int32, 2 + 2 * dec["top_logprobs"])
@@ -345,7 +332,6 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
     if arch == "encoder":
         return Encoder(spec["encoder"], tensors)
     if arch == "decoder":
-        from . import decoder
         if spec["decoder"]["vocab"] < spec["decoder"]["top_logprobs"]:
             raise LoadError(f"decoder: a vocabulary of {spec['decoder']['vocab']} tokens is smaller than the {spec['decoder']['top_logprobs']} most likely a step returns")
         return decoder.Decoder(spec["decoder"], tensors)
@@ -354,7 +340,6 @@ def build(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> nn.Module:
 
 def is_decoder(model: Optional[nn.Module]) -> bool:
     """Whether model is a decoder language model (prefill and decode steps)."""
-    from . import decoder
     return isinstance(model, decoder.Decoder)
 
 
@@ -378,7 +363,6 @@ def step_body(model: nn.Module, shape: Shape, bound: Boundary,
     def pad(y: torch.Tensor) -> torch.Tensor:
         return F.pad(y, (0, out_pad)) if out_pad else y
 
-    from . import decoder
     if isinstance(model, decoder.Decoder):
         t, c = shape.seq, shape.ctx
 
@@ -398,13 +382,3 @@ def step_body(model: nn.Module, shape: Shape, bound: Boundary,
     def mlp_body(x: torch.Tensor) -> torch.Tensor:
         return pad(model(x if whole else x[:, :cols]))
     return own_code(mlp_body, name)
-
-
-def own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """fn, with a fresh code object named name (same body, same closure)."""
-    code = fn.__code__.replace(co_name=name)
-    if hasattr(code, "co_qualname"):  # Python 3.11+
-        code = code.replace(co_qualname=name)
-    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-    out.__doc__ = fn.__doc__
-    return out

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import safetensors
+from .loading import own_code
 
 #: Every tensor's row starts at a multiple of this many bytes (the device's
 #: 64-element alignment for one-byte types; a multiple of every element
@@ -249,8 +250,6 @@ def step_body(module: nn.Module, batch: int, ins: list[Field], in_row: int, outs
     [batch, out_row] tensor out. A row of one dtype (fields) is sliced and
     concatenated as it is; a byte row's fields are viewed in their device
     types and packed back as bytes."""
-    from .nets import own_code  # the built-in architectures' helper
-
     in_dt, out_dt = row_dtype(ins), row_dtype(outs)
 
     def cut(x: torch.Tensor, f: Field) -> torch.Tensor:
