@@ -296,10 +296,15 @@ func (m *Model) Explains() []Record {
 	return m.runners[0].Explains()
 }
 
+// ProgramReport is one compiled program's report (engine's), as
+// GET /v2/models/{model}/explain lists it: the doors read it from here,
+// not from the engine.
+type ProgramReport = engine.ProgramReport
+
 // Programs reports the model's compiled step programs, one per bucket
 // (per replica, and per kind for a language model's prefill and decode
 // buckets); nil where its engine reports none.
-func (m *Model) Programs(ctx context.Context) []engine.ProgramReport {
+func (m *Model) Programs(ctx context.Context) []ProgramReport {
 	var src any = m.program
 	if m.gen != nil {
 		src = m.gen.dec

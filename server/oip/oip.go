@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/serving"
@@ -77,7 +76,7 @@ func (s *API) explain(r *http.Request) (any, error) {
 	}
 	progs := m.Programs(r.Context())
 	if progs == nil {
-		progs = []engine.ProgramReport{}
+		progs = []serving.ProgramReport{}
 	}
 	return map[string]any{"name": m.Model().Name, "non_clean_steps": recs, "programs": progs}, nil
 }
