@@ -22,32 +22,18 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/stepserve/stepserve/bench/internal/benchstat"
-
-	"github.com/stepserve/stepserve/bench/gguf"
 	"github.com/stepserve/stepserve/internal/randweights"
-	"github.com/stepserve/stepserve/models"
 )
 
 var (
@@ -214,148 +200,6 @@ func run() error {
 	return nil
 }
 
-// prepare writes the model folders (float32, and bfloat16 weights opted
-// into by model.yaml over the same files) and the GGUF files, and returns
-// the model as stepserve reads it.
-func prepare(repo string) (*models.Model, error) {
-	tok, err := randweights.ByteLevelTokenizer(shape.Vocab)
-	if err != nil {
-		return nil, err
-	}
-	yaml := func(extra string) string {
-		return fmt.Sprintf("engine: cpu\n%sgeneration:\n  max_num_seqs: %d\n  max_model_len: 2304\n  max_batch_tokens: 256\n", extra, max(*streams, *peerSeqs))
-	}
-	f32 := filepath.Join(repo, "smollm")
-	if err := os.RemoveAll(repo); err != nil {
-		return nil, err
-	}
-	if err := randweights.WriteDecoderFolder(f32, randweights.DecoderFolder{Shape: shape, Seed: 1, Tokenizer: tok,
-		ModelYAML: yaml(""), Generator: "bench/llamapeer"}); err != nil {
-		return nil, err
-	}
-	bf16 := filepath.Join(repo, "smollm-bf16")
-	if err := os.MkdirAll(bf16, 0o755); err != nil {
-		return nil, err
-	}
-	for _, f := range []string{"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"} {
-		if err := os.Link(filepath.Join(f32, f), filepath.Join(bf16, f)); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.WriteFile(filepath.Join(bf16, "model.yaml"), []byte(yaml("device_dtype: bfloat16\n")), 0o644); err != nil {
-		return nil, err
-	}
-	m, err := models.Load(f32)
-	if err != nil {
-		return nil, err
-	}
-	for _, g := range []struct {
-		name string
-		typ  gguf.Type
-	}{{"smollm-f32.gguf", gguf.F32}, {"smollm-f16.gguf", gguf.F16}} {
-		if err := gguf.WriteLlama(filepath.Join(*dir, g.name), m.Config.Decoder, m.Weights, gguf.Options{Name: "smollm-shape", Type: g.typ, BOS: shape.BOS, EOS: shape.EOS}); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
-}
-
-// agree compares greedy continuations of two prompts: stepserve float32,
-// llama.cpp float32 and the PyTorch reference must be identical; the
-// half-precision pair is reported (their roundings differ: bfloat16 keeps
-// 8 bits of mantissa, float16 11).
-func agree(srv *stepserve, f32, f16 *peer, m *models.Model) error {
-	ps := [][]int32{prompts(1, *promptLen, 1)[0], prompts(1, 48, 2)[0]}
-	ours, err := srv.generate("smollm", ps, *check)
-	if err != nil {
-		return err
-	}
-	theirs, err := f32.generate(ps[:1], *check)
-	if err != nil {
-		return err
-	}
-	theirs2, err := f32.generate(ps[1:], *check)
-	if err != nil {
-		return err
-	}
-	ref, err := reference(ps, *check)
-	if err != nil {
-		return err
-	}
-	for i := range ps {
-		peerTokens := theirs.tokens[0]
-		if i == 1 {
-			peerTokens = theirs2.tokens[0]
-		}
-		if !slices.Equal(ours.tokens[i], ref[i]) || !slices.Equal(peerTokens, ref[i]) {
-			return fmt.Errorf("greedy tokens disagree on prompt %d (%d tokens):\n  stepserve %v\n  llama.cpp %v\n  torch     %v",
-				i, len(ps[i]), ours.tokens[i], peerTokens, ref[i])
-		}
-	}
-	fmt.Printf("agreement: %d greedy tokens after each of 2 prompts identical from stepserve (float32), llama.cpp (f32 GGUF) and PyTorch\n", *check)
-	half, err := srv.generate("smollm-bf16", ps[:1], *check)
-	if err != nil {
-		return err
-	}
-	h16, err := f16.generate(ps[:1], *check)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("half precision: stepserve bfloat16 matches the float32 tokens for %d of %d, llama.cpp f16 for %d of %d (leading tokens equal)\n\n",
-		common(half.tokens[0], ref[0]), *check, common(h16.tokens[0], ref[0]), *check)
-	return nil
-}
-
-func common(a, b []int32) int {
-	n := 0
-	for n < len(a) && n < len(b) && a[n] == b[n] {
-		n++
-	}
-	return n
-}
-
-// reference runs engine/cpufallback/testdata/llama_ref.py on the float32
-// folder.
-func reference(ps [][]int32, n int) ([][]int32, error) {
-	in, err := json.Marshal(ps)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(*python, "engine/cpufallback/testdata/llama_ref.py", filepath.Join(*dir, "repo", "smollm"), strconv.Itoa(n), "float32")
-	cmd.Stdin = bytes.NewReader(in)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("the PyTorch reference: %w\n%s", err, stderr.String())
-	}
-	var ref [][]int32
-	return ref, json.Unmarshal(out, &ref)
-}
-
-// prompts are n prompts of length token ids each, past the special and
-// byte ids.
-func prompts(n, length, seed int) [][]int32 {
-	out := make([][]int32, n)
-	for i := range out {
-		p := make([]int32, length)
-		for j := range p {
-			p[j] = int32(259 + (seed*7919+i*131+j*37+11)%(*vocab-259))
-		}
-		out[i] = p
-	}
-	return out
-}
-
-// mixed are n prompts of 32 to 256 tokens.
-func mixed(n, seed int) [][]int32 {
-	out := make([][]int32, n)
-	for i := range out {
-		out[i] = prompts(1, 32+(i*97)%225, seed*100+i)[0]
-	}
-	return out
-}
-
 // run is one measurement: per sequence, its tokens, and when (seconds
 // from the start) its first and last arrived.
 type result struct {
@@ -365,9 +209,11 @@ type result struct {
 }
 
 func (r *result) prefill(promptLen int) float64 { return float64(promptLen) / r.first[0] }
+
 func (r *result) decode() float64 {
 	return float64(len(r.tokens[0])-1) / (r.last[0] - r.first[0])
 }
+
 func (r *result) aggregate() float64 {
 	n := 0
 	for _, t := range r.tokens {
@@ -375,223 +221,17 @@ func (r *result) aggregate() float64 {
 	}
 	return float64(n) / r.wall
 }
+
 func (r *result) ttftPercentiles() (p50, p99 float64) {
 	s := slices.Clone(r.first)
 	slices.Sort(s)
 	return s[len(s)/2], s[int(math.Ceil(0.99*float64(len(s))))-1]
 }
 
-// peer is a running bench/llama/llama.js.
-type peer struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Reader
-	logs bytes.Buffer
-}
-
-func startPeer(model string, threads, seqs int) (*peer, error) {
-	p := &peer{cmd: exec.Command(*nodeBin, "bench/llama/llama.js", model, strconv.Itoa(threads), strconv.Itoa(seqs))}
-	p.cmd.Stderr = &p.logs
-	var err error
-	if p.in, err = p.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	out, err := p.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	p.out = bufio.NewReaderSize(out, 1<<20)
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("node bench/llama/llama.js (run make bench-llama, which installs it): %w", err)
-	}
-	var hello struct {
-		Ready bool `json:"ready"`
-	}
-	if err := p.read(&hello); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-func (p *peer) read(v any) error {
-	line, err := p.out.ReadBytes('\n')
-	if err != nil {
-		return fmt.Errorf("llama.js: %w\n%s", err, p.logs.String())
-	}
-	return json.Unmarshal(line, v)
-}
-
 // settle lets the other side's threads go quiet (llama.cpp's spin a
 // while after a graph; stepserve's crew after a step) before a side is
 // timed.
 func settle() { time.Sleep(300 * time.Millisecond) }
-
-func (p *peer) generate(ps [][]int32, n int) (*result, error) {
-	settle()
-	q, _ := json.Marshal(map[string]any{"prompts": ps, "n": n})
-	if _, err := p.in.Write(append(q, '\n')); err != nil {
-		return nil, err
-	}
-	var a struct {
-		Tokens [][]int32 `json:"tokens"`
-		First  []float64 `json:"first"`
-		Last   []float64 `json:"last"`
-		Wall   float64   `json:"wall"`
-	}
-	if err := p.read(&a); err != nil {
-		return nil, err
-	}
-	for i, t := range a.Tokens {
-		if len(t) != n {
-			return nil, fmt.Errorf("llama.cpp gave %d tokens for prompt %d, not %d", len(t), i, n)
-		}
-	}
-	return &result{tokens: a.Tokens, first: a.First, last: a.Last, wall: a.Wall}, nil
-}
-
-func (p *peer) stop() {
-	p.in.Close()
-	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		p.cmd.Process.Kill()
-		<-done
-	}
-}
-
-func peerVersion() string {
-	b, err := os.ReadFile("bench/llama/node_modules/node-llama-cpp/package.json")
-	if err != nil {
-		return "?"
-	}
-	var v struct {
-		Version string `json:"version"`
-	}
-	json.Unmarshal(b, &v)
-	return v.Version
-}
-
-// stepserve is the server binary serving the repository.
-type stepserve struct {
-	cmd    *exec.Cmd
-	base   string
-	client *http.Client
-	logs   bytes.Buffer
-}
-
-func startServer(bin, repo string, threads int) (*stepserve, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	s := &stepserve{base: "http://" + addr, client: &http.Client{Timeout: 10 * time.Minute}}
-	s.cmd = exec.Command(bin, "--server.addr", addr, "--server.grpc_addr=", "--model_repository", repo,
-		"--engine.cpu_threads", strconv.Itoa(threads), "--log.level", "warn")
-	s.cmd.Stdout, s.cmd.Stderr = &s.logs, &s.logs
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s (make build): %w", bin, err)
-	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for _, m := range []string{"smollm", "smollm-bf16"} {
-		for {
-			resp, err := s.client.Get(s.base + "/v2/models/" + m + "/ready")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				s.stop()
-				return nil, fmt.Errorf("%s did not serve %s within 3 minutes:\n%s", bin, m, s.logs.String())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	return s, nil
-}
-
-func (s *stepserve) stop() {
-	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	s.cmd.Wait()
-}
-
-// generate sends every prompt at once, each its own streamed
-// /v1/completions request, and collects the token ids as they arrive.
-func (s *stepserve) generate(model string, ps [][]int32, n int) (*result, error) {
-	settle()
-	r := &result{tokens: make([][]int32, len(ps)), first: make([]float64, len(ps)), last: make([]float64, len(ps))}
-	errs := make([]error, len(ps))
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Go(func() { errs[i] = s.one(model, p, n, start, r, i) })
-	}
-	wg.Wait()
-	r.wall = time.Since(start).Seconds()
-	return r, errors.Join(errs...)
-}
-
-func (s *stepserve) one(model string, prompt []int32, n int, start time.Time, r *result, i int) error {
-	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0,
-		"ignore_eos": true, "stream": true, "logprobs": 0, "return_tokens_as_token_ids": true})
-	resp, err := s.client.Post(s.base+"/v1/completions", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s: %s: %s", model, resp.Status, b)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		now := time.Since(start).Seconds()
-		var c struct {
-			Choices []struct {
-				Logprobs *struct {
-					Tokens []string `json:"tokens"`
-				} `json:"logprobs"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return err
-		}
-		for _, ch := range c.Choices {
-			if ch.Logprobs == nil {
-				continue
-			}
-			for _, t := range ch.Logprobs.Tokens {
-				id, err := strconv.Atoi(strings.TrimPrefix(t, "token_id:"))
-				if err != nil {
-					return fmt.Errorf("token %q: %w", t, err)
-				}
-				if len(r.tokens[i]) == 0 {
-					r.first[i] = now
-				}
-				r.tokens[i] = append(r.tokens[i], int32(id))
-				r.last[i] = now
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	if len(r.tokens[i]) != n {
-		return fmt.Errorf("%s gave %d tokens, not %d", model, len(r.tokens[i]), n)
-	}
-	return nil
-}
 
 func list(v []float64, format string) string {
 	parts := make([]string, len(v))
