@@ -15,26 +15,16 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
-	"regexp"
 	"runtime"
-	"runtime/debug"
 	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/config"
-	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/cpufallback"
-	"github.com/stepserve/stepserve/engine/rbln"
-	"github.com/stepserve/stepserve/internal/gcfloor"
-	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -42,10 +32,6 @@ import (
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
-
-// gcFloor is the allocation the garbage collector lets pass between
-// collections however small the live heap, unless GOGC is set.
-const gcFloor = 64 << 20
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
@@ -75,9 +61,6 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// newLogger is the process's log, and its level, which the logging
-// extension (POST /v2/logging) changes at run time.
-
 func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -86,16 +69,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	defer signal.Stop(hup)
 
 	cpuThreads := cpufallback.SetThreads(cfg.Engine.CPUThreads)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		// go_gc_heap_live_bytes beside the memstats: the heap the last
-		// collection found live, which garbage (and so the GC's pacing,
-		// internal/gcfloor) does not move.
-		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
-			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newBuildInfo(version, cpufallback.BLAS(), cpufallback.Kernels()),
-	)
+	reg := newRegistry()
 	stepMetrics, err := steps.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -128,27 +102,8 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		return err
 	}
 
-	mem := memlimit.Read()
-	memLimit, memSource := mem.Bytes, mem.Source
-	inflight := cfg.Server.MaxInflightBytes
-	if inflight == 0 {
-		inflight = memLimit / 2
-	}
-	if os.Getenv("GOMEMLIMIT") == "" && memLimit > 0 {
-		// Near the limit the GC works harder, rather than let garbage
-		// grow the heap past what the process may use.
-		debug.SetMemoryLimit(memLimit * 3 / 4)
-	}
-	if os.Getenv("GOGC") == "" {
-		// A small live heap is not collected a hundred times a second
-		// under load (internal/gcfloor): 64 MiB between collections, less
-		// under a small memory limit.
-		floor := uint64(gcFloor)
-		if memLimit > 0 {
-			floor = min(floor, uint64(memLimit/16))
-		}
-		defer gcfloor.Start(floor).Stop()
-	}
+	mem, inflight, stopGCFloor := limitMemory(cfg)
+	defer stopGCFloor()
 	// One budget of connections for the HTTP and gRPC listeners: idle
 	// clients of either cannot take the descriptors the other needs.
 	maxConns := server.ConnectionCap(cfg.Server.MaxConnections, logger)
@@ -189,18 +144,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	if err != nil {
 		return err
 	}
-	newHTTPServer := func(h http.Handler) *http.Server {
-		return &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-			ReadTimeout:       cfg.Server.ReadTimeout,
-			WriteTimeout:      cfg.Server.WriteTimeout,
-			IdleTimeout:       cfg.Server.IdleTimeout,
-			MaxHeaderBytes:    int(cfg.Server.MaxHeaderBytes),
-			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		}
-	}
-	httpServer := newHTTPServer(api)
+	httpServer := newHTTPServer(cfg, logger, api)
 	serveErr := make(chan error, 3)
 	go func() { serveErr <- conns.Serve(httpServer, ln) }()
 	if cfg.Server.GRPCAddr != "" {
@@ -220,7 +164,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		if err != nil {
 			return err
 		}
-		metricsServer := newHTTPServer(api.MetricsHandler())
+		metricsServer := newHTTPServer(cfg, logger, api.MetricsHandler())
 		go func() { serveErr <- mconns.Serve(metricsServer, mln) }()
 		// The metrics listener outlives the API's drain, so the drain
 		// itself can be watched; it closes when serve returns.
@@ -230,7 +174,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
 		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads,
 		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File,
-		"max_inflight_bytes", inflight, "memory_limit", memLimit, "memory_limit_from", memSource)
+		"max_inflight_bytes", inflight, "memory_limit", mem.Bytes, "memory_limit_from", mem.Source)
 
 	// Liveness answers from here on; readiness waits for every bucket of
 	// every model to be compiled and warmed up.
@@ -257,81 +201,4 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 			return shutdown(httpServer, api, set, cfg.Server.ShutdownGrace, logger, nil)
 		}
 	}
-}
-
-// engines are the engines a model may name: the CPU engine in process, and
-// the Python worker engines, rbln (on an NPU) and torch (on the host CPU),
-// whose workers start when a model first needs one.
-func engines(cfg *config.Config, logger *slog.Logger, reg prometheus.Registerer) map[string]serving.Engine {
-	r := cfg.RBLN
-	workers := func(device string, devices []string, n int) serving.Engine {
-		return serving.Engine{StrictWarmup: r.StrictWarmup, Start: func() (engine.Engine, error) {
-			if device == rbln.DeviceCPU {
-				// On a machine without torch the torch engine's models are
-				// skipped, not fatal: make run serves the others.
-				if err := rbln.CheckPython(r.Python); err != nil {
-					return nil, fmt.Errorf("%w: %w", serving.ErrEngineUnavailable, err)
-				}
-			}
-			return rbln.New(rbln.Options{
-				Device: device, Python: r.Python, Devices: devices, Workers: n, NPUsPerDevice: r.NPUsPerDevice, Env: workerEnv(cfg), CompileCacheDir: r.CompileCacheDir,
-				TorchCompile: r.TorchCompile, StrictWarmup: r.StrictWarmup,
-				StallTimeout: r.StallTimeout, PingInterval: r.StallTimeout / 4, CompileTimeout: r.CompileTimeout,
-				LogLevel: rbln.LogLevel(cfg.Log.Level), Logger: logger, Registerer: reg,
-			})
-		}}
-	}
-	return map[string]serving.Engine{
-		"cpu":   {Engine: cpufallback.Engine{}, StrictWarmup: true},
-		"rbln":  workers(rbln.DeviceRBLN, r.Devices, 0),
-		"torch": workers(rbln.DeviceCPU, nil, r.TorchWorkers),
-	}
-}
-
-// failoverEngine maps engine.failover to the engine that takes over.
-func failoverEngine(f string) string {
-	switch f {
-	case "cpufallback":
-		return "cpu"
-	case "torch":
-		return "torch"
-	}
-	return ""
-}
-
-// shutdown drains within grace: every model's batcher answers new requests
-// with 503 (gRPC: UNAVAILABLE) and runs what it has queued, and in-flight
-// requests get their answers. The HTTP listener stops accepting at once;
-// gRPC's health answers NOT_SERVING at once while its listener stays open
-// until the models have drained (a probe sees NOT_SERVING, not a refused
-// connection), and then stops gracefully. What is left when grace ends is
-// answered with 503 and the open connections are closed. cause is returned
-// as is, so a failed warm-up still exits non-zero.
-func shutdown(s *http.Server, api *server.Server, set *serving.Set, grace time.Duration, logger *slog.Logger, cause error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), grace)
-	defer cancel()
-	api.DrainGRPC()
-	drained := make(chan struct{})
-	go func() {
-		set.Drain(ctx)
-		api.StopGRPC(ctx)
-		close(drained)
-	}()
-	if err := s.Shutdown(ctx); err != nil {
-		logger.Warn("shutdown grace ran out; closing open connections", "err", err)
-		s.Close()
-	}
-	<-drained
-	api.CloseTracer()       // writes the traces being taken
-	api.CloseSharedMemory() // unmaps the regions clients registered
-	return cause
-}
-
-func newBuildInfo(version, blas, kernels string) prometheus.Collector {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "stepserve_build_info",
-		Help: "Always 1; the labels say which build is running, what runs the CPU engine's products (native: its own kernels; else the BLAS, openblas or gonum) and for which instruction set its kernels are (avx512, avx2 or go, chosen from cpuid or STEPSERVE_CPU_KERNELS).",
-	}, []string{"version", "go_version", "blas", "kernels"})
-	g.WithLabelValues(version, runtime.Version(), blas, kernels).Set(1)
-	return g
 }
