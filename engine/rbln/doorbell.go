@@ -97,6 +97,11 @@ type doorbell struct {
 	files      []*os.File
 	ring, done int // eventfds: ours to ring, the worker's to ring back
 	abort      int // eventfd rung once the life ends, to wake a waiter
+	// abortMu guards abort between kill, which any goroutine may call
+	// (the connection's reader when the socket closes), and close: kill
+	// must not ring a descriptor close has closed (its number may be
+	// another file's by then).
+	abortMu sync.Mutex
 
 	mu  sync.Mutex // one step at a time: the block holds one request
 	seq uint64
@@ -388,7 +393,11 @@ func (d *doorbell) kill() {
 	if d.dead.Swap(true) {
 		return
 	}
-	ring(d.abort)
+	d.abortMu.Lock()
+	defer d.abortMu.Unlock()
+	if d.abort >= 0 {
+		ring(d.abort)
+	}
 }
 
 // close releases the block and the eventfds; the life must be over (kill
@@ -402,11 +411,17 @@ func (d *doorbell) close() {
 		unix.Munmap(d.block)
 		d.block = nil
 	}
-	for _, fd := range []*int{&d.ring, &d.done, &d.abort} {
+	for _, fd := range []*int{&d.ring, &d.done} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1
 		}
+	}
+	d.abortMu.Lock()
+	defer d.abortMu.Unlock()
+	if d.abort >= 0 {
+		unix.Close(d.abort)
+		d.abort = -1
 	}
 }
 
