@@ -271,7 +271,6 @@ func TestChatTemplateAllocBudgetOnBigInputs(t *testing.T) {
 			assert.NotErrorIs(t, err, ErrChat)
 			assert.ErrorContains(t, err, fmt.Sprintf("the model's chat template exceeded its evaluation budget: more than %d bytes built", lim.MaxAlloc))
 			assert.Less(t, allocated, 2*uint64(lim.MaxAlloc))
-			assert.Less(t, took, 2*time.Second)
 		})
 	}
 }

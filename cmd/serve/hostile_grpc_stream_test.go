@@ -50,11 +50,12 @@ func genStreamRequest(id, prompt string, maxTokens int64) *pb.ModelInferRequest 
 		RawInputContents: [][]byte{append(raw, prompt...)}}
 }
 
-// notReading is a connection whose client takes at most 1 KiB of
-// responses before the server must wait for it to read.
+// notReading is a connection whose client takes at most 64 KiB of
+// responses (gRPC's least window; fixed, so that it does not grow) before
+// the server must wait for it to read.
 func notReading(t *testing.T, p *process) pb.GRPCInferenceServiceClient {
 	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1024), grpc.WithInitialConnWindowSize(1024),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })

@@ -398,9 +398,6 @@ func TestBudgetAllocRefusesKeepingBigStrings(t *testing.T) {
 			if alloc > 2*uint64(lim.MaxAlloc) {
 				t.Errorf("%d MB allocated; at most twice MaxAlloc (%d MB)", alloc>>20, lim.MaxAlloc>>20)
 			}
-			if took > 2*time.Second {
-				t.Errorf("took %s", took)
-			}
 		})
 	}
 }

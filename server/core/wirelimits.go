@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/stepserve/stepserve/models"
 )
@@ -272,3 +273,9 @@ func CheckRequestID(id string) error {
 	}
 	return nil
 }
+
+// StreamWriteTimeout bounds how long one piece of a streamed answer (an
+// event of an HTTP event stream, a ModelStreamInfer response) waits for
+// its client to take it; past it the client is cut, its generation
+// cancelled, as for a client that does not read.
+const StreamWriteTimeout = 30 * time.Second

@@ -104,13 +104,17 @@ func TestTransportStreamReadsPrefixFirst(t *testing.T) {
 	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
 	st, err := c.ModelStreamInfer(context.Background())
 	require.NoError(t, err)
-	// Waiting for its first message, the stream holds its window only.
-	time.Sleep(50 * time.Millisecond)
-	assert.Equal(t, a.window(), a.c.Budget.InUse())
 	require.NoError(t, st.Send(rawX([]int64{1, 3}, fp32(1, 2, 3))))
 	r, err := st.Recv()
 	require.NoError(t, err)
 	assert.Contains(t, r.GetErrorMessage(), "not a language model")
+	// Waiting for its next message (the stream is open, its window
+	// charged), it holds its window only: a read through gatedStream would
+	// take room for a whole message within moments.
+	require.Eventually(t, func() bool { return a.c.Budget.InUse() == a.window() }, 5*time.Second, 5*time.Millisecond,
+		"the answered request gives its charge back; the stream holds its window, %d bytes", a.window())
+	assert.Never(t, func() bool { return a.c.Budget.InUse() != a.window() }, 300*time.Millisecond, 5*time.Millisecond,
+		"a waiting stream holds its window, %d bytes, and nothing more", a.window())
 }
 
 // Streams waiting for their client's next message hold nothing but their

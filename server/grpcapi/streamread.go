@@ -51,7 +51,7 @@ import (
 
 // streamWriteTimeout bounds how long a response waits for its client to
 // take it, as HTTP's event streams bound each event's write.
-const streamWriteTimeout = 30 * time.Second
+const streamWriteTimeout = core.StreamWriteTimeout
 
 // rawMessageReader is what gRPC's own server stream (the transport's, in
 // the call's context) can do besides grpc.ServerTransportStream: read a
@@ -72,8 +72,9 @@ type streamIO struct {
 	ws  statusWriter     // nil: the stream cannot be ended from here
 	ss  grpc.BidiStreamingServer[inferencepb.ModelInferRequest, inferencepb.ModelStreamInferResponse]
 
-	sendMu  sync.Mutex
-	sendErr error
+	sendMu    sync.Mutex
+	sendErr   error
+	sendTimer *time.Timer // armed while a send waits: one per stream, not per send
 
 	mu      sync.Mutex
 	active  int  // generations in progress
@@ -91,6 +92,11 @@ func newStreamIO(api *API, ss grpc.BidiStreamingServer[inferencepb.ModelInferReq
 	s := &streamIO{api: api, ctx: ctx, ss: ss}
 	s.raw, _ = st.(rawMessageReader)
 	s.ws, _ = st.(statusWriter)
+	s.sendTimer = time.AfterFunc(time.Hour, func() {
+		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream and closing its connection", "waited", streamWriteTimeout)
+		s.cut(errNotReading, closeConn)
+	})
+	s.sendTimer.Stop()
 	return s
 }
 
@@ -215,12 +221,12 @@ func (s *streamIO) send(r *inferencepb.ModelStreamInferResponse) error {
 	if s.sendErr != nil {
 		return s.sendErr
 	}
-	timer := time.AfterFunc(streamWriteTimeout, func() {
-		s.api.c.Logger.Warn("a ModelStreamInfer client did not read its responses; ending the stream and closing its connection", "waited", streamWriteTimeout)
-		s.cut(errNotReading, closeConn)
-	})
-	s.sendErr = s.ss.SendMsg(&outbound{ctx: s.ctx, msg: r})
-	if !timer.Stop() {
+	// Sends are one at a time (sendMu), so one timer serves them all. The
+	// response goes as it is, not as an outbound: this deadline already
+	// ends a stream whose client does not take it.
+	s.sendTimer.Reset(streamWriteTimeout)
+	s.sendErr = s.ss.Send(r)
+	if !s.sendTimer.Stop() {
 		s.sendErr = errNotReading.Err()
 	}
 	return s.sendErr

@@ -36,7 +36,7 @@ import (
 )
 
 // streamWriteTimeout bounds one event's write to a streaming client.
-const streamWriteTimeout = 30 * time.Second
+const streamWriteTimeout = core.StreamWriteTimeout
 
 // maxOpenAIStops is OpenAI's bound on stop strings.
 const maxOpenAIStops = 4

@@ -261,11 +261,11 @@ func (t *textRequest) decode(body []byte, v any, field string, strict bool) erro
 func (t *textRequest) decodeCharged(body []byte, v any, field string, strict bool, perValue int64, maxValues int) error {
 	values, most, mostN := jsonValues(body)
 	if values > maxValues {
-		where := ""
-		if most != "" {
-			where = fmt.Sprintf(" (%s holds %d)", core.ClipName(most), mostN)
+		where, field := "", string(most)
+		if field != "" {
+			where = fmt.Sprintf(" (%s holds %d)", core.ClipName(field), mostN)
 		}
-		return withParam(most, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
+		return withParam(field, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
 			"the request holds more than %d JSON values%s; a request sends at most %d texts (or pairs): split it", maxValues, where, maxClientBatch)})
 	}
 	if err := t.ch.Take(t.r.Context(), int64(len(body))+perValue*int64(values+1), "decoding the request"); err != nil {
@@ -320,15 +320,18 @@ const maxTextValues = 3*maxClientBatch + 1024
 // jsonValues counts the values in a JSON document, as the elements and
 // members its arrays and objects hold (a comma or an opening bracket each,
 // outside strings), in one pass: a bound, not a parse. It also returns
-// the top-level key whose value holds the most of them, and how many, so
-// that a refusal can name the field at fault.
-func jsonValues(b []byte) (n int, most string, mostN int) {
+// the top-level key whose value holds the most of them (a span of b), and
+// how many, so that a refusal can name the field at fault.
+func jsonValues(b []byte) (n int, most []byte, mostN int) {
 	inString := false
 	depth, cur := 0, 0
-	key, keyStart, expectKey := "", -1, false
+	// The current top-level key and the one holding the most values, as
+	// spans of b: a string is built only for the one a refusal names.
+	key, mostKey := [2]int{}, [2]int{}
+	keyStart, expectKey := -1, false
 	endKey := func() {
 		if cur > mostN {
-			most, mostN = key, cur
+			mostKey, mostN = key, cur
 		}
 		cur = 0
 	}
@@ -341,7 +344,7 @@ func jsonValues(b []byte) (n int, most string, mostN int) {
 			} else if c == '"' {
 				inString = false
 				if keyStart >= 0 {
-					key, keyStart = string(b[keyStart:i]), -1
+					key, keyStart = [2]int{keyStart, i}, -1
 				}
 			}
 		case c == '"':
@@ -372,7 +375,7 @@ func jsonValues(b []byte) (n int, most string, mostN int) {
 			}
 		}
 	}
-	return n, most, mostN
+	return n, b[mostKey[0]:mostKey[1]], mostN
 }
 
 // find chooses the model a request names (name, or the query's model=),
