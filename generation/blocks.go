@@ -19,10 +19,9 @@ import (
 // computing it again. Blocks no sequence holds stay cached until their
 // room is needed, the least recently released first.
 type BlockPool struct {
-	blockSize int
-	free      []int32 // a stack of blocks holding nothing: the last freed is handed out first
-	total     int
-	caching   bool
+	geo     Geometry // its blocks and their size
+	free    []int32  // a stack of blocks holding nothing: the last freed is handed out first
+	caching bool
 
 	ref    []int32          // sequences holding each block
 	hash   []uint64         // a cached block's chain hash; 0 when it is not cached
@@ -36,10 +35,16 @@ type BlockPool struct {
 // NewBlockPool is a pool of blocks blocks of blockSize tokens, without
 // prefix caching.
 func NewBlockPool(blocks, blockSize int) (*BlockPool, error) {
-	if blocks < 1 || blockSize < 1 {
-		return nil, fmt.Errorf("generation: a KV cache of %d blocks of %d tokens; want at least one block of at least one token", blocks, blockSize)
+	return newBlockPool(Geometry{Blocks: blocks, BlockSize: blockSize})
+}
+
+// newBlockPool is a pool of g's blocks, without prefix caching.
+func newBlockPool(g Geometry) (*BlockPool, error) {
+	blocks := g.Blocks
+	if blocks < 1 || g.BlockSize < 1 {
+		return nil, fmt.Errorf("generation: a KV cache of %d blocks of %d tokens; want at least one block of at least one token", blocks, g.BlockSize)
 	}
-	p := &BlockPool{blockSize: blockSize, free: make([]int32, blocks), total: blocks, ref: make([]int32, blocks)}
+	p := &BlockPool{geo: g, free: make([]int32, blocks), ref: make([]int32, blocks)}
 	for i := range p.free {
 		p.free[i] = int32(blocks - 1 - i) // block 0 handed out first
 	}
@@ -49,16 +54,16 @@ func NewBlockPool(blocks, blockSize int) (*BlockPool, error) {
 // enableCaching turns prefix caching on, before any block is handed out.
 func (p *BlockPool) enableCaching() {
 	p.caching = true
-	p.hash = make([]uint64, p.total)
-	p.tokens = make([][]int32, p.total)
+	p.hash = make([]uint64, p.geo.Blocks)
+	p.tokens = make([][]int32, p.geo.Blocks)
 	p.cached = map[uint64]int32{}
 	p.lru = list.New()
-	p.elem = make([]*list.Element, p.total)
+	p.elem = make([]*list.Element, p.geo.Blocks)
 	p.seed = maphash.MakeSeed()
 }
 
 // BlockSize is how many tokens a block holds.
-func (p *BlockPool) BlockSize() int { return p.blockSize }
+func (p *BlockPool) BlockSize() int { return p.geo.BlockSize }
 
 // Free is how many blocks a sequence can take: those holding nothing,
 // and the cached ones no sequence holds.
@@ -74,10 +79,7 @@ func (p *BlockPool) Free() int {
 func (p *BlockPool) Cached() int { return len(p.cached) }
 
 // Total is how many blocks the pool has.
-func (p *BlockPool) Total() int { return p.total }
-
-// blocksFor is how many blocks tokens tokens fill.
-func (p *BlockPool) blocksFor(tokens int) int { return (tokens + p.blockSize - 1) / p.blockSize }
+func (p *BlockPool) Total() int { return p.geo.Blocks }
 
 // take hands out a block: a free one, else the least recently released
 // cached one, forgotten.
@@ -109,7 +111,7 @@ func (p *BlockPool) forget(b int32) {
 // grow appends to table the blocks it needs to hold tokens tokens; it
 // takes nothing and reports false when the pool has too few.
 func (p *BlockPool) grow(table []int32, tokens int) ([]int32, bool) {
-	need := p.blocksFor(tokens) - len(table)
+	need := p.geo.BlocksFor(tokens) - len(table)
 	if need <= 0 {
 		return table, true
 	}
@@ -162,11 +164,11 @@ func (p *BlockPool) share(q *Sequence) int {
 		return 0
 	}
 	var parent uint64
-	buf := make([]int32, p.blockSize)
-	for (len(q.table)+1)*p.blockSize < q.Len() { // a whole block, and a token after it
+	buf := make([]int32, p.geo.BlockSize)
+	for (len(q.table)+1)*p.geo.BlockSize < q.Len() { // a whole block, and a token after it
 		i := len(q.table)
 		for j := range buf {
-			buf[j] = q.Token(i*p.blockSize + j)
+			buf[j] = q.Token(i*p.geo.BlockSize + j)
 		}
 		h := p.chain(parent, buf)
 		b, ok := p.cached[h]
@@ -182,7 +184,7 @@ func (p *BlockPool) share(q *Sequence) int {
 		q.hashes = append(q.hashes, h)
 		parent = h
 	}
-	return len(q.table) * p.blockSize
+	return len(q.table) * p.geo.BlockSize
 }
 
 // register caches q's blocks that are whole and computed and not cached
@@ -191,15 +193,15 @@ func (p *BlockPool) register(q *Sequence) {
 	if !p.caching {
 		return
 	}
-	for len(q.hashes) < len(q.table) && (len(q.hashes)+1)*p.blockSize <= q.computed {
+	for len(q.hashes) < len(q.table) && (len(q.hashes)+1)*p.geo.BlockSize <= q.computed {
 		i := len(q.hashes)
 		var parent uint64
 		if i > 0 {
 			parent = q.hashes[i-1]
 		}
-		toks := make([]int32, p.blockSize)
+		toks := make([]int32, p.geo.BlockSize)
 		for j := range toks {
-			toks[j] = q.Token(i*p.blockSize + j)
+			toks[j] = q.Token(i*p.geo.BlockSize + j)
 		}
 		h := p.chain(parent, toks)
 		q.hashes = append(q.hashes, h)

@@ -71,7 +71,7 @@ func (q *Sequence) Token(i int) int32 {
 
 // BlockTable is the KV cache blocks the sequence holds, in token order:
 // token i's keys and values are in block BlockTable()[i/BlockSize], at
-// i%BlockSize.
+// i%BlockSize: cache slot [Geometry.Slot].
 func (q *Sequence) BlockTable() []int32 { return q.table }
 
 // Work is what one step computes for one sequence: its tokens
@@ -141,7 +141,7 @@ type Scheduler struct {
 
 // New is a scheduler over a KV cache of opts.Blocks blocks.
 func New(opts Options) (*Scheduler, error) {
-	pool, err := NewBlockPool(opts.Blocks, opts.BlockSize)
+	pool, err := newBlockPool(opts.Geometry())
 	if err != nil {
 		return nil, err
 	}
@@ -173,9 +173,9 @@ func (s *Scheduler) Add(q *Sequence) error {
 	case len(q.Prompt) > s.opts.MaxModelLen || q.MaxTokens > s.opts.MaxModelLen-len(q.Prompt): // no sum to overflow
 		return fmt.Errorf("%w: a prompt of %d tokens and max_tokens %d make %d; the model's length (max_model_len) is %d",
 			ErrTooLong, len(q.Prompt), q.MaxTokens, len(q.Prompt)+q.MaxTokens, s.opts.MaxModelLen)
-	case s.pool.blocksFor(len(q.Prompt)+q.MaxTokens) > s.pool.Total():
+	case s.pool.geo.BlocksFor(len(q.Prompt)+q.MaxTokens) > s.pool.Total():
 		return fmt.Errorf("%w: %d tokens need %d KV cache blocks; the cache has %d",
-			ErrTooLong, len(q.Prompt)+q.MaxTokens, s.pool.blocksFor(len(q.Prompt)+q.MaxTokens), s.pool.Total())
+			ErrTooLong, len(q.Prompt)+q.MaxTokens, s.pool.geo.BlocksFor(len(q.Prompt)+q.MaxTokens), s.pool.Total())
 	}
 	q.arrival, s.next = s.next, s.next+1
 	s.enqueue(q)

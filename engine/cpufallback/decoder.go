@@ -50,14 +50,16 @@ type decoderLayer struct {
 
 // decoderPlan is a decoder model resident on the CPU engine.
 type decoderPlan struct {
-	cfg                *models.DecoderConfig
-	eps                float32
-	embed, norm        []float32
-	head               *weight
-	layers             []decoderLayer
-	blockSize, kvWidth int
+	cfg         *models.DecoderConfig
+	eps         float32
+	embed, norm []float32
+	head        *weight
+	layers      []decoderLayer
+	geo         generation.Geometry // the KV cache's blocks, and their slots
+	kvWidth     int
 	// kv is the KV cache: block b, layer l, keys (0) or values (1), the
-	// block's token t: kv[((b*layers+l)*2+kind)*blockSize*kvWidth + t*kvWidth:].
+	// block's token t: kv[((b*layers+l)*2+kind)*BlockSize*kvWidth + t*kvWidth:]
+	// (cacheRow). It has no trash block: a step has no padding.
 	kv       []float32
 	cos, sin []float32 // [maxModelLen][headDim/2] RoPE's tables
 
@@ -94,14 +96,15 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 	bf16 := wantsBF16(m.Config)
 	res := func(l *models.Linear) *weight { return resident(l, bf16) }
 	p := &decoderPlan{cfg: c, eps: float32(c.RMSNormEps), embed: d.Embed, norm: d.Norm, head: res(d.Head),
-		blockSize: g.BlockSize, kvWidth: c.KVHeads * c.HeadDim, maxTokens: g.MaxBatchTokens}
+		geo:     generation.Geometry{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxModelLen: g.MaxModelLen},
+		kvWidth: c.KVHeads * c.HeadDim, maxTokens: g.MaxBatchTokens}
 	for i := range d.Layers {
 		l := &d.Layers[i]
 		p.layers = append(p.layers, decoderLayer{inNorm: l.InputNorm, postNorm: l.PostNorm,
 			q: res(&l.Q), k: res(&l.K), v: res(&l.V), o: res(&l.O), qb: l.Q.Bias, kb: l.K.Bias, vb: l.V.Bias, ob: l.O.Bias,
 			gate: res(&l.Gate), up: res(&l.Up), down: res(&l.Down)})
 	}
-	p.kv = make([]float32, g.KVCacheBlocks*c.Layers*2*g.BlockSize*p.kvWidth)
+	p.kv = make([]float32, p.geo.Slots()*c.Layers*2*p.kvWidth)
 	half := c.HeadDim / 2
 	p.cos, p.sin = make([]float32, g.MaxModelLen*half), make([]float32, g.MaxModelLen*half)
 	inv := c.InvFreq()
@@ -192,7 +195,7 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			}
 			copy(p.x[t*H:(t+1)*H], p.embed[int(id)*H:(int(id)+1)*H])
 			p.pos[t] = int32(pos)
-			p.slot[t] = table[pos/p.blockSize]*int32(p.blockSize) + int32(pos%p.blockSize)
+			p.slot[t] = p.geo.Slot(table, pos)
 			t++
 		}
 		if w.Samples() {
@@ -297,10 +300,11 @@ func (p *decoderPlan) layer(l, T int, step *generation.Step, threads int, cr *cr
 
 // cacheRow is the key and value rows of layer l at cache slot s.
 func (p *decoderPlan) cacheRow(s, l int) (k, v []float32) {
-	b, off := s/p.blockSize, s%p.blockSize
-	base := ((b*len(p.layers)+l)*2)*p.blockSize*p.kvWidth + off*p.kvWidth
+	bs := p.geo.BlockSize
+	b, off := p.geo.Locate(s)
+	base := ((b*len(p.layers)+l)*2)*bs*p.kvWidth + off*p.kvWidth
 	k = p.kv[base : base+p.kvWidth]
-	base += p.blockSize * p.kvWidth
+	base += bs * p.kvWidth
 	return k, p.kv[base : base+p.kvWidth]
 }
 
@@ -354,7 +358,7 @@ func (a *attnStep) run(chunk int) {
 			from = max(0, pos-c.SlidingWindow+1)
 		}
 		if decodeAttention != nil && hd%8 == 0 {
-			bs, kvw := p.blockSize, p.kvWidth
+			bs, kvw := p.geo.BlockSize, p.kvWidth
 			decodeAttention(decodeAttn{group: group, hd: hd, from: from, to: pos + 1, kv: p.kv,
 				base: a.layer*2*bs*kvw + g*hd, blockStride: len(p.layers) * 2 * bs * kvw, bs: bs, rowStride: kvw, valOff: bs * kvw,
 				table: table, scale: scale, q: p.q[t*Q+g*group*hd : t*Q+(g+1)*group*hd],
@@ -378,8 +382,7 @@ func (a *attnStep) head(t, h, kvOff, pos, from int, table []int32, scale float32
 	// Online softmax: a running maximum, sum and weighted values.
 	m, sum := float32(math.Inf(-1)), float32(0)
 	for j := from; j <= pos; j++ {
-		s := int(table[j/p.blockSize])*p.blockSize + j%p.blockSize
-		kr, vr := p.cacheRow(s, a.layer)
+		kr, vr := p.cacheRow(int(p.geo.Slot(table, j)), a.layer)
 		k, v := kr[kvOff:kvOff+hd], vr[kvOff:kvOff+hd]
 		score := dot32(q, k) * scale
 		if score > m {
@@ -416,7 +419,7 @@ type chunkAttn struct {
 
 func (a *chunkAttn) run(chunk int) {
 	p, c := a.p, a.p.cfg
-	Q, hd, bs := c.Heads*c.HeadDim, c.HeadDim, p.blockSize
+	Q, hd := c.Heads*c.HeadDim, c.HeadDim
 	group := c.Heads / c.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	keys, values, scores := p.keys[chunk], p.values[chunk], p.scores[chunk]
@@ -432,7 +435,7 @@ func (a *chunkAttn) run(chunk int) {
 		T, P := w.End-w.Start, w.End // its tokens, and the keys they see
 		table := w.Seq.BlockTable()
 		for j := range P {
-			kr, vr := p.cacheRow(int(table[j/bs])*bs+j%bs, a.layer)
+			kr, vr := p.cacheRow(int(p.geo.Slot(table, j)), a.layer)
 			copy(keys[j*hd:(j+1)*hd], kr[g*hd:(g+1)*hd])
 			copy(values[j*hd:(j+1)*hd], vr[g*hd:(g+1)*hd])
 		}

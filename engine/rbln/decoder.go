@@ -72,8 +72,7 @@ type decoderSpec struct {
 // [batch, 3, T] and the rows' fields and block tables [batch, n] in, the
 // sampled rows out, all int32.
 func decoderStepConfig(cfg *models.Config) *models.Config {
-	g := cfg.Generation
-	width := (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize
+	width := geometryOf(cfg.Generation).TableWidth()
 	c := *cfg
 	c.Inputs = []models.TensorSpec{
 		{Name: "tokens", Datatype: models.INT32, Shape: []int{-1, 3, -1}},
@@ -113,8 +112,7 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 	if err != nil {
 		return nil, err
 	}
-	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, decodes: len(decodes),
-		width:   (cfg.Generation.MaxModelLen + cfg.Generation.BlockSize - 1) / cfg.Generation.BlockSize,
+	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, geo: geometryOf(cfg.Generation), decodes: len(decodes),
 		traffic: bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0),
 		warmups: make([]engine.Explain, len(p.shapes))}
 	for i := range p.shapes {
@@ -147,13 +145,18 @@ func (d *decoder) logCompiles(ctx context.Context) {
 	}
 }
 
+// geometryOf is the KV cache's geometry g describes.
+func geometryOf(g *models.GenerationOptions) generation.Geometry {
+	return generation.Geometry{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxModelLen: g.MaxModelLen}
+}
+
 // decoderSpecOf is the load message's description of m.
 func decoderSpecOf(m *models.Model) *decoderSpec {
-	c, g := m.Decoder.Config, m.Config.Generation
+	c, g := m.Decoder.Config, geometryOf(m.Config.Generation)
 	return &decoderSpec{Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
 		Intermediate: c.Intermediate, RMSNormEps: c.RMSNormEps, InvFreq: c.InvFreq(), QKVBias: c.QKVBias, OBias: c.OBias,
-		Tied: c.TiedEmbeddings, SlidingWindow: c.SlidingWindow, Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize,
-		TableWidth: (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize, TopLogprobs: decoderTopLogprobs}
+		Tied: c.TiedEmbeddings, SlidingWindow: c.SlidingWindow, Blocks: g.Blocks, BlockSize: g.BlockSize,
+		TableWidth: g.TableWidth(), TopLogprobs: decoderTopLogprobs}
 }
 
 // decoder is a decoder model on one worker.
@@ -161,8 +164,8 @@ type decoder struct {
 	p       *program
 	cfg     *models.DecoderConfig
 	gen     models.GenerationOptions
-	decodes int // the first buckets are the decode ones
-	width   int // block table entries a row holds
+	geo     generation.Geometry // the KV cache's: a row's block table is TableWidth entries
+	decodes int                 // the first buckets are the decode ones
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
@@ -320,11 +323,11 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 	s := d.p.shapes[bucket]
 	in, out := d.p.Staging(bucket)
 	clear(in)
-	T, bs := s.Seq, d.gen.BlockSize
-	trash := int32(d.gen.KVCacheBlocks) // the block past the cache's: padding writes there
+	T, width := s.Seq, d.geo.TableWidth()
+	trashSlot := d.geo.TrashSlot() // where a padding token writes
 	tokens := in[:s.Batch*3*T*4]
 	meta := in[s.Batch*3*T*4:]
-	rowWords := metaFields + d.width
+	rowWords := metaFields + width
 	put := func(b []byte, i int, v int32) { binary.LittleEndian.PutUint32(b[4*i:], uint32(v)) }
 	for r := range s.Batch {
 		base := r * 3 * T
@@ -332,10 +335,10 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		if r >= len(rows) {
 			// A padding row: no real token; its writes go to the trash block.
 			for t := range T {
-				put(tokens, base+2*T+t, trash*int32(bs))
+				put(tokens, base+2*T+t, trashSlot)
 			}
-			for j := range d.width {
-				put(meta, mb+metaFields+j, trash)
+			for j := range width {
+				put(meta, mb+metaFields+j, d.geo.Trash())
 			}
 			continue
 		}
@@ -345,12 +348,12 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		for t := range T {
 			pos := pc.start + t
 			if pos >= pc.end {
-				put(tokens, base+2*T+t, trash*int32(bs))
+				put(tokens, base+2*T+t, trashSlot)
 				continue
 			}
 			put(tokens, base+t, w.Seq.Token(pos))
 			put(tokens, base+T+t, int32(pos))
-			put(tokens, base+2*T+t, table[pos/bs]*int32(bs)+int32(pos%bs))
+			put(tokens, base+2*T+t, d.geo.Slot(table, pos))
 		}
 		sp := w.Seq.Sampling
 		put(meta, mb+metaValid, int32(pc.end-pc.start))
@@ -364,12 +367,8 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		put(meta, mb+metaSeedHi, int32(uint32(sp.Seed>>32)))
 		put(meta, mb+metaLogprobs, int32(sp.Logprobs))
 		put(meta, mb+metaPosition, int32(pc.end))
-		for j := range d.width {
-			v := trash
-			if j < len(table) {
-				v = table[j]
-			}
-			put(meta, mb+metaFields+j, v)
+		for j := range width {
+			put(meta, mb+metaFields+j, d.geo.TableEntry(table, j))
 		}
 	}
 	began := time.Now()
