@@ -55,5 +55,5 @@ func TestOnlyServerErrorsAreLogged(t *testing.T) {
 	assert.Equal(t, 500, infer(`{`+row))
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Equal(t, 1, strings.Count(log.String(), "level=ERROR msg=\"inference failed\" model=summax status=500"), log.String())
+	assert.Equal(t, 1, strings.Count(log.String(), "level=ERROR msg=\"inference failed\" protocol=http model=summax status=500"), log.String())
 }

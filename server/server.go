@@ -8,13 +8,23 @@
 //	                decodes into (OIP's tensors, checked and bounded)
 //	server/oip      the Open Inference Protocol v2 over HTTP: health,
 //	                metadata, inference (JSON, Triton's binary tensors,
-//	                classification), explain and buckets
+//	                classification), explain and buckets, and Triton's
+//	                generate extension
 //	server/admin    Triton's extensions over HTTP: the model repository,
 //	                model configuration, statistics, logging, trace,
 //	                system shared memory
 //	server/grpcapi  Triton's and KServe's GRPCInferenceService and the
 //	                grpc.health.v1 service
-//	server/textapi  OpenAI's embeddings API and Hugging Face TEI's
+//	server/openai   OpenAI's API: completions, chat, embeddings, models
+//	server/tei      Hugging Face text-embeddings-inference's API
+//
+// Every door runs a request's life through one type, core.Call
+// (server/core/call.go): admission against the in-flight budget, model
+// lookup and readiness, the run, the error taxonomy, the model's
+// statistics, the trace, the request metrics and log line, and the
+// budget given back. The text doors share server/text (a text model's
+// signature, texts run as a request, the generation loop), which is not
+// a door.
 //
 // No door imports another, nor this package. Every door runs a request
 // through [serving.Model.Infer]: none imports steps, batching, engine or
@@ -74,7 +84,8 @@ import (
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/grpcapi"
 	"github.com/stepserve/stepserve/server/oip"
-	"github.com/stepserve/stepserve/server/textapi"
+	"github.com/stepserve/stepserve/server/openai"
+	"github.com/stepserve/stepserve/server/tei"
 )
 
 // Options configure a [Server].
@@ -120,12 +131,12 @@ func New(opts Options) (*Server, error) {
 	inference := oip.New(c)
 	inference.Routes(r)
 	admin.New(c).Routes(r)
-	// The text APIs' answers are compressed as inference's are: Triton
-	// compresses its generate answers, and OpenAI's and TEI's clients
-	// (httpx, requests) decompress what they are sent.
+	// The text APIs' answers are compressed as inference's are: OpenAI's
+	// and TEI's clients (httpx, requests) decompress what they are sent.
 	r.Group(func(r chi.Router) {
 		r.Use(core.CompressResponses)
-		textapi.New(c).Routes(r)
+		openai.New(c).Routes(r)
+		tei.New(c).Routes(r)
 	})
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())

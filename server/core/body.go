@@ -45,7 +45,7 @@ func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 		slog.Int64("bytes", bytes), slog.String("took", took.String()), slog.String("id", ClipName(info.ID)))
 }
 
-// Run runs a checked request on m, whichever protocol it came by: it
+// run runs a checked request on m, whichever protocol it came by: it
 // takes the request's footprint from the in-flight budget (on top of what
 // ch holds already), decodes its values, and has the model Run it. It
 // returns the model that ran it (m's successor when a reload replaced m
@@ -53,7 +53,7 @@ func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 // name shared-memory regions holds them meanwhile: its inputs are copied
 // out of them before decoding, and its outputs into them once the model
 // has run.
-func (c *Core) Run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
+func (c *Core) run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
 	if req.shm {
 		// Held, and checked against their regions, before the request
 		// waits for anything; let go once its outputs are written.

@@ -13,7 +13,7 @@
 //   - connection limits ([ConnLimit]) and response compression;
 //   - the inference request every door decodes into ([InferRequest]):
 //     OIP's tensors, checked against the model's signature and the wire
-//     limits, run by [Core.Run] through [serving.Model.Infer];
+//     limits, run by [Call.Infer] through [serving.Model.Infer];
 //   - the operations behind Triton's extensions (repository, model
 //     configuration, statistics, logging, system shared memory
 //     ([SharedMemory])) that HTTP and gRPC both offer.

@@ -160,7 +160,7 @@ type OutputChoice struct {
 	Binary  bool
 	Classes int // the top classes to return per row (classification.go); 0 for the raw output
 	// SharedMemory is the range of a registered region the output is
-	// written to ([Core.Run]), when its parameters name one: the
+	// written to ([Call.Infer]), when its parameters name one: the
 	// response then carries its metadata and the region's parameters, no
 	// data.
 	SharedMemory *ShmTensor

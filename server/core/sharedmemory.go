@@ -91,7 +91,7 @@ const tmpfsMagic = 0x01021994
 // SharedMemory is the system shared-memory regions clients registered,
 // by name, each a range of a POSIX shared-memory object mapped read-write.
 //
-// A request holds the regions its tensors name while it runs ([Core.Run]):
+// A request holds the regions its tensors name while it runs ([Call.Infer]):
 // it copies its inputs out before the step and its outputs in after. A
 // region unregistered while requests hold it leaves the name table at once
 // (a new request naming it is refused, and the name may be registered

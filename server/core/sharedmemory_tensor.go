@@ -14,7 +14,7 @@ import (
 // shared_memory_byte_size, and shared_memory_offset, 0 when left out)
 // takes its data from the region, or puts it there, instead of the
 // request's body or the response. [CheckRequest] reads and checks the
-// parameters against the tensor's shape; [Core.Run] holds the regions
+// parameters against the tensor's shape; [Call.Infer] holds the regions
 // while the request runs, copies each input out of its region (into
 // memory the request owns and has charged, so that a client writing the
 // region meanwhile cannot change what was checked), and copies each output
@@ -35,7 +35,7 @@ type ShmTensor struct {
 	Region   string
 	Offset   int64
 	ByteSize int64
-	// Written is an output's size in the region once [Core.Run] has
+	// Written is an output's size in the region once [Call.Infer] has
 	// written it, which its response reports as shared_memory_byte_size.
 	Written int64
 

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -35,10 +33,10 @@ import (
 // region, offset and size as parameters. Inputs in shared memory have no
 // raw_input_contents entry.
 func (g *grpcServer) ModelInfer(ctx context.Context, r *inferencepb.ModelInferRequest) (*inferencepb.ModelInferResponse, error) {
-	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(ctx context.Context, ch *core.Charge, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
+	return g.modelInfer(ctx, r.GetModelName(), r.GetModelVersion(), protoRequestBytes(r), func(call *core.Call, _ *models.Model) (*inferencepb.ModelInferRequest, error) {
 		// The message arrived decoded (a caller in this process): what
 		// it holds is charged as an HTTP body is.
-		return r, ch.Take(ctx, protoRequestBytes(r), "the request body")
+		return r, call.Take(protoRequestBytes(r), "the request body")
 	})
 }
 
@@ -56,7 +54,7 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		// whatever the model (and not counted, as an unknown name is not).
 		return nil, core.GRPCError(scanErr)
 	}
-	return g.modelInfer(ctx, sc.model, sc.version, wireBytes, func(ctx context.Context, ch *core.Charge, m *models.Model) (*inferencepb.ModelInferRequest, error) {
+	return g.modelInfer(ctx, sc.model, sc.version, wireBytes, func(call *core.Call, m *models.Model) (*inferencepb.ModelInferRequest, error) {
 		if scanErr != nil && !malformed {
 			return nil, scanErr
 		}
@@ -77,7 +75,7 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		if sc.raw > len(cfg.Inputs)+pbExtraTensors {
 			return nil, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries; model %s takes %d %s", sc.raw, m.Name, len(cfg.Inputs), core.Plural(len(cfg.Inputs), "input")))
 		}
-		if err := ch.Take(ctx, sc.decoded, "the request body"); err != nil {
+		if err := call.Take(sc.decoded, "the request body"); err != nil {
 			return nil, err
 		}
 		if r, ok := decodePlain(raw.bytes()); ok {
@@ -89,7 +87,7 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 			for _, b := range r.RawInputContents {
 				aliased += int64(len(b))
 			}
-			ch.Shrink(sc.decoded - aliased)
+			call.Shrink(sc.decoded - aliased)
 			return r, nil
 		}
 		r := new(inferencepb.ModelInferRequest)
@@ -98,7 +96,7 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		}
 		raw.free()
 		if n := protoRequestBytes(r); n > sc.decoded { // not expected: the walk's bound is above it
-			if err := ch.Take(ctx, n-sc.decoded, "the request body"); err != nil {
+			if err := call.Take(n-sc.decoded, "the request body"); err != nil {
 				return nil, err
 			}
 		}
@@ -107,121 +105,71 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 }
 
 // protoDecoder yields a request's message once its model is known,
-// charged to ch.
-type protoDecoder func(ctx context.Context, ch *core.Charge, m *models.Model) (*inferencepb.ModelInferRequest, error)
+// charged to the call.
+type protoDecoder func(call *core.Call, m *models.Model) (*inferencepb.ModelInferRequest, error)
 
 // modelInfer answers a ModelInfer request for model and version, whose
 // message decode yields; wireBytes is the message's size for the log
-// when it was never decoded.
+// when it was never decoded. The core's call runs its life (core.Call);
+// gRPC writes the response after this returns, so what the request holds
+// of the budget, its response included, is given back when its RPC ends.
 func (g *grpcServer) modelInfer(ctx context.Context, model, version string, wireBytes int64, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
-	s := g.s
-	start := time.Now()
-	m, err := s.c.Lookup(model, version)
+	call := g.s.c.Begin(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", nil)
+	defer call.End()
+	call.Bytes = wireBytes
+	resp, err := g.s.inferGRPC(call, model, version, decode)
 	if err != nil {
-		// Unknown names are not counted: they would let any client create
-		// series without bound.
-		return nil, core.GRPCError(err)
-	}
-	name := m.Model().Name
-	ch := new(core.Charge)
-	*ch = s.c.Charge()
-	handed := false
-	defer func() {
-		if !handed {
-			ch.Release() // failed, or panicked
-		}
-	}()
-	resp, r, err := s.inferGRPC(ctx, ch, m, decode)
-	st := http.StatusOK
-	if err != nil {
-		st = core.StatusOf(err)
-		if st == core.StatusClientClosed && atDeadline(ctx) {
-			st = http.StatusGatewayTimeout // the client gave up at its deadline
-		}
-		s.logFailure(ctx, name, st, err)
-	} else {
-		// gRPC encodes and sends the response after this returns: what
-		// the request holds of the budget, its response included, is
-		// given back when its RPC ends.
-		handed = true
-		context.AfterFunc(ctx, ch.Release)
-	}
-	took := time.Since(start)
-	s.c.Metrics.Observe(core.ProtocolGRPC, name, st, took)
-	var rows int
-	if ins := r.GetInputs(); len(ins) > 0 && len(ins[0].GetShape()) > 0 {
-		rows = int(ins[0].GetShape()[0])
-	}
-	size := wireBytes
-	if r != nil {
-		size = protoRequestBytes(r)
-	}
-	s.c.LogRequest(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelInfer", name, st,
-		core.RequestInfo{Rows: rows, ID: r.GetId()}, size, took)
-	if err != nil {
+		call.Fail(err)
 		return nil, refuse(ctx, err)
 	}
+	call.HoldUntil(ctx)
 	return resp, nil
 }
 
-// deadlineSlack is how close to its deadline a request cancelled by its
-// client counts as timed out rather than cancelled: a client cancels its
-// call at its deadline, which arrives before the server's own copy of the
-// deadline (grpc-timeout, counted from a moment later) passes.
-const deadlineSlack = 20 * time.Millisecond
-
-// atDeadline reports whether ctx's deadline has passed, or is about to.
-func atDeadline(ctx context.Context) bool {
-	dl, ok := ctx.Deadline()
-	return ok && time.Until(dl) < deadlineSlack
-}
-
-// inferGRPC answers one gRPC inference request on m, charging what it
-// holds to ch.
-func (s *API) inferGRPC(ctx context.Context, ch *core.Charge, m *serving.Model, decode protoDecoder) (_ *inferencepb.ModelInferResponse, r *inferencepb.ModelInferRequest, err error) {
-	// The model's statistics, as the HTTP path feeds them: from the
-	// request's arrival (whole, for gRPC) to its answer built.
-	began := time.Now()
-	tr := s.c.Opts.Tracer.Sample(m.Model().Name) // nil unless tracing samples it
-	defer func() {
-		if err != nil {
-			m.Report(nil, false, time.Since(began))
-		}
-		if tr != nil {
-			tr.Done(core.TraceStatus(err))
-		}
-	}()
-	if !m.Ready() {
-		return nil, nil, core.NotReady(m.Model().Name)
+// inferGRPC answers one gRPC inference request through call.
+func (s *API) inferGRPC(call *core.Call, model, version string, decode protoDecoder) (*inferencepb.ModelInferResponse, error) {
+	m, err := call.Find(model, version)
+	if err != nil {
+		return nil, err
 	}
-	if r, err = decode(ctx, ch, m.Model()); err != nil {
-		return nil, r, err
+	call.Trace()
+	if err := call.Ready(); err != nil {
+		return nil, err
 	}
-	size := protoRequestBytes(r)
+	r, err := decode(call, m.Model())
+	if r != nil {
+		call.Bytes = protoRequestBytes(r)
+		call.Info.ID = r.GetId()
+		if ins := r.GetInputs(); len(ins) > 0 && len(ins[0].GetShape()) > 0 {
+			call.Info.Rows = int(ins[0].GetShape()[0])
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
 	wr, err := wireFromProto(r)
 	if err != nil {
-		return nil, r, err
+		return nil, err
 	}
-	req, decoded, seq, err := core.CheckRequest(&wr, nil, int(min(size, math.MaxInt32)), m.Model(), s.c.Opts.MaxRequestElements)
+	req, decoded, seq, err := core.CheckRequest(&wr, nil, int(min(call.Bytes, math.MaxInt32)), m.Model(), s.c.Opts.MaxRequestElements)
 	if err != nil {
-		return nil, r, err
+		return nil, err
 	}
 	protoOutputs(req)
-	req.Trace = tr
 	fp := protoFootprint(m.Model(), req, decoded, seq)
-	if _, compressed := compressedCall(ctx); compressed {
+	if _, compressed := compressedCall(call.Context()); compressed {
 		// gRPC compresses the encoded response into a copy of its own as
 		// it sends it: held with the outputs, not a part of the response's
 		// size.
 		fp.Outputs += fp.JSON
 	}
-	m, res, err := s.c.Run(ctx, ch, m, req, fp)
+	res, err := call.Infer(req, fp)
 	if err != nil {
-		return nil, r, err
+		return nil, err
 	}
-	resp := protoResponse(m.Model(), req, res)
-	m.Report(res, true, time.Since(began))
-	return resp, r, nil
+	resp := protoResponse(call.Model().Model(), req, res)
+	call.Succeed(res)
+	return resp, nil
 }
 
 // protoRequestBytes is the memory a decoded request holds, at least a byte

@@ -19,10 +19,8 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"strconv"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 
@@ -82,56 +80,48 @@ func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencep
 	}
 }
 
-// streamGenerate answers one request of a stream. ch holds what the
-// request holds; the generation's events are charged to it too.
+// streamGenerate answers one request of a stream, through the core's
+// call (core.Call), which takes ch: what the request holds, to which the
+// generation's events are charged too.
 func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelInferRequest, ch *core.Charge, send func(*inferencepb.ModelStreamInferResponse) error) {
-	s := g.s
-	start := time.Now()
 	head := &inferencepb.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}
-	fail := func(err error) {
+	call := g.s.c.Begin(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelStreamInfer", func(_ int, err error) {
+		if ctx.Err() != nil {
+			return // nobody is listening
+		}
 		r := errorResponse(req, core.GRPCError(err).Error())
 		r.InferResponse.ModelName, r.InferResponse.ModelVersion = core.ClipName(head.ModelName), core.ClipName(head.ModelVersion)
 		send(r)
-	}
+	})
+	defer call.End()
+	call.Adopt(ch)
+	call.Arrived()
+	call.Bytes, call.Info.ID, call.Info.Rows = protoRequestBytes(req), req.GetId(), 1
 	if err := core.CheckRequestID(req.GetId()); err != nil {
-		fail(err)
+		call.Info.ID = ""
+		call.Fail(err)
 		return
 	}
-	m, err := s.c.Lookup(req.GetModelName(), req.GetModelVersion())
+	m, err := call.Find(req.GetModelName(), req.GetModelVersion())
 	if err != nil {
-		fail(err) // unknown names are not counted
+		call.Fail(err)
 		return
 	}
-	name := m.Model().Name
-	head.ModelName, head.ModelVersion = name, m.Model().Version
-	st := http.StatusOK
-	defer func() {
-		took := time.Since(start)
-		s.c.Metrics.Observe(core.ProtocolGRPC, name, st, took)
-		s.c.LogRequest(ctx, core.ProtocolGRPC, "POST", "/inference.GRPCInferenceService/ModelStreamInfer", name, st,
-			core.RequestInfo{Rows: 1, ID: req.GetId()}, protoRequestBytes(req), took)
-	}()
+	head.ModelName, head.ModelVersion = m.Model().Name, m.Model().Version
 	gr, emptyFinal, streaming, err := streamRequest(m, req)
-	if err == nil && !m.Ready() {
-		err = core.NotReady(name)
+	if err == nil {
+		err = call.Ready()
 	}
 	if err != nil {
-		st = core.StatusOf(err)
-		fail(err)
+		call.Fail(err)
 		return
 	}
-	ts, err := m.Generate(ctx, gr)
+	ts, err := call.Generate(gr)
 	if err != nil {
-		st = core.StatusOf(err)
-		fail(err)
+		call.Fail(err)
 		return
 	}
 	defer ts.Close()
-	if err := ch.Take(ctx, ts.MaxHeld(), "the generation's output"); err != nil {
-		st = core.StatusOf(err)
-		fail(err)
-		return
-	}
 	var whole []byte
 	for {
 		ev, ok := ts.Next(ctx)
@@ -139,10 +129,7 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 			break
 		}
 		if ev.Err != nil {
-			st = core.StatusOf(ev.Err)
-			if ctx.Err() == nil {
-				fail(ev.Err)
-			}
+			call.Fail(ev.Err)
 			return
 		}
 		last := ev.Finish != ""
@@ -155,7 +142,7 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 		}
 		if ev.Text != "" || (last && !emptyFinal) {
 			if send(textResponse(head, ev.Text, last && !emptyFinal, ev.Finish)) != nil {
-				st = core.StatusClientClosed
+				call.Gone()
 				return
 			}
 		}
@@ -168,11 +155,11 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 					}}
 				send(&inferencepb.ModelStreamInferResponse{InferResponse: r})
 			}
-			m.Report(nil, true, time.Since(start))
+			call.Succeed(nil)
 			return
 		}
 	}
-	st = core.StatusClientClosed
+	call.Gone()
 }
 
 // errorResponse is the last response of a request that failed: its

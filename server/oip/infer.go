@@ -3,10 +3,8 @@ package oip
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -23,90 +21,53 @@ func (s *API) infer(w http.ResponseWriter, r *http.Request) {
 	s.inferNamed(w, r, chi.URLParam(r, "model"), chi.URLParam(r, "version"))
 }
 
+// inferNamed answers one inference request for model and version: the
+// core's call runs its life (core.Call), this decodes its body and
+// encodes its answer.
 func (s *API) inferNamed(w http.ResponseWriter, r *http.Request, model, version string) {
-	start := time.Now()
-	m, err := s.c.Lookup(model, version)
-	if err != nil {
-		// Unknown names are not counted: they would let any client create
-		// series without bound.
-		core.WriteErr(w, err)
+	call := s.c.Begin(r.Context(), core.ProtocolHTTP, r.Method, r.URL.Path, func(st int, err error) { core.WriteError(w, st, err.Error()) })
+	defer call.End()
+	if _, err := call.Find(model, version); err != nil {
+		call.Fail(err)
 		return
 	}
-	name := m.Model().Name
-	var info core.RequestInfo
-	status := s.serveInfer(w, r, m, &info)
-	info.Trace.Done(status) // its response is written
-	took := time.Since(start)
-	s.c.Metrics.Observe(core.ProtocolHTTP, name, status, took)
-	s.c.LogRequest(r.Context(), core.ProtocolHTTP, r.Method, r.URL.Path, name, status, info, r.ContentLength, took)
-}
-
-// serveInfer answers one inference request and returns the status it
-// answered with.
-func (s *API) serveInfer(w http.ResponseWriter, r *http.Request, m *serving.Model, info *core.RequestInfo) int {
-	// The model's statistics time a request from when its body has been
-	// read (a slow upload is the client's) to when its answer is written.
-	began := time.Now()
-	fail := func(err error) int {
-		defer func() { m.Report(nil, false, time.Since(began)) }()
-		st := core.StatusOf(err)
-		// Bad requests, timeouts the client asked for, cancellations and
-		// overload are counted in requests_total; a line each would let
-		// any client flood the log. Only the server's own failures are
-		// errors.
-		level := slog.LevelDebug
-		if st >= 500 && st != http.StatusServiceUnavailable && st != http.StatusGatewayTimeout {
-			level = slog.LevelError
-		}
-		if s.c.Logger.Enabled(r.Context(), level) { // no arguments boxed for a line nobody logs
-			s.c.Logger.Log(r.Context(), level, "inference failed", "model", m.Model().Name, "status", st, "err", err)
-		}
-		core.WriteError(w, st, err.Error())
-		return st
+	if err := call.Ready(); err != nil {
+		call.Fail(err)
+		return
 	}
-	if !m.Ready() {
-		return fail(core.NotReady(m.Model().Name))
-	}
-
 	// Everything the request allocates from here on is charged to the
 	// in-flight budget first, and stays charged until its response is
 	// written: a client that reads its answer slowly holds it, not more.
-	ch := s.c.Charge()
-	defer ch.Release()
-	body, err := s.c.ReadBody(w, r, &ch)
+	body, err := call.Read(w, r)
 	if err != nil {
-		return fail(err)
+		call.Fail(err)
+		return
 	}
-	began = time.Now()
-	// A reload may have replaced the model while the body arrived: the
-	// request goes to the version served now.
-	m = m.Current()
-	info.Trace = s.c.Opts.Tracer.Sample(m.Model().Name) // one atomic load while tracing is off
 	headerLen := -1
 	if h := r.Header.Get(headerContentLength); h != "" {
 		n, perr := strconv.Atoi(h)
 		if perr != nil || n < 0 {
-			return fail(core.BadRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, core.ClipName(h))))
+			call.Fail(core.BadRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, core.ClipName(h))))
+			return
 		}
 		headerLen = n
 	}
-	req, f, err := core.ParseRequest(body, headerLen, m.Model(), s.c.Opts.MaxRequestElements)
+	call.Trace()
+	req, f, err := core.ParseRequest(body, headerLen, call.Model().Model(), s.c.Opts.MaxRequestElements)
 	if err != nil {
-		return fail(err)
+		call.Fail(err)
+		return
 	}
-	info.Rows, info.ID = req.Rows, req.ID
-	if tr := info.Trace; tr != nil {
-		req.Trace, tr.ID, tr.Rows = tr, req.ID, req.Rows
-	}
-	m, res, err := s.c.Run(r.Context(), &ch, m, req, f)
+	res, err := call.Infer(req, f)
 	if err != nil {
-		return fail(err)
+		call.Fail(err)
+		return
 	}
-	if err := s.writeResponse(w, m.Model(), req, res, f.JSON); err != nil {
-		return fail(err)
+	if err := s.writeResponse(w, call.Model().Model(), req, res, f.JSON); err != nil {
+		call.Fail(err)
+		return
 	}
-	m.Report(res, true, time.Since(began))
-	return http.StatusOK
+	call.Succeed(res)
 }
 
 // writeResponse encodes the outputs: JSON data inline, binary outputs
@@ -152,7 +113,7 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *core.In
 		}
 		b = append(b, ']')
 		if shm := c.SharedMemory; shm != nil {
-			// Written to its region (core.Run): where, and how much.
+			// Written to its region (core.Call.Infer): where, and how much.
 			b = append(b, `,"parameters":{"shared_memory_region":`...)
 			b = strconv.AppendQuote(b, shm.Region) // printable ASCII: valid JSON
 			b = append(b, `,"shared_memory_offset":`...)

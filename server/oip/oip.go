@@ -101,6 +101,10 @@ func (s *API) Routes(r chi.Router) {
 			// Only inference answers are compressed, as Triton's are
 			// (core.CompressResponses).
 			r.With(core.CompressResponses).Post(m+v+"/infer", s.infer)
+			// Triton's generate extension (generate.go), compressed
+			// as Triton compresses its answers.
+			r.With(core.CompressResponses).Post(m+v+"/generate", s.tritonGenerate(false))
+			r.With(core.CompressResponses).Post(m+v+"/generate_stream", s.tritonGenerate(true))
 		}
 		r.Get(m+"/", core.API(s.modelMetadata))
 	})

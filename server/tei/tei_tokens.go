@@ -1,4 +1,4 @@
-package textapi
+package tei
 
 import "github.com/stepserve/stepserve/models"
 

@@ -1,8 +1,10 @@
-package textapi
+package tei
 
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/stepserve/stepserve/server/text"
 )
 
 // teiDispatch answers POST / (Hugging Face's Inference Endpoints) and
@@ -13,7 +15,7 @@ import (
 // /similarity when its inputs is an object ({"source_sentence",
 // "sentences"}, Hugging Face's sentence-similarity task): TEI chooses
 // between those two by its TASK variable, stepserve by the body.
-func (s *API) teiDispatch(t *textRequest, body []byte) int {
+func (s *API) teiDispatch(t *text.Request, body []byte) int {
 	// Read for the model's name and the inputs' shape, charged as the
 	// body again (the name is at most that); the endpoint it goes to
 	// decodes the body, and answers one that does not decode.
@@ -21,18 +23,18 @@ func (s *API) teiDispatch(t *textRequest, body []byte) int {
 		Model  string      `json:"model"`
 		Inputs objectProbe `json:"inputs"`
 	}
-	if err := t.ch.Take(t.r.Context(), int64(len(body)), "decoding the request"); err != nil {
-		return t.fail(err)
+	if err := t.Take(int64(len(body)), "decoding the request"); err != nil {
+		return t.Fail(err)
 	}
 	_ = json.Unmarshal(body, &peek)
-	tm, err := t.find(peek.Model, "POST "+t.r.URL.Path, kindEmbedding, kindClassifier, kindReranker)
+	tm, err := t.Choose(peek.Model, "POST "+t.R.URL.Path, text.KindEmbedding, text.KindClassifier, text.KindReranker)
 	if err != nil {
-		return t.fail(err)
+		return t.Fail(err)
 	}
-	switch tm.kind {
-	case kindReranker:
+	switch tm.Kind {
+	case text.KindReranker:
 		return s.teiRerank(t, body)
-	case kindClassifier:
+	case text.KindClassifier:
 		return s.teiPredict(t, body)
 	}
 	if peek.Inputs.object {

@@ -1,10 +1,11 @@
-package textapi
+package tei
 
 import (
 	"fmt"
 	"net/http"
 
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/text"
 )
 
 // teiHealth answers GET /health, /ping (SageMaker's) and / as TEI does:
@@ -44,7 +45,7 @@ func (s *API) teiReady(name string) error {
 		if err != nil {
 			return err
 		}
-		if kind := textSigOf(m.Model()).kind; kind == kindNone {
+		if kind := text.SigOf(m.Model()).Kind; kind == text.KindNone {
 			return &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not the TEI endpoints", name, kind)}
 		}
 		if !m.Ready() {
@@ -54,7 +55,7 @@ func (s *API) teiReady(name string) error {
 	}
 	served := false
 	for _, m := range s.c.Opts.Models.Models() {
-		if textSigOf(m.Model()).kind == kindNone {
+		if text.SigOf(m.Model()).Kind == text.KindNone {
 			continue
 		}
 		if !m.Ready() {

@@ -1,4 +1,4 @@
-package textapi
+package tei
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/text"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,7 +45,7 @@ func TestWriteTEIError(t *testing.T) {
 		retry      bool
 	}{
 		{&tokenizerError{errors.New("bad text")}, 500, 422, "Tokenizer", false},
-		{emptyRequest("inputs is empty"), 400, 400, "Empty", false},
+		{text.EmptyRequest("inputs is empty"), 400, 400, "Empty", false},
 		{fmt.Errorf("element 0: %w", models.ErrInput), 400, 413, "Validation", false},
 		{core.BadRequest("inputs: want a string"), 400, 422, "Validation", false},
 		{&core.Error{Status: 413, Msg: "too many"}, 413, 413, "Validation", false},
@@ -92,7 +93,7 @@ func TestTokenIDs(t *testing.T) {
 	for _, in := range []string{`"1 2"`, `{"a":1}`, `5`, `[1,[2]]`, `[[1],2]`, `[1.5]`, `["1"]`, `[1,null]`, `[[1],null]`, `[[null]]`, `[1e40]`} {
 		var p tokenIDs
 		err := json.Unmarshal([]byte(in), &p)
-		var te *textsError
+		var te *text.TextsError
 		assert.True(t, errors.As(err, &te), "%s: %v", in, err)
 	}
 	var p tokenIDs

@@ -1,4 +1,4 @@
-package textapi
+package openai
 
 // OpenAI's embeddings API, for the models that serve embeddings:
 //
@@ -22,63 +22,42 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/text"
 	"github.com/stepserve/stepserve/serving"
 )
 
-var openaiAPI = textProtocol{protocol: core.ProtocolOpenAI, writeError: writeOpenAIError}
-
 // openaiEmbeddingsRequest is the body of POST /v1/embeddings.
 type openaiEmbeddingsRequest struct {
-	Input          stringOrList `json:"input"`
-	Model          string       `json:"model"`
-	EncodingFormat string       `json:"encoding_format"`
-	Dimensions     *int         `json:"dimensions"`
-	User           string       `json:"user"` // accepted, and ignored
-}
-
-// paramError is a request error about one of the body's fields: OpenAI's
-// errors name it as their param.
-type paramError struct {
-	param string
-	err   error
-}
-
-func (e *paramError) Error() string { return e.err.Error() }
-func (e *paramError) Unwrap() error { return e.err }
-
-func withParam(param string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if pe := (*paramError)(nil); errors.As(err, &pe) || param == "" {
-		return err // the innermost names the field
-	}
-	return &paramError{param, err}
+	Input          text.StringOrList `json:"input"`
+	Model          string            `json:"model"`
+	EncodingFormat string            `json:"encoding_format"`
+	Dimensions     *int              `json:"dimensions"`
+	User           string            `json:"user"` // accepted, and ignored
 }
 
 func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
-	s.serveText(w, r, &openaiAPI, func(t *textRequest, body []byte) int {
+	text.Serve(s.c, w, r, &openaiAPI, func(t *text.Request, body []byte) int {
 		var req openaiEmbeddingsRequest
-		if err := t.decodeJSON(body, &req, "input"); err != nil {
-			return t.fail(withParam("input", err))
+		if err := t.DecodeJSON(body, &req, "input"); err != nil {
+			return t.Fail(text.WithParam("input", err))
 		}
 		if req.Model == "" {
-			return t.fail(withParam("model", core.BadRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
+			return t.Fail(text.WithParam("model", core.BadRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
 		}
-		tm, err := t.find(req.Model, "/v1/embeddings", kindEmbedding)
+		tm, err := t.Choose(req.Model, "/v1/embeddings", text.KindEmbedding)
 		if err != nil {
 			var ae *core.Error
 			if errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity {
 				err = &core.Error{Status: http.StatusBadRequest, Msg: ae.Msg} // OpenAI answers a bad request 400
 			}
-			return t.fail(withParam("model", err))
+			return t.Fail(text.WithParam("model", err))
 		}
-		if !req.Input.set {
-			return t.fail(withParam("input", core.BadRequest("input is required: a string or an array of strings")))
+		if !req.Input.Set {
+			return t.Fail(text.WithParam("input", core.BadRequest("input is required: a string or an array of strings")))
 		}
-		texts := req.Input.list
-		if err := t.checkTexts(len(texts), "input"); err != nil {
-			return t.fail(withParam("input", err))
+		texts := req.Input.List
+		if err := t.CheckTexts(len(texts), "input"); err != nil {
+			return t.Fail(text.WithParam("input", err))
 		}
 		asBase64 := false
 		switch req.EncodingFormat {
@@ -86,35 +65,35 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		case "base64":
 			asBase64 = true
 		default:
-			return t.fail(withParam("encoding_format", core.BadRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", core.ClipName(req.EncodingFormat)))))
+			return t.Fail(text.WithParam("encoding_format", core.BadRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", core.ClipName(req.EncodingFormat)))))
 		}
-		m := t.m.Model()
-		dims := tm.width
+		m := t.Model().Model()
+		dims := tm.Width
 		if req.Dimensions != nil {
-			if d := *req.Dimensions; d < 1 || d > tm.width {
-				return t.fail(withParam("dimensions", core.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.width))))
+			if d := *req.Dimensions; d < 1 || d > tm.Width {
+				return t.Fail(text.WithParam("dimensions", core.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.Width))))
 			}
 			dims = *req.Dimensions
 		}
 		// The answer beyond OIP's JSON bound: each row's object, the model
 		// name and usage; base64 is shorter than the floats OIP bounds.
 		extra := int64(len(texts))*64 + 128 + 6*int64(len(m.Name))
-		res, bound, err := t.infer(tm, texts, nil, extra)
+		res, bound, err := t.InferTexts(tm, texts, nil, extra)
 		if err != nil {
-			return t.fail(withParam("input", err))
+			return t.Fail(text.WithParam("input", err))
 		}
-		m = t.m.Model()
+		m = t.Model().Model()
 		normalized := m.Config.Encoder != nil && m.Config.Encoder.Normalize
-		out := res.Outputs[tm.output]
+		out := res.Outputs[tm.Output]
 		b := make([]byte, 0, bound)
 		b = append(b, `{"object":"list","data":[`...)
 		var raw []byte
 		for i := range texts {
-			v := rowFloats(out, i, tm.width)
-			if dims < tm.width {
+			v := text.RowFloats(out, i, tm.Width)
+			if dims < tm.Width {
 				v = v[:dims]
 				if normalized {
-					normalize(v)
+					text.Normalize(v)
 				}
 			}
 			if i > 0 {
@@ -131,8 +110,8 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 				b = append(b, '"')
 				b = base64.StdEncoding.AppendEncode(b, raw)
 				b = append(b, '"')
-			} else if b, err = appendFloats(b, v); err != nil {
-				return t.fail(fmt.Errorf("model %s: %w", m.Name, err))
+			} else if b, err = text.AppendFloats(b, v); err != nil {
+				return t.Fail(fmt.Errorf("model %s: %w", m.Name, err))
 			}
 			b = append(b, '}')
 		}
@@ -144,7 +123,7 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		b = append(b, `,"total_tokens":`...)
 		b = strconv.AppendInt(b, int64(n), 10)
 		b = append(b, "}}"...)
-		return t.ok(b, res)
+		return t.OK(b, res)
 	})
 }
 
@@ -181,7 +160,7 @@ func newOpenAIModel(m *serving.Model) openaiModel {
 func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
 	list := []openaiModel{}
 	for _, m := range s.c.Opts.Models.Models() {
-		if textSigOf(m.Model()).kind == kindEmbedding || m.Generative() {
+		if text.SigOf(m.Model()).Kind == text.KindEmbedding || m.Generative() {
 			list = append(list, newOpenAIModel(m))
 		}
 	}
@@ -201,11 +180,11 @@ func (s *API) openaiModels(w http.ResponseWriter, r *http.Request) {
 func (s *API) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "model")
 	m, err := s.c.Lookup(name, "")
-	if err == nil && textSigOf(m.Model()).kind != kindEmbedding && !m.Generative() {
-		err = core.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, textSigOf(m.Model()).kind))
+	if err == nil && text.SigOf(m.Model()).Kind != text.KindEmbedding && !m.Generative() {
+		err = core.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, text.SigOf(m.Model()).Kind))
 	}
 	if err != nil {
-		writeOpenAIError(w, http.StatusNotFound, withParam("model", err))
+		writeOpenAIError(w, http.StatusNotFound, text.WithParam("model", err))
 		return
 	}
 	core.WriteJSON(w, http.StatusOK, newOpenAIModel(m))
@@ -225,7 +204,7 @@ func writeOpenAIError(w http.ResponseWriter, status int, err error) {
 		code = "model_not_found"
 	case status == http.StatusRequestEntityTooLarge:
 		code = "request_too_large"
-	case status == http.StatusServiceUnavailable && overloaded(err):
+	case status == http.StatusServiceUnavailable && text.Overloaded(err):
 		typ, code = "server_error", "overloaded"
 	case status == http.StatusServiceUnavailable:
 		typ, code = "server_error", "model_not_ready"
@@ -235,9 +214,9 @@ func writeOpenAIError(w http.ResponseWriter, status int, err error) {
 		typ = "server_error"
 	}
 	var param *string
-	var pe *paramError
+	var pe *text.ParamError
 	if errors.As(err, &pe) && status < 500 && status != http.StatusUnauthorized {
-		param = &pe.param
+		param = &pe.Param
 	}
 	var codePtr *string
 	if code != "" {

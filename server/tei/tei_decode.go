@@ -1,4 +1,4 @@
-package textapi
+package tei
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/models/tokenizers"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/text"
 )
 
 // teiDecodeRequest is POST /decode's body.
@@ -31,7 +32,7 @@ func (p *tokenIDs) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	p.set = true
-	bad := &textsError{"want a list of token ids, or a list of such lists"}
+	bad := &text.TextsError{Msg: "want a list of token ids, or a list of such lists"}
 	// encoding/json reads a null as 0, a real id; the value holds no
 	// strings (they would not decode), so any null is an element.
 	if len(b) == 0 || b[0] != '[' || bytes.Contains(b, []byte("null")) {
@@ -77,25 +78,25 @@ func decoderOf(tok models.TextTokenizer) idDecoder {
 // tokenizer, as TEI answers it: a list of texts, one for a single list.
 // Ids outside the vocabulary are refused (Hugging Face's tokenizers leave
 // them out silently, which hides a client's mistake).
-func (s *API) teiDecode(t *textRequest, body []byte) int {
+func (s *API) teiDecode(t *text.Request, body []byte) int {
 	var req teiDecodeRequest
-	if err := t.decodeIDs(body, &req, "ids"); err != nil {
-		return t.fail(err)
+	if err := t.DecodeIDs(body, &req, "ids"); err != nil {
+		return t.Fail(err)
 	}
-	if _, err := t.find(req.Model, "/decode", kindEmbedding, kindClassifier, kindReranker); err != nil {
-		return t.fail(err)
+	if _, err := t.Choose(req.Model, "/decode", text.KindEmbedding, text.KindClassifier, text.KindReranker); err != nil {
+		return t.Fail(err)
 	}
 	if !req.IDs.set {
-		return t.fail(core.BadRequest("ids is required: a list of token ids, or a list of such lists"))
+		return t.Fail(core.BadRequest("ids is required: a list of token ids, or a list of such lists"))
 	}
 	lists := req.IDs.lists
-	if limit := t.s.clientBatch(); len(lists) > limit {
-		return t.fail(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("ids holds %d lists, more than the %d a request may send; split it", len(lists), limit)})
+	if limit := text.ClientBatch(t.Core()); len(lists) > limit {
+		return t.Fail(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("ids holds %d lists, more than the %d a request may send; split it", len(lists), limit)})
 	}
-	m := t.m.Model()
+	m := t.Model().Model()
 	dec := decoderOf(m.Tokenizer)
 	if dec == nil {
-		return t.fail(notAvailable(fmt.Sprintf("decode is not available for model %s: its tokenizer has no decoder", m.Name)))
+		return t.Fail(notAvailable(fmt.Sprintf("decode is not available for model %s: its tokenizer has no decoder", m.Name)))
 	}
 	skip := req.SkipSpecialTokens == nil || *req.SkipSpecialTokens
 	// A text is at most its tokens' spellings and a space between them,
@@ -108,13 +109,13 @@ func (s *API) teiDecode(t *textRequest, body []byte) int {
 	for i, ids := range lists {
 		for _, id := range ids {
 			if id < 0 || id >= vocab {
-				return t.fail(core.BadRequest(fmt.Sprintf("ids: list %d holds %d, which is not a token id of model %s; its ids are 0..%d", i, id, m.Name, vocab-1)))
+				return t.Fail(core.BadRequest(fmt.Sprintf("ids: list %d holds %d, which is not a token id of model %s; its ids are 0..%d", i, id, m.Name, vocab-1)))
 			}
 			spelled += int64(len(dec.TokenText(id))) + 1
 		}
 	}
-	if err := t.ch.Take(t.r.Context(), 2*spelled, "decoding the ids"); err != nil {
-		return t.fail(err)
+	if err := t.Take(2*spelled, "decoding the ids"); err != nil {
+		return t.Fail(err)
 	}
 	texts := make([]string, len(lists))
 	size := int64(2)
@@ -122,17 +123,17 @@ func (s *API) teiDecode(t *textRequest, body []byte) int {
 		texts[i] = dec.Decode(ids, skip)
 		size += 6*int64(len(texts[i])) + 3
 	}
-	if err := t.ch.Take(t.r.Context(), size, "the response"); err != nil {
-		return t.fail(err)
+	if err := t.Take(size, "the response"); err != nil {
+		return t.Fail(err)
 	}
 	b := make([]byte, 0, size)
 	b = append(b, '[')
-	for i, text := range texts {
+	for i, txt := range texts {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONText(b, text)
+		b = text.AppendJSONText(b, txt)
 	}
-	t.info.Rows = len(lists)
-	return t.ok(append(b, ']'), nil)
+	t.Info.Rows = len(lists)
+	return t.OK(append(b, ']'), nil)
 }

@@ -1,8 +1,10 @@
-package textapi
+package tei
 
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/stepserve/stepserve/server/text"
 )
 
 // predictInput is /predict's inputs: a string, a pair [text, text_pair],
@@ -16,7 +18,7 @@ type predictInput struct {
 
 func (p *predictInput) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimLeft(b, " \t\r\n")
-	bad := &textsError{"want a string, a pair [text, text_pair], or a list of those"}
+	bad := &text.TextsError{Msg: "want a string, a pair [text, text_pair], or a list of those"}
 	if bytes.Equal(b, []byte("null")) {
 		return nil
 	}

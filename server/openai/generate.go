@@ -1,0 +1,528 @@
+package openai
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/text"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// The generation APIs, for language models (architecture decoder):
+//
+//	POST /v1/completions                       OpenAI's completions
+//	POST /v1/chat/completions                  OpenAI's chat completions
+//	POST /v2/models/{model}[/versions/{v}]/generate         Triton's generate extension
+//	POST /v2/models/{model}[/versions/{v}]/generate_stream  the same as server-sent events
+//
+// Every request becomes one serving.GenerateRequest: the same checks,
+// the same continuous batcher, the same metrics; only the JSON on either
+// side is each API's own. Streams are server-sent events, each written
+// under a deadline: a client that stops reading is cut off after
+// a deadline, and its sequence cancelled (its KV cache blocks
+// freed at the next step).
+
+// maxOpenAIStops is OpenAI's bound on stop strings.
+const maxOpenAIStops = 4
+
+// openaiSampling are the sampling keys OpenAI's two APIs share, with
+// vLLM's extensions (top_k, ignore_eos) that OpenAI clients send as extra
+// body keys.
+type openaiSampling struct {
+	Model            string            `json:"model"`
+	MaxTokens        *int              `json:"max_tokens"`
+	Temperature      *float64          `json:"temperature"`
+	TopP             *float64          `json:"top_p"`
+	TopK             *int              `json:"top_k"`
+	N                *int              `json:"n"`
+	Stream           bool              `json:"stream"`
+	StreamOptions    *streamOptions    `json:"stream_options"`
+	Stop             text.StringOrList `json:"stop"`
+	Seed             *int64            `json:"seed"`
+	User             string            `json:"user"` // accepted, and ignored
+	FrequencyPenalty *float64          `json:"frequency_penalty"`
+	PresencePenalty  *float64          `json:"presence_penalty"`
+	LogitBias        map[string]any    `json:"logit_bias"`
+	IgnoreEOS        bool              `json:"ignore_eos"`
+	MinTokens        int               `json:"min_tokens"`
+	Priority         int               `json:"priority"`
+	Metadata         json.RawMessage   `json:"metadata"` // accepted, and ignored
+	Store            *bool             `json:"store"`    // accepted, and ignored: nothing is stored
+	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
+	// token "token_id:<id>", so that a client can compare ids.
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type completionRequest struct {
+	openaiSampling
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+	BestOf   *int            `json:"best_of"`
+	Suffix   *string         `json:"suffix"`
+}
+
+type chatRequest struct {
+	openaiSampling
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ResponseFormat      *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+	// What an assistant message carries back from OpenAI's answers,
+	// which clients replay in the history: taken while empty.
+	Refusal      *string         `json:"refusal"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	ToolCallID   string          `json:"tool_call_id"`
+	FunctionCall json.RawMessage `json:"function_call"`
+	Audio        json.RawMessage `json:"audio"`
+}
+
+// empty reports whether raw is absent, null or an empty array.
+func empty(raw json.RawMessage) bool {
+	b := bytes.TrimSpace(raw)
+	return len(b) == 0 || bytes.Equal(b, []byte("null")) || bytes.Equal(b, []byte("[]"))
+}
+
+// chatRoles are the roles OpenAI's chat API defines: a role is text the
+// template writes into the prompt, so no other is taken.
+var chatRoles = []string{"system", "developer", "user", "assistant", "tool"}
+
+// content is a message's text: a string, or an array of text parts.
+func (m chatMessage) content(i int) (string, error) {
+	b := bytes.TrimSpace(m.Content)
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return "", nil
+	}
+	var s string
+	if b[0] == '"' {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return "", fmt.Errorf("messages[%d].content: want a string or an array of text parts", i)
+		}
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return "", fmt.Errorf("messages[%d].content: want a string or an array of text parts", i)
+	}
+	var sb strings.Builder
+	for j, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("messages[%d].content[%d]: type %q is not supported; this model takes text parts only", i, j, core.ClipName(p.Type))
+		}
+		sb.WriteString(p.Text)
+	}
+	return sb.String(), nil
+}
+
+// generateRequest is the common part of the OpenAI requests, checked:
+// what the two APIs share becomes a serving.GenerateRequest.
+func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateRequest, error) {
+	if o.N != nil && *o.N != 1 {
+		return nil, text.WithParam("n", core.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
+	}
+	for _, p := range []struct {
+		name string
+		v    *float64
+	}{{"frequency_penalty", o.FrequencyPenalty}, {"presence_penalty", o.PresencePenalty}} {
+		if p.v != nil && *p.v != 0 {
+			return nil, text.WithParam(p.name, core.BadRequest(p.name+" is not supported; leave it out or 0"))
+		}
+	}
+	if len(o.LogitBias) > 0 {
+		return nil, text.WithParam("logit_bias", core.BadRequest("logit_bias is not supported; leave it out"))
+	}
+	if len(o.Stop.List) > maxOpenAIStops {
+		return nil, text.WithParam("stop", core.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.List), maxOpenAIStops)))
+	}
+	if o.StreamOptions != nil && !o.Stream {
+		return nil, text.WithParam("stream_options", core.BadRequest("stream_options is only allowed with stream: true"))
+	}
+	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
+		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority}, nil
+}
+
+// completionPrompt reads completions' prompt: a string, or token ids (an
+// array of integers), or an array holding one of either (stepserve
+// completes one prompt a request).
+func completionPrompt(raw json.RawMessage) (string, []int32, error) {
+	b := bytes.TrimSpace(raw)
+	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
+		return "", nil, core.BadRequest("prompt is required: a string, or an array of token ids")
+	}
+	var one string
+	if json.Unmarshal(b, &one) == nil {
+		return one, nil, nil
+	}
+	var ids []int32
+	if json.Unmarshal(b, &ids) == nil {
+		if ids == nil {
+			ids = []int32{}
+		}
+		return "", ids, nil
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(b, &list) == nil {
+		if len(list) != 1 {
+			return "", nil, core.BadRequest(fmt.Sprintf("prompt holds %d prompts; stepserve completes one prompt a request: send one", len(list)))
+		}
+		if t, ids, err := completionPrompt(list[0]); err == nil && (ids != nil || t != "" || bytes.HasPrefix(bytes.TrimSpace(list[0]), []byte(`"`))) {
+			return t, ids, nil
+		}
+	}
+	return "", nil, core.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or an array of one of either")
+}
+
+func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
+	text.Serve(s.c, w, r, &openaiAPI, func(t *text.Request, body []byte) int {
+		var req completionRequest
+		if err := t.DecodeStrict(body, &req); err != nil {
+			return t.Fail(text.OrParam("prompt", err))
+		}
+		if err := t.FindGenerative(req.Model, ""); err != nil {
+			return t.Fail(err)
+		}
+		prompt, ids, err := completionPrompt(req.Prompt)
+		if err != nil {
+			return t.Fail(text.WithParam("prompt", err))
+		}
+		switch {
+		case req.Echo:
+			return t.Fail(text.WithParam("echo", core.BadRequest("echo is not supported; leave it out or false")))
+		case req.BestOf != nil && *req.BestOf != 1:
+			return t.Fail(text.WithParam("best_of", core.BadRequest("best_of is not supported; leave it out or 1")))
+		case req.Suffix != nil && *req.Suffix != "":
+			return t.Fail(text.WithParam("suffix", core.BadRequest("suffix is not supported; leave it out")))
+		case req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > 5):
+			return t.Fail(text.WithParam("logprobs", core.BadRequest(fmt.Sprintf("logprobs %d; want 0 to 5", *req.Logprobs))))
+		}
+		gr, err := req.generateRequest(req.MaxTokens)
+		if err != nil {
+			return t.Fail(err)
+		}
+		gr.Prompt, gr.PromptIDs = prompt, ids
+		if req.Logprobs != nil {
+			gr.Logprobs = *req.Logprobs
+		}
+		return t.GenerateTo(gr, &completionWriter{model: t.Model().Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil, ids: req.ReturnTokensAsTokenIDs})
+	})
+}
+
+func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
+	text.Serve(s.c, w, r, &openaiAPI, func(t *text.Request, body []byte) int {
+		var req chatRequest
+		if err := t.DecodeStrict(body, &req); err != nil {
+			return t.Fail(text.OrParam("messages", err))
+		}
+		if err := t.FindGenerative(req.Model, ""); err != nil {
+			return t.Fail(err)
+		}
+		if len(req.Messages) == 0 {
+			return t.Fail(text.WithParam("messages", core.BadRequest("messages is required: a non-empty array of {role, content}")))
+		}
+		if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
+			return t.Fail(text.WithParam("tools", core.BadRequest("tools are not supported; leave them out")))
+		}
+		if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
+			return t.Fail(text.WithParam("response_format", core.BadRequest(fmt.Sprintf("response_format %q is not supported; want text", core.ClipName(req.ResponseFormat.Type)))))
+		}
+		maxTokens := req.MaxCompletionTokens
+		if maxTokens == nil {
+			maxTokens = req.MaxTokens
+		}
+		gr, err := req.generateRequest(maxTokens)
+		if err != nil {
+			return t.Fail(err)
+		}
+		gr.Messages = make([]models.ChatMessage, len(req.Messages))
+		for i, m := range req.Messages {
+			if !empty(m.ToolCalls) || !empty(m.FunctionCall) || !empty(m.Audio) {
+				return t.Fail(text.WithParam("messages", core.BadRequest(fmt.Sprintf("messages[%d]: tool calls, function calls and audio are not supported; send text", i))))
+			}
+			c, err := m.content(i)
+			if err != nil {
+				return t.Fail(text.WithParam("messages", core.BadRequest(err.Error())))
+			}
+			if !slices.Contains(chatRoles, m.Role) {
+				return t.Fail(text.WithParam("messages", core.BadRequest(fmt.Sprintf("messages[%d].role %q; want one of %s", i, core.ClipName(m.Role), strings.Join(chatRoles, ", ")))))
+			}
+			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c}
+		}
+		if req.TopLogprobs != nil && (*req.TopLogprobs < 0 || *req.TopLogprobs > serving.MaxLogprobs) {
+			return t.Fail(text.WithParam("top_logprobs", core.BadRequest(fmt.Sprintf("top_logprobs %d; want 0 to %d", *req.TopLogprobs, serving.MaxLogprobs))))
+		}
+		if req.TopLogprobs != nil && !req.Logprobs {
+			return t.Fail(text.WithParam("top_logprobs", core.BadRequest("top_logprobs needs logprobs: true")))
+		}
+		if req.Logprobs {
+			gr.Logprobs = 0
+			if req.TopLogprobs != nil {
+				gr.Logprobs = *req.TopLogprobs
+			}
+		}
+		return t.GenerateTo(gr, &chatWriter{model: t.Model().Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs})
+	})
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func usageOf(prompt, completion int) *usage {
+	return &usage{prompt, completion, prompt + completion}
+}
+
+// openaiStreamError is an error event of an OpenAI stream.
+func openaiStreamError(err error) []byte {
+	st := core.StatusOf(err)
+	typ := "server_error"
+	if st < 500 {
+		typ = "invalid_request_error"
+	}
+	// The error, then the end of the stream, as vLLM's OpenAI server ends one.
+	return append(text.SSE(text.Marshal(map[string]any{"error": map[string]any{"message": err.Error(), "type": typ, "param": nil, "code": nil}})),
+		"data: [DONE]\n\n"...)
+}
+
+// completionWriter is OpenAI's completions answer.
+type completionWriter struct {
+	model         string
+	stream, usage bool
+	logprobs, ids bool
+	id            string
+	created       int64
+	offset        int // text_offset of the next token
+}
+
+type completionChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+}
+
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+func (c *completionWriter) Streaming() bool { return c.stream }
+
+func (c *completionWriter) init() {
+	if c.id == "" {
+		c.id, c.created = newID("cmpl-"), time.Now().Unix()
+	}
+}
+
+func (c *completionWriter) logprobsOf(tokens []serving.TokenInfo) *completionLogprobs {
+	if !c.logprobs {
+		return nil
+	}
+	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	for _, t := range tokens {
+		lp.Tokens = append(lp.Tokens, tokenName(t.ID, t.Text, c.ids))
+		lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
+		top := map[string]float32{}
+		for _, x := range t.Top {
+			top[tokenName(x.ID, x.Text, c.ids)] = x.Logprob
+		}
+		lp.TopLogprobs = append(lp.TopLogprobs, top)
+		lp.TextOffset = append(lp.TextOffset, c.offset)
+		c.offset += len(t.Text)
+	}
+	return lp
+}
+
+func (c *completionWriter) object(choices []completionChoice, u *usage) []byte {
+	c.init()
+	return text.Marshal(struct {
+		ID      string             `json:"id"`
+		Object  string             `json:"object"`
+		Created int64              `json:"created"`
+		Model   string             `json:"model"`
+		Choices []completionChoice `json:"choices"`
+		Usage   *usage             `json:"usage,omitempty"`
+	}{c.id, "text_completion", c.created, c.model, choices, u})
+}
+
+func (c *completionWriter) Whole(out string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return c.object([]completionChoice{{Text: out, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
+}
+
+func (c *completionWriter) First() []byte { return nil }
+
+func (c *completionWriter) Chunk(ev serving.TextEvent) []byte {
+	ch := completionChoice{Text: ev.Text, Logprobs: c.logprobsOf(ev.Tokens)}
+	if ev.Finish != "" {
+		ch.FinishReason = &ev.Finish
+	}
+	return text.SSE(c.object([]completionChoice{ch}, nil))
+}
+
+func (c *completionWriter) End(prompt, completion int) []byte {
+	var b []byte
+	if c.usage {
+		b = text.SSE(c.object([]completionChoice{}, usageOf(prompt, completion)))
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+func (c *completionWriter) StreamError(err error) []byte { return openaiStreamError(err) }
+
+// chatWriter is OpenAI's chat completions answer.
+type chatWriter struct {
+	model         string
+	stream, usage bool
+	logprobs, ids bool
+	id            string
+	created       int64
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatTokenLogprob struct {
+	Token       string             `json:"token"`
+	Logprob     float32            `json:"logprob"`
+	Bytes       []int              `json:"bytes"`
+	TopLogprobs []chatTokenLogprob `json:"top_logprobs"`
+}
+
+type chatLogprobs struct {
+	Content []chatTokenLogprob `json:"content"`
+}
+
+func (c *chatWriter) Streaming() bool { return c.stream }
+
+func (c *chatWriter) init() {
+	if c.id == "" {
+		c.id, c.created = newID("chatcmpl-"), time.Now().Unix()
+	}
+}
+
+// tokenName is how logprobs name a token: its text, or "token_id:<id>"
+// when the request asked for ids (vLLM's return_tokens_as_token_ids).
+func tokenName(id int32, text string, ids bool) string {
+	if ids {
+		return "token_id:" + strconv.Itoa(int(id))
+	}
+	return text
+}
+
+// tokenBytes are a token's raw bytes as OpenAI's logprobs list them:
+// joined, a client rebuilds a character split over tokens.
+func tokenBytes(b []byte) []int {
+	out := make([]int, len(b))
+	for i, c := range b {
+		out[i] = int(c)
+	}
+	return out
+}
+
+func (c *chatWriter) logprobsOf(tokens []serving.TokenInfo) *chatLogprobs {
+	if !c.logprobs {
+		return nil
+	}
+	lp := &chatLogprobs{Content: []chatTokenLogprob{}}
+	for _, t := range tokens {
+		e := chatTokenLogprob{Token: tokenName(t.ID, t.Text, c.ids), Logprob: t.Logprob, Bytes: tokenBytes(t.Bytes), TopLogprobs: []chatTokenLogprob{}}
+		for _, x := range t.Top {
+			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: tokenName(x.ID, x.Text, c.ids), Logprob: x.Logprob, Bytes: tokenBytes(x.Bytes)})
+		}
+		lp.Content = append(lp.Content, e)
+	}
+	return lp
+}
+
+func (c *chatWriter) object(object string, choices any, u *usage) []byte {
+	c.init()
+	return text.Marshal(struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Model   string `json:"model"`
+		Choices any    `json:"choices"`
+		Usage   *usage `json:"usage,omitempty"`
+	}{c.id, object, c.created, c.model, choices, u})
+}
+
+type chatChoice struct {
+	Index        int           `json:"index"`
+	Message      *chatDelta    `json:"message,omitempty"`
+	Delta        *chatDelta    `json:"delta,omitempty"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+}
+
+func (c *chatWriter) Whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return c.object("chat.completion", []chatChoice{{Message: &chatDelta{Role: "assistant", Content: &text},
+		Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
+}
+
+func (c *chatWriter) First() []byte {
+	empty := ""
+	return text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
+}
+
+func (c *chatWriter) Chunk(ev serving.TextEvent) []byte {
+	ch := chatChoice{Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
+	if ev.Text != "" {
+		ch.Delta.Content = &ev.Text
+	}
+	if ev.Finish != "" {
+		ch.FinishReason = &ev.Finish
+	}
+	return text.SSE(c.object("chat.completion.chunk", []chatChoice{ch}, nil))
+}
+
+func (c *chatWriter) End(prompt, completion int) []byte {
+	var b []byte
+	if c.usage {
+		b = text.SSE(c.object("chat.completion.chunk", []chatChoice{}, usageOf(prompt, completion)))
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+func (c *chatWriter) StreamError(err error) []byte { return openaiStreamError(err) }

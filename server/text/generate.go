@@ -1,0 +1,180 @@
+package text
+
+// The generation loop the text doors share: OpenAI's completions and
+// chat, and Triton's generate extension. A request becomes one
+// serving.GenerateRequest; the answer is one JSON body, or server-sent
+// events each written under a deadline: a client that stops reading is
+// cut off after streamWriteTimeout, and its sequence cancelled (its KV
+// cache blocks freed at the next step).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/serving"
+)
+
+// streamWriteTimeout bounds one event's write to a streaming client.
+const streamWriteTimeout = core.StreamWriteTimeout
+
+// OrParam is err naming param, unless it names one already.
+func OrParam(param string, err error) error {
+	var pe *ParamError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return WithParam(param, err)
+}
+
+// FindGenerative chooses the language model a request names.
+func (t *Request) FindGenerative(name, version string) error {
+	if name == "" {
+		return WithParam("model", core.BadRequest("model is required: the name of a language model served here (GET /v1/models lists them)"))
+	}
+	m, err := t.Find(name, version)
+	if err != nil {
+		return WithParam("model", err)
+	}
+	if !m.Generative() {
+		return WithParam("model", core.BadRequest(fmt.Sprintf("model %s is not a language model; it serves %s", name, SigOf(m.Model()).Kind)))
+	}
+	return t.Ready()
+}
+
+// paramOf names the request field a generation refusal is about, for
+// OpenAI's error's param.
+func paramOf(err error) string {
+	if errors.Is(err, models.ErrChat) {
+		return "messages"
+	}
+	msg := err.Error()
+	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "stop", "messages", "prompt"} {
+		if strings.Contains(msg, p) {
+			return p
+		}
+	}
+	if strings.Contains(msg, "chat template") {
+		return "messages"
+	}
+	return "prompt"
+}
+
+// Writer writes one API's answer to a generation: whole, or as a
+// stream of events.
+type Writer interface {
+	Streaming() bool
+	// Whole is the answer of a generation that ended.
+	Whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte
+	// First is the stream's first event (nil for none).
+	First() []byte
+	// Chunk is a streamed piece; finish is set on the last.
+	Chunk(ev serving.TextEvent) []byte
+	// End is what follows the last piece, usage counted (nil for none).
+	End(prompt, completion int) []byte
+	// StreamError is an error event after the stream began.
+	StreamError(err error) []byte
+}
+
+// GenerateTo runs gr on the request's model and answers through gw: one
+// answer once the generation ends, or server-sent events as it goes.
+func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
+	ctx := t.Context()
+	ts, err := t.Generate(gr)
+	if err != nil {
+		if errors.Is(err, serving.ErrBadParameter) {
+			param := paramOf(err)
+			if param == "prompt" && gr.Messages != nil {
+				param = "messages"
+			}
+			msg := strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")
+			err = WithParam(param, core.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
+		}
+		return t.Fail(err)
+	}
+	defer ts.Close()
+	rc := http.NewResponseController(t.W)
+	if !gw.Streaming() {
+		var text strings.Builder
+		var tokens []serving.TokenInfo
+		for {
+			ev, ok := ts.Next(ctx)
+			if !ok {
+				break
+			}
+			if ev.Err != nil {
+				return t.Fail(ev.Err)
+			}
+			text.WriteString(ev.Text)
+			tokens = append(tokens, ev.Tokens...)
+			if ev.Finish != "" {
+				// A generation may outlast server.write_timeout: the
+				// answer gets its own deadline, as each streamed event.
+				rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+				return t.OK(gw.Whole(text.String(), tokens, ev.Finish, ts.PromptTokens, ts.CompletionTokens), nil)
+			}
+		}
+		return t.Fail(context.Canceled)
+	}
+	// The stream: headers now (sent at once, before the first token:
+	// queueing and prefill may take a while), then each piece as it comes.
+	h := t.W.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	t.W.WriteHeader(http.StatusOK)
+	rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if rc.Flush() != nil {
+		return t.Gone()
+	}
+	write := func(b []byte) bool {
+		if b == nil {
+			return true
+		}
+		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, err := t.W.Write(b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	// From here a failure is an event of the stream.
+	t.Sink(func(_ int, err error) {
+		if ctx.Err() == nil {
+			write(gw.StreamError(err))
+		}
+	})
+	if !write(gw.First()) {
+		return t.Gone()
+	}
+	for {
+		ev, ok := ts.Next(ctx)
+		if !ok {
+			break
+		}
+		if ev.Err != nil {
+			return t.Fail(ev.Err)
+		}
+		if !write(gw.Chunk(ev)) {
+			return t.Gone()
+		}
+		if ev.Finish != "" {
+			write(gw.End(ts.PromptTokens, ts.CompletionTokens))
+			return t.Succeed(nil)
+		}
+	}
+	return t.Gone()
+}
+
+// SSE frames a JSON event.
+func SSE(b []byte) []byte { return append(append([]byte("data: "), b...), '\n', '\n') }
+
+func Marshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
