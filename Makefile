@@ -108,12 +108,13 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	fi
 
 ## test: install what the tests need, then run every test in its short
-## form (Go with the race detector, the kernel sets this CPU runs, the
-## worker's Python unit tests on torch 1.13 and, in the torch 2.x root,
-## compiling with inductor, the chart and the alert rules); about 16
-## minutes warm on 2 cores (docs/development.md: "Testing")
+## form (Go: the concurrent packages with the race detector, the others
+## without, side by side; the kernel sets this CPU runs, the worker's
+## Python unit tests on torch 1.13 and, in the torch 2.x root, compiling
+## with inductor, the chart and the alert rules); README's "Testing" says
+## what a fresh and a warm run cost
 test: deps
-	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 30m -tags "$$(pkg-config --exists openblas && echo openblas)" ./...
+	@$(MAKE) --no-print-directory -j2 -Oline test-race test-plain
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
 	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
@@ -122,6 +123,22 @@ test: deps
 		cd engine/rbln/worker && REQUIRE_COMPILE_TESTS=1 TORCH2_ROOT=$(TORCH2_ROOT) $(TORCH2_PYTHON) -m unittest discover -s tests -t .; \
 	else echo "make test: no torch 2.x root to enter (make torch2-root, as root): the worker's compile tests ran on torch 1.13 only, skipped"; fi
 	$(MAKE) chart-test
+
+# RACE_PKGS are the packages whose code runs concurrently (the doors and
+# their core, the live model set, the batcher, the generation loop, the
+# worker's supervisor, configuration reloads, the tracer): they run under
+# the race detector. The rest (numerics, tokenizers, buckets, the step
+# runner, and cmd/serve's end-to-end tests, whose server binary is built
+# without the detector whatever the test binary is) run without it, in a
+# second go test beside the first.
+RACE_PKGS = ./server/... ./serving/... ./batching/... ./generation/... ./engine/rbln/... ./config/... ./internal/trace/...
+RACE_RE   = /stepserve/(server|serving|batching|generation|engine/rbln|config|internal/trace)(/|$$)
+GOTEST_TAGS = -tags "$$(pkg-config --exists openblas && echo openblas)"
+.PHONY: test-race test-plain
+test-race:
+	$(TORCH2_ENV) $(GO) test -race -short -count=1 -timeout 30m $(GOTEST_TAGS) $(RACE_PKGS)
+test-plain:
+	$(TORCH2_ENV) $(GO) test -short -count=1 -timeout 30m $(GOTEST_TAGS) $$($(GO) list ./... | grep -vE '$(RACE_RE)')
 
 ## test-long: the long tests (CI runs them after make test): retraining
 ## the shipped models in a fresh clone, twice; every shipped model compiled

@@ -11,14 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/engine/enginetest"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/triton"
 )
 
-func getStats(t *testing.T, s *Server, path string) core.StatsResponse {
+func getStats(t *testing.T, s *Server, path string) triton.StatsResponse {
 	t.Helper()
 	w := do(t, s, "GET", path, nil)
 	require.Equal(t, 200, w.Code, "%s: %s", path, w.Body.String())
-	var st core.StatsResponse
+	var st triton.StatsResponse
 	dec := json.NewDecoder(w.Body)
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&st), path)
@@ -62,7 +62,7 @@ func TestStatisticsCountRequests(t *testing.T) {
 		assert.Equal(t, uint64(10), ms.InferenceCount, "rows of the successful requests")
 		assert.Equal(t, uint64(4), ms.ExecutionCount, "steps: 1, 3, then 4 and 2")
 		is := ms.InferenceStats
-		for what, d := range map[string]core.DurationStat{"success": is.Success, "queue": is.Queue,
+		for what, d := range map[string]triton.DurationStat{"success": is.Success, "queue": is.Queue,
 			"compute_input": is.ComputeInput, "compute_infer": is.ComputeInfer, "compute_output": is.ComputeOutput} {
 			assert.Equal(t, uint64(3), d.Count, "%s %s: one per successful request", path, what)
 			assert.Positive(t, d.Ns, "%s %s is measured", path, what)
@@ -70,8 +70,8 @@ func TestStatisticsCountRequests(t *testing.T) {
 		assert.Equal(t, uint64(1), is.Fail.Count)
 		assert.Positive(t, is.Fail.Ns)
 		assert.GreaterOrEqual(t, is.Success.Ns, is.Queue.Ns+is.ComputeInfer.Ns, "a request's time holds its queue and steps")
-		assert.Equal(t, core.DurationStat{}, is.CacheHit, "no response cache: truly none")
-		assert.Equal(t, core.DurationStat{}, is.CacheMiss)
+		assert.Equal(t, triton.DurationStat{}, is.CacheHit, "no response cache: truly none")
+		assert.Equal(t, triton.DurationStat{}, is.CacheMiss)
 
 		sizes := map[uint64]uint64{}
 		for _, b := range ms.BatchStats {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/triton"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -40,7 +40,7 @@ func getConfig(t *testing.T, s *Server, path string) string {
 	t.Helper()
 	w := do(t, s, "GET", path, nil)
 	require.Equal(t, 200, w.Code, "%s: %s", path, w.Body.String())
-	var c core.ModelConfig
+	var c triton.ModelConfig
 	dec := json.NewDecoder(strings.NewReader(w.Body.String()))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&c), path)
@@ -119,12 +119,12 @@ instances: {devices: [0, 1], per_device: 2, min_ready: 3}
 	s, err := New(Options{Models: set})
 	require.NoError(t, err)
 
-	var c core.ModelConfig
+	var c triton.ModelConfig
 	require.NoError(t, json.Unmarshal([]byte(getConfig(t, s, "/v2/models/summax/config")), &c))
-	assert.Equal(t, &core.DynamicBatching{PreferredBatchSize: []int32{1, 4}, MaxQueueDelayMicroseconds: 2500, PriorityLevels: 3, DefaultPriorityLevel: 2,
-		DefaultQueuePolicy: core.QueuePolicy{TimeoutAction: "REJECT", DefaultTimeoutMicroseconds: 1500, AllowTimeoutOverride: true, MaxQueueSize: 10}}, c.DynamicBatching)
+	assert.Equal(t, &triton.DynamicBatching{PreferredBatchSize: []int32{1, 4}, MaxQueueDelayMicroseconds: 2500, PriorityLevels: 3, DefaultPriorityLevel: 2,
+		DefaultQueuePolicy: triton.QueuePolicy{TimeoutAction: "REJECT", DefaultTimeoutMicroseconds: 1500, AllowTimeoutOverride: true, MaxQueueSize: 10}}, c.DynamicBatching)
 	assert.Equal(t, int32(4), c.MaxBatchSize)
-	assert.Equal(t, []core.InstanceGroup{
+	assert.Equal(t, []triton.InstanceGroup{
 		{Name: "summax_rbln0", Kind: "KIND_MODEL", Count: 2},
 		{Name: "summax_rbln1", Kind: "KIND_MODEL", Count: 2},
 		{Name: "summax_failover_cpu", Kind: "KIND_CPU", Count: 1, Passive: true},

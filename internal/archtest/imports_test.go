@@ -28,6 +28,7 @@ var layers = [][]string{
 	{"batching"},
 	{"config", "serving"},
 	{"server/inferencepb", "server/core"},
+	{"server/triton"}, // Triton's model configuration and statistics
 	{"server/text"}, // what the text doors share
 	{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}, // the doors
 	{"server"},
@@ -38,7 +39,7 @@ var layers = [][]string{
 // none of below: they reach the models through serving.
 var (
 	doors      = []string{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}
-	doorShared = []string{"server/core", "server/text"}
+	doorShared = []string{"server/core", "server/text", "server/triton"}
 	pastDoors  = []string{"engine", "engine/...", "batching", "generation", "steps"}
 )
 

@@ -3,7 +3,7 @@ package admin
 import (
 	"net/http"
 
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/triton"
 )
 
 // modelConfiguration answers the model configuration extension.
@@ -12,5 +12,5 @@ func (s *API) modelConfiguration(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return core.TritonConfig(m), nil
+	return triton.TritonConfig(m), nil
 }

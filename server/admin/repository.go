@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/triton"
 )
 
 // repositoryIndex lists the repository's models. It only reads, so it
@@ -28,7 +29,7 @@ func (s *API) repositoryLoad(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := chi.URLParam(r, "model")
-	override, err := core.LoadOverride(r, name)
+	override, err := triton.LoadOverride(r, name)
 	if err != nil {
 		return nil, err
 	}

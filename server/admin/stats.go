@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/triton"
 )
 
 // stats answers the statistics extension for the model the route names,
@@ -14,5 +14,5 @@ func (s *API) stats(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return core.TritonStats(ms...), nil
+	return triton.TritonStats(ms...), nil
 }

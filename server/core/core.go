@@ -249,3 +249,17 @@ func New(opts Options) (*Core, error) {
 	}
 	return c, nil
 }
+
+// StatsModels are the models a statistics request names: every model
+// served, by name, when name is empty; otherwise the one named, at
+// version when that is not empty.
+func (c *Core) StatsModels(name, version string) ([]*serving.Model, error) {
+	if name == "" {
+		return c.Opts.Models.Models(), nil // in name order
+	}
+	m, err := c.Lookup(name, version)
+	if err != nil {
+		return nil, err
+	}
+	return []*serving.Model{m}, nil
+}

@@ -132,11 +132,11 @@ func quoteVersion(v string) string {
 
 func validName(s string) bool { return len(s) <= 128 && models.ValidName(s) }
 
-// loadFailed is a failed load's error: Triton's words ("failed to load
+// LoadFailed is a failed load's error: Triton's words ("failed to load
 // 'name', ...", which Triton's clients and tests match on), then why. A
 // model the repository does not have is, in Triton's words, one it
 // failed to poll. The status stays err's.
-func loadFailed(name string, err error) error {
+func LoadFailed(name string, err error) error {
 	if errors.Is(err, serving.ErrUnknownModel) {
 		return fmt.Errorf("failed to load %s, failed to poll from model repository: %w", QuoteModel(name), err)
 	}

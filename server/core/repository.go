@@ -46,7 +46,7 @@ func (c *Core) Load(ctx context.Context, name string, override serving.Override)
 			"without one, put it in the repository before the server starts", ClipName(name))}
 	}
 	if err := c.Opts.Models.LoadWith(ctx, name, override); err != nil {
-		return loadFailed(name, err)
+		return LoadFailed(name, err)
 	}
 	c.Metrics.AddModel(name)
 	c.Logger.Info("model loaded through the repository API", "model", name)

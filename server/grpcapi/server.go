@@ -26,6 +26,7 @@ import (
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/triton"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -420,7 +421,7 @@ func (g *grpcServer) RepositoryModelLoad(ctx context.Context, r *inferencepb.Rep
 		switch {
 		case key == "config":
 			var err error
-			if override, err = core.ConfigOverride(p.GetStringParam(), r.GetModelName()); err != nil {
+			if override, err = triton.ConfigOverride(p.GetStringParam(), r.GetModelName()); err != nil {
 				return nil, core.GRPCError(err)
 			}
 		case strings.HasPrefix(key, "file:"):

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/triton"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -24,7 +25,7 @@ import (
 // tritonConfigJSON is model m's configuration in Triton's JSON form (GET
 // /v2/models/{m}/config).
 func tritonConfigJSON(s *core.Core, m *serving.Model) ([]byte, error) {
-	return json.Marshal(core.TritonConfig(m))
+	return json.Marshal(triton.TritonConfig(m))
 }
 
 // tritonStatsJSON is the statistics of the model named (every model when
@@ -36,7 +37,7 @@ func tritonStatsJSON(s *core.Core, name, version string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(core.TritonStats(ms...))
+	return json.Marshal(triton.TritonStats(ms...))
 }
 
 // tritonJSON parses a Triton JSON document into msg. Fields the message

@@ -1,4 +1,4 @@
-package core
+package triton
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stepserve/stepserve/server/core"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 )
 
@@ -33,8 +34,8 @@ func FuzzReadConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		cfg, _, err := readConfig(text)
 		if err != nil {
-			if StatusOf(err) != 400 {
-				t.Fatalf("status %d for a bad config: %v", StatusOf(err), err)
+			if core.StatusOf(err) != 400 {
+				t.Fatalf("status %d for a bad config: %v", core.StatusOf(err), err)
 			}
 			return
 		}

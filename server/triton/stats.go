@@ -1,4 +1,4 @@
-package core
+package triton
 
 import (
 	"time"
@@ -100,18 +100,4 @@ func tritonModelStats(m *serving.Model) modelStats {
 			ComputeInput: durationOf(b.Count, b.Input), ComputeInfer: durationOf(b.Count, b.Infer), ComputeOutput: durationOf(b.Count, b.Output)})
 	}
 	return ms
-}
-
-// StatsModels are the models a statistics request names: every model
-// served, by name, when name is empty; otherwise the one named, at
-// version when that is not empty.
-func (c *Core) StatsModels(name, version string) ([]*serving.Model, error) {
-	if name == "" {
-		return c.Opts.Models.Models(), nil // in name order
-	}
-	m, err := c.Lookup(name, version)
-	if err != nil {
-		return nil, err
-	}
-	return []*serving.Model{m}, nil
 }
