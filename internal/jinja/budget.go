@@ -146,8 +146,10 @@ func boxBytes(v Value) int64 {
 // ctxCheckEvery is how many steps pass between two looks at the context.
 const ctxCheckEvery = 1024
 
-// budget is one render's account. Every evaluator of a render (macro
-// bodies, set blocks, caller bodies) shares it.
+// budget is one render's account: its limits, what it has spent, and
+// the charges against them (a builder spends it on values). Every
+// evaluator of a render (macro bodies, set blocks, caller bodies) shares
+// it.
 type budget struct {
 	ctx   context.Context
 	lim   Limits
@@ -290,108 +292,6 @@ func (b *budget) listSize(n int64) error {
 	if n > b.lim.MaxBytes/valueBytes || n < 0 {
 		return b.fail(&BudgetError{Budget: "bytes", Limit: b.lim.MaxBytes, Reason: fmt.Sprintf("a list of %d items (%d bytes each); at most %d bytes", n, valueBytes, b.lim.MaxBytes)})
 	}
-	return nil
-}
-
-// appendItem appends v to l, within the budget: the list's size is
-// checked, and its growth charged as it is made (it doubles, up to
-// MaxBytes), and what v boxes.
-func (b *budget) appendItem(l *List, v Value) error {
-	n := len(l.Items)
-	if err := b.listSize(int64(n) + 1); err != nil {
-		return err
-	}
-	if !l.extends(1) {
-		items, err := b.listArray(l.Items, int64(n)+1)
-		if err != nil {
-			return err
-		}
-		l.Items, l.tail = items, &listTail{n: n, b: b}
-	}
-	if err := b.grow(boxBytes(v)); err != nil {
-		return err
-	}
-	l.Items = append(l.Items, v)
-	if l.tail != nil {
-		l.tail.n++
-	}
-	return nil
-}
-
-// listArray is a new array for a list of n items (n checked), holding
-// items, charged: it has room for twice as many, up to MaxBytes, so that
-// a list grown an item at a time is copied a bounded number of times.
-func (b *budget) listArray(items []Value, n int64) ([]Value, error) {
-	c := min(max(2*n, 4), max(b.lim.MaxBytes/valueBytes, n))
-	if err := b.build(c * valueBytes); err != nil {
-		return nil, err
-	}
-	a := make([]Value, len(items), c)
-	copy(a, items)
-	return a, nil
-}
-
-// own makes l's items its own, copying them (charged) where its array is
-// shared: before it is changed in place.
-func (b *budget) own(l *List) error {
-	if l.tail == nil || !l.tail.shared {
-		return nil
-	}
-	items, err := b.listArray(l.Items, int64(len(l.Items)))
-	if err != nil {
-		return err
-	}
-	l.Items, l.tail = items, &listTail{n: len(items), b: b}
-	return nil
-}
-
-// setKey sets d's key to v, within the budget: a new key is charged its
-// entry, and v what it boxes. A dict grows by at most MaxBytes / 24 keys.
-func (b *budget) setKey(d *Dict, key string, v Value) error {
-	n := boxBytes(v)
-	if _, ok := d.Data[key]; !ok {
-		if err := b.listSize(int64(d.Len()) + 1); err != nil {
-			return err
-		}
-		n += dictEntryBytes
-		if d.Len() == 0 {
-			n += dictFirstBytes - dictEntryBytes
-		}
-	}
-	if err := b.grow(n); err != nil {
-		return err
-	}
-	d.Set(key, v)
-	return nil
-}
-
-// newDict is an empty dict, charged.
-func (b *budget) newDict() (Value, error) {
-	if err := b.grow(dictBytes); err != nil {
-		return Undefined(), err
-	}
-	return NewDict(), nil
-}
-
-// newScope is a scope under parent, charged.
-func (b *budget) newScope(parent *scope) (*scope, error) {
-	if err := b.grow(scopeBytes); err != nil {
-		return nil, err
-	}
-	return newScope(parent), nil
-}
-
-// setVar sets s's name to v, within the budget: a name past the scope's
-// first eight is charged its entry, and v what it boxes.
-func (b *budget) setVar(s *scope, name string, v Value) error {
-	n := boxBytes(v)
-	if _, ok := s.vars[name]; !ok && len(s.vars) >= scopeInline {
-		n += dictEntryBytes
-	}
-	if err := b.grow(n); err != nil {
-		return err
-	}
-	s.set(name, v)
 	return nil
 }
 

@@ -600,13 +600,13 @@ func TestSplitChargesItsAllocation(t *testing.T) {
 	for _, s := range []string{"", ",", "a", "a,b,,c,", " a  b\t\nc ", "é,ü", "\u00a0a\u0085b", "\xffa,\xfe"} {
 		for _, sep := range []string{",", "", "a", ",,"} {
 			b := newBudget(context.Background(), DefaultLimits)
-			got, err := b.split(s, sep, false)
+			got, err := builder{b}.split(s, sep, false)
 			if err != nil || got.String() != FromGoValue(toAny(strings.Split(s, sep))).String() {
 				t.Errorf("split(%q, %q): got %s, %v", s, sep, got, err)
 			}
 		}
 		b := newBudget(context.Background(), DefaultLimits)
-		got, err := b.split(s, "", true)
+		got, err := builder{b}.split(s, "", true)
 		if err != nil || got.String() != FromGoValue(toAny(strings.Fields(s))).String() {
 			t.Errorf("fields(%q): got %s, %v", s, got, err)
 		}

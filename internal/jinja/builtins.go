@@ -42,18 +42,18 @@ func registerGlobals(s *scope) {
 }
 
 func builtinNamespace(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
-	return b.dictOf(kwargs)
+	return builder{b}.dictOf(kwargs)
 }
 
 // dictOf is a dict of kwargs, charged.
-func (b *budget) dictOf(kwargs map[string]Value) (Value, error) {
-	d, err := b.newDict()
+func (bd builder) dictOf(kwargs map[string]Value) (Value, error) {
+	d, err := bd.newDict()
 	if err != nil {
 		return Undefined(), err
 	}
 	dict := d.AsDict()
 	for k, v := range kwargs {
-		if err := b.setKey(dict, k, v); err != nil {
+		if err := bd.setKey(dict, k, v); err != nil {
 			return Undefined(), err
 		}
 	}
@@ -155,7 +155,7 @@ func builtinJoiner(b *budget, args []Value, kwargs map[string]Value) (Value, err
 }
 
 func builtinDict(b *budget, args []Value, kwargs map[string]Value) (Value, error) {
-	return b.dictOf(kwargs)
+	return builder{b}.dictOf(kwargs)
 }
 
 func builtinStrftimeNow(b *budget, args []Value, kwargs map[string]Value) (Value, error) {

@@ -22,7 +22,7 @@ func filterItems(b *budget, args []Value, kwargs map[string]Value) (Value, error
 		return Undefined(), fmt.Errorf("Can only get item pairs from a mapping.")
 	}
 
-	return b.dictItems(args[0].AsDict())
+	return builder{b}.dictItems(args[0].AsDict())
 }
 
 func filterDefault(b *budget, args []Value, kwargs map[string]Value) (Value, error) {

@@ -100,7 +100,7 @@ func stringFilter(f func(string) string) builtinFunc {
 		if err != nil {
 			return Undefined(), err
 		}
-		return b.mapString(s, f)
+		return builder{b}.mapString(s, f)
 	}
 }
 
@@ -154,7 +154,7 @@ func filterReplace(b *budget, args []Value, kwargs map[string]Value) (Value, err
 		count = toInt64(c)
 	}
 
-	return b.replace(s, args[1], args[2], count)
+	return builder{b}.replace(s, args[1], args[2], count)
 }
 
 func filterIndent(b *budget, args []Value, kwargs map[string]Value) (Value, error) {

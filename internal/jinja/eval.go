@@ -45,14 +45,16 @@ type evaluator struct {
 	scope    *scope
 	builtins *scope
 	// b is the render's budget, shared by every evaluator of the render.
-	b      *budget
+	b *budget
+	// bd builds the render's values, charged to b.
+	bd     builder
 	output out
 }
 
 // child is an evaluator of the same render with its own scope and output
 // (a macro's body, a set block, a caller's body).
 func (e *evaluator) child(s *scope) *evaluator {
-	return &evaluator{scope: s, builtins: e.builtins, b: e.b, output: out{b: e.b}}
+	return &evaluator{scope: s, builtins: e.builtins, b: e.b, bd: e.bd, output: out{b: e.b}}
 }
 
 func (e *evaluator) execNodes(nodes []node) error {
@@ -143,10 +145,10 @@ func (e *evaluator) execSet(n *setNode) error {
 		if !ok || !nsVal.IsDict() {
 			return fmt.Errorf("set: namespace %q not found or not a dict", n.namespace)
 		}
-		return e.b.setKey(nsVal.AsDict(), n.target, val)
+		return e.bd.setKey(nsVal.AsDict(), n.target, val)
 	}
 
-	return e.b.setVar(e.scope, n.target, val)
+	return e.bd.setVar(e.scope, n.target, val)
 }
 
 func (e *evaluator) execSetBlock(n *setBlockNode) error {
@@ -154,7 +156,7 @@ func (e *evaluator) execSetBlock(n *setBlockNode) error {
 	if err := bodyEval.execNodes(n.body); err != nil {
 		return err
 	}
-	return e.b.setVar(e.scope, n.target, NewString(bodyEval.output.String()))
+	return e.bd.setVar(e.scope, n.target, NewString(bodyEval.output.String()))
 }
 
 func (e *evaluator) execMacro(n *macroNode) error {
@@ -177,7 +179,7 @@ func (e *evaluator) execMacro(n *macroNode) error {
 		}
 		defer e.b.leave()
 
-		child, err := e.b.newScope(parentScope)
+		child, err := e.bd.newScope(parentScope)
 		if err != nil {
 			return Undefined(), err
 		}
@@ -195,14 +197,14 @@ func (e *evaluator) execMacro(n *macroNode) error {
 					return Undefined(), err
 				}
 			}
-			if err := e.b.setVar(child, param.name, v); err != nil {
+			if err := e.bd.setVar(child, param.name, v); err != nil {
 				return Undefined(), err
 			}
 		}
 
 		// Set caller if available.
 		if caller, ok := kwargs["caller"]; ok {
-			if err := e.b.setVar(child, "caller", caller); err != nil {
+			if err := e.bd.setVar(child, "caller", caller); err != nil {
 				return Undefined(), err
 			}
 		}
@@ -215,7 +217,7 @@ func (e *evaluator) execMacro(n *macroNode) error {
 		return NewString(macroEval.output.String()), nil
 	})
 
-	return e.b.setVar(e.scope, n.name, fn)
+	return e.bd.setVar(e.scope, n.name, fn)
 }
 
 func (e *evaluator) execCall(n *callNode) error {
@@ -233,13 +235,13 @@ func (e *evaluator) execCall(n *callNode) error {
 		}
 		defer e.b.leave()
 
-		child, err := e.b.newScope(parentScope)
+		child, err := e.bd.newScope(parentScope)
 		if err != nil {
 			return Undefined(), err
 		}
 		for i, argName := range callerArgs {
 			if i < len(args) {
-				if err := e.b.setVar(child, argName, args[i]); err != nil {
+				if err := e.bd.setVar(child, argName, args[i]); err != nil {
 					return Undefined(), err
 				}
 			}

@@ -10,12 +10,12 @@ import (
 // Arithmetic helpers
 // =============================================================================
 
-func (b *budget) addValues(x, y Value) (Value, error) {
+func (bd builder) addValues(x, y Value) (Value, error) {
 	if x.IsString() || y.IsString() {
-		return b.concat(x, y)
+		return bd.concat(x, y)
 	}
 	if x.IsList() && y.IsList() {
-		return b.concatLists(x.AsList(), y.AsList())
+		return bd.concatLists(x.AsList(), y.AsList())
 	}
 	if x.IsFloat() || y.IsFloat() {
 		return NewFloat(toFloat64(x) + toFloat64(y)), nil
@@ -26,41 +26,41 @@ func (b *budget) addValues(x, y Value) (Value, error) {
 // concatLists is x + y, a new list: x's array extended in place where x
 // may grow (see List.tail), the new list sharing it, y's items copied
 // (a step per 64 bytes of them); else a new array with room to grow.
-func (b *budget) concatLists(x, y *List) (Value, error) {
+func (bd builder) concatLists(x, y *List) (Value, error) {
 	n := int64(x.Len()) + int64(y.Len())
-	if err := b.listSize(n); err != nil {
+	if err := bd.b.listSize(n); err != nil {
 		return Undefined(), err
 	}
-	if x.extendsFor(b, y.Len()) {
-		if err := b.build(listBytes + int64(y.Len())*valueBytes); err != nil {
+	if x.extendsFor(bd.b, y.Len()) {
+		if err := bd.b.build(listBytes + int64(y.Len())*valueBytes); err != nil {
 			return Undefined(), err
 		}
 		items := append(x.Items, y.Items...) // within its capacity: in place
 		x.tail.n, x.tail.shared = len(items), true
 		return Value{kind: KindList, v: &List{Items: items, tail: x.tail}}, nil
 	}
-	if err := b.grow(listBytes); err != nil {
+	if err := bd.b.grow(listBytes); err != nil {
 		return Undefined(), err
 	}
-	items, err := b.listArray(x.Items, n)
+	items, err := bd.listArray(x.Items, n)
 	if err != nil {
 		return Undefined(), err
 	}
 	items = append(items, y.Items...)
-	return Value{kind: KindList, v: &List{Items: items, tail: &listTail{n: len(items), b: b}}}, nil
+	return Value{kind: KindList, v: &List{Items: items, tail: &listTail{n: len(items), b: bd.b}}}, nil
 }
 
 // concat is x ~ y: their texts joined, its size checked before.
-func (b *budget) concat(x, y Value) (Value, error) {
-	xs, err := b.print(x)
+func (bd builder) concat(x, y Value) (Value, error) {
+	xs, err := bd.b.print(x)
 	if err != nil {
 		return Undefined(), err
 	}
-	ys, err := b.print(y)
+	ys, err := bd.b.print(y)
 	if err != nil {
 		return Undefined(), err
 	}
-	if err := b.str(int64(len(xs)) + int64(len(ys))); err != nil {
+	if err := bd.b.str(int64(len(xs)) + int64(len(ys))); err != nil {
 		return Undefined(), err
 	}
 	return NewString(xs + ys), nil
@@ -76,7 +76,7 @@ func subValues(a, b Value) Value {
 // mulValues is x * y: a string or a list repeated an int's times (either
 // way round, as Python), its size checked before it is built; otherwise
 // numbers.
-func (b *budget) mulValues(x, y Value) (Value, error) {
+func (bd builder) mulValues(x, y Value) (Value, error) {
 	if x.IsInt() && (y.IsString() || y.IsList()) {
 		x, y = y, x
 	}
@@ -87,13 +87,13 @@ func (b *budget) mulValues(x, y Value) (Value, error) {
 		}
 		if x.IsString() {
 			s := x.AsString()
-			if err := b.str(mulSat(int64(len(s)), n)); err != nil {
+			if err := bd.b.str(mulSat(int64(len(s)), n)); err != nil {
 				return Undefined(), err
 			}
 			return NewString(strings.Repeat(s, int(n))), nil
 		}
 		l := x.AsList()
-		if err := b.list(mulSat(int64(l.Len()), n)); err != nil {
+		if err := bd.b.list(mulSat(int64(l.Len()), n)); err != nil {
 			return Undefined(), err
 		}
 		items := make([]Value, 0, int64(l.Len())*n)

@@ -65,7 +65,7 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 		return NewList(items), nil
 
 	case *dictExpr:
-		d, err := e.b.newDict()
+		d, err := e.bd.newDict()
 		if err != nil {
 			return Undefined(), err
 		}
@@ -83,7 +83,7 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 			if err != nil {
 				return Undefined(), err
 			}
-			if err := e.b.setKey(dict, k, val); err != nil {
+			if err := e.bd.setKey(dict, k, val); err != nil {
 				return Undefined(), err
 			}
 		}
@@ -107,17 +107,17 @@ func (e *evaluator) evalAttr(n *attrExpr) (Value, error) {
 		}
 
 		// Dict methods.
-		return e.dictMethod(obj, n.attr)
+		return e.bd.dictMethod(obj, n.attr)
 	}
 
 	// String methods.
 	if obj.IsString() {
-		return e.stringMethod(obj, n.attr)
+		return e.bd.stringMethod(obj, n.attr)
 	}
 
 	// List methods.
 	if obj.IsList() {
-		return e.listMethod(obj, n.attr)
+		return e.bd.listMethod(obj, n.attr)
 	}
 
 	return Undefined(), nil
@@ -184,11 +184,11 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	b := e.b
 	switch n.op {
 	case "+":
-		return b.addValues(left, right)
+		return e.bd.addValues(left, right)
 	case "-":
 		return subValues(left, right), nil
 	case "*":
-		return b.mulValues(left, right)
+		return e.bd.mulValues(left, right)
 	case "/":
 		return divValues(left, right), nil
 	case "//":
@@ -198,7 +198,7 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	case "**":
 		return powValues(left, right), nil
 	case "~":
-		return b.concat(left, right)
+		return e.bd.concat(left, right)
 	case "==", "!=":
 		eq, err := b.valuesEqual(left, right)
 		return NewBool(eq == (n.op == "==")), err

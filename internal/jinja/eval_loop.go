@@ -38,7 +38,7 @@ func (e *evaluator) execFor(n *forNode) error {
 			return err
 		}
 		filtered := make([]Value, 0, total)
-		child, err := e.b.newScope(e.scope)
+		child, err := e.bd.newScope(e.scope)
 		if err != nil {
 			return err
 		}
@@ -85,7 +85,7 @@ func (e *evaluator) execFor(n *forNode) error {
 	ld := loop.AsDict()
 	ld.Set("length", NewInt(int64(total)))
 
-	child, err := e.b.newScope(e.scope)
+	child, err := e.bd.newScope(e.scope)
 	if err != nil {
 		return err
 	}

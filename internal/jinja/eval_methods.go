@@ -11,13 +11,13 @@ import (
 // String methods
 // =============================================================================
 
-func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
+func (bd builder) stringMethod(obj Value, method string) (Value, error) {
 	s := obj.AsString()
-	b := e.b
+	b := bd.b
 
 	switch method {
 	case "strip", "lstrip", "rstrip":
-		return e.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
 			if err := b.scan(len(s)); err != nil {
 				return Undefined(), err
 			}
@@ -47,7 +47,7 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 		}), nil
 
 	case "split":
-		return e.makeStringFunc("split", func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc("split", func(args []Value, kwargs map[string]Value) (Value, error) {
 			if err := b.scan(len(s)); err != nil {
 				return Undefined(), err
 			}
@@ -58,11 +58,11 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 					return Undefined(), err
 				}
 			}
-			return b.split(s, sep, fields)
+			return bd.split(s, sep, fields)
 		}), nil
 
 	case "startswith", "endswith":
-		return e.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(args) == 0 {
 				return NewBool(false), nil
 			}
@@ -80,7 +80,7 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 		}), nil
 
 	case "replace":
-		return e.makeStringFunc("replace", func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc("replace", func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(args) < 2 {
 				return NewString(s), nil
 			}
@@ -88,22 +88,22 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 			if len(args) > 2 {
 				count = toInt64(args[2])
 			}
-			return b.replace(s, args[0], args[1], count)
+			return bd.replace(s, args[0], args[1], count)
 		}), nil
 
 	case "upper":
-		return e.makeStringFunc("upper", func(args []Value, kwargs map[string]Value) (Value, error) {
-			return b.mapString(s, strings.ToUpper)
+		return bd.makeStringFunc("upper", func(args []Value, kwargs map[string]Value) (Value, error) {
+			return bd.mapString(s, strings.ToUpper)
 		}), nil
 
 	case "lower":
-		return e.makeStringFunc("lower", func(args []Value, kwargs map[string]Value) (Value, error) {
-			return b.mapString(s, strings.ToLower)
+		return bd.makeStringFunc("lower", func(args []Value, kwargs map[string]Value) (Value, error) {
+			return bd.mapString(s, strings.ToLower)
 		}), nil
 
 	case "title":
-		return e.makeStringFunc("title", func(args []Value, kwargs map[string]Value) (Value, error) {
-			return b.mapString(s, func(s string) string {
+		return bd.makeStringFunc("title", func(args []Value, kwargs map[string]Value) (Value, error) {
+			return bd.mapString(s, func(s string) string {
 				// Simple title case: capitalize first letter of each word.
 				runes := []rune(s)
 				inWord := false
@@ -120,11 +120,11 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 		}), nil
 
 	case "capitalize":
-		return e.makeStringFunc("capitalize", func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc("capitalize", func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(s) == 0 {
 				return NewString(""), nil
 			}
-			return b.mapString(s, func(s string) string {
+			return bd.mapString(s, func(s string) string {
 				runes := []rune(s)
 				runes[0] = []rune(strings.ToUpper(string(runes[0])))[0]
 				return string(runes)
@@ -132,7 +132,7 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 		}), nil
 
 	case "count", "find":
-		return e.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc(method, func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(args) == 0 {
 				if method == "count" {
 					return NewInt(0), nil
@@ -153,15 +153,15 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 		}), nil
 
 	case "format":
-		return e.makeStringFunc("format", func(args []Value, kwargs map[string]Value) (Value, error) {
+		return bd.makeStringFunc("format", func(args []Value, kwargs map[string]Value) (Value, error) {
 			result := NewString(s)
 			for i, arg := range args {
 				var err error
 				placeholder := NewString(fmt.Sprintf("{%d}", i))
-				if result, err = b.replace(result.AsString(), placeholder, arg, -1); err != nil {
+				if result, err = bd.replace(result.AsString(), placeholder, arg, -1); err != nil {
 					return Undefined(), err
 				}
-				if result, err = b.replace(result.AsString(), NewString("{}"), arg, 1); err != nil {
+				if result, err = bd.replace(result.AsString(), NewString("{}"), arg, 1); err != nil {
 					return Undefined(), err
 				}
 			}
@@ -177,7 +177,7 @@ func isStripSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r 
 // split is s split at sep (strings.Split's parts), or into its fields
 // (strings.Fields'), a list of the parts built directly: each is an item
 // and a string's header (its bytes are s's), charged before it is built.
-func (b *budget) split(s, sep string, fields bool) (Value, error) {
+func (bd builder) split(s, sep string, fields bool) (Value, error) {
 	var n int
 	switch {
 	case fields:
@@ -187,7 +187,7 @@ func (b *budget) split(s, sep string, fields bool) (Value, error) {
 	default:
 		n = strings.Count(s, sep) + 1
 	}
-	if err := b.listOf(int64(n), partItemBytes-valueBytes); err != nil {
+	if err := bd.b.listOf(int64(n), partItemBytes-valueBytes); err != nil {
 		return Undefined(), err
 	}
 	items := make([]Value, 0, n)
@@ -241,16 +241,16 @@ func countFields(s string) int {
 
 // replace is s with old replaced by new, count times (every time when
 // negative), its size checked before it is built.
-func (b *budget) replace(s string, oldV, newV Value, count int64) (Value, error) {
-	old, err := b.print(oldV)
+func (bd builder) replace(s string, oldV, newV Value, count int64) (Value, error) {
+	old, err := bd.b.print(oldV)
 	if err != nil {
 		return Undefined(), err
 	}
-	repl, err := b.print(newV)
+	repl, err := bd.b.print(newV)
 	if err != nil {
 		return Undefined(), err
 	}
-	if err := b.scan(len(s) + len(old)); err != nil {
+	if err := bd.b.scan(len(s) + len(old)); err != nil {
 		return Undefined(), err
 	}
 	n := int64(strings.Count(s, old)) // an empty old matches before every code point and at the end
@@ -260,7 +260,7 @@ func (b *budget) replace(s string, oldV, newV Value, count int64) (Value, error)
 	if n == 0 {
 		return NewString(s), nil
 	}
-	if err := b.str(int64(len(s)) + n*(int64(len(repl))-int64(len(old)))); err != nil {
+	if err := bd.b.str(int64(len(s)) + n*(int64(len(repl))-int64(len(old)))); err != nil {
 		return Undefined(), err
 	}
 	return NewString(strings.Replace(s, old, repl, int(n))), nil
@@ -269,18 +269,18 @@ func (b *budget) replace(s string, oldV, newV Value, count int64) (Value, error)
 // mapString is f(s), for an f whose result is at most three times as long
 // (case mappings: a code point grows by half at most, an invalid byte
 // becomes U+FFFD's three), its size checked once built.
-func (b *budget) mapString(s string, f func(string) string) (Value, error) {
-	if err := b.str(int64(len(s))); err != nil {
+func (bd builder) mapString(s string, f func(string) string) (Value, error) {
+	if err := bd.b.str(int64(len(s))); err != nil {
 		return Undefined(), err
 	}
 	r := f(s)
-	if err := b.str(int64(len(r))); err != nil {
+	if err := bd.b.str(int64(len(r))); err != nil {
 		return Undefined(), err
 	}
 	return NewString(r), nil
 }
 
-func (e *evaluator) makeStringFunc(name string, fn func([]Value, map[string]Value) (Value, error)) Value {
+func (bd builder) makeStringFunc(name string, fn func([]Value, map[string]Value) (Value, error)) Value {
 	return NewCallable("str."+name, fn)
 }
 
@@ -288,9 +288,9 @@ func (e *evaluator) makeStringFunc(name string, fn func([]Value, map[string]Valu
 // List methods
 // =============================================================================
 
-func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
+func (bd builder) listMethod(obj Value, method string) (Value, error) {
 	list := obj.AsList()
-	b := e.b
+	b := bd.b
 
 	switch method {
 	case "append":
@@ -298,7 +298,7 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 			if len(args) > 0 {
 				// The size is checked and the growth charged; the
 				// evaluation that called it was the step.
-				if err := b.appendItem(list, args[0]); err != nil {
+				if err := bd.appendItem(list, args[0]); err != nil {
 					return Undefined(), err
 				}
 			}
@@ -323,7 +323,7 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 			}
 			val := list.Items[idx]
 			if idx < list.Len()-1 { // but the last, items move
-				if err := b.own(list); err != nil {
+				if err := bd.own(list); err != nil {
 					return Undefined(), err
 				}
 			}
@@ -349,11 +349,11 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 			}
 			idx := int(min(max(i, 0), int64(list.Len())))
 			if idx < list.Len() {
-				if err := b.own(list); err != nil {
+				if err := bd.own(list); err != nil {
 					return Undefined(), err
 				}
 			}
-			if err := b.appendItem(list, args[1]); err != nil {
+			if err := bd.appendItem(list, args[1]); err != nil {
 				return Undefined(), err
 			}
 			copy(list.Items[idx+1:], list.Items[idx:])
@@ -369,14 +369,14 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 // Dict methods
 // =============================================================================
 
-func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
+func (bd builder) dictMethod(obj Value, method string) (Value, error) {
 	d := obj.AsDict()
-	b := e.b
+	b := bd.b
 
 	switch method {
 	case "items":
 		return NewCallable("dict.items", func(args []Value, kwargs map[string]Value) (Value, error) {
-			return b.dictItems(d)
+			return bd.dictItems(d)
 		}), nil
 
 	case "keys", "values":
@@ -458,7 +458,7 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 					return Undefined(), err
 				}
 				for _, key := range other.Keys {
-					if err := b.setKey(d, key, other.Data[key]); err != nil {
+					if err := bd.setKey(d, key, other.Data[key]); err != nil {
 						return Undefined(), err
 					}
 				}
@@ -471,10 +471,10 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 }
 
 // dictItems is d's (key, value) pairs.
-func (b *budget) dictItems(d *Dict) (Value, error) {
+func (bd builder) dictItems(d *Dict) (Value, error) {
 	// Each pair is an item, and a list of two: its header, its items,
 	// and its key's box.
-	if err := b.listOf(int64(d.Len()), pairBytes); err != nil {
+	if err := bd.b.listOf(int64(d.Len()), pairBytes); err != nil {
 		return Undefined(), err
 	}
 	items := make([]Value, 0, d.Len())

@@ -67,7 +67,7 @@ func render(nodes []node, data map[string]Value, b *budget) (result string, err 
 		}
 	}()
 
-	e := evaluator{b: b, output: out{b: b}}
+	e := evaluator{b: b, bd: builder{b}, output: out{b: b}}
 
 	// Use the cached builtins scope directly. The scope is initialized
 	// once at package init and is only read after that (lookupFilter,
