@@ -27,7 +27,7 @@ var layers = [][]string{
 	{"steps"},
 	{"batching"},
 	{"config", "serving"},
-	{"server/inferencepb", "server/core"},
+	{"server/inferencepb", "server/shm", "server/core"},
 	{"server/triton"}, // Triton's model configuration and statistics
 	{"server/text"}, // what the text doors share
 	{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}, // the doors
@@ -39,7 +39,7 @@ var layers = [][]string{
 // none of below: they reach the models through serving.
 var (
 	doors      = []string{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}
-	doorShared = []string{"server/core", "server/text", "server/triton"}
+	doorShared = []string{"server/core", "server/shm", "server/text", "server/triton"}
 	pastDoors  = []string{"engine", "engine/...", "batching", "generation", "steps"}
 )
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/shm"
 )
 
 // unsupportedExtensions are the endpoints of Triton's extensions that
@@ -16,8 +17,8 @@ import (
 var unsupportedExtensions = []struct {
 	path, extension, instead string
 }{
-	{"/v2/cudasharedmemory", "cuda_shared_memory", core.CUDASharedMemoryInstead},
-	{"/v2/cudasharedmemory/*", "cuda_shared_memory", core.CUDASharedMemoryInstead},
+	{"/v2/cudasharedmemory", "cuda_shared_memory", shm.CUDAInstead},
+	{"/v2/cudasharedmemory/*", "cuda_shared_memory", shm.CUDAInstead},
 }
 
 const traceInstead = "see the step metrics at /metrics, and GET /v2/models/{model}/stats, /buckets and /explain"

@@ -1,6 +1,11 @@
 // Package core is what every front door of the server shares, so that a
 // request is held to the same rules whichever protocol brought it:
 //
+//   - one request lifecycle ([Call], call.go): every door begins a call,
+//     decodes into its steps and encodes what they give; admission,
+//     the in-flight charge, lookup, readiness, the run, the error
+//     taxonomy, the model's statistics, the trace, the request metrics
+//     and log line run there once;
 //   - model lookup by name and version ([Core.Lookup]), readiness, and the
 //     server's metadata;
 //   - the in-flight budget ([Budget], [Charge], [Footprint]): what a request
@@ -14,12 +19,15 @@
 //   - the inference request every door decodes into ([InferRequest]):
 //     OIP's tensors, checked against the model's signature and the wire
 //     limits, run by [Call.Infer] through [serving.Model.Infer];
-//   - the operations behind Triton's extensions (repository, model
-//     configuration, statistics, logging, system shared memory
-//     ([SharedMemory])) that HTTP and gRPC both offer.
+//   - the operations behind Triton's extensions (repository, logging, the
+//     system shared-memory regions ([shm.Regions]) tensors name) that HTTP
+//     and gRPC both offer; Triton's model configuration and statistics
+//     are server/triton's.
 //
 // It knows no wire format of its own beyond OIP's JSON request and the
-// binary-tensor extension it shares with every door, and imports no door.
+// binary-tensor extension it shares with every door, and imports no door,
+// and nothing past serving (no engine, batcher, generation loop or step
+// runner).
 package core
 
 import (
@@ -34,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/shm"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -102,9 +111,9 @@ type Options struct {
 	// MaxSharedMemoryRegions and MaxSharedMemoryBytes bound the system
 	// shared-memory regions clients may have registered at once, and
 	// the bytes they map together; 0 means
-	// [DefaultMaxSharedMemoryRegions], [DefaultMaxSharedMemoryBytes].
+	// [shm.DefaultMaxRegions], [shm.DefaultMaxBytes].
 	// Under RLIMIT_AS, New lowers the bytes to shared memory's share of
-	// the address space where that is less ([SharedMemoryBound]).
+	// the address space where that is less ([shm.Bound]).
 	MaxSharedMemoryRegions int
 	MaxSharedMemoryBytes   int64
 	// NoSharedMemory turns the system shared-memory extension off: no
@@ -127,7 +136,7 @@ type Core struct {
 	InferenceTokens, RepositoryTokens *Tokens
 	// SharedMemory is the regions clients registered (Triton's
 	// system_shared_memory extension), until [SharedMemory.Close].
-	SharedMemory *SharedMemory
+	SharedMemory *shm.Regions
 	logs         LogControl // the logging extension's (logging.go)
 }
 
@@ -229,12 +238,14 @@ func New(opts Options) (*Core, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	c.SharedMemory = NewSharedMemory(opts.MaxSharedMemoryRegions, opts.MaxSharedMemoryBytes, c.Logger)
-	c.SharedMemory.disabled = opts.NoSharedMemory
+	c.SharedMemory = shm.New(opts.MaxSharedMemoryRegions, opts.MaxSharedMemoryBytes, c.Logger)
+	if opts.NoSharedMemory {
+		c.SharedMemory.Disable()
+	}
 	if !opts.NoSharedMemory {
 		// Under RLIMIT_AS, the regions get a share of the address space
 		// the heap's plan is taken from, not all of it.
-		c.SharedMemory.capAddressSpace(memlimit.Read())
+		c.SharedMemory.CapAddressSpace(memlimit.Read())
 	}
 	if opts.ModelControl && len(opts.RepositoryTokens) == 0 {
 		c.Logger.Warn("the repository API has no token: anyone who can reach the server can load and unload models",

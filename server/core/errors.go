@@ -32,9 +32,12 @@ func NotFound(msg string) *Error { return &Error{http.StatusNotFound, msg} }
 // StatusOf maps an error from a model's Infer to a status code.
 func StatusOf(err error) int {
 	var ae *Error
+	var hs interface{ HTTPStatus() int }
 	switch {
 	case errors.As(err, &ae):
 		return ae.Status
+	case errors.As(err, &hs):
+		return hs.HTTPStatus() // a subject's own refusal (shared memory's)
 	case errors.Is(err, serving.ErrStopping):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, serving.ErrUnknownModel):

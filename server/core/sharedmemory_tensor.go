@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/shm"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -39,7 +40,7 @@ type ShmTensor struct {
 	// written it, which its response reports as shared_memory_byte_size.
 	Written int64
 
-	held *shmRegion // while the request runs
+	held *shm.Region // while the request runs
 }
 
 // shmParams reads a tensor's shared-memory parameters: nil when it has
@@ -141,9 +142,9 @@ func checkShmOutput(t *ShmTensor, spec models.TensorSpec, rows int, classes int,
 // holdSharedMemory holds the regions the request's tensors name, each
 // checked to hold its tensor's range; an error (a 400 naming the tensor)
 // holds none.
-func (req *InferRequest) holdSharedMemory(s *SharedMemory, m *models.Model) error {
+func (req *InferRequest) holdSharedMemory(s *shm.Regions, m *models.Model) error {
 	hold := func(t *ShmTensor, kind, name string) error {
-		r, err := s.hold(t.Region, t.Offset, t.ByteSize)
+		r, err := s.Hold(t.Region, t.Offset, t.ByteSize)
 		if err != nil {
 			req.releaseSharedMemory(s)
 			return BadRequest(fmt.Sprintf("%s %q: %s", kind, name, err.Error()))
@@ -169,10 +170,10 @@ func (req *InferRequest) holdSharedMemory(s *SharedMemory, m *models.Model) erro
 }
 
 // releaseSharedMemory lets go of the regions the request holds.
-func (req *InferRequest) releaseSharedMemory(s *SharedMemory) {
+func (req *InferRequest) releaseSharedMemory(s *shm.Regions) {
 	release := func(t *ShmTensor) {
 		if t != nil && t.held != nil {
-			s.release(t.held)
+			s.Release(t.held)
 			t.held = nil
 		}
 	}
@@ -195,8 +196,8 @@ func (req *InferRequest) readSharedMemory() error {
 			continue
 		}
 		buf := make([]byte, t.ByteSize)
-		src := t.held.data[t.Offset : t.Offset+t.ByteSize]
-		if err := guardFault(func() { copy(buf, src) }); err != nil {
+		src := t.held.Data()[t.Offset : t.Offset+t.ByteSize]
+		if err := shm.GuardFault(func() { copy(buf, src) }); err != nil {
 			return BadRequest(fmt.Sprintf("input %q: shared memory region '%s': %v", in.Name, t.Region, err))
 		}
 		in.Bin, in.BinSet = buf, true
@@ -218,8 +219,8 @@ func (req *InferRequest) writeSharedMemory(m *models.Model, res *serving.Result)
 		if int64(len(data)) > t.ByteSize {
 			return BadRequest(fmt.Sprintf("shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", name, t.ByteSize, len(data)))
 		}
-		dst := t.held.data[t.Offset : t.Offset+t.ByteSize]
-		if err := guardFault(func() { copy(dst, data) }); err != nil {
+		dst := t.held.Data()[t.Offset : t.Offset+t.ByteSize]
+		if err := shm.GuardFault(func() { copy(dst, data) }); err != nil {
 			return BadRequest(fmt.Sprintf("output %q: shared memory region '%s': %v", name, t.Region, err))
 		}
 		t.Written = int64(len(data))

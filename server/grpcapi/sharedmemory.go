@@ -8,6 +8,7 @@ import (
 
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/shm"
 )
 
 // Triton's system shared-memory extension over gRPC: the HTTP endpoints'
@@ -50,7 +51,7 @@ func (g *grpcServer) SystemSharedMemoryUnregister(ctx context.Context, r *infere
 }
 
 // errCUDASharedMemory answers the CUDA shared-memory RPCs.
-var errCUDASharedMemory = status.Error(codes.Unimplemented, "the cuda_shared_memory extension is not supported by stepserve; "+core.CUDASharedMemoryInstead)
+var errCUDASharedMemory = status.Error(codes.Unimplemented, "the cuda_shared_memory extension is not supported by stepserve; "+shm.CUDAInstead)
 
 func (g *grpcServer) CudaSharedMemoryStatus(context.Context, *inferencepb.CudaSharedMemoryStatusRequest) (*inferencepb.CudaSharedMemoryStatusResponse, error) {
 	return nil, errCUDASharedMemory

@@ -1,4 +1,14 @@
-package core
+// Package shm is the registry of Triton's system shared-memory
+// extension: a client on the same host puts a tensor in a POSIX
+// shared-memory object, registers a range of it as a named region, and
+// names the region in the tensor's parameters instead of sending the data
+// (server/core's sharedmemory_tensor.go reads them). The server maps the
+// range when it is registered and keeps it mapped until it is
+// unregistered, or the server closes; a request holds the regions it
+// names while it runs. Both Triton doors (HTTP, server/admin; gRPC,
+// server/grpcapi) register and unregister through it. It imports no part
+// of server/: its refusals carry their HTTP status ([Error]).
+package shm
 
 import (
 	"context"
@@ -23,12 +33,6 @@ import (
 	"github.com/stepserve/stepserve/internal/memlimit"
 )
 
-// Triton's system shared-memory extension: a client on the same host puts
-// a tensor in a POSIX shared-memory object, registers a range of it as a
-// named region, and names the region in the tensor's parameters instead of
-// sending the data (sharedmemory_tensor.go). The server maps the range
-// when it is registered and keeps it mapped until it is unregistered, or
-// the server closes.
 
 // sharedMemoryDir is where Linux keeps POSIX shared-memory objects:
 // shm_open(key) opens sharedMemoryDir/key, the key's leading slash left
@@ -37,15 +41,15 @@ const sharedMemoryDir = "/dev/shm"
 
 // The limits on what clients may have mapped at once, for a server whose
 // Options leave them zero. Under RLIMIT_AS the bytes are bounded by a
-// share of the address space too ([SharedMemoryBound]).
+// share of the address space too ([Bound]).
 const (
-	DefaultMaxSharedMemoryRegions = 64
-	DefaultMaxSharedMemoryBytes   = 16 << 30
+	DefaultMaxRegions = 64
+	DefaultMaxBytes   = 16 << 30
 )
 
-// SharedMemoryBound is the most bytes of system shared memory the server
+// Bound is the most bytes of system shared memory the server
 // maps at once: configured (server.shared_memory.max_bytes; 0:
-// [DefaultMaxSharedMemoryBytes]), or, under RLIMIT_AS, shared memory's
+// [DefaultMaxBytes]), or, under RLIMIT_AS, shared memory's
 // share of the address space the limit leaves
 // ([memlimit.Limit.SharedMemoryShare]: a quarter) where that is less. The
 // heap's plan (the memory limit, the in-flight budget, the models') is
@@ -55,9 +59,9 @@ const (
 // the server ("fatal error: out of memory"). from is empty when the bound
 // is configured, and otherwise says where it comes from, for the refusals
 // and the log.
-func SharedMemoryBound(configured int64, l memlimit.Limit) (bound int64, from string) {
+func Bound(configured int64, l memlimit.Limit) (bound int64, from string) {
 	if configured <= 0 {
-		configured = DefaultMaxSharedMemoryBytes
+		configured = DefaultMaxBytes
 	}
 	if share := l.SharedMemoryShare(); l.AddressSpaceCapped() && share < configured {
 		return share, fmt.Sprintf("a quarter of %s, below server.shared_memory.max_bytes (%s)", l.AddressSpaceSource(), bytesize.Format(configured))
@@ -65,10 +69,10 @@ func SharedMemoryBound(configured int64, l memlimit.Limit) (bound int64, from st
 	return configured, ""
 }
 
-// CUDASharedMemoryInstead is what to use instead of Triton's CUDA
+// CUDAInstead is what to use instead of Triton's CUDA
 // shared-memory extension, which stepserve does not implement (501 over
 // HTTP, UNIMPLEMENTED over gRPC).
-const CUDASharedMemoryInstead = "use system shared memory (/v2/systemsharedmemory, gRPC SystemSharedMemory*), or send tensors in the request, as JSON or binary tensor data (binary_tensor_data)"
+const CUDAInstead = "use system shared memory (/v2/systemsharedmemory, gRPC SystemSharedMemory*), or send tensors in the request, as JSON or binary tensor data (binary_tensor_data)"
 
 // maxRegionName bounds a region's name; a key is bounded by the
 // filesystem's NAME_MAX.
@@ -88,7 +92,7 @@ var reservedKeyPrefixes = []string{"sem.", "torch_"}
 // that no file on a disk is ever mapped, whatever links /dev/shm holds.
 const tmpfsMagic = 0x01021994
 
-// SharedMemory is the system shared-memory regions clients registered,
+// Regions is the system shared-memory regions clients registered,
 // by name, each a range of a POSIX shared-memory object mapped read-write.
 //
 // A request holds the regions its tensors name while it runs ([Call.Infer]):
@@ -97,58 +101,58 @@ const tmpfsMagic = 0x01021994
 // (a new request naming it is refused, and the name may be registered
 // again), and stays mapped until the last request holding it lets go:
 // memory a request reads or writes is never unmapped under it.
-// [SharedMemory.Unregister] waits for that before it returns, so that once
+// [Regions.Unregister] waits for that before it returns, so that once
 // it has answered the server no longer touches the memory.
 //
 // It is safe for concurrent use.
-type SharedMemory struct {
+type Regions struct {
 	maxRegions int
 	maxBytes   int64
-	maxFrom    string // where maxBytes comes from when not the key ([SharedMemoryBound])
+	maxFrom    string // where maxBytes comes from when not the key ([Bound])
 	logger     *slog.Logger
 	disabled   bool // server.shared_memory.enabled: false
 
 	mu      sync.Mutex
-	regions map[string]*shmRegion
+	regions map[string]*Region
 	mapped  int64 // the live mappings' bytes, those unregistered but still held included
 	closed  bool
 }
 
-// shmRegion is one registered region and its mapping.
-type shmRegion struct {
+// Region is one registered region and its mapping.
+type Region struct {
 	name, key    string
 	offset, size int64
 	mapping      []byte // from the page at or below offset
 	cost         int64  // the address space mapping takes: whole pages
 	data         []byte // the region: the object's [offset, offset+size)
 
-	// Guarded by SharedMemory.mu.
+	// Guarded by Regions.mu.
 	users        int  // requests holding it
 	unregistered bool // out of the name table; unmapped once users is 0
 	unmapped     chan struct{}
 }
 
-// NewSharedMemory is an empty set of regions that holds at most
+// New is an empty set of regions that holds at most
 // maxRegions regions and maxBytes of mappings at once (0: the defaults).
-func NewSharedMemory(maxRegions int, maxBytes int64, logger *slog.Logger) *SharedMemory {
+func New(maxRegions int, maxBytes int64, logger *slog.Logger) *Regions {
 	if maxRegions <= 0 {
-		maxRegions = DefaultMaxSharedMemoryRegions
+		maxRegions = DefaultMaxRegions
 	}
 	if maxBytes <= 0 {
-		maxBytes = DefaultMaxSharedMemoryBytes
+		maxBytes = DefaultMaxBytes
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &SharedMemory{maxRegions: maxRegions, maxBytes: maxBytes, logger: logger, regions: map[string]*shmRegion{}}
+	return &Regions{maxRegions: maxRegions, maxBytes: maxBytes, logger: logger, regions: map[string]*Region{}}
 }
 
-// capAddressSpace lowers the bytes s maps at once to shared memory's
+// CapAddressSpace lowers the bytes s maps at once to shared memory's
 // share of the address space RLIMIT_AS leaves, where that is less
-// ([SharedMemoryBound]), and logs it; before any region is registered.
-func (s *SharedMemory) capAddressSpace(l memlimit.Limit) {
+// ([Bound]), and logs it; before any region is registered.
+func (s *Regions) CapAddressSpace(l memlimit.Limit) {
 	configured := s.maxBytes
-	bound, from := SharedMemoryBound(configured, l)
+	bound, from := Bound(configured, l)
 	if from == "" {
 		return
 	}
@@ -162,7 +166,7 @@ func (s *SharedMemory) capAddressSpace(l memlimit.Limit) {
 // figure comes from: the key, in parentheses after it, or the address
 // space, at the end; then what the client can do, todo (if anything), and
 // what the operator can.
-func (s *SharedMemory) bound(todo string) (key, end string) {
+func (s *Regions) bound(todo string) (key, end string) {
 	if s.maxFrom == "" {
 		if todo != "" {
 			end = "; " + todo
@@ -175,9 +179,9 @@ func (s *SharedMemory) bound(todo string) (key, end string) {
 	return "", fmt.Sprintf("; the %s is %s: %sraise RLIMIT_AS to map more", bytesize.Format(s.maxBytes), s.maxFrom, todo)
 }
 
-// SharedMemoryStatus is a registered region, as Triton's status endpoint
+// RegionStatus is a registered region, as Triton's status endpoint
 // reports it.
-type SharedMemoryStatus struct {
+type RegionStatus struct {
 	Name     string `json:"name"`
 	Key      string `json:"key"`
 	Offset   int64  `json:"offset"`
@@ -253,15 +257,15 @@ func keyFile(key string) (string, error) {
 // and registers them as the region name. Its errors are 400s naming the
 // region and what was wrong (an existing name is also gRPC's
 // ALREADY_EXISTS), or 503 once the server is closing.
-func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error {
+func (s *Regions) Register(name, key string, offset, byteSize uint64) error {
 	if s.disabled {
-		return &Error{http.StatusNotImplemented, "failed to register shared memory region: system shared memory is turned off on this server (server.shared_memory.enabled: false); send tensors in the request, as JSON or binary tensor data"}
+		return &Error{Status: http.StatusNotImplemented, Msg: "failed to register shared memory region: system shared memory is turned off on this server (server.shared_memory.enabled: false); send tensors in the request, as JSON or binary tensor data"}
 	}
 	if err := checkRegionName(name); err != nil {
-		return BadRequest("failed to register shared memory region: " + err.Error())
+		return badRequest("failed to register shared memory region: " + err.Error())
 	}
 	fail := func(format string, args ...any) error {
-		return BadRequest(fmt.Sprintf("failed to register shared memory region '%s': ", name) + fmt.Sprintf(format, args...))
+		return badRequest(fmt.Sprintf("failed to register shared memory region '%s': ", name) + fmt.Sprintf(format, args...))
 	}
 	file, err := keyFile(key)
 	if err != nil {
@@ -288,9 +292,9 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return &Error{http.StatusServiceUnavailable, fmt.Sprintf("failed to register shared memory region '%s': the server is shutting down", name)}
+		return &Error{Status: http.StatusServiceUnavailable, Msg: fmt.Sprintf("failed to register shared memory region '%s': the server is shutting down", name)}
 	case s.regions[name] != nil:
-		return regionExistsError{BadRequest(fmt.Sprintf("shared memory region '%s' already in manager; unregister it first, or register under another name", name))}
+		return regionExistsError{badRequest(fmt.Sprintf("shared memory region '%s' already in manager; unregister it first, or register under another name", name))}
 	case len(s.regions) >= s.maxRegions:
 		return fail("%d regions are registered, the most the server holds (server.shared_memory.max_regions); unregister one first", len(s.regions))
 	case cost > s.maxBytes-s.mapped:
@@ -302,7 +306,7 @@ func (s *SharedMemory) Register(name, key string, offset, byteSize uint64) error
 	if err != nil {
 		return fail("%v", err)
 	}
-	r := &shmRegion{name: name, key: key, offset: off, size: size, mapping: mapping, cost: cost,
+	r := &Region{name: name, key: key, offset: off, size: size, mapping: mapping, cost: cost,
 		data: mapping[off-pageOff : off-pageOff+size : off-pageOff+size], unmapped: make(chan struct{})}
 	s.regions[name] = r
 	s.mapped += cost
@@ -362,26 +366,33 @@ func mapObject(file, key string, pageOff, off, size, mapLen int64) ([]byte, erro
 
 // Status is every region (name empty), sorted by name, or the one named:
 // a 404 when there is none.
-func (s *SharedMemory) Status(name string) ([]SharedMemoryStatus, error) {
+func (s *Regions) Status(name string) ([]RegionStatus, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if name != "" {
 		r := s.regions[name]
 		if r == nil {
-			return nil, NotFound("Unable to find system shared memory region: " + quoteRegion(name))
+			return nil, notFound("Unable to find system shared memory region: " + quoteRegion(name))
 		}
-		return []SharedMemoryStatus{r.status()}, nil
+		return []RegionStatus{r.status()}, nil
 	}
-	out := make([]SharedMemoryStatus, 0, len(s.regions))
+	out := make([]RegionStatus, 0, len(s.regions))
 	for _, r := range s.regions {
 		out = append(out, r.status())
 	}
-	slices.SortFunc(out, func(a, b SharedMemoryStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b RegionStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
-func (r *shmRegion) status() SharedMemoryStatus {
-	return SharedMemoryStatus{Name: r.name, Key: r.key, Offset: r.offset, ByteSize: r.size}
+// Data is the region's bytes: a request copies its tensors in and out of
+// it under [GuardFault] (the object behind it may shrink).
+func (r *Region) Data() []byte { return r.data }
+
+// Disable turns the extension off: no region can be registered.
+func (s *Regions) Disable() { s.disabled = true }
+
+func (r *Region) status() RegionStatus {
+	return RegionStatus{Name: r.name, Key: r.key, Offset: r.offset, ByteSize: r.size}
 }
 
 // Unregister removes the region name, or every region when name is empty,
@@ -389,16 +400,16 @@ func (r *shmRegion) status() SharedMemoryStatus {
 // that is not registered is not an error, as in Triton. When ctx ends
 // first, the regions are unregistered all the same and unmapped as soon
 // as their last request finishes; the error says so.
-func (s *SharedMemory) Unregister(ctx context.Context, name string) error {
+func (s *Regions) Unregister(ctx context.Context, name string) error {
 	return s.await(ctx, s.detach(name))
 }
 
 // detach takes the region name (every region when name is empty) out of
 // the name table, unmaps those no request holds, and returns the others.
-func (s *SharedMemory) detach(name string) []*shmRegion {
+func (s *Regions) detach(name string) []*Region {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var held []*shmRegion
+	var held []*Region
 	for n, r := range s.regions {
 		if name != "" && n != name {
 			continue
@@ -416,7 +427,7 @@ func (s *SharedMemory) detach(name string) []*shmRegion {
 }
 
 // await waits until the detached regions held are unmapped, or ctx ends.
-func (s *SharedMemory) await(ctx context.Context, held []*shmRegion) error {
+func (s *Regions) await(ctx context.Context, held []*Region) error {
 	for _, r := range held {
 		select {
 		case <-r.unmapped:
@@ -434,7 +445,7 @@ func (s *SharedMemory) await(ctx context.Context, held []*shmRegion) error {
 // Close unregisters every region without waiting: each is unmapped at
 // once, or when the last request holding it finishes. Registering fails
 // from then on. It is for the server's shutdown.
-func (s *SharedMemory) Close() {
+func (s *Regions) Close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -442,7 +453,7 @@ func (s *SharedMemory) Close() {
 }
 
 // unmap unmaps r; s.mu is held and no request holds r.
-func (s *SharedMemory) unmap(r *shmRegion) {
+func (s *Regions) unmap(r *Region) {
 	if err := unix.Munmap(r.mapping); err != nil {
 		s.logger.Error("unmapping a shared memory region", "name", r.name, "key", r.key, "err", err)
 	}
@@ -453,20 +464,20 @@ func (s *SharedMemory) unmap(r *shmRegion) {
 
 // hold finds the region name for a tensor of byteSize bytes at offset in
 // it, and holds it until release: it stays mapped meanwhile.
-func (s *SharedMemory) hold(name string, offset, byteSize int64) (*shmRegion, error) {
+func (s *Regions) Hold(name string, offset, byteSize int64) (*Region, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.regions[name]
 	switch {
 	case r == nil && s.disabled:
-		return nil, BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; system shared memory is turned off on this server (server.shared_memory.enabled: false)")
+		return nil, badRequest("Unable to find shared memory region: " + quoteRegion(name) + "; system shared memory is turned off on this server (server.shared_memory.enabled: false)")
 	case r == nil:
 		// Triton's words, then what to do.
-		return nil, BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; register it first (see GET /v2/systemsharedmemory/status)")
+		return nil, badRequest("Unable to find shared memory region: " + quoteRegion(name) + "; register it first (see GET /v2/systemsharedmemory/status)")
 	case offset >= r.size:
-		return nil, BadRequest(fmt.Sprintf("shared_memory_offset %d is past the end of region '%s' (%d bytes)", offset, name, r.size))
+		return nil, badRequest(fmt.Sprintf("shared_memory_offset %d is past the end of region '%s' (%d bytes)", offset, name, r.size))
 	case byteSize > r.size-offset:
-		return nil, BadRequest(fmt.Sprintf("shared_memory_offset %d + shared_memory_byte_size %d = %d runs past the end of region '%s' (%d bytes)",
+		return nil, badRequest(fmt.Sprintf("shared_memory_offset %d + shared_memory_byte_size %d = %d runs past the end of region '%s' (%d bytes)",
 			offset, byteSize, offset+byteSize, name, r.size))
 	}
 	r.users++
@@ -475,7 +486,7 @@ func (s *SharedMemory) hold(name string, offset, byteSize int64) (*shmRegion, er
 
 // release lets go of a region hold returned, unmapping it when it was
 // unregistered meanwhile and this was its last user.
-func (s *SharedMemory) release(r *shmRegion) {
+func (s *Regions) Release(r *Region) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.users--; r.users == 0 && r.unregistered {
@@ -487,10 +498,10 @@ func (s *SharedMemory) release(r *shmRegion) {
 // the object under it.
 var errShrank = errors.New("the shared-memory object behind it shrank after it was registered (a page of the region is gone); register it again at its new size")
 
-// guardFault runs f, in which a memory fault (SIGBUS from a mapping whose
+// GuardFault runs f, in which a memory fault (SIGBUS from a mapping whose
 // object was truncated under it) is errShrank rather than the end of the
 // server.
-func guardFault(f func()) (err error) {
+func GuardFault(f func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
@@ -504,3 +515,17 @@ func guardFault(f func()) (err error) {
 	f()
 	return nil
 }
+
+// Error is a refusal with the HTTP status it maps to; the core's error
+// taxonomy reads it (HTTPStatus) as it reads its own.
+type Error struct {
+	Status int
+	Msg    string
+}
+
+func (e *Error) Error() string   { return e.Msg }
+func (e *Error) HTTPStatus() int { return e.Status }
+
+func badRequest(msg string) *Error { return &Error{http.StatusBadRequest, msg} }
+
+func notFound(msg string) *Error { return &Error{http.StatusNotFound, msg} }

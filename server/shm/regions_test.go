@@ -1,9 +1,9 @@
-package core
+package shm
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,8 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/stepserve/stepserve/internal/memlimit"
 )
@@ -52,49 +50,17 @@ func TestSharedMemoryKeys(t *testing.T) {
 	}
 }
 
-func TestSharedMemoryParameters(t *testing.T) {
-	params := func(js string) WireParams {
-		var m map[string]json.RawMessage
-		require.NoError(t, json.Unmarshal([]byte(js), &m))
-		return WireParams{m: m}
-	}
-	got, err := shmParams(params(`{"shared_memory_region":"r","shared_memory_byte_size":12,"shared_memory_offset":4}`))
-	require.NoError(t, err)
-	assert.Equal(t, &ShmTensor{Region: "r", ByteSize: 12, Offset: 4}, got)
-	got, err = shmParams(params(`{"shared_memory_region":"r","shared_memory_byte_size":12}`))
-	require.NoError(t, err)
-	assert.Equal(t, int64(0), got.Offset, "the offset is 0 when left out")
-	got, err = shmParams(params(`{"binary_data_size":12}`))
-	require.NoError(t, err)
-	assert.Nil(t, got)
-	for js, want := range map[string]string{
-		`{"shared_memory_byte_size":12}`:                                                     "needs shared_memory_region",
-		`{"shared_memory_offset":0}`:                                                         "needs shared_memory_region",
-		`{"shared_memory_region":"r"}`:                                                       "shared_memory_byte_size is required",
-		`{"shared_memory_region":["r"],"shared_memory_byte_size":1}`:                         "must be a string",
-		`{"shared_memory_region":"r","shared_memory_byte_size":1.5}`:                         "must be a non-negative integer",
-		`{"shared_memory_region":"r","shared_memory_byte_size":"12"}`:                        "must be a non-negative integer",
-		`{"shared_memory_region":"r","shared_memory_byte_size":1,"shared_memory_offset":-1}`: "must be a non-negative integer",
-		`{"shared_memory_region":"r","shared_memory_byte_size":99999999999999999999}`:        "of at most 281474976710656",
-	} {
-		_, err := shmParams(params(js))
-		if assert.Error(t, err, js) {
-			assert.Contains(t, err.Error(), want, js)
-		}
-	}
-}
-
 // A region held by requests is unregistered at once and unmapped when the
 // last of them lets go; Unregister returns then, and Close does not wait.
 func TestSharedMemoryUnmapsWhenTheLastRequestLetsGo(t *testing.T) {
-	s := NewSharedMemory(0, 0, nil)
+	s := New(0, 0, nil)
 	key, _ := shmObject(t, 100)
 	require.NoError(t, s.Register("r", key, 10, 90))
 	page := int64(os.Getpagesize())
 	assert.Equal(t, page, s.mapped, "one page mapped")
-	a, err := s.hold("r", 0, 90)
+	a, err := s.Hold("r", 0, 90)
 	require.NoError(t, err)
-	b, err := s.hold("r", 80, 10)
+	b, err := s.Hold("r", 80, 10)
 	require.NoError(t, err)
 	assert.Same(t, a, b)
 
@@ -102,16 +68,16 @@ func TestSharedMemoryUnmapsWhenTheLastRequestLetsGo(t *testing.T) {
 	assert.Len(t, held, 1, "held, not unmapped")
 	done := make(chan error, 1)
 	go func() { done <- s.await(context.Background(), held) }()
-	_, err = s.hold("r", 0, 1)
+	_, err = s.Hold("r", 0, 1)
 	assert.ErrorContains(t, err, "Unable to find shared memory region: 'r'")
-	s.release(a)
+	s.Release(a)
 	select {
 	case <-done:
 		t.Fatal("Unregister returned while a request held the region")
 	default:
 	}
 	assert.NotNil(t, b.data, "still mapped")
-	s.release(b)
+	s.Release(b)
 	require.NoError(t, <-done)
 	assert.Nil(t, b.data)
 	assert.Zero(t, s.mapped)
@@ -119,11 +85,11 @@ func TestSharedMemoryUnmapsWhenTheLastRequestLetsGo(t *testing.T) {
 	// Close unregisters without waiting; the held region is unmapped by
 	// its last user.
 	require.NoError(t, s.Register("r", key, 0, 100))
-	c, err := s.hold("r", 0, 100)
+	c, err := s.Hold("r", 0, 100)
 	require.NoError(t, err)
 	s.Close()
 	assert.NotNil(t, c.data)
-	s.release(c)
+	s.Release(c)
 	assert.Zero(t, s.mapped)
 	assert.ErrorContains(t, s.Register("r", key, 0, 100), "the server is shutting down")
 }
@@ -136,11 +102,11 @@ func TestSharedMemoryGuardsFaults(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Munmap(m)
 	buf := make([]byte, 16)
-	require.NoError(t, guardFault(func() { copy(buf, m[4096:]) }))
+	require.NoError(t, GuardFault(func() { copy(buf, m[4096:]) }))
 	require.NoError(t, f.Truncate(4096))
-	assert.ErrorIs(t, guardFault(func() { copy(buf, m[4096:]) }), errShrank)
-	assert.ErrorIs(t, guardFault(func() { copy(m[4096:], buf) }), errShrank)
-	assert.Panics(t, func() { _ = guardFault(func() { panic("not a fault") }) })
+	assert.ErrorIs(t, GuardFault(func() { copy(buf, m[4096:]) }), errShrank)
+	assert.ErrorIs(t, GuardFault(func() { copy(m[4096:], buf) }), errShrank)
+	assert.Panics(t, func() { _ = GuardFault(func() { panic("not a fault") }) })
 }
 
 // addressSpace is a memlimit.Limit under an RLIMIT_AS of limit, with
@@ -153,23 +119,23 @@ func addressSpace(limit, outside int64) memlimit.Limit {
 // limit leaves, and said so.
 func TestSharedMemoryBound(t *testing.T) {
 	const gib = 1 << 30
-	n, from := SharedMemoryBound(0, memlimit.Limit{Bytes: 16 * gib})
-	assert.Equal(t, int64(DefaultMaxSharedMemoryBytes), n, "no RLIMIT_AS: the default")
+	n, from := Bound(0, memlimit.Limit{Bytes: 16 * gib})
+	assert.Equal(t, int64(DefaultMaxBytes), n, "no RLIMIT_AS: the default")
 	assert.Empty(t, from)
-	n, from = SharedMemoryBound(1*gib, memlimit.Limit{Bytes: 16 * gib})
+	n, from = Bound(1*gib, memlimit.Limit{Bytes: 16 * gib})
 	assert.Equal(t, int64(gib), n, "no RLIMIT_AS: the key")
 	assert.Empty(t, from)
 
 	under4 := addressSpace(4*gib, 1*gib)
-	n, from = SharedMemoryBound(0, under4)
+	n, from = Bound(0, under4)
 	assert.Equal(t, int64(3*gib/4), n, "a quarter of the 3 GiB left")
 	assert.Equal(t, "a quarter of the address space RLIMIT_AS (4 GiB) leaves beside the 1 GiB mapped outside the Go runtime, below server.shared_memory.max_bytes (16 GiB)", from)
-	n, from = SharedMemoryBound(512<<20, under4)
+	n, from = Bound(512<<20, under4)
 	assert.Equal(t, int64(512<<20), n, "a key below the share holds")
 	assert.Empty(t, from)
 
 	// Mapped past the limit already: nothing to share.
-	n, from = SharedMemoryBound(0, memlimit.Limit{RLimitAS: gib, Outside: 2 * gib})
+	n, from = Bound(0, memlimit.Limit{RLimitAS: gib, Outside: 2 * gib})
 	assert.Zero(t, n)
 	assert.Contains(t, from, "RLIMIT_AS (1 GiB)")
 }
@@ -181,9 +147,9 @@ func TestSharedMemoryRefusedPastTheAddressSpaceShare(t *testing.T) {
 	page := int64(os.Getpagesize())
 	pages := func(n int64) uint64 { return uint64(n * page) }
 	var logs bytes.Buffer
-	s := NewSharedMemory(0, 0, slog.New(slog.NewTextHandler(&logs, nil)))
+	s := New(0, 0, slog.New(slog.NewTextHandler(&logs, nil)))
 	l := addressSpace(64<<30, 64<<30-12*page) // 12 pages left: a share of 3
-	s.capAddressSpace(l)
+	s.CapAddressSpace(l)
 	assert.Equal(t, 3*page, s.maxBytes)
 	assert.Contains(t, logs.String(), "system shared memory bounded by the address space RLIMIT_AS leaves")
 	assert.Contains(t, logs.String(), "max_bytes=\"12 KiB\" server.shared_memory.max_bytes=\"16 GiB\" rlimit_as=\"64 GiB\"")
@@ -192,21 +158,20 @@ func TestSharedMemoryRefusedPastTheAddressSpaceShare(t *testing.T) {
 	require.NoError(t, s.Register("a", key, 0, pages(2)))
 	err := s.Register("b", key, 0, pages(2))
 	require.Error(t, err)
-	assert.Equal(t, 400, StatusOf(err))
-	assert.Equal(t, codes.InvalidArgument, status.Code(GRPCError(err)))
+	assert.Equal(t, 400, statusOf(err))
 	assert.Equal(t, "failed to register shared memory region 'b': it would map 8 KiB, and 8 KiB of the server's 12 KiB for shared memory is mapped already; "+
 		"the 12 KiB is a quarter of the address space RLIMIT_AS (64 GiB) leaves beside the 64 GiB mapped outside the Go runtime, below server.shared_memory.max_bytes (16 GiB): "+
 		"unregister regions first, or raise RLIMIT_AS to map more", err.Error())
 	err = s.Register("c", key, 0, pages(4))
-	assert.Equal(t, 400, StatusOf(err))
+	assert.Equal(t, 400, statusOf(err))
 	assert.ErrorContains(t, err, "byte_size 16384 is more than the 12 KiB the server maps for shared memory; the 12 KiB is a quarter of the address space RLIMIT_AS (64 GiB) leaves")
 	assert.ErrorContains(t, err, "below server.shared_memory.max_bytes (16 GiB): raise RLIMIT_AS to map more")
 	assert.Equal(t, 2*page, s.mapped, "nothing more mapped")
 	require.NoError(t, s.Register("b", key, 0, pages(1)), "what fits the share is registered")
 
 	// No RLIMIT_AS: the key alone, and its own words.
-	s = NewSharedMemory(0, 2*page, nil)
-	s.capAddressSpace(memlimit.Limit{Bytes: 1 << 40})
+	s = New(0, 2*page, nil)
+	s.CapAddressSpace(memlimit.Limit{Bytes: 1 << 40})
 	require.NoError(t, s.Register("a", key, 0, pages(2)))
 	assert.EqualError(t, s.Register("b", key, 0, pages(1)), "failed to register shared memory region 'b': it would map 4 KiB, and 8 KiB of the server's 8 KiB for shared memory (server.shared_memory.max_bytes) is mapped already; unregister regions first")
 	s.Close()
@@ -218,9 +183,9 @@ func TestSharedMemoryRefusedPastTheAddressSpaceShare(t *testing.T) {
 // left at 16 GiB.
 func TestSharedMemoryMapFailureIsARefusal(t *testing.T) {
 	if os.Getenv("SHM_ENOMEM_CHILD") != "" {
-		s := NewSharedMemory(0, 0, nil)
+		s := New(0, 0, nil)
 		err := s.Register("big", os.Getenv("SHM_ENOMEM_CHILD"), 0, 4<<30)
-		fmt.Printf("%d %v", StatusOf(err), err)
+		fmt.Printf("%d %v", statusOf(err), err)
 		return
 	}
 	if _, err := exec.LookPath("prlimit"); err != nil {
@@ -233,4 +198,14 @@ func TestSharedMemoryMapFailureIsARefusal(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.True(t, strings.HasPrefix(string(out), "400 failed to register shared memory region 'big': mapping 4 GiB of /dev/shm/"), "%s", out)
 	assert.Contains(t, string(out), "the server's address space has no room for it (cannot allocate memory: its RLIMIT_AS or vm.max_map_count is reached); unregister regions first")
+}
+
+// statusOf is the HTTP status a refusal carries (the core maps it, and
+// to gRPC's codes: core's TestSharedMemoryRefusalsKeepTheirStatus).
+func statusOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.HTTPStatus()
+	}
+	return 0
 }
