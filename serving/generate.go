@@ -113,9 +113,9 @@ type generator struct {
 
 // newDecoderModel loads a decoder model on its engine and starts its
 // loop.
-func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, error) {
-	name := s.enginesFor(m.Config)[0]
-	eng, err := s.engines.get(name)
+func (l *loader) newDecoderModel(ctx context.Context, m *models.Model) (*Model, error) {
+	name := l.enginesFor(m.Config)[0]
+	eng, err := l.engines.get(name)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
@@ -132,13 +132,13 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 		return nil, loadError(m.Name, name, err)
 	}
 	if so, ok := dec.(engine.StepObserver); ok {
-		if err := s.judgeWarmups(m.Name, name, so); err != nil {
+		if err := l.judgeWarmups(m.Name, name, so); err != nil {
 			dec.Close()
 			return nil, err
 		}
 		// The device steps' explain reports, on the step series every
 		// model's steps are counted on (and alerted on).
-		rec := s.opts.StepMetrics.Recorder(m.Name, eng.Name(), "", so.Shapes())
+		rec := l.opts.StepMetrics.Recorder(m.Name, eng.Name(), "", so.Shapes())
 		so.ObserveSteps(func(bucket, rows int, padding float64, took time.Duration, x engine.Explain) {
 			rec.Observe(bucket, rows, padding, took, x)
 		})
@@ -151,7 +151,7 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
 	gen := &generator{loop: loop, dec: dec, done: make(chan struct{}), tok: hf, opts: *g, chat: m.Decoder.Chat, vocab: m.Decoder.Config.Vocab,
-		metrics: s.metrics.generation(m.Name), idle: make(chan struct{}, 1)}
+		metrics: l.metrics.generation(m.Name), idle: make(chan struct{}, 1)}
 	if gc := m.Decoder.Generation; gc != nil {
 		for _, id := range gc.EOS {
 			gen.eos = append(gen.eos, int32(id))
@@ -168,8 +168,8 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 		defer close(gen.done)
 		loop.Run(run)
 	}()
-	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(), gen: gen,
-		logger: s.logger.With("model", m.Name, "engine", name)}
+	sm := &Model{model: m, backend: backend{engine: name, gen: gen}, set: l.set, loaded: time.Now(),
+		logger: l.logger.With("model", m.Name, "engine", name)}
 	if why := m.Decoder.Chat.Refused(); why != "" {
 		sm.logger.Warn("chat template refused: the model serves without chat", "reason", why)
 	}
@@ -181,7 +181,7 @@ func (s *Set) newDecoderModel(ctx context.Context, m *models.Model) (*Model, err
 // not clean (its program runs operators on the host, a fallback, a
 // recompile) refuses the model under the engine's strict warm-up, naming
 // the kind and bucket; otherwise it is logged and served.
-func (s *Set) judgeWarmups(model, engineName string, so engine.StepObserver) error {
+func (l *loader) judgeWarmups(model, engineName string, so engine.StepObserver) error {
 	shapes := so.Shapes()
 	for i, x := range so.Warmups() {
 		if v := steps.Check(&x); v.Clean || v.Unmeasured {
@@ -192,10 +192,10 @@ func (s *Set) judgeWarmups(model, engineName string, so engine.StepObserver) err
 			kind = "decode"
 		}
 		err := fmt.Errorf("model %s: warm-up of %s bucket %s is not clean on its second run: %s", model, kind, shapes[i].Label(), strings.Join(x.Reasons, "; "))
-		if s.engines.strictWarmup(engineName) {
+		if l.engines.strictWarmup(engineName) {
 			return err
 		}
-		s.logger.Warn("decoder warm-up not clean", "model", model, "err", err)
+		l.logger.Warn("decoder warm-up not clean", "model", model, "err", err)
 	}
 	return nil
 }

@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"time"
 
-	"github.com/stepserve/stepserve/batching"
-	"github.com/stepserve/stepserve/bucketing"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -79,7 +76,7 @@ func (s *Set) add(ctx context.Context, name string) error {
 		return fmt.Errorf("serving: model %s is already served; Load replaces it", name)
 	}
 	return s.guard(ctx, name, func() error {
-		sm, err := s.read(ctx, name, nil)
+		sm, err := s.loader.read(ctx, name, nil)
 		if err != nil {
 			return err
 		}
@@ -113,7 +110,7 @@ func (s *Set) Warmup(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		if ok && cur == m {
-			s.retire(m, true)
+			s.loader.retire(m, true)
 		}
 		s.startFailure(name, err)
 	}
@@ -164,7 +161,7 @@ func (s *Set) LoadWith(ctx context.Context, name string, override Override) erro
 	defer s.unlock()
 
 	err := s.guard(ctx, name, func() error {
-		sm, err := s.read(ctx, name, override)
+		sm, err := s.loader.read(ctx, name, override)
 		if err != nil {
 			return err
 		}
@@ -193,7 +190,7 @@ func (s *Set) LoadWith(ctx context.Context, name string, override Override) erro
 		_, served := s.served[name]
 		s.mu.Unlock()
 		if !served {
-			s.forget(name) // the series its runners created
+			s.loader.forget(name) // the series its runners created
 		}
 		return fmt.Errorf("%w: %w", ErrBadModel, err)
 	}
@@ -259,73 +256,6 @@ func (s *Set) guard(ctx context.Context, name string, load func() error) (err er
 	return load()
 }
 
-// read reads name from the repository and loads it onto its engines, not
-// warmed up. What it will take is checked before its weights are read:
-// model.yaml and the tensors' shapes, its batching keys, and its
-// estimated memory against the limit.
-func (s *Set) read(ctx context.Context, name string, override Override) (*Model, error) {
-	began := time.Now()
-	man, err := models.Open(s.opts.Repository, name)
-	if err != nil {
-		return nil, err
-	}
-	defer man.Close()
-	if override != nil {
-		if err := override(man.Config); err != nil {
-			return nil, fmt.Errorf("model %s: %w", name, err)
-		}
-		if err := man.Config.Validate(); err != nil {
-			return nil, fmt.Errorf("model %s: the load's config: %w", name, err)
-		}
-	}
-	grid, err := bucketing.NewGrid(man.Config.Buckets.Batch, man.Config.Buckets.Seq)
-	if err != nil {
-		return nil, fmt.Errorf("model %s: %w", name, err)
-	}
-	batchOpts, err := s.batchingOptions(name, man.Config)
-	if err != nil {
-		return nil, err
-	}
-	need, err := s.admit(man, s.enginesFor(man.Config), grid.Shapes())
-	if err != nil {
-		return nil, err
-	}
-	m, err := man.Load(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if n := len(m.Skipped); n > 0 {
-		s.logger.Info("model weights: tensors the model does not use were left unread", "model", name, "count", n,
-			"tensors", strings.Join(m.Skipped[:min(n, 16)], ", ")+map[bool]string{true: fmt.Sprintf(" and %d more", n-16)}[n > 16])
-	}
-	sm, err := s.newModel(ctx, m, grid, batchOpts)
-	if err != nil {
-		return nil, err
-	}
-	sm.resident = need
-	// Its own load, from reading the repository to its program on the
-	// engine: not the other models' that LoadAll reads before the
-	// warm-ups begin.
-	sm.loaded, sm.loadTook = began, time.Since(began)
-	return sm, nil
-}
-
-// enginesFor names the engines a model loads on: its own, then the
-// failover engine when there is one.
-func (s *Set) enginesFor(cfg *models.Config) []string {
-	name := cfg.Engine
-	if name == "" {
-		name = s.opts.DefaultEngine
-	}
-	fb := s.opts.Failover
-	if fb == "" || fb == name || cfg.Architecture == "torch" && fb == "cpu" {
-		// The Go CPU engine cannot run a PyTorch module: such a model
-		// has no failover there.
-		return []string{name}
-	}
-	return []string{name, fb}
-}
-
 // replace warms up a new version of a model before it takes over.
 func (s *Set) replace(ctx context.Context, sm *Model) error {
 	if err := sm.Warmup(ctx); err != nil {
@@ -342,7 +272,7 @@ func (s *Set) replace(ctx context.Context, sm *Model) error {
 	delete(s.failed, name)
 	s.mu.Unlock()
 	if old != nil {
-		s.retire(old, false)
+		s.loader.retire(old, false)
 	}
 	return nil
 }
@@ -361,30 +291,8 @@ func (s *Set) Unload(ctx context.Context, name string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q is not loaded", ErrUnknownModel, name)
 	}
-	s.retire(m, true)
+	s.loader.retire(m, true)
 	return nil
-}
-
-// retire drains and closes a model no longer reachable by name; forget
-// deletes its series too (not when a newer version took its name).
-func (s *Set) retire(m *Model, forget bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.DrainGrace)
-	defer cancel()
-	if err := m.drain(ctx); err != nil {
-		s.logger.Warn("unload: drain incomplete", "model", m.model.Name, "err", err)
-	}
-	m.closeWhenIdle(time.Second)
-	if forget {
-		s.forget(m.model.Name)
-	}
-	s.logger.Info("model unloaded", "model", m.model.Name, "replaced", !forget)
-}
-
-// forget deletes every series of a model no longer served.
-func (s *Set) forget(name string) {
-	s.opts.StepMetrics.Forget(name)
-	s.opts.BatchMetrics.Forget(name)
-	s.metrics.forget(name)
 }
 
 // untilStopping is ctx, cancelled also when the set starts draining.
@@ -392,33 +300,4 @@ func (s *Set) untilStopping(ctx context.Context) (context.Context, context.Cance
 	ctx, cancel := context.WithCancel(ctx)
 	unhook := context.AfterFunc(s.stopping, cancel)
 	return ctx, func() { unhook(); cancel() }
-}
-
-// batchingOptions merges model.yaml's batching keys over the defaults and
-// checks the result, before anything is loaded.
-func (s *Set) batchingOptions(name string, cfg *models.Config) (batching.Options, error) {
-	o := batching.Options{Model: name, Policy: s.opts.Batching, Metrics: s.opts.BatchMetrics, Logger: s.logger}
-	b := cfg.Batching
-	if b.MaxQueueDelay != nil {
-		o.Policy.MaxQueueDelay = *b.MaxQueueDelay
-	}
-	if b.MaxQueueSize != nil {
-		o.Policy.MaxQueueSize = *b.MaxQueueSize
-	}
-	if b.PriorityLevels != nil {
-		o.Policy.PriorityLevels = *b.PriorityLevels
-	}
-	if b.DefaultPriorityLevel != nil {
-		o.Policy.DefaultPriority = *b.DefaultPriorityLevel
-	}
-	if b.DefaultTimeout != nil {
-		o.Policy.DefaultTimeout = *b.DefaultTimeout
-	}
-	if b.MaxBatchTokens != nil {
-		o.Policy.MaxBatchTokens = *b.MaxBatchTokens
-	}
-	if err := o.Policy.Validate(); err != nil {
-		return o, fmt.Errorf("model %s: %s: %w", name, models.ConfigFile, err)
-	}
-	return o, nil
 }

@@ -22,31 +22,19 @@ import (
 // up and while at least instances.min_ready replicas are healthy (or a
 // failover engine serves it). Its methods are safe for concurrent use.
 type Model struct {
-	model  *models.Model
-	engine string
-	set    *Set
-	logger *slog.Logger
+	backend // what serves its requests, and what it reports of it (describe.go)
+	model   *models.Model
+	set     *Set
+	logger  *slog.Logger
 
 	// computeDtype is ComputeDtype's answer once the engine gave it:
 	// every request that carries floats asks it.
 	computeDtype atomic.Pointer[string]
 
-	program  engine.Program
-	runners  []*steps.Runner // one per replica; they share stats and explains
-	replicas *replicas
-	minReady int
-	fbProg   engine.Program // the failover engine's, when there is one
-	fallback *steps.Runner
-	fbEngine string // the failover engine's name, when there is one
-	batcher  *batching.Batcher
 	loaded   time.Time
 	loadTook time.Duration // its own load, to its program on the engine
 	readyIn  atomic.Int64  // ns of its own load and warm-up
 	resident int64         // the host memory estimated before it was loaded
-
-	// gen is a language model's loop (architecture decoder); nil for
-	// the others, which program, runners and batcher serve.
-	gen *generator
 
 	warmed atomic.Bool
 	closed atomic.Bool
@@ -56,16 +44,16 @@ type Model struct {
 
 // newModel loads m onto its engine (and the failover engine), with a
 // batcher in front; nothing is compiled yet.
-func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Grid, batchOpts batching.Options) (*Model, error) {
+func (l *loader) newModel(ctx context.Context, m *models.Model, grid *bucketing.Grid, batchOpts batching.Options) (*Model, error) {
 	if m.Decoder != nil {
-		return s.newDecoderModel(ctx, m)
+		return l.newDecoderModel(ctx, m)
 	}
-	engines := s.enginesFor(m.Config)
+	engines := l.enginesFor(m.Config)
 	name := engines[0]
 	var err error
-	sm := &Model{model: m, engine: name, set: s, loaded: time.Now(),
-		logger: s.logger.With("model", m.Name, "engine", name)}
-	if sm.program, sm.runners, err = s.load(ctx, m, name, grid); err != nil {
+	sm := &Model{model: m, backend: backend{engine: name}, set: l.set, loaded: time.Now(),
+		logger: l.logger.With("model", m.Name, "engine", name)}
+	if sm.program, sm.runners, err = l.load(ctx, m, name, grid); err != nil {
 		if len(engines) < 2 || !errors.Is(err, engine.ErrUnavailable) || ctx.Err() != nil {
 			return nil, err
 		}
@@ -73,11 +61,11 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 		// with a failover engine the model serves there instead, rather
 		// than keep the server from starting, until it is loaded again.
 		fb := engines[1]
-		s.logger.Warn("model's engine is unavailable; serving it on the failover engine until it is loaded again",
+		l.logger.Warn("model's engine is unavailable; serving it on the failover engine until it is loaded again",
 			"model", m.Name, "engine", name, "failover", fb, "err", err)
 		name, engines = fb, []string{fb}
-		sm.engine, sm.logger = fb, s.logger.With("model", m.Name, "engine", fb)
-		if sm.program, sm.runners, err = s.load(ctx, oneReplica(m), fb, grid); err != nil {
+		sm.engine, sm.logger = fb, l.logger.With("model", m.Name, "engine", fb)
+		if sm.program, sm.runners, err = l.load(ctx, oneReplica(m), fb, grid); err != nil {
 			return nil, err
 		}
 	}
@@ -92,13 +80,13 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 		// The failover engine holds one replica: instances place the
 		// model on its own engine's devices.
 		var fallbacks []*steps.Runner
-		if sm.fbProg, fallbacks, err = s.load(ctx, oneReplica(m), fb, grid); err != nil {
+		if sm.fbProg, fallbacks, err = l.load(ctx, oneReplica(m), fb, grid); err != nil {
 			sm.Close()
 			return nil, err
 		}
 		sm.fallback, sm.fbEngine = fallbacks[0], fb
 		runner = &failover{primary: runner, fallback: sm.fallback, primaryHealthy: sm.replicas.anyHealthy,
-			model: m.Name, from: name, to: fb, switched: s.metrics.addFailover(m.Name, name, fb).Inc, logger: s.logger}
+			model: m.Name, from: name, to: fb, switched: l.metrics.addFailover(m.Name, name, fb).Inc, logger: l.logger}
 	}
 	batchOpts.Padded = grid.Padded // for batching.max_batch_tokens
 	if sm.batcher, err = batching.New(runner, batchOpts); err != nil {
@@ -110,8 +98,8 @@ func (s *Set) newModel(ctx context.Context, m *models.Model, grid *bucketing.Gri
 
 // load makes a program for m on the named engine, and a runner for each
 // of its replicas.
-func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *bucketing.Grid) (engine.Program, []*steps.Runner, error) {
-	eng, err := s.engines.get(name)
+func (l *loader) load(ctx context.Context, m *models.Model, name string, grid *bucketing.Grid) (engine.Program, []*steps.Runner, error) {
+	eng, err := l.engines.get(name)
 	if err != nil {
 		return nil, nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
@@ -129,7 +117,7 @@ func (s *Set) load(ctx context.Context, m *models.Model, name string, grid *buck
 			m.Name, models.ConfigFile, need, len(reps), name)
 	}
 	first, err := steps.New(steps.Options{Model: m, Program: reps[0], Engine: eng.Name(), Device: reps[0].Device(), Grid: grid,
-		Logger: s.logger, Metrics: s.opts.StepMetrics, StrictWarmup: s.engines.strictWarmup(name)})
+		Logger: l.logger, Metrics: l.opts.StepMetrics, StrictWarmup: l.engines.strictWarmup(name)})
 	if err != nil {
 		prog.Close()
 		return nil, nil, err
@@ -251,7 +239,7 @@ func (m *Model) ComputeDtype() string {
 	if d := m.computeDtype.Load(); d != nil {
 		return *d
 	}
-	eng, err := m.set.engines.get(m.engine)
+	eng, err := m.set.loader.engines.get(m.engine)
 	if err != nil {
 		return "" // asked again next time
 	}
@@ -276,52 +264,6 @@ func (m *Model) Ready() bool {
 		return m.warmed.Load()
 	}
 	return m.warmed.Load() && (m.fallback != nil || m.replicas.Healthy() >= m.minReady)
-}
-
-// Replicas counts the model's replicas on its engine, and those healthy
-// now.
-func (m *Model) Replicas() (total, healthy int) {
-	if m.gen != nil {
-		return 1, 1
-	}
-	return len(m.runners), m.replicas.Healthy()
-}
-
-// Explains lists the model's last non-clean steps, newest first, on any
-// replica.
-func (m *Model) Explains() []Record {
-	if m.gen != nil {
-		return nil
-	}
-	return m.runners[0].Explains()
-}
-
-// ProgramReport is one compiled program's report (engine's), as
-// GET /v2/models/{model}/explain lists it: the doors read it from here,
-// not from the engine.
-type ProgramReport = engine.ProgramReport
-
-// Programs reports the model's compiled step programs, one per bucket
-// (per replica, and per kind for a language model's prefill and decode
-// buckets); nil where its engine reports none.
-func (m *Model) Programs(ctx context.Context) []ProgramReport {
-	var src any = m.program
-	if m.gen != nil {
-		src = m.gen.dec
-	}
-	if r, ok := src.(engine.ProgramReporter); ok {
-		return r.Programs(ctx)
-	}
-	return nil
-}
-
-// Stats summarises the model's steps per bucket since load, every
-// replica's.
-func (m *Model) Stats() []BucketStats {
-	if m.gen != nil {
-		return nil
-	}
-	return m.runners[0].Stats()
 }
 
 // Advise returns bucket advice for the model's traffic since it loaded

@@ -85,10 +85,8 @@ type Options struct {
 type Set struct {
 	opts    Options
 	logger  *slog.Logger
-	engines *engines
 	metrics *metrics
-
-	limit modelLimit
+	loader  *loader // makes and retires its models; owns the engines
 
 	mu     sync.RWMutex
 	served map[string]*Model
@@ -123,24 +121,25 @@ func New(opts Options) (*Set, error) {
 		return nil, fmt.Errorf("serving: batching defaults: %w", err)
 	}
 	s := &Set{opts: opts, logger: opts.Logger, served: map[string]*Model{}, failed: map[string]string{}, startFailed: map[string]bool{},
-		changing: make(chan struct{}, 1), limit: newModelLimit(opts.MaxModelBytes)}
+		changing: make(chan struct{}, 1)}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
-	var err error
-	if s.engines, err = newEngines(opts.Engines); err != nil {
+	engines, err := newEngines(opts.Engines)
+	if err != nil {
 		return nil, err
 	}
 	for _, name := range []string{opts.DefaultEngine, opts.Failover} {
 		if _, ok := opts.Engines[name]; name != "" && !ok {
-			return nil, fmt.Errorf("serving: engine %q is not among the engines given (%s)", name, strings.Join(s.engines.names(), ", "))
+			return nil, fmt.Errorf("serving: engine %q is not among the engines given (%s)", name, strings.Join(engines.names(), ", "))
 		}
 	}
 	if s.metrics, err = newMetrics(opts.Registerer, s); err != nil {
 		return nil, err
 	}
-	s.logger.Info("model limits", "max_model_bytes", s.limit.why, "load_timeout", opts.LoadTimeout)
+	s.loader = &loader{set: s, opts: &s.opts, logger: s.logger, engines: engines, metrics: s.metrics, limit: newModelLimit(opts.MaxModelBytes)}
+	s.logger.Info("model limits", "max_model_bytes", s.loader.limit.why, "load_timeout", opts.LoadTimeout)
 	return s, nil
 }
 
@@ -255,7 +254,7 @@ func (s *Set) Close() error {
 	s.mu.Lock()
 	clear(s.served)
 	s.mu.Unlock()
-	errs = append(errs, s.engines.close())
+	errs = append(errs, s.loader.engines.close())
 	return errors.Join(errs...)
 }
 

@@ -49,7 +49,7 @@ func newModelLimit(n int64) modelLimit {
 // it loads on allocates for its buckets. A model being reloaded counts
 // twice, since both versions are resident while the new one warms up. It
 // returns the model's own estimate.
-func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) (int64, error) {
+func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) (int64, error) {
 	weights := man.Weights.ResidentBytes()
 	need := weights
 	parts := []string{"weights " + bytesize.Format(weights)}
@@ -68,7 +68,7 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 			parts = append(parts, fmt.Sprintf("engine %s %s (KV cache %s)", name, bytesize.Format(n), bytesize.Format(man.Config.KVCacheBytes())))
 			break
 		}
-		eng, err := s.engines.get(name)
+		eng, err := l.engines.get(name)
 		if err != nil {
 			return 0, fmt.Errorf("model %s: %w", man.Name, err)
 		}
@@ -84,18 +84,18 @@ func (s *Set) admit(man *models.Manifest, engines []string, shapes []bucketing.S
 		}
 		parts = append(parts, part)
 	}
-	if need > s.limit.bytes {
+	if need > l.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident (%s), above models.max_model_bytes (%s); use fewer or smaller buckets, or raise the limit",
-			man.Name, bytesize.Format(need), strings.Join(parts, ", "), s.limit.why)
+			man.Name, bytesize.Format(need), strings.Join(parts, ", "), l.limit.why)
 	}
 	var held int64
-	served := s.Models()
+	served := l.set.Models()
 	for _, m := range served {
 		held = addBytes(held, m.resident)
 	}
-	if total := addBytes(held, need); total > s.limit.bytes {
+	if total := addBytes(held, need); total > l.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident, and the %d models served hold about %s: %s together, above models.max_model_bytes (%s), the memory all models may hold; unload a model first, or raise the limit",
-			man.Name, bytesize.Format(need), len(served), bytesize.Format(held), bytesize.Format(total), s.limit.why)
+			man.Name, bytesize.Format(need), len(served), bytesize.Format(held), bytesize.Format(total), l.limit.why)
 	}
 	return need, nil
 }
