@@ -11,10 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/stepserve/stepserve/server/core"
 )
 
 // The response never outgrows the JSON bound its buffer is sized to.
@@ -22,7 +21,7 @@ func TestResponseFitsItsFootprint(t *testing.T) {
 	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
 	body := []byte(`{"id":"\u003c<>&","inputs":[{"name":"x","datatype":"FP32","shape":[4,3],"data":[-1.1754944e-38,2,3,4,5,6,7,8,9,10,11,-3.4028235e38]}]}`)
-	_, fp, err := core.ParseRequest(body, -1, f.program().Model, 1<<20)
+	_, fp, err := wire.ParseRequest(body, -1, f.program().Model, 1<<20)
 	require.NoError(t, err)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body)
 	require.Equal(t, http.StatusOK, w.Code, w.Body.String())

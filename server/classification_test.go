@@ -18,7 +18,7 @@ import (
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -159,7 +159,7 @@ func TestClassifyDatatypes(t *testing.T) {
 		{models.FP32, 4, nan, []string{"2:1", "1:0", "0:3", "NaN:2"}},
 	} {
 		spec := models.TensorSpec{Name: "o", Datatype: tt.dt, Shape: []int{-1, tt.width}}
-		assert.Equal(t, tt.want, core.Classify(spec, nil, tt.data, 1, tt.width), tt.dt)
+		assert.Equal(t, tt.want, wire.Classify(spec, nil, tt.data, 1, tt.width), tt.dt)
 	}
 	// Subnormal and negative half floats read right.
 	assert.Equal(t, float32(-2), half.ToFloat32(0xc000))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/wire"
 )
 
 // A model's refusal of a request's values is the client's to fix: a 400
@@ -42,7 +43,7 @@ func stringsModel() *models.Model {
 
 func TestStringInputs(t *testing.T) {
 	m := stringsModel()
-	req, err := core.DecodeRequest([]byte(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"data":["The water is warm.","hello"]}]}`), -1, m, 1<<20)
+	req, err := wire.DecodeRequest([]byte(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"data":["The water is warm.","hello"]}]}`), -1, m, 1<<20)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"The water is warm.", "hello"}, req.Inputs[0].Strings)
 
@@ -52,7 +53,7 @@ func TestStringInputs(t *testing.T) {
 		blob = append(blob, s...)
 	}
 	header := fmt.Sprintf(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"parameters":{"binary_data_size":%d}}]}`, len(blob))
-	req, err = core.DecodeRequest([]byte(header+string(blob)), len(header), m, 1<<20)
+	req, err = wire.DecodeRequest([]byte(header+string(blob)), len(header), m, 1<<20)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"one", "two words"}, req.Inputs[0].Strings)
 	assert.Equal(t, 2, req.Rows)
@@ -69,7 +70,7 @@ func TestStringInputs(t *testing.T) {
 		{`{"inputs":[{"name":"s","datatype":"FP32","shape":[1],"data":[7]}]}`, -1, "datatype FP32, want BYTES"},
 		{lying + "\x09\x00\x00\x00abcd", len(lying), "element 0: length 9 runs past the 4 bytes of binary data left"},
 	} {
-		_, err := core.DecodeRequest([]byte(tc.body), tc.headerLen, m, 1<<20)
+		_, err := wire.DecodeRequest([]byte(tc.body), tc.headerLen, m, 1<<20)
 		require.Error(t, err, tc.body)
 		assert.Equal(t, 400, core.StatusOf(err))
 		assert.ErrorContains(t, err, tc.want)
@@ -84,7 +85,7 @@ func TestVariableLengthInputs(t *testing.T) {
 		},
 		Outputs: []models.TensorSpec{{Name: "y", Datatype: models.FP32, Shape: []int{-1, 2}}},
 	}}
-	req, err := core.DecodeRequest([]byte(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2,3],"data":[[5,6,7],[8,9,0]]},{"name":"mask","datatype":"INT64","shape":[2,3],"data":[[1,1,1],[1,1,0]]}]}`), -1, m, 1<<20)
+	req, err := wire.DecodeRequest([]byte(`{"inputs":[{"name":"ids","datatype":"INT64","shape":[2,3],"data":[[5,6,7],[8,9,0]]},{"name":"mask","datatype":"INT64","shape":[2,3],"data":[[1,1,1],[1,1,0]]}]}`), -1, m, 1<<20)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{2, 3}, req.Inputs[0].Shape)
 	assert.Len(t, req.Inputs[0].Data, 6*8)
@@ -94,7 +95,7 @@ func TestVariableLengthInputs(t *testing.T) {
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2]}]}`, `missing input "mask"`},
 		{`{"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2.5]},{"name":"mask","datatype":"INT64","shape":[1,2],"data":[1,1]}]}`, `element 1: 2.5 is not an integer in the INT64 range`},
 	} {
-		_, err := core.DecodeRequest([]byte(tc.body), -1, m, 1<<20)
+		_, err := wire.DecodeRequest([]byte(tc.body), -1, m, 1<<20)
 		require.Error(t, err, tc.body)
 		assert.Equal(t, 400, core.StatusOf(err), tc.body)
 		assert.ErrorContains(t, err, tc.want)
@@ -106,7 +107,7 @@ func TestManyStringsForAShapeOfOne(t *testing.T) {
 	m := stringsModel()
 	body := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"data":[` + strings.Repeat(`"",`, 1<<20) + `""]}]}`
 	allocs := testing.AllocsPerRun(1, func() {
-		_, err := core.DecodeRequest([]byte(body), -1, m, 1<<30)
+		_, err := wire.DecodeRequest([]byte(body), -1, m, 1<<30)
 		assert.ErrorContains(t, err, `input "s": more strings than the shape holds (1)`)
 	})
 	// A million strings built would be a million allocations; the bound
@@ -119,6 +120,6 @@ func TestManyStringsForAShapeOfOne(t *testing.T) {
 		blob = binary.LittleEndian.AppendUint32(blob, 0)
 	}
 	hdr := `{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"parameters":{"binary_data_size":12}}]}`
-	_, err := core.DecodeRequest([]byte(hdr+string(blob)), len(hdr), m, 1<<20)
+	_, err := wire.DecodeRequest([]byte(hdr+string(blob)), len(hdr), m, 1<<20)
 	assert.ErrorContains(t, err, `input "s": more strings than the shape holds (2)`)
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepserve/stepserve/engine"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
 )
@@ -221,7 +221,7 @@ func TestRequestParameters(t *testing.T) {
 	f := newSumMax(t)
 	s, _ := newTestServer(t, f)
 	body := []byte(`{"parameters":{"priority":1,"timeout":1500},"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}`)
-	req, err := core.DecodeRequest(body, -1, f.program().Model, 1<<20)
+	req, err := wire.DecodeRequest(body, -1, f.program().Model, 1<<20)
 	require.NoError(t, err)
 	assert.Equal(t, serving.Params{Priority: 1, Timeout: 1500 * time.Microsecond}, req.ForModel().Params)
 	w := do(t, s, "POST", "/v2/models/summax/infer", body)

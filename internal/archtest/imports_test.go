@@ -27,9 +27,11 @@ var layers = [][]string{
 	{"steps"},
 	{"batching"},
 	{"config", "serving"},
-	{"server/inferencepb", "server/shm", "server/core"},
-	{"server/triton"}, // Triton's model configuration and statistics
-	{"server/text"}, // what the text doors share
+	{"server/inferencepb", "server/apierr"},
+	{"server/shm"},                   // the shared-memory registry
+	{"server/wire"},                  // OIP's tensors, checked and bounded
+	{"server/core"},                  // the request lifecycle and what every door shares
+	{"server/triton", "server/text"}, // Triton's configuration; what the text doors share
 	{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}, // the doors
 	{"server"},
 	{"cmd/...", "bench/..."},
@@ -39,7 +41,7 @@ var layers = [][]string{
 // none of below: they reach the models through serving.
 var (
 	doors      = []string{"server/oip", "server/grpcapi", "server/openai", "server/tei", "server/admin"}
-	doorShared = []string{"server/core", "server/shm", "server/text", "server/triton"}
+	doorShared = []string{"server/apierr", "server/shm", "server/wire", "server/core", "server/text", "server/triton"}
 	pastDoors  = []string{"engine", "engine/...", "batching", "generation", "steps"}
 )
 

@@ -5,7 +5,7 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/triton"
 )
 
@@ -18,7 +18,7 @@ func (s *API) repositoryIndex(r *http.Request) (any, error) {
 	}
 	if r.ContentLength != 0 {
 		if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4096)).Decode(&body); err != nil {
-			return nil, core.BadRequest(`repository index: the body must be empty or {"ready": true|false}`)
+			return nil, apierr.BadRequest(`repository index: the body must be empty or {"ready": true|false}`)
 		}
 	}
 	return s.c.Index(r.Context(), body.Ready)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/stepserve/stepserve/internal/clip"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // Triton's system shared-memory extension over HTTP; [core.SharedMemory]
@@ -34,7 +34,7 @@ func regionName(r *http.Request) (string, error) {
 	}
 	name, err := url.PathUnescape(raw)
 	if err != nil {
-		return "", core.BadRequest(fmt.Sprintf("region name %s is not a valid URL path segment", strconv.Quote(clip.Clip(raw, 64))))
+		return "", apierr.BadRequest(fmt.Sprintf("region name %s is not a valid URL path segment", strconv.Quote(clip.Clip(raw, 64))))
 	}
 	return name, nil
 }
@@ -54,11 +54,11 @@ func (s *API) sharedMemoryRegister(r *http.Request) (any, error) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxRegisterBody))
 	if err != nil {
-		return nil, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("failed to register shared memory region: the body is at most %d bytes", maxRegisterBody)}
+		return nil, &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("failed to register shared memory region: the body is at most %d bytes", maxRegisterBody)}
 	}
 	key, offset, byteSize, err := decodeRegister(body)
 	if err != nil {
-		return nil, core.BadRequest(fmt.Sprintf("failed to register shared memory region: %v; send %s", err, registerShape))
+		return nil, apierr.BadRequest(fmt.Sprintf("failed to register shared memory region: %v; send %s", err, registerShape))
 	}
 	if err := s.c.SharedMemory.Register(name, key, offset, byteSize); err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 )
 
@@ -38,15 +39,15 @@ func (s *API) traceSettingsOf(r *http.Request, model string) (any, error) {
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, trace.MaxSettingsBytes+1))
 	if err != nil {
-		return nil, core.BadRequest(fmt.Sprintf("reading the request body: %v", err))
+		return nil, apierr.BadRequest(fmt.Sprintf("reading the request body: %v", err))
 	}
 	if len(body) > trace.MaxSettingsBytes {
-		return nil, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("trace settings are at most %d bytes", trace.MaxSettingsBytes)}
+		return nil, &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("trace settings are at most %d bytes", trace.MaxSettingsBytes)}
 	}
 	st, err := s.c.Opts.Tracer.Update(model, body)
 	var bad *trace.BadSettingsError
 	if errors.As(err, &bad) {
-		return nil, core.BadRequest(bad.Error())
+		return nil, apierr.BadRequest(bad.Error())
 	}
 	return st, err
 }
@@ -69,10 +70,10 @@ func (s *API) traceFile(w http.ResponseWriter, r *http.Request) {
 	f, info, err := s.c.Opts.Tracer.Files().Open(name)
 	switch {
 	case errors.Is(err, trace.ErrBadName):
-		core.WriteError(w, http.StatusBadRequest, fmt.Sprintf("%q is not a trace file name; want a name GET /v2/trace/files lists (NAME.N.json)", core.ClipName(name)))
+		core.WriteError(w, http.StatusBadRequest, fmt.Sprintf("%q is not a trace file name; want a name GET /v2/trace/files lists (NAME.N.json)", apierr.ClipName(name)))
 		return
 	case errors.Is(err, trace.ErrNoFile):
-		core.WriteError(w, http.StatusNotFound, fmt.Sprintf("no trace file %q; GET /v2/trace/files lists them", core.ClipName(name)))
+		core.WriteError(w, http.StatusNotFound, fmt.Sprintf("no trace file %q; GET /v2/trace/files lists them", apierr.ClipName(name)))
 		return
 	case err != nil:
 		core.WriteError(w, http.StatusInternalServerError, err.Error())

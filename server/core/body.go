@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/apierr"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -42,7 +44,7 @@ func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 	}
 	c.Logger.LogAttrs(ctx, level, "request", slog.String("protocol", ProtocolLabels[protocol]), slog.String("method", method),
 		slog.String("path", path), slog.String("model", model), slog.Int("status", status), slog.Int("rows", info.Rows),
-		slog.Int64("bytes", bytes), slog.String("took", took.String()), slog.String("id", ClipName(info.ID)))
+		slog.Int64("bytes", bytes), slog.String("took", took.String()), slog.String("id", apierr.ClipName(info.ID)))
 }
 
 // run runs a checked request on m, whichever protocol it came by: it
@@ -53,20 +55,20 @@ func (c *Core) LogRequest(ctx context.Context, protocol int, method, path, model
 // name shared-memory regions holds them meanwhile: its inputs are copied
 // out of them before decoding, and its outputs into them once the model
 // has run.
-func (c *Core) run(ctx context.Context, ch *Charge, m *serving.Model, req *InferRequest, f Footprint) (*serving.Model, *serving.Result, error) {
-	if req.shm {
+func (c *Core) run(ctx context.Context, ch *Charge, m *serving.Model, req *wire.InferRequest, f wire.Footprint) (*serving.Model, *serving.Result, error) {
+	if req.SharedMemory() {
 		// Held, and checked against their regions, before the request
 		// waits for anything; let go once its outputs are written.
-		if err := req.holdSharedMemory(c.SharedMemory, m.Model()); err != nil {
+		if err := req.HoldSharedMemory(c.SharedMemory, m.Model()); err != nil {
 			return m, nil, err
 		}
-		defer req.releaseSharedMemory(c.SharedMemory)
+		defer req.ReleaseSharedMemory(c.SharedMemory)
 	}
 	if err := c.admit(ctx, ch, f); err != nil {
 		return m, nil, err
 	}
-	if req.shm {
-		if err := req.readSharedMemory(); err != nil {
+	if req.SharedMemory() {
+		if err := req.ReadSharedMemory(); err != nil {
 			return m, nil, err
 		}
 	}
@@ -74,14 +76,14 @@ func (c *Core) run(ctx context.Context, ch *Charge, m *serving.Model, req *Infer
 		return m, nil, err
 	}
 	if m.ComputeDtype() == "float16" {
-		if err := req.fitFloat16(m.Model()); err != nil {
+		if err := req.FitFloat16(m.Model()); err != nil {
 			return m, nil, err
 		}
 	}
 	req.Trace.Stamp(trace.Decoded)
 	m, res, err := m.Infer(ctx, req.ForModel())
-	if err == nil && req.shm {
-		if err := req.writeSharedMemory(m.Model(), res); err != nil {
+	if err == nil && req.SharedMemory() {
+		if err := req.WriteSharedMemory(m.Model(), res); err != nil {
 			return m, nil, err
 		}
 	}
@@ -99,8 +101,8 @@ const bodyStart = 64 << 10
 func (c *Core) ReadBody(w http.ResponseWriter, r *http.Request, ch *Charge) ([]byte, error) {
 	limit := c.Opts.MaxBodyBytes
 	tooLarge := func() error {
-		return &Error{http.StatusRequestEntityTooLarge,
-			fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}
+		return &apierr.Error{Status: http.StatusRequestEntityTooLarge,
+			Msg: fmt.Sprintf("request body exceeds the %d-byte limit (server.max_body_bytes)", limit)}
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge()
@@ -119,10 +121,10 @@ func (c *Core) ReadBody(w http.ResponseWriter, r *http.Request, ch *Charge) ([]b
 		case err != nil:
 			return nil, bodyError(err, tooLarge)
 		case int64(len(body)) > limit:
-			return nil, &Error{http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("request body decompresses to more than the %d-byte limit (server.max_body_bytes)", limit)}
+			return nil, &apierr.Error{Status: http.StatusRequestEntityTooLarge,
+				Msg: fmt.Sprintf("request body decompresses to more than the %d-byte limit (server.max_body_bytes)", limit)}
 		case len(body) == 0:
-			return nil, BadRequest("empty request body; want an inference request (JSON)")
+			return nil, apierr.BadRequest("empty request body; want an inference request (JSON)")
 		}
 		return body, nil
 	}
@@ -138,7 +140,7 @@ func (c *Core) ReadBody(w http.ResponseWriter, r *http.Request, ch *Charge) ([]b
 		return nil, bodyError(err, tooLarge)
 	}
 	if len(body) == 0 {
-		return nil, BadRequest("empty request body; want an inference request (JSON)")
+		return nil, apierr.BadRequest("empty request body; want an inference request (JSON)")
 	}
 	return body, nil
 }
@@ -189,16 +191,16 @@ func readGrowing(r *http.Request, src io.Reader, size, start, factor int64, ch *
 func bodyError(err error, tooLarge func() error) error {
 	var mbe *http.MaxBytesError
 	var ne net.Error
-	var ae *Error
+	var ae *apierr.Error
 	switch {
 	case errors.As(err, &ae):
 		return err
 	case errors.As(err, &mbe):
 		return tooLarge()
 	case errors.As(err, &ne) && ne.Timeout():
-		return &Error{http.StatusRequestTimeout, "the request body did not arrive within server.read_timeout"}
+		return &apierr.Error{Status: http.StatusRequestTimeout, Msg: "the request body did not arrive within server.read_timeout"}
 	case errors.Is(err, context.Canceled):
 		return err
 	}
-	return BadRequest(fmt.Sprintf("reading the request body: %v", err))
+	return apierr.BadRequest(fmt.Sprintf("reading the request body: %v", err))
 }

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/internal/bytesize"
-	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
+	"github.com/stepserve/stepserve/server/wire"
 )
 
 // DefaultBudgetWait is how long a request waits for in-flight memory that others
@@ -122,7 +123,7 @@ var errBudgetBusy = errors.New("server: the in-flight budget stayed spent")
 var ErrBusy = errors.New("server: the in-flight budget is spent; retry")
 
 // busyError is a 503 that is also [ErrBusy].
-type busyError struct{ err *Error }
+type busyError struct{ err *apierr.Error }
 
 func (e busyError) Error() string   { return e.err.Msg }
 func (e busyError) Unwrap() []error { return []error{e.err, ErrBusy} }
@@ -144,7 +145,7 @@ func (c *Charge) Take(ctx context.Context, n int64, what string) error {
 		return nil
 	}
 	if c.held+n > c.Budget.limit {
-		return &Error{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+		return &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
 			"%s would take about %s of memory, more than the server's whole in-flight budget of %s (server.max_inflight_bytes); send a smaller request",
 			what, bytesize.Format(c.held+n), bytesize.Format(c.Budget.limit))}
 	}
@@ -153,7 +154,7 @@ func (c *Charge) Take(ctx context.Context, n int64, what string) error {
 			if err != errBudgetBusy {
 				return err
 			}
-			return busyError{err: &Error{http.StatusServiceUnavailable, fmt.Sprintf(
+			return busyError{err: &apierr.Error{Status: http.StatusServiceUnavailable, Msg: fmt.Sprintf(
 				"the server is busy: requests in flight hold %s of its %s in-flight budget (server.max_inflight_bytes), and %s needs %s more; retry",
 				bytesize.Format(c.Budget.used.Load()), bytesize.Format(c.Budget.limit), what, bytesize.Format(n))}}
 		}
@@ -179,92 +180,19 @@ func (c *Charge) Release() {
 	}
 }
 
-// A Footprint is what a request will hold in memory until its response is
-// written, bounded from its declared shapes before any of it is built.
-type Footprint struct {
-	rows    int
-	inputs  int64 // the decoded tensors
-	step    int64 // what the model builds for the step from them
-	Outputs int64 // the output buffers
-	JSON    int64 // the response's JSON (for gRPC: the whole encoded response)
-	Binary  int64 // the binary outputs written after the JSON (the output buffers themselves)
-	classes int64 // binary classification outputs, built for the response
-	scratch int64 // what building the response takes besides (classification's ranking)
-	// Protobuf says the response is gRPC's: json is then its encoding,
-	// raw outputs included, and binary is zero.
-	Protobuf bool
-}
-
-// memory is what the request will take beyond its body.
-func (f Footprint) memory() int64 {
-	return f.inputs + f.step + f.Outputs + f.JSON + f.classes + f.scratch
-}
-
-// response is the size of the response.
-func (f Footprint) response() int64 { return f.JSON + f.Binary + f.classes }
-
-// FootprintOf bounds what a parsed request will cost, given the bytes its
-// inputs take decoded and the longest sequence they declare (0: none): the
-// model's step inputs and every output at the longest sequence the request
-// may take, and its response at the longest JSON each value may take.
-func FootprintOf(m *models.Model, req *InferRequest, inputs int64, seq int) Footprint {
-	cfg := m.Config
-	f := Footprint{rows: req.Rows, inputs: inputs}
-	if seq == 0 {
-		seq = cfg.MaxSeq() // text: its tokens may be as long as the longest bucket
-	}
-	rows := int64(req.Rows)
-	f.step = m.StepBytes(req.Rows, seq)
-	// The JSON around the values: names, shapes and punctuation; an id may
-	// be escaped six bytes to one.
-	f.JSON = 64 + int64(len(m.Name)+len(m.Version)+6*len(req.ID))
-	for i, o := range cfg.Outputs {
-		rowBytes := rows * int64(o.RowBytes(seq))
-		f.Outputs += rowBytes
-		for _, c := range req.Outputs {
-			switch {
-			case c.Index != i:
-			case c.SharedMemory != nil:
-				// Its metadata and the region's parameters; the data goes
-				// to the region.
-				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape)) + shmParamsJSON + 2*int64(len(c.SharedMemory.Region))
-			case c.Classes > 0:
-				f.JSON += 112 + int64(len(o.Name)+21*2)
-				var labels []string
-				if i < len(m.Labels) {
-					labels = m.Labels[i]
-				}
-				f.scratch = max(f.scratch, classScratch(o)) // one output at a time
-				strs := rows * int64(c.Classes) * classElementBytes(o.Datatype, o.RowElements(seq), labels, !c.Binary)
-				if c.Binary {
-					f.classes += strs
-				} else {
-					f.JSON += strs
-				}
-			case c.Binary:
-				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape))
-				f.Binary += rowBytes
-			default:
-				f.JSON += 112 + int64(len(o.Name)+21*len(o.Shape)) + rows*int64(o.RowElements(seq)*jsonValueBytes(o.Datatype))
-			}
-		}
-	}
-	return f
-}
-
 // admit checks a parsed request's footprint against the response limit
 // and takes its memory from the in-flight budget, on top of its body's.
-func (c *Core) admit(ctx context.Context, ch *Charge, f Footprint) error {
-	if f.response() > c.Opts.MaxResponseBytes {
-		perRow, of, advice := f.response()/int64(max(f.rows, 1)), "", "send fewer rows"
+func (c *Core) admit(ctx context.Context, ch *Charge, f wire.Footprint) error {
+	if f.Response() > c.Opts.MaxResponseBytes {
+		perRow, of, advice := f.Response()/int64(max(f.Rows, 1)), "", "send fewer rows"
 		if f.JSON > f.Binary && !f.Protobuf {
 			of, advice = " of JSON", "send fewer rows or ask for binary outputs"
 		}
-		return &Error{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+		return &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
 			"the response would be about %s (%d rows x %s%s), above server.max_response_bytes (%s); %s",
-			bytesize.Format(f.response()), f.rows, bytesize.Format(perRow), of, bytesize.Format(c.Opts.MaxResponseBytes), advice)}
+			bytesize.Format(f.Response()), f.Rows, bytesize.Format(perRow), of, bytesize.Format(c.Opts.MaxResponseBytes), advice)}
 	}
-	return ch.Take(ctx, f.memory(), "the request")
+	return ch.Take(ctx, f.Memory(), "the request")
 }
 
 // Charge is a new, empty charge against c's budget, waiting c.BudgetWait

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -162,7 +163,7 @@ func (k *Call) Trace() *trace.Request {
 // Infer runs a checked request on the call's model, its footprint f
 // charged first (see [Core.run]); the model becomes the one that ran it,
 // a reload's successor if one replaced it.
-func (k *Call) Infer(req *InferRequest, f Footprint) (*serving.Result, error) {
+func (k *Call) Infer(req *wire.InferRequest, f wire.Footprint) (*serving.Result, error) {
 	if tr := k.Trace(); tr != nil {
 		req.Trace, tr.ID, tr.Rows = tr, req.ID, req.Rows
 	}

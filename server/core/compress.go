@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // minCompressBytes is the smallest response worth compressing: below it,
@@ -34,7 +36,7 @@ func decodedBody(r *http.Request) (io.Reader, bool, error) {
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(r.Body)
 		if err != nil {
-			return nil, true, BadRequest(fmt.Sprintf("the body is not gzip (Content-Encoding: gzip): %v", err))
+			return nil, true, apierr.BadRequest(fmt.Sprintf("the body is not gzip (Content-Encoding: gzip): %v", err))
 		}
 		return zr, true, nil
 	case "deflate":
@@ -44,19 +46,19 @@ func decodedBody(r *http.Request) (io.Reader, bool, error) {
 		br := bufio.NewReader(r.Body)
 		head, err := br.Peek(2)
 		if err != nil {
-			return nil, true, BadRequest(fmt.Sprintf("the body is not deflate (Content-Encoding: deflate): %v", err))
+			return nil, true, apierr.BadRequest(fmt.Sprintf("the body is not deflate (Content-Encoding: deflate): %v", err))
 		}
 		if head[0]&0x0f == 8 && (uint16(head[0])<<8|uint16(head[1]))%31 == 0 {
 			zr, err := zlib.NewReader(br)
 			if err != nil {
-				return nil, true, BadRequest(fmt.Sprintf("the body is not deflate (Content-Encoding: deflate): %v", err))
+				return nil, true, apierr.BadRequest(fmt.Sprintf("the body is not deflate (Content-Encoding: deflate): %v", err))
 			}
 			return zr, true, nil
 		}
 		return flate.NewReader(br), true, nil
 	}
-	return nil, false, &Error{http.StatusUnsupportedMediaType,
-		fmt.Sprintf("Content-Encoding %q is not supported; send gzip, deflate or identity", ClipName(enc))}
+	return nil, false, &apierr.Error{Status: http.StatusUnsupportedMediaType,
+		Msg: fmt.Sprintf("Content-Encoding %q is not supported; send gzip, deflate or identity", apierr.ClipName(enc))}
 }
 
 // CompressResponses compresses the responses of next that are at least

@@ -8,7 +8,7 @@
 //     and log line run there once;
 //   - model lookup by name and version ([Core.Lookup]), readiness, and the
 //     server's metadata;
-//   - the in-flight budget ([Budget], [Charge], [Footprint]): what a request
+//   - the in-flight budget ([Budget], [Charge], [wire.Footprint]): what a request
 //     will cost is bounded from its declared shapes and charged before any
 //     of it is built, until its response is written;
 //   - bearer tokens per scope ([Tokens], [Bearer], [Core.AdminAuth]);
@@ -16,7 +16,7 @@
 //     ([GRPCError]) from one table;
 //   - request metrics ([Metrics]) and request logs ([Core.LogRequest]);
 //   - connection limits ([ConnLimit]) and response compression;
-//   - the inference request every door decodes into ([InferRequest]):
+//   - the inference request every door decodes into ([wire.InferRequest]):
 //     OIP's tensors, checked against the model's signature and the wire
 //     limits, run by [Call.Infer] through [serving.Model.Infer];
 //   - the operations behind Triton's extensions (repository, logging, the
@@ -24,8 +24,8 @@
 //     and gRPC both offer; Triton's model configuration and statistics
 //     are server/triton's.
 //
-// It knows no wire format of its own beyond OIP's JSON request and the
-// binary-tensor extension it shares with every door, and imports no door,
+// The refusals it and the layers below return are apierr.Errors. It knows
+// no wire format of its own, and imports no door,
 // and nothing past serving (no engine, batcher, generation loop or step
 // runner).
 package core
@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stepserve/stepserve/internal/memlimit"
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/shm"
 	"github.com/stepserve/stepserve/serving"
 )
@@ -158,7 +159,7 @@ func (c *Core) Lookup(name, v string) (*serving.Model, error) {
 }
 
 func NotReady(name string) error {
-	return &Error{http.StatusServiceUnavailable, fmt.Sprintf("model %s is not ready", name)}
+	return &apierr.Error{Status: http.StatusServiceUnavailable, Msg: fmt.Sprintf("model %s is not ready", name)}
 }
 
 func (c *Core) Live(r *http.Request) (any, error) {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -16,28 +17,12 @@ import (
 // the answer; it is logged and counted, never seen by the client.
 const StatusClientClosed = 499
 
-// Error is an error with the HTTP status it maps to. Every handler
-// failure becomes one, and [writeError] is the only writer of error bodies.
-type Error struct {
-	Status int
-	Msg    string
-}
-
-func (e *Error) Error() string { return e.Msg }
-
-func BadRequest(msg string) *Error { return &Error{http.StatusBadRequest, msg} }
-
-func NotFound(msg string) *Error { return &Error{http.StatusNotFound, msg} }
-
 // StatusOf maps an error from a model's Infer to a status code.
 func StatusOf(err error) int {
-	var ae *Error
-	var hs interface{ HTTPStatus() int }
+	var ae *apierr.Error
 	switch {
 	case errors.As(err, &ae):
 		return ae.Status
-	case errors.As(err, &hs):
-		return hs.HTTPStatus() // a subject's own refusal (shared memory's)
 	case errors.Is(err, serving.ErrStopping):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, serving.ErrUnknownModel):
@@ -101,16 +86,16 @@ func WriteError(w http.ResponseWriter, status int, msg string) {
 // modelNotFound names the model asked for, without echoing unbounded
 // input. It begins with Triton's words, which Triton's clients and tests
 // match on.
-func modelNotFound(name string) *Error {
+func modelNotFound(name string) *apierr.Error {
 	if !validName(name) {
-		return NotFound("Request for unknown model; model names are letters, digits, '_', '.' and '-'")
+		return apierr.NotFound("Request for unknown model; model names are letters, digits, '_', '.' and '-'")
 	}
-	return NotFound("Request for unknown model: " + QuoteModel(name) + " is not found")
+	return apierr.NotFound("Request for unknown model: " + QuoteModel(name) + " is not found")
 }
 
 // versionNotFound is modelNotFound for a version m does not serve.
-func versionNotFound(m *serving.Model, v string) *Error {
-	return NotFound(fmt.Sprintf("Request for unknown model: %s version %s is not found; it serves version %s",
+func versionNotFound(m *serving.Model, v string) *apierr.Error {
+	return apierr.NotFound(fmt.Sprintf("Request for unknown model: %s version %s is not found; it serves version %s",
 		QuoteModel(m.Model().Name), quoteVersion(v), m.Model().Version))
 }
 
@@ -121,7 +106,7 @@ func QuoteModel(name string) string {
 	if validName(name) {
 		return "'" + name + "'"
 	}
-	return strconv.Quote(ClipName(name))
+	return strconv.Quote(apierr.ClipName(name))
 }
 
 // quoteVersion writes a version from a request as Triton does (bare), or
@@ -130,7 +115,7 @@ func quoteVersion(v string) string {
 	if validName(v) {
 		return v
 	}
-	return strconv.Quote(ClipName(v))
+	return strconv.Quote(apierr.ClipName(v))
 }
 
 func validName(s string) bool { return len(s) <= 128 && models.ValidName(s) }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,7 +18,7 @@ func TestGRPCCodes(t *testing.T) {
 	} {
 		assert.Equal(t, want, grpcCode(st), "%d", st)
 	}
-	long := GRPCError(BadRequest(strings.Repeat("x", 100_000)))
+	long := GRPCError(apierr.BadRequest(strings.Repeat("x", 100_000)))
 	msg := status.Convert(long).Message()
 	assert.LessOrEqual(t, len(msg), maxGRPCMessage+8, "a message fits a trailer")
 }

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // Triton's logging extension: GET /v2/logging reports the log settings,
@@ -183,7 +185,7 @@ func DecodeLogUpdate(body []byte, u *LogUpdate) error {
 	}
 	for k := range raw {
 		if !slices.Contains(logSettingNames, k) {
-			return fmt.Errorf("unknown log setting %q; the settings are %s", ClipName(k), strings.Join(logSettingNames, ", "))
+			return fmt.Errorf("unknown log setting %q; the settings are %s", apierr.ClipName(k), strings.Join(logSettingNames, ", "))
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -14,7 +15,7 @@ import (
 
 func (c *Core) Control() error {
 	if !c.Opts.ModelControl {
-		return &Error{http.StatusForbidden, "model control is disabled; start the server with --server.enable_model_control to load and unload models"}
+		return &apierr.Error{Status: http.StatusForbidden, Msg: "model control is disabled; start the server with --server.enable_model_control to load and unload models"}
 	}
 	return nil
 }
@@ -41,9 +42,9 @@ func (c *Core) Load(ctx context.Context, name string, override serving.Override)
 	if c.RepositoryTokens.None() && c.Opts.Models.RunsCode(name) {
 		// A module is code the worker runs: whoever may load one may run
 		// code on the server.
-		return &Error{http.StatusForbidden, fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
+		return &apierr.Error{Status: http.StatusForbidden, Msg: fmt.Sprintf("model %s is architecture torch, Python code the server would run: "+
 			"loading it through the repository API requires auth.repository.token (or token_file); "+
-			"without one, put it in the repository before the server starts", ClipName(name))}
+			"without one, put it in the repository before the server starts", apierr.ClipName(name))}
 	}
 	if err := c.Opts.Models.LoadWith(ctx, name, override); err != nil {
 		return LoadFailed(name, err)
@@ -56,7 +57,7 @@ func (c *Core) Load(ctx context.Context, name string, override serving.Override)
 // Unload stops serving a model, for either protocol.
 func (c *Core) Unload(ctx context.Context, name string) error {
 	if err := c.Opts.Models.Unload(ctx, name); err != nil {
-		return fmt.Errorf("unload %s: %w", ClipName(name), err)
+		return fmt.Errorf("unload %s: %w", apierr.ClipName(name), err)
 	}
 	c.Metrics.forget(name)
 	c.Opts.Tracer.Forget(name) // its trace override, as Triton drops it with the model

@@ -3,8 +3,6 @@ package core
 import (
 	"encoding/json"
 	"net/http"
-
-	"github.com/stepserve/stepserve/internal/clip"
 )
 
 // APIFunc is a handler of a route off the inference path: it returns the
@@ -39,6 +37,3 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
 }
-
-// ClipName keeps a user-supplied name in a message short.
-func ClipName(s string) string { return clip.Clip(s, 64) }

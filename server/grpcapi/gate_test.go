@@ -18,6 +18,7 @@ import (
 
 	"github.com/stepserve/stepserve/server/core"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/wire"
 )
 
 // Probes answer however much of the budget inference holds; inference
@@ -204,14 +205,14 @@ func TestIdleStreamEndsAfterTheIdleTimeout(t *testing.T) {
 		"the ended stream's window comes back")
 }
 
-// An id past core.MaxRequestIDBytes is refused, and not echoed.
+// An id past wire.MaxRequestIDBytes is refused, and not echoed.
 func TestStreamRefusesALongID(t *testing.T) {
 	a, _ := newAPI(t)
 	c := pb.NewGRPCInferenceServiceClient(clientConn(t, a))
 	st, err := c.ModelStreamInfer(context.Background())
 	require.NoError(t, err)
 	req := rawX([]int64{1, 3}, fp32(1, 2, 3))
-	req.Id = strings.Repeat("i", core.MaxRequestIDBytes+1)
+	req.Id = strings.Repeat("i", wire.MaxRequestIDBytes+1)
 	require.NoError(t, st.Send(req))
 	r, err := st.Recv()
 	require.NoError(t, err)

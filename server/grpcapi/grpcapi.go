@@ -4,7 +4,7 @@
 // (server.grpc_addr). It serves the same models through the same checks,
 // budget, tokens and metrics as HTTP: a request's protobuf is bounded
 // before it is decoded (limits.go), translated into the checked request
-// of [core.InferRequest], and run as every request is.
+// of [wire.InferRequest], and run as every request is.
 package grpcapi
 
 import "github.com/stepserve/stepserve/server/core"

@@ -12,8 +12,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -67,13 +69,13 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		// refused here.
 		cfg := m.Config
 		if sc.inputs > len(cfg.Inputs)+pbExtraTensors {
-			return nil, core.BadRequest(fmt.Sprintf("the request names %d inputs; model %s takes %s", sc.inputs, m.Name, core.Signature(cfg.Inputs)))
+			return nil, apierr.BadRequest(fmt.Sprintf("the request names %d inputs; model %s takes %s", sc.inputs, m.Name, wire.Signature(cfg.Inputs)))
 		}
 		if sc.outputs > len(cfg.Outputs)+pbExtraTensors {
-			return nil, core.BadRequest(fmt.Sprintf("the request names %d outputs; model %s gives %s", sc.outputs, m.Name, core.Signature(cfg.Outputs)))
+			return nil, apierr.BadRequest(fmt.Sprintf("the request names %d outputs; model %s gives %s", sc.outputs, m.Name, wire.Signature(cfg.Outputs)))
 		}
 		if sc.raw > len(cfg.Inputs)+pbExtraTensors {
-			return nil, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries; model %s takes %d %s", sc.raw, m.Name, len(cfg.Inputs), core.Plural(len(cfg.Inputs), "input")))
+			return nil, apierr.BadRequest(fmt.Sprintf("raw_input_contents has %d entries; model %s takes %d %s", sc.raw, m.Name, len(cfg.Inputs), wire.Plural(len(cfg.Inputs), "input")))
 		}
 		if err := call.Take(sc.decoded, "the request body"); err != nil {
 			return nil, err
@@ -92,7 +94,7 @@ func (g *grpcServer) modelInferRaw(ctx context.Context, raw *rawInfer) (*inferen
 		}
 		r := new(inferencepb.ModelInferRequest)
 		if err := proto.Unmarshal(raw.bytes(), r); err != nil {
-			return nil, core.BadRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
+			return nil, apierr.BadRequest(fmt.Sprintf("the message is not a ModelInferRequest: %v", err))
 		}
 		raw.free()
 		if n := protoRequestBytes(r); n > sc.decoded { // not expected: the walk's bound is above it
@@ -151,7 +153,7 @@ func (s *API) inferGRPC(call *core.Call, model, version string, decode protoDeco
 	if err != nil {
 		return nil, err
 	}
-	req, decoded, seq, err := core.CheckRequest(&wr, nil, int(min(call.Bytes, math.MaxInt32)), m.Model(), s.c.Opts.MaxRequestElements)
+	req, decoded, seq, err := wire.CheckRequest(&wr, nil, int(min(call.Bytes, math.MaxInt32)), m.Model(), s.c.Opts.MaxRequestElements)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +203,7 @@ func protoRequestBytes(r *inferencepb.ModelInferRequest) int64 {
 // decoders produce: raw_input_contents become each input's binary data
 // (with its binary_data_size), typed contents stay typed, and parameters
 // become the JSON values the shared checks read.
-func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
+func wireFromProto(r *inferencepb.ModelInferRequest) (wire.WireRequest, error) {
 	raw, ins := r.GetRawInputContents(), r.GetInputs()
 	// Inputs in shared memory have no entry, as in Triton (tritonclient's
 	// set_shared_memory drops the input's raw contents).
@@ -213,16 +215,16 @@ func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 	}
 	if len(raw) > 0 && len(raw) != len(ins)-inShm {
 		if inShm > 0 {
-			return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs not in shared memory; send one per such input, in the inputs' order, or none", len(raw), len(ins)-inShm))
+			return wire.WireRequest{}, apierr.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs not in shared memory; send one per such input, in the inputs' order, or none", len(raw), len(ins)-inShm))
 		}
-		return core.WireRequest{}, core.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs; send one per input, in the inputs' order, or none", len(raw), len(ins)))
+		return wire.WireRequest{}, apierr.BadRequest(fmt.Sprintf("raw_input_contents has %d entries for %d inputs; send one per input, in the inputs' order, or none", len(raw), len(ins)))
 	}
-	wr := core.WireRequest{ID: r.GetId(), Pairs: protoParams(r.GetParameters())}
-	wr.Inputs = make([]core.WireInput, len(ins))
+	wr := wire.WireRequest{ID: r.GetId(), Pairs: protoParams(r.GetParameters())}
+	wr.Inputs = make([]wire.WireInput, len(ins))
 	next := 0 // raw's entry for the next input not in shared memory
 	for i, in := range ins {
-		if len(in.GetShape()) > core.MaxRank {
-			return core.WireRequest{}, core.BadRequest(fmt.Sprintf("input %q: the shape has more than %d dimensions", core.ClipName(in.GetName()), core.MaxRank))
+		if len(in.GetShape()) > wire.MaxRank {
+			return wire.WireRequest{}, apierr.BadRequest(fmt.Sprintf("input %q: the shape has more than %d dimensions", apierr.ClipName(in.GetName()), wire.MaxRank))
 		}
 		w := &wr.Inputs[i]
 		w.Name, w.Datatype, w.Shape, w.Proto = in.GetName(), in.GetDatatype(), in.GetShape(), true
@@ -232,14 +234,14 @@ func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 		}
 		if _, ok := in.GetParameters()["shared_memory_region"]; len(raw) > 0 && !ok {
 			w.Bin, w.BinSet = raw[next], true
-			w.Pairs = append(w.Pairs, core.ParamPair{Key: "binary_data_size", Raw: strconv.AppendInt(nil, int64(len(raw[next])), 10)})
+			w.Pairs = append(w.Pairs, wire.ParamPair{Key: "binary_data_size", Raw: strconv.AppendInt(nil, int64(len(raw[next])), 10)})
 			next++
 		}
 	}
 	if outs := r.GetOutputs(); len(outs) > 0 {
-		wr.Outputs = make([]core.WireOutput, len(outs))
+		wr.Outputs = make([]wire.WireOutput, len(outs))
 		for i, o := range outs {
-			wr.Outputs[i] = core.WireOutput{Name: o.GetName(), Pairs: protoParams(o.GetParameters())}
+			wr.Outputs[i] = wire.WireOutput{Name: o.GetName(), Pairs: protoParams(o.GetParameters())}
 		}
 	}
 	return wr, nil
@@ -247,13 +249,13 @@ func wireFromProto(r *inferencepb.ModelInferRequest) (core.WireRequest, error) {
 
 // protoParams are gRPC parameters as the JSON values the shared checks
 // read: priority and timeout as integers, binary_data as a boolean.
-func protoParams(params map[string]*inferencepb.InferParameter) core.ParamPairs {
+func protoParams(params map[string]*inferencepb.InferParameter) wire.ParamPairs {
 	if len(params) == 0 {
 		return nil
 	}
-	pairs := make(core.ParamPairs, 0, len(params))
+	pairs := make(wire.ParamPairs, 0, len(params))
 	for k, p := range params {
-		pairs = append(pairs, core.ParamPair{Key: k, Raw: paramJSON(p)})
+		pairs = append(pairs, wire.ParamPair{Key: k, Raw: paramJSON(p)})
 	}
 	return pairs
 }
@@ -377,7 +379,7 @@ func (p protoContents) Put(dt models.Datatype, dst []byte) error {
 			if err := intRange(i, int64(v), lo, hi); err != nil {
 				return err
 			}
-			core.PutInt(dst[i*size:], uint64(int64(v)), size)
+			wire.PutInt(dst[i*size:], uint64(int64(v)), size)
 		}
 	case models.INT64:
 		for i, v := range c.Int64Contents {
@@ -390,7 +392,7 @@ func (p protoContents) Put(dt models.Datatype, dst []byte) error {
 			if err := intRange(i, int64(v), 0, hi); err != nil {
 				return err
 			}
-			core.PutInt(dst[i*size:], uint64(v), size)
+			wire.PutInt(dst[i*size:], uint64(v), size)
 		}
 	case models.UINT64:
 		for i, v := range c.Uint64Contents {
@@ -427,7 +429,7 @@ func (p protoContents) TextBytes() int64 {
 
 // protoOutputs makes a request's outputs all raw: a gRPC response
 // carries raw_output_contents, as Triton's does.
-func protoOutputs(req *core.InferRequest) {
+func protoOutputs(req *wire.InferRequest) {
 	for i := range req.Outputs {
 		req.Outputs[i].Binary = true
 	}
@@ -437,11 +439,11 @@ func protoOutputs(req *core.InferRequest) {
 // the encoded response, besides the region's name.
 const shmParamsProto = 128
 
-// protoFootprint is [core.FootprintOf] with the response gRPC sends: its
+// protoFootprint is [wire.FootprintOf] with the response gRPC sends: its
 // JSON is the encoded message, every output's raw bytes in it but those
 // written to shared memory.
-func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq int) core.Footprint {
-	f := core.FootprintOf(m, req, decoded, seq)
+func protoFootprint(m *models.Model, req *wire.InferRequest, decoded int64, seq int) wire.Footprint {
+	f := wire.FootprintOf(m, req, decoded, seq)
 	cfg := m.Config
 	if seq == 0 {
 		seq = cfg.MaxSeq()
@@ -464,7 +466,7 @@ func protoFootprint(m *models.Model, req *core.InferRequest, decoded int64, seq 
 // protoResponse encodes the outputs of a request that ran, raw: the step's
 // own output buffers, not copies (classification's BYTES built as Triton
 // serializes them).
-func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result) *inferencepb.ModelInferResponse {
+func protoResponse(m *models.Model, req *wire.InferRequest, res *serving.Result) *inferencepb.ModelInferResponse {
 	resp := &inferencepb.ModelInferResponse{ModelName: m.Name, ModelVersion: m.Version, Id: req.ID}
 	tensors := make([]inferencepb.ModelInferResponse_InferOutputTensor, len(req.Outputs))
 	resp.Outputs = make([]*inferencepb.ModelInferResponse_InferOutputTensor, len(req.Outputs))
@@ -499,7 +501,7 @@ func protoResponse(m *models.Model, req *core.InferRequest, res *serving.Result)
 			}
 			t.Datatype, t.Shape = string(models.BYTES), []int64{int64(req.Rows), int64(c.Classes)}
 			var raw []byte
-			for _, v := range core.Classify(spec, labels, data, req.Rows, c.Classes) {
+			for _, v := range wire.Classify(spec, labels, data, req.Rows, c.Classes) {
 				raw = binary.LittleEndian.AppendUint32(raw, uint32(len(v)))
 				raw = append(raw, v...)
 			}

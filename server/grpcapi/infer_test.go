@@ -10,6 +10,7 @@ import (
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/core"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -48,7 +49,7 @@ func TestGRPCResponseFitsItsFootprint(t *testing.T) {
 		r.Id = strings.Repeat("<", 40)
 		wr, err := wireFromProto(r)
 		require.NoError(t, err)
-		req, decoded, seq, err := core.CheckRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
+		req, decoded, seq, err := wire.CheckRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
 		require.NoError(t, err)
 		protoOutputs(req)
 		fp := protoFootprint(m, req, decoded, seq)
@@ -73,7 +74,7 @@ func TestGRPCStringInputs(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		req, _, _, err := core.CheckRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
+		req, _, _, err := wire.CheckRequest(&wr, nil, int(protoRequestBytes(r)), m, 1<<20)
 		if err != nil {
 			return nil, err
 		}

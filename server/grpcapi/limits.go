@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
+	"github.com/stepserve/stepserve/server/wire"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -47,8 +48,8 @@ const (
 // The hard limits of the walk (see scanInferRequest): 16 times the checks'
 // that follow decoding, and the model's tensors plus pbExtraTensors.
 const (
-	pbMaxRank       = 16 * core.MaxRank
-	pbMaxParameters = 16 * core.MaxParameters
+	pbMaxRank       = 16 * wire.MaxRank
+	pbMaxParameters = 16 * wire.MaxParameters
 	pbExtraTensors  = 64
 )
 
@@ -105,7 +106,7 @@ func scanInferRequest(b []byte, maxElements int64) (*protoScan, error) {
 			sc.decoded += pbStringBytes
 		case num == pbRequestParameters && typ == protowire.BytesType:
 			if params++; params > pbMaxParameters {
-				return core.BadRequest(fmt.Sprintf("the request's parameters have more than %d entries", pbMaxParameters))
+				return apierr.BadRequest(fmt.Sprintf("the request's parameters have more than %d entries", pbMaxParameters))
 			}
 			sc.decoded += pbParamBytes
 		case num == pbRequestInputs && typ == protowire.BytesType:
@@ -119,7 +120,7 @@ func scanInferRequest(b []byte, maxElements int64) (*protoScan, error) {
 			return walkFields(v, func(num protowire.Number, typ protowire.Type, _ []byte) error {
 				if num == pbOutputParameters && typ == protowire.BytesType {
 					if params++; params > pbMaxParameters {
-						return core.BadRequest(fmt.Sprintf("an output's parameters have more than %d entries", pbMaxParameters))
+						return apierr.BadRequest(fmt.Sprintf("an output's parameters have more than %d entries", pbMaxParameters))
 					}
 					sc.decoded += pbParamBytes
 				}
@@ -145,12 +146,12 @@ func (sc *protoScan) input(b []byte, maxElements int64) error {
 				n = countVarints(v)
 			}
 			if dims += n; dims > pbMaxRank {
-				return core.BadRequest(fmt.Sprintf("an input's shape has more than %d dimensions", pbMaxRank))
+				return apierr.BadRequest(fmt.Sprintf("an input's shape has more than %d dimensions", pbMaxRank))
 			}
 			sc.decoded += int64(8 * n * pbSliceSlot)
 		case pbInputParameters:
 			if params++; params > pbMaxParameters {
-				return core.BadRequest(fmt.Sprintf("an input's parameters have more than %d entries", pbMaxParameters))
+				return apierr.BadRequest(fmt.Sprintf("an input's parameters have more than %d entries", pbMaxParameters))
 			}
 			sc.decoded += pbParamBytes
 		case pbInputContents:
@@ -182,7 +183,7 @@ func (sc *protoScan) input(b []byte, maxElements int64) error {
 					}
 				}
 				if sc.elements += n; sc.elements > maxElements {
-					return core.BadRequest(fmt.Sprintf("the inputs' contents hold more than %d values, the limit (server.max_request_elements)", maxElements))
+					return apierr.BadRequest(fmt.Sprintf("the inputs' contents hold more than %d values, the limit (server.max_request_elements)", maxElements))
 				}
 				sc.decoded += n * width * pbSliceSlot
 				return nil

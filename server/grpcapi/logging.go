@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
 )
@@ -20,7 +21,7 @@ import (
 func (g *grpcServer) LogSettings(ctx context.Context, r *inferencepb.LogSettingsRequest) (*inferencepb.LogSettingsResponse, error) {
 	c := g.s.c
 	if c.Opts.LogLevel == nil {
-		return nil, core.GRPCError(&core.Error{Status: http.StatusNotImplemented, Msg: "the logging extension is not available: this server was started without a log level to control"})
+		return nil, core.GRPCError(&apierr.Error{Status: http.StatusNotImplemented, Msg: "the logging extension is not available: this server was started without a log level to control"})
 	}
 	st := c.LogSettings()
 	if len(r.GetSettings()) > 0 {
@@ -30,10 +31,10 @@ func (g *grpcServer) LogSettings(ctx context.Context, r *inferencepb.LogSettings
 		}
 		var u core.LogUpdate
 		if err := core.DecodeLogUpdate(body, &u); err != nil {
-			return nil, core.GRPCError(core.BadRequest(err.Error()))
+			return nil, core.GRPCError(apierr.BadRequest(err.Error()))
 		}
 		if st, err = c.UpdateLogSettings(u); err != nil {
-			return nil, core.GRPCError(core.BadRequest(err.Error()))
+			return nil, core.GRPCError(apierr.BadRequest(err.Error()))
 		}
 	}
 	resp, err := logSettingsResponse(st)
@@ -46,7 +47,7 @@ func (g *grpcServer) LogSettings(ctx context.Context, r *inferencepb.LogSettings
 // logSettingsJSON is a request's settings as the JSON object POST
 // /v2/logging takes, bounded as its body is.
 func logSettingsJSON(settings map[string]*inferencepb.LogSettingsRequest_SettingValue) ([]byte, error) {
-	tooLarge := &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("log settings are at most %d bytes", core.MaxLogSettingsBytes)}
+	tooLarge := &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("log settings are at most %d bytes", core.MaxLogSettingsBytes)}
 	if len(settings) > core.MaxLogSettingsBytes/5 { // `"":0,` at the least
 		return nil, tooLarge
 	}
@@ -93,7 +94,7 @@ func logSettingsResponse(st core.LogSettings) (*inferencepb.LogSettingsResponse,
 		case string:
 			sv.ParameterChoice = &inferencepb.LogSettingsResponse_SettingValue_StringParam{StringParam: v}
 		default:
-			return nil, &core.Error{Status: http.StatusInternalServerError, Msg: fmt.Sprintf("log setting %s is a %T: the gRPC response has no field for it", key, v)}
+			return nil, &apierr.Error{Status: http.StatusInternalServerError, Msg: fmt.Sprintf("log setting %s is a %T: the gRPC response has no field for it", key, v)}
 		}
 		out.Settings[key] = sv
 	}

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/server/triton"
@@ -383,7 +384,7 @@ func (g *grpcServer) ModelMetadata(ctx context.Context, r *inferencepb.ModelMeta
 // serves from: it has one, which an empty name means.
 func checkRepository(name string) error {
 	if name != "" {
-		return core.BadRequest(fmt.Sprintf("repository_name %q: stepserve serves one model repository; leave repository_name empty", core.ClipName(name)))
+		return apierr.BadRequest(fmt.Sprintf("repository_name %q: stepserve serves one model repository; leave repository_name empty", apierr.ClipName(name)))
 	}
 	return nil
 }
@@ -425,9 +426,9 @@ func (g *grpcServer) RepositoryModelLoad(ctx context.Context, r *inferencepb.Rep
 				return nil, core.GRPCError(err)
 			}
 		case strings.HasPrefix(key, "file:"):
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q: model files sent with the load are not supported; put them in the model repository", core.QuoteModel(r.GetModelName()), core.ClipName(key))))
+			return nil, core.GRPCError(apierr.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q: model files sent with the load are not supported; put them in the model repository", core.QuoteModel(r.GetModelName()), apierr.ClipName(key))))
 		default:
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q is not supported; want config", core.QuoteModel(r.GetModelName()), core.ClipName(key))))
+			return nil, core.GRPCError(apierr.BadRequest(fmt.Sprintf("failed to load %s, load parameter %q is not supported; want config", core.QuoteModel(r.GetModelName()), apierr.ClipName(key))))
 		}
 	}
 	if err := g.s.c.Load(ctx, r.GetModelName(), override); err != nil {
@@ -448,7 +449,7 @@ func (g *grpcServer) RepositoryModelUnload(ctx context.Context, r *inferencepb.R
 	}
 	for key, p := range r.GetParameters() {
 		if _, isBool := p.GetParameterChoice().(*inferencepb.ModelRepositoryParameter_BoolParam); key != "unload_dependents" || !isBool {
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("unload parameter %q is not supported; only unload_dependents (bool) is", core.ClipName(key))))
+			return nil, core.GRPCError(apierr.BadRequest(fmt.Sprintf("unload parameter %q is not supported; only unload_dependents (bool) is", apierr.ClipName(key))))
 		}
 	}
 	if err := g.s.c.Unload(ctx, r.GetModelName()); err != nil {

@@ -25,8 +25,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -71,7 +73,7 @@ func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencep
 				// This goroutine is the stream's own: the server's
 				// recovery does not reach it.
 				if p := recover(); p != nil {
-					g.s.c.Logger.Error("panic serving a ModelStreamInfer request", "model", core.ClipName(req.GetModelName()), "panic", p)
+					g.s.c.Logger.Error("panic serving a ModelStreamInfer request", "model", apierr.ClipName(req.GetModelName()), "panic", p)
 					sio.send(errorResponse(req, "internal error: the request's generation failed"))
 				}
 			}()
@@ -90,14 +92,14 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 			return // nobody is listening
 		}
 		r := errorResponse(req, core.GRPCError(err).Error())
-		r.InferResponse.ModelName, r.InferResponse.ModelVersion = core.ClipName(head.ModelName), core.ClipName(head.ModelVersion)
+		r.InferResponse.ModelName, r.InferResponse.ModelVersion = apierr.ClipName(head.ModelName), apierr.ClipName(head.ModelVersion)
 		send(r)
 	})
 	defer call.End()
 	call.Adopt(ch)
 	call.Arrived()
 	call.Bytes, call.Info.ID, call.Info.Rows = protoRequestBytes(req), req.GetId(), 1
-	if err := core.CheckRequestID(req.GetId()); err != nil {
+	if err := wire.CheckRequestID(req.GetId()); err != nil {
 		call.Info.ID = ""
 		call.Fail(err)
 		return
@@ -164,11 +166,11 @@ func (g *grpcServer) streamGenerate(ctx context.Context, req *inferencepb.ModelI
 
 // errorResponse is the last response of a request that failed: its
 // error, flagged final as Triton flags a decoupled request's last.
-// Its names and id are clipped: an id past core.MaxRequestIDBytes is
+// Its names and id are clipped: an id past wire.MaxRequestIDBytes is
 // refused, not echoed in full.
 func errorResponse(req *inferencepb.ModelInferRequest, msg string) *inferencepb.ModelStreamInferResponse {
 	return &inferencepb.ModelStreamInferResponse{ErrorMessage: msg, InferResponse: &inferencepb.ModelInferResponse{
-		ModelName: core.ClipName(req.GetModelName()), ModelVersion: core.ClipName(req.GetModelVersion()), Id: core.ClipName(req.GetId()),
+		ModelName: apierr.ClipName(req.GetModelName()), ModelVersion: apierr.ClipName(req.GetModelVersion()), Id: apierr.ClipName(req.GetId()),
 		Parameters: map[string]*inferencepb.InferParameter{
 			"triton_final_response": {ParameterChoice: &inferencepb.InferParameter_BoolParam{BoolParam: true}},
 		}}}
@@ -196,7 +198,7 @@ func textResponse(head *inferencepb.ModelInferResponse, text string, final bool,
 // inputs of one element by name, a sampling_parameters JSON input).
 func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *serving.GenerateRequest, emptyFinal, streaming bool, err error) {
 	if !m.Generative() {
-		return nil, false, false, core.BadRequest(fmt.Sprintf("model %s is not a language model: ModelStreamInfer serves generation here; use ModelInfer", m.Model().Name))
+		return nil, false, false, apierr.BadRequest(fmt.Sprintf("model %s is not a language model: ModelStreamInfer serves generation here; use ModelInfer", m.Model().Name))
 	}
 	if err := refuseStreamSharedMemory(req); err != nil {
 		return nil, false, false, err
@@ -205,7 +207,7 @@ func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *se
 	var text *string
 	raw := req.GetRawInputContents()
 	if len(raw) > 0 && len(raw) != len(req.GetInputs()) {
-		return nil, false, false, core.BadRequest(fmt.Sprintf("%d raw_input_contents for %d inputs; want one each", len(raw), len(req.GetInputs())))
+		return nil, false, false, apierr.BadRequest(fmt.Sprintf("%d raw_input_contents for %d inputs; want one each", len(raw), len(req.GetInputs())))
 	}
 	for i, in := range req.GetInputs() {
 		var r []byte
@@ -220,14 +222,14 @@ func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *se
 		case models.GenerateInput:
 			var s string
 			if json.Unmarshal(v, &s) != nil {
-				return nil, false, false, core.BadRequest("input text_input: want BYTES, one element")
+				return nil, false, false, apierr.BadRequest("input text_input: want BYTES, one element")
 			}
 			text = &s
 		case "sampling_parameters":
 			var s string
 			var sp map[string]json.RawMessage
 			if json.Unmarshal(v, &s) != nil || json.Unmarshal([]byte(s), &sp) != nil {
-				return nil, false, false, core.BadRequest("input sampling_parameters: want BYTES, one element holding a JSON object")
+				return nil, false, false, apierr.BadRequest("input sampling_parameters: want BYTES, one element holding a JSON object")
 			}
 			for k, x := range sp {
 				params[k] = x
@@ -237,7 +239,7 @@ func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *se
 		}
 	}
 	if text == nil {
-		return nil, false, false, core.BadRequest("input text_input is required: the prompt, BYTES, one element")
+		return nil, false, false, apierr.BadRequest("input text_input is required: the prompt, BYTES, one element")
 	}
 	for k, p := range req.GetParameters() {
 		if k == "triton_enable_empty_final_response" {
@@ -249,11 +251,11 @@ func streamRequest(m *serving.Model, req *inferencepb.ModelInferRequest) (gr *se
 		}
 		v, err := streamParamJSON(p)
 		if err != nil {
-			return nil, false, false, core.BadRequest(fmt.Sprintf("parameter %s: %v", core.ClipName(k), err))
+			return nil, false, false, apierr.BadRequest(fmt.Sprintf("parameter %s: %v", apierr.ClipName(k), err))
 		}
 		params[k] = v
 	}
-	gr, stream, err := core.GenerateParams(params)
+	gr, stream, err := wire.GenerateParams(params)
 	if err != nil {
 		return nil, false, false, err
 	}
@@ -269,7 +271,7 @@ func oneElement(in *inferencepb.ModelInferRequest_InferInputTensor, raw []byte) 
 		n *= d
 	}
 	bad := func(why string) error {
-		return core.BadRequest(fmt.Sprintf("input %s: %s", core.ClipName(in.GetName()), why))
+		return apierr.BadRequest(fmt.Sprintf("input %s: %s", apierr.ClipName(in.GetName()), why))
 	}
 	if n != 1 {
 		return nil, bad(fmt.Sprintf("shape %v holds %d elements; a generation's inputs hold one", in.GetShape(), n))
@@ -335,7 +337,7 @@ func oneElement(in *inferencepb.ModelInferRequest_InferInputTensor, raw []byte) 
 			return finite(c.GetFp64Contents()[0], bad)
 		}
 	default:
-		return nil, bad(fmt.Sprintf("datatype %s is not taken; want BYTES, BOOL, INT32, INT64, UINT64, FP32 or FP64", core.ClipName(in.GetDatatype())))
+		return nil, bad(fmt.Sprintf("datatype %s is not taken; want BYTES, BOOL, INT32, INT64, UINT64, FP32 or FP64", apierr.ClipName(in.GetDatatype())))
 	}
 	return nil, bad(fmt.Sprintf("want one %s element, in its contents or raw", in.GetDatatype()))
 }
@@ -377,12 +379,12 @@ func streamParamJSON(p *inferencepb.InferParameter) (json.RawMessage, error) {
 func refuseStreamSharedMemory(req *inferencepb.ModelInferRequest) error {
 	for _, in := range req.GetInputs() {
 		if _, ok := in.GetParameters()["shared_memory_region"]; ok {
-			return core.BadRequest(fmt.Sprintf("input %s: ModelStreamInfer takes its inputs in the message, not in shared memory; ModelInfer serves tensors in shared memory", core.ClipName(in.GetName())))
+			return apierr.BadRequest(fmt.Sprintf("input %s: ModelStreamInfer takes its inputs in the message, not in shared memory; ModelInfer serves tensors in shared memory", apierr.ClipName(in.GetName())))
 		}
 	}
 	for _, o := range req.GetOutputs() {
 		if _, ok := o.GetParameters()["shared_memory_region"]; ok {
-			return core.BadRequest(fmt.Sprintf("output %s: ModelStreamInfer answers in its messages, not in shared memory; ModelInfer serves tensors in shared memory", core.ClipName(o.GetName())))
+			return apierr.BadRequest(fmt.Sprintf("output %s: ModelStreamInfer answers in its messages, not in shared memory; ModelInfer serves tensors in shared memory", apierr.ClipName(o.GetName())))
 		}
 	}
 	return nil

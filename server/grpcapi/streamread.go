@@ -47,11 +47,12 @@ import (
 	"github.com/stepserve/stepserve/internal/bytesize"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
+	"github.com/stepserve/stepserve/server/wire"
 )
 
 // streamWriteTimeout bounds how long a response waits for its client to
 // take it, as HTTP's event streams bound each event's write.
-const streamWriteTimeout = core.StreamWriteTimeout
+const streamWriteTimeout = wire.StreamWriteTimeout
 
 // rawMessageReader is what gRPC's own server stream (the transport's, in
 // the call's context) can do besides grpc.ServerTransportStream: read a

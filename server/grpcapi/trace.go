@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/stepserve/stepserve/internal/trace"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
 )
@@ -20,7 +21,7 @@ import (
 func (g *grpcServer) TraceSetting(ctx context.Context, r *inferencepb.TraceSettingRequest) (*inferencepb.TraceSettingResponse, error) {
 	s := g.s
 	if s.c.Opts.Tracer == nil {
-		return nil, core.GRPCError(&core.Error{Status: http.StatusNotImplemented, Msg: "tracing is not configured on this server"})
+		return nil, core.GRPCError(&apierr.Error{Status: http.StatusNotImplemented, Msg: "tracing is not configured on this server"})
 	}
 	model := ""
 	if name := r.GetModelName(); name != "" {
@@ -33,7 +34,7 @@ func (g *grpcServer) TraceSetting(ctx context.Context, r *inferencepb.TraceSetti
 	settings := s.c.Opts.Tracer.Settings(model)
 	if len(r.GetSettings()) > 0 {
 		if len(r.GetSettings()) > 64 {
-			return nil, core.GRPCError(core.BadRequest(fmt.Sprintf("%d trace settings; there are 5 (trace_level, trace_rate, trace_count, log_frequency, trace_file)", len(r.GetSettings()))))
+			return nil, core.GRPCError(apierr.BadRequest(fmt.Sprintf("%d trace settings; there are 5 (trace_level, trace_rate, trace_count, log_frequency, trace_file)", len(r.GetSettings()))))
 		}
 		body := make(map[string]any, len(r.GetSettings()))
 		for key, v := range r.GetSettings() {
@@ -48,12 +49,12 @@ func (g *grpcServer) TraceSetting(ctx context.Context, r *inferencepb.TraceSetti
 		}
 		b, err := json.Marshal(body)
 		if err != nil || len(b) > trace.MaxSettingsBytes {
-			return nil, core.GRPCError(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("trace settings are at most %d bytes", trace.MaxSettingsBytes)})
+			return nil, core.GRPCError(&apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("trace settings are at most %d bytes", trace.MaxSettingsBytes)})
 		}
 		if settings, err = s.c.Opts.Tracer.Update(model, b); err != nil {
 			var bad *trace.BadSettingsError
 			if errors.As(err, &bad) {
-				return nil, core.GRPCError(core.BadRequest(bad.Error()))
+				return nil, core.GRPCError(apierr.BadRequest(bad.Error()))
 			}
 			return nil, core.GRPCError(err)
 		}

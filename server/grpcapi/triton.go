@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/server/triton"
@@ -45,7 +46,7 @@ func tritonStatsJSON(s *core.Core, name, version string) ([]byte, error) {
 // wrong type is the server's bug: Internal.
 func tritonJSON(doc []byte, msg proto.Message) error {
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(doc, msg); err != nil {
-		return &core.Error{Status: http.StatusInternalServerError, Msg: fmt.Sprintf("the server's %s document does not parse as Triton's: %v", msg.ProtoReflect().Descriptor().Name(), err)}
+		return &apierr.Error{Status: http.StatusInternalServerError, Msg: fmt.Sprintf("the server's %s document does not parse as Triton's: %v", msg.ProtoReflect().Descriptor().Name(), err)}
 	}
 	return nil
 }

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -36,15 +36,15 @@ func (s *API) bucketAdvice(r *http.Request) (any, error) {
 	k := len(m.Stats())
 	if q := r.URL.Query().Get("max_buckets"); q != "" {
 		if k, err = strconv.Atoi(q); err != nil || k < 1 || k > 4096 {
-			return nil, core.BadRequest(fmt.Sprintf("max_buckets: %q; want an integer in 1..4096, the most buckets (compiled programs) the advice may use", q))
+			return nil, apierr.BadRequest(fmt.Sprintf("max_buckets: %q; want an integer in 1..4096, the most buckets (compiled programs) the advice may use", q))
 		}
 	}
 	a, err := m.Advise(k)
 	if err != nil {
 		if errors.Is(err, serving.ErrNoTraffic) {
-			return nil, &core.Error{Status: http.StatusConflict, Msg: fmt.Sprintf("model %s: %v", m.Model().Name, err)}
+			return nil, &apierr.Error{Status: http.StatusConflict, Msg: fmt.Sprintf("model %s: %v", m.Model().Name, err)}
 		}
-		return nil, core.BadRequest(err.Error())
+		return nil, apierr.BadRequest(err.Error())
 	}
 	if k == 0 {
 		k = a.CurrentPrograms // a language model's: as many decode programs as now

@@ -6,7 +6,7 @@ package oip
 //	POST /v2/models/{model}[/versions/{v}]/generate_stream  server-sent events
 //
 // The body's text_input and parameters become one
-// serving.GenerateRequest (core.GenerateParams reads them, as gRPC's
+// serving.GenerateRequest (wire.GenerateParams reads them, as gRPC's
 // ModelStreamInfer does); package text runs it through the core's call
 // and writes the answer.
 
@@ -18,8 +18,10 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -49,18 +51,18 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 			for k, v := range raw {
 				switch k {
 				case "id":
-					if err := json.Unmarshal(v, &id); err != nil || len(id) > core.MaxRequestIDBytes {
-						return t.Fail(core.BadRequest(fmt.Sprintf("id: want a string of at most %d bytes", core.MaxRequestIDBytes)))
+					if err := json.Unmarshal(v, &id); err != nil || len(id) > wire.MaxRequestIDBytes {
+						return t.Fail(apierr.BadRequest(fmt.Sprintf("id: want a string of at most %d bytes", wire.MaxRequestIDBytes)))
 					}
 				case "text_input":
 					var s string
 					if string(bytes.TrimSpace(v)) == "null" || json.Unmarshal(v, &s) != nil {
-						return t.Fail(core.BadRequest("text_input: want a string"))
+						return t.Fail(apierr.BadRequest("text_input: want a string"))
 					}
 					prompt = &s
 				case "parameters":
 					if err := json.Unmarshal(v, &params); err != nil {
-						return t.Fail(core.BadRequest("parameters: want an object"))
+						return t.Fail(apierr.BadRequest("parameters: want an object"))
 					}
 				default:
 					params[k] = v
@@ -73,23 +75,23 @@ func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 				if json.Unmarshal(p, &inner) == nil {
 					for k := range inner {
 						if _, twice := raw[k]; twice {
-							return t.Fail(core.BadRequest(fmt.Sprintf("parameter %s is given both in parameters and beside text_input; give it once", core.ClipName(k))))
+							return t.Fail(apierr.BadRequest(fmt.Sprintf("parameter %s is given both in parameters and beside text_input; give it once", apierr.ClipName(k))))
 						}
 					}
 				}
 			}
 			if prompt == nil {
-				return t.Fail(core.BadRequest("text_input is required: the prompt, a string"))
+				return t.Fail(apierr.BadRequest("text_input is required: the prompt, a string"))
 			}
-			gr, streamParam, err := core.GenerateParams(params)
+			gr, streamParam, err := wire.GenerateParams(params)
 			if err != nil {
 				return t.Fail(err)
 			}
 			if streamParam != nil && *streamParam != stream {
 				if stream {
-					return t.Fail(core.BadRequest("stream: false, on generate_stream; use generate for one response"))
+					return t.Fail(apierr.BadRequest("stream: false, on generate_stream; use generate for one response"))
 				}
-				return t.Fail(core.BadRequest("stream: true, on generate; use generate_stream for a stream of responses"))
+				return t.Fail(apierr.BadRequest("stream: true, on generate; use generate_stream for a stream of responses"))
 			}
 			gr.Prompt = *prompt
 			m := t.Model().Model()

@@ -9,7 +9,9 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -47,13 +49,13 @@ func (s *API) inferNamed(w http.ResponseWriter, r *http.Request, model, version 
 	if h := r.Header.Get(headerContentLength); h != "" {
 		n, perr := strconv.Atoi(h)
 		if perr != nil || n < 0 {
-			call.Fail(core.BadRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, core.ClipName(h))))
+			call.Fail(apierr.BadRequest(fmt.Sprintf("%s %q is not a non-negative integer", headerContentLength, apierr.ClipName(h))))
 			return
 		}
 		headerLen = n
 	}
 	call.Trace()
-	req, f, err := core.ParseRequest(body, headerLen, call.Model().Model(), s.c.Opts.MaxRequestElements)
+	req, f, err := wire.ParseRequest(body, headerLen, call.Model().Model(), s.c.Opts.MaxRequestElements)
 	if err != nil {
 		call.Fail(err)
 		return
@@ -77,7 +79,7 @@ func (s *API) inferNamed(w http.ResponseWriter, r *http.Request, model, version 
 //
 // jsonBound is the most the JSON may take (footprint.json), which the
 // buffer is sized to: it is charged already, and never grows.
-func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *core.InferRequest, res *serving.Result, jsonBound int64) error {
+func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *wire.InferRequest, res *serving.Result, jsonBound int64) error {
 	b := make([]byte, 0, jsonBound)
 	b = append(b, `{"model_name":`...)
 	b = strconv.AppendQuote(b, m.Name)
@@ -98,7 +100,7 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *core.In
 			b = append(b, ',')
 		}
 		if c.Classes > 0 {
-			b, binaryParts = core.AppendClassOutput(b, binaryParts, m, c, data, req.Rows)
+			b, binaryParts = wire.AppendClassOutput(b, binaryParts, m, c, data, req.Rows)
 			continue
 		}
 		b = append(b, `{"name":`...)
@@ -132,7 +134,7 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *core.In
 		}
 		b = append(b, `,"data":`...)
 		var err error
-		if b, err = core.AppendJSONData(b, data, spec.Datatype); err != nil {
+		if b, err = wire.AppendJSONData(b, data, spec.Datatype); err != nil {
 			return fmt.Errorf("model %s produced a bad value in output %q: %w", m.Name, spec.Name, err)
 		}
 		b = append(b, '}')

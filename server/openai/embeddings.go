@@ -21,6 +21,7 @@ import (
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
 	"github.com/stepserve/stepserve/serving"
@@ -42,18 +43,18 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 			return t.Fail(text.WithParam("input", err))
 		}
 		if req.Model == "" {
-			return t.Fail(text.WithParam("model", core.BadRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
+			return t.Fail(text.WithParam("model", apierr.BadRequest("model is required: the name of a model served here (GET /v1/models lists them)")))
 		}
 		tm, err := t.Choose(req.Model, "/v1/embeddings", text.KindEmbedding)
 		if err != nil {
-			var ae *core.Error
+			var ae *apierr.Error
 			if errors.As(err, &ae) && ae.Status == http.StatusUnprocessableEntity {
-				err = &core.Error{Status: http.StatusBadRequest, Msg: ae.Msg} // OpenAI answers a bad request 400
+				err = &apierr.Error{Status: http.StatusBadRequest, Msg: ae.Msg} // OpenAI answers a bad request 400
 			}
 			return t.Fail(text.WithParam("model", err))
 		}
 		if !req.Input.Set {
-			return t.Fail(text.WithParam("input", core.BadRequest("input is required: a string or an array of strings")))
+			return t.Fail(text.WithParam("input", apierr.BadRequest("input is required: a string or an array of strings")))
 		}
 		texts := req.Input.List
 		if err := t.CheckTexts(len(texts), "input"); err != nil {
@@ -65,13 +66,13 @@ func (s *API) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		case "base64":
 			asBase64 = true
 		default:
-			return t.Fail(text.WithParam("encoding_format", core.BadRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", core.ClipName(req.EncodingFormat)))))
+			return t.Fail(text.WithParam("encoding_format", apierr.BadRequest(fmt.Sprintf("encoding_format %q is not supported; want float or base64", apierr.ClipName(req.EncodingFormat)))))
 		}
 		m := t.Model().Model()
 		dims := tm.Width
 		if req.Dimensions != nil {
 			if d := *req.Dimensions; d < 1 || d > tm.Width {
-				return t.Fail(text.WithParam("dimensions", core.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.Width))))
+				return t.Fail(text.WithParam("dimensions", apierr.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.Width))))
 			}
 			dims = *req.Dimensions
 		}
@@ -181,7 +182,7 @@ func (s *API) openaiModelInfo(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "model")
 	m, err := s.c.Lookup(name, "")
 	if err == nil && text.SigOf(m.Model()).Kind != text.KindEmbedding && !m.Generative() {
-		err = core.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, text.SigOf(m.Model()).Kind))
+		err = apierr.NotFound(fmt.Sprintf("model %s does not serve embeddings; it serves %s", m.Model().Name, text.SigOf(m.Model()).Kind))
 	}
 	if err != nil {
 		writeOpenAIError(w, http.StatusNotFound, text.WithParam("model", err))

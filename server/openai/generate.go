@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
 	"github.com/stepserve/stepserve/serving"
@@ -136,7 +137,7 @@ func (m chatMessage) content(i int) (string, error) {
 	var sb strings.Builder
 	for j, p := range parts {
 		if p.Type != "text" {
-			return "", fmt.Errorf("messages[%d].content[%d]: type %q is not supported; this model takes text parts only", i, j, core.ClipName(p.Type))
+			return "", fmt.Errorf("messages[%d].content[%d]: type %q is not supported; this model takes text parts only", i, j, apierr.ClipName(p.Type))
 		}
 		sb.WriteString(p.Text)
 	}
@@ -147,24 +148,24 @@ func (m chatMessage) content(i int) (string, error) {
 // what the two APIs share becomes a serving.GenerateRequest.
 func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateRequest, error) {
 	if o.N != nil && *o.N != 1 {
-		return nil, text.WithParam("n", core.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
+		return nil, text.WithParam("n", apierr.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
 	}
 	for _, p := range []struct {
 		name string
 		v    *float64
 	}{{"frequency_penalty", o.FrequencyPenalty}, {"presence_penalty", o.PresencePenalty}} {
 		if p.v != nil && *p.v != 0 {
-			return nil, text.WithParam(p.name, core.BadRequest(p.name+" is not supported; leave it out or 0"))
+			return nil, text.WithParam(p.name, apierr.BadRequest(p.name+" is not supported; leave it out or 0"))
 		}
 	}
 	if len(o.LogitBias) > 0 {
-		return nil, text.WithParam("logit_bias", core.BadRequest("logit_bias is not supported; leave it out"))
+		return nil, text.WithParam("logit_bias", apierr.BadRequest("logit_bias is not supported; leave it out"))
 	}
 	if len(o.Stop.List) > maxOpenAIStops {
-		return nil, text.WithParam("stop", core.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.List), maxOpenAIStops)))
+		return nil, text.WithParam("stop", apierr.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.List), maxOpenAIStops)))
 	}
 	if o.StreamOptions != nil && !o.Stream {
-		return nil, text.WithParam("stream_options", core.BadRequest("stream_options is only allowed with stream: true"))
+		return nil, text.WithParam("stream_options", apierr.BadRequest("stream_options is only allowed with stream: true"))
 	}
 	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
 		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority}, nil
@@ -176,7 +177,7 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 func completionPrompt(raw json.RawMessage) (string, []int32, error) {
 	b := bytes.TrimSpace(raw)
 	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
-		return "", nil, core.BadRequest("prompt is required: a string, or an array of token ids")
+		return "", nil, apierr.BadRequest("prompt is required: a string, or an array of token ids")
 	}
 	var one string
 	if json.Unmarshal(b, &one) == nil {
@@ -192,13 +193,13 @@ func completionPrompt(raw json.RawMessage) (string, []int32, error) {
 	var list []json.RawMessage
 	if json.Unmarshal(b, &list) == nil {
 		if len(list) != 1 {
-			return "", nil, core.BadRequest(fmt.Sprintf("prompt holds %d prompts; stepserve completes one prompt a request: send one", len(list)))
+			return "", nil, apierr.BadRequest(fmt.Sprintf("prompt holds %d prompts; stepserve completes one prompt a request: send one", len(list)))
 		}
 		if t, ids, err := completionPrompt(list[0]); err == nil && (ids != nil || t != "" || bytes.HasPrefix(bytes.TrimSpace(list[0]), []byte(`"`))) {
 			return t, ids, nil
 		}
 	}
-	return "", nil, core.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or an array of one of either")
+	return "", nil, apierr.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or an array of one of either")
 }
 
 func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
@@ -216,13 +217,13 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		switch {
 		case req.Echo:
-			return t.Fail(text.WithParam("echo", core.BadRequest("echo is not supported; leave it out or false")))
+			return t.Fail(text.WithParam("echo", apierr.BadRequest("echo is not supported; leave it out or false")))
 		case req.BestOf != nil && *req.BestOf != 1:
-			return t.Fail(text.WithParam("best_of", core.BadRequest("best_of is not supported; leave it out or 1")))
+			return t.Fail(text.WithParam("best_of", apierr.BadRequest("best_of is not supported; leave it out or 1")))
 		case req.Suffix != nil && *req.Suffix != "":
-			return t.Fail(text.WithParam("suffix", core.BadRequest("suffix is not supported; leave it out")))
+			return t.Fail(text.WithParam("suffix", apierr.BadRequest("suffix is not supported; leave it out")))
 		case req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > 5):
-			return t.Fail(text.WithParam("logprobs", core.BadRequest(fmt.Sprintf("logprobs %d; want 0 to 5", *req.Logprobs))))
+			return t.Fail(text.WithParam("logprobs", apierr.BadRequest(fmt.Sprintf("logprobs %d; want 0 to 5", *req.Logprobs))))
 		}
 		gr, err := req.generateRequest(req.MaxTokens)
 		if err != nil {
@@ -247,13 +248,13 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			return t.Fail(err)
 		}
 		if len(req.Messages) == 0 {
-			return t.Fail(text.WithParam("messages", core.BadRequest("messages is required: a non-empty array of {role, content}")))
+			return t.Fail(text.WithParam("messages", apierr.BadRequest("messages is required: a non-empty array of {role, content}")))
 		}
 		if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
-			return t.Fail(text.WithParam("tools", core.BadRequest("tools are not supported; leave them out")))
+			return t.Fail(text.WithParam("tools", apierr.BadRequest("tools are not supported; leave them out")))
 		}
 		if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-			return t.Fail(text.WithParam("response_format", core.BadRequest(fmt.Sprintf("response_format %q is not supported; want text", core.ClipName(req.ResponseFormat.Type)))))
+			return t.Fail(text.WithParam("response_format", apierr.BadRequest(fmt.Sprintf("response_format %q is not supported; want text", apierr.ClipName(req.ResponseFormat.Type)))))
 		}
 		maxTokens := req.MaxCompletionTokens
 		if maxTokens == nil {
@@ -266,22 +267,22 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		gr.Messages = make([]models.ChatMessage, len(req.Messages))
 		for i, m := range req.Messages {
 			if !empty(m.ToolCalls) || !empty(m.FunctionCall) || !empty(m.Audio) {
-				return t.Fail(text.WithParam("messages", core.BadRequest(fmt.Sprintf("messages[%d]: tool calls, function calls and audio are not supported; send text", i))))
+				return t.Fail(text.WithParam("messages", apierr.BadRequest(fmt.Sprintf("messages[%d]: tool calls, function calls and audio are not supported; send text", i))))
 			}
 			c, err := m.content(i)
 			if err != nil {
-				return t.Fail(text.WithParam("messages", core.BadRequest(err.Error())))
+				return t.Fail(text.WithParam("messages", apierr.BadRequest(err.Error())))
 			}
 			if !slices.Contains(chatRoles, m.Role) {
-				return t.Fail(text.WithParam("messages", core.BadRequest(fmt.Sprintf("messages[%d].role %q; want one of %s", i, core.ClipName(m.Role), strings.Join(chatRoles, ", ")))))
+				return t.Fail(text.WithParam("messages", apierr.BadRequest(fmt.Sprintf("messages[%d].role %q; want one of %s", i, apierr.ClipName(m.Role), strings.Join(chatRoles, ", ")))))
 			}
 			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c}
 		}
 		if req.TopLogprobs != nil && (*req.TopLogprobs < 0 || *req.TopLogprobs > serving.MaxLogprobs) {
-			return t.Fail(text.WithParam("top_logprobs", core.BadRequest(fmt.Sprintf("top_logprobs %d; want 0 to %d", *req.TopLogprobs, serving.MaxLogprobs))))
+			return t.Fail(text.WithParam("top_logprobs", apierr.BadRequest(fmt.Sprintf("top_logprobs %d; want 0 to %d", *req.TopLogprobs, serving.MaxLogprobs))))
 		}
 		if req.TopLogprobs != nil && !req.Logprobs {
-			return t.Fail(text.WithParam("top_logprobs", core.BadRequest("top_logprobs needs logprobs: true")))
+			return t.Fail(text.WithParam("top_logprobs", apierr.BadRequest("top_logprobs needs logprobs: true")))
 		}
 		if req.Logprobs {
 			gr.Logprobs = 0

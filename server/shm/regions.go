@@ -7,7 +7,7 @@
 // unregistered, or the server closes; a request holds the regions it
 // names while it runs. Both Triton doors (HTTP, server/admin; gRPC,
 // server/grpcapi) register and unregister through it. It imports no part
-// of server/: its refusals carry their HTTP status ([Error]).
+// of server/ but apierr.
 package shm
 
 import (
@@ -31,8 +31,8 @@ import (
 	"github.com/stepserve/stepserve/internal/bytesize"
 	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/internal/memlimit"
+	"github.com/stepserve/stepserve/server/apierr"
 )
-
 
 // sharedMemoryDir is where Linux keeps POSIX shared-memory objects:
 // shm_open(key) opens sharedMemoryDir/key, the key's leading slash left
@@ -190,7 +190,7 @@ type RegionStatus struct {
 
 // regionExistsError is a name registered already: 400 over HTTP and
 // ALREADY_EXISTS over gRPC, as Triton answers.
-type regionExistsError struct{ err *Error }
+type regionExistsError struct{ err *apierr.Error }
 
 func (e regionExistsError) Error() string { return e.err.Msg }
 func (e regionExistsError) Unwrap() error { return e.err }
@@ -259,13 +259,13 @@ func keyFile(key string) (string, error) {
 // ALREADY_EXISTS), or 503 once the server is closing.
 func (s *Regions) Register(name, key string, offset, byteSize uint64) error {
 	if s.disabled {
-		return &Error{Status: http.StatusNotImplemented, Msg: "failed to register shared memory region: system shared memory is turned off on this server (server.shared_memory.enabled: false); send tensors in the request, as JSON or binary tensor data"}
+		return &apierr.Error{Status: http.StatusNotImplemented, Msg: "failed to register shared memory region: system shared memory is turned off on this server (server.shared_memory.enabled: false); send tensors in the request, as JSON or binary tensor data"}
 	}
 	if err := checkRegionName(name); err != nil {
-		return badRequest("failed to register shared memory region: " + err.Error())
+		return apierr.BadRequest("failed to register shared memory region: " + err.Error())
 	}
 	fail := func(format string, args ...any) error {
-		return badRequest(fmt.Sprintf("failed to register shared memory region '%s': ", name) + fmt.Sprintf(format, args...))
+		return apierr.BadRequest(fmt.Sprintf("failed to register shared memory region '%s': ", name) + fmt.Sprintf(format, args...))
 	}
 	file, err := keyFile(key)
 	if err != nil {
@@ -292,9 +292,9 @@ func (s *Regions) Register(name, key string, offset, byteSize uint64) error {
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return &Error{Status: http.StatusServiceUnavailable, Msg: fmt.Sprintf("failed to register shared memory region '%s': the server is shutting down", name)}
+		return &apierr.Error{Status: http.StatusServiceUnavailable, Msg: fmt.Sprintf("failed to register shared memory region '%s': the server is shutting down", name)}
 	case s.regions[name] != nil:
-		return regionExistsError{badRequest(fmt.Sprintf("shared memory region '%s' already in manager; unregister it first, or register under another name", name))}
+		return regionExistsError{apierr.BadRequest(fmt.Sprintf("shared memory region '%s' already in manager; unregister it first, or register under another name", name))}
 	case len(s.regions) >= s.maxRegions:
 		return fail("%d regions are registered, the most the server holds (server.shared_memory.max_regions); unregister one first", len(s.regions))
 	case cost > s.maxBytes-s.mapped:
@@ -372,7 +372,7 @@ func (s *Regions) Status(name string) ([]RegionStatus, error) {
 	if name != "" {
 		r := s.regions[name]
 		if r == nil {
-			return nil, notFound("Unable to find system shared memory region: " + quoteRegion(name))
+			return nil, apierr.NotFound("Unable to find system shared memory region: " + quoteRegion(name))
 		}
 		return []RegionStatus{r.status()}, nil
 	}
@@ -470,14 +470,14 @@ func (s *Regions) Hold(name string, offset, byteSize int64) (*Region, error) {
 	r := s.regions[name]
 	switch {
 	case r == nil && s.disabled:
-		return nil, badRequest("Unable to find shared memory region: " + quoteRegion(name) + "; system shared memory is turned off on this server (server.shared_memory.enabled: false)")
+		return nil, apierr.BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; system shared memory is turned off on this server (server.shared_memory.enabled: false)")
 	case r == nil:
 		// Triton's words, then what to do.
-		return nil, badRequest("Unable to find shared memory region: " + quoteRegion(name) + "; register it first (see GET /v2/systemsharedmemory/status)")
+		return nil, apierr.BadRequest("Unable to find shared memory region: " + quoteRegion(name) + "; register it first (see GET /v2/systemsharedmemory/status)")
 	case offset >= r.size:
-		return nil, badRequest(fmt.Sprintf("shared_memory_offset %d is past the end of region '%s' (%d bytes)", offset, name, r.size))
+		return nil, apierr.BadRequest(fmt.Sprintf("shared_memory_offset %d is past the end of region '%s' (%d bytes)", offset, name, r.size))
 	case byteSize > r.size-offset:
-		return nil, badRequest(fmt.Sprintf("shared_memory_offset %d + shared_memory_byte_size %d = %d runs past the end of region '%s' (%d bytes)",
+		return nil, apierr.BadRequest(fmt.Sprintf("shared_memory_offset %d + shared_memory_byte_size %d = %d runs past the end of region '%s' (%d bytes)",
 			offset, byteSize, offset+byteSize, name, r.size))
 	}
 	r.users++
@@ -515,17 +515,3 @@ func GuardFault(f func()) (err error) {
 	f()
 	return nil
 }
-
-// Error is a refusal with the HTTP status it maps to; the core's error
-// taxonomy reads it (HTTPStatus) as it reads its own.
-type Error struct {
-	Status int
-	Msg    string
-}
-
-func (e *Error) Error() string   { return e.Msg }
-func (e *Error) HTTPStatus() int { return e.Status }
-
-func badRequest(msg string) *Error { return &Error{http.StatusBadRequest, msg} }
-
-func notFound(msg string) *Error { return &Error{http.StatusNotFound, msg} }

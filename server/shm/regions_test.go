@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stepserve/stepserve/internal/memlimit"
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // shmObject creates a shared-memory object of size bytes in /dev/shm,
@@ -203,9 +204,9 @@ func TestSharedMemoryMapFailureIsARefusal(t *testing.T) {
 // statusOf is the HTTP status a refusal carries (the core maps it, and
 // to gRPC's codes: core's TestSharedMemoryRefusalsKeepTheirStatus).
 func statusOf(err error) int {
-	var e *Error
+	var e *apierr.Error
 	if errors.As(err, &e) {
-		return e.HTTPStatus()
+		return e.Status
 	}
 	return 0
 }

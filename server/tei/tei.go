@@ -26,6 +26,7 @@ import (
 	"strconv"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
 )
@@ -42,7 +43,7 @@ func (s *API) tei(h teiHandler) http.HandlerFunc {
 // notAvailable is TEI's answer for an endpoint the model cannot serve
 // (TEI's own: embed_all on a SPLADE model): 424, error_type Backend.
 func notAvailable(msg string) error {
-	return &core.Error{Status: http.StatusFailedDependency, Msg: msg}
+	return &apierr.Error{Status: http.StatusFailedDependency, Msg: msg}
 }
 
 // teiTruncation is the truncation fields every TEI request takes.
@@ -114,7 +115,7 @@ type teiTokenizeRequest struct {
 // prompts.
 func refusePromptName(p *string) error {
 	if p != nil {
-		return core.BadRequest("prompt_name is not supported: stepserve's models carry no prompts; put the prompt in the text")
+		return apierr.BadRequest("prompt_name is not supported: stepserve's models carry no prompts; put the prompt in the text")
 	}
 	return nil
 }
@@ -132,12 +133,12 @@ func (s *API) teiEmbed(t *text.Request, body []byte) int {
 	normalized := m.Config.Encoder != nil && m.Config.Encoder.Normalize
 	wantNorm := req.Normalize == nil || *req.Normalize
 	if normalized && !wantNorm {
-		return t.Fail(core.BadRequest(fmt.Sprintf("normalize: false cannot be honoured: model %s normalizes its embeddings (encoder.normalize: true)", m.Name)))
+		return t.Fail(apierr.BadRequest(fmt.Sprintf("normalize: false cannot be honoured: model %s normalizes its embeddings (encoder.normalize: true)", m.Name)))
 	}
 	dims := tm.Width
 	if req.Dimensions != nil {
 		if d := *req.Dimensions; d < 1 || d > tm.Width {
-			return t.Fail(core.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.Width)))
+			return t.Fail(apierr.BadRequest(fmt.Sprintf("dimensions %d is out of range; model %s gives embeddings of %d, so want 1..%[3]d", d, m.Name, tm.Width)))
 		}
 		dims = *req.Dimensions
 	}
@@ -197,7 +198,7 @@ func (s *API) teiRerank(t *text.Request, body []byte) int {
 		return t.Fail(err)
 	}
 	if req.Query == nil {
-		return t.Fail(core.BadRequest("query is required: the text the texts are ranked against"))
+		return t.Fail(apierr.BadRequest("query is required: the text the texts are ranked against"))
 	}
 	if len(req.Texts) == 0 {
 		return t.Fail(text.EmptyRequest("`texts` cannot be empty"))
@@ -279,13 +280,13 @@ func (s *API) teiPredict(t *text.Request, body []byte) int {
 	}
 	in := req.Inputs
 	if !in.set {
-		return t.Fail(core.BadRequest("inputs is required: a string, a pair [text, text_pair], or a list of those"))
+		return t.Fail(apierr.BadRequest("inputs is required: a string, a pair [text, text_pair], or a list of those"))
 	}
 	if err := t.CheckTexts(len(in.texts), "inputs"); err != nil {
 		return t.Fail(err)
 	}
 	if in.pairs != nil && in.singles > 0 {
-		return t.Fail(core.BadRequest("inputs mixes single texts and pairs; send them in separate requests"))
+		return t.Fail(apierr.BadRequest("inputs mixes single texts and pairs; send them in separate requests"))
 	}
 	texts := in.texts
 	if texts, err = truncate(t, tm, req.teiTruncation, texts, in.pairs != nil); err != nil {
@@ -375,7 +376,7 @@ func (s *API) teiTokenize(t *text.Request, body []byte) int {
 	tokens := int64(0)
 	for i, text := range texts {
 		if len(text) > limit {
-			return t.Fail(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("inputs: element %d is %d bytes, more than the %d a text may have here", i, len(text), limit)})
+			return t.Fail(&apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("inputs: element %d is %d bytes, more than the %d a text may have here", i, len(text), limit)})
 		}
 		tokens += int64(len(text)) + 4
 	}

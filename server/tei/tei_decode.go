@@ -8,7 +8,7 @@ import (
 
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/models/tokenizers"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/text"
 )
 
@@ -87,11 +87,11 @@ func (s *API) teiDecode(t *text.Request, body []byte) int {
 		return t.Fail(err)
 	}
 	if !req.IDs.set {
-		return t.Fail(core.BadRequest("ids is required: a list of token ids, or a list of such lists"))
+		return t.Fail(apierr.BadRequest("ids is required: a list of token ids, or a list of such lists"))
 	}
 	lists := req.IDs.lists
 	if limit := text.ClientBatch(t.Core()); len(lists) > limit {
-		return t.Fail(&core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("ids holds %d lists, more than the %d a request may send; split it", len(lists), limit)})
+		return t.Fail(&apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("ids holds %d lists, more than the %d a request may send; split it", len(lists), limit)})
 	}
 	m := t.Model().Model()
 	dec := decoderOf(m.Tokenizer)
@@ -109,7 +109,7 @@ func (s *API) teiDecode(t *text.Request, body []byte) int {
 	for i, ids := range lists {
 		for _, id := range ids {
 			if id < 0 || id >= vocab {
-				return t.Fail(core.BadRequest(fmt.Sprintf("ids: list %d holds %d, which is not a token id of model %s; its ids are 0..%d", i, id, m.Name, vocab-1)))
+				return t.Fail(apierr.BadRequest(fmt.Sprintf("ids: list %d holds %d, which is not a token id of model %s; its ids are 0..%d", i, id, m.Name, vocab-1)))
 			}
 			spelled += int64(len(dec.TokenText(id))) + 1
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
 )
@@ -23,13 +24,13 @@ func (s *API) teiHealth(w http.ResponseWriter, r *http.Request) {
 		authorized = ok && s.c.InferenceTokens.Match(tok)
 	}
 	if name != "" && !authorized {
-		writeTEIError(w, http.StatusUnauthorized, &core.Error{Status: http.StatusUnauthorized,
+		writeTEIError(w, http.StatusUnauthorized, &apierr.Error{Status: http.StatusUnauthorized,
 			Msg: "asking after one model (?model=) needs the inference token: send Authorization: Bearer <token>, or ask GET /health without it"})
 		return
 	}
 	if err := s.teiReady(name); err != nil {
 		if !authorized {
-			err = &core.Error{Status: core.StatusOf(err), Msg: "not every model the TEI endpoints serve is ready"}
+			err = &apierr.Error{Status: core.StatusOf(err), Msg: "not every model the TEI endpoints serve is ready"}
 		}
 		writeTEIError(w, core.StatusOf(err), err)
 		return
@@ -46,7 +47,7 @@ func (s *API) teiReady(name string) error {
 			return err
 		}
 		if kind := text.SigOf(m.Model()).Kind; kind == text.KindNone {
-			return &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not the TEI endpoints", name, kind)}
+			return &apierr.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not the TEI endpoints", name, kind)}
 		}
 		if !m.Ready() {
 			return core.NotReady(name)
@@ -64,7 +65,7 @@ func (s *API) teiReady(name string) error {
 		served = true
 	}
 	if !served {
-		return &core.Error{Status: http.StatusServiceUnavailable, Msg: "no model served here answers the TEI endpoints"}
+		return &apierr.Error{Status: http.StatusServiceUnavailable, Msg: "no model served here answers the TEI endpoints"}
 	}
 	return nil
 }

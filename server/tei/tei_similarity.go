@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/text"
 )
 
@@ -45,9 +45,9 @@ func (s *API) teiSimilarity(t *text.Request, body []byte) int {
 	in := req.Inputs
 	switch {
 	case in == nil:
-		return t.Fail(core.BadRequest(`inputs is required: {"source_sentence": a text, "sentences": [the texts to compare with it]}`))
+		return t.Fail(apierr.BadRequest(`inputs is required: {"source_sentence": a text, "sentences": [the texts to compare with it]}`))
 	case in.SourceSentence == nil:
-		return t.Fail(core.BadRequest("inputs.source_sentence is required: the text the sentences are compared with"))
+		return t.Fail(apierr.BadRequest("inputs.source_sentence is required: the text the sentences are compared with"))
 	case len(in.Sentences) == 0:
 		return t.Fail(text.EmptyRequest("inputs.sentences is empty; send at least one sentence to compare with inputs.source_sentence"))
 	}

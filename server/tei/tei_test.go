@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
 	"github.com/stepserve/stepserve/serving"
@@ -47,9 +48,9 @@ func TestWriteTEIError(t *testing.T) {
 		{&tokenizerError{errors.New("bad text")}, 500, 422, "Tokenizer", false},
 		{text.EmptyRequest("inputs is empty"), 400, 400, "Empty", false},
 		{fmt.Errorf("element 0: %w", models.ErrInput), 400, 413, "Validation", false},
-		{core.BadRequest("inputs: want a string"), 400, 422, "Validation", false},
-		{&core.Error{Status: 413, Msg: "too many"}, 413, 413, "Validation", false},
-		{core.NotFound("unknown model"), 404, 404, "Validation", false},
+		{apierr.BadRequest("inputs: want a string"), 400, 422, "Validation", false},
+		{&apierr.Error{Status: 413, Msg: "too many"}, 413, 413, "Validation", false},
+		{apierr.NotFound("unknown model"), 404, 404, "Validation", false},
 		{notAvailable("embed_all is not available"), 424, 424, "Backend", false},
 		{core.NotReady("m"), 503, 503, "Unhealthy", true},
 		{serving.ErrQueueFull, 503, 429, "Overloaded", true},

@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/text"
 )
 
@@ -27,7 +27,7 @@ func truncate(t *text.Request, tm text.Sig, tr teiTruncation, texts []string, pa
 	case "left":
 		left = true
 	default:
-		return nil, core.BadRequest(fmt.Sprintf("truncation_direction %q; want Right or Left", core.ClipName(tr.TruncationDirection)))
+		return nil, apierr.BadRequest(fmt.Sprintf("truncation_direction %q; want Right or Left", apierr.ClipName(tr.TruncationDirection)))
 	}
 	modelCuts := cfg.Encoder != nil && cfg.Encoder.Truncate
 	maxSeq := cfg.MaxSeq()
@@ -38,14 +38,14 @@ func truncate(t *text.Request, tm text.Sig, tr teiTruncation, texts []string, pa
 		}
 		for i, text := range texts {
 			if _, err := m.Tokenizer.AppendEncode(nil, text, maxSeq, false); err != nil {
-				return nil, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("inputs: element %d: %v (truncate is false)", i, err)}
+				return nil, &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("inputs: element %d: %v (truncate is false)", i, err)}
 			}
 		}
 		return texts, nil
 	case tr.Truncate == nil && !left, tr.Truncate != nil && !*tr.Truncate, modelCuts && !left:
 		return texts, nil
 	case pairs:
-		return nil, core.BadRequest(fmt.Sprintf("model %s cannot truncate pairs this way: set encoder.truncate: true in its model.yaml (it cuts on the right)", m.Name))
+		return nil, apierr.BadRequest(fmt.Sprintf("model %s cannot truncate pairs this way: set encoder.truncate: true in its model.yaml (it cuts on the right)", m.Name))
 	}
 	out := make([]string, len(texts))
 	for i, text := range texts {

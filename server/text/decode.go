@@ -11,7 +11,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
+	"github.com/stepserve/stepserve/server/wire"
 )
 
 // A text API's JSON body, decoded within the in-flight budget.
@@ -60,16 +61,16 @@ func (t *Request) decodeCharged(body []byte, v any, field string, strict bool, p
 	if values > maxValues {
 		where, field := "", string(most)
 		if field != "" {
-			where = fmt.Sprintf(" (%s holds %d)", core.ClipName(field), mostN)
+			where = fmt.Sprintf(" (%s holds %d)", apierr.ClipName(field), mostN)
 		}
-		return WithParam(field, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
+		return WithParam(field, &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf(
 			"the request holds more than %d JSON values%s; a request sends at most %d texts (or pairs): split it", maxValues, where, MaxClientBatch)})
 	}
 	if err := t.Take(int64(len(body))+perValue*int64(values+1), "decoding the request"); err != nil {
 		return err
 	}
 	if !utf8.Valid(body) {
-		return core.BadRequest("the request body is not valid UTF-8")
+		return apierr.BadRequest("the request body is not valid UTF-8")
 	}
 	var err error
 	if strict {
@@ -80,7 +81,7 @@ func (t *Request) decodeCharged(body []byte, v any, field string, strict bool, p
 		}
 		if err != nil && strings.HasPrefix(err.Error(), "json: unknown field ") {
 			name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
-			return WithParam(name, core.BadRequest(fmt.Sprintf("unknown parameter %q; see the API's reference for the parameters stepserve takes", core.ClipName(name))))
+			return WithParam(name, apierr.BadRequest(fmt.Sprintf("unknown parameter %q; see the API's reference for the parameters stepserve takes", apierr.ClipName(name))))
 		}
 	} else {
 		err = json.Unmarshal(body, v)
@@ -98,14 +99,14 @@ func (t *Request) decodeCharged(body []byte, v any, field string, strict bool, p
 		if i := strings.IndexByte(param, '.'); i >= 0 {
 			param = param[:i]
 		}
-		return WithParam(param, core.BadRequest(core.JSONErrorMessage(body, typ)))
+		return WithParam(param, apierr.BadRequest(wire.JSONErrorMessage(body, typ)))
 	}
 	if err != nil {
 		var te *TextsError
 		if errors.As(err, &te) {
-			return core.BadRequest(field + ": " + te.Msg)
+			return apierr.BadRequest(field + ": " + te.Msg)
 		}
-		return core.BadRequest(core.JSONErrorMessage(body, err))
+		return apierr.BadRequest(wire.JSONErrorMessage(body, err))
 	}
 	return nil
 }

@@ -17,12 +17,13 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/models"
-	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/apierr"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
 // streamWriteTimeout bounds one event's write to a streaming client.
-const streamWriteTimeout = core.StreamWriteTimeout
+const streamWriteTimeout = wire.StreamWriteTimeout
 
 // OrParam is err naming param, unless it names one already.
 func OrParam(param string, err error) error {
@@ -36,14 +37,14 @@ func OrParam(param string, err error) error {
 // FindGenerative chooses the language model a request names.
 func (t *Request) FindGenerative(name, version string) error {
 	if name == "" {
-		return WithParam("model", core.BadRequest("model is required: the name of a language model served here (GET /v1/models lists them)"))
+		return WithParam("model", apierr.BadRequest("model is required: the name of a language model served here (GET /v1/models lists them)"))
 	}
 	m, err := t.Find(name, version)
 	if err != nil {
 		return WithParam("model", err)
 	}
 	if !m.Generative() {
-		return WithParam("model", core.BadRequest(fmt.Sprintf("model %s is not a language model; it serves %s", name, SigOf(m.Model()).Kind)))
+		return WithParam("model", apierr.BadRequest(fmt.Sprintf("model %s is not a language model; it serves %s", name, SigOf(m.Model()).Kind)))
 	}
 	return t.Ready()
 }
@@ -94,7 +95,7 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 				param = "messages"
 			}
 			msg := strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")
-			err = WithParam(param, core.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
+			err = WithParam(param, apierr.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
 		}
 		return t.Fail(err)
 	}

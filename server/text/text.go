@@ -19,7 +19,9 @@ import (
 	"strings"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
+	"github.com/stepserve/stepserve/server/wire"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -190,10 +192,10 @@ func WithParam(param string, err error) error {
 var ErrEmpty = errors.New("empty")
 
 // emptyError is a 400 with nothing to run.
-type emptyError struct{ err *core.Error }
+type emptyError struct{ err *apierr.Error }
 
 // EmptyRequest is a 400 for a request with nothing to run.
-func EmptyRequest(msg string) error { return &emptyError{core.BadRequest(msg)} }
+func EmptyRequest(msg string) error { return &emptyError{apierr.BadRequest(msg)} }
 
 func (e *emptyError) Error() string        { return e.err.Msg }
 func (e *emptyError) Unwrap() error        { return e.err }
@@ -234,10 +236,10 @@ func Choose(c *core.Core, r *http.Request, chosen *serving.Model, name, endpoint
 		switch len(names) {
 		case 1:
 		case 0:
-			return nil, Sig{}, &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("no model served here answers %s", endpoint)}
+			return nil, Sig{}, &apierr.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("no model served here answers %s", endpoint)}
 		default:
 			slices.Sort(names)
-			return nil, Sig{}, &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf(
+			return nil, Sig{}, &apierr.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf(
 				"%d models answer %s; name one with \"model\" in the body or ?model=: %s", len(names), endpoint, strings.Join(names, ", "))}
 		}
 	default:
@@ -248,7 +250,7 @@ func Choose(c *core.Core, r *http.Request, chosen *serving.Model, name, endpoint
 	}
 	tm := SigOf(m.Model())
 	if !tm.Kind.Serves(kinds) {
-		return m, tm, &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not %s", m.Model().Name, tm.Kind, endpoint)}
+		return m, tm, &apierr.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s serves %s, not %s", m.Model().Name, tm.Kind, endpoint)}
 	}
 	if !m.Ready() {
 		return m, tm, core.NotReady(m.Model().Name)
@@ -269,7 +271,7 @@ func (t *Request) CheckTexts(n int, what string) error {
 	case n == 0:
 		return EmptyRequest(what + " is empty; send at least one text")
 	case n > limit:
-		return &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("%s holds %d texts, more than the %d a request may send; split it", what, n, limit)}
+		return &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("%s holds %d texts, more than the %d a request may send; split it", what, n, limit)}
 	}
 	return nil
 }
@@ -284,7 +286,7 @@ func (t *Request) CheckTexts(n int, what string) error {
 func (t *Request) InferTexts(tm Sig, texts, pairs []string, extraJSON int64) (*serving.Result, int64, error) {
 	m := t.Model().Model()
 	cfg := m.Config
-	req := &core.InferRequest{Rows: len(texts)}
+	req := &wire.InferRequest{Rows: len(texts)}
 	req.Inputs = req.InputsBuf[:0]
 	if len(cfg.Inputs) > len(req.InputsBuf) {
 		req.Inputs = make([]models.Input, 0, len(cfg.Inputs))
@@ -299,15 +301,15 @@ func (t *Request) InferTexts(tm Sig, texts, pairs []string, extraJSON int64) (*s
 	req.Inputs[tm.Text] = models.Input{Shape: shape, Strings: texts}
 	if pairs != nil {
 		if tm.Pair < 0 {
-			return nil, 0, &core.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s scores single texts; it takes no %q input for pairs", m.Name, models.TextPairInput)}
+			return nil, 0, &apierr.Error{Status: http.StatusUnprocessableEntity, Msg: fmt.Sprintf("model %s scores single texts; it takes no %q input for pairs", m.Name, models.TextPairInput)}
 		}
 		req.Inputs[tm.Pair] = models.Input{Shape: shape, Strings: pairs}
 		for _, s := range pairs {
 			decoded += stringHeader + int64(len(s))
 		}
 	}
-	req.Outputs = append(req.OutputsBuf[:0], core.OutputChoice{Index: tm.Output})
-	f := core.FootprintOf(m, req, decoded, 0)
+	req.Outputs = append(req.OutputsBuf[:0], wire.OutputChoice{Index: tm.Output})
+	f := wire.FootprintOf(m, req, decoded, 0)
 	f.JSON += extraJSON
 	res, err := t.Infer(req, f)
 	return res, f.JSON, err
@@ -317,7 +319,7 @@ func (t *Request) InferTexts(tm Sig, texts, pairs []string, extraJSON int64) (*s
 // the in-flight budget spent), as opposed to a model that is not ready or
 // is going away: the APIs answer those with statuses of their own.
 func Overloaded(err error) bool {
-	var ae *core.Error
+	var ae *apierr.Error
 	return errors.Is(err, serving.ErrQueueFull) ||
 		errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable && strings.HasPrefix(ae.Msg, busyPrefix)
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	pb "github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/serving"
@@ -51,7 +52,7 @@ func LoadOverride(r *http.Request, name string) (serving.Override, error) {
 func loadOverride(r *http.Request, name string) (serving.Override, error) {
 	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxLoadBody))
 	if err != nil {
-		return nil, &core.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("load request body over %d bytes", maxLoadBody)}
+		return nil, &apierr.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("load request body over %d bytes", maxLoadBody)}
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, nil
@@ -62,27 +63,27 @@ func loadOverride(r *http.Request, name string) (serving.Override, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil {
-		return nil, core.BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}: %s", clip.Clip(err.Error(), 200)))
+		return nil, apierr.BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}: %s", clip.Clip(err.Error(), 200)))
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		// The checks below read the whole body: what follows the object
 		// would hide it from them.
-		return nil, core.BadRequest("load request: want one JSON object {\"parameters\": {...}}; something follows it")
+		return nil, apierr.BadRequest("load request: want one JSON object {\"parameters\": {...}}; something follows it")
 	}
 	if k, ok := duplicateKey(bytes.TrimSpace(b)); ok {
-		return nil, core.BadRequest(fmt.Sprintf("load request: %q is given twice", clip.Clip(k, 64)))
+		return nil, apierr.BadRequest(fmt.Sprintf("load request: %q is given twice", clip.Clip(k, 64)))
 	}
 	if k, ok := otherKey(bytes.TrimSpace(b), "parameters"); ok {
 		// encoding/json matches keys regardless of case: "Parameters"
 		// would be read as parameters, and merged with them.
-		return nil, core.BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}; %q is not a key of it", clip.Clip(k, 64)))
+		return nil, apierr.BadRequest(fmt.Sprintf("load request: want {\"parameters\": {...}}; %q is not a key of it", clip.Clip(k, 64)))
 	}
 	var raw struct {
 		Parameters json.RawMessage `json:"parameters"`
 	}
 	if json.Unmarshal(b, &raw) == nil {
 		if k, ok := duplicateKey(raw.Parameters); ok {
-			return nil, core.BadRequest(fmt.Sprintf("load parameter %q is given twice", clip.Clip(k, 64)))
+			return nil, apierr.BadRequest(fmt.Sprintf("load parameter %q is given twice", clip.Clip(k, 64)))
 		}
 	}
 	var override serving.Override
@@ -92,16 +93,16 @@ func loadOverride(r *http.Request, name string) (serving.Override, error) {
 		case k == "config":
 			var text string
 			if err := json.Unmarshal(v, &text); err != nil {
-				return nil, core.BadRequest(`load parameter "config" must be a string holding the model configuration as JSON`)
+				return nil, apierr.BadRequest(`load parameter "config" must be a string holding the model configuration as JSON`)
 			}
 			if override, err = configOverride(text, name); err != nil {
 				return nil, err
 			}
 		case strings.HasPrefix(k, "file:"):
-			return nil, core.BadRequest(fmt.Sprintf("load parameter %q: model files sent with the load are not supported; "+
+			return nil, apierr.BadRequest(fmt.Sprintf("load parameter %q: model files sent with the load are not supported; "+
 				"put them in the model repository", clip.Clip(k, 64)))
 		default:
-			return nil, core.BadRequest(fmt.Sprintf("load parameter %q is not supported; want config", clip.Clip(k, 64)))
+			return nil, apierr.BadRequest(fmt.Sprintf("load parameter %q is not supported; want config", clip.Clip(k, 64)))
 		}
 	}
 	return override, nil
@@ -273,7 +274,7 @@ func readConfig(text string) (*pb.ModelConfig, map[string]bool, error) {
 		err = errors.New("it is null")
 	}
 	if err != nil {
-		return nil, nil, core.BadRequest(fmt.Sprintf("load parameter config is not a JSON object: %s", clip.Clip(err.Error(), 200)))
+		return nil, nil, apierr.BadRequest(fmt.Sprintf("load parameter config is not a JSON object: %s", clip.Clip(err.Error(), 200)))
 	}
 	if k, ok := duplicateKey([]byte(text)); ok {
 		return nil, nil, configError(clip.Clip(k, 64), "given twice")
@@ -432,7 +433,7 @@ func duplicateKey(raw []byte) (string, bool) {
 }
 
 func configError(key, format string, args ...any) error {
-	return core.BadRequest(fmt.Sprintf("load config: %s: ", key) + fmt.Sprintf(format, args...))
+	return apierr.BadRequest(fmt.Sprintf("load config: %s: ", key) + fmt.Sprintf(format, args...))
 }
 
 // knownEnums reports whether v, fd's value, names only values its enum

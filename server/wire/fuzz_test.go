@@ -1,12 +1,14 @@
-package core
+package wire
 
 import (
+	"errors"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stretchr/testify/require"
 )
 
@@ -65,8 +67,8 @@ func FuzzDecodeJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := DecodeRequest(body, -1, m, 1<<20)
 		if err != nil {
-			if StatusOf(err) != 400 {
-				t.Fatalf("status %d for a bad body: %v", StatusOf(err), err)
+			if statusOf(err) != 400 {
+				t.Fatalf("status %d for a bad body: %v", statusOf(err), err)
 			}
 			return
 		}
@@ -88,11 +90,20 @@ func FuzzDecodeBinary(f *testing.F) {
 		}
 		req, err := DecodeRequest(body, headerLen, m, 1<<20)
 		if err != nil {
-			if StatusOf(err) != 400 {
-				t.Fatalf("status %d for a bad body: %v (header length %s)", StatusOf(err), err, strconv.Itoa(headerLen))
+			if statusOf(err) != 400 {
+				t.Fatalf("status %d for a bad body: %v (header length %s)", statusOf(err), err, strconv.Itoa(headerLen))
 			}
 			return
 		}
 		checkDecoded(t, m, req)
 	})
+}
+
+// statusOf is a refusal's HTTP status; 500 for any other error.
+func statusOf(err error) int {
+	var e *apierr.Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 500
 }

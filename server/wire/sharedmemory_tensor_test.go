@@ -1,16 +1,11 @@
-package core
+package wire
 
 import (
 	"encoding/json"
-	"fmt"
-	"net/http"
 	"testing"
 
-	"github.com/stepserve/stepserve/server/shm"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 func TestSharedMemoryParameters(t *testing.T) {
@@ -43,13 +38,4 @@ func TestSharedMemoryParameters(t *testing.T) {
 			assert.Contains(t, err.Error(), want, js)
 		}
 	}
-}
-
-// A shared-memory refusal keeps its status through the error taxonomy,
-// over HTTP and gRPC.
-func TestSharedMemoryRefusalsKeepTheirStatus(t *testing.T) {
-	err := fmt.Errorf("registering: %w", &shm.Error{Status: http.StatusBadRequest, Msg: "no room"})
-	assert.Equal(t, http.StatusBadRequest, StatusOf(err))
-	assert.Equal(t, codes.InvalidArgument, status.Code(GRPCError(err)))
-	assert.Equal(t, http.StatusNotImplemented, StatusOf(&shm.Error{Status: http.StatusNotImplemented, Msg: "off"}))
 }

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/shm"
 	"github.com/stepserve/stepserve/serving"
 )
@@ -139,15 +140,15 @@ func checkShmOutput(t *ShmTensor, spec models.TensorSpec, rows int, classes int,
 	return nil
 }
 
-// holdSharedMemory holds the regions the request's tensors name, each
+// HoldSharedMemory holds the regions the request's tensors name, each
 // checked to hold its tensor's range; an error (a 400 naming the tensor)
 // holds none.
-func (req *InferRequest) holdSharedMemory(s *shm.Regions, m *models.Model) error {
+func (req *InferRequest) HoldSharedMemory(s *shm.Regions, m *models.Model) error {
 	hold := func(t *ShmTensor, kind, name string) error {
 		r, err := s.Hold(t.Region, t.Offset, t.ByteSize)
 		if err != nil {
-			req.releaseSharedMemory(s)
-			return BadRequest(fmt.Sprintf("%s %q: %s", kind, name, err.Error()))
+			req.ReleaseSharedMemory(s)
+			return apierr.BadRequest(fmt.Sprintf("%s %q: %s", kind, name, err.Error()))
 		}
 		t.held = r
 		return nil
@@ -169,8 +170,8 @@ func (req *InferRequest) holdSharedMemory(s *shm.Regions, m *models.Model) error
 	return nil
 }
 
-// releaseSharedMemory lets go of the regions the request holds.
-func (req *InferRequest) releaseSharedMemory(s *shm.Regions) {
+// ReleaseSharedMemory lets go of the regions the request holds.
+func (req *InferRequest) ReleaseSharedMemory(s *shm.Regions) {
 	release := func(t *ShmTensor) {
 		if t != nil && t.held != nil {
 			s.Release(t.held)
@@ -185,10 +186,10 @@ func (req *InferRequest) releaseSharedMemory(s *shm.Regions) {
 	}
 }
 
-// readSharedMemory copies each input in shared memory out of its region,
+// ReadSharedMemory copies each input in shared memory out of its region,
 // into memory the request owns (charged with its footprint), where
 // decodeValues reads it as binary data.
-func (req *InferRequest) readSharedMemory() error {
+func (req *InferRequest) ReadSharedMemory() error {
 	for i := range req.wire {
 		in := &req.wire[i]
 		t := in.shm
@@ -198,17 +199,17 @@ func (req *InferRequest) readSharedMemory() error {
 		buf := make([]byte, t.ByteSize)
 		src := t.held.Data()[t.Offset : t.Offset+t.ByteSize]
 		if err := shm.GuardFault(func() { copy(buf, src) }); err != nil {
-			return BadRequest(fmt.Sprintf("input %q: shared memory region '%s': %v", in.Name, t.Region, err))
+			return apierr.BadRequest(fmt.Sprintf("input %q: shared memory region '%s': %v", in.Name, t.Region, err))
 		}
 		in.Bin, in.BinSet = buf, true
 	}
 	return nil
 }
 
-// writeSharedMemory copies each output bound for shared memory into its
+// WriteSharedMemory copies each output bound for shared memory into its
 // region, once the step has run: an output larger than its range is a 400
 // in Triton's words.
-func (req *InferRequest) writeSharedMemory(m *models.Model, res *serving.Result) error {
+func (req *InferRequest) WriteSharedMemory(m *models.Model, res *serving.Result) error {
 	for _, c := range req.Outputs {
 		t := c.SharedMemory
 		if t == nil {
@@ -217,11 +218,11 @@ func (req *InferRequest) writeSharedMemory(m *models.Model, res *serving.Result)
 		data := res.Outputs[c.Index]
 		name := m.Config.Outputs[c.Index].Name
 		if int64(len(data)) > t.ByteSize {
-			return BadRequest(fmt.Sprintf("shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", name, t.ByteSize, len(data)))
+			return apierr.BadRequest(fmt.Sprintf("shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", name, t.ByteSize, len(data)))
 		}
 		dst := t.held.Data()[t.Offset : t.Offset+t.ByteSize]
 		if err := shm.GuardFault(func() { copy(dst, data) }); err != nil {
-			return BadRequest(fmt.Sprintf("output %q: shared memory region '%s': %v", name, t.Region, err))
+			return apierr.BadRequest(fmt.Sprintf("output %q: shared memory region '%s': %v", name, t.Region, err))
 		}
 		t.Written = int64(len(data))
 	}

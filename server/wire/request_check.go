@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"encoding/json"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -26,7 +27,7 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		return nil, 0, 0, err
 	}
 	if len(wr.Inputs) == 0 {
-		return nil, 0, 0, BadRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, Signature(cfg.Inputs)))
+		return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("request has no inputs; model %s takes %s", m.Name, Signature(cfg.Inputs)))
 	}
 	req = &InferRequest{ID: wr.ID, Rows: -1, wire: wr.Inputs}
 	req.Inputs, req.Outputs = req.InputsBuf[:0], req.OutputsBuf[:0]
@@ -46,20 +47,20 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		in := &wr.Inputs[i]
 		idx := specIndex(cfg.Inputs, in.Name)
 		if idx < 0 {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, Signature(cfg.Inputs)))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("unknown input %q; model %s takes %s", in.Name, m.Name, Signature(cfg.Inputs)))
 		}
 		if seen[idx] {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("input %q appears more than once", in.Name))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("input %q appears more than once", in.Name))
 		}
 		seen[idx] = true
 		if n, ok := models.ShapeElements(in.Shape); ok {
 			if elements += n; elements > maxElements {
-				return nil, 0, 0, BadRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
+				return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("the inputs declare %d elements, above the limit of %d (server.max_request_elements)", elements, maxElements))
 			}
 		}
 		spec := cfg.Inputs[idx]
 		if in.shm, err = shmParams(WireParams{in.Parameters, in.Pairs}); err != nil {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 		req.shm = req.shm || in.shm != nil
 		avail := binLeft
@@ -68,7 +69,7 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		}
 		size, binSize, err := checkInput(in, spec, bodyLen, avail)
 		if err != nil {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 		if binSize > 0 && !in.BinSet {
 			in.Bin, binaryPart = binaryPart[:binSize:binSize], binaryPart[binSize:]
@@ -83,18 +84,18 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		}
 		rows := int(in.Shape[0])
 		if req.Rows >= 0 && rows != req.Rows {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.Rows))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("input %q has %d rows but an earlier input has %d; every input's first dimension is the batch and must agree", in.Name, rows, req.Rows))
 		}
 		req.Rows = rows
 		req.Inputs[idx].Shape = in.Shape
 	}
 	for i, s := range cfg.Inputs {
 		if !seen[i] && !cfg.OptionalInput(s.Name) {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("missing input %q (%s %v)", s.Name, s.Datatype, s.Shape))
 		}
 	}
 	if binLeft > 0 {
-		return nil, 0, 0, BadRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
+		return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("%d bytes of binary data follow the inputs' binary_data_size total; the sizes and the body disagree", binLeft))
 	}
 
 	// Triton's request parameters: priority (1 is the highest; a level the
@@ -102,17 +103,17 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 	// only lower the model's default.
 	prio, err := priorityParam(WireParams{wr.Parameters, wr.Pairs})
 	if err != nil {
-		return nil, 0, 0, BadRequest(err.Error())
+		return nil, 0, 0, apierr.BadRequest(err.Error())
 	}
 	timeout, _, err := intParam(WireParams{wr.Parameters, wr.Pairs}, "timeout")
 	if err != nil {
-		return nil, 0, 0, BadRequest(err.Error() + " (microseconds)")
+		return nil, 0, 0, apierr.BadRequest(err.Error() + " (microseconds)")
 	}
 	req.params = serving.Params{Priority: prio, Timeout: time.Duration(timeout) * time.Microsecond}
 
 	allBinary, err := boolParam(WireParams{wr.Parameters, wr.Pairs}, "binary_data_output")
 	if err != nil {
-		return nil, 0, 0, BadRequest(err.Error())
+		return nil, 0, 0, apierr.BadRequest(err.Error())
 	}
 	if len(wr.Outputs) == 0 {
 		for i := range cfg.Outputs {
@@ -122,21 +123,21 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 	for _, o := range wr.Outputs {
 		idx := specIndex(cfg.Outputs, o.Name)
 		if idx < 0 {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, Signature(cfg.Outputs)))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("unknown output %q; model %s gives %s", o.Name, m.Name, Signature(cfg.Outputs)))
 		}
 		for _, c := range req.Outputs {
 			if c.Index == idx {
-				return nil, 0, 0, BadRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
+				return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("output %q is requested more than once", o.Name))
 			}
 		}
 		params := WireParams{o.Parameters, o.Pairs}
 		shm, err := shmParams(params)
 		if err != nil {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		classes, err := classificationParam(params, cfg.Outputs[idx])
 		if err != nil {
-			return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+			return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 		}
 		// An output's own binary_data overrides the request's
 		// binary_data_output, either way, as in Triton.
@@ -144,12 +145,12 @@ func CheckRequest(wr *WireRequest, binaryPart []byte, bodyLen int, m *models.Mod
 		_, binSet := params.Get("binary_data")
 		if binSet {
 			if bin, err = boolParam(params, "binary_data"); err != nil {
-				return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+				return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 			}
 		}
 		if shm != nil {
 			if err := checkShmOutput(shm, cfg.Outputs[idx], req.Rows, classes, binSet && bin); err != nil {
-				return nil, 0, 0, BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
+				return nil, 0, 0, apierr.BadRequest(fmt.Sprintf("output %q: %v", o.Name, err))
 			}
 			bin, req.shm = false, true
 		}

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"encoding/json"
@@ -55,7 +55,7 @@ func TestCheckLimits(t *testing.T) {
 			continue
 		}
 		assert.ErrorContains(t, err, c.err, c.body)
-		assert.Equal(t, http.StatusBadRequest, StatusOf(err))
+		assert.Equal(t, http.StatusBadRequest, statusOf(err))
 		assert.False(t, fast, "parseWire stops at the limit too: %s", c.body)
 	}
 }

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // decodeJSONData writes the values of a JSON "data" array (flat or nested,
@@ -256,12 +257,12 @@ func AppendJSONData(b []byte, data []byte, dt models.Datatype) ([]byte, error) {
 // maxFloat16 is float16's largest finite value.
 const maxFloat16 = 65504
 
-// fitFloat16 checks the request's FP32, FP64 and BF16 inputs against float16's
+// FitFloat16 checks the request's FP32, FP64 and BF16 inputs against float16's
 // range, for a model whose engine computes in float16: staging would make
 // a finite value beyond ±65504 infinite. They are refused (400 naming the
 // input, the element and the range) or, where the model's
 // float16_overflow says clamp, clamped to ±65504.
-func (req *InferRequest) fitFloat16(m *models.Model) error {
+func (req *InferRequest) FitFloat16(m *models.Model) error {
 	clamp := m.Config.Float16Overflow == "clamp"
 	for i := range req.Inputs {
 		t := &req.Inputs[i]
@@ -291,7 +292,7 @@ func (req *InferRequest) fitFloat16(m *models.Model) error {
 				continue
 			}
 			if !clamp {
-				return BadRequest(fmt.Sprintf("input %q: element %d is %g, outside the range float16 holds (±65504); model %s computes in float16 (device_dtype) and would see it as infinite: send values within ±65504, or set float16_overflow: clamp in its model.yaml",
+				return apierr.BadRequest(fmt.Sprintf("input %q: element %d is %g, outside the range float16 holds (±65504); model %s computes in float16 (device_dtype) and would see it as infinite: send values within ±65504, or set float16_overflow: clamp in its model.yaml",
 					spec.Name, j/width, v, m.Name))
 			}
 			v = math.Copysign(maxFloat16, v)

@@ -1,4 +1,4 @@
-package core
+package wire
 
 // The parameters of a generation, as Triton's generate extension and its
 // streaming gRPC clients send them: one reading for both doors.
@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -21,7 +22,7 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 	gr := &serving.GenerateRequest{Logprobs: -1}
 	var stream *bool
 	bad := func(k, want string) error {
-		return BadRequest(fmt.Sprintf("parameter %s: want %s", k, want))
+		return apierr.BadRequest(fmt.Sprintf("parameter %s: want %s", k, want))
 	}
 	for k, v := range p {
 		var err error
@@ -53,7 +54,7 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 		case "exclude_input_in_output", "return_finish_reason":
 			var b bool
 			if err = json.Unmarshal(v, &b); err == nil && k == "exclude_input_in_output" && !b {
-				return nil, nil, BadRequest("parameter exclude_input_in_output: false is not supported; text_output never includes the prompt")
+				return nil, nil, apierr.BadRequest("parameter exclude_input_in_output: false is not supported; text_output never includes the prompt")
 			}
 		case "stop", "stop_words":
 			var l []string
@@ -67,10 +68,10 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 		case "bad_words":
 			var l []string
 			if l, err = stringList(v); err == nil && len(strings.Join(l, "")) > 0 {
-				return nil, nil, BadRequest("parameter bad_words is not supported; leave it out or empty")
+				return nil, nil, apierr.BadRequest("parameter bad_words is not supported; leave it out or empty")
 			}
 		default:
-			return nil, nil, BadRequest(fmt.Sprintf("unknown parameter %s; the generate extension takes %s", ClipName(k), generateParams))
+			return nil, nil, apierr.BadRequest(fmt.Sprintf("unknown parameter %s; the generate extension takes %s", apierr.ClipName(k), generateParams))
 		}
 		if err != nil {
 			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "min_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 )
 
 // Limits on what decoding a request's JSON may build, whichever decoder
@@ -92,11 +93,11 @@ func (w *limitWalker) tensors(inputs bool) error {
 				continue
 			}
 			if inputs {
-				return BadRequest(fmt.Sprintf("input %q appears more than once", name))
+				return apierr.BadRequest(fmt.Sprintf("input %q appears more than once", name))
 			}
-			return BadRequest(fmt.Sprintf("output %q is requested more than once", name))
+			return apierr.BadRequest(fmt.Sprintf("output %q is requested more than once", name))
 		}
-		return BadRequest(fmt.Sprintf("the request names more than %d %s; model %s %s %s",
+		return apierr.BadRequest(fmt.Sprintf("the request names more than %d %s; model %s %s %s",
 			limit, Plural(limit, kind), w.m.Name, verb, Signature(specs)))
 	})
 }
@@ -119,7 +120,7 @@ func (w *limitWalker) tensor(input bool) (string, error) {
 		case input && bytes.EqualFold(key, []byte("shape")) && w.peek('['):
 			return w.array(func(i int) error {
 				if i == MaxRank {
-					return BadRequest(fmt.Sprintf("an input's shape has more than %d dimensions", MaxRank))
+					return apierr.BadRequest(fmt.Sprintf("an input's shape has more than %d dimensions", MaxRank))
 				}
 				return w.value()
 			})
@@ -138,7 +139,7 @@ func (w *limitWalker) parameters() error {
 	n := 0
 	return w.object(func([]byte) error {
 		if n++; n > MaxParameters {
-			return BadRequest(fmt.Sprintf("a parameters object has more than %d entries", MaxParameters))
+			return apierr.BadRequest(fmt.Sprintf("a parameters object has more than %d entries", MaxParameters))
 		}
 		return w.value()
 	})
@@ -269,7 +270,7 @@ const MaxRequestIDBytes = 256
 // CheckRequestID refuses an id past MaxRequestIDBytes.
 func CheckRequestID(id string) error {
 	if len(id) > MaxRequestIDBytes {
-		return BadRequest(fmt.Sprintf("id is %d bytes; want a string of at most %d bytes", len(id), MaxRequestIDBytes))
+		return apierr.BadRequest(fmt.Sprintf("id is %d bytes; want a string of at most %d bytes", len(id), MaxRequestIDBytes))
 	}
 	return nil
 }

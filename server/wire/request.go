@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"github.com/stepserve/stepserve/internal/clip"
 	"github.com/stepserve/stepserve/internal/trace"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/serving"
 )
 
@@ -88,7 +89,7 @@ func (in *WireInput) binTerm() string {
 func (in *WireInput) declared() (elems int64, binSize int, hasBin bool) {
 	elems, _ = models.ShapeElements(in.Shape)
 	if in.shm != nil {
-		return elems, len(in.Bin), true // copied out of its region (readSharedMemory)
+		return elems, len(in.Bin), true // copied out of its region (ReadSharedMemory)
 	}
 	binSize, hasBin, _ = intParam(WireParams{in.Parameters, in.Pairs}, "binary_data_size")
 	return elems, binSize, hasBin
@@ -149,6 +150,10 @@ type InferRequest struct {
 	OutputsBuf [2]OutputChoice
 }
 
+// SharedMemory reports whether a tensor of the request lies in shared
+// memory: its regions are then held while it runs.
+func (req *InferRequest) SharedMemory() bool { return req.shm }
+
 // ForModel is the request as the model runs it.
 func (req *InferRequest) ForModel() *serving.Request {
 	return &serving.Request{Rows: req.Rows, Inputs: req.Inputs, Params: req.params, Trace: req.Trace}
@@ -188,7 +193,7 @@ func ParseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 	header, binaryPart := body, []byte(nil)
 	if headerLen >= 0 {
 		if headerLen > len(body) {
-			return nil, Footprint{}, BadRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
+			return nil, Footprint{}, apierr.BadRequest(fmt.Sprintf("Inference-Header-Content-Length %d exceeds the %d-byte body", headerLen, len(body)))
 		}
 		header, binaryPart = body[:headerLen], body[headerLen:]
 	}
@@ -204,7 +209,7 @@ func ParseRequest(body []byte, headerLen int, m *models.Model, maxElements int64
 		}
 		wr = WireRequest{}
 		if err := json.Unmarshal(header, &wr); err != nil {
-			return nil, Footprint{}, BadRequest(JSONErrorMessage(header, err))
+			return nil, Footprint{}, apierr.BadRequest(JSONErrorMessage(header, err))
 		}
 	}
 	req, decoded, seq, err := CheckRequest(&wr, binaryPart, len(body), m, maxElements)
@@ -222,7 +227,7 @@ func (req *InferRequest) DecodeValues(m *models.Model) error {
 		t := &req.Inputs[idx]
 		var err error
 		if t.Data, t.Strings, err = decodeValues(in, m.Config.Inputs[idx]); err != nil {
-			return BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
+			return apierr.BadRequest(fmt.Sprintf("input %q: %v", in.Name, err))
 		}
 	}
 	return nil
