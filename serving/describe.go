@@ -30,12 +30,18 @@ type backend struct {
 	gen *generator
 }
 
-// What a model's endpoints report of its backend beyond model.yaml: how
-// the server placed and batches it, and what it compiled and ran.
+// Backend is what a model's endpoints report of its backend beyond
+// model.yaml: how the server placed and batches it, and what it
+// compiled and ran ([Model.Backend]).
+type Backend struct{ b *backend }
+
+// Backend reports on what serves the model's requests.
+func (m *Model) Backend() Backend { return Backend{&m.backend} }
 
 // Policy is the batching policy the model is served with: the server's
 // defaults with model.yaml's batching keys over them.
-func (b *backend) Policy() batching.Policy {
+func (v Backend) Policy() batching.Policy {
+	b := v.b
 	if b.gen != nil {
 		return batching.Policy{}
 	}
@@ -44,7 +50,8 @@ func (b *backend) Policy() batching.Policy {
 
 // Devices names the device of each of the model's replicas on its own
 // engine, in replica order (a device appears once per replica on it).
-func (b *backend) Devices() []string {
+func (v Backend) Devices() []string {
+	b := v.b
 	if b.gen != nil {
 		return []string{b.engine}
 	}
@@ -58,7 +65,8 @@ func (b *backend) Devices() []string {
 // Failover is the engine that serves the model while none of its
 // replicas is healthy, and the device of its one replica there; empty
 // when it has none.
-func (b *backend) Failover() (engine, device string) {
+func (v Backend) Failover() (engine, device string) {
+	b := v.b
 	if b.fallback == nil {
 		return "", ""
 	}
@@ -72,7 +80,8 @@ type ProgramReport = engine.ProgramReport
 
 // Replicas counts the model's replicas on its engine, and those healthy
 // now.
-func (b *backend) Replicas() (total, healthy int) {
+func (v Backend) Replicas() (total, healthy int) {
+	b := v.b
 	if b.gen != nil {
 		return 1, 1
 	}
@@ -81,7 +90,8 @@ func (b *backend) Replicas() (total, healthy int) {
 
 // Explains lists the model's last non-clean steps, newest first, on any
 // replica.
-func (b *backend) Explains() []Record {
+func (v Backend) Explains() []Record {
+	b := v.b
 	if b.gen != nil {
 		return nil
 	}
@@ -91,7 +101,8 @@ func (b *backend) Explains() []Record {
 // Programs reports the model's compiled step programs, one per bucket
 // (per replica, and per kind for a language model's prefill and decode
 // buckets); nil where its engine reports none.
-func (b *backend) Programs(ctx context.Context) []ProgramReport {
+func (v Backend) Programs(ctx context.Context) []ProgramReport {
+	b := v.b
 	var src any = b.program
 	if b.gen != nil {
 		src = b.gen.dec
@@ -104,7 +115,8 @@ func (b *backend) Programs(ctx context.Context) []ProgramReport {
 
 // Stats summarises the model's steps per bucket since load, every
 // replica's.
-func (b *backend) Stats() []BucketStats {
+func (v Backend) Stats() []BucketStats {
+	b := v.b
 	if b.gen != nil {
 		return nil
 	}

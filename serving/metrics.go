@@ -191,7 +191,7 @@ func (c *replicasCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *replicasCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c.set.Models() {
-		total, healthy := m.Replicas()
+		total, healthy := m.Backend().Replicas()
 		ch <- prometheus.MustNewConstMetric(replicasDesc, prometheus.GaugeValue, float64(total), m.model.Name, m.engine)
 		ch <- prometheus.MustNewConstMetric(replicasHealthyDesc, prometheus.GaugeValue, float64(healthy), m.model.Name, m.engine)
 	}
@@ -211,7 +211,7 @@ func (c *adviceCollector) Describe(ch chan<- *prometheus.Desc) { ch <- bucketWor
 
 func (c *adviceCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c.set.Models() {
-		a, err := m.Advise(len(m.Stats()))
+		a, err := m.Advise(len(m.Backend().Stats()))
 		if err != nil {
 			continue
 		}

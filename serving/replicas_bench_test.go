@@ -103,7 +103,7 @@ func benchModel(b *testing.B, model, eng string, replicas int) (*Model, func() *
 	require.NoError(b, set.Warmup(context.Background()))
 	m, ok := set.Model(model)
 	require.True(b, ok)
-	total, _ := m.Replicas()
+	total, _ := m.Backend().Replicas()
 	require.Equal(b, replicas, total)
 	return m, request
 }

@@ -52,7 +52,7 @@ func TestReplicasLoadOnEveryDevice(t *testing.T) {
 		assert.Equal(t, 4, p.Steps(), "every replica is warmed up: two buckets twice")
 	}
 	assert.Equal(t, []string{"0", "1", "0", "1"}, devices)
-	total, healthy := m.Replicas()
+	total, healthy := m.Backend().Replicas()
 	assert.Equal(t, [2]int{4, 4}, [2]int{total, healthy})
 	assert.True(t, m.Ready())
 	y, err := infer(context.Background(), w.set, "a", 1, 5, 3)

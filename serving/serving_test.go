@@ -431,7 +431,7 @@ func TestLazyWarmupCountsRecompiles(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 1.0, got, b)
 	}
-	recs := m.Explains()
+	recs := m.Backend().Explains()
 	require.Len(t, recs, 2)
 	assert.Equal(t, "b4", recs[0].Bucket, "newest first")
 	assert.Equal(t, "b1", recs[1].Bucket)

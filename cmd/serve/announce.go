@@ -61,7 +61,7 @@ func announce(w io.Writer, logger *slog.Logger, cfg *config.Config, set *serving
 		if len(cfg.Buckets.Seq) > 0 {
 			buckets += " x seq " + fmt.Sprint(cfg.Buckets.Seq)
 		}
-		total, healthy := m.Replicas()
+		total, healthy := m.Backend().Replicas()
 		fmt.Fprintf(tw, "  %s\t%s\t%d/%d\t%s\t%s -> %s\t%.1fs\n", m.Model().Name, m.Engine(), healthy, total, buckets,
 			tensors(cfg.Inputs), tensors(cfg.Outputs), m.ReadyIn().Seconds())
 	}

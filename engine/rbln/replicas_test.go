@@ -60,7 +60,7 @@ func TestReplicasOnTwoWorkers(t *testing.T) {
 	require.NoError(t, set.Warmup(ctx))
 	m, ok := set.Model("digits")
 	require.True(t, ok)
-	total, healthy := m.Replicas()
+	total, healthy := m.Backend().Replicas()
 	require.Equal(t, [2]int{2, 2}, [2]int{total, healthy})
 	for _, w := range e.workers {
 		w.mu.Lock()
@@ -117,20 +117,20 @@ func TestReplicasOnTwoWorkers(t *testing.T) {
 
 	// One worker dies: the model stays ready, served by the other.
 	e.KillWorker("cpu0")
-	require.Eventually(t, func() bool { _, h := m.Replicas(); return h == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { _, h := m.Backend().Replicas(); return h == 1 }, 10*time.Second, time.Millisecond)
 	assert.True(t, m.Ready(), "one healthy replica is min_ready")
 	before, down := steps("cpu1"), 0
 	for i := range 4 {
-		_, h1 := m.Replicas()
+		_, h1 := m.Backend().Replicas()
 		check(2, float32(10+i))
-		if _, h2 := m.Replicas(); h1 == 1 && h2 == 1 {
+		if _, h2 := m.Backend().Replicas(); h1 == 1 && h2 == 1 {
 			down++ // cpu0 was down throughout
 			assert.True(t, m.Ready())
 		}
 	}
 	require.Positive(t, down, "cpu0 came back before any request was sent")
 	assert.GreaterOrEqual(t, steps("cpu1")-before, float64(down), "the requests sent while cpu0 was down ran on cpu1")
-	require.Eventually(t, func() bool { _, h := m.Replicas(); return h == 2 }, 60*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { _, h := m.Backend().Replicas(); return h == 2 }, 60*time.Second, 10*time.Millisecond,
 		"the killed worker comes back with its replica")
 	check(3, 20)
 }

@@ -3,9 +3,7 @@ package grpcapi
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
-	"net/http"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -456,19 +454,6 @@ func (g *grpcServer) RepositoryModelUnload(ctx context.Context, r *inferencepb.R
 		return nil, core.GRPCError(err)
 	}
 	return &inferencepb.RepositoryModelUnloadResponse{}, nil
-}
-
-// logFailure logs a failed request as the HTTP path does: client errors,
-// timeouts and overload at debug (they are counted), the server's own
-// failures at error.
-func (s *API) logFailure(ctx context.Context, model string, st int, err error) {
-	level := slog.LevelDebug
-	if st >= 500 && st != http.StatusServiceUnavailable && st != http.StatusGatewayTimeout {
-		level = slog.LevelError
-	}
-	if s.c.Logger.Enabled(ctx, level) {
-		s.c.Logger.Log(ctx, level, "inference failed", "model", model, "status", st, "protocol", "grpc", "err", err)
-	}
 }
 
 // rawInfer is a ModelInfer message as it arrived, before decoding: the

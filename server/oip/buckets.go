@@ -16,7 +16,7 @@ func (s *API) buckets(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := m.Stats()
+	b := m.Backend().Stats()
 	if b == nil {
 		b = []serving.BucketStats{}
 	}
@@ -33,7 +33,7 @@ func (s *API) bucketAdvice(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := len(m.Stats())
+	k := len(m.Backend().Stats())
 	if q := r.URL.Query().Get("max_buckets"); q != "" {
 		if k, err = strconv.Atoi(q); err != nil || k < 1 || k > 4096 {
 			return nil, apierr.BadRequest(fmt.Sprintf("max_buckets: %q; want an integer in 1..4096, the most buckets (compiled programs) the advice may use", q))

@@ -70,11 +70,11 @@ func (s *API) explain(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	recs := m.Explains()
+	recs := m.Backend().Explains()
 	if recs == nil {
 		recs = []serving.Record{}
 	}
-	progs := m.Programs(r.Context())
+	progs := m.Backend().Programs(r.Context())
 	if progs == nil {
 		progs = []serving.ProgramReport{}
 	}

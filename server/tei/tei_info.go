@@ -39,7 +39,7 @@ func (s *API) teiInfo(w http.ResponseWriter, r *http.Request) {
 		}
 		modelType = map[string]any{kind: map[string]any{"id2label": id2label, "label2id": label2id}}
 	}
-	policy := sm.Policy()
+	policy := sm.Backend().Policy()
 	info := map[string]any{
 		"model_id":                m.Name,
 		"model_sha":               nil,

@@ -146,7 +146,7 @@ func instanceKind(engine string) string {
 func TritonConfig(m *serving.Model) ModelConfig {
 	mm := m.Model()
 	cfg := mm.Config
-	pol := m.Policy()
+	pol := m.Backend().Policy()
 	c := ModelConfig{
 		Name:          mm.Name,
 		Platform:      mm.Platform(),
@@ -187,8 +187,8 @@ func TritonConfig(m *serving.Model) ModelConfig {
 		c.Output = append(c.Output, modelOutput{Name: out.Name, DataType: tritonDatatype(out.Datatype), Dims: dims(out),
 			LabelFilename: out.Labels})
 	}
-	c.InstanceGroup = instanceGroups(mm.Name, m.Engine(), m.Devices(), false)
-	if fb, device := m.Failover(); fb != "" {
+	c.InstanceGroup = instanceGroups(mm.Name, m.Engine(), m.Backend().Devices(), false)
+	if fb, device := m.Backend().Failover(); fb != "" {
 		c.InstanceGroup = append(c.InstanceGroup, instanceGroups(mm.Name, fb, []string{device}, true)...)
 	}
 	return c
@@ -257,10 +257,10 @@ func stepserveParameters(m *serving.Model) map[string]modelParameter {
 	p := map[string]modelParameter{}
 	set := func(k, v string) { p["stepserve."+k] = modelParameter{StringValue: v} }
 	set("engine", m.Engine())
-	if fb, _ := m.Failover(); fb != "" {
+	if fb, _ := m.Backend().Failover(); fb != "" {
 		set("failover_engine", fb)
 	}
-	set("devices", strings.Join(m.Devices(), ","))
+	set("devices", strings.Join(m.Backend().Devices(), ","))
 	set("architecture", cfg.Architecture)
 	set("buckets.batch", joinInts(cfg.Buckets.Batch))
 	if len(cfg.Buckets.Seq) > 0 {
@@ -272,7 +272,7 @@ func stepserveParameters(m *serving.Model) map[string]modelParameter {
 	}
 	set("warmup", cfg.Warmup)
 	set("instances.min_ready", strconv.Itoa(cfg.Instances.MinReadyCount()))
-	if n := m.Policy().MaxBatchElements; n > 0 {
+	if n := m.Backend().Policy().MaxBatchElements; n > 0 {
 		set("max_batch_elements", strconv.Itoa(n))
 	}
 	return p
