@@ -33,16 +33,16 @@ var tritonGenerateAPI = text.Protocol{Label: core.ProtocolHTTP, WriteError: func
 // generate_stream with stream.
 func (s *API) tritonGenerate(stream bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		text.Serve(s.c, w, r, &tritonGenerateAPI, func(t *text.Request, body []byte) int {
+		find := func(t *text.Request) error {
+			err := t.FindGenerative(chi.URLParam(r, "model"), chi.URLParam(r, "version"))
+			if pe := (*text.ParamError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the model is the route's, not a field's
+			}
+			return err
+		}
+		text.ServeOn(s.c, w, r, &tritonGenerateAPI, find, func(t *text.Request, body []byte) int {
 			var raw map[string]json.RawMessage
 			if err := t.DecodeJSON(body, &raw, "text_input"); err != nil {
-				return t.Fail(err)
-			}
-			if err := t.FindGenerative(chi.URLParam(r, "model"), chi.URLParam(r, "version")); err != nil {
-				var pe *text.ParamError
-				if errors.As(err, &pe) {
-					err = pe.Err
-				}
 				return t.Fail(err)
 			}
 			params := map[string]json.RawMessage{}

@@ -140,11 +140,24 @@ type Request struct {
 // the API's protocol label. handle chooses the model and answers through
 // t.Fail or t.OK, or a stream of its own.
 func Serve(c *core.Core, w http.ResponseWriter, r *http.Request, api *Protocol, handle func(t *Request, body []byte) int) {
+	ServeOn(c, w, r, api, nil, handle)
+}
+
+// ServeOn is Serve for a route that names its model (Triton's generate):
+// find chooses it before the body is read, as OIP's infer does, so that a
+// refusal while the body arrives is counted under the model.
+func ServeOn(c *core.Core, w http.ResponseWriter, r *http.Request, api *Protocol, find func(t *Request) error, handle func(t *Request, body []byte) int) {
 	call := c.Begin(r.Context(), api.Label, r.Method, r.URL.Path, func(st int, err error) { api.WriteError(w, st, err) })
 	defer call.End()
 	t := &Request{Call: call, W: w, R: r}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		t.Info.ID = id
+	}
+	if find != nil {
+		if err := find(t); err != nil {
+			t.Fail(err)
+			return
+		}
 	}
 	body, err := t.Read(w, r)
 	if err != nil {
