@@ -70,7 +70,7 @@ func (c *Core) Begin(ctx context.Context, protocol int, method, path string, sin
 	if protocol != ProtocolHTTP && protocol != ProtocolGRPC {
 		// A text API's series appear with its first request: a server
 		// whose clients never use it does not list them.
-		c.Metrics.Serve(protocol)
+		c.served[protocol].Do(func() { c.Metrics.Serve(protocol) })
 	}
 	now := time.Now()
 	return &Call{c: c, ctx: ctx, protocol: protocol, method: method, path: path, start: now, began: now,

@@ -36,6 +36,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -139,6 +140,8 @@ type Core struct {
 	// system_shared_memory extension), until [SharedMemory.Close].
 	SharedMemory *shm.Regions
 	logs         LogControl // the logging extension's (logging.go)
+	// served creates a text protocol's series once (Begin).
+	served [len(ProtocolLabels)]sync.Once
 }
 
 // LookupRoute finds the model and version a route names.
