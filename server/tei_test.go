@@ -272,6 +272,13 @@ func TestTEITokenize(t *testing.T) {
 	require.Equal(t, 200, st, string(b))
 	decodeStrict(t, b, &got)
 	assert.Len(t, got[0], len(ids)-2)
+
+	// Tokenizing is no inference: the model's statistics count neither a
+	// success nor a failure for it.
+	st, b = fx.get(t, "/v2/models/tiny-encoder/stats")
+	require.Equal(t, 200, st, string(b))
+	assert.Contains(t, string(b), `"success":{"count":0`, string(b))
+	assert.Contains(t, string(b), `"fail":{"count":0`, string(b))
 }
 
 // /info describes the model TEI's way.

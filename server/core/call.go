@@ -193,9 +193,14 @@ func (k *Call) Generate(gr *serving.GenerateRequest) (*serving.TextStream, error
 }
 
 // Succeed records an answered request in its model's statistics, with
-// res when a step ran it (nil for a generation), and returns 200.
+// res when a step ran it (nil for a generation), and returns 200. A
+// request that ran no step on a model that does not generate (TEI's
+// /tokenize, /decode) is no inference: the statistics do not count it.
 func (k *Call) Succeed(res *serving.Result) int {
 	k.status = http.StatusOK
+	if res == nil && k.model != nil && !k.model.Generative() {
+		k.reported = true
+	}
 	if k.model != nil && !k.reported {
 		k.reported = true
 		k.model.Report(res, true, time.Since(k.began))
