@@ -57,6 +57,9 @@ type Request struct {
 	EOS       []int32 // tokens that end it
 	MinTokens int     // tokens generated before an EOS token may end it
 	Sampling  Sampling
+	// Constraint, when set, limits the tokens it may sample (structured
+	// output): the loop's own from here, until the generation ends.
+	Constraint Constraint
 	// Ended, when set, is called in the loop (it must not block) once
 	// the generation's last event is on its stream: the loop holds
 	// nothing of it any more, whether or not its events are read.
@@ -182,7 +185,8 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 // stops at the next step (its stream's last event says FinishCancelled)
 // and its KV cache blocks are freed.
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
-	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling}
+	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling,
+		Constraint: r.Constraint}
 	st := newStream()
 	st.onEnd = r.Ended
 	reply := make(chan error, 1)
@@ -234,6 +238,12 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			continue
 		}
+		// A constrained sequence's step samples under its mask.
+		for _, w := range step.Work {
+			if q := w.Seq; q.Constraint != nil && w.Samples() {
+				q.mask = q.Constraint.Mask()
+			}
+		}
 		began := time.Now()
 		sampled, err := l.step(ctx, step)
 		if l.Observe != nil {
@@ -265,6 +275,10 @@ func (l *Loop) Run(ctx context.Context) {
 			q := w.Seq
 			st, live := l.streams[q]
 			if !live || !w.Samples() {
+				continue
+			}
+			if q.err != nil {
+				l.end(q, Event{Err: q.err})
 				continue
 			}
 			if q.Finish != FinishStop {

@@ -17,8 +17,9 @@ const minTemperature = 1e-5
 // holds scratch for one vocabulary, so that sampling allocates nothing;
 // it is not safe for concurrent use.
 type Sampler struct {
-	idx   []int32
-	probs []float32
+	idx    []int32
+	probs  []float32
+	masked []float32 // the logits under a mask
 }
 
 // NewSampler is a sampler for a vocabulary of vocab tokens.
@@ -28,9 +29,30 @@ func NewSampler(vocab int) Sampler {
 
 // Sample draws the token at position pos from logits (the model's, one
 // per token id; they are not changed) as s says; top, of capacity
-// s.Logprobs at least, receives the most likely tokens when asked.
-func (sp *Sampler) Sample(logits []float32, s Sampling, pos int, top []TopLogprob) Sampled {
+// s.Logprobs at least, receives the most likely tokens when asked. With
+// a mask (a constrained sequence's: [Constraint.Mask]), the tokens it
+// does not allow are out of the draw and of the log-probabilities, as if
+// their logits were -inf; a mask that allows none samples token -1,
+// which its constraint refuses.
+func (sp *Sampler) Sample(logits []float32, mask []uint32, s Sampling, pos int, top []TopLogprob) Sampled {
 	var out Sampled
+	if mask != nil {
+		if sp.masked == nil {
+			sp.masked = make([]float32, len(sp.probs))
+		}
+		masked, some := sp.masked[:len(logits)], false
+		for i, v := range logits {
+			if Allowed(mask, int32(i)) {
+				masked[i], some = v, true
+			} else {
+				masked[i] = float32(math.Inf(-1))
+			}
+		}
+		if !some {
+			return Sampled{Token: -1}
+		}
+		logits = masked
+	}
 	if s.Temperature < minTemperature {
 		out.Token = argmax(logits)
 	} else {

@@ -97,15 +97,15 @@ func TestSeededDrawRepeats(t *testing.T) {
 	}
 	sp := NewSampler(len(logits))
 	s := Sampling{Temperature: 1, TopP: 0.9, TopK: 40, Seed: 7}
-	a, b := sp.Sample(logits, s, 3, nil), sp.Sample(logits, s, 3, nil)
+	a, b := sp.Sample(logits, nil, s, 3, nil), sp.Sample(logits, nil, s, 3, nil)
 	assert.Equal(t, a.Token, b.Token)
 	s.Seed = 8
 	differ := false
 	for pos := range 32 {
 		s.Seed = 7
-		x := sp.Sample(logits, s, pos, nil).Token
+		x := sp.Sample(logits, nil, s, pos, nil).Token
 		s.Seed = 8
-		differ = differ || x != sp.Sample(logits, s, pos, nil).Token
+		differ = differ || x != sp.Sample(logits, nil, s, pos, nil).Token
 	}
 	assert.True(t, differ, "two seeds drew the same 32 tokens")
 }

@@ -20,11 +20,14 @@ const (
 	FinishStop                   // an end-of-sequence token
 	FinishLength                 // max_tokens, or the model's length
 	FinishCancelled              // its client went away
+	// FinishComplete is a constrained sequence whose output is complete
+	// (its last token is output; "stop" to clients, as FinishStop).
+	FinishComplete
 )
 
 func (r FinishReason) String() string {
 	switch r {
-	case FinishStop:
+	case FinishStop, FinishComplete:
 		return "stop"
 	case FinishLength:
 		return "length"
@@ -46,11 +49,16 @@ type Sequence struct {
 	// it: EOS tokens before then are output like any other.
 	MinTokens int
 	Sampling  Sampling
+	// Constraint, when set, limits the tokens it may sample (structured
+	// output); nil samples from the whole vocabulary.
+	Constraint Constraint
 
 	Output []int32      // the tokens generated so far
 	Finish FinishReason // why it ended, once it has
 
 	arrival   uint64
+	mask      []uint32 // Constraint's mask for the step being run
+	err       error    // why the loop ends it with an error (a broken constraint)
 	table     []int32  // its KV cache blocks, in token order
 	hashes    []uint64 // the chain hashes of its whole computed blocks (prefix caching)
 	computed  int      // its tokens whose keys and values are in the cache
@@ -82,6 +90,10 @@ type Work struct {
 	Start, End int
 	samples    bool // End was the sequence's length when it was scheduled
 }
+
+// Mask is the tokens the sequence may sample in the step being run (see
+// [Constraint.Mask]); nil when any may be, or the step does not sample it.
+func (q *Sequence) Mask() []uint32 { return q.mask }
 
 // Samples reports whether the step samples the sequence's next token.
 // It is fixed when the step is scheduled: Advance, which lengthens the
@@ -337,12 +349,26 @@ func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 			continue
 		}
 		tok := sampled[i]
+		if c := q.Constraint; c != nil {
+			q.mask = nil
+			if err := c.Accept(tok); err != nil {
+				q.err = fmt.Errorf("generation: the step sampled token %d, which the sequence's constraint does not allow: %w", tok, err)
+				s.finish(q, FinishCancelled)
+				done = append(done, q)
+				continue
+			}
+		}
 		switch {
 		case slices.Contains(q.EOS, tok) && len(q.Output) >= q.MinTokens:
 			s.finish(q, FinishStop)
 		default:
 			q.Output = append(q.Output, tok)
-			if len(q.Output) >= q.MaxTokens || q.Len() >= s.opts.MaxModelLen {
+			switch {
+			case q.Constraint != nil && q.Constraint.Done():
+				// Complete, and nothing may follow: the end is the
+				// constraint's, as an end-of-sequence token's.
+				s.finish(q, FinishComplete)
+			case len(q.Output) >= q.MaxTokens || q.Len() >= s.opts.MaxModelLen:
 				s.finish(q, FinishLength)
 			}
 		}

@@ -95,7 +95,7 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 		s.pending = ""
 		s.done = true
 		switch ev.Finish {
-		case generation.FinishStop:
+		case generation.FinishStop, generation.FinishComplete:
 			out.Finish = "stop"
 		case generation.FinishLength:
 			out.Finish = "length"

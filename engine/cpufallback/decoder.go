@@ -231,7 +231,7 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			p.out[i] = generation.Sampled{}
 			continue
 		}
-		p.out[i] = p.sampler.Sample(p.logits[r*c.Vocab:(r+1)*c.Vocab], w.Seq.Sampling, w.End, p.top[i][:0])
+		p.out[i] = p.sampler.Sample(p.logits[r*c.Vocab:(r+1)*c.Vocab], w.Seq.Mask(), w.Seq.Sampling, w.End, p.top[i][:0])
 		r++
 	}
 	return p.out[:len(step.Work)], nil

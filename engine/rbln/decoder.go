@@ -201,6 +201,13 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 		d.life = life
 		return nil, fmt.Errorf("rbln: model %s: %w: %w", d.p.model.Name, engine.ErrUnavailable, errCacheLost)
 	}
+	for _, w := range step.Work {
+		if w.Samples() && w.Seq.Mask() != nil {
+			// The worker's step graph has no mask section yet: a
+			// constrained sequence would sample outside its constraint.
+			return nil, fmt.Errorf("rbln: model %s: constrained sampling (structured output) does not run on the rbln engine yet", d.p.model.Name)
+		}
+	}
 	n := len(step.Work)
 	if len(d.out) < n {
 		d.out = make([]generation.Sampled, n)
