@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,6 +29,12 @@ func TestVocabBytesJoinToTheText(t *testing.T) {
 			}
 			if name == "wordpiece" {
 				return // lowercases and splits off punctuation: its text is not the input's
+			}
+			text := text
+			if name == "unigram" {
+				// Its vocabulary has no brackets: they are its unknown
+				// token, which is special.
+				text = strings.NewReplacer("{", "", "}", "", "[", "", "]", "").Replace(text)
 			}
 			toks, err := tok.Encode(text, "", false, Options{})
 			require.NoError(t, err)
