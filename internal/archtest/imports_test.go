@@ -21,7 +21,7 @@ const module = "github.com/stepserve/stepserve/"
 var layers = [][]string{
 	{"internal/bytesize", "internal/clip", "internal/gcfloor", "internal/genjson", "internal/half", "internal/jinja",
 		"internal/memlimit", "internal/npugroup", "internal/suggest", "internal/trace", "internal/archtest",
-		"bucketing", "generation", "models/tokenizers"},
+		"bucketing", "generation", "generation/grammar", "models/tokenizers"},
 	{"models", "internal/randweights"},
 	{"engine", "engine/..."},
 	{"steps"},
