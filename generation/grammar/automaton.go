@@ -132,6 +132,21 @@ func (n *nfa) build(e *expr) (int32, int32) {
 			n.link(z, t)
 		}
 		return s, t
+	case opGraph:
+		states := make([]int32, e.graph.nodes)
+		for i := range states {
+			states[i] = n.state()
+		}
+		for _, ge := range e.graph.edges {
+			if ge.e == nil {
+				n.link(states[ge.from], states[ge.to])
+				continue
+			}
+			a, z := n.build(ge.e)
+			n.link(states[ge.from], a)
+			n.link(z, states[ge.to])
+		}
+		return states[0], states[len(states)-1]
 	case opRep:
 		s := n.state()
 		cur := s

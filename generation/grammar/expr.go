@@ -26,6 +26,7 @@ const (
 	opAlt                 // any one of subs
 	opRep                 // subs[0] between min and max times (max < 0: unbounded)
 	opCall                // the rule numbered rule
+	opGraph               // the paths of graph from its first node to its last
 )
 
 // expr is a node of a rule's body: a regular expression whose symbols
@@ -36,6 +37,20 @@ type expr struct {
 	subs     []*expr
 	min, max int
 	rule     int
+	graph    *graph
+}
+
+// graph is an expression as a graph whose edges match expressions: what
+// a regular expression would spell with its parts copied many times (the
+// members of an object, optional ones skipped, written once each).
+type graph struct {
+	nodes int // node 0 is the first, nodes-1 the last
+	edges []graphEdge
+}
+
+type graphEdge struct {
+	from, to int
+	e        *expr // nil: an empty move
 }
 
 func eps() *expr  { return &expr{op: opEmpty} }

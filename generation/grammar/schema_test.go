@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -140,5 +141,47 @@ func TestSchemaCorpusMaskMatchesAccept(t *testing.T) {
 				checkMask(t, m, tc.name+": at the end of "+doc)
 			}
 		})
+	}
+}
+
+// TestLargeSchemas compiles schemas that a naive expansion would blow
+// up: many optional properties, a long enum, a long bounded string.
+func TestLargeSchemas(t *testing.T) {
+	v, eos := testVocab()
+	var props, enum []string
+	for i := range 100 {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"integer"}`, i))
+	}
+	for i := range 1000 {
+		enum = append(enum, fmt.Sprintf(`"value %d"`, i))
+	}
+	for _, tc := range []schemaCase{
+		{"100 optional properties", `{"type":"object","properties":{` + strings.Join(props, ",") + `},"additionalProperties":false}`,
+			[]string{`{}`, `{"p3":1,"p50":2,"p99":3}`, `{"p0":0}`},
+			[]string{`{"p50":1,"p§3":2}`, `{"p10§0":1}`}},
+		{"long enum", `{"enum":[` + strings.Join(enum, ",") + `]}`,
+			[]string{`"value 0"`, `"value 999"`, `"value 500"`},
+			[]string{`"value 100§0"`, `"value §x"`}},
+		{"long string", `{"type":"string","maxLength":300}`,
+			[]string{`"` + strings.Repeat("ab", 150) + `"`, `""`},
+			[]string{`"` + strings.Repeat("é", 300) + `§x"`}},
+	} {
+		g, err := FromJSONSchema([]byte(tc.schema))
+		require.NoError(t, err, tc.name)
+		c := Compile(g, v)
+		for _, doc := range tc.valid {
+			bad, _ := feed(t, c, eos, doc)
+			assert.Equal(t, -1, bad, "%s: %q", tc.name, doc)
+		}
+		for _, marked := range tc.invalid {
+			doc := strings.Replace(marked, "§", "", 1)
+			bad, offs := feed(t, c, eos, doc)
+			at := strings.Index(marked, "§")
+			require.GreaterOrEqual(t, bad, 0, "%s: %q accepted", tc.name, marked)
+			assert.LessOrEqual(t, offs[bad], at, "%s: %q", tc.name, marked)
+			if bad+1 < len(offs) {
+				assert.Greater(t, offs[bad+1], at, "%s: %q", tc.name, marked)
+			}
+		}
 	}
 }

@@ -73,27 +73,32 @@ func (sc *schemaCompiler) object(v *jvalue, path string) (*expr, error) {
 			optional = append(optional, !required[k])
 		}
 	}
-	// started[i] / fresh[i]: members i.. after some member / before any.
+	// Node 2i+k: before member i, some member written (k = 1) or none
+	// (k = 0); the last node is the end of the members.
 	n := len(members)
-	started, fresh := make([]*expr, n+1), make([]*expr, n+1)
-	started[n], fresh[n] = eps(), eps()
-	if extra != nil {
-		m := seq(call(sc.stringRule()), ws, lit(":"), ws, extra, ws)
-		started[n] = star(seq(comma, m))
-		fresh[n] = opt(seq(m, started[n]))
-	}
-	for i := n - 1; i >= 0; i-- {
-		m := members[i]
-		if optional[i] {
-			started[i] = seq(opt(seq(comma, m)), started[i+1])
-			fresh[i] = alt(seq(m, started[i+1]), fresh[i+1])
-		} else {
-			started[i] = seq(comma, m, started[i+1])
-			fresh[i] = seq(m, started[i+1])
+	gr := &graph{nodes: 2*n + 3}
+	end := 2*n + 2
+	for i, m := range members {
+		for k := range 2 {
+			first := m
+			if k == 1 {
+				first = seq(comma, m)
+			}
+			gr.edges = append(gr.edges, graphEdge{2*i + k, 2*(i+1) + 1, first})
+			if optional[i] {
+				gr.edges = append(gr.edges, graphEdge{2*i + k, 2*(i+1) + k, nil})
+			}
 		}
 	}
+	if extra != nil {
+		m := seq(call(sc.stringRule()), ws, lit(":"), ws, extra, ws)
+		more := star(seq(comma, m))
+		gr.edges = append(gr.edges, graphEdge{2 * n, end, opt(seq(m, more))}, graphEdge{2*n + 1, end, more})
+	} else {
+		gr.edges = append(gr.edges, graphEdge{2 * n, end, nil}, graphEdge{2*n + 1, end, nil})
+	}
 	r := sc.b.rule("object " + at(path))
-	sc.b.define(r, seq(lit("{"), ws, fresh[0], lit("}")))
+	sc.b.define(r, seq(lit("{"), ws, &expr{op: opGraph, graph: gr}, lit("}")))
 	return call(r), nil
 }
 

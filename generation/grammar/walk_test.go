@@ -108,3 +108,33 @@ func TestConcurrentMatchers(t *testing.T) {
 		assert.NoError(t, <-errs)
 	}
 }
+
+// TestMaskMatchesAcceptLargeVocab checks the mask against Accept on a
+// generated vocabulary of random words, punctuation, whitespace runs,
+// UTF-8 and random bytes.
+func TestMaskMatchesAcceptLargeVocab(t *testing.T) {
+	if testing.Short() {
+		t.Skip("brute force over a large vocabulary")
+	}
+	v := bigVocab(20000)
+	g, err := FromJSONSchema([]byte(benchSchema))
+	require.NoError(t, err)
+	c := Compile(g, v)
+	sch := compileValidator(t, benchSchema)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 2 {
+		doc, ok := walk(t, c, rng, 80, true)
+		if ok {
+			inst, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
+			require.NoError(t, err, doc)
+			require.NoError(t, sch.Validate(inst), "%q", doc)
+		}
+	}
+	m := c.NewMatcher()
+	for i, id := range greedy(v, benchDoc) {
+		if i%4 == 0 {
+			checkMask(t, m, fmt.Sprintf("benchDoc token %d", i))
+		}
+		require.NoError(t, m.Accept(id))
+	}
+}
