@@ -64,6 +64,9 @@ type GenerateRequest struct {
 	// special tokens are.
 	MinTokens int
 	Priority  int // lower runs first
+	// Constraint, when set, is the structured output the generation must
+	// match (constrain.go).
+	Constraint *Constraint
 }
 
 // TokenInfo is one generated token, for the APIs that return them.
@@ -109,6 +112,8 @@ type generator struct {
 	live    atomic.Int64  // generations not yet closed
 	retired atomic.Bool   // draining: its loop no longer reports the gauges
 	idle    chan struct{} // signalled when live drops to zero
+	// grammars are its compiled constraints (constrain.go).
+	grammars grammars
 }
 
 // newDecoderModel loads a decoder model on its engine and starts its
@@ -286,6 +291,15 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if r.MinTokens < 0 || r.MinTokens > maxTokens {
 		return nil, badGenerate("min_tokens %d; want 0 to max_tokens (%d)", r.MinTokens, maxTokens)
 	}
+	var constraint generation.Constraint
+	if r.Constraint != nil {
+		if m.engine == "rbln" {
+			return nil, fmt.Errorf("%w: %w", ErrBadParameter, errConstraintEngine)
+		}
+		if constraint, err = g.constraint(r.Constraint); err != nil {
+			return nil, err
+		}
+	}
 	// A place among the model's generations is taken before the loop
 	// sees it (a step may hold the loop a while), and given back if the
 	// loop does not take it.
@@ -303,7 +317,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	gctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
-		MinTokens: r.MinTokens, Sampling: sampling, Ended: release})
+		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release})
 	if err != nil {
 		release()
 		cancel()

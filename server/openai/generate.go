@@ -62,6 +62,7 @@ type openaiSampling struct {
 	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
 	// token "token_id:<id>", so that a client can compare ids.
 	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
+	guided                 // structured output (structured.go)
 }
 
 type streamOptions struct {
@@ -85,10 +86,7 @@ type chatRequest struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ResponseFormat      *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
-	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 }
 
 type chatMessage struct {
@@ -167,8 +165,13 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 	if o.StreamOptions != nil && !o.Stream {
 		return nil, text.WithParam("stream_options", apierr.BadRequest("stream_options is only allowed with stream: true"))
 	}
+	constraint, err := o.constraint()
+	if err != nil {
+		return nil, err
+	}
 	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
-		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority}, nil
+		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority,
+		Constraint: constraint}, nil
 }
 
 // completionPrompt reads completions' prompt: a string, or token ids (an
@@ -252,9 +255,6 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		}
 		if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
 			return t.Fail(text.WithParam("tools", apierr.BadRequest("tools are not supported; leave them out")))
-		}
-		if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-			return t.Fail(text.WithParam("response_format", apierr.BadRequest(fmt.Sprintf("response_format %q is not supported; want text", apierr.ClipName(req.ResponseFormat.Type)))))
 		}
 		maxTokens := req.MaxCompletionTokens
 		if maxTokens == nil {

@@ -56,6 +56,9 @@ func paramOf(err error) string {
 		return "messages"
 	}
 	msg := err.Error()
+	if strings.Contains(msg, "structured output") || strings.Contains(msg, "constraint") {
+		return "response_format"
+	}
 	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "stop", "messages", "prompt"} {
 		if strings.Contains(msg, p) {
 			return p

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// structuredSchema is an object the tiny random model could never write
+// by chance: every field bounded, so that a constrained output ends.
+const structuredSchema = `{
+	"type": "object",
+	"properties": {
+		"name": {"type": "string", "maxLength": 6},
+		"ok": {"type": "boolean"},
+		"color": {"enum": ["red", "green", "blue"]},
+		"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+	},
+	"required": ["name", "ok", "color", "tags"],
+	"additionalProperties": false
+}`
+
+// structured is what structuredSchema allows, decoded strictly.
+type structured struct {
+	Name  *string  `json:"name"`
+	OK    *bool    `json:"ok"`
+	Color *string  `json:"color"`
+	Tags  []string `json:"tags"`
+}
+
+// validStructured checks out against structuredSchema.
+func validStructured(t *testing.T, out string) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	var v structured
+	require.NoError(t, dec.Decode(&v), "the output parses: %q", out)
+	assert.False(t, dec.More(), "one JSON value: %q", out)
+	require.NotNil(t, v.Name, out)
+	assert.LessOrEqual(t, len([]rune(*v.Name)), 6, out)
+	require.NotNil(t, v.OK, out)
+	require.NotNil(t, v.Color, out)
+	assert.Contains(t, []string{"red", "green", "blue"}, *v.Color, out)
+	require.NotNil(t, v.Tags, out)
+	assert.LessOrEqual(t, len(v.Tags), 3, out)
+	for _, tag := range v.Tags {
+		assert.Contains(t, []string{"a", "b"}, tag, out)
+	}
+}
+
+// A chat completion with response_format json_schema returns JSON that
+// validates against the schema, whatever the (random) model would rather
+// say, sampled or greedy, streamed or not; finish_reason is stop.
+func TestChatJSONSchema(t *testing.T) {
+	f := newGenFixture(t, "")
+	format := map[string]any{"type": "json_schema", "json_schema": map[string]any{
+		"name": "thing", "strict": true, "schema": json.RawMessage(structuredSchema)}}
+	for seed := range 12 {
+		body := map[string]any{"model": "tiny-llama", "max_tokens": 200, "temperature": 1.0, "seed": seed,
+			"messages": []map[string]any{{"role": "user", "content": "describe a thing"}}, "response_format": format}
+		st, b := f.post(t, "/v1/chat/completions", body)
+		require.Equal(t, 200, st, string(b))
+		var c completion
+		require.NoError(t, json.Unmarshal(b, &c))
+		require.Len(t, c.Choices, 1)
+		require.NotNil(t, c.Choices[0].Message)
+		require.NotNil(t, c.Choices[0].FinishReason)
+		assert.Equal(t, "stop", *c.Choices[0].FinishReason, "seed %d", seed)
+		validStructured(t, c.Choices[0].Message.Content)
+	}
+
+	body := map[string]any{"model": "tiny-llama", "max_tokens": 200, "stream": true, "seed": 3, "temperature": 0.9,
+		"messages": []map[string]any{{"role": "user", "content": "describe a thing"}}, "response_format": format}
+	var out strings.Builder
+	finish := ""
+	for _, ev := range f.events(t, "/v1/chat/completions", body) {
+		var chunk struct {
+			Choices []struct {
+				Delta        struct{ Content string } `json:"delta"`
+				FinishReason *string                  `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal(ev, &chunk))
+		for _, ch := range chunk.Choices {
+			out.WriteString(ch.Delta.Content)
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+	}
+	assert.Equal(t, "stop", finish)
+	validStructured(t, out.String())
+
+	// max_tokens cuts a constrained output: length, and a prefix of
+	// what the schema allows.
+	body = map[string]any{"model": "tiny-llama", "max_tokens": 3, "messages": []map[string]any{{"role": "user", "content": "x"}}, "response_format": format}
+	st, b := f.post(t, "/v1/chat/completions", body)
+	require.Equal(t, 200, st, string(b))
+	var c completion
+	require.NoError(t, json.Unmarshal(b, &c))
+	assert.Equal(t, "length", *c.Choices[0].FinishReason)
+	assert.True(t, strings.HasPrefix(`{"name":`, strings.Join(strings.Fields(c.Choices[0].Message.Content), "")[:1]), c.Choices[0].Message.Content)
+}
+
+// vLLM's guided keys on completions: a choice, a regex, a schema.
+func TestCompletionsGuided(t *testing.T) {
+	f := newGenFixture(t, "")
+	text := func(body map[string]any) (string, string) {
+		t.Helper()
+		body["model"], body["prompt"] = "tiny-llama", "the answer is"
+		st, b := f.post(t, "/v1/completions", body)
+		require.Equal(t, 200, st, string(b))
+		var c completion
+		require.NoError(t, json.Unmarshal(b, &c))
+		return c.Choices[0].Text, *c.Choices[0].FinishReason
+	}
+	choices := []string{"yes", "no", "maybe so", "ünïcode 🙂"}
+	seen := map[string]bool{}
+	for seed := range 16 {
+		out, finish := text(map[string]any{"guided_choice": choices, "temperature": 1.0, "seed": seed, "max_tokens": 40})
+		assert.Contains(t, choices, out)
+		assert.Equal(t, "stop", finish)
+		seen[out] = true
+	}
+	assert.Greater(t, len(seen), 1, "the draw chooses")
+
+	re := regexp.MustCompile(`^[0-9]{3}-[a-z]{2}$`)
+	for seed := range 8 {
+		out, finish := text(map[string]any{"guided_regex": `[0-9]{3}-[a-z]{2}`, "temperature": 1.0, "seed": seed, "max_tokens": 40})
+		assert.Regexp(t, re, out)
+		assert.Equal(t, "stop", finish)
+	}
+	out, finish := text(map[string]any{"guided_json": structuredSchema, "max_tokens": 200})
+	assert.Equal(t, "stop", finish)
+	validStructured(t, out)
+	out, finish = text(map[string]any{"response_format": map[string]any{"type": "json_object"}, "max_tokens": 30})
+	assert.True(t, strings.HasPrefix(strings.TrimLeft(out, " \t\r\n"), "{"), "a JSON object begins: %q", out)
+	if finish == "stop" {
+		var obj map[string]any
+		assert.NoError(t, json.Unmarshal([]byte(out), &obj), "a complete output is a JSON object: %q", out)
+	}
+}
+
+// What cannot be enforced is refused, naming what is wrong.
+func TestStructuredOutputRefusals(t *testing.T) {
+	f := newGenFixture(t, "")
+	for _, c := range []struct {
+		body  string
+		param string
+		want  string
+	}{
+		{`"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","patternProperties":{"a":{}}}}}`, "response_format", "patternProperties"},
+		{`"response_format":{"type":"json_schema","json_schema":{"name":"x"}}`, "response_format", "json_schema.schema"},
+		{`"response_format":{"type":"yaml"}`, "response_format", `"yaml"`},
+		{`"guided_regex":"a","guided_choice":["b"]`, "guided_choice", "give one"},
+		{`"guided_grammar":"root ::= x"`, "guided_grammar", "not supported"},
+	} {
+		body := fmt.Sprintf(`{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],%s}`, c.body)
+		st, b := f.post(t, "/v1/chat/completions", json.RawMessage(body))
+		assert.Equal(t, 400, st, "%s: %s", c.body, b)
+		var e struct {
+			Error struct {
+				Message string  `json:"message"`
+				Param   *string `json:"param"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal(b, &e), string(b))
+		assert.Contains(t, e.Error.Message, c.want, c.body)
+		if assert.NotNil(t, e.Error.Param, c.body) {
+			assert.Equal(t, c.param, *e.Error.Param, c.body)
+		}
+	}
+}
