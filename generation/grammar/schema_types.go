@@ -22,7 +22,7 @@ var formats = map[string]string{
 	"time":      timeRe,
 	"date-time": dateRe + "T" + timeRe,
 	"uuid":      `[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`,
-	"email":     `[A-Za-z0-9_+-]+(\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9]+(-[A-Za-z0-9]+)*(\.[A-Za-z0-9]+(-[A-Za-z0-9]+)*)*\.[A-Za-z]{2,16}`,
+	"email":     `[A-Za-z0-9_+-]{1,20}(\.[A-Za-z0-9_+-]{1,20}){0,2}@[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,20})?(\.[A-Za-z0-9]{1,20}(-[A-Za-z0-9]{1,20})?){0,3}\.[A-Za-z]{2,8}`,
 	"ipv4":      `(` + octetRe + `\.){3}` + octetRe,
 }
 
@@ -194,11 +194,14 @@ func (sc *schemaCompiler) stringOf(name, re string, search bool) (*expr, error) 
 	return call(sc.sharedRule(name, func() *expr { return seq(lit(`"`), e, lit(`"`)) })), nil
 }
 
-// jsonChar is one character of JSON string content, raw or escaped.
+// jsonChar is one character of JSON string content, raw or escaped; a
+// \u escape is of a code point below U+10000 other than a surrogate, so
+// that every character counts one (minLength, maxLength).
 func jsonChar() *expr {
 	raw := utf8Expr([]runeRange{{0x20, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, utf8.MaxRune}})
 	hex := anyOfBytes("0123456789abcdefABCDEF")
-	esc := seq(lit(`\`), alt(anyOfBytes(`"\/bfnrt`), seq(lit("u"), hex, hex, hex, hex)))
+	u := alt(seq(anyOfBytes("0123456789abcefABCEF"), hex, hex, hex), seq(anyOfBytes("dD"), anyOfBytes("01234567"), hex, hex))
+	esc := seq(lit(`\`), alt(anyOfBytes(`"\/bfnrt`), seq(lit("u"), u)))
 	return alt(raw, esc)
 }
 

@@ -63,7 +63,12 @@ type trieItem struct {
 }
 
 func buildTrie(items []trieItem) trie {
-	slices.SortStableFunc(items, func(a, b trieItem) int { return bytes.Compare(a.bytes, b.bytes) })
+	slices.SortFunc(items, func(a, b trieItem) int {
+		if c := bytes.Compare(a.bytes, b.bytes); c != 0 {
+			return c
+		}
+		return int(a.id - b.id)
+	})
 	var t trie
 	var path []int32 // the nodes of the previous item's bytes
 	var prev []byte

@@ -117,20 +117,24 @@ func TestMaskMatchesAcceptLargeVocab(t *testing.T) {
 		t.Skip("brute force over a large vocabulary")
 	}
 	v := bigVocab(20000)
-	g, err := FromJSONSchema([]byte(benchSchema))
-	require.NoError(t, err)
-	c := Compile(g, v)
-	sch := compileValidator(t, benchSchema)
 	rng := rand.New(rand.NewPCG(5, 6))
-	for range 2 {
-		doc, ok := walk(t, c, rng, 80, true)
-		if ok {
-			inst, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
-			require.NoError(t, err, doc)
-			require.NoError(t, sch.Validate(inst), "%q", doc)
+	for _, schema := range []string{benchSchema, schemaCorpus[4].schema, schemaCorpus[13].schema} {
+		g, err := FromJSONSchema([]byte(schema))
+		require.NoError(t, err)
+		c := Compile(g, v)
+		sch := compileValidator(t, schema)
+		for range 2 {
+			doc, ok := walk(t, c, rng, 60, true)
+			if ok {
+				inst, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
+				require.NoError(t, err, doc)
+				require.NoError(t, sch.Validate(inst), "%q", doc)
+			}
 		}
 	}
-	m := c.NewMatcher()
+	g, err := FromJSONSchema([]byte(benchSchema))
+	require.NoError(t, err)
+	m := Compile(g, v).NewMatcher()
 	for i, id := range greedy(v, benchDoc) {
 		if i%4 == 0 {
 			checkMask(t, m, fmt.Sprintf("benchDoc token %d", i))
