@@ -70,3 +70,43 @@ func TestOpenAINodeSDK(t *testing.T) {
 	assert.Equal(t, "n", out.Error.Param)
 	assert.Equal(t, "invalid_request_error", out.Error.Type)
 }
+
+// Structured output through the SDK, 50 of 50 on the random-weight
+// tiny-llama (only the constraint can make its output valid): the
+// whole answers and the streamed ones of response_format json_schema
+// validate against the schema, and the SDK's parse helper with a zod
+// schema parses every answer.
+func TestOpenAINodeSDKStructuredOutput(t *testing.T) {
+	if _, err := os.Stat("testdata/openai-sdk/node_modules/zod/package.json"); err != nil {
+		t.Skip("the OpenAI Node SDK and zod are not installed (make deps: npm ci in server/testdata/openai-sdk)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node")
+	}
+	f := newGenFixture(t, "")
+	cmd := exec.Command(node, "structured.mjs")
+	cmd.Dir = "testdata/openai-sdk"
+	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL, "RUNS=50", "SCHEMA="+structuredSchema)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	type answer struct {
+		Content string          `json:"content"`
+		Finish  string          `json:"finish"`
+		Parsed  json.RawMessage `json:"parsed"`
+	}
+	var out struct{ Whole, Streamed, Parsed []answer }
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	for name, answers := range map[string][]answer{"whole": out.Whole, "streamed": out.Streamed, "parsed": out.Parsed} {
+		require.Len(t, answers, 50, name)
+		for i, a := range answers {
+			assert.Equal(t, "stop", a.Finish, "%s %d: %q", name, i, a.Content)
+			validStructured(t, a.Content)
+			if name == "parsed" {
+				assert.JSONEq(t, a.Content, string(a.Parsed), "the SDK parsed the answer with zod")
+			}
+		}
+	}
+}
