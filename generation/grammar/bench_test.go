@@ -132,6 +132,8 @@ func benchMask(b *testing.B, v *Vocab) {
 		{"in-string", `{"name": "The quick brown fox jum`},
 		{"between-values", `{"name": "x", "age": 42, "tags": ["alpha", `},
 		{"after-key", `{"name": "x", "age": `},
+		{"in-array-string", `{"name": "x", "age": 42, "tags": ["alpha", "bet`},
+		{"in-number", `{"name": "x", "age": 4`},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := Compile(g, v)
