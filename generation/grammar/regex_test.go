@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,13 +11,14 @@ import (
 func TestUnsupportedSchemasRefusedByName(t *testing.T) {
 	for schema, want := range map[string]string{
 		`{"type":"object","properties":{"a":{"type":"object","patternProperties":{"x":{}}}}}`: `unsupported keyword "patternProperties" at /properties/a`,
-		`{"type":"integer","minimum":0}`:                     `unsupported keyword "minimum" at /`,
-		`{"type":"array","items":{"type":"string","foo":1}}`: `unsupported keyword "foo" at /items`,
-		`{"allOf":[{"type":"string"},{"type":"integer"}]}`:   `unsupported keyword "allOf" (of more than one schema) at /`,
-		`{"type":"string","format":"hostname"}`:              `unsupported format "hostname" at /format`,
-		`{"type":"decimal"}`:                                 `unsupported type "decimal" at /type`,
-		`{"$ref":"#/$defs/missing"}`:                         `$ref "#/$defs/missing" at /`,
-		`{"$ref":"other.json#/a"}`:                           `$ref "other.json#/a" at /`,
+		`{"type":"number","minimum":0}`:                                                       `unsupported keyword "minimum" on a number`,
+		`{"type":"integer","minimum":5,"exclusiveMaximum":5}`:                                 `no integer between`,
+		`{"type":"array","items":{"type":"string","foo":1}}`:                                  `unsupported keyword "foo" at /items`,
+		`{"allOf":[{"type":"string"},{"type":"integer"}]}`:                                    `unsupported keyword "allOf" (of more than one schema) at /`,
+		`{"type":"string","format":"hostname"}`:                                               `unsupported format "hostname" at /format`,
+		`{"type":"decimal"}`:                                                                  `unsupported type "decimal" at /type`,
+		`{"$ref":"#/$defs/missing"}`:                                                          `$ref "#/$defs/missing" at /`,
+		`{"$ref":"other.json#/a"}`:                                                            `$ref "other.json#/a" at /`,
 		`{"$ref":"#/$defs/a","$defs":{"a":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}}}`: `left-recursive`,
 		`{"$ref":"#/$defs/a","$defs":{"a":{"$ref":"#/$defs/a"}}}`:                             `matches nothing`,
 		`{"anyOf":[{"type":"string"}],"type":"string"}`:                                       `keyword "type" beside "anyOf" at /`,
@@ -158,4 +160,33 @@ func TestMatcherEdges(t *testing.T) {
 	m.Mask(mask)
 	assert.Equal(t, make([]uint32, len(mask)), mask)
 	assert.Error(t, m.Accept('a'))
+}
+
+func TestIntegerRanges(t *testing.T) {
+	v, _ := testVocab()
+	for _, r := range [][2]int64{{0, 0}, {-5, 5}, {7, 123}, {-123, -7}, {-100, 99}, {10, 19}, {1, 100}, {-1, 0}, {95, 105}} {
+		var b builder
+		rule := b.rule("range")
+		b.define(rule, intRange(r[0], r[1]))
+		g, err := b.build(rule)
+		require.NoError(t, err)
+		c := Compile(g, v)
+		for x := int64(-150); x <= 150; x++ {
+			assert.Equal(t, r[0] <= x && x <= r[1], accepts(c, strconv.FormatInt(x, 10)), "%d in %v", x, r)
+		}
+		assert.False(t, accepts(c, "-0"), "-0 in %v", r)
+		assert.False(t, accepts(c, "007"), "007 in %v", r)
+	}
+	g, err := FromJSONSchema([]byte(`{"type":"integer","exclusiveMinimum":-2.5,"maximum":1e12}`))
+	require.NoError(t, err)
+	c := Compile(g, v)
+	for s, want := range map[string]bool{"-2": true, "-3": false, "1000000000000": true, "1000000000001": false, "999999999999": true, "12": true} {
+		assert.Equal(t, want, accepts(c, s), s)
+	}
+	g, err = FromJSONSchema([]byte(`{"type":"integer","minimum":0}`))
+	require.NoError(t, err)
+	c = Compile(g, v)
+	for s, want := range map[string]bool{"0": true, "-1": false, "999999999999999999": true, "1000000000000000000": false} {
+		assert.Equal(t, want, accepts(c, s), s)
+	}
 }

@@ -29,6 +29,7 @@ var keywordsByType = map[string][]string{
 	"object": {"properties", "required", "additionalProperties"},
 	"array":  {"items", "minItems", "maxItems"},
 	"string": {"minLength", "maxLength", "pattern", "format"},
+	"number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
 }
 
 var combinators = []string{"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
@@ -39,9 +40,10 @@ var combinators = []string{"type", "enum", "const", "anyOf", "oneOf", "allOf", "
 // additionalProperties (false, true or a schema), items, minItems,
 // maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of one schema,
 // $ref to a fragment of the same document ("#", "#/$defs/x", recursion
-// included), minLength, maxLength, pattern, and format date, time,
-// date-time, uuid, email and ipv4; annotations (title, description,
-// default, ...) are ignored. Any other keyword is refused with an error
+// included), minLength, maxLength, pattern, format date, time,
+// date-time, uuid, email and ipv4, and minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum on integers (not on numbers);
+// annotations (title, description, default, ...) are ignored. Any other keyword is refused with an error
 // naming it and its JSON pointer. Properties are written in the schema's
 // order, the optional ones possibly skipped; extra members, where allowed,
 // come after them.
@@ -255,7 +257,7 @@ func schemaTypes(v *jvalue, path string) ([]string, error) {
 	t := v.get("type")
 	if t == nil {
 		var types []string
-		for _, name := range []string{"object", "array", "string"} {
+		for _, name := range []string{"object", "array", "string", "number"} {
 			for _, k := range keywordsByType[name] {
 				if v.get(k) != nil && !slices.Contains(types, name) {
 					types = append(types, name)
@@ -298,8 +300,18 @@ func (sc *schemaCompiler) typed(v *jvalue, t, path string) (*expr, error) {
 	case "string":
 		return sc.str(v, path)
 	case "integer":
-		return call(sc.integer()), nil
+		lo, hi, bounded, err := intBounds(v, path)
+		if err != nil || !bounded {
+			return call(sc.integer()), err
+		}
+		name := fmt.Sprintf("integer[%d,%d]", lo, hi)
+		return call(sc.sharedRule(name, func() *expr { return intRange(lo, hi) })), nil
 	case "number":
+		for _, k := range keywordsByType["number"] {
+			if v.get(k) != nil {
+				return nil, fmt.Errorf("grammar: unsupported keyword %q on a number (supported on integers) at %s", k, at(path))
+			}
+		}
 		return call(sc.number()), nil
 	case "boolean":
 		return alt(lit("true"), lit("false")), nil
