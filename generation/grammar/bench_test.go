@@ -149,6 +149,16 @@ func benchMask(b *testing.B, v *Vocab) {
 			reportQuantiles(b, d)
 		})
 	}
+	b.Run("warm", func(b *testing.B) {
+		var d []time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			Compile(g, v).Warm()
+			d = append(d, time.Since(t0))
+		}
+		b.ReportMetric(float64(g.NumStates()), "states")
+		reportQuantiles(b, d)
+	})
 	// Every state of a whole document, warm: the entries met on a first
 	// pass (whose total is reported as cold-ms) are reused.
 	b.Run("document", func(b *testing.B) {

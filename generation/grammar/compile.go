@@ -35,6 +35,20 @@ func Compile(g *Grammar, v *Vocab) *Compiled {
 	return &Compiled{g: g, v: v, entries: make([]atomic.Pointer[entry], g.NumStates())}
 }
 
+// Warm computes every state's token classes now, rather than the first
+// time a matcher meets the state: the mask's latency is then flat from
+// the first token, at the cost of states no output may reach. It takes
+// milliseconds for a typical schema at a 128k vocabulary; a long bounded
+// string (maxLength) has a state per character and costs more.
+func (c *Compiled) Warm() {
+	m := sim{g: c.g}
+	for s := range int32(c.g.NumStates()) {
+		if c.g.hasBytes(s) {
+			c.entry(s, &m)
+		}
+	}
+}
+
 // Vocab is the vocabulary the grammar is compiled for.
 func (c *Compiled) Vocab() *Vocab { return c.v }
 

@@ -134,7 +134,9 @@ func TestMaskMatchesAcceptLargeVocab(t *testing.T) {
 	}
 	g, err := FromJSONSchema([]byte(benchSchema))
 	require.NoError(t, err)
-	m := Compile(g, v).NewMatcher()
+	c := Compile(g, v)
+	c.Warm()
+	m := c.NewMatcher()
 	for i, id := range greedy(v, benchDoc) {
 		if i%4 == 0 {
 			checkMask(t, m, fmt.Sprintf("benchDoc token %d", i))
