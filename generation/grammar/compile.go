@@ -7,8 +7,11 @@ import (
 
 // Compiled is a grammar bound to a vocabulary: what every sequence under
 // this constraint shares. It learns, lazily and once per automaton state,
-// which tokens the state accepts; it is safe for concurrent use by the
-// matchers it makes.
+// which tokens the state accepts (Warm learns them all at once); it is
+// safe for concurrent use by the matchers it makes. Each state learnt
+// keeps a bitmask of the vocabulary (Size/8 bytes) when it accepts many
+// tokens, a list when few: compile once per constraint and vocabulary,
+// and share.
 type Compiled struct {
 	g       *Grammar
 	v       *Vocab
