@@ -84,10 +84,16 @@ const (
 )
 
 // chatLimits is the budget of rendering messages.
-func chatLimits(messages []ChatMessage) jinja.Limits {
+func chatLimits(messages []ChatMessage, tools []any) jinja.Limits {
 	n, size := int64(len(messages)), int64(0)
 	for _, m := range messages {
-		size += int64(len(m.Role) + len(m.Content))
+		size += int64(len(m.Role) + len(m.Content) + len(m.ToolCallID) + len(m.Name))
+		for _, c := range m.ToolCalls {
+			size += int64(len(c.ID)+len(c.Name)) + jsonSize(c.Arguments)
+		}
+	}
+	for _, tool := range tools {
+		size += jsonSize(tool)
 	}
 	return jinja.Limits{
 		MaxSteps: ChatTemplateSteps + chatStepsPerPair*n*n + size/chatBytesPerStep,
@@ -101,16 +107,22 @@ func chatLimits(messages []ChatMessage) jinja.Limits {
 // within the budget of no messages: a template that exceeds it on four
 // messages would on every request.
 var probeMessages = []ChatMessage{
-	{"system", "You are a helpful assistant."},
-	{"user", "Hello!"},
-	{"assistant", "Hello! How can I help you today?"},
-	{"user", "What is 2+2?"},
+	{Role: "system", Content: "You are a helpful assistant."},
+	{Role: "user", Content: "Hello!"},
+	{Role: "assistant", Content: "Hello! How can I help you today?"},
+	{Role: "user", Content: "What is 2+2?"},
 }
 
 // ChatMessage is one message of a conversation.
 type ChatMessage struct {
 	Role    string
 	Content string
+	// ToolCalls are the calls an assistant message made (tools.go);
+	// ToolCallID is the call a tool message answers, and Name its
+	// function's name.
+	ToolCalls  []ToolCall
+	ToolCallID string
+	Name       string
 }
 
 // ChatTemplate is a model's chat template, compiled. It is safe for
@@ -125,6 +137,8 @@ type ChatTemplate struct {
 	// refused is why the template was refused at load; "" when it
 	// serves.
 	refused string
+	// toolFormat is the format it writes tool calls in (tools.go).
+	toolFormat string
 }
 
 // Refused is why the template was refused at load, to log and to answer
@@ -256,8 +270,8 @@ func ParseChatTemplate(source string, tokens map[string]any) (*ChatTemplate, err
 	case err != nil:
 		return nil, fmt.Errorf("%w: the chat template does not compile: %s", ErrConfig, clip.Clip(err.Error(), 300))
 	}
-	ct := &ChatTemplate{tmpl: t, tokens: tokens}
-	if _, err := ct.render(context.Background(), probeMessages, true, chatLimits(nil)); errors.As(err, &be) {
+	ct := &ChatTemplate{tmpl: t, tokens: tokens, toolFormat: toolFormatOf(source)}
+	if _, err := ct.render(context.Background(), probeMessages, nil, true, chatLimits(nil, nil)); errors.As(err, &be) {
 		ct.tmpl, ct.refused = nil, fmt.Sprintf("it exceeded its evaluation budget on a probe conversation of %d messages: %s", len(probeMessages), be.Reason)
 	}
 	return ct, nil
@@ -273,6 +287,13 @@ func ParseChatTemplate(source string, tokens map[string]any) (*ChatTemplate, err
 // [ErrChatTemplateBudget]. Any other failure is the template's, and
 // wraps neither.
 func (t *ChatTemplate) Render(ctx context.Context, messages []ChatMessage, addGenerationPrompt bool) (string, error) {
+	return t.RenderTools(ctx, messages, nil, addGenerationPrompt)
+}
+
+// RenderTools is Render with the tools a conversation may call: OpenAI's
+// tool definitions, as decoded JSON, passed to the template as its tools
+// variable (as transformers passes them); nil for none.
+func (t *ChatTemplate) RenderTools(ctx context.Context, messages []ChatMessage, tools []any, addGenerationPrompt bool) (string, error) {
 	if t.refused != "" {
 		return "", &chatBudgetError{"the model's chat template was refused at load: " + t.refused}
 	}
@@ -284,7 +305,7 @@ func (t *ChatTemplate) Render(ctx context.Context, messages []ChatMessage, addGe
 			return "", fmt.Errorf("%w: message %d has no role", ErrChat, i)
 		}
 	}
-	out, err := t.render(ctx, messages, addGenerationPrompt, chatLimits(messages))
+	out, err := t.render(ctx, messages, tools, addGenerationPrompt, chatLimits(messages, tools))
 	var r *refusal
 	var be *jinja.BudgetError
 	switch {
@@ -301,16 +322,19 @@ func (t *ChatTemplate) Render(ctx context.Context, messages []ChatMessage, addGe
 }
 
 // render renders messages within lim.
-func (t *ChatTemplate) render(ctx context.Context, messages []ChatMessage, addGenerationPrompt bool, lim jinja.Limits) (string, error) {
+func (t *ChatTemplate) render(ctx context.Context, messages []ChatMessage, tools []any, addGenerationPrompt bool, lim jinja.Limits) (string, error) {
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
-		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
+		msgs[i] = m.templateValue()
 	}
 	data := make(map[string]jinja.Value, len(t.tokens)+3)
 	for k, v := range t.tokens {
 		data[k] = jinja.FromGoValue(v)
 	}
 	data["messages"] = jinja.FromGoValue(msgs)
+	if tools != nil {
+		data["tools"] = jinja.FromGoValue(tools)
+	}
 	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
 	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 		msg := "raise_exception"

@@ -51,16 +51,16 @@ const alternating = `{{ bos_token }}
 func TestChatTemplateRenders(t *testing.T) {
 	ml, err := ParseChatTemplate(chatML, nil)
 	require.NoError(t, err)
-	got, err := ml.Render(context.Background(), []ChatMessage{{"user", "What is 2+2?"}}, true)
+	got, err := ml.Render(context.Background(), []ChatMessage{{Role: "user", Content: "What is 2+2?"}}, true)
 	require.NoError(t, err)
 	assert.Equal(t, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", got)
-	got, err = ml.Render(context.Background(), []ChatMessage{{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}}, false)
+	got, err = ml.Render(context.Background(), []ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Hello."}}, false)
 	require.NoError(t, err)
 	assert.Equal(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n", got)
 
 	inst, err := ParseChatTemplate(alternating, map[string]any{"bos_token": "<s>", "eos_token": "</s>"})
 	require.NoError(t, err)
-	got, err = inst.Render(context.Background(), []ChatMessage{{"user", " Hi "}, {"assistant", "Hello."}, {"user", "Bye"}}, true)
+	got, err = inst.Render(context.Background(), []ChatMessage{{Role: "user", Content: " Hi "}, {Role: "assistant", Content: "Hello."}, {Role: "user", Content: "Bye"}}, true)
 	require.NoError(t, err)
 	assert.Equal(t, "<s>[INST] Hi [/INST] Hello.</s>[INST] Bye [/INST]", got)
 }
@@ -72,10 +72,10 @@ func TestChatTemplateRefusals(t *testing.T) {
 		msgs []ChatMessage
 		want string
 	}{
-		{[]ChatMessage{{"user", "a"}, {"user", "b"}}, "Conversation roles must alternate user/assistant/user/assistant/..."},
-		{[]ChatMessage{{"tool", "a"}}, "Conversation roles must alternate"},
+		{[]ChatMessage{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}}, "Conversation roles must alternate user/assistant/user/assistant/..."},
+		{[]ChatMessage{{Role: "tool", Content: "a"}}, "Conversation roles must alternate"},
 		{nil, "no messages"},
-		{[]ChatMessage{{"", "a"}}, "message 0 has no role"},
+		{[]ChatMessage{{Role: "", Content: "a"}}, "message 0 has no role"},
 	} {
 		_, err := inst.Render(context.Background(), tc.msgs, true)
 		assert.ErrorIs(t, err, ErrChat)
@@ -84,7 +84,7 @@ func TestChatTemplateRefusals(t *testing.T) {
 	// A template's own failure is not the request's fault.
 	broken, err := ParseChatTemplate("{{ messages[0].content | nosuchfilter }}", nil)
 	require.NoError(t, err)
-	_, err = broken.Render(context.Background(), []ChatMessage{{"user", "a"}}, true)
+	_, err = broken.Render(context.Background(), []ChatMessage{{Role: "user", Content: "a"}}, true)
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, ErrChat)
 	assert.ErrorContains(t, err, "chat template failed to render")
@@ -113,7 +113,7 @@ func TestReadChatTemplate(t *testing.T) {
 		if ct == nil {
 			return "<none>"
 		}
-		out, err := ct.Render(context.Background(), []ChatMessage{{"user", "x"}}, false)
+		out, err := ct.Render(context.Background(), []ChatMessage{{Role: "user", Content: "x"}}, false)
 		require.NoError(t, err)
 		return out
 	}
@@ -162,7 +162,7 @@ func TestChatTemplateProbeRefusesHostileTemplates(t *testing.T) {
 			require.NoError(t, err, "a template refused by its budget does not fail the model's load")
 			require.NotNil(t, ct)
 			assert.Contains(t, ct.Refused(), c.says)
-			_, err = ct.Render(context.Background(), []ChatMessage{{"user", "hi"}}, true)
+			_, err = ct.Render(context.Background(), []ChatMessage{{Role: "user", Content: "hi"}}, true)
 			assert.ErrorIs(t, err, ErrChatTemplateBudget)
 			assert.NotErrorIs(t, err, ErrChat, "the template's fault, not the request's")
 			assert.ErrorContains(t, err, "the model's chat template was refused at load: ")
@@ -219,7 +219,7 @@ func TestChatTemplateBudgetOnBigInputs(t *testing.T) {
 			require.NoError(t, err)
 			msgs := make([]ChatMessage, 100)
 			for i := range msgs {
-				msgs[i] = ChatMessage{"user", fmt.Sprint(i)}
+				msgs[i] = ChatMessage{Role: "user", Content: fmt.Sprint(i)}
 			}
 			start := time.Now()
 			_, err = ct.Render(context.Background(), msgs, true)
@@ -243,9 +243,9 @@ func TestChatTemplateAllocBudgetOnBigInputs(t *testing.T) {
 		if i%2 == 1 {
 			role = "assistant"
 		}
-		msgs[i] = ChatMessage{role, fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", 16))[:200]}
+		msgs[i] = ChatMessage{Role: role, Content: fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", 16))[:200]}
 	}
-	lim := chatLimits(msgs)
+	lim := chatLimits(msgs, nil)
 	for _, c := range []struct{ name, source string }{
 		{"a namespace's list", `{% set ns = namespace(l=[]) %}{% for m in messages %}{{ ns.l.append('x' * 4000000) }}{% endfor %}{{ messages[-1].content }}`},
 		{"a list of the messages, repeated", `{% set l = [] %}{% for m in messages %}{{ l.append(m.content * 20000) }}{% endfor %}{{ messages[-1].content }}`},
@@ -281,7 +281,7 @@ func TestChatTemplateRenderEndsWithItsContext(t *testing.T) {
 	require.NoError(t, err)
 	msgs := make([]ChatMessage, 2000) // 1M + 8*2000^2 steps of budget: seconds
 	for i := range msgs {
-		msgs[i] = ChatMessage{"user", "x"}
+		msgs[i] = ChatMessage{Role: "user", Content: "x"}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
@@ -339,13 +339,13 @@ func TestChatTemplateBudgetServesRealTemplates(t *testing.T) {
 				if n < 0 {
 					n, words = -n, 16
 				}
-				msgs := []ChatMessage{{"system", "You are a helpful assistant."}}
+				msgs := []ChatMessage{{Role: "system", Content: "You are a helpful assistant."}}
 				for i := 1; i < n; i++ {
 					role := "user"
 					if i%2 == 0 {
 						role = "assistant"
 					}
-					msgs = append(msgs, ChatMessage{role, fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", words))})
+					msgs = append(msgs, ChatMessage{Role: role, Content: fmt.Sprintf("message %d: %s", i, strings.Repeat("lorem ipsum ", words))})
 				}
 				start := time.Now()
 				out, err := ct.Render(context.Background(), msgs, true)
