@@ -153,3 +153,13 @@ func (c *matcherConstraint) Done() bool { return c.m.Ended() }
 // errConstraintEngine refuses structured output where the engine cannot
 // apply a mask in its step.
 var errConstraintEngine = errors.New("structured output (a JSON schema, JSON object, regex or choices) does not run on the rbln engine yet; serve the model on the cpu engine for it")
+
+// ToolFormat is the format the model's chat template writes tool calls
+// in (models.ToolFormatHermes, ...); "" when it renders none, or the
+// model has no chat.
+func (m *Model) ToolFormat() string {
+	if m.gen == nil || m.gen.chat == nil {
+		return ""
+	}
+	return m.gen.chat.ToolFormat()
+}

@@ -46,6 +46,9 @@ type GenerateRequest struct {
 	// them), used as they are.
 	PromptIDs []int32
 	Messages  []models.ChatMessage
+	// Tools are the tools the messages' template renders (OpenAI's tool
+	// definitions as decoded JSON); nil for none.
+	Tools []any
 	// MaxTokens bounds the tokens generated; nil is the model's default,
 	// cut to what max_model_len leaves after the prompt.
 	MaxTokens   *int
@@ -411,7 +414,7 @@ func (g *generator) prompt(ctx context.Context, r *GenerateRequest) ([]int32, er
 			}
 		}
 		var err error
-		if text, err = g.chat.Render(ctx, r.Messages, true); err != nil {
+		if text, err = g.chat.RenderTools(ctx, r.Messages, r.Tools, true); err != nil {
 			// A template past its budget is the model's fault (a 500),
 			// an ended request its own.
 			if errors.Is(err, models.ErrChatTemplateBudget) || ctx.Err() != nil {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,7 +61,7 @@ type openaiSampling struct {
 	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
 	// token "token_id:<id>", so that a client can compare ids.
 	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
-	guided                 // structured output (structured.go)
+	guided                      // structured output (structured.go)
 }
 
 type streamOptions struct {
@@ -253,8 +252,9 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if len(req.Messages) == 0 {
 			return t.Fail(text.WithParam("messages", apierr.BadRequest("messages is required: a non-empty array of {role, content}")))
 		}
-		if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
-			return t.Fail(text.WithParam("tools", apierr.BadRequest("tools are not supported; leave them out")))
+		tools, err := parseTools(req.Tools, req.ToolChoice, t.Model().ToolFormat())
+		if err != nil {
+			return t.Fail(err)
 		}
 		maxTokens := req.MaxCompletionTokens
 		if maxTokens == nil {
@@ -264,10 +264,21 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return t.Fail(err)
 		}
+		if c, err := tools.constraint(); err != nil {
+			return t.Fail(err)
+		} else if c != nil {
+			if gr.Constraint != nil {
+				return t.Fail(text.WithParam("tool_choice", apierr.BadRequest("tool_choice required (or a named function) and response_format both constrain the output; give one")))
+			}
+			gr.Constraint = c
+		}
+		if tools.active() {
+			gr.Tools = tools.values
+		}
 		gr.Messages = make([]models.ChatMessage, len(req.Messages))
 		for i, m := range req.Messages {
-			if !empty(m.ToolCalls) || !empty(m.FunctionCall) || !empty(m.Audio) {
-				return t.Fail(text.WithParam("messages", apierr.BadRequest(fmt.Sprintf("messages[%d]: tool calls, function calls and audio are not supported; send text", i))))
+			if !empty(m.FunctionCall) || !empty(m.Audio) {
+				return t.Fail(text.WithParam("messages", apierr.BadRequest(fmt.Sprintf("messages[%d]: function_call (use tool_calls) and audio are not supported; send text", i))))
 			}
 			c, err := m.content(i)
 			if err != nil {
@@ -276,7 +287,11 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if !slices.Contains(chatRoles, m.Role) {
 				return t.Fail(text.WithParam("messages", apierr.BadRequest(fmt.Sprintf("messages[%d].role %q; want one of %s", i, apierr.ClipName(m.Role), strings.Join(chatRoles, ", ")))))
 			}
-			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c}
+			calls, err := historyCalls(m.ToolCalls, i)
+			if err != nil {
+				return t.Fail(text.WithParam("messages", apierr.BadRequest(err.Error())))
+			}
+			gr.Messages[i] = models.ChatMessage{Role: m.Role, Content: c, ToolCalls: calls, ToolCallID: m.ToolCallID, Name: m.Name}
 		}
 		if req.TopLogprobs != nil && (*req.TopLogprobs < 0 || *req.TopLogprobs > serving.MaxLogprobs) {
 			return t.Fail(text.WithParam("top_logprobs", apierr.BadRequest(fmt.Sprintf("top_logprobs %d; want 0 to %d", *req.TopLogprobs, serving.MaxLogprobs))))
@@ -291,7 +306,7 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		return t.GenerateTo(gr, &chatWriter{model: t.Model().Model().Name, stream: req.Stream,
-			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs})
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs, tools: tools})
 	})
 }
 
@@ -409,121 +424,3 @@ func (c *completionWriter) End(prompt, completion int) []byte {
 }
 
 func (c *completionWriter) StreamError(err error) []byte { return openaiStreamError(err) }
-
-// chatWriter is OpenAI's chat completions answer.
-type chatWriter struct {
-	model         string
-	stream, usage bool
-	logprobs, ids bool
-	id            string
-	created       int64
-}
-
-type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
-}
-
-type chatTokenLogprob struct {
-	Token       string             `json:"token"`
-	Logprob     float32            `json:"logprob"`
-	Bytes       []int              `json:"bytes"`
-	TopLogprobs []chatTokenLogprob `json:"top_logprobs"`
-}
-
-type chatLogprobs struct {
-	Content []chatTokenLogprob `json:"content"`
-}
-
-func (c *chatWriter) Streaming() bool { return c.stream }
-
-func (c *chatWriter) init() {
-	if c.id == "" {
-		c.id, c.created = newID("chatcmpl-"), time.Now().Unix()
-	}
-}
-
-// tokenName is how logprobs name a token: its text, or "token_id:<id>"
-// when the request asked for ids (vLLM's return_tokens_as_token_ids).
-func tokenName(id int32, text string, ids bool) string {
-	if ids {
-		return "token_id:" + strconv.Itoa(int(id))
-	}
-	return text
-}
-
-// tokenBytes are a token's raw bytes as OpenAI's logprobs list them:
-// joined, a client rebuilds a character split over tokens.
-func tokenBytes(b []byte) []int {
-	out := make([]int, len(b))
-	for i, c := range b {
-		out[i] = int(c)
-	}
-	return out
-}
-
-func (c *chatWriter) logprobsOf(tokens []serving.TokenInfo) *chatLogprobs {
-	if !c.logprobs {
-		return nil
-	}
-	lp := &chatLogprobs{Content: []chatTokenLogprob{}}
-	for _, t := range tokens {
-		e := chatTokenLogprob{Token: tokenName(t.ID, t.Text, c.ids), Logprob: t.Logprob, Bytes: tokenBytes(t.Bytes), TopLogprobs: []chatTokenLogprob{}}
-		for _, x := range t.Top {
-			e.TopLogprobs = append(e.TopLogprobs, chatTokenLogprob{Token: tokenName(x.ID, x.Text, c.ids), Logprob: x.Logprob, Bytes: tokenBytes(x.Bytes)})
-		}
-		lp.Content = append(lp.Content, e)
-	}
-	return lp
-}
-
-func (c *chatWriter) object(object string, choices any, u *usage) []byte {
-	c.init()
-	return text.Marshal(struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		Model   string `json:"model"`
-		Choices any    `json:"choices"`
-		Usage   *usage `json:"usage,omitempty"`
-	}{c.id, object, c.created, c.model, choices, u})
-}
-
-type chatChoice struct {
-	Index        int           `json:"index"`
-	Message      *chatDelta    `json:"message,omitempty"`
-	Delta        *chatDelta    `json:"delta,omitempty"`
-	Logprobs     *chatLogprobs `json:"logprobs"`
-	FinishReason *string       `json:"finish_reason"`
-}
-
-func (c *chatWriter) Whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
-	return c.object("chat.completion", []chatChoice{{Message: &chatDelta{Role: "assistant", Content: &text},
-		Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
-}
-
-func (c *chatWriter) First() []byte {
-	empty := ""
-	return text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
-}
-
-func (c *chatWriter) Chunk(ev serving.TextEvent) []byte {
-	ch := chatChoice{Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
-	if ev.Text != "" {
-		ch.Delta.Content = &ev.Text
-	}
-	if ev.Finish != "" {
-		ch.FinishReason = &ev.Finish
-	}
-	return text.SSE(c.object("chat.completion.chunk", []chatChoice{ch}, nil))
-}
-
-func (c *chatWriter) End(prompt, completion int) []byte {
-	var b []byte
-	if c.usage {
-		b = text.SSE(c.object("chat.completion.chunk", []chatChoice{}, usageOf(prompt, completion)))
-	}
-	return append(b, "data: [DONE]\n\n"...)
-}
-
-func (c *chatWriter) StreamError(err error) []byte { return openaiStreamError(err) }
