@@ -110,3 +110,58 @@ func TestOpenAINodeSDKStructuredOutput(t *testing.T) {
 		}
 	}
 }
+
+// Tool calling through the SDK on the random-weight tiny-llama:
+// tool_choice required gives a call of an offered function with valid
+// arguments 50 of 50 (and through the SDK's stream helper), auto gives
+// text or a call but never a malformed one, and a call's result goes
+// back in the history.
+func TestOpenAINodeSDKTools(t *testing.T) {
+	if _, err := os.Stat("testdata/openai-sdk/node_modules/openai/package.json"); err != nil {
+		t.Skip("the OpenAI Node SDK is not installed (make deps: npm ci in server/testdata/openai-sdk)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node")
+	}
+	f := newGenFixture(t, "")
+	cmd := exec.Command(node, "tools.mjs")
+	cmd.Dir = "testdata/openai-sdk"
+	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL, "RUNS=50", "TOOLS="+string(testTools))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	type call struct{ ID, Type, Name, Arguments string }
+	type answer struct {
+		Calls   []call
+		Content *string
+		Finish  string
+	}
+	var out struct {
+		Required, Streamed, Auto []answer
+		Answered                 string
+	}
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	require.Len(t, out.Required, 50)
+	require.Len(t, out.Streamed, 10)
+	for name, answers := range map[string][]answer{"required": out.Required, "streamed": out.Streamed} {
+		for i, a := range answers {
+			assert.Equal(t, "tool_calls", a.Finish, "%s %d", name, i)
+			require.Len(t, a.Calls, 1, "%s %d", name, i)
+			assert.Equal(t, "function", a.Calls[0].Type)
+			assert.NotEmpty(t, a.Calls[0].ID)
+			validCall(t, a.Calls[0].Name, a.Calls[0].Arguments)
+		}
+	}
+	for i, a := range out.Auto {
+		if len(a.Calls) == 0 {
+			assert.NotNil(t, a.Content, "auto %d: text", i)
+			continue
+		}
+		for _, c := range a.Calls {
+			validCall(t, c.Name, c.Arguments)
+		}
+	}
+	assert.NotEmpty(t, out.Answered)
+}
