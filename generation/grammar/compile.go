@@ -77,7 +77,8 @@ func (c *Compiled) compute(s int32, m *sim) *entry {
 	var accepted []int32
 	var rest []trieItem
 	var ends []int32 // the depths along the current path where the rule ended
-	m.levels = append(m.levels[:0], []int32{1, s})
+	m.root = append(m.root[:0], 1, s)
+	m.setLevel0(m.root)
 	for i := 0; i < len(t.b); {
 		d := int(t.depth[i])
 		for len(ends) > 0 && ends[len(ends)-1] >= int32(d) {
@@ -138,7 +139,7 @@ func (c *Compiled) appendRest(rest []trieItem, toks []int32, ends []int32) []tri
 // allow sets in mask the tokens of rest that the stack set below reads
 // whole: a walk of rest's trie, pruned where the set dies.
 func (m *sim) allow(mask []uint32, rest *trie, below []int32) {
-	m.levels = append(m.levels[:0], below)
+	m.setLevel0(below)
 	for i := 0; i < len(rest.b); {
 		d := int(rest.depth[i])
 		set, complete := m.step(m.level(d), m.levels[d-1], rest.b[i])

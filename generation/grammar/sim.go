@@ -19,6 +19,7 @@ type sim struct {
 	nxt  []int32 // the stack being stepped
 
 	levels [][]int32 // stack sets by depth, for the trie walks
+	root   []int32   // the stack set a state's entry starts from
 }
 
 // closeInto adds to out each stack reachable from stk by calls and rule
@@ -90,6 +91,15 @@ func (m *sim) step(out, set []int32, b byte) ([]int32, bool) {
 		complete = complete || c
 	}
 	return out, complete
+}
+
+// setLevel0 starts a trie walk from set, keeping the deeper levels
+// buffers.
+func (m *sim) setLevel0(set []int32) {
+	if len(m.levels) == 0 {
+		m.levels = append(m.levels, nil)
+	}
+	m.levels[0] = set
 }
 
 // level is the scratch stack set for depth d of a trie walk.

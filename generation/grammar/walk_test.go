@@ -144,3 +144,22 @@ func TestMaskMatchesAcceptLargeVocab(t *testing.T) {
 		require.NoError(t, m.Accept(id))
 	}
 }
+
+// TestMaskDoesNotAllocate: once a state's entry is learnt, Mask and
+// Accept reuse the matcher's scratch space.
+func TestMaskDoesNotAllocate(t *testing.T) {
+	v, _ := testVocab()
+	g, err := FromJSONSchema([]byte(benchSchema))
+	require.NoError(t, err)
+	c := Compile(g, v)
+	c.Warm()
+	mask := make([]uint32, v.MaskWords())
+	for _, prefix := range []string{`{"name": "The quick`, `{"name": "x", "age": 42, "tags": ["alpha", "bet`, `{"name": "x", "age": 4`} {
+		m := c.NewMatcher()
+		for _, id := range greedy(v, prefix) {
+			require.NoError(t, m.Accept(id))
+		}
+		m.Mask(mask)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { m.Mask(mask) }), prefix)
+	}
+}
