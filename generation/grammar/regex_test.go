@@ -1,7 +1,10 @@
 package grammar
 
 import (
+	"math/rand/v2"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -188,5 +191,34 @@ func TestIntegerRanges(t *testing.T) {
 	c = Compile(g, v)
 	for s, want := range map[string]bool{"0": true, "-1": false, "999999999999999999": true, "1000000000000000000": false} {
 		assert.Equal(t, want, accepts(c, s), s)
+	}
+}
+
+// TestRegexAgreesWithGo compares whole-string matching with Go's regexp
+// on random strings over each pattern's alphabet.
+func TestRegexAgreesWithGo(t *testing.T) {
+	v, _ := testVocab()
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, tc := range []struct{ pattern, alphabet string }{
+		{`[a-c]+(x|yz)?`, "abcxyz"},
+		{`(ab|a)*b{1,3}`, "ab"},
+		{`\d{2,3}(-\d+)*`, "019-"},
+		{`[^b]?[é日]{0,2}.`, "abé日\n"},
+		{`(a|b)*a(a|b){2}`, "ab"},
+		{`\w+\s\W`, "a_ \t!"},
+	} {
+		g, err := FromRegex(tc.pattern)
+		require.NoError(t, err, tc.pattern)
+		c := Compile(g, v)
+		re := regexp.MustCompile(`^(?:` + tc.pattern + `)$`)
+		alpha := []rune(tc.alphabet)
+		for range 300 {
+			var sb strings.Builder
+			for range rng.IntN(7) {
+				sb.WriteRune(alpha[rng.IntN(len(alpha))])
+			}
+			s := sb.String()
+			assert.Equal(t, re.MatchString(s), accepts(c, s), "%q on %q", tc.pattern, s)
+		}
 	}
 }
