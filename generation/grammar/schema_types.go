@@ -176,7 +176,12 @@ func (sc *schemaCompiler) str(v *jvalue, path string) (*expr, error) {
 	case bounded:
 		name := "string{" + strconv.Itoa(lo) + "," + strconv.Itoa(hi) + "}"
 		return call(sc.sharedRule(name, func() *expr {
-			return seq(lit(`"`), rep(jsonChar(), lo, hi), lit(`"`))
+			// Characters of the Basic Multilingual Plane: a bound then
+			// means the same counted in code points (JSON Schema's
+			// characters) and in UTF-16 units (JavaScript's validators,
+			// zod's .max(n) among them, count a character past U+FFFF
+			// as two).
+			return seq(lit(`"`), rep(jsonChar(0xFFFF), lo, hi), lit(`"`))
 		})), nil
 	}
 	return call(sc.stringRule()), nil
@@ -194,11 +199,12 @@ func (sc *schemaCompiler) stringOf(name, re string, search bool) (*expr, error) 
 	return call(sc.sharedRule(name, func() *expr { return seq(lit(`"`), e, lit(`"`)) })), nil
 }
 
-// jsonChar is one character of JSON string content, raw or escaped; a
-// \u escape is of a code point below U+10000 other than a surrogate, so
-// that every character counts one (minLength, maxLength).
-func jsonChar() *expr {
-	raw := utf8Expr([]runeRange{{0x20, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, utf8.MaxRune}})
+// jsonChar is one character of JSON string content up to code point
+// most, raw or escaped; a \u escape is of a code point below U+10000
+// other than a surrogate, so that every character counts one
+// (minLength, maxLength).
+func jsonChar(most rune) *expr {
+	raw := utf8Expr([]runeRange{{0x20, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, most}})
 	hex := anyOfBytes("0123456789abcdefABCDEF")
 	u := alt(seq(anyOfBytes("0123456789abcefABCEF"), hex, hex, hex), seq(anyOfBytes("dD"), anyOfBytes("01234567"), hex, hex))
 	esc := seq(lit(`\`), alt(anyOfBytes(`"\/bfnrt`), seq(lit("u"), u)))
@@ -206,7 +212,7 @@ func jsonChar() *expr {
 }
 
 func (sc *schemaCompiler) stringRule() int {
-	return sc.sharedRule("string", func() *expr { return seq(lit(`"`), star(jsonChar()), lit(`"`)) })
+	return sc.sharedRule("string", func() *expr { return seq(lit(`"`), star(jsonChar(utf8.MaxRune)), lit(`"`)) })
 }
 
 func digits(lo, hi int) *expr { return rep(byteRange('0', '9'), lo, hi) }
