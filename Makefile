@@ -33,7 +33,7 @@ TORCH2_PYTHON := $(CURDIR)/engine/rbln/worker/torch2/python
 TORCH2_USABLE := $(and $(filter 0,$(shell id -u)),$(wildcard $(TORCH2_ROOT)/usr/bin/python3))
 TORCH2_ENV     = $(if $(TORCH2_USABLE),TORCH2_PYTHON=$(TORCH2_PYTHON) TORCH2_ROOT=$(TORCH2_ROOT))
 
-.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama bench-decoder fuzz soak lint bench-generate grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama bench-decoder fuzz soak lint bench-generate bench-structured grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -235,8 +235,17 @@ bench: deps build
 	$(MAKE) bench-onnx
 	$(MAKE) bench-llama
 	$(MAKE) bench-decoder
+	$(MAKE) bench-structured
 
 BENCHTIME ?= 9s
+
+## bench-structured: constrained decoding on the CPU engine (issue 48):
+## decode tokens/s at 1 and 16 streams with a json_schema (10 properties,
+## nested arrays) against the same without, and the mask's host time per
+## token (median, p99) at the decoder's vocabulary and at 128k tokens
+## (bench/structured)
+bench-structured:
+	$(GO) run ./bench/structured
 
 ## bench-onnx: the CPU engine's encoder step against ONNX Runtime
 ## (onnxruntime-node from npm, bench/onnx/package-lock.json) on an encoder of
