@@ -48,6 +48,10 @@ type GenerationOptions struct {
 	// max_new_tokens is not used: its Hub defaults, often 20, are not
 	// what an API client expects).
 	MaxTokens int `yaml:"max_tokens"`
+	// ToolFormat is the format the model writes tool calls in (tools.go:
+	// hermes, mistral, llama3_json); empty reads it from the chat
+	// template, and a template that names none is read as hermes.
+	ToolFormat string `yaml:"tool_format"`
 }
 
 // Bounds and defaults of the generation keys.
@@ -126,6 +130,8 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 		return bad("generation.max_queue_size", "%d; want 1 to %d", g.MaxQueueSize, 1<<20)
 	case g.KVCacheBlocks < 0 || g.KVCacheBlocks > maxKVCacheBlocks:
 		return bad("generation.kv_cache_blocks", "%d; want 0 (the default) to %d", g.KVCacheBlocks, maxKVCacheBlocks)
+	case g.ToolFormat != "" && !slices.Contains([]string{ToolFormatHermes, ToolFormatMistral, ToolFormatLlama3}, g.ToolFormat):
+		return bad("generation.tool_format", "%q; want %s, %s or %s (or leave it out: the chat template says)", g.ToolFormat, ToolFormatHermes, ToolFormatMistral, ToolFormatLlama3)
 	}
 	perSeq := (g.MaxModelLen + g.BlockSize - 1) / g.BlockSize
 	if g.KVCacheBlocks == 0 {

@@ -64,3 +64,14 @@ user:Weather in Paris?assistant:<tool_call>{"name": "get_weather", "arguments": 
 	require.NoError(t, err)
 	assert.Equal(t, "user:Hi", out, "no tools: the template's tools variable is undefined")
 }
+
+// model.yaml's generation.tool_format names the format the model writes
+// tool calls in, one the server reads; another is refused by name.
+func TestToolFormatKey(t *testing.T) {
+	m, err := Load(tinyLlama(t, "generation:\n  tool_format: mistral\n"))
+	require.NoError(t, err)
+	assert.Equal(t, ToolFormatMistral, m.Config.Generation.ToolFormat)
+	_, err = Load(tinyLlama(t, "generation:\n  tool_format: xml\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `generation.tool_format: "xml"; want hermes, mistral or llama3_json`)
+}

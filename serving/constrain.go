@@ -154,11 +154,17 @@ func (c *matcherConstraint) Done() bool { return c.m.Ended() }
 // apply a mask in its step.
 var errConstraintEngine = errors.New("structured output (a JSON schema, JSON object, regex or choices) does not run on the rbln engine yet; serve the model on the cpu engine for it")
 
-// ToolFormat is the format the model's chat template writes tool calls
-// in (models.ToolFormatHermes, ...); "" when it renders none, or the
-// model has no chat.
+// ToolFormat is the format the model writes tool calls in
+// (models.ToolFormatHermes, ...): model.yaml's generation.tool_format, else
+// its chat template's; "" when neither names one.
 func (m *Model) ToolFormat() string {
-	if m.gen == nil || m.gen.chat == nil {
+	if m.gen == nil {
+		return ""
+	}
+	if f := m.gen.opts.ToolFormat; f != "" {
+		return f // model.yaml's generation.tool_format
+	}
+	if m.gen.chat == nil {
 		return ""
 	}
 	return m.gen.chat.ToolFormat()
