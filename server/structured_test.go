@@ -159,6 +159,7 @@ func TestStructuredOutputRefusals(t *testing.T) {
 		{`"response_format":{"type":"yaml"}`, "response_format", `"yaml"`},
 		{`"guided_regex":"a","guided_choice":["b"]`, "guided_choice", "give one"},
 		{`"guided_grammar":"root ::= x"`, "guided_grammar", "not supported"},
+		{`"guided_regex":"a{1000}b{1000}c{1000}d{1000}e{1000}f{1000}g{1000}h{1000}i{1000}j{1000}k{1000}l{1000}m{1000}n{1000}o{1000}p{1000}q{1000}r{1000}s{1000}t{1000}u{1000}v{1000}w{1000}x{1000}y{1000}z{1000}A{1000}B{1000}C{1000}D{1000}E{1000}F{1000}G{1000}H{1000}I{1000}J{1000}K{1000}L{1000}M{1000}N{1000}O{1000}P{1000}Q{1000}R{1000}S{1000}T{1000}U{1000}V{1000}W{1000}X{1000}"`, "response_format", "too large"},
 	} {
 		body := fmt.Sprintf(`{"model":"tiny-llama","messages":[{"role":"user","content":"x"}],%s}`, c.body)
 		st, b := f.post(t, "/v1/chat/completions", json.RawMessage(body))

@@ -64,31 +64,43 @@ func (g *generator) constraint(c *Constraint) (generation.Constraint, error) {
 	key := constraintKey(c)
 	gs := &g.grammars
 	gs.mu.Lock()
-	defer gs.mu.Unlock()
-	compiled, ok := gs.compiled[key]
-	if !ok {
+	if gs.vocab == nil {
+		gs.vocab = grammar.NewVocab(g.tok.Tokenizers().VocabBytes(), g.eos)
+		gs.compiled = map[[sha256.Size]byte]*grammar.Compiled{}
+	}
+	vocab, compiled := gs.vocab, gs.compiled[key]
+	gs.mu.Unlock()
+	if compiled == nil {
+		// Compiled outside the lock: a large constraint costs its own
+		// request the time, not the model's other constrained ones.
 		gr, err := constraintGrammar(c)
 		if err != nil {
 			return nil, err
 		}
-		if gs.vocab == nil {
-			gs.vocab = grammar.NewVocab(g.tok.Tokenizers().VocabBytes(), g.eos)
-			gs.compiled = map[[sha256.Size]byte]*grammar.Compiled{}
+		compiled = grammar.Compile(gr, vocab)
+		gs.mu.Lock()
+		if _, ok := gs.compiled[key]; !ok {
+			if len(gs.order) == maxGrammars {
+				delete(gs.compiled, gs.order[0])
+				gs.order = gs.order[1:]
+			}
+			gs.compiled[key] = compiled
+			gs.order = append(gs.order, key)
 		}
-		compiled = grammar.Compile(gr, gs.vocab)
-		if len(gs.order) == maxGrammars {
-			delete(gs.compiled, gs.order[0])
-			gs.order = gs.order[1:]
-		}
-		gs.compiled[key] = compiled
-		gs.order = append(gs.order, key)
+		gs.mu.Unlock()
 	}
-	m := compiled.NewMatcher()
-	return &matcherConstraint{m: m, mask: make([]uint32, gs.vocab.MaskWords())}, nil
+	return &matcherConstraint{m: compiled.NewMatcher(), mask: make([]uint32, vocab.MaskWords())}, nil
 }
+
+// maxSchemaBytes bounds a constraint's source; what it expands to is
+// bounded by the grammar package (a refusal says it is too large).
+const maxSchemaBytes = 256 << 10
 
 // constraintGrammar is c's grammar; a refusal names what is wrong.
 func constraintGrammar(c *Constraint) (*grammar.Grammar, error) {
+	if n := len(c.JSONSchema) + len(c.Regex); n > maxSchemaBytes {
+		return nil, badGenerate("structured output: the schema is %d bytes; want at most %d", n, maxSchemaBytes)
+	}
 	var gr *grammar.Grammar
 	var err error
 	switch {

@@ -10,8 +10,8 @@ import (
 
 // Limits on what one constraint may compile to.
 const (
-	maxNFAStates = 400_000 // per rule, counted while building
-	maxDFAStates = 200_000 // over all rules
+	maxNFAStates = 100_000 // per rule, counted while building
+	maxDFAStates = 50_000  // over all rules (building is superlinear: keep it short)
 )
 
 var errTooLarge = errors.New("grammar: constraint too large (bounded repetitions or enums expand past the limit)")
