@@ -1,10 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,21 +13,8 @@ import (
 // testdata/js-frameworks (make deps installs them), run unchanged
 // against the random-weight tiny-llama and get valid objects and calls.
 func TestJSFrameworksStructuredOutputAndTools(t *testing.T) {
-	if _, err := os.Stat("testdata/js-frameworks/node_modules/ai/package.json"); err != nil {
-		t.Skip("the AI SDK and LangChain.js are not installed (make deps: npm ci in server/testdata/js-frameworks)")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("no node")
-	}
 	f := newGenFixture(t, "")
-	cmd := exec.Command(node, "frameworks.mjs")
-	cmd.Dir = "testdata/js-frameworks"
-	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL, "RUNS=10")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	b := nodeScript(t, "js-frameworks", "ai", "frameworks.mjs", f.srv.URL, "RUNS=10")
 	type call struct {
 		Name  string          `json:"name"`
 		Input json.RawMessage `json:"input"`

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,21 +17,8 @@ import (
 // generation APIs: models, completions and chat, whole and streamed, its
 // stream helper, and its error type.
 func TestOpenAINodeSDK(t *testing.T) {
-	if _, err := os.Stat("testdata/openai-sdk/node_modules/openai/package.json"); err != nil {
-		t.Skip("the OpenAI Node SDK is not installed (make deps: npm ci in server/testdata/openai-sdk)")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("no node")
-	}
 	f := newGenFixture(t, "")
-	cmd := exec.Command(node, "client.mjs")
-	cmd.Dir = "testdata/openai-sdk"
-	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	b := nodeScript(t, "openai-sdk", "openai", "client.mjs", f.srv.URL)
 	var out struct {
 		Models     []string `json:"models"`
 		Completion struct {
@@ -77,21 +65,8 @@ func TestOpenAINodeSDK(t *testing.T) {
 // validate against the schema, and the SDK's parse helper with a zod
 // schema parses every answer.
 func TestOpenAINodeSDKStructuredOutput(t *testing.T) {
-	if _, err := os.Stat("testdata/openai-sdk/node_modules/zod/package.json"); err != nil {
-		t.Skip("the OpenAI Node SDK and zod are not installed (make deps: npm ci in server/testdata/openai-sdk)")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("no node")
-	}
 	f := newGenFixture(t, "")
-	cmd := exec.Command(node, "structured.mjs")
-	cmd.Dir = "testdata/openai-sdk"
-	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL, "RUNS=50", "SCHEMA="+structuredSchema)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	b := nodeScript(t, "openai-sdk", "zod", "structured.mjs", f.srv.URL, "RUNS=50", "SCHEMA="+structuredSchema)
 	type answer struct {
 		Content string          `json:"content"`
 		Finish  string          `json:"finish"`
@@ -117,21 +92,8 @@ func TestOpenAINodeSDKStructuredOutput(t *testing.T) {
 // text or a call but never a malformed one, and a call's result goes
 // back in the history.
 func TestOpenAINodeSDKTools(t *testing.T) {
-	if _, err := os.Stat("testdata/openai-sdk/node_modules/openai/package.json"); err != nil {
-		t.Skip("the OpenAI Node SDK is not installed (make deps: npm ci in server/testdata/openai-sdk)")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("no node")
-	}
 	f := newGenFixture(t, "")
-	cmd := exec.Command(node, "tools.mjs")
-	cmd.Dir = "testdata/openai-sdk"
-	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+f.srv.URL, "RUNS=50", "TOOLS="+string(testTools))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	b := nodeScript(t, "openai-sdk", "openai", "tools.mjs", f.srv.URL, "RUNS=50", "TOOLS="+string(testTools))
 	type call struct{ ID, Type, Name, Arguments string }
 	type answer struct {
 		Calls   []call
@@ -164,4 +126,26 @@ func TestOpenAINodeSDKTools(t *testing.T) {
 		}
 	}
 	assert.NotEmpty(t, out.Answered)
+}
+
+// nodeScript runs script in testdata/dir with node against url (and env),
+// and returns what it printed; it skips the test where node or the
+// package (a path under the dir's node_modules) is not installed.
+func nodeScript(t *testing.T, dir, pkg, script, url string, env ...string) []byte {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join("testdata", dir, "node_modules", pkg, "package.json")); err != nil {
+		t.Skipf("%s is not installed (make deps: npm ci in server/testdata/%s)", pkg, dir)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node")
+	}
+	cmd := exec.Command(node, script)
+	cmd.Dir = filepath.Join("testdata", dir)
+	cmd.Env = append(append(os.Environ(), "STEPSERVE_URL="+url), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	return b
 }
