@@ -177,3 +177,39 @@ func TestStructuredOutputRefusals(t *testing.T) {
 		}
 	}
 }
+
+// Hostile constraints get an answer, never a crash or a server error:
+// what would expand past the grammar's bounds is refused as too large,
+// a schema that matches nothing is refused, and the request's JSON value
+// bound refuses the largest before they are decoded.
+func TestStructuredOutputHostile(t *testing.T) {
+	f := newGenFixture(t, "")
+	var enum, wide []string
+	for i := range 6000 {
+		enum = append(enum, fmt.Sprintf("v%d", i))
+	}
+	for i := range 1500 {
+		wide = append(wide, fmt.Sprintf(`"p%d":{"type":"string","maxLength":50}`, i))
+	}
+	enumJSON, err := json.Marshal(map[string]any{"enum": enum})
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name   string
+		body   map[string]any
+		status int
+		want   string
+	}{
+		{"nested 2000 deep", map[string]any{"guided_json": json.RawMessage(strings.Repeat(`{"type":"array","items":`, 2000) + `{"type":"string"}` + strings.Repeat(`}`, 2000))}, 200, ""},
+		{"nested past the value bound", map[string]any{"guided_json": json.RawMessage(strings.Repeat(`{"type":"array","items":`, 5000) + `{}` + strings.Repeat(`}`, 5000))}, 413, "JSON values"},
+		{"an enum of 6000", map[string]any{"guided_json": json.RawMessage(enumJSON)}, 200, ""},
+		{"6000 choices", map[string]any{"guided_choice": enum}, 200, ""},
+		{"1500 bounded properties", map[string]any{"guided_json": json.RawMessage(`{"type":"object","properties":{` + strings.Join(wide, ",") + `}}`)}, 400, "too large"},
+		{"a $ref loop", map[string]any{"guided_json": json.RawMessage(`{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`)}, 400, "matches nothing"},
+		{"a nested repeat", map[string]any{"guided_regex": "(a{100}){100}"}, 400, "repeat count"},
+	} {
+		c.body["model"], c.body["prompt"], c.body["max_tokens"] = "tiny-llama", "x", 8
+		st, b := f.post(t, "/v1/completions", c.body)
+		assert.Equal(t, c.status, st, "%s: %.300s", c.name, b)
+		assert.Contains(t, string(b), c.want, c.name)
+	}
+}
