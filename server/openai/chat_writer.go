@@ -18,7 +18,7 @@ type chatWriter struct {
 	created       int64
 	// tools, when active, has the answer read for tool calls: a stream
 	// holds its text back until the end, where it is calls or text.
-	tools *toolSet
+	tools *text.Tools
 	held  strings.Builder
 }
 
@@ -111,8 +111,8 @@ type chatChoice struct {
 
 func (c *chatWriter) Whole(out string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
 	msg := &message{Role: "assistant", Content: &out}
-	if c.tools.active() {
-		if calls, content := c.tools.calls(out); calls != nil {
+	if c.tools.Active() {
+		if calls, content := answerCalls(c.tools, out); calls != nil {
 			msg.ToolCalls, msg.Content, finish = calls, nil, "tool_calls"
 			if content != "" {
 				msg.Content = &content
@@ -128,7 +128,7 @@ func (c *chatWriter) First() []byte {
 }
 
 func (c *chatWriter) Chunk(ev serving.TextEvent) []byte {
-	if c.tools.active() {
+	if c.tools.Active() {
 		return c.toolChunk(ev)
 	}
 	ch := chatChoice{Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
@@ -161,7 +161,7 @@ func (c *chatWriter) toolChunk(ev serving.TextEvent) []byte {
 		return nil
 	}
 	out, finish := c.held.String(), ev.Finish
-	calls, content := c.tools.calls(out)
+	calls, content := answerCalls(c.tools, out)
 	var b []byte
 	chunk := func(d *chatDelta, finish *string) {
 		b = append(b, text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: d, FinishReason: finish}}, nil))...)

@@ -264,7 +264,7 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return t.Fail(err)
 		}
-		if c, err := tools.constraint(); err != nil {
+		if c, err := tools.Constraint(); err != nil {
 			return t.Fail(err)
 		} else if c != nil {
 			if gr.Constraint != nil {
@@ -272,8 +272,8 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 			}
 			gr.Constraint = c
 		}
-		if tools.active() {
-			gr.Tools = tools.values
+		if tools.Active() {
+			gr.Tools = tools.TemplateValues()
 		}
 		gr.Messages = make([]models.ChatMessage, len(req.Messages))
 		for i, m := range req.Messages {
