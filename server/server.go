@@ -17,6 +17,7 @@
 //	                grpc.health.v1 service
 //	server/openai   OpenAI's API: completions, chat, embeddings, models
 //	server/tei      Hugging Face text-embeddings-inference's API
+//	server/anthropic Anthropic's Messages API
 //
 // Every door runs a request's life through one type, core.Call
 // (server/core/call.go): admission against the in-flight budget, model
@@ -81,6 +82,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/stepserve/stepserve/server/admin"
+	"github.com/stepserve/stepserve/server/anthropic"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/grpcapi"
 	"github.com/stepserve/stepserve/server/oip"
@@ -136,6 +138,7 @@ func New(opts Options) (*Server, error) {
 	r.Group(func(r chi.Router) {
 		r.Use(core.CompressResponses)
 		openai.New(c).Routes(r)
+		anthropic.New(c).Routes(r)
 		tei.New(c).Routes(r)
 	})
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {

@@ -97,7 +97,10 @@ type TextEvent struct {
 	Text   string
 	Tokens []TokenInfo // the tokens since the last event (with logprobs when asked)
 	Finish string
-	Err    error
+	// Stop is the stop string that ended the generation, on its last
+	// event; "" for any other end.
+	Stop string
+	Err  error
 }
 
 // generator is a decoder model's loop on its engine.

@@ -126,17 +126,17 @@ func (s *TextStream) MaxHeld() int64 {
 
 // cut ends the stream at the first stop string in the pending text.
 func (s *TextStream) cut(out *TextEvent) bool {
-	at := -1
+	at, which := -1, ""
 	for _, stop := range s.stops {
 		if i := strings.Index(s.pending, stop); i >= 0 && (at < 0 || i < at) {
-			at = i
+			at, which = i, stop
 		}
 	}
 	if at < 0 {
 		return false
 	}
 	out.Text += s.pending[:at]
-	out.Finish = "stop"
+	out.Finish, out.Stop = "stop", which
 	s.pending = ""
 	s.done = true
 	s.cancel() // the sequence stops at the next step

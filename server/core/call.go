@@ -208,6 +208,10 @@ func (k *Call) Succeed(res *serving.Result) int {
 	return k.status
 }
 
+// NotInference marks a request that runs nothing on its model (a token
+// count): the model's statistics do not count it.
+func (k *Call) NotInference() { k.reported = true }
+
 // deadlineSlack is how close to its deadline a request cancelled by its
 // client counts as timed out rather than cancelled: a client cancels its
 // call at its deadline, which arrives before the server's own copy of the

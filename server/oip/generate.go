@@ -123,7 +123,7 @@ func (tw *tritonWriter) Whole(out string, _ []serving.TokenInfo, finish string, 
 	return text.Marshal(tritonGenerateResponse{tw.id, tw.model, tw.version, out, finish, prompt, completion})
 }
 
-func (tw *tritonWriter) First() []byte { return nil }
+func (tw *tritonWriter) First(int) []byte { return nil }
 
 func (tw *tritonWriter) Chunk(ev serving.TextEvent) []byte {
 	return text.SSE(text.Marshal(tritonGenerateResponse{ID: tw.id, ModelName: tw.model, ModelVersion: tw.version, TextOutput: ev.Text, FinishReason: ev.Finish}))

@@ -122,7 +122,7 @@ func (c *chatWriter) Whole(out string, tokens []serving.TokenInfo, finish string
 	return c.object("chat.completion", []chatChoice{{Message: msg, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
 }
 
-func (c *chatWriter) First() []byte {
+func (c *chatWriter) First(int) []byte {
 	empty := ""
 	return text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
 }

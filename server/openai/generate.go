@@ -405,7 +405,7 @@ func (c *completionWriter) Whole(out string, tokens []serving.TokenInfo, finish 
 	return c.object([]completionChoice{{Text: out, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
 }
 
-func (c *completionWriter) First() []byte { return nil }
+func (c *completionWriter) First(int) []byte { return nil }
 
 func (c *completionWriter) Chunk(ev serving.TextEvent) []byte {
 	ch := completionChoice{Text: ev.Text, Logprobs: c.logprobsOf(ev.Tokens)}

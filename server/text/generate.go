@@ -76,8 +76,9 @@ type Writer interface {
 	Streaming() bool
 	// Whole is the answer of a generation that ended.
 	Whole(text string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte
-	// First is the stream's first event (nil for none).
-	First() []byte
+	// First is the stream's first event (nil for none), once the prompt
+	// is known to be prompt tokens.
+	First(prompt int) []byte
 	// Chunk is a streamed piece; finish is set on the last.
 	Chunk(ev serving.TextEvent) []byte
 	// End is what follows the last piece, usage counted (nil for none).
@@ -121,6 +122,9 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 				// A generation may outlast server.write_timeout: the
 				// answer gets its own deadline, as each streamed event.
 				rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+				if sw, ok := gw.(interface{ StopString(string) }); ok {
+					sw.StopString(ev.Stop) // which stop string ended it, for the APIs that say
+				}
 				return t.OK(gw.Whole(text.String(), tokens, ev.Finish, ts.PromptTokens, ts.CompletionTokens), nil)
 			}
 		}
@@ -153,7 +157,7 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 			write(gw.StreamError(err))
 		}
 	})
-	if !write(gw.First()) {
+	if !write(gw.First(ts.PromptTokens)) {
 		return t.Gone()
 	}
 	for {
