@@ -84,7 +84,7 @@ torch2-root:
 
 .PHONY: deps-host
 deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
-	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai with zod (the OpenAI Node SDK tests, server/testdata/openai-sdk), the AI SDK and LangChain.js (server/testdata/js-frameworks) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
+	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai with zod (the OpenAI Node SDK tests, server/testdata/openai-sdk), the AI SDK and LangChain.js (server/testdata/js-frameworks), @anthropic-ai/sdk (server/testdata/anthropic-sdk) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
@@ -96,6 +96,9 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	@if [ -f server/testdata/js-frameworks/node_modules/ai/package.json ] && [ -f server/testdata/js-frameworks/node_modules/@langchain/openai/package.json ]; then :; \
 	elif command -v npm >/dev/null; then cd server/testdata/js-frameworks && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
 	else echo "make deps: no npm; the AI SDK and LangChain.js test will skip"; fi
+	@if [ -f server/testdata/anthropic-sdk/node_modules/@anthropic-ai/sdk/package.json ]; then :; \
+	elif command -v npm >/dev/null; then cd server/testdata/anthropic-sdk && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	else echo "make deps: no npm; the Anthropic SDK test will skip"; fi
 	@if [ -f server/testdata/hf-inference/node_modules/@huggingface/inference/package.json ]; then :; \
 	elif command -v npm >/dev/null; then cd server/testdata/hf-inference && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
 	else echo "make deps: no npm; the Hugging Face JS client test will skip"; fi
