@@ -120,7 +120,7 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 ## with inductor, the chart and the alert rules); README's "Testing" says
 ## what a fresh and a warm run cost
 test: deps
-	@$(MAKE) --no-print-directory -j2 -Oline test-race test-plain
+	@$(MAKE) --no-print-directory -j2 test-race test-plain
 	$(GO) test -short -count=1 -timeout 5m -tags purego ./engine/cpufallback  # the portable path too (pure Go, gonum)
 	@echo "CPU engine kernel sets on this machine ($$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')):"
 	@$(call filtered,$(GO) test -count=1 -timeout 5m -tags "$(GOTAGS)" -run '^TestEveryKernelSetMatchesTorch$$' -v ./engine/cpufallback,^ +--- (PASS|SKIP|FAIL)|kernelsets_test.go:[0-9]+: kernel set .*(cannot|no AVX))
