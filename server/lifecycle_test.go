@@ -300,6 +300,15 @@ func lifecycleDoors() []lcDoor {
 			},
 		},
 		{
+			name: "Anthropic messages", protocol: "anthropic", model: "tiny-llama", generative: true,
+			without:    map[lcKind]string{lcDeadline: noTimeout("Anthropic's Messages API")},
+			budgetRoom: 2 << 10,
+			send: func(r *lcRequest) int {
+				return r.post("/v1/messages", fmt.Sprintf(
+					`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":%q}],"temperature":0}`, r.model, lcTokens, lcPrompt))
+			},
+		},
+		{
 			name: "OpenAI embeddings", protocol: "openai", model: "embedder", deadlineModel: "embedder-timeout",
 			// The body, read before the model (named in it) is found; the
 			// request's footprint (tiny-encoder's step, several KiB) is
