@@ -34,11 +34,9 @@ func TestServerMetadataListsTheExtensions(t *testing.T) {
 func TestUnsupportedExtensionsAnswer501(t *testing.T) {
 	s, _ := newTestServer(t, newSumMax(t))
 	for _, tt := range []struct{ method, path, extension string }{
-		{"GET", "/v2/cudasharedmemory/status", "cuda_shared_memory"},
-		{"GET", "/v2/cudasharedmemory/region/r0/status", "cuda_shared_memory"},
 		{"POST", "/v2/cudasharedmemory/region/r0/register", "cuda_shared_memory"},
-		{"POST", "/v2/cudasharedmemory/unregister", "cuda_shared_memory"},
 		{"GET", "/v2/cudasharedmemory", "cuda_shared_memory"},
+		{"GET", "/v2/cudasharedmemory/elsewhere", "cuda_shared_memory"},
 		{"GET", "/v2/trace/setting", "trace"},
 		{"POST", "/v2/trace/setting", "trace"},
 		{"GET", "/v2/models/summax/trace/setting", "trace"},
@@ -79,4 +77,21 @@ func TestOutputBinaryDataOverridesTheRequestDefault(t *testing.T) {
 		assert.JSONEq(t, `{"model_name":"summax","model_version":"1","outputs":[{"name":"y","datatype":"FP32","shape":[1,2],"parameters":{"binary_data_size":8}}]}`, w.Body.String()[:n], tt.name)
 		assert.Len(t, w.Body.Bytes()[n:], 8, tt.name)
 	}
+}
+
+// CUDA shared memory answers as a Triton without GPUs does: no region
+// to list, unregistering succeeds (Triton's example clients unregister
+// everything at start and at exit), a region named is not found.
+func TestCUDASharedMemoryAsWithoutGPUs(t *testing.T) {
+	s, _ := newTestServer(t, newSumMax(t))
+	w := do(t, s, "GET", "/v2/cudasharedmemory/status", nil)
+	assert.Equal(t, 200, w.Code)
+	assert.JSONEq(t, `[]`, w.Body.String())
+	for _, path := range []string{"/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/r0/unregister"} {
+		w = do(t, s, "POST", path, []byte(`{}`))
+		assert.Equal(t, 200, w.Code, path)
+	}
+	w = do(t, s, "GET", "/v2/cudasharedmemory/region/r0/status", nil)
+	assert.Equal(t, 404, w.Code)
+	assert.Contains(t, errorOf(t, w), `Unable to find cuda shared memory region: "r0"`)
 }

@@ -50,6 +50,14 @@ func TestGRPCRepository(t *testing.T) {
 	idx, err = c.RepositoryIndex(ctx, &pb.RepositoryIndexRequest{Ready: true})
 	require.NoError(t, err)
 	assert.Empty(t, idx.Models)
+	// The repository holds it, unloaded: not ready, as Triton answers,
+	// rather than unknown.
+	mr, err := c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "summax"})
+	require.NoError(t, err)
+	assert.False(t, mr.Ready)
+	_, err = c.ModelReady(ctx, &pb.ModelReadyRequest{Name: "nope"})
+	code, _ = codeOf(err)
+	assert.Equal(t, codes.NotFound, code, "a name the repository does not hold")
 	_, err = c.RepositoryModelUnload(ctx, &pb.RepositoryModelUnloadRequest{ModelName: "summax"})
 	code, msg = codeOf(err)
 	assert.Equal(t, codes.NotFound, code)

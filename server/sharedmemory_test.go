@@ -506,15 +506,23 @@ func TestSharedMemoryGRPC(t *testing.T) {
 			_, err := c.CudaSharedMemoryRegister(ctx, &pb.CudaSharedMemoryRegisterRequest{Name: "cuda", ByteSize: 8})
 			return err
 		}, codes.Unimplemented, "the cuda_shared_memory extension is not supported by stepserve; use system shared memory"},
-		{"CUDA shared memory's status", func() error {
-			_, err := c.CudaSharedMemoryStatus(ctx, &pb.CudaSharedMemoryStatusRequest{})
+		{"a CUDA shared memory region's status", func() error {
+			_, err := c.CudaSharedMemoryStatus(ctx, &pb.CudaSharedMemoryStatusRequest{Name: "cuda"})
 			return err
-		}, codes.Unimplemented, "the cuda_shared_memory extension is not supported"},
+		}, codes.NotFound, `Unable to find cuda shared memory region: "cuda"`},
 	} {
 		code, msg := codeOf(tc.call())
 		assert.Equal(t, tc.code, code, tc.name)
 		assert.Contains(t, msg, tc.want, tc.name)
 	}
+
+	// CUDA shared memory, as a Triton without GPUs: no region, and
+	// unregistering succeeds.
+	cst, err := c.CudaSharedMemoryStatus(ctx, &pb.CudaSharedMemoryStatusRequest{})
+	require.NoError(t, err)
+	assert.Empty(t, cst.Regions)
+	_, err = c.CudaSharedMemoryUnregister(ctx, &pb.CudaSharedMemoryUnregisterRequest{})
+	require.NoError(t, err)
 
 	_, err = c.SystemSharedMemoryUnregister(ctx, &pb.SystemSharedMemoryUnregisterRequest{Name: "io"})
 	require.NoError(t, err)

@@ -221,6 +221,12 @@ func TestTEIDispatch(t *testing.T) {
 	same("/embed", "", map[string]any{"inputs": "hello", "model": "tiny-encoder"})
 	sim := map[string]any{"inputs": map[string]any{"source_sentence": "hello", "sentences": []string{"world", "hello"}}, "model": "tiny-encoder"}
 	same("/similarity", "", sim)
+	// Sentence similarity naming no model: only an embedding model
+	// answers it, and tiny-encoder is the only one here.
+	st, b := fx.post(t, "/", map[string]any{"inputs": sim["inputs"]})
+	require.Equal(t, 200, st, string(b))
+	_, want := fx.post(t, "/similarity", sim)
+	assert.Equal(t, string(want), string(b))
 	same("/predict?model=classifier", "?model=classifier", map[string]any{"inputs": "I love this"})
 	same("/predict", "", map[string]any{"inputs": [][]string{{"I love this"}, {"meh"}}, "model": "scorer"})
 	same("/rerank", "", map[string]any{"query": "what?", "texts": []string{"first", "second"}, "model": "reranker"})
@@ -236,7 +242,7 @@ func TestTEIDispatch(t *testing.T) {
 	// One model: no name needed; a body that does not decode is answered
 	// by the endpoint it went to.
 	tiny := newTextFixture(t, textOptions{onlyTiny: true})
-	st, b := tiny.post(t, "/", `{"inputs":"hello"}`)
+	st, b = tiny.post(t, "/", `{"inputs":"hello"}`)
 	require.Equal(t, 200, st, string(b))
 	var emb [][]float32
 	decodeStrict(t, b, &emb)

@@ -22,9 +22,7 @@ func New(c *core.Core) *API { return &API{c: c} }
 func (s *API) Routes(r chi.Router) {
 	// Triton's extensions stepserve does not implement answer 501 naming
 	// the extension, rather than a 404 that reads like a typo.
-	for _, u := range unsupportedExtensions {
-		r.HandleFunc(u.path, notImplemented(u.extension, u.instead))
-	}
+	s.cudaSharedMemoryRoutes(r)
 	// Statistics and configuration read what inference reads: the
 	// inference token guards them.
 	r.Group(func(r chi.Router) {

@@ -343,10 +343,17 @@ func (g *grpcServer) ServerMetadata(context.Context, *inferencepb.ServerMetadata
 }
 
 // ModelReady is ready: false for a model that is loading or whose device
-// is down (HTTP: 503), NotFound for an unknown one.
+// is down, and, as Triton answers, for one the repository holds that is
+// not loaded (unloaded, or failed to load); NotFound for a name the
+// repository does not hold.
 func (g *grpcServer) ModelReady(ctx context.Context, r *inferencepb.ModelReadyRequest) (*inferencepb.ModelReadyResponse, error) {
 	m, err := g.s.c.Lookup(r.GetName(), r.GetVersion())
 	if err != nil {
+		if index, ierr := g.s.c.Index(ctx, false); ierr == nil && slices.ContainsFunc(index, func(e serving.IndexEntry) bool {
+			return e.Name == r.GetName() && (r.GetVersion() == "" || e.Version == "" || e.Version == r.GetVersion())
+		}) {
+			return &inferencepb.ModelReadyResponse{Ready: false}, nil
+		}
 		return nil, core.GRPCError(err)
 	}
 	return &inferencepb.ModelReadyResponse{Ready: m.Ready()}, nil

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/stepserve/stepserve/server/apierr"
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/inferencepb"
 	"github.com/stepserve/stepserve/server/shm"
@@ -50,19 +51,26 @@ func (g *grpcServer) SystemSharedMemoryUnregister(ctx context.Context, r *infere
 	return &inferencepb.SystemSharedMemoryUnregisterResponse{}, nil
 }
 
-// errCUDASharedMemory answers the CUDA shared-memory RPCs.
+// errCUDASharedMemory refuses to register CUDA shared memory.
 var errCUDASharedMemory = status.Error(codes.Unimplemented, "the cuda_shared_memory extension is not supported by stepserve; "+shm.CUDAInstead)
 
-func (g *grpcServer) CudaSharedMemoryStatus(context.Context, *inferencepb.CudaSharedMemoryStatusRequest) (*inferencepb.CudaSharedMemoryStatusResponse, error) {
-	return nil, errCUDASharedMemory
+// CudaSharedMemoryStatus lists no region, as a Triton without GPUs
+// answers; a region named is not found.
+func (g *grpcServer) CudaSharedMemoryStatus(_ context.Context, r *inferencepb.CudaSharedMemoryStatusRequest) (*inferencepb.CudaSharedMemoryStatusResponse, error) {
+	if r.GetName() != "" {
+		return nil, status.Errorf(codes.NotFound, "Unable to find cuda shared memory region: %q", apierr.ClipName(r.GetName()))
+	}
+	return &inferencepb.CudaSharedMemoryStatusResponse{}, nil
 }
 
 func (g *grpcServer) CudaSharedMemoryRegister(context.Context, *inferencepb.CudaSharedMemoryRegisterRequest) (*inferencepb.CudaSharedMemoryRegisterResponse, error) {
 	return nil, errCUDASharedMemory
 }
 
+// CudaSharedMemoryUnregister succeeds: no region is held (clients
+// unregister everything at start and at exit).
 func (g *grpcServer) CudaSharedMemoryUnregister(context.Context, *inferencepb.CudaSharedMemoryUnregisterRequest) (*inferencepb.CudaSharedMemoryUnregisterResponse, error) {
-	return nil, errCUDASharedMemory
+	return &inferencepb.CudaSharedMemoryUnregisterResponse{}, nil
 }
 
 // isSharedMemoryMethod reports whether method (of the inference service)

@@ -27,7 +27,14 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 		return t.Fail(err)
 	}
 	_ = json.Unmarshal(body, &peek)
-	tm, err := t.Choose(peek.Model, "POST "+t.R.URL.Path, text.KindEmbedding, text.KindClassifier, text.KindReranker)
+	kinds := []text.Kind{text.KindEmbedding, text.KindClassifier, text.KindReranker}
+	if peek.Inputs.object {
+		// Sentence similarity: only an embedding model answers it, so
+		// without a name it goes to the only one (a client such as
+		// @huggingface/inference's sentenceSimilarity names none).
+		kinds = kinds[:1]
+	}
+	tm, err := t.Choose(peek.Model, "POST "+t.R.URL.Path, kinds...)
 	if err != nil {
 		return t.Fail(err)
 	}
