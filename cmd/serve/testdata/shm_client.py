@@ -113,7 +113,13 @@ def over_http(base, in_key, out_key, out):
     ]:
         code, ans = http(base, "POST", path, body)
         assert code == 400 and want in ans["error"], (path, code, ans)
+    # CUDA shared memory, as a Triton without GPUs: no region, and
+    # unregistering succeeds; registering is refused, naming it.
     code, ans = http(base, "GET", "/v2/cudasharedmemory/status")
+    assert code == 200 and ans == [], ans
+    code, ans = http(base, "POST", "/v2/cudasharedmemory/unregister", {})
+    assert code == 200, ans
+    code, ans = http(base, "POST", "/v2/cudasharedmemory/region/c/register", {"raw_handle": {"b64": ""}, "device_id": 0, "byte_size": 8})
     assert code == 501 and "cuda_shared_memory" in ans["error"], ans
 
 
@@ -143,7 +149,8 @@ def over_grpc(proto_dir, out_dir, addr, in_key, out):
     for call, want in [
         (lambda: stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(name="g_in", key=in_key, byte_size=8)), grpc.StatusCode.ALREADY_EXISTS),
         (lambda: stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(name="nosuch")), grpc.StatusCode.NOT_FOUND),
-        (lambda: stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest()), grpc.StatusCode.UNIMPLEMENTED),
+        (lambda: stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(name="c")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.CudaSharedMemoryRegister(pb.CudaSharedMemoryRegisterRequest(name="c", byte_size=8)), grpc.StatusCode.UNIMPLEMENTED),
     ]:
         try:
             call()
