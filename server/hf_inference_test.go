@@ -1,10 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -17,21 +14,8 @@ import (
 // sentenceSimilarity and textClassification through TEI's own endpoints
 // and through POST / and /invocations, and its error type.
 func TestHFInferenceJSClient(t *testing.T) {
-	if _, err := os.Stat("testdata/hf-inference/node_modules/@huggingface/inference/package.json"); err != nil {
-		t.Skip("the Hugging Face JS inference client is not installed (make deps: npm ci in server/testdata/hf-inference)")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("no node")
-	}
 	fx := newTextFixture(t, textOptions{tokens: []string{"tok"}})
-	cmd := exec.Command(node, "client.mjs")
-	cmd.Dir = "testdata/hf-inference"
-	cmd.Env = append(os.Environ(), "STEPSERVE_URL="+fx.url, "STEPSERVE_TOKEN=tok")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	b := nodeScript(t, "hf-inference", "@huggingface/inference", "client.mjs", fx.url, "STEPSERVE_TOKEN=tok")
 	type prediction struct {
 		Label string  `json:"label"`
 		Score float64 `json:"score"`

@@ -52,6 +52,11 @@ type Call struct {
 	charge       Charge
 	model        *serving.Model
 	sink         func(status int, err error)
+	// An HTTP door's refusal writer and its response: a function and
+	// the writer rather than a closure over it, so that a request
+	// allocates no sink (BeginHTTP).
+	w         http.ResponseWriter
+	writeHTTP func(w http.ResponseWriter, status int, err error)
 	// Info is what the request's log line says of it beyond its status:
 	// the door sets its id, the steps its rows and trace.
 	Info RequestInfo
@@ -75,6 +80,15 @@ func (c *Core) Begin(ctx context.Context, protocol int, method, path string, sin
 	now := time.Now()
 	return &Call{c: c, ctx: ctx, protocol: protocol, method: method, path: path, start: now, began: now,
 		charge: c.Charge(), sink: sink, status: http.StatusOK}
+}
+
+// BeginHTTP is Begin for an HTTP request r, answered on w: writeError
+// writes a refusal in the door's shape (a sink given with Sink takes its
+// place, as a stream's error events do).
+func (c *Core) BeginHTTP(w http.ResponseWriter, r *http.Request, protocol int, writeError func(w http.ResponseWriter, status int, err error)) *Call {
+	k := c.Begin(r.Context(), protocol, r.Method, r.URL.Path, nil)
+	k.w, k.writeHTTP = w, writeError
+	return k
 }
 
 // Context is the request's context: its client's, cancelled when the
@@ -224,7 +238,10 @@ const deadlineSlack = 20 * time.Millisecond
 // server's own failures only: a line per bad or cancelled request would
 // let any client flood the log), and the refusal written by the sink.
 // It returns the status.
-func (k *Call) Fail(err error) int {
+func (k *Call) Fail(err error) int { return k.fail(err, true) }
+
+// fail is Fail, writing the refusal when write is set.
+func (k *Call) fail(err error, write bool) int {
 	st := StatusOf(err)
 	if st == StatusClientClosed {
 		if dl, ok := k.ctx.Deadline(); ok && time.Until(dl) < deadlineSlack {
@@ -247,21 +264,19 @@ func (k *Call) Fail(err error) int {
 	if k.c.Logger.Enabled(k.ctx, level) { // no arguments boxed for a line nobody logs
 		k.c.Logger.Log(k.ctx, level, "inference failed", "protocol", ProtocolLabels[k.protocol], "model", name, "status", st, "err", err)
 	}
-	if k.sink != nil {
+	switch {
+	case !write:
+	case k.sink != nil:
 		k.sink(st, err)
+	case k.writeHTTP != nil:
+		k.writeHTTP(k.w, st, err)
 	}
 	return st
 }
 
 // Gone closes a request whose client left while its answer was being
 // written (a stream cut short): cancelled, nothing more written.
-func (k *Call) Gone() int {
-	sink := k.sink
-	k.sink = nil
-	st := k.Fail(context.Canceled)
-	k.sink = sink
-	return st
-}
+func (k *Call) Gone() int { return k.fail(context.Canceled, false) }
 
 // Sink replaces the call's error writer: a stream that has begun writes
 // its errors as events of its own.

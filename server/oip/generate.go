@@ -25,9 +25,7 @@ import (
 	"github.com/stepserve/stepserve/serving"
 )
 
-var tritonGenerateAPI = text.Protocol{Label: core.ProtocolHTTP, WriteError: func(w http.ResponseWriter, status int, err error) {
-	core.WriteError(w, status, err.Error())
-}}
+var tritonGenerateAPI = text.Protocol{Label: core.ProtocolHTTP, WriteError: writeError}
 
 // tritonGenerate serves Triton's generate extension: generate, or
 // generate_stream with stream.

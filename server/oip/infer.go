@@ -27,7 +27,7 @@ func (s *API) infer(w http.ResponseWriter, r *http.Request) {
 // core's call runs its life (core.Call), this decodes its body and
 // encodes its answer.
 func (s *API) inferNamed(w http.ResponseWriter, r *http.Request, model, version string) {
-	call := s.c.Begin(r.Context(), core.ProtocolHTTP, r.Method, r.URL.Path, func(st int, err error) { core.WriteError(w, st, err.Error()) })
+	call := s.c.BeginHTTP(w, r, core.ProtocolHTTP, writeError)
 	defer call.End()
 	if _, err := call.Find(model, version); err != nil {
 		call.Fail(err)
@@ -166,3 +166,6 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *wire.In
 	}
 	return nil
 }
+
+// writeError is OIP's refusal: {"error": msg}.
+func writeError(w http.ResponseWriter, status int, err error) { core.WriteError(w, status, err.Error()) }

@@ -147,7 +147,7 @@ func Serve(c *core.Core, w http.ResponseWriter, r *http.Request, api *Protocol, 
 // find chooses it before the body is read, as OIP's infer does, so that a
 // refusal while the body arrives is counted under the model.
 func ServeOn(c *core.Core, w http.ResponseWriter, r *http.Request, api *Protocol, find func(t *Request) error, handle func(t *Request, body []byte) int) {
-	call := c.Begin(r.Context(), api.Label, r.Method, r.URL.Path, func(st int, err error) { api.WriteError(w, st, err) })
+	call := c.BeginHTTP(w, r, api.Label, api.WriteError)
 	defer call.End()
 	t := &Request{Call: call, W: w, R: r}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
