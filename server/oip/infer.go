@@ -168,4 +168,6 @@ func (s *API) writeResponse(w http.ResponseWriter, m *models.Model, req *wire.In
 }
 
 // writeError is OIP's refusal: {"error": msg}.
-func writeError(w http.ResponseWriter, status int, err error) { core.WriteError(w, status, err.Error()) }
+func writeError(w http.ResponseWriter, status int, err error) {
+	core.WriteError(w, status, err.Error())
+}
