@@ -24,19 +24,27 @@ type Shape struct {
 	// Ctx is a decoder's decode step's context partition: the key
 	// positions it reads (0: all of max_model_len's).
 	Ctx int
+	// Mask marks a decoder's decode step whose rows may carry a token
+	// mask (structured output): a graph of its own beside the bucket's
+	// unmasked one, so that steps with no constrained row upload no mask.
+	Mask bool
 }
 
 // Label is the bucket's metric label: "b16", or "b16xs128" for sequence
 // models, "b16xs1xc256" for a decoder's decode step in a context
-// partition.
+// partition, and "b16xs1xc256m" for its masked twin.
 func (s Shape) Label() string {
+	m := ""
+	if s.Mask {
+		m = "m"
+	}
 	switch {
 	case s.Seq == 0:
 		return fmt.Sprintf("b%d", s.Batch)
 	case s.Ctx > 0:
-		return fmt.Sprintf("b%dxs%dxc%d", s.Batch, s.Seq, s.Ctx)
+		return fmt.Sprintf("b%dxs%dxc%d%s", s.Batch, s.Seq, s.Ctx, m)
 	}
-	return fmt.Sprintf("b%dxs%d", s.Batch, s.Seq)
+	return fmt.Sprintf("b%dxs%d%s", s.Batch, s.Seq, m)
 }
 
 func (s Shape) String() string { return s.Label() }

@@ -52,6 +52,18 @@ type GenerationOptions struct {
 	// hermes, mistral, llama3_json); empty reads it from the chat
 	// template, and a template that names none is read as hermes.
 	ToolFormat string `yaml:"tool_format"`
+	// StructuredOutput serves constrained generation (JSON schemas,
+	// regular expressions, choices, tools a call is required of): the
+	// torch and rbln engines compile a masked twin of every decode bucket
+	// for it, one more graph each (default true). False refuses such
+	// requests with 400.
+	StructuredOutput *bool `yaml:"structured_output"`
+}
+
+// Structured reports whether the model serves structured output
+// (generation.structured_output).
+func (g *GenerationOptions) Structured() bool {
+	return g.StructuredOutput == nil || *g.StructuredOutput
 }
 
 // Bounds and defaults of the generation keys.

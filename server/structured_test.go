@@ -178,6 +178,20 @@ func TestStructuredOutputRefusals(t *testing.T) {
 	}
 }
 
+// A model whose model.yaml turns structured output off answers a
+// constrained request 400, naming the key, and a plain one as before.
+func TestStructuredOutputOff(t *testing.T) {
+	f := newGenFixture(t, "generation:\n  structured_output: false\n")
+	for _, extra := range []string{`"response_format":{"type":"json_object"}`, `"guided_choice":["a","b"]`} {
+		body := fmt.Sprintf(`{"model":"tiny-llama","max_tokens":4,"messages":[{"role":"user","content":"x"}],%s}`, extra)
+		st, b := f.post(t, "/v1/chat/completions", json.RawMessage(body))
+		assert.Equal(t, 400, st, "%s: %s", extra, b)
+		assert.Contains(t, string(b), "generation.structured_output false", extra)
+	}
+	st, b := f.post(t, "/v1/chat/completions", json.RawMessage(`{"model":"tiny-llama","max_tokens":4,"messages":[{"role":"user","content":"x"}]}`))
+	assert.Equal(t, 200, st, string(b))
+}
+
 // Hostile constraints get an answer, never a crash or a server error:
 // what would expand past the grammar's bounds is refused as too large,
 // a schema that matches nothing is refused, and the request's JSON value

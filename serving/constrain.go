@@ -2,7 +2,6 @@ package serving
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -161,10 +160,6 @@ func (c *matcherConstraint) Accept(token int32) error { return c.m.Accept(token)
 // them outputs it); otherwise the mask leaves the model nothing but one
 // once the output is complete, and the loop ends it there.
 func (c *matcherConstraint) Done() bool { return c.m.Ended() }
-
-// errConstraintEngine refuses structured output where the engine cannot
-// apply a mask in its step.
-var errConstraintEngine = errors.New("structured output (a JSON schema, JSON object, regex or choices) does not run on the rbln engine yet; serve the model on the cpu engine for it")
 
 // ToolFormat is the format the model writes tool calls in
 // (models.ToolFormatHermes, ...): model.yaml's generation.tool_format, else

@@ -299,8 +299,9 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	}
 	var constraint generation.Constraint
 	if r.Constraint != nil {
-		if m.engine == "rbln" {
-			return nil, fmt.Errorf("%w: %w", ErrBadParameter, errConstraintEngine)
+		if !g.opts.Structured() {
+			return nil, fmt.Errorf("%w: model %s does not serve structured output (a JSON schema, JSON object, regex, choices or a required tool call): its model.yaml sets generation.structured_output false",
+				ErrBadParameter, m.model.Name)
 		}
 		if constraint, err = g.constraint(r.Constraint); err != nil {
 			return nil, err

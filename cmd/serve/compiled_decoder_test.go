@@ -25,9 +25,12 @@ import (
 // torch engine compiled with inductor (the torch 2.x root, strict
 // warm-up) and sends it 100 completions, streamed and not, eight at a
 // time, of prompts from 1 to 600 tokens, some sharing a prefix, in a KV
-// cache too small for them all (preemption): afterwards every program
+// cache too small for them all (preemption), one in five constrained
+// (guided_choice, or guided_json with a schema): afterwards every program
 // in /explain is inductor's, one graph, no break, no recompile, nothing
-// found by the step audit, and every completion was answered.
+// found by the step audit (the decode buckets' masked twins included),
+// every completion was answered, and every constrained one is what its
+// constraint allows.
 func TestCompiledTinyLlamaServingRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles a language model's buckets (minutes): make test-long")
@@ -74,8 +77,15 @@ generation:
 					copy(prompt, shared) // a prefix the cache has seen
 				}
 				stream := i%2 == 1
-				body, _ := json.Marshal(map[string]any{"model": "tiny-llama", "prompt": prompt, "max_tokens": 8 + i%24,
-					"stream": stream, "temperature": float64(i%3) * 0.5, "seed": i})
+				req := map[string]any{"model": "tiny-llama", "prompt": prompt, "max_tokens": 8 + i%24,
+					"stream": stream, "temperature": float64(i%3) * 0.5, "seed": i}
+				switch i % 10 {
+				case 0:
+					req["guided_json"], req["max_tokens"] = compiledSchema, 64
+				case 5:
+					req["guided_choice"] = compiledChoices
+				}
+				body, _ := json.Marshal(req)
 				resp, err := http.Post(p.base+"/v1/completions", "application/json", bytes.NewReader(body))
 				if !assert.NoError(t, err) {
 					continue
@@ -91,6 +101,9 @@ generation:
 				}
 				resp.Body.Close()
 				assert.True(t, ok && done, "completion %d (%d prompt tokens, stream %v): %d %s", i, n, stream, resp.StatusCode, text.String())
+				if ok && done && i%5 == 0 {
+					checkConstrained(t, i, text.String(), stream)
+				}
 				mu.Lock()
 				if ok && done {
 					answered++
@@ -118,16 +131,60 @@ generation:
 		Programs []engine.ProgramReport `json:"programs"`
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&x))
-	// 2 batch sizes x (3 context partitions + 1 prefill chunk length).
-	require.Len(t, x.Programs, 8)
+	// 2 batch sizes x (3 context partitions, masked and not, + 1 prefill
+	// chunk length).
+	require.Len(t, x.Programs, 14)
 	kinds := map[string]int{}
 	for _, r := range x.Programs {
 		kinds[r.Kind]++
 	}
 	total := enginetest.CompiledWhole(t, x.Programs)
-	assert.Equal(t, map[string]int{"decode": 6, "prefill": 2}, kinds)
-	t.Logf("8 programs compiled in %.1f s in all", total)
+	assert.Equal(t, map[string]int{"decode": 12, "prefill": 2}, kinds)
+	t.Logf("14 programs compiled in %.1f s in all", total)
 	metrics := scrape(t, p.base)
 	assert.NotRegexp(t, `stepserve_program_recompiles\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)
 	assert.NotRegexp(t, `stepserve_step_audit_findings\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)
+}
+
+// The constraints of TestCompiledTinyLlamaServingRun's constrained
+// completions.
+var (
+	compiledSchema  = json.RawMessage(`{"type":"object","properties":{"c":{"enum":["x","y"]},"b":{"type":"boolean"}},"required":["c","b"],"additionalProperties":false}`)
+	compiledChoices = []string{"yes", "no", "maybe"}
+)
+
+// checkConstrained holds completion i's answer (the body, or its events)
+// to its constraint: one of the choices, or JSON of the schema.
+func checkConstrained(t *testing.T, i int, body string, stream bool) {
+	t.Helper()
+	var text strings.Builder
+	for _, line := range strings.Split(body, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !stream {
+			data, ok = line, line != ""
+		}
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices []struct{ Text string } `json:"choices"`
+		}
+		if assert.NoError(t, json.Unmarshal([]byte(data), &c), data) && len(c.Choices) > 0 {
+			text.WriteString(c.Choices[0].Text)
+		}
+	}
+	out := text.String()
+	if i%10 == 5 {
+		assert.Contains(t, compiledChoices, out, "completion %d", i)
+		return
+	}
+	var v struct {
+		C *string `json:"c"`
+		B *bool   `json:"b"`
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if assert.NoError(t, dec.Decode(&v), "completion %d: %q", i, out) {
+		assert.True(t, v.C != nil && v.B != nil && (*v.C == "x" || *v.C == "y"), "completion %d: %q", i, out)
+	}
 }

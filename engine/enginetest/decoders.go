@@ -110,6 +110,14 @@ func StartLoop(t testing.TB, dec generation.Model, m *models.Model) *generation.
 // log-probabilities), and returns what each produced.
 func Generate(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, sampling []generation.Sampling) [][]int32 {
 	t.Helper()
+	return GenerateUnder(t, loop, prompts, max, sampling, nil)
+}
+
+// GenerateUnder is Generate with prompt i's output constrained by
+// constraint(i) where that is not nil (constraint nil: none is).
+func GenerateUnder(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, sampling []generation.Sampling,
+	constraint func(i int) generation.Constraint) [][]int32 {
+	t.Helper()
 	out := make([][]int32, len(prompts))
 	var wg sync.WaitGroup
 	for i, p := range prompts {
@@ -117,7 +125,11 @@ func Generate(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, s
 		if sampling != nil {
 			s = sampling[i]
 		}
-		st, err := loop.Generate(context.Background(), generation.Request{Prompt: p, MaxTokens: max, Sampling: s})
+		r := generation.Request{Prompt: p, MaxTokens: max, Sampling: s}
+		if constraint != nil {
+			r.Constraint = constraint(i)
+		}
+		st, err := loop.Generate(context.Background(), r)
 		require.NoError(t, err)
 		wg.Go(func() {
 			for {
@@ -138,6 +150,49 @@ func Generate(t testing.TB, loop *generation.Loop, prompts [][]int32, max int, s
 	wg.Wait()
 	return out
 }
+
+// Stride is a constraint for the engines' masked-sampling tests: the
+// k-th token of the output is one of the vocabulary's ids that are
+// Offset+k modulo Every, so that a step's mask leaves a sparse set
+// across every word of it (bit 31 of a word included), and the
+// unmasked favourite is mostly out. It never completes: max_tokens ends
+// the output.
+type Stride struct {
+	Vocab, Every, Offset int
+	n                    int
+	mask                 []uint32
+}
+
+// Allows reports whether tok may be the k-th token.
+func (c *Stride) Allows(k int, tok int32) bool {
+	return int(tok) >= 0 && int(tok) < c.Vocab && (int(tok)-c.Offset-k)%c.Every == 0
+}
+
+// Mask implements [generation.Constraint].
+func (c *Stride) Mask() []uint32 {
+	if c.mask == nil {
+		c.mask = make([]uint32, (c.Vocab+31)/32)
+	}
+	clear(c.mask)
+	for t := range c.Vocab {
+		if c.Allows(c.n, int32(t)) {
+			c.mask[t/32] |= 1 << (t % 32)
+		}
+	}
+	return c.mask
+}
+
+// Accept implements [generation.Constraint].
+func (c *Stride) Accept(tok int32) error {
+	if !c.Allows(c.n, tok) {
+		return fmt.Errorf("token %d is not %d modulo %d", tok, c.Offset+c.n, c.Every)
+	}
+	c.n++
+	return nil
+}
+
+// Done implements [generation.Constraint].
+func (c *Stride) Done() bool { return false }
 
 // CopyModel copies the model folder src (flat, as the shipped ones are)
 // to dst, writing modelYAML as its model.yaml when it is not empty.

@@ -354,7 +354,8 @@ var compiledDecoderFamilies = []struct {
 // torch engine compiled with inductor in the torch 2.x root, strict
 // warm-up: every prefill and decode bucket one graph, no break, no
 // recompile and nothing found by the step audit after batched, chunked,
-// preempted and prefix-sharing generations; greedy and seeded tokens the
+// preempted and prefix-sharing generations; greedy and seeded tokens, and
+// greedy ones under token masks (the decode buckets' masked twins), the
 // same as the eager torch engine's and the CPU engine's.
 func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 	python := torch2(t)
@@ -374,7 +375,10 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 			require.NoError(t, err)
 			compiled, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true, StallTimeout: time.Minute})
 			eager, _ := newEngine(t, Options{Python: python, TorchCompile: "off", StrictWarmup: true})
-			var got [3][2][][]int32 // engine, greedy or seeded
+			var got [3][3][][]int32 // engine, greedy or seeded or greedy under token masks
+			strides := func(i int) generation.Constraint {
+				return &enginetest.Stride{Vocab: m.Decoder.Config.Vocab, Every: 3 + i, Offset: 7 * i}
+			}
 			for i, load := range []func() (generation.Model, error){
 				func() (generation.Model, error) { return cpufallback.Engine{}.LoadDecoder(context.Background(), m) },
 				func() (generation.Model, error) { return eager.LoadDecoder(context.Background(), m) },
@@ -386,9 +390,10 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 				loop := enginetest.StartLoop(t, dec, m)
 				got[i][0] = enginetest.Generate(t, loop, prompts, n, nil)
 				got[i][1] = enginetest.Generate(t, loop, prompts, 24, sampling)
+				got[i][2] = enginetest.GenerateUnder(t, loop, prompts, 16, nil, strides)
 				if i == 2 {
 					reports := dec.(engine.ProgramReporter).Programs(context.Background())
-					require.Len(t, reports, 1+len(m.Config.Buckets.Context))
+					require.Len(t, reports, 1+2*len(m.Config.Buckets.Context), "a prefill, the decodes and their masked twins")
 					enginetest.CompiledWhole(t, reports)
 				}
 			}
@@ -396,6 +401,8 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 			assert.Equal(t, got[1][0], got[2][0], "greedy: eager and compiled torch")
 			assert.Equal(t, got[0][1], got[1][1], "seeded: CPU engine and eager torch")
 			assert.Equal(t, got[1][1], got[2][1], "seeded: eager and compiled torch")
+			assert.Equal(t, got[0][2], got[1][2], "greedy under masks: CPU engine and eager torch")
+			assert.Equal(t, got[1][2], got[2][2], "greedy under masks: eager and compiled torch")
 		})
 	}
 }

@@ -30,7 +30,8 @@ import (
 
 // The decoder step's row layout, in int32 words, after the row's 3*T
 // token words (ids, positions, slots): the fields below, then the block
-// table. The worker reads the same (nets.py, DecoderStep).
+// table, then in a masked decode step the row's token mask (maskWords).
+// The worker reads the same (decoder.py).
 const (
 	metaValid       = iota // real tokens in the row (0 for a padding row)
 	metaSamples            // 1 when the row's last real token samples
@@ -41,8 +42,14 @@ const (
 	metaSeedHi
 	metaLogprobs // unused by the graph (it always computes them): kept for the host
 	metaPosition // the sampled token's position: the draw's counter
+	metaMasked   // 1 when the row's token mask applies (a masked step's rows without one sample freely)
 	metaFields
 )
+
+// maskWords is how many int32 words a row's token mask takes in a masked
+// decode step: a bit a token of the vocabulary, as
+// [generation.Constraint]'s mask.
+func maskWords(vocab int) int { return (vocab + 31) / 32 }
 
 // decoderTopLogprobs is how many most likely tokens each step returns.
 const decoderTopLogprobs = 20
@@ -82,6 +89,17 @@ func decoderStepConfig(cfg *models.Config) *models.Config {
 	return &c
 }
 
+// maskedStepConfig is the staging of step's masked decode buckets (step
+// is the model with decoderStepConfig's configuration): each row carries
+// its token mask after its block table.
+func maskedStepConfig(step *models.Model) *models.Config {
+	c := *step.Config
+	c.Inputs = slices.Clone(c.Inputs)
+	rows := &c.Inputs[1]
+	rows.Shape = []int{-1, rows.Shape[1] + maskWords(step.Decoder.Config.Vocab)}
+	return &c
+}
+
 // LoadDecoder implements [engine.DecoderEngine].
 func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decoder, error) {
 	cfg := m.Config
@@ -96,8 +114,9 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		return nil, err
 	}
 	// Decode buckets by batch and context partition, prefill ones by
-	// batch and chunk length (over the whole context).
-	var decodes, prefills []bucketing.Shape
+	// batch and chunk length (over the whole context), and for structured
+	// output each decode bucket's masked twin.
+	var decodes, prefills, masked []bucketing.Shape
 	for _, b := range cfg.Buckets.Batch {
 		for _, c := range cfg.Buckets.Context {
 			decodes = append(decodes, bucketing.Shape{Batch: b, Seq: 1, Ctx: c})
@@ -106,13 +125,19 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 			prefills = append(prefills, bucketing.Shape{Batch: b, Seq: t})
 		}
 	}
+	if cfg.Generation.Structured() {
+		for _, s := range decodes {
+			s.Mask = true
+			masked = append(masked, s)
+		}
+	}
 	step := *m
 	step.Config = decoderStepConfig(cfg)
-	p, err := newProgram(ctx, workers[0], &step, append(slices.Clone(decodes), prefills...))
+	p, err := newProgram(ctx, workers[0], &step, slices.Concat(decodes, prefills, masked))
 	if err != nil {
 		return nil, err
 	}
-	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, geo: geometryOf(cfg.Generation), decodes: len(decodes),
+	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, geo: geometryOf(cfg.Generation), decodes: len(decodes), prefills: len(prefills),
 		traffic: bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0),
 		warmups: make([]engine.Explain, len(p.shapes))}
 	for i := range p.shapes {
@@ -161,11 +186,13 @@ func decoderSpecOf(m *models.Model) *decoderSpec {
 
 // decoder is a decoder model on one worker.
 type decoder struct {
-	p       *program
-	cfg     *models.DecoderConfig
-	gen     models.GenerationOptions
-	geo     generation.Geometry // the KV cache's: a row's block table is TableWidth entries
-	decodes int                 // the first buckets are the decode ones
+	p   *program
+	cfg *models.DecoderConfig
+	gen models.GenerationOptions
+	geo generation.Geometry // the KV cache's: a row's block table is TableWidth entries
+	// The buckets are decodes decode ones, then prefills prefill ones,
+	// then the decode ones' masked twins (none without structured output).
+	decodes, prefills int
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
@@ -180,6 +207,7 @@ type decoder struct {
 	out  []generation.Sampled
 	top  [][decoderTopLogprobs]generation.TopLogprob
 	rows []piece
+	held []int // the works whose last token samples in a decode row after their chunk
 }
 
 // piece is a row of a device step: tokens [start, end) of a work.
@@ -195,17 +223,25 @@ var errCacheLost = errors.New("the worker restarted and its KV cache was lost")
 
 // Step implements [generation.Model]: the step's work as device steps,
 // decodes in a decode bucket and prompt chunks in prefill buckets, rows
-// of a work longer than the largest bucket split over several steps.
+// of a work longer than the largest bucket split over several steps. A
+// constrained sequence samples in a masked decode bucket: a prompt chunk
+// of one runs without its last token, which then runs as a decode row
+// after the chunk, so that no prefill bucket needs a masked twin.
 func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation.Sampled, error) {
 	if life := d.p.lives.Load(); life != d.life {
 		d.life = life
 		return nil, fmt.Errorf("rbln: model %s: %w: %w", d.p.model.Name, engine.ErrUnavailable, errCacheLost)
 	}
-	for _, w := range step.Work {
-		if w.Samples() && w.Seq.Mask() != nil {
-			// The worker's step graph has no mask section yet: a
-			// constrained sequence would sample outside its constraint.
-			return nil, fmt.Errorf("rbln: model %s: constrained sampling (structured output) does not run on the rbln engine yet", d.p.model.Name)
+	d.held = d.held[:0]
+	for i, w := range step.Work {
+		if !masked(w) {
+			continue
+		}
+		if d.decodes+d.prefills == len(d.p.shapes) {
+			return nil, fmt.Errorf("rbln: model %s: a constrained sequence (structured output), and generation.structured_output is false: no masked decode step was compiled", d.p.model.Name)
+		}
+		if w.End-w.Start > 1 {
+			d.held = append(d.held, i)
 		}
 	}
 	n := len(step.Work)
@@ -215,46 +251,39 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	}
 	clear(d.out[:n])
 	most := 1
-	for _, s := range d.p.shapes[d.decodes:] {
+	for _, s := range d.p.shapes[d.decodes : d.decodes+d.prefills] {
 		most = max(most, s.Seq)
 	}
 	// Round r runs every work's r-th piece of at most most tokens.
 	for r := 0; ; r++ {
 		d.rows = d.rows[:0]
 		for i, w := range step.Work {
+			last := w.End
+			if w.End-w.Start > 1 && masked(w) {
+				last-- // held for a masked decode row below
+			}
 			start := w.Start + r*most
-			if start >= w.End {
+			if start >= last {
 				continue
 			}
-			end := min(start+most, w.End)
+			end := min(start+most, last)
 			d.rows = append(d.rows, piece{w: i, start: start, end: end, samples: end == w.End && w.Samples()})
 		}
 		if len(d.rows) == 0 {
 			break
 		}
-		// Decodes first, shortest context first, then prompt chunks: rows
-		// sorted in place, no slice made per step.
-		slices.SortStableFunc(d.rows, func(a, b piece) int {
-			if c := cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)); c != 0 || a.end-a.start > 1 {
-				return c
-			}
-			return cmp.Compare(a.end, b.end)
-		})
-		split := 0
-		for split < len(d.rows) && d.rows[split].end-d.rows[split].start == 1 {
-			split++
+		if err := d.runRows(ctx, step); err != nil {
+			return nil, err
 		}
-		for _, group := range [2][]piece{d.rows[:split], d.rows[split:]} {
-			for len(group) > 0 {
-				bucket, taken, err := d.bucket(group)
-				if err != nil {
-					return nil, err
-				}
-				if _, err := d.run(ctx, step, bucket, group[:taken]); err != nil {
-					return nil, err
-				}
-				group = group[taken:]
-			}
+	}
+	if len(d.held) > 0 {
+		d.rows = d.rows[:0]
+		for _, i := range d.held {
+			end := step.Work[i].End
+			d.rows = append(d.rows, piece{w: i, start: end - 1, end: end, samples: true})
+		}
+		if err := d.runRows(ctx, step); err != nil {
+			return nil, err
 		}
 	}
 	if life := d.p.lives.Load(); life != d.life {
@@ -264,20 +293,53 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	return d.out[:n], nil
 }
 
+// masked reports whether w samples under a token mask.
+func masked(w generation.Work) bool { return w.Samples() && w.Seq.Mask() != nil }
+
+// runRows runs d.rows in as few device steps as their buckets allow:
+// decodes first, shortest context first, then prompt chunks (rows sorted
+// in place, no slice made per step).
+func (d *decoder) runRows(ctx context.Context, step *generation.Step) error {
+	slices.SortStableFunc(d.rows, func(a, b piece) int {
+		if c := cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)); c != 0 || a.end-a.start > 1 {
+			return c
+		}
+		return cmp.Compare(a.end, b.end)
+	})
+	split := 0
+	for split < len(d.rows) && d.rows[split].end-d.rows[split].start == 1 {
+		split++
+	}
+	for _, group := range [2][]piece{d.rows[:split], d.rows[split:]} {
+		for len(group) > 0 {
+			bucket, taken, err := d.bucket(step, group)
+			if err != nil {
+				return err
+			}
+			if _, err := d.run(ctx, step, bucket, group[:taken]); err != nil {
+				return err
+			}
+			group = group[taken:]
+		}
+	}
+	return nil
+}
+
 // bucket chooses the bucket for the first rows of group: the decode or
 // prefill bucket of the fewest rows and tokens that hold them, or the
 // largest, taking as many rows as it holds. Decode rows come sorted by
 // their context, shortest first: the bucket is the least context
 // partition that holds the longest of the rows it takes, so that a short
 // conversation reads a few hundred key positions, not max_model_len's.
-func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
+// Decode rows of which one samples under a mask take the masked twin.
+func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken int, err error) {
 	tokens := 0
 	for _, pc := range group {
 		tokens = max(tokens, pc.end-pc.start)
 	}
 	lo, hi := 0, d.decodes
 	if tokens > 1 {
-		lo, hi = d.decodes, len(d.p.shapes)
+		lo, hi = d.decodes, d.decodes+d.prefills
 	}
 	most := 0 // the largest batch
 	for _, s := range d.p.shapes[lo:hi] {
@@ -289,6 +351,9 @@ func (d *decoder) bucket(group []piece) (bucket, taken int, err error) {
 		return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
 	}
 	taken = min(len(group), most)
+	if tokens == 1 && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.samples && masked(step.Work[pc.w]) }) {
+		lo, hi = d.decodes+d.prefills, len(d.p.shapes) // every decode bucket has its twin there
+	}
 	ctx := 0 // the least partition that holds the rows taken
 	if tokens == 1 {
 		need, read := 0, 0
@@ -334,7 +399,11 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 	trashSlot := d.geo.TrashSlot() // where a padding token writes
 	tokens := in[:s.Batch*3*T*4]
 	meta := in[s.Batch*3*T*4:]
-	rowWords := metaFields + width
+	rowWords, words := metaFields+width, 0
+	if s.Mask {
+		words = maskWords(d.cfg.Vocab)
+		rowWords += words
+	}
 	put := func(b []byte, i int, v int32) { binary.LittleEndian.PutUint32(b[4*i:], uint32(v)) }
 	for r := range s.Batch {
 		base := r * 3 * T
@@ -376,6 +445,12 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		put(meta, mb+metaPosition, int32(pc.end))
 		for j := range width {
 			put(meta, mb+metaFields+j, d.geo.TableEntry(table, j))
+		}
+		if mask := w.Seq.Mask(); s.Mask && pc.samples && mask != nil {
+			put(meta, mb+metaMasked, 1)
+			for j, v := range mask[:min(len(mask), words)] { // tokens past the mask's are not allowed
+				put(meta, mb+metaFields+width+j, int32(v))
+			}
 		}
 	}
 	began := time.Now()
@@ -437,23 +512,32 @@ func (d *decoder) Warmups() []engine.Explain { return d.warmups }
 
 // kind is bucket's kind: decode or prefill.
 func (d *decoder) kind(bucket int) string {
-	if bucket < d.decodes {
-		return "decode"
+	if bucket >= d.decodes && bucket < d.decodes+d.prefills {
+		return "prefill"
 	}
-	return "prefill"
+	return "decode"
 }
 
 // AdviseContexts implements [engine.ContextAdvisor].
+// The decode programs it counts include the masked twins: a decode
+// bucket is two programs where the model serves structured output.
 func (d *decoder) AdviseContexts(maxBuckets int) (bucketing.Advice, error) {
 	b := d.p.model.Config.Buckets
-	if maxBuckets <= 0 {
-		maxBuckets = len(b.Batch) * len(b.Context)
+	twins := 1
+	if d.decodes+d.prefills < len(d.p.shapes) {
+		twins = 2
 	}
-	return bucketing.AdviseContexts(d.traffic.Snapshot(), b.Batch, b.Context, d.gen.BlockSize, maxBuckets)
+	if maxBuckets <= 0 {
+		maxBuckets = len(b.Batch) * len(b.Context) * twins
+	}
+	a, err := bucketing.AdviseContexts(d.traffic.Snapshot(), b.Batch, b.Context, d.gen.BlockSize, max(maxBuckets/twins, 1))
+	a.Programs *= twins
+	a.CurrentPrograms *= twins
+	return a, err
 }
 
-// Shapes implements [engine.StepObserver]: the decode buckets, then the
-// prefill ones.
+// Shapes implements [engine.StepObserver]: the decode buckets, the
+// prefill ones, then the masked decode ones.
 func (d *decoder) Shapes() []bucketing.Shape { return d.p.shapes }
 
 // ObserveSteps implements [engine.StepObserver]. Set it before the first
@@ -466,7 +550,7 @@ func (d *decoder) ObserveSteps(f func(bucket, rows int, padding float64, took ti
 func (d *decoder) Close() error { return d.p.Close() }
 
 // Programs implements [engine.ProgramReporter]: the program's reports,
-// the decode buckets (the first) and the prefill ones named so.
+// the decode buckets (masked or not) and the prefill ones named so.
 func (d *decoder) Programs(ctx context.Context) []engine.ProgramReport {
 	out := d.p.Programs(ctx)
 	for i := range out {

@@ -193,7 +193,8 @@ func TestDecodeStepsFollowTheContextPartitions(t *testing.T) {
 	assert.Equal(t, []int{32, 64, 96}, a.CurrentContext)
 	assert.Equal(t, 96, a.Context[len(a.Context)-1])
 	assert.GreaterOrEqual(t, a.Steps, int64(69+7))
-	assert.Equal(t, 2*len(a.Context), a.Programs)
+	assert.Equal(t, 2*2*len(a.Context), a.Programs, "2 batch sizes, each context's decode and its masked twin")
+	assert.Equal(t, 2*2*3, a.CurrentPrograms)
 	t.Logf("advice: %v -> %v, padding %.2f -> %.2f", a.CurrentContext, a.Context, a.PaddingNow, a.PaddingAdvised)
 }
 

@@ -123,7 +123,11 @@ func (p *program) allocate() error {
 	var sizes []int
 	hostBytes := 0
 	for _, s := range p.shapes {
-		l := engine.NewLayout(p.model.Config, s)
+		cfg := p.model.Config
+		if s.Mask {
+			cfg = maskedStepConfig(p.model)
+		}
+		l := engine.NewLayout(cfg, s)
 		b, err := newBoundary(l, p.floats, p.model.Config.Architecture == "torch")
 		if err != nil {
 			return fmt.Errorf("rbln: model %s: %w", p.model.Name, err)
@@ -166,7 +170,7 @@ func (p *program) loadRequest() *loadRequest {
 	for i, s := range p.shapes {
 		b := &p.bounds[i]
 		buckets[i] = bucketSpec{
-			Batch: s.Batch, Seq: s.Seq, Ctx: s.Ctx,
+			Batch: s.Batch, Seq: s.Seq, Ctx: s.Ctx, Mask: s.Mask,
 			InOffset: lane0.in[i].offset, InBytes: b.in.bytes(b.batch),
 			InDtype: b.in.dt.String(), InCols: b.in.cols, InRow: b.in.row,
 			OutOffset: lane0.out[i].offset, OutBytes: b.out.bytes(b.batch),

@@ -101,7 +101,8 @@ type loadRequest struct {
 type bucketSpec struct {
 	Batch     int    `json:"batch"`
 	Seq       int    `json:"seq"`
-	Ctx       int    `json:"ctx,omitempty"` // a decode step's context partition
+	Ctx       int    `json:"ctx,omitempty"`  // a decode step's context partition
+	Mask      bool   `json:"mask,omitempty"` // a decode step whose rows carry token masks
 	InFD      int    `json:"in_fd"`
 	InOffset  int    `json:"in_offset"`
 	InBytes   int    `json:"in_bytes"`

@@ -8,7 +8,11 @@ the cache by slot, attends over the blocks of its context partition (the
 bucket's context length, not max_model_len) and samples each row's next
 token in the graph, in float32 with a 32-bit counter-based draw. Its one
 output is, per row, the token, its log-probability and the most likely
-tokens' (float32 bits in int32). The graph holds no float64 and no
+tokens' (float32 bits in int32). A masked decode step's rows also carry
+a token mask (a bit a token, int32 words, after the block table) that a
+row flagged MASKED samples under: the tokens it leaves out weigh nothing
+in the draw and in the log-probabilities, as if their logits were -inf
+(structured output; generation/sample.go's Sample with a mask). The graph holds no float64 and no
 64-bit integer arithmetic and creates no tensor: what the documented step
 structure asks (the step audit checks it)."""
 
@@ -24,8 +28,13 @@ from torch.nn import functional as F
 from .loading import LoadError, take
 
 # The row fields after the 3*T token words (decoder.go's meta* constants).
-VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION = range(9)
-FIELDS = 9
+VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION, MASKED = range(10)
+FIELDS = 10
+
+
+def mask_words(vocab: int) -> int:
+    """The int32 words of a row's token mask (decoder.go's maskWords)."""
+    return -(-vocab // 32)
 
 #: The most rows a step may have: the resident counting table covers them
 #: (generation's max_num_seqs is at most 1,024).
@@ -161,12 +170,13 @@ class Decoder(nn.Module):
         h = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
-    def step(self, x: torch.Tensor, T: int, C: int = 0) -> torch.Tensor:
+    def step(self, x: torch.Tensor, T: int, C: int = 0, masked: bool = False) -> torch.Tensor:
         """One step on rows x [B, >= 3T + FIELDS + table_width] (int32)
         whose sequences' contexts fit C positions (a multiple of the block
-        size; 0 is max_model_len's): returns [B, 2 + 2 top] int32. Every
-        integer is int32 end to end: ids, positions, slots and block
-        tables index their tables as they come."""
+        size; 0 is max_model_len's), with each row's token mask after its
+        table when masked: returns [B, 2 + 2 top] int32. Every integer is
+        int32 end to end: ids, positions, slots and block tables index
+        their tables as they come."""
         B, bs = x.shape[0], self.block_size
         if B > MAX_ROWS or T > self.table_width * bs:
             raise ValueError(f"decoder: a step of {B} rows of {T} tokens; want at most {MAX_ROWS} rows "
@@ -222,7 +232,20 @@ class Decoder(nn.Module):
         last = self.counting[:B] * T + (meta[:, VALID] - 1).clamp(min=0)
         final = self.rms(h.reshape(B * T, self.hidden).index_select(0, last), self.norm)  # [B, H]
         logits = (self.head(final) if self.head is not None else final @ self.embed.t()).float()
+        if masked:
+            at = 3 * T + FIELDS + self.table_width
+            logits = self.masked(logits, x[:, at:at + mask_words(self.vocab)], meta[:, MASKED])
         return self.sample(logits, meta)
+
+    def masked(self, logits: torch.Tensor, words: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        """logits with the tokens each flagged row's mask words [B, words]
+        leave out at -inf (token t is bit t % 32 of word t // 32); rows
+        not flagged as they are. The bits come out with shifts by the
+        resident counting table: no tensor is made in the step."""
+        B, V = logits.shape
+        bits = (words.unsqueeze(-1) >> self.counting[:32]) & 1  # [B, words, 32]
+        allowed = bits.reshape(B, -1)[:, :V] != 0
+        return logits.masked_fill(~(allowed | (flag == 0).unsqueeze(-1)), float("-inf"))
 
     def sample(self, logits: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         """Each row's next token, as generation/sample.go draws it, in

@@ -251,12 +251,15 @@ class Shape:
     # A decoder's decode step's context partition: the key positions it
     # reads (0: all of max_model_len's).
     ctx: int = 0
+    # A decoder's decode step whose rows carry token masks.
+    mask: bool = False
 
     def label(self) -> str:
-        """As the supervisor names buckets: b4, b4xs32, or b4xs1xc256."""
+        """As the supervisor names buckets: b4, b4xs32, b4xs1xc256, or
+        b4xs1xc256m masked."""
         if not self.seq:
             return f"b{self.batch}"
-        return f"b{self.batch}xs{self.seq}" + (f"xc{self.ctx}" if self.ctx else "")
+        return f"b{self.batch}xs{self.seq}" + (f"xc{self.ctx}" if self.ctx else "") + ("m" if self.mask else "")
 
 
 #: The device's rule for last dimensions: eager operators on tensors whose
@@ -316,10 +319,12 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
         return Boundary(*usermodel.row_cols(ins), *usermodel.row_cols(outs))
     if arch == "decoder":
         # One sequence a row: its tokens' ids, positions and cache slots,
-        # then its fields and block table (engine/rbln/decoder.go); out, the
-        # sampled token, its log-probability and the top tokens'.
+        # then its fields and block table (engine/rbln/decoder.go), and in
+        # a masked step its token mask; out, the sampled token, its
+        # log-probability and the top tokens'.
         dec = spec["decoder"]
-        return Boundary(torch.int32, 3 * shape.seq + decoder.FIELDS + dec["table_width"],
+        words = decoder.mask_words(dec["vocab"]) if shape.mask else 0
+        return Boundary(torch.int32, 3 * shape.seq + decoder.FIELDS + dec["table_width"] + words,
                         torch.int32, 2 + 2 * dec["top_logprobs"])
     raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder, decoder or torch")
 
@@ -364,10 +369,10 @@ def step_body(model: nn.Module, shape: Shape, bound: Boundary,
         return F.pad(y, (0, out_pad)) if out_pad else y
 
     if isinstance(model, decoder.Decoder):
-        t, c = shape.seq, shape.ctx
+        t, c, m = shape.seq, shape.ctx, shape.mask
 
         def decoder_body(x: torch.Tensor) -> torch.Tensor:
-            return pad(model.step(x, t, c))
+            return pad(model.step(x, t, c, m))
         return own_code(decoder_body, name)
 
     if isinstance(model, Encoder):

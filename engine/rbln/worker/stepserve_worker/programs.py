@@ -85,10 +85,11 @@ def toolchain() -> str:
     return " ".join(out)
 
 
-def bucket_dir(base: str, model: str, batch: int, seq: int, ctx: int = 0) -> str:
+def bucket_dir(base: str, model: str, batch: int, seq: int, ctx: int = 0, mask: bool = False) -> str:
     """The cache_dir of one bucket (batch x seq, in a decoder's context
-    partition ctx) of the model whose identity() is model, under base."""
-    return os.path.join(base, model, f"b{batch}x{seq}" + (f"xc{ctx}" if ctx else ""))
+    partition ctx, masked or not) of the model whose identity() is model,
+    under base."""
+    return os.path.join(base, model, f"b{batch}x{seq}" + (f"xc{ctx}" if ctx else "") + ("m" if mask else ""))
 
 
 def _field(obj: Any, key: str) -> Any:

@@ -404,7 +404,7 @@ class Worker:
                 base = m.cache_dir
                 if num_devices > 1:
                     base = os.path.join(base, f"npus{num_devices}")
-                b.cache_dir = programs.bucket_dir(base, m.identity, b.shape.batch, b.shape.seq, b.shape.ctx)
+                b.cache_dir = programs.bucket_dir(base, m.identity, b.shape.batch, b.shape.seq, b.shape.ctx, b.shape.mask)
                 opts["cache_dir"] = b.cache_dir
             if self.rt.group_npus > 1:
                 # An RSD group: the graph is partitioned across its NPUs
@@ -1019,7 +1019,7 @@ def _staged_bucket(msg: dict[str, Any], i: int, compute: torch.dtype, maps: list
     """Bucket i of the model msg loads, over its staging, once the
     supervisor's layout of it is shown to be the step graph's boundary."""
     spec = msg["buckets"][i]
-    shape = nets.Shape(spec["batch"], spec.get("seq", 0), spec.get("ctx", 0))
+    shape = nets.Shape(spec["batch"], spec.get("seq", 0), spec.get("ctx", 0), bool(spec.get("mask", False)))
     bound = nets.boundary(msg, shape, compute)
     problems = []
     for side, dtype, cols in (("in", bound.in_dtype, bound.in_cols), ("out", bound.out_dtype, bound.out_cols)):

@@ -198,13 +198,15 @@ class ProgramTest(unittest.TestCase):
         # GQA (4 query heads over 2), a sliding window shorter than the
         # context, tied and untied heads, q/k/v biases: every decoder
         # family's step, decode and prefill, in a context partition
-        # narrower than the cache and in the whole of it.
-        for tied, bias, window, shapes in ((True, False, 0, ((1, 16), (4, 0))), (False, True, 6, ((1, 0),))):
+        # narrower than the cache and in the whole of it, and a decode
+        # step's masked twin (structured output).
+        for tied, bias, window, shapes in ((True, False, 0, ((1, 16, False), (4, 0, False), (1, 16, True))),
+                                           (False, True, 6, ((1, 0, False), (1, 0, True)))):
             dec = small_decoder(tied=tied, qkv_bias=bias, window=window)
-            for T, C in shapes:
-                with self.subTest(tied=tied, bias=bias, window=window, T=T, C=C):
-                    x = decoder_rows(dec, B=3, T=T)
-                    staged, body = decoder_body(dec, x, nets.Shape(3, T, C), f"dec_{int(tied)}_{T}_{C}")
+            for T, C, masked in shapes:
+                with self.subTest(tied=tied, bias=bias, window=window, T=T, C=C, masked=masked):
+                    x = decoder_rows(dec, B=3, T=T, masked=masked)
+                    staged, body = decoder_body(dec, x, nets.Shape(3, T, C, masked), f"dec_{int(tied)}_{T}_{C}_{int(masked)}")
                     p = compiler.Program(f"b3xs{T}", "decode" if T == 1 else "prefill", compiler.INDUCTOR,
                                          strict=True, refuse_findings=True)
                     p.compile(body, {})
@@ -230,6 +232,10 @@ class ProgramTest(unittest.TestCase):
                     self.assertTrue(torch.equal(want[:, 2:2 + k], got[:, 2:2 + k]))
                     lp = lambda t: torch.cat((t[:, 1:2], t[:, 2 + k:2 + 2 * k]), 1).contiguous().view(torch.float32)
                     torch.testing.assert_close(lp(got), lp(want), rtol=1e-5, atol=1e-5)
+                    if masked:
+                        # Rows 0 and 2 sample among their masks' tokens.
+                        self.assertIn(int(got[0, 0]), MASKED_ROW0)
+                        self.assertEqual(MASKED_ROW2, int(got[2, 0]))
 
     def test_the_kv_cache_is_written_in_place(self) -> None:
         # The step writes its tokens' keys into the layer's own buffer
@@ -351,13 +357,20 @@ def decoder_body(dec: decoder.Decoder, x: torch.Tensor, shape: nets.Shape, name:
     return F.pad(x, (0, bound.in_row - x.shape[1])), nets.step_body(dec, shape, bound, name=name)
 
 
-def decoder_rows(dec: decoder.Decoder, B: int, T: int) -> torch.Tensor:
+#: The tokens decoder_rows' masked rows allow: row 0 a few (one in the
+#: second word), row 2 one (bit 31, the int32's sign).
+MASKED_ROW0, MASKED_ROW2 = (3, 17, 40), 31
+
+
+def decoder_rows(dec: decoder.Decoder, B: int, T: int, masked: bool = False) -> torch.Tensor:
     """B rows of T tokens, as engine/rbln/decoder.go packs them: row r's
     tokens at positions 5r.., its table blocks 3r+1.. (the last block of
     the cache, 24, is the padding's), sampled at temperature 0.8 with a
-    seed of its own, every other row cut to its top 5."""
+    seed of its own, every other row cut to its top 5; masked, each row
+    then carries a token mask, rows 0 and 2 flagged to sample under it."""
     width = 3 * T + decoder.FIELDS + dec.table_width
-    x = torch.zeros(B, width, dtype=torch.int32)
+    words = decoder.mask_words(dec.vocab) if masked else 0
+    x = torch.zeros(B, width + words, dtype=torch.int32)
     g = torch.Generator().manual_seed(1)
     for r in range(B):
         start = 5 * r
@@ -374,7 +387,12 @@ def decoder_rows(dec: decoder.Decoder, B: int, T: int) -> torch.Tensor:
         x[r, m + decoder.TOP_K] = 5 * (r % 2)
         x[r, m + decoder.SEED_LO] = 1000 + r
         x[r, m + decoder.POSITION] = start + T
-        x[r, m + decoder.FIELDS:] = torch.tensor(table, dtype=torch.int32)
+        x[r, m + decoder.FIELDS:width] = torch.tensor(table, dtype=torch.int32)
+        if masked and r in (0, 2):
+            x[r, m + decoder.MASKED] = 1
+            for t in (MASKED_ROW0 if r == 0 else (MASKED_ROW2,)):
+                bit = 1 << (t % 32)
+                x[r, width + t // 32] |= bit - (1 << 32) if bit >= 1 << 31 else bit
     return x
 
 

@@ -1,7 +1,8 @@
 """The decoder's in-graph draw: the same float32 bits as the Go sampler
 (generation.Uniform) for the 1,000 (seed, position) pairs of
 testdata/uniform32.json, in eager torch (1.13 and 2.x) and compiled with
-inductor (2.x), in 32-bit integer arithmetic only."""
+inductor (2.x), in 32-bit integer arithmetic only; under a token mask,
+the tokens the Go sampler draws from the masked logits."""
 
 from __future__ import annotations
 
@@ -151,6 +152,50 @@ class SampleTest(unittest.TestCase):
             got = graph_draw(logits, 1.0, 1.0, top_k, seed, pos)
             self.assertNotEqual(31999, got, f"top_k {top_k}: drew the last id")
             self.assertEqual(want, got, f"top_k {top_k}")
+
+
+def mask_row(allowed: list[bool]) -> torch.Tensor:
+    """allowed as a row's mask words: token t is bit t % 32 of word t // 32."""
+    words = [0] * decoder.mask_words(len(allowed))
+    for t, ok in enumerate(allowed):
+        if ok:
+            words[t // 32] |= 1 << (t % 32)
+    return int32(words)
+
+
+class MaskTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.fake = types.SimpleNamespace(counting=torch.arange(4096, dtype=torch.int32))
+
+    def test_a_masked_row_samples_what_go_samples_from_the_masked_logits(self) -> None:
+        # Masks with one token allowed, a few, most; vocabularies across
+        # word boundaries (31, 32, 33, 65 tokens); bit 31 of a word (the
+        # int32's sign) among them; greedy, cut and uncut draws.
+        rng = random.Random(48)
+        for case in range(1500):
+            V = rng.choice([2, 31, 32, 33, 65, 100])
+            share = rng.choice([1 / V, 0.1, 0.5, 0.95])
+            allowed = [rng.random() < share for _ in range(V)]
+            allowed[rng.randrange(V)] = True
+            if V > 31 and case % 5 == 0:
+                allowed[31] = True
+            logits = [_f32(rng.gauss(0, 2)) for _ in range(V)]
+            temp, top_p, top_k = rng.choice([0.0, 0.7, 1.0]), rng.choice([1.0, 0.9]), rng.choice([0, 3, V])
+            seed, pos = rng.getrandbits(64), rng.randint(0, 5000)
+            with torch.inference_mode():
+                got = decoder.Decoder.masked(self.fake, torch.tensor([logits]), mask_row(allowed).unsqueeze(0),
+                                             torch.tensor([1], dtype=torch.int32))
+            want = [v if ok else float("-inf") for v, ok in zip(logits, allowed)]
+            self.assertEqual(want, got[0].tolist())
+            args = (temp, top_p, top_k, seed, pos)
+            self.assertEqual(go_draw(want, *args), graph_draw(want, *args), (allowed, logits, args))
+
+    def test_an_unflagged_row_is_not_masked(self) -> None:
+        logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+        words = torch.stack((mask_row([True, False, False]), mask_row([True, False, False])))
+        with torch.inference_mode():
+            got = decoder.Decoder.masked(self.fake, logits, words, torch.tensor([0, 1], dtype=torch.int32))
+        self.assertEqual([[1.0, 2.0, 3.0], [1.0, float("-inf"), float("-inf")]], got.tolist())
 
 
 if __name__ == "__main__":

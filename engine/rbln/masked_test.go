@@ -1,0 +1,130 @@
+package rbln
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/generation"
+)
+
+// Structured output on the worker: a constrained sequence samples in a
+// decode bucket's masked twin, its token mask a section of the step's one
+// input row, applied to the logits in the graph before the draw. Greedy
+// and seeded tokens under the mask are the CPU engine's (the same
+// sampler), every one allowed; an unconstrained sequence batched beside
+// constrained ones runs as it does alone; every step is one copy each
+// way, explained clean; and steps without a constrained row never take a
+// masked bucket.
+func TestWorkerDecoderSamplesUnderAMask(t *testing.T) {
+	requireTorch(t)
+	d, m, log := workerDecoder(t, "buckets:\n  batch: [1, 2, 4]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 160\n  max_num_seqs: 4\n  max_batch_tokens: 48\n  block_size: 8\n  kv_cache_blocks: 60\n")
+	var masked []string
+	for _, s := range d.Shapes() {
+		if s.Mask {
+			masked = append(masked, s.Label())
+		}
+	}
+	assert.Equal(t, []string{"b1xs1xc64m", "b1xs1xc160m", "b2xs1xc64m", "b2xs1xc160m", "b4xs1xc64m", "b4xs1xc160m"}, masked)
+	cpu, err := cpufallback.Engine{}.LoadDecoder(context.Background(), m)
+	require.NoError(t, err)
+	t.Cleanup(func() { cpu.Close() })
+	loops := []*generation.Loop{enginetest.StartLoop(t, cpu, m), enginetest.StartLoop(t, d, m)}
+
+	const n = 20
+	vocab := m.Decoder.Config.Vocab
+	prompts := enginetest.Prompts(1, 9, 33, 50)
+	strides := func(i int) generation.Constraint {
+		if i == 3 {
+			return nil // beside the constrained ones, free
+		}
+		return &enginetest.Stride{Vocab: vocab, Every: 5 + 2*i, Offset: 31 * i}
+	}
+	sampling := make([]generation.Sampling, len(prompts))
+	for i := range sampling {
+		sampling[i] = generation.Sampling{Temperature: 0.9, TopK: 30 * (i % 2), TopP: 0.95, Seed: uint64(40 + i), Logprobs: -1}
+	}
+	var got [2][2][][]int32 // engine, greedy or seeded
+	for e, loop := range loops {
+		got[e][0] = enginetest.GenerateUnder(t, loop, prompts, n, nil, strides)
+		got[e][1] = enginetest.GenerateUnder(t, loop, prompts, n, sampling, strides)
+	}
+	assert.Equal(t, got[0][0], got[1][0], "greedy under masks: CPU engine and worker")
+	assert.Equal(t, got[0][1], got[1][1], "seeded under masks: CPU engine and worker")
+	for mode := range 2 {
+		for i, out := range got[1][mode][:3] {
+			require.Len(t, out, n)
+			c := strides(i).(*enginetest.Stride)
+			for k, tok := range out {
+				assert.True(t, c.Allows(k, tok), "prompt %d token %d: %d is not allowed", i, k, tok)
+			}
+		}
+	}
+	// The free sequence is what it is alone, and not what the masks
+	// would have made it.
+	alone := enginetest.Generate(t, loops[1], prompts[3:], n, nil)
+	assert.Equal(t, alone[0], got[1][0][3], "an unconstrained sequence beside constrained ones")
+
+	log.mu.Lock()
+	var usedMasked []string
+	for i, b := range log.buckets {
+		x := log.steps[i]
+		assert.True(t, x.Clean && x.H2D == 1 && x.D2H == 1, "bucket %s: %+v", d.p.shapes[b].Label(), x)
+		if s := d.p.shapes[b]; s.Mask && !slices.Contains(usedMasked, s.Label()) {
+			usedMasked = append(usedMasked, s.Label())
+		}
+	}
+	log.buckets, log.steps, log.rows = log.buckets[:0], log.steps[:0], log.rows[:0]
+	log.mu.Unlock()
+	assert.NotEmpty(t, usedMasked, "no step took a masked bucket")
+
+	// Without constraints, no masked bucket runs.
+	enginetest.Generate(t, loops[1], prompts, 8, nil)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, b := range log.buckets {
+		assert.False(t, d.p.shapes[b].Mask, "an unconstrained step in %s", d.p.shapes[b].Label())
+	}
+	// The masked twins are programs of their own, reported as decodes.
+	reports := d.Programs(context.Background())
+	require.Len(t, reports, len(d.p.shapes))
+	for _, r := range reports {
+		if strings.HasSuffix(r.Bucket, "m") {
+			assert.Equal(t, "decode", r.Kind, r.Bucket)
+		}
+	}
+}
+
+// generation.structured_output false compiles no masked twin: the
+// decoder has its decode and prefill buckets only, and refuses a
+// constrained sequence's step naming the key.
+func TestNoMaskedBucketsWithoutStructuredOutput(t *testing.T) {
+	requireTorch(t)
+	d, m, _ := workerDecoder(t, "buckets:\n  batch: [1, 2]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 96\n  max_num_seqs: 2\n  max_batch_tokens: 32\n  structured_output: false\n")
+	for _, s := range d.Shapes() {
+		assert.False(t, s.Mask, s.Label())
+	}
+	require.Len(t, d.Shapes(), 2*2+2)
+	loop := enginetest.StartLoop(t, d, m)
+	st, err := loop.Generate(context.Background(), generation.Request{Prompt: []int32{1, 2, 3}, MaxTokens: 4,
+		Sampling: generation.Sampling{Logprobs: -1}, Constraint: &enginetest.Stride{Vocab: m.Decoder.Config.Vocab, Every: 3}})
+	require.NoError(t, err)
+	var last error
+	for {
+		ev, ok := st.Next(context.Background())
+		if !ok {
+			break
+		}
+		if ev.Err != nil {
+			last = ev.Err
+		}
+	}
+	require.Error(t, last)
+	assert.Contains(t, last.Error(), "generation.structured_output is false")
+}
