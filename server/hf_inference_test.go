@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -76,4 +77,46 @@ func TestHFInferenceJSClient(t *testing.T) {
 	assert.Equal(t, 400, out.Error.Status)
 	assert.Equal(t, "Empty", out.Error.Body.ErrorType)
 	assert.Contains(t, out.Error.Message, "inputs is empty")
+}
+
+// The same client's text generation at a stepserve endpoint serving a
+// language model: textGeneration and textGenerationStream, as a TGI
+// endpoint's user calls them (this client posts them to /v1/completions
+// with the endpoint's URL as the model and TGI's parameters beside the
+// prompt: the URL names the only language model, and TGI's keys are
+// read), the greedy text the completions API writes, and a refusal.
+func TestHFInferenceJSTextGeneration(t *testing.T) {
+	f := newGenFixture(t, "")
+	b := nodeScript(t, "hf-inference", "@huggingface/inference", "generate.mjs", f.srv.URL)
+	var out struct {
+		Text struct {
+			GeneratedText string `json:"generated_text"`
+		} `json:"text"`
+		Chunks []struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		} `json:"chunks"`
+		Error struct {
+			Name    string `json:"name"`
+			Status  int    `json:"status"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	st, body := f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "the cat sat on", "max_tokens": 12, "temperature": 0})
+	require.Equal(t, 200, st, string(body))
+	var c completion
+	require.NoError(t, json.Unmarshal(body, &c))
+	assert.Equal(t, c.Choices[0].Text, out.Text.GeneratedText)
+	var streamed strings.Builder
+	for _, ch := range out.Chunks {
+		for _, choice := range ch.Choices {
+			streamed.WriteString(choice.Text)
+		}
+	}
+	assert.Equal(t, c.Choices[0].Text, streamed.String())
+	assert.Equal(t, "ProviderApiError", out.Error.Name)
+	assert.Equal(t, 400, out.Error.Status)
+	assert.Contains(t, out.Error.Message, "max_tokens")
 }

@@ -134,6 +134,21 @@ func teiWire(st int) int {
 	return st
 }
 
+// tgiWire is TGI's statuses for the lifecycle's (tgi.writeError): a
+// busy server is 429 overloaded, a failed generation 424, a request
+// refused as invalid 422.
+func tgiWire(st int) int {
+	switch st {
+	case http.StatusServiceUnavailable:
+		return http.StatusTooManyRequests
+	case http.StatusInternalServerError:
+		return http.StatusFailedDependency
+	case http.StatusBadRequest:
+		return http.StatusUnprocessableEntity
+	}
+	return st
+}
+
 // lcDoor is one door's adapter: how it sends a request, and what it
 // serves it on.
 type lcDoor struct {
@@ -306,6 +321,15 @@ func lifecycleDoors() []lcDoor {
 			send: func(r *lcRequest) int {
 				return r.post("/v1/messages", fmt.Sprintf(
 					`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":%q}],"temperature":0}`, r.model, lcTokens, lcPrompt))
+			},
+		},
+		{
+			name: "TGI generate", protocol: "tgi", model: "tiny-llama", generative: true, wire: tgiWire,
+			without:    map[lcKind]string{lcDeadline: noTimeout("TGI's generate")},
+			budgetRoom: 2 << 10,
+			send: func(r *lcRequest) int {
+				return r.post("/generate", fmt.Sprintf(
+					`{"model":%q,"inputs":%q,"parameters":{"max_new_tokens":%d}}`, r.model, lcPrompt, lcTokens))
 			},
 		},
 		{

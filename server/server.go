@@ -18,6 +18,8 @@
 //	server/openai   OpenAI's API: completions, chat, embeddings, models
 //	server/tei      Hugging Face text-embeddings-inference's API
 //	server/anthropic Anthropic's Messages API
+//	server/tgi      Hugging Face text-generation-inference's API (its
+//	                POST / and GET /info through TEI's, which share them)
 //
 // Every door runs a request's life through one type, core.Call
 // (server/core/call.go): admission against the in-flight budget, model
@@ -88,6 +90,7 @@ import (
 	"github.com/stepserve/stepserve/server/oip"
 	"github.com/stepserve/stepserve/server/openai"
 	"github.com/stepserve/stepserve/server/tei"
+	"github.com/stepserve/stepserve/server/tgi"
 )
 
 // Options configure a [Server].
@@ -139,7 +142,9 @@ func New(opts Options) (*Server, error) {
 		r.Use(core.CompressResponses)
 		openai.New(c).Routes(r)
 		anthropic.New(c).Routes(r)
-		tei.New(c).Routes(r)
+		generation := tgi.New(c)
+		generation.Routes(r)
+		tei.New(c, generation).Routes(r)
 	})
 	if opts.Gatherer != nil && !opts.MetricsElsewhere {
 		r.Handle("/metrics", s.metricsHandler())

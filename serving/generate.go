@@ -66,7 +66,14 @@ type GenerateRequest struct {
 	// such tokens before it are generated, and left out of the text as
 	// special tokens are.
 	MinTokens int
-	Priority  int // lower runs first
+	// RepetitionPenalty (vLLM's and TGI's; 1 is none), FrequencyPenalty
+	// and PresencePenalty (OpenAI's; 0 is none) discourage the tokens a
+	// sequence has seen; nil is none.
+	RepetitionPenalty, FrequencyPenalty, PresencePenalty *float64
+	// Truncate keeps the prompt's last Truncate tokens (TGI's truncate);
+	// 0 keeps them all.
+	Truncate int
+	Priority int // lower runs first
 	// Constraint, when set, is the structured output the generation must
 	// match (constrain.go).
 	Constraint *Constraint
@@ -77,6 +84,7 @@ type TokenInfo struct {
 	ID      int32
 	Text    string // the token decoded on its own
 	Bytes   []byte // its raw bytes (part of a character, for some)
+	Special bool   // a special token of the tokenizer's (its text is left out of the output)
 	Logprob float32
 	Top     []TopToken
 }
@@ -231,6 +239,19 @@ func (m *Model) ChatTemplateRefused() string {
 	return m.gen.chat.Refused()
 }
 
+// EndToken is the model's first end-of-sequence token, for the APIs
+// that name the token a generation ended on (its log-probability is not
+// known: NaN); false for a model with none.
+func (m *Model) EndToken() (TokenInfo, bool) {
+	if m.gen == nil || len(m.gen.eos) == 0 {
+		return TokenInfo{}, false
+	}
+	id := int64(m.gen.eos[0])
+	tok := m.gen.tok.Tokenizers()
+	return TokenInfo{ID: int32(id), Text: tok.Decode([]int64{id}, false), Bytes: tok.TokenBytes(id), Special: tok.Special(id),
+		Logprob: float32(math.NaN())}, true
+}
+
 // GenerationOptions are a language model's generation bounds.
 func (m *Model) GenerationOptions() models.GenerationOptions {
 	if m.gen == nil {
@@ -274,6 +295,12 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	prompt, err := g.prompt(ctx, r)
 	if err != nil {
 		return nil, err
+	}
+	switch {
+	case r.Truncate < 0:
+		return nil, badGenerate("truncate %d; want 0 (keep the whole prompt) or the prompt tokens to keep", r.Truncate)
+	case r.Truncate > 0 && len(prompt) > r.Truncate:
+		prompt = prompt[len(prompt)-r.Truncate:]
 	}
 	most := g.opts.MaxModelLen
 	room := most - len(prompt)
@@ -367,6 +394,15 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 		return s, badGenerate("top_k %d; want -1 or 0 (every token) or a positive count", topK)
 	case r.Logprobs < -1 || r.Logprobs > MaxLogprobs:
 		return s, badGenerate("top_logprobs %d; want 0 to %d", r.Logprobs, MaxLogprobs)
+	}
+	for _, p := range []struct {
+		name    string
+		v       *float64
+		neutral float64
+	}{{"repetition_penalty", r.RepetitionPenalty, 1}, {"frequency_penalty", r.FrequencyPenalty, 0}, {"presence_penalty", r.PresencePenalty, 0}} {
+		if p.v != nil && *p.v != p.neutral {
+			return s, badGenerate("%s %g: penalties are not applied by this server yet; leave it out (or %g)", p.name, *p.v, p.neutral)
+		}
 	}
 	s.Temperature, s.TopP, s.TopK = float32(temp), float32(topP), max(topK, 0)
 	if s.TopP == 0 { // a top_p below float32's least: the most likely token

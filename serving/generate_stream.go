@@ -160,7 +160,8 @@ func (s *TextStream) holdBack() int {
 
 func (s *TextStream) info(ev generation.Event) TokenInfo {
 	tok := s.g.tok.Tokenizers()
-	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Bytes: tok.TokenBytes(int64(ev.Token)), Logprob: finiteLogprob(ev.Logprob)}
+	ti := TokenInfo{ID: ev.Token, Text: tok.Decode([]int64{int64(ev.Token)}, false), Bytes: tok.TokenBytes(int64(ev.Token)),
+		Special: tok.Special(int64(ev.Token)), Logprob: finiteLogprob(ev.Logprob)}
 	for _, t := range ev.Top {
 		ti.Top = append(ti.Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Bytes: tok.TokenBytes(int64(t.Token)),
 			Logprob: finiteLogprob(t.Logprob)})

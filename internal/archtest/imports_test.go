@@ -32,7 +32,7 @@ var layers = [][]string{
 	{"server/wire"},                  // OIP's tensors, checked and bounded
 	{"server/core"},                  // the request lifecycle and what every door shares
 	{"server/triton", "server/text"}, // Triton's configuration; what the text doors share
-	{"server/oip", "server/grpcapi", "server/openai", "server/anthropic", "server/tei", "server/admin"}, // the doors
+	{"server/oip", "server/grpcapi", "server/openai", "server/anthropic", "server/tei", "server/tgi", "server/admin"}, // the doors
 	{"server"},
 	{"cmd/...", "bench/..."},
 }
@@ -40,7 +40,7 @@ var layers = [][]string{
 // doors may import none of each other, and, with the core they share,
 // none of below: they reach the models through serving.
 var (
-	doors      = []string{"server/oip", "server/grpcapi", "server/openai", "server/anthropic", "server/tei", "server/admin"}
+	doors      = []string{"server/oip", "server/grpcapi", "server/openai", "server/anthropic", "server/tei", "server/tgi", "server/admin"}
 	doorShared = []string{"server/apierr", "server/shm", "server/wire", "server/core", "server/text", "server/triton"}
 	pastDoors  = []string{"engine", "engine/...", "batching", "generation", "steps"}
 )

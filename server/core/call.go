@@ -91,6 +91,17 @@ func (c *Core) BeginHTTP(w http.ResponseWriter, r *http.Request, protocol int, w
 	return k
 }
 
+// Relabel counts the call under protocol, answering refusals with
+// writeError, from now on: for a route that learns which API a request
+// speaks from its body (POST /, which TEI and TGI share), before it runs
+// anything.
+func (k *Call) Relabel(protocol int, writeError func(w http.ResponseWriter, status int, err error)) {
+	if protocol != ProtocolHTTP && protocol != ProtocolGRPC {
+		k.c.served[protocol].Do(func() { k.c.Metrics.Serve(protocol) })
+	}
+	k.protocol, k.writeHTTP = protocol, writeError
+}
+
 // Context is the request's context: its client's, cancelled when the
 // client leaves or its deadline passes.
 func (k *Call) Context() context.Context { return k.ctx }

@@ -19,9 +19,10 @@ const (
 	ProtocolOpenAI    // OpenAI's API (server/openai)
 	ProtocolTEI       // TEI's API (server/tei)
 	ProtocolAnthropic // Anthropic's Messages API (server/anthropic)
+	ProtocolTGI       // Hugging Face text-generation-inference's API (server/tgi)
 )
 
-var ProtocolLabels = [...]string{"http", "grpc", "openai", "tei", "anthropic"}
+var ProtocolLabels = [...]string{"http", "grpc", "openai", "tei", "anthropic", "tgi"}
 
 type Metrics struct {
 	Requests *prometheus.CounterVec
@@ -49,11 +50,11 @@ func NewMetrics(reg prometheus.Registerer, b *Budget) (*Metrics, error) {
 		models: map[string]*modelMetrics{},
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepserve_requests_total",
-			Help: "Inference requests answered, by model, outcome and protocol (http, grpc, openai, tei, anthropic).",
+			Help: "Inference requests answered, by model, outcome and protocol (http, grpc, openai, tei, anthropic, tgi).",
 		}, []string{"model", "outcome", "protocol"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepserve_request_duration_seconds",
-			Help:    "Time from receiving an inference request to answering it, by model and protocol (http, grpc, openai, tei, anthropic).",
+			Help:    "Time from receiving an inference request to answering it, by model and protocol (http, grpc, openai, tei, anthropic, tgi).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"model", "protocol"}),
 	}

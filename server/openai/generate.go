@@ -75,6 +75,41 @@ type completionRequest struct {
 	Echo     bool            `json:"echo"`
 	BestOf   *int            `json:"best_of"`
 	Suffix   *string         `json:"suffix"`
+	tgiKeys
+}
+
+// tgiKeys are text-generation-inference's parameters, which Hugging
+// Face's JS client (@huggingface/inference's textGeneration at an
+// endpoint) sends to the endpoint's /v1/completions beside the prompt,
+// read with TGI's meaning where the completions API has one.
+type tgiKeys struct {
+	DoSample            *bool `json:"do_sample"`        // false: greedy, unless a temperature is given
+	ReturnFullText      *bool `json:"return_full_text"` // true: the prompt first, as echo
+	Truncate            *int  `json:"truncate"`         // the prompt's last tokens kept
+	TopNTokens          *int  `json:"top_n_tokens"`     // logprobs, unless given
+	Details             *bool `json:"details"`
+	DecoderInputDetails *bool `json:"decoder_input_details"`
+	Watermark           *bool `json:"watermark"`
+}
+
+// apply reads k into gr, checked.
+func (k *tgiKeys) apply(gr *serving.GenerateRequest, temperatureGiven bool) error {
+	for _, f := range []struct {
+		name string
+		v    *bool
+	}{{"details", k.Details}, {"decoder_input_details", k.DecoderInputDetails}, {"watermark", k.Watermark}} {
+		if f.v != nil && *f.v {
+			return text.WithParam(f.name, apierr.BadRequest(f.name+" (text-generation-inference's) is not answered by the completions API; POST /generate answers TGI's shape with details"))
+		}
+	}
+	if k.DoSample != nil && !*k.DoSample && !temperatureGiven {
+		greedy := 0.0
+		gr.Temperature = &greedy
+	}
+	if k.Truncate != nil {
+		gr.Truncate = *k.Truncate
+	}
+	return nil
 }
 
 type chatRequest struct {
@@ -217,6 +252,12 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return t.Fail(text.WithParam("prompt", err))
 		}
+		if req.ReturnFullText != nil && *req.ReturnFullText {
+			req.Echo = true
+		}
+		if req.TopNTokens != nil && req.Logprobs == nil {
+			req.Logprobs = req.TopNTokens
+		}
 		switch {
 		case req.Echo:
 			return t.Fail(text.WithParam("echo", apierr.BadRequest("echo is not supported; leave it out or false")))
@@ -229,6 +270,9 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		gr, err := req.generateRequest(req.MaxTokens)
 		if err != nil {
+			return t.Fail(err)
+		}
+		if err := req.tgiKeys.apply(gr, req.Temperature != nil); err != nil {
 			return t.Fail(err)
 		}
 		gr.Prompt, gr.PromptIDs = prompt, ids

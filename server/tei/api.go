@@ -13,13 +13,27 @@ import (
 
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
+	"github.com/stepserve/stepserve/serving"
 )
 
 // API is TEI's door over the core it is built on.
-type API struct{ c *core.Core }
+type API struct {
+	c   *core.Core
+	gen Generative
+}
 
-// New builds TEI's door over c.
-func New(c *core.Core) *API { return &API{c: c} }
+// Generative answers TEI's shared routes for a language model: Hugging
+// Face's text-generation-inference (server/tgi) shares POST / and GET
+// /info with TEI, so the model the request names (or the only one)
+// decides which API answers.
+type Generative interface {
+	Root(t *text.Request, body []byte) int
+	Info(w http.ResponseWriter, m *serving.Model)
+}
+
+// New builds TEI's door over c; gen, when not nil, answers POST / and
+// GET /info for language models.
+func New(c *core.Core, gen Generative) *API { return &API{c: c, gen: gen} }
 
 var teiAPI = text.Protocol{Label: core.ProtocolTEI, WriteError: writeTEIError}
 

@@ -3,6 +3,7 @@ package tei
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 
 	"github.com/stepserve/stepserve/server/text"
 )
@@ -20,25 +21,36 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 	// body again (the name is at most that); the endpoint it goes to
 	// decodes the body, and answers one that does not decode.
 	var peek struct {
-		Model  string      `json:"model"`
-		Inputs objectProbe `json:"inputs"`
+		Model      string          `json:"model"`
+		Inputs     objectProbe     `json:"inputs"`
+		Parameters json.RawMessage `json:"parameters"`
+		Stream     json.RawMessage `json:"stream"`
 	}
 	if err := t.Take(int64(len(body)), "decoding the request"); err != nil {
 		return t.Fail(err)
 	}
 	_ = json.Unmarshal(body, &peek)
 	kinds := []text.Kind{text.KindEmbedding, text.KindClassifier, text.KindReranker}
-	if peek.Inputs.object {
+	switch {
+	case peek.Inputs.object:
 		// Sentence similarity: only an embedding model answers it, so
 		// without a name it goes to the only one (a client such as
 		// @huggingface/inference's sentenceSimilarity names none).
 		kinds = kinds[:1]
+	case s.gen != nil && (peek.Parameters != nil || peek.Stream != nil):
+		// TGI's body (inputs with parameters, or stream): a language
+		// model's, the only one unless it names one.
+		kinds = []text.Kind{text.KindGenerative}
+	default:
+		kinds = s.withGenerative(peek.Model, t.R, kinds)
 	}
 	tm, err := t.Choose(peek.Model, "POST "+t.R.URL.Path, kinds...)
 	if err != nil {
 		return t.Fail(err)
 	}
 	switch tm.Kind {
+	case text.KindGenerative:
+		return s.gen.Root(t, body)
 	case text.KindReranker:
 		return s.teiRerank(t, body)
 	case text.KindClassifier:
@@ -48,6 +60,24 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 		return s.teiSimilarity(t, body)
 	}
 	return s.teiEmbed(t, body)
+}
+
+// withGenerative is kinds, with language models where TGI's door is
+// mounted and the request names its model (named, or ?model=) or no
+// model of kinds is served: without a name, TEI's models answer first.
+func (s *API) withGenerative(named string, r *http.Request, kinds []text.Kind) []text.Kind {
+	if s.gen == nil {
+		return kinds
+	}
+	if named != "" || r.URL.Query().Get("model") != "" {
+		return append(kinds, text.KindGenerative)
+	}
+	for _, m := range s.c.Opts.Models.Models() {
+		if text.SigOf(m.Model()).Kind.Serves(kinds) {
+			return kinds
+		}
+	}
+	return []text.Kind{text.KindGenerative}
 }
 
 // objectProbe records whether a JSON value is an object, decoding

@@ -11,9 +11,14 @@ import (
 // teiInfo answers GET /info: TEI's description of the model, as far as it
 // applies.
 func (s *API) teiInfo(w http.ResponseWriter, r *http.Request) {
-	sm, tm, err := text.Choose(s.c, r, nil, "", "/info", text.KindEmbedding, text.KindClassifier, text.KindReranker)
+	kinds := s.withGenerative("", r, []text.Kind{text.KindEmbedding, text.KindClassifier, text.KindReranker})
+	sm, tm, err := text.Choose(s.c, r, nil, "", "/info", kinds...)
 	if err != nil && (sm == nil || tm.Kind == text.KindNone) {
 		writeTEIError(w, core.StatusOf(err), err)
+		return
+	}
+	if tm.Kind == text.KindGenerative {
+		s.gen.Info(w, sm) // TGI's answer
 		return
 	}
 	m := sm.Model()

@@ -39,6 +39,12 @@ func (t *Request) FindGenerative(name, version string) error {
 	if name == "" {
 		return WithParam("model", apierr.BadRequest("model is required: the name of a language model served here (GET /v1/models lists them)"))
 	}
+	if strings.HasPrefix(name, "http://") || strings.HasPrefix(name, "https://") {
+		// Hugging Face's JS client names the endpoint's URL: the only
+		// language model served here, or a refusal listing them.
+		_, err := t.Choose("", "a model named by the endpoint's URL", KindGenerative)
+		return WithParam("model", err)
+	}
 	m, err := t.Find(name, version)
 	if err != nil {
 		return WithParam("model", err)

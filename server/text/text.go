@@ -40,6 +40,7 @@ const (
 	KindEmbedding       // output embedding: /v1/embeddings, /embed
 	KindClassifier      // output logits: /predict
 	KindReranker        // output logits of 1 label, with a text_pair input: /rerank (and /predict)
+	KindGenerative      // a language model: /v1/completions, TGI's /generate (and POST /, GET /info)
 )
 
 func (k Kind) String() string {
@@ -50,6 +51,8 @@ func (k Kind) String() string {
 		return "classification (/predict)"
 	case KindReranker:
 		return "reranking (/rerank, /predict)"
+	case KindGenerative:
+		return "text generation (/v1/completions, /v1/chat/completions, /generate)"
 	}
 	return "no text API (it takes no text input)"
 }
@@ -64,10 +67,14 @@ type Sig struct {
 }
 
 // SigOf reads what m serves: a model with a text BYTES [-1] input
-// and an embedding or logits FP32 [-1, n] output.
+// and an embedding or logits FP32 [-1, n] output, or a language model.
 func SigOf(m *models.Model) Sig {
 	cfg := m.Config
 	tm := Sig{Text: -1, Pair: -1, Output: -1}
+	if m.Decoder != nil {
+		tm.Kind = KindGenerative
+		return tm
+	}
 	for i, in := range cfg.Inputs {
 		if in.Datatype != models.BYTES || !slices.Equal(in.Shape, []int{-1}) {
 			continue
