@@ -34,6 +34,9 @@ type Sampling struct {
 	// Logprobs asks for the sampled token's log-probability (0), and the
 	// Logprobs most likely tokens' too (above 0); -1 for none.
 	Logprobs int
+	// Penalties change the logits from the tokens the sequence has seen
+	// before the draw (penalty.go); the zero value is none.
+	Penalties Penalties
 }
 
 // TopLogprob is one of the most likely tokens at a position.
@@ -187,6 +190,9 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling,
 		Constraint: r.Constraint}
+	if wp, ok := l.model.(WholePrompter); ok && r.Sampling.Penalties.Active() && wp.CountsTokens() {
+		q.whole = true
+	}
 	st := newStream()
 	st.onEnd = r.Ended
 	reply := make(chan error, 1)

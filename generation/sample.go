@@ -20,6 +20,11 @@ type Sampler struct {
 	idx    []int32
 	probs  []float32
 	masked []float32 // the logits under a mask
+	// Penalize's scratch: the output's counts and the tokens seen, by
+	// token, and which it set.
+	counts  []int32
+	seen    []bool
+	touched []int32
 }
 
 // NewSampler is a sampler for a vocabulary of vocab tokens.

@@ -57,6 +57,8 @@ type Sequence struct {
 	Finish FinishReason // why it ended, once it has
 
 	arrival   uint64
+	lane      int      // its place among the running, plus one; 0 while it waits
+	whole     bool     // it computes its whole prompt, sharing no cached block
 	mask      []uint32 // Constraint's mask for the step being run
 	err       error    // why the loop ends it with an error (a broken constraint)
 	table     []int32  // its KV cache blocks, in token order
@@ -65,6 +67,13 @@ type Sequence struct {
 	running   bool
 	cancelled bool
 }
+
+// Lane is the sequence's place among the running sequences, from 0 to
+// max_num_seqs-1, its own while it runs (an engine keeps per-sequence
+// state on its device by it: penalty.go); -1 while it waits. A sequence
+// preempted and run again may have another, and computes from its first
+// token again.
+func (q *Sequence) Lane() int { return q.lane - 1 }
 
 // Len is the sequence's length: prompt and output.
 func (q *Sequence) Len() int { return len(q.Prompt) + len(q.Output) }
@@ -148,6 +157,7 @@ type Scheduler struct {
 	pool    *BlockPool
 	waiting []*Sequence // by priority, then arrival
 	running []*Sequence // in the order they were admitted
+	lanes   []bool      // the lanes in use (Sequence.Lane)
 	next    uint64
 }
 
@@ -164,7 +174,21 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.PrefixCaching {
 		pool.enableCaching()
 	}
-	return &Scheduler{opts: opts, pool: pool}, nil
+	return &Scheduler{opts: opts, pool: pool, lanes: make([]bool, opts.MaxNumSeqs)}, nil
+}
+
+// takeLane gives q a free lane: one is free while fewer than max_num_seqs
+// run.
+func (s *Scheduler) takeLane(q *Sequence) {
+	i := slices.Index(s.lanes, false)
+	s.lanes[i], q.lane = true, i+1
+}
+
+// freeLane gives q's lane back.
+func (s *Scheduler) freeLane(q *Sequence) {
+	if q.lane > 0 {
+		s.lanes[q.lane-1], q.lane = false, 0
+	}
 }
 
 // Pool is the scheduler's KV cache blocks.
@@ -271,7 +295,7 @@ func (s *Scheduler) schedule(step *Step) {
 			break // not back in the step it was sent out of
 		}
 		shared := 0
-		if q.computed == 0 && len(q.table) == 0 {
+		if q.computed == 0 && len(q.table) == 0 && !q.whole {
 			shared = s.pool.share(q)
 			q.computed = shared
 		}
@@ -286,6 +310,7 @@ func (s *Scheduler) schedule(step *Step) {
 		step.CachedTokens += shared
 		s.waiting = s.waiting[1:]
 		q.running = true
+		s.takeLane(q)
 		s.running = append(s.running, q)
 	}
 }
@@ -309,6 +334,7 @@ func (s *Scheduler) prefill(q *Sequence, budget *int, step *Step) bool {
 func (s *Scheduler) preempt(q *Sequence, step *Step) {
 	s.pool.release(q.table)
 	q.table, q.hashes, q.computed, q.running = q.table[:0], q.hashes[:0], 0, false
+	s.freeLane(q)
 	s.running = slices.DeleteFunc(s.running, func(r *Sequence) bool { return r == q })
 	s.enqueue(q)
 	step.Preempted = append(step.Preempted, q)
@@ -329,6 +355,7 @@ func (s *Scheduler) dropCancelled(step *Step) {
 }
 
 func (s *Scheduler) finish(q *Sequence, why FinishReason) {
+	s.freeLane(q)
 	s.pool.release(q.table)
 	q.table, q.hashes, q.running, q.Finish = nil, nil, false, why
 }

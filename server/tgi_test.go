@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -246,4 +247,80 @@ func TestTGIRoutes(t *testing.T) {
 	}
 	assert.Positive(t, testutil.ToFloat64(f.s.c.Metrics.Requests.WithLabelValues("tiny-llama", "success", "tgi")))
 	assert.Positive(t, testutil.ToFloat64(f.s.c.Metrics.Requests.WithLabelValues("tiny-llama", "invalid", "tgi")))
+}
+
+// Penalties, logit_bias and stop_token_ids on OpenAI's completions (and
+// TGI's repetition_penalty): each changes the greedy text as it says,
+// and out-of-range values are refused naming the field.
+func TestGenerationPenaltiesAndBias(t *testing.T) {
+	f := newGenFixture(t, "")
+	text := func(extra map[string]any) (string, []int32) {
+		body := map[string]any{"model": "tiny-llama", "prompt": "the cat sat on the mat and the cat", "max_tokens": 24, "temperature": 0,
+			"ignore_eos": true, "logprobs": 0, "return_tokens_as_token_ids": true}
+		for k, v := range extra {
+			body[k] = v
+		}
+		st, b := f.post(t, "/v1/completions", body)
+		require.Equal(t, 200, st, string(b))
+		var c struct {
+			Choices []struct {
+				Text     string `json:"text"`
+				Logprobs struct {
+					Tokens []string `json:"tokens"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal(b, &c))
+		var ids []int32
+		for _, tk := range c.Choices[0].Logprobs.Tokens {
+			var id int32
+			_, err := fmt.Sscanf(tk, "token_id:%d", &id)
+			require.NoError(t, err, tk)
+			ids = append(ids, id)
+		}
+		return c.Choices[0].Text, ids
+	}
+	plain, plainIDs := text(nil)
+	distinct := func(ids []int32) int {
+		m := map[int32]bool{}
+		for _, id := range ids {
+			m[id] = true
+		}
+		return len(m)
+	}
+	freq, freqIDs := text(map[string]any{"frequency_penalty": 2.0})
+	assert.NotEqual(t, plain, freq)
+	assert.GreaterOrEqual(t, distinct(freqIDs), distinct(plainIDs), "a frequency penalty repeats no more")
+	pres, _ := text(map[string]any{"presence_penalty": 2.0})
+	assert.NotEqual(t, plain, pres)
+	rep, _ := text(map[string]any{"repetition_penalty": 2.0})
+	assert.NotEqual(t, plain, rep)
+
+	// logit_bias: +100 on one token makes every greedy token it; -100
+	// on the plain text's first token keeps it out.
+	_, forced := text(map[string]any{"logit_bias": map[string]any{"42": 100}})
+	for _, id := range forced {
+		assert.Equal(t, int32(42), id)
+	}
+	_, banned := text(map[string]any{"logit_bias": map[string]any{fmt.Sprint(plainIDs[0]): -100}})
+	assert.NotContains(t, banned, plainIDs[0])
+
+	// stop_token_ids: the plain text's fifth token ends it, left out.
+	_, stopped := text(map[string]any{"stop_token_ids": []int32{plainIDs[4]}})
+	assert.Equal(t, plainIDs[:4], stopped)
+
+	// TGI's repetition_penalty is the same penalty.
+	g := f.tgi(t, map[string]any{"inputs": "the cat sat on the mat and the cat", "parameters": map[string]any{"max_new_tokens": 24, "repetition_penalty": 2.0}})
+	assert.NotEqual(t, g.GeneratedText, f.tgi(t, map[string]any{"inputs": "the cat sat on the mat and the cat", "parameters": map[string]any{"max_new_tokens": 24}}).GeneratedText)
+
+	for field, v := range map[string]any{"frequency_penalty": 3.0, "presence_penalty": -2.5, "repetition_penalty": 0.0,
+		"logit_bias": map[string]any{"1": 101}, "stop_token_ids": []int{1 << 30}} {
+		st, b := f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "x", field: v})
+		assert.Equal(t, 400, st, "%s: %s", field, b)
+		var e openaiErrorResponse
+		require.NoError(t, json.Unmarshal(b, &e))
+		if assert.NotNil(t, e.Error.Param, field) {
+			assert.Equal(t, field, *e.Error.Param, string(b))
+		}
+	}
 }

@@ -1,11 +1,13 @@
 package serving
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,6 +72,12 @@ type GenerateRequest struct {
 	// and PresencePenalty (OpenAI's; 0 is none) discourage the tokens a
 	// sequence has seen; nil is none.
 	RepetitionPenalty, FrequencyPenalty, PresencePenalty *float64
+	// LogitBias is added to its tokens' logits (OpenAI's logit_bias:
+	// -100 to 100, at most generation.MaxLogitBias tokens).
+	LogitBias map[int32]float64
+	// StopTokenIDs end the generation as an end-of-sequence token does
+	// (vLLM's stop_token_ids), not part of the output.
+	StopTokenIDs []int32
 	// Truncate keeps the prompt's last Truncate tokens (TGI's truncate);
 	// 0 keeps them all.
 	Truncate int
@@ -284,6 +292,9 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if err != nil {
 		return nil, err
 	}
+	if sampling.Penalties.Active() && !g.opts.Structured() && m.engine != "cpu" {
+		return nil, badGenerate("penalties and logit_bias run in the masked decode steps on the %s engine, which model %s's generation.structured_output false leaves out", m.engine, m.model.Name)
+	}
 	for i, s := range r.Stop {
 		if s == "" || len(s) > maxStopLen {
 			return nil, badGenerate("stop[%d] is %d bytes; want 1 to %d", i, len(s), maxStopLen)
@@ -320,6 +331,17 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	var eos []int32
 	if !r.IgnoreEOS {
 		eos = g.eos
+	}
+	if len(r.StopTokenIDs) > MaxStops {
+		return nil, badGenerate("%d stop_token_ids; want at most %d", len(r.StopTokenIDs), MaxStops)
+	}
+	for i, id := range r.StopTokenIDs {
+		if id < 0 || int(id) >= g.vocab {
+			return nil, badGenerate("stop_token_ids[%d] is token id %d, outside the model's vocabulary (0 to %d)", i, id, g.vocab-1)
+		}
+	}
+	if len(r.StopTokenIDs) > 0 {
+		eos = append(slices.Clip(eos), r.StopTokenIDs...)
 	}
 	if r.MinTokens < 0 || r.MinTokens > maxTokens {
 		return nil, badGenerate("min_tokens %d; want 0 to max_tokens (%d)", r.MinTokens, maxTokens)
@@ -395,15 +417,11 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 	case r.Logprobs < -1 || r.Logprobs > MaxLogprobs:
 		return s, badGenerate("top_logprobs %d; want 0 to %d", r.Logprobs, MaxLogprobs)
 	}
-	for _, p := range []struct {
-		name    string
-		v       *float64
-		neutral float64
-	}{{"repetition_penalty", r.RepetitionPenalty, 1}, {"frequency_penalty", r.FrequencyPenalty, 0}, {"presence_penalty", r.PresencePenalty, 0}} {
-		if p.v != nil && *p.v != p.neutral {
-			return s, badGenerate("%s %g: penalties are not applied by this server yet; leave it out (or %g)", p.name, *p.v, p.neutral)
-		}
+	pen, err := g.penalties(r)
+	if err != nil {
+		return s, err
 	}
+	s.Penalties = pen
 	s.Temperature, s.TopP, s.TopK = float32(temp), float32(topP), max(topK, 0)
 	if s.TopP == 0 { // a top_p below float32's least: the most likely token
 		s.TopP = math.SmallestNonzeroFloat32
@@ -414,6 +432,44 @@ func (g *generator) sampling(r *GenerateRequest) (generation.Sampling, error) {
 		s.Seed = rand.Uint64()
 	}
 	return s, nil
+}
+
+// penalties checks r's penalties and logit bias.
+func (g *generator) penalties(r *GenerateRequest) (generation.Penalties, error) {
+	var p generation.Penalties
+	if v := r.RepetitionPenalty; v != nil {
+		if math.IsNaN(*v) || *v <= 0 || *v > 10 {
+			return p, badGenerate("repetition_penalty %g; want above 0 up to 10 (1 is none)", *v)
+		}
+		p.Repetition = float32(*v)
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+		to   *float32
+	}{{"frequency_penalty", r.FrequencyPenalty, &p.Frequency}, {"presence_penalty", r.PresencePenalty, &p.Presence}} {
+		if f.v == nil {
+			continue
+		}
+		if math.IsNaN(*f.v) || *f.v < -2 || *f.v > 2 {
+			return p, badGenerate("%s %g; want -2 to 2 (0 is none)", f.name, *f.v)
+		}
+		*f.to = float32(*f.v)
+	}
+	if len(r.LogitBias) > generation.MaxLogitBias {
+		return p, badGenerate("logit_bias has %d tokens; want at most %d", len(r.LogitBias), generation.MaxLogitBias)
+	}
+	for tok, b := range r.LogitBias {
+		switch {
+		case tok < 0 || int(tok) >= g.vocab:
+			return p, badGenerate("logit_bias token %d is outside the model's vocabulary (0 to %d)", tok, g.vocab-1)
+		case math.IsNaN(b) || b < -100 || b > 100:
+			return p, badGenerate("logit_bias %g for token %d; want -100 to 100", b, tok)
+		}
+		p.Bias = append(p.Bias, generation.LogitBias{Token: tok, Bias: float32(b)})
+	}
+	slices.SortFunc(p.Bias, func(a, b generation.LogitBias) int { return cmp.Compare(a.Token, b.Token) })
+	return p, nil
 }
 
 // prompt is r's prompt's token ids: the text as the tokenizer frames it

@@ -56,10 +56,13 @@ func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketin
 	for i, name := range engines {
 		if d := man.Config.Decoder; d != nil {
 			// The engine's packed copy of the weights, the KV cache,
-			// and the step's buffers.
+			// the step's buffers, and (the worker's) the token counts
+			// the penalties read: two int32 tables of max_num_seqs+1
+			// rows of the vocabulary.
 			n := addBytes(weights, man.Config.KVCacheBytes())
 			g := man.Config.Generation
 			n = addBytes(n, 4*int64(g.MaxBatchTokens)*int64(4*d.Hidden+2*d.Heads*d.HeadDim+2*d.Intermediate)+4*int64(g.MaxNumSeqs)*int64(d.Vocab))
+			n = addBytes(n, 8*int64(g.MaxNumSeqs+1)*int64(d.Vocab))
 			// Per thread, a prompt chunk's scores and a sequence's keys
 			// and values; four a thread, a decode's group of heads'
 			// scores.

@@ -231,7 +231,11 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			p.out[i] = generation.Sampled{}
 			continue
 		}
-		p.out[i] = p.sampler.Sample(p.logits[r*c.Vocab:(r+1)*c.Vocab], w.Seq.Mask(), w.Seq.Sampling, w.End, p.top[i][:0])
+		logits := p.logits[r*c.Vocab : (r+1)*c.Vocab]
+		if pen := &w.Seq.Sampling.Penalties; pen.Active() {
+			p.sampler.Penalize(logits, pen, w.Seq.Prompt, w.Seq.Output)
+		}
+		p.out[i] = p.sampler.Sample(logits, w.Seq.Mask(), w.Seq.Sampling, w.End, p.top[i][:0])
 		r++
 	}
 	return p.out[:len(step.Work)], nil

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -355,8 +356,9 @@ var compiledDecoderFamilies = []struct {
 // warm-up: every prefill and decode bucket one graph, no break, no
 // recompile and nothing found by the step audit after batched, chunked,
 // preempted and prefix-sharing generations; greedy and seeded tokens, and
-// greedy ones under token masks (the decode buckets' masked twins), the
-// same as the eager torch engine's and the CPU engine's.
+// greedy ones under token masks and seeded ones under penalties and a
+// logit bias (the decode buckets' masked twins), the same as the eager
+// torch engine's and the CPU engine's.
 func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 	python := torch2(t)
 	const n = 64
@@ -375,7 +377,12 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 			require.NoError(t, err)
 			compiled, _ := newEngine(t, Options{Python: python, TorchCompile: "inductor", StrictWarmup: true, StallTimeout: time.Minute})
 			eager, _ := newEngine(t, Options{Python: python, TorchCompile: "off", StrictWarmup: true})
-			var got [3][3][][]int32 // engine, greedy or seeded or greedy under token masks
+			var got [3][4][][]int32 // engine, greedy or seeded or greedy under token masks or seeded under penalties
+			penalized := slices.Clone(sampling)
+			for i := range penalized {
+				penalized[i].Penalties = generation.Penalties{Repetition: 1.3, Frequency: 0.2 * float32(i%2), Presence: 0.3,
+					Bias: []generation.LogitBias{{Token: int32(5 + i), Bias: 2}}}
+			}
 			strides := func(i int) generation.Constraint {
 				return &enginetest.Stride{Vocab: m.Decoder.Config.Vocab, Every: 3 + i, Offset: 7 * i}
 			}
@@ -391,6 +398,7 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 				got[i][0] = enginetest.Generate(t, loop, prompts, n, nil)
 				got[i][1] = enginetest.Generate(t, loop, prompts, 24, sampling)
 				got[i][2] = enginetest.GenerateUnder(t, loop, prompts, 16, nil, strides)
+				got[i][3] = enginetest.Generate(t, loop, prompts, 16, penalized)
 				if i == 2 {
 					reports := dec.(engine.ProgramReporter).Programs(context.Background())
 					require.Len(t, reports, 1+2*len(m.Config.Buckets.Context), "a prefill, the decodes and their masked twins")
@@ -403,6 +411,8 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 			assert.Equal(t, got[1][1], got[2][1], "seeded: eager and compiled torch")
 			assert.Equal(t, got[0][2], got[1][2], "greedy under masks: CPU engine and eager torch")
 			assert.Equal(t, got[1][2], got[2][2], "greedy under masks: eager and compiled torch")
+			assert.Equal(t, got[0][3], got[1][3], "seeded under penalties: CPU engine and eager torch")
+			assert.Equal(t, got[1][3], got[2][3], "seeded under penalties: eager and compiled torch")
 		})
 	}
 }

@@ -30,8 +30,8 @@ import (
 
 // The decoder step's row layout, in int32 words, after the row's 3*T
 // token words (ids, positions, slots): the fields below, then the block
-// table, then in a masked decode step the row's token mask (maskWords).
-// The worker reads the same (decoder.py).
+// table, then in a masked decode step the row's token mask (maskWords)
+// and logit bias (samplingWords). The worker reads the same (decoder.py).
 const (
 	metaValid       = iota // real tokens in the row (0 for a padding row)
 	metaSamples            // 1 when the row's last real token samples
@@ -43,6 +43,17 @@ const (
 	metaLogprobs // unused by the graph (it always computes them): kept for the host
 	metaPosition // the sampled token's position: the draw's counter
 	metaMasked   // 1 when the row's token mask applies (a masked step's rows without one sample freely)
+	// Penalties (generation/penalty.go): the lane whose token counts the
+	// row's tokens go to and its penalties read (the last, lanes, for a
+	// row without them), 1 where the sequence starts from its first
+	// token (its counts are zeroed first), its prompt's length (tokens
+	// before it count as the prompt's), and the penalties, float32 bits.
+	metaLane
+	metaReset
+	metaPromptLen
+	metaRepetition
+	metaFrequency
+	metaPresence
 	metaFields
 )
 
@@ -50,6 +61,11 @@ const (
 // decode step: a bit a token of the vocabulary, as
 // [generation.Constraint]'s mask.
 func maskWords(vocab int) int { return (vocab + 31) / 32 }
+
+// samplingWords is what a masked decode step's row carries after its
+// block table: the token mask, then the logit bias's token ids and
+// values (generation.MaxLogitBias of each).
+func samplingWords(vocab int) int { return maskWords(vocab) + 2*generation.MaxLogitBias }
 
 // decoderTopLogprobs is how many most likely tokens each step returns.
 const decoderTopLogprobs = 20
@@ -73,6 +89,7 @@ type decoderSpec struct {
 	BlockSize     int       `json:"block_size"`
 	TableWidth    int       `json:"table_width"`
 	TopLogprobs   int       `json:"top_logprobs"`
+	Lanes         int       `json:"lanes"` // max_num_seqs: the token counts' rows (penalties)
 }
 
 // decoderStepConfig is cfg as the step's staging sees it: the tokens
@@ -96,7 +113,7 @@ func maskedStepConfig(step *models.Model) *models.Config {
 	c := *step.Config
 	c.Inputs = slices.Clone(c.Inputs)
 	rows := &c.Inputs[1]
-	rows.Shape = []int{-1, rows.Shape[1] + maskWords(step.Decoder.Config.Vocab)}
+	rows.Shape = []int{-1, rows.Shape[1] + samplingWords(step.Decoder.Config.Vocab)}
 	return &c
 }
 
@@ -181,7 +198,7 @@ func decoderSpecOf(m *models.Model) *decoderSpec {
 	return &decoderSpec{Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
 		Intermediate: c.Intermediate, RMSNormEps: c.RMSNormEps, InvFreq: c.InvFreq(), QKVBias: c.QKVBias, OBias: c.OBias,
 		Tied: c.TiedEmbeddings, SlidingWindow: c.SlidingWindow, Blocks: g.Blocks, BlockSize: g.BlockSize,
-		TableWidth: g.TableWidth(), TopLogprobs: decoderTopLogprobs}
+		TableWidth: g.TableWidth(), TopLogprobs: decoderTopLogprobs, Lanes: m.Config.Generation.MaxNumSeqs}
 }
 
 // decoder is a decoder model on one worker.
@@ -238,7 +255,7 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 			continue
 		}
 		if d.decodes+d.prefills == len(d.p.shapes) {
-			return nil, fmt.Errorf("rbln: model %s: a constrained sequence (structured output), and generation.structured_output is false: no masked decode step was compiled", d.p.model.Name)
+			return nil, fmt.Errorf("rbln: model %s: a constrained or penalized sequence (structured output, penalties, logit bias), and generation.structured_output is false: no masked decode step was compiled", d.p.model.Name)
 		}
 		if w.End-w.Start > 1 {
 			d.held = append(d.held, i)
@@ -293,8 +310,15 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	return d.out[:n], nil
 }
 
-// masked reports whether w samples under a token mask.
-func masked(w generation.Work) bool { return w.Samples() && w.Seq.Mask() != nil }
+// masked reports whether w samples under a token mask or penalties: in
+// a masked decode bucket.
+func masked(w generation.Work) bool {
+	return w.Samples() && (w.Seq.Mask() != nil || w.Seq.Sampling.Penalties.Active())
+}
+
+// CountsTokens implements [generation.WholePrompter]: a penalized
+// sequence's tokens are counted on the worker as its steps compute them.
+func (d *decoder) CountsTokens() bool { return true }
 
 // runRows runs d.rows in as few device steps as their buckets allow:
 // decodes first, shortest context first, then prompt chunks (rows sorted
@@ -402,8 +426,9 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 	rowWords, words := metaFields+width, 0
 	if s.Mask {
 		words = maskWords(d.cfg.Vocab)
-		rowWords += words
+		rowWords += samplingWords(d.cfg.Vocab)
 	}
+	lanes := int32(d.gen.MaxNumSeqs) // the last lane: rows without penalties
 	put := func(b []byte, i int, v int32) { binary.LittleEndian.PutUint32(b[4*i:], uint32(v)) }
 	for r := range s.Batch {
 		base := r * 3 * T
@@ -416,6 +441,7 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 			for j := range width {
 				put(meta, mb+metaFields+j, d.geo.Trash())
 			}
+			put(meta, mb+metaLane, lanes)
 			continue
 		}
 		pc := rows[r]
@@ -450,6 +476,25 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 			put(meta, mb+metaMasked, 1)
 			for j, v := range mask[:min(len(mask), words)] { // tokens past the mask's are not allowed
 				put(meta, mb+metaFields+width+j, int32(v))
+			}
+		}
+		put(meta, mb+metaLane, lanes)
+		put(meta, mb+metaRepetition, int32(math.Float32bits(1)))
+		if pen := &sp.Penalties; pen.Active() {
+			if pc.start == 0 {
+				put(meta, mb+metaReset, 1)
+			}
+			put(meta, mb+metaLane, int32(w.Seq.Lane()))
+			put(meta, mb+metaPromptLen, int32(len(w.Seq.Prompt)))
+			put(meta, mb+metaRepetition, int32(math.Float32bits(pen.RepetitionOrOne())))
+			put(meta, mb+metaFrequency, int32(math.Float32bits(pen.Frequency)))
+			put(meta, mb+metaPresence, int32(math.Float32bits(pen.Presence)))
+			if s.Mask && pc.samples {
+				at := mb + metaFields + width + words
+				for j, b := range pen.Bias[:min(len(pen.Bias), generation.MaxLogitBias)] {
+					put(meta, at+j, b.Token)
+					put(meta, at+generation.MaxLogitBias+j, int32(math.Float32bits(b.Bias)))
+				}
 			}
 		}
 	}

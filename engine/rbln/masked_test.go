@@ -128,3 +128,64 @@ func TestNoMaskedBucketsWithoutStructuredOutput(t *testing.T) {
 	require.Error(t, last)
 	assert.Contains(t, last.Error(), "generation.structured_output is false")
 }
+
+// Penalties and logit bias on the worker: each running sequence's token
+// counts stay on the device by its lane, counted as its prefill and
+// masked decode steps compute its tokens. Greedy and seeded tokens under
+// repetition, frequency and presence penalties and a logit bias are the
+// CPU engine's (which counts in Go), alone and batched with unpenalized
+// sequences, through chunked prompts, shared prefixes and preemption
+// (a tight cache: sequences are recomputed, their counts rebuilt), and
+// the penalties change what the model writes.
+func TestWorkerDecoderPenalties(t *testing.T) {
+	requireTorch(t)
+	d, m, _ := workerDecoder(t, "buckets:\n  batch: [1, 2, 4]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 160\n  max_num_seqs: 4\n  max_batch_tokens: 40\n  block_size: 8\n  kv_cache_blocks: 24\n")
+	cpu, err := cpufallback.Engine{}.LoadDecoder(context.Background(), m)
+	require.NoError(t, err)
+	t.Cleanup(func() { cpu.Close() })
+	loops := []*generation.Loop{enginetest.StartLoop(t, cpu, m), enginetest.StartLoop(t, d, m)}
+
+	shared := enginetest.Prompts(30)[0]
+	prompts := [][]int32{append(slices.Clone(shared), 7, 8, 9), enginetest.Prompts(1)[0], append(slices.Clone(shared), 11), enginetest.Prompts(5, 40)[1]}
+	pens := []generation.Penalties{
+		{Repetition: 1.5},
+		{Frequency: 0.8, Presence: 0.4},
+		{Repetition: 0.7, Frequency: -0.5, Bias: []generation.LogitBias{{Token: 3, Bias: 5}, {Token: 100, Bias: -100}}},
+		{}, // none, batched beside the others
+	}
+	const n = 24
+	run := func(loop *generation.Loop, temp float32) [][]int32 {
+		s := make([]generation.Sampling, len(prompts))
+		for i := range s {
+			s[i] = generation.Sampling{Temperature: temp, TopK: 20 * (i % 2), Seed: uint64(90 + i), Logprobs: -1, Penalties: pens[i]}
+		}
+		return enginetest.Generate(t, loop, prompts, n, s)
+	}
+	for _, temp := range []float32{0, 0.8} {
+		onCPU, onWorker := run(loops[0], temp), run(loops[1], temp)
+		assert.Equal(t, onCPU, onWorker, "temperature %g: CPU engine and worker", temp)
+	}
+	// The penalties change the output; without them the same prompts
+	// write what they write unpenalized.
+	plain := enginetest.Generate(t, loops[1], prompts, n, nil)
+	penalized := run(loops[1], 0)
+	for i := range 3 {
+		assert.NotEqual(t, plain[i], penalized[i], "prompt %d: the penalties changed nothing", i)
+	}
+	assert.Equal(t, plain[3], penalized[3], "an unpenalized sequence beside penalized ones")
+	// A repetition penalty of 1.5 on a greedy 24 tokens: fewer repeats.
+	repeats := func(out []int32) int {
+		seen, r := map[int32]bool{}, 0
+		for _, tok := range append(slices.Clone(prompts[0]), out...) {
+			if seen[tok] {
+				r++
+			}
+			seen[tok] = true
+		}
+		return r
+	}
+	assert.LessOrEqual(t, repeats(penalized[0]), repeats(plain[0]))
+	// The logit bias of +5 on token 3: it is written.
+	assert.Contains(t, penalized[2], int32(3))
+	assert.NotContains(t, penalized[2], int32(100))
+}

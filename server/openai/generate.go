@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +54,9 @@ type openaiSampling struct {
 	FrequencyPenalty *float64          `json:"frequency_penalty"`
 	PresencePenalty  *float64          `json:"presence_penalty"`
 	LogitBias        map[string]any    `json:"logit_bias"`
+	// vLLM's extensions.
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	StopTokenIDs      []int32  `json:"stop_token_ids"`
 	IgnoreEOS        bool              `json:"ignore_eos"`
 	MinTokens        int               `json:"min_tokens"`
 	Priority         int               `json:"priority"`
@@ -182,16 +186,9 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 	if o.N != nil && *o.N != 1 {
 		return nil, text.WithParam("n", apierr.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
 	}
-	for _, p := range []struct {
-		name string
-		v    *float64
-	}{{"frequency_penalty", o.FrequencyPenalty}, {"presence_penalty", o.PresencePenalty}} {
-		if p.v != nil && *p.v != 0 {
-			return nil, text.WithParam(p.name, apierr.BadRequest(p.name+" is not supported; leave it out or 0"))
-		}
-	}
-	if len(o.LogitBias) > 0 {
-		return nil, text.WithParam("logit_bias", apierr.BadRequest("logit_bias is not supported; leave it out"))
+	bias, err := logitBias(o.LogitBias)
+	if err != nil {
+		return nil, err
 	}
 	if len(o.Stop.List) > maxOpenAIStops {
 		return nil, text.WithParam("stop", apierr.BadRequest(fmt.Sprintf("%d stop sequences; want at most %d", len(o.Stop.List), maxOpenAIStops)))
@@ -205,7 +202,25 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 	}
 	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
 		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority,
-		Constraint: constraint}, nil
+		Constraint: constraint, FrequencyPenalty: o.FrequencyPenalty, PresencePenalty: o.PresencePenalty,
+		RepetitionPenalty: o.RepetitionPenalty, LogitBias: bias, StopTokenIDs: o.StopTokenIDs}, nil
+}
+
+// logitBias reads OpenAI's logit_bias: token ids (as strings) to biases.
+func logitBias(m map[string]any) (map[int32]float64, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	out := make(map[int32]float64, len(m))
+	for k, v := range m {
+		id, err := strconv.ParseInt(k, 10, 32)
+		b, ok := v.(float64)
+		if err != nil || !ok {
+			return nil, text.WithParam("logit_bias", apierr.BadRequest(fmt.Sprintf("logit_bias: want token ids (as strings) mapped to numbers; %q is not", apierr.ClipName(k))))
+		}
+		out[int32(id)] = b
+	}
+	return out, nil
 }
 
 // completionPrompt reads completions' prompt: a string, or token ids (an

@@ -65,7 +65,8 @@ func paramOf(err error) string {
 	if strings.Contains(msg, "structured output") || strings.Contains(msg, "constraint") {
 		return "response_format"
 	}
-	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "stop", "messages", "prompt"} {
+	for _, p := range []string{"max_tokens", "temperature", "top_p", "top_k", "top_logprobs", "frequency_penalty", "presence_penalty",
+		"repetition_penalty", "logit_bias", "stop_token_ids", "stop", "messages", "prompt"} {
 		if strings.Contains(msg, p) {
 			return p
 		}

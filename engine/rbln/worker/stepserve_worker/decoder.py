@@ -12,7 +12,12 @@ tokens' (float32 bits in int32). A masked decode step's rows also carry
 a token mask (a bit a token, int32 words, after the block table) that a
 row flagged MASKED samples under: the tokens it leaves out weigh nothing
 in the draw and in the log-probabilities, as if their logits were -inf
-(structured output; generation/sample.go's Sample with a mask). The graph holds no float64 and no
+(structured output; generation/sample.go's Sample with a mask), after
+the row's logit bias and penalties (generation/penalty.go): each running
+sequence's token counts stay on the device, a row of two resident
+tables by its lane, counted as the prefill and masked decode steps
+compute its tokens (reset where it starts from its first token), so
+that no vocabulary-sized table is uploaded. The graph holds no float64 and no
 64-bit integer arithmetic and creates no tensor: what the documented step
 structure asks (the step audit checks it)."""
 
@@ -28,13 +33,23 @@ from torch.nn import functional as F
 from .loading import LoadError, take
 
 # The row fields after the 3*T token words (decoder.go's meta* constants).
-VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION, MASKED = range(10)
-FIELDS = 10
+(VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION, MASKED,
+ LANE, RESET, PROMPT_LEN, REPETITION, FREQUENCY, PRESENCE) = range(16)
+FIELDS = 16
+
+#: The logit bias entries a masked step's row carries (generation.MaxLogitBias).
+LOGIT_BIAS = 64
 
 
 def mask_words(vocab: int) -> int:
     """The int32 words of a row's token mask (decoder.go's maskWords)."""
     return -(-vocab // 32)
+
+
+def sampling_words(vocab: int) -> int:
+    """What a masked decode step's row carries after its block table: the
+    token mask, then the logit bias's token ids and values."""
+    return mask_words(vocab) + 2 * LOGIT_BIAS
 
 #: The most rows a step may have: the resident counting table covers them
 #: (generation's max_num_seqs is at most 1,024).
@@ -99,6 +114,7 @@ class Decoder(nn.Module):
         self.block_size, self.table_width = spec["block_size"], spec["table_width"]
         self.blocks = spec["blocks"]
         self.top = spec["top_logprobs"]
+        self.lanes = int(spec.get("lanes") or 1)
         if self.heads % self.kv_heads:
             raise LoadError(f"decoder: {self.heads} query heads do not group over {self.kv_heads} key/value heads")
         H, Q, KV, I = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.inter
@@ -151,6 +167,13 @@ class Decoder(nn.Module):
         # place by slot (index_put_ on the buffer: a mutation the compiler
         # sees, not a copy of the cache out and back) and reads only the
         # blocks its context partition covers.
+        # Each running sequence's token counts, by its lane (one row more,
+        # which rows without penalties write to and nothing reads): how
+        # often each token is in its prompt, and in its output.
+        if (self.lanes + 1) * self.vocab >= 1 << 31:
+            raise LoadError(f"decoder: {self.lanes} lanes of a {self.vocab}-token vocabulary overflow the int32 offsets of the token counts")
+        self.register_buffer("prompt_counts", torch.zeros(self.lanes + 1, self.vocab, dtype=torch.int32), persistent=False)
+        self.register_buffer("output_counts", torch.zeros(self.lanes + 1, self.vocab, dtype=torch.int32), persistent=False)
         slots = (self.blocks + 1) * self.block_size
         for layer in self.layers:
             layer.register_buffer("keys", torch.zeros(slots, self.kv_heads, self.head_dim), persistent=False)
@@ -198,6 +221,10 @@ class Decoder(nn.Module):
         nh, kvh, hd = self.heads, self.kv_heads, self.head_dim
         group = nh // kvh
 
+        if masked or T > 1:
+            # Prefill and masked decode steps count their tokens: the
+            # steps a penalized sequence's tokens run in.
+            self.count(ids, pos, meta, T)
         h = self.embed.index_select(0, ids.reshape(B * T)).view(B, T, self.hidden)
         cos = self.cos.index_select(0, pos.reshape(B * T)).view(B, T, 1, hd)
         sin = self.sin.index_select(0, pos.reshape(B * T)).view(B, T, 1, hd)
@@ -234,8 +261,52 @@ class Decoder(nn.Module):
         logits = (self.head(final) if self.head is not None else final @ self.embed.t()).float()
         if masked:
             at = 3 * T + FIELDS + self.table_width
-            logits = self.masked(logits, x[:, at:at + mask_words(self.vocab)], meta[:, MASKED])
+            words = mask_words(self.vocab)
+            bias = x[:, at + words:at + words + 2 * LOGIT_BIAS]
+            logits = self.penalized(logits, meta, bias[:, :LOGIT_BIAS], bias[:, LOGIT_BIAS:])
+            logits = self.masked(logits, x[:, at:at + words], meta[:, MASKED])
         return self.sample(logits, meta)
+
+    def count(self, ids: torch.Tensor, pos: torch.Tensor, meta: torch.Tensor, T: int) -> None:
+        """Counts each row's real tokens in its lane's row of the token
+        counts, a prompt's (position below PROMPT_LEN) or an output's,
+        after zeroing that row where the row RESETs (its sequence starts
+        from its first token). Rows without penalties name the last lane,
+        which nothing reads."""
+        B, V = ids.shape[0], self.vocab
+        lane = meta[:, LANE]
+        keep = (meta[:, RESET] == 0).to(torch.int32).unsqueeze(-1)
+        lanes = _index(lane)
+        for table in (self.prompt_counts, self.output_counts):
+            table.index_put_((lanes,), table.index_select(0, lane) * keep)
+        real = (self.counting[:T].unsqueeze(0) < meta[:, VALID].unsqueeze(-1)).to(torch.int32)  # [B, T]
+        prompt = (pos < meta[:, PROMPT_LEN].unsqueeze(-1)).to(torch.int32)
+        at = _index((lane.unsqueeze(-1) * V + ids).reshape(B * T))
+        self.prompt_counts.view(-1).index_put_((at,), (real * prompt).reshape(B * T), accumulate=True)
+        self.output_counts.view(-1).index_put_((at,), (real * (1 - prompt)).reshape(B * T), accumulate=True)
+
+    def penalized(self, logits: torch.Tensor, meta: torch.Tensor, bias_ids: torch.Tensor,
+                  bias: torch.Tensor) -> torch.Tensor:
+        """logits with each row's logit bias added, then its repetition
+        penalty on the tokens its lane has counted, then its frequency and
+        presence penalties on its output's, as generation.Sampler.Penalize
+        applies them. A row without penalties has a bias of zeros, a
+        repetition penalty of 1 and the others 0: it is unchanged."""
+        B, V = logits.shape
+        flat = (self.counting[:B] * V).unsqueeze(-1) + bias_ids
+        logits = logits.reshape(B * V).index_put((_index(flat.reshape(-1)),), bias.contiguous().view(torch.float32).reshape(-1),
+                                                 accumulate=True).view(B, V)
+        lane = meta[:, LANE]
+        prompt = self.prompt_counts.index_select(0, lane)
+        output = self.output_counts.index_select(0, lane)
+        rep = meta[:, REPETITION].contiguous().view(torch.float32)
+        rep = (rep + (rep <= 0).to(torch.float32)).unsqueeze(-1)  # a padding row's 0 is 1
+        seen = (prompt > 0) | (output > 0)
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        freq = meta[:, FREQUENCY].contiguous().view(torch.float32).unsqueeze(-1)
+        pres = meta[:, PRESENCE].contiguous().view(torch.float32).unsqueeze(-1)
+        logits = logits - freq * output.to(torch.float32)
+        return logits - pres * (output > 0).to(torch.float32)
 
     def masked(self, logits: torch.Tensor, words: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
         """logits with the tokens each flagged row's mask words [B, words]

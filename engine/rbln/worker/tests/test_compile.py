@@ -327,7 +327,7 @@ def small_decoder(tied: bool, qkv_bias: bool, window: int) -> decoder.Decoder:
     blocks of 4 tokens, 8 blocks a sequence."""
     spec = {"vocab": 64, "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16,
             "intermediate": 128, "rms_norm_eps": 1e-6, "block_size": 4, "table_width": 8, "blocks": 24,
-            "top_logprobs": 3, "tied": tied, "qkv_bias": qkv_bias, "o_bias": False, "sliding_window": window,
+            "top_logprobs": 3, "lanes": 4, "tied": tied, "qkv_bias": qkv_bias, "o_bias": False, "sliding_window": window,
             "inv_freq": [1.0 / (10000 ** (i / 16)) for i in range(0, 16, 2)]}
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=g)
@@ -369,7 +369,7 @@ def decoder_rows(dec: decoder.Decoder, B: int, T: int, masked: bool = False) -> 
     seed of its own, every other row cut to its top 5; masked, each row
     then carries a token mask, rows 0 and 2 flagged to sample under it."""
     width = 3 * T + decoder.FIELDS + dec.table_width
-    words = decoder.mask_words(dec.vocab) if masked else 0
+    words = decoder.sampling_words(dec.vocab) if masked else 0
     x = torch.zeros(B, width + words, dtype=torch.int32)
     g = torch.Generator().manual_seed(1)
     for r in range(B):
@@ -388,6 +388,12 @@ def decoder_rows(dec: decoder.Decoder, B: int, T: int, masked: bool = False) -> 
         x[r, m + decoder.SEED_LO] = 1000 + r
         x[r, m + decoder.POSITION] = start + T
         x[r, m + decoder.FIELDS:width] = torch.tensor(table, dtype=torch.int32)
+        # Every other row penalized, in its own lane, from its first token.
+        x[r, m + decoder.LANE] = r if r % 2 == 0 else dec.lanes
+        x[r, m + decoder.RESET] = 1
+        x[r, m + decoder.PROMPT_LEN] = start + 2
+        x[r, m + decoder.REPETITION] = torch.tensor([1.3 if r % 2 == 0 else 1.0]).view(torch.int32)
+        x[r, m + decoder.FREQUENCY] = torch.tensor([0.5 if r % 2 == 0 else 0.0]).view(torch.int32)
         if masked and r in (0, 2):
             x[r, m + decoder.MASKED] = 1
             for t in (MASKED_ROW0 if r == 0 else (MASKED_ROW2,)):
