@@ -55,13 +55,13 @@ type openaiSampling struct {
 	PresencePenalty  *float64          `json:"presence_penalty"`
 	LogitBias        map[string]any    `json:"logit_bias"`
 	// vLLM's extensions.
-	RepetitionPenalty *float64 `json:"repetition_penalty"`
-	StopTokenIDs      []int32  `json:"stop_token_ids"`
-	IgnoreEOS        bool              `json:"ignore_eos"`
-	MinTokens        int               `json:"min_tokens"`
-	Priority         int               `json:"priority"`
-	Metadata         json.RawMessage   `json:"metadata"` // accepted, and ignored
-	Store            *bool             `json:"store"`    // accepted, and ignored: nothing is stored
+	RepetitionPenalty *float64        `json:"repetition_penalty"`
+	StopTokenIDs      []int32         `json:"stop_token_ids"`
+	IgnoreEOS         bool            `json:"ignore_eos"`
+	MinTokens         int             `json:"min_tokens"`
+	Priority          int             `json:"priority"`
+	Metadata          json.RawMessage `json:"metadata"` // accepted, and ignored
+	Store             *bool           `json:"store"`    // accepted, and ignored: nothing is stored
 	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
 	// token "token_id:<id>", so that a client can compare ids.
 	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
