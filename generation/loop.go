@@ -67,6 +67,11 @@ type Request struct {
 	// the generation's last event is on its stream: the loop holds
 	// nothing of it any more, whether or not its events are read.
 	Ended func()
+	// After, when set, is the stream of a generation of the same prompt
+	// submitted before (n choices of one prompt): this one starts once
+	// that one's prompt is computed, so that it shares the prompt's
+	// cached blocks (prefix caching) instead of computing them again.
+	After *Stream
 }
 
 // Event is what a generation's stream carries: a token, or, last, how it
@@ -93,6 +98,7 @@ type Stream struct {
 	ready  chan struct{} // holds a signal while events wait
 	stop   func() bool   // unregisters the context's cancellation
 	onEnd  func()        // Request.Ended
+	seq    *Sequence     // its sequence (Request.After names it by its stream)
 }
 
 func newStream() *Stream { return &Stream{ready: make(chan struct{}, 1)} }
@@ -193,7 +199,11 @@ func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	if wp, ok := l.model.(WholePrompter); ok && r.Sampling.Penalties.Active() && wp.CountsTokens() {
 		q.whole = true
 	}
+	if r.After != nil {
+		q.leader = r.After.seq
+	}
 	st := newStream()
+	st.seq = q
 	st.onEnd = r.Ended
 	reply := make(chan error, 1)
 	select {

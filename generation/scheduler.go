@@ -57,13 +57,14 @@ type Sequence struct {
 	Finish FinishReason // why it ended, once it has
 
 	arrival   uint64
-	lane      int      // its place among the running, plus one; 0 while it waits
-	whole     bool     // it computes its whole prompt, sharing no cached block
-	mask      []uint32 // Constraint's mask for the step being run
-	err       error    // why the loop ends it with an error (a broken constraint)
-	table     []int32  // its KV cache blocks, in token order
-	hashes    []uint64 // the chain hashes of its whole computed blocks (prefix caching)
-	computed  int      // its tokens whose keys and values are in the cache
+	lane      int       // its place among the running, plus one; 0 while it waits
+	whole     bool      // it computes its whole prompt, sharing no cached block
+	leader    *Sequence // a sequence of the same prompt it starts after (Request.After)
+	mask      []uint32  // Constraint's mask for the step being run
+	err       error     // why the loop ends it with an error (a broken constraint)
+	table     []int32   // its KV cache blocks, in token order
+	hashes    []uint64  // the chain hashes of its whole computed blocks (prefix caching)
+	computed  int       // its tokens whose keys and values are in the cache
 	running   bool
 	cancelled bool
 }
@@ -293,6 +294,9 @@ func (s *Scheduler) schedule(step *Step) {
 		q := s.waiting[0]
 		if slices.Contains(step.Preempted, q) {
 			break // not back in the step it was sent out of
+		}
+		if l := q.leader; l != nil && !q.whole && !l.whole && l.Finish == NotFinished && l.computed < len(l.Prompt) {
+			break // its prompt's blocks are being computed: it shares them once they are
 		}
 		shared := 0
 		if q.computed == 0 && len(q.table) == 0 && !q.whole {

@@ -172,7 +172,7 @@ func TestGenerateTokenIDPrompt(t *testing.T) {
 	}{
 		{[]int{1, 99999}, "prompt[1] is token id 99999"},
 		{[]int{}, "empty"},
-		{[]any{"a", "b"}, "2 prompts"},
+		{[]any{"a", 7}, "want a string, an array of token ids"},
 		{[]any{1.5}, "want a string, an array of token ids"},
 	} {
 		body["prompt"] = c.prompt

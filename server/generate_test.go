@@ -358,7 +358,7 @@ func TestGenerateRefusals(t *testing.T) {
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "max_tokens": 100}, 400, "max_tokens", "max_tokens 100"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "at least 1"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "mirostat": 2}, 400, "mirostat", `unknown parameter "mirostat"`},
-		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "n": 2}, 400, "n", "n 2"},
+		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "n": 65}, 400, "n", "n 65"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "top_p": 0}, 400, "top_p", "top_p 0"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, "temperature", "temperature -1"},
 		{"/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "hi", "seed": "x"}, 400, "seed", "seed must be an integer"},

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -148,4 +149,36 @@ func nodeScript(t *testing.T, dir, pkg, script, url string, env ...string) []byt
 	b, err := cmd.Output()
 	require.NoError(t, err, stderr.String())
 	return b
+}
+
+// The OpenAI Node SDK's n, prompt arrays, echo and penalties: n greedy
+// choices equal, seeded ones different and reproducible, an array of
+// four prompts four choices in order (each what the prompt alone gets),
+// echo the prompt first, penalties a different text, chat's n.
+func TestOpenAINodeSDKChoices(t *testing.T) {
+	f := newGenFixture(t, "")
+	b := nodeScript(t, "openai-sdk", "openai", "choices.mjs", f.srv.URL)
+	var out struct {
+		Greedy, Seeded, SeededAgain, Alone, Chat []string
+		Array                                    []struct {
+			Index int
+			Text  string
+		}
+		Echo, Plain, Penalized string
+	}
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	require.Len(t, out.Greedy, 3)
+	assert.Equal(t, out.Greedy[0], out.Greedy[1])
+	assert.Equal(t, out.Greedy[1], out.Greedy[2])
+	assert.Equal(t, out.Seeded, out.SeededAgain)
+	assert.False(t, out.Seeded[0] == out.Seeded[1] && out.Seeded[1] == out.Seeded[2], "%q", out.Seeded)
+	require.Len(t, out.Array, 4)
+	for i, c := range out.Array {
+		assert.Equal(t, i, c.Index)
+		assert.Equal(t, out.Alone[i], c.Text)
+	}
+	assert.True(t, strings.HasPrefix(out.Echo, "Once upon a time"), out.Echo)
+	assert.Equal(t, "Once upon a time"+out.Plain[:len(out.Echo)-len("Once upon a time")], out.Echo)
+	assert.NotEqual(t, out.Plain, out.Penalized)
+	assert.Len(t, out.Chat, 2)
 }

@@ -78,6 +78,10 @@ type GenerateRequest struct {
 	// StopTokenIDs end the generation as an end-of-sequence token does
 	// (vLLM's stop_token_ids), not part of the output.
 	StopTokenIDs []int32
+	// After, when set, is a generation of the same request's prompt
+	// started before (n choices): this one starts once that one's prompt
+	// is computed, and shares its cached blocks.
+	After *TextStream
 	// Truncate keeps the prompt's last Truncate tokens (TGI's truncate);
 	// 0 keeps them all.
 	Truncate int
@@ -247,6 +251,19 @@ func (m *Model) ChatTemplateRefused() string {
 	return m.gen.chat.Refused()
 }
 
+// Decode is the text of token ids by the model's tokenizer, special
+// tokens kept (a prompt given as ids, echoed back).
+func (m *Model) Decode(ids []int32) string {
+	if m.gen == nil {
+		return ""
+	}
+	wide := make([]int64, len(ids))
+	for i, id := range ids {
+		wide[i] = int64(id)
+	}
+	return m.gen.tok.Tokenizers().Decode(wide, false)
+}
+
 // EndToken is the model's first end-of-sequence token, for the APIs
 // that name the token a generation ended on (its log-probability is not
 // known: NaN); false for a model with none.
@@ -372,8 +389,12 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	release := func() { once.Do(g.release) }
 	gctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
+	var after *generation.Stream
+	if r.After != nil {
+		after = r.After.st
+	}
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
-		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release})
+		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release, After: after})
 	if err != nil {
 		release()
 		cancel()

@@ -19,7 +19,10 @@ type chatWriter struct {
 	// tools, when active, has the answer read for tool calls: a stream
 	// holds its text back until the end, where it is calls or text.
 	tools *text.Tools
-	held  strings.Builder
+	held  map[int]*strings.Builder // by choice
+	// started marks the choices whose first chunk (the role) is sent, of
+	// several (ChunkN).
+	started map[int]bool
 }
 
 type chatDelta struct {
@@ -109,7 +112,9 @@ type chatChoice struct {
 	FinishReason *string       `json:"finish_reason"`
 }
 
-func (c *chatWriter) Whole(out string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+// choice is one choice of a whole answer: its message (text, or the
+// tool calls read from it) and finish reason.
+func (c *chatWriter) choice(i int, out string, tokens []serving.TokenInfo, finish string) chatChoice {
 	msg := &message{Role: "assistant", Content: &out}
 	if c.tools.Active() {
 		if calls, content := answerCalls(c.tools, out); calls != nil {
@@ -119,19 +124,51 @@ func (c *chatWriter) Whole(out string, tokens []serving.TokenInfo, finish string
 			}
 		}
 	}
-	return c.object("chat.completion", []chatChoice{{Message: msg, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}}, usageOf(prompt, completion))
+	return chatChoice{Index: i, Message: msg, Logprobs: c.logprobsOf(tokens), FinishReason: &finish}
 }
 
-func (c *chatWriter) First(int) []byte {
-	empty := ""
-	return text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
+func (c *chatWriter) Whole(out string, tokens []serving.TokenInfo, finish string, prompt, completion int) []byte {
+	return c.object("chat.completion", []chatChoice{c.choice(0, out, tokens, finish)}, usageOf(prompt, completion))
 }
 
-func (c *chatWriter) Chunk(ev serving.TextEvent) []byte {
-	if c.tools.Active() {
-		return c.toolChunk(ev)
+// WholeN implements [text.ChoicesWriter].
+func (c *chatWriter) WholeN(choices []text.Choice, prompt, completion int) []byte {
+	out := make([]chatChoice, len(choices))
+	for i, ch := range choices {
+		out[i] = c.choice(ch.Index, ch.Text, ch.Tokens, ch.Finish)
 	}
-	ch := chatChoice{Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
+	return c.object("chat.completion", out, usageOf(prompt, completion))
+}
+
+// role is choice i's first chunk: the role.
+func (c *chatWriter) role(i int) []byte {
+	empty := ""
+	return text.SSE(c.object("chat.completion.chunk", []chatChoice{{Index: i, Delta: &chatDelta{Role: "assistant", Content: &empty}}}, nil))
+}
+
+func (c *chatWriter) First(int) []byte { return c.role(0) }
+
+func (c *chatWriter) Chunk(ev serving.TextEvent) []byte { return c.chunkAt(0, ev) }
+
+// ChunkN implements [text.ChoicesWriter]: choice i's piece, after its
+// role chunk.
+func (c *chatWriter) ChunkN(i int, ev serving.TextEvent) []byte {
+	if c.started == nil {
+		c.started = map[int]bool{}
+	}
+	var b []byte
+	if !c.started[i] {
+		c.started[i] = true
+		b = c.role(i)
+	}
+	return append(b, c.chunkAt(i, ev)...)
+}
+
+func (c *chatWriter) chunkAt(i int, ev serving.TextEvent) []byte {
+	if c.tools.Active() {
+		return c.toolChunk(i, ev)
+	}
+	ch := chatChoice{Index: i, Delta: &chatDelta{}, Logprobs: c.logprobsOf(ev.Tokens)}
 	if ev.Text != "" {
 		ch.Delta.Content = &ev.Text
 	}
@@ -155,16 +192,24 @@ func (c *chatWriter) StreamError(err error) []byte { return openaiStreamError(er
 // as tool calls, as OpenAI streams them (a chunk with each call's index,
 // id and name, then one with its arguments, then the finish
 // tool_calls), or as the text it is.
-func (c *chatWriter) toolChunk(ev serving.TextEvent) []byte {
-	c.held.WriteString(ev.Text)
+func (c *chatWriter) toolChunk(at int, ev serving.TextEvent) []byte {
+	if c.held == nil {
+		c.held = map[int]*strings.Builder{}
+	}
+	held := c.held[at]
+	if held == nil {
+		held = &strings.Builder{}
+		c.held[at] = held
+	}
+	held.WriteString(ev.Text)
 	if ev.Finish == "" {
 		return nil
 	}
-	out, finish := c.held.String(), ev.Finish
+	out, finish := held.String(), ev.Finish
 	calls, content := answerCalls(c.tools, out)
 	var b []byte
 	chunk := func(d *chatDelta, finish *string) {
-		b = append(b, text.SSE(c.object("chat.completion.chunk", []chatChoice{{Delta: d, FinishReason: finish}}, nil))...)
+		b = append(b, text.SSE(c.object("chat.completion.chunk", []chatChoice{{Index: at, Delta: d, FinishReason: finish}}, nil))...)
 	}
 	if calls == nil {
 		chunk(&chatDelta{Content: &out}, &finish)

@@ -183,9 +183,6 @@ func (m chatMessage) content(i int) (string, error) {
 // generateRequest is the common part of the OpenAI requests, checked:
 // what the two APIs share becomes a serving.GenerateRequest.
 func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateRequest, error) {
-	if o.N != nil && *o.N != 1 {
-		return nil, text.WithParam("n", apierr.BadRequest(fmt.Sprintf("n %d is not supported; stepserve generates one choice a request (n 1): send the request n times", *o.N)))
-	}
 	bias, err := logitBias(o.LogitBias)
 	if err != nil {
 		return nil, err
@@ -206,6 +203,22 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 		RepetitionPenalty: o.RepetitionPenalty, LogitBias: bias, StopTokenIDs: o.StopTokenIDs}, nil
 }
 
+// nChoices are n generations of gr: the first gr, the others its copies,
+// each drawing with its own seed (gr's plus its index) where gr names
+// one, so that seeded choices differ and are reproducible.
+func nChoices(gr *serving.GenerateRequest, n int) []*serving.GenerateRequest {
+	out := []*serving.GenerateRequest{gr}
+	for j := 1; j < n; j++ {
+		c := *gr
+		if gr.Seed != nil {
+			seed := *gr.Seed + int64(j)
+			c.Seed = &seed
+		}
+		out = append(out, &c)
+	}
+	return out
+}
+
 // logitBias reads OpenAI's logit_bias: token ids (as strings) to biases.
 func logitBias(m map[string]any) (map[int32]float64, error) {
 	if len(m) == 0 {
@@ -223,35 +236,54 @@ func logitBias(m map[string]any) (map[int32]float64, error) {
 	return out, nil
 }
 
-// completionPrompt reads completions' prompt: a string, or token ids (an
-// array of integers), or an array holding one of either (stepserve
-// completes one prompt a request).
-func completionPrompt(raw json.RawMessage) (string, []int32, error) {
+// maxChoices bounds a request's generations: its prompts times best_of
+// (or n).
+const maxChoices = 64
+
+// completionPrompt is one prompt of completions': text, or token ids.
+type completionPrompt struct {
+	text string
+	ids  []int32
+}
+
+// completionPrompts reads completions' prompt: a string, token ids (an
+// array of integers), or an array of either, a choice (or n) each.
+func completionPrompts(raw json.RawMessage) ([]completionPrompt, error) {
 	b := bytes.TrimSpace(raw)
 	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
-		return "", nil, apierr.BadRequest("prompt is required: a string, or an array of token ids")
+		return nil, apierr.BadRequest("prompt is required: a string, or an array of token ids")
 	}
 	var one string
 	if json.Unmarshal(b, &one) == nil {
-		return one, nil, nil
+		return []completionPrompt{{text: one}}, nil
 	}
 	var ids []int32
 	if json.Unmarshal(b, &ids) == nil {
 		if ids == nil {
 			ids = []int32{}
 		}
-		return "", ids, nil
+		return []completionPrompt{{ids: ids}}, nil
 	}
-	var list []json.RawMessage
-	if json.Unmarshal(b, &list) == nil {
-		if len(list) != 1 {
-			return "", nil, apierr.BadRequest(fmt.Sprintf("prompt holds %d prompts; stepserve completes one prompt a request: send one", len(list)))
+	var texts []string
+	if json.Unmarshal(b, &texts) == nil && len(texts) > 0 {
+		out := make([]completionPrompt, len(texts))
+		for i, s := range texts {
+			out[i].text = s
 		}
-		if t, ids, err := completionPrompt(list[0]); err == nil && (ids != nil || t != "" || bytes.HasPrefix(bytes.TrimSpace(list[0]), []byte(`"`))) {
-			return t, ids, nil
-		}
+		return out, nil
 	}
-	return "", nil, apierr.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or an array of one of either")
+	var lists [][]int32
+	if json.Unmarshal(b, &lists) == nil && len(lists) > 0 {
+		out := make([]completionPrompt, len(lists))
+		for i, l := range lists {
+			if l == nil {
+				l = []int32{}
+			}
+			out[i].ids = l
+		}
+		return out, nil
+	}
+	return nil, apierr.BadRequest("prompt: want a string, an array of token ids (32-bit integers), or a non-empty array of strings or of token id arrays")
 }
 
 func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +295,7 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if err := t.FindGenerative(req.Model, ""); err != nil {
 			return t.Fail(err)
 		}
-		prompt, ids, err := completionPrompt(req.Prompt)
+		prompts, err := completionPrompts(req.Prompt)
 		if err != nil {
 			return t.Fail(text.WithParam("prompt", err))
 		}
@@ -273,29 +305,68 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if req.TopNTokens != nil && req.Logprobs == nil {
 			req.Logprobs = req.TopNTokens
 		}
+		n, bestOf := 1, 0
+		if req.N != nil {
+			n = *req.N
+		}
+		if req.BestOf != nil {
+			bestOf = *req.BestOf
+		}
 		switch {
-		case req.Echo:
-			return t.Fail(text.WithParam("echo", apierr.BadRequest("echo is not supported; leave it out or false")))
-		case req.BestOf != nil && *req.BestOf != 1:
-			return t.Fail(text.WithParam("best_of", apierr.BadRequest("best_of is not supported; leave it out or 1")))
+		case n < 1 || n > maxChoices:
+			return t.Fail(text.WithParam("n", apierr.BadRequest(fmt.Sprintf("n %d; want 1 to %d", n, maxChoices))))
+		case req.BestOf != nil && (bestOf < n || bestOf > maxChoices):
+			return t.Fail(text.WithParam("best_of", apierr.BadRequest(fmt.Sprintf("best_of %d; want n (%d) to %d", bestOf, n, maxChoices))))
+		case bestOf > n && req.Stream:
+			return t.Fail(text.WithParam("best_of", apierr.BadRequest("best_of above n cannot be streamed: the best are known once all have ended")))
+		case len(prompts)*max(n, bestOf) > maxChoices:
+			return t.Fail(text.WithParam("prompt", apierr.BadRequest(fmt.Sprintf("%d prompts of %d generations each make %d; want at most %d a request", len(prompts), max(n, bestOf), len(prompts)*max(n, bestOf), maxChoices))))
+		case req.Echo && req.Logprobs != nil:
+			return t.Fail(text.WithParam("echo", apierr.BadRequest("echo with logprobs: the prompt's log-probabilities are not computed; ask for echo or logprobs")))
 		case req.Suffix != nil && *req.Suffix != "":
 			return t.Fail(text.WithParam("suffix", apierr.BadRequest("suffix is not supported; leave it out")))
 		case req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > 5):
 			return t.Fail(text.WithParam("logprobs", apierr.BadRequest(fmt.Sprintf("logprobs %d; want 0 to 5", *req.Logprobs))))
 		}
-		gr, err := req.generateRequest(req.MaxTokens)
+		base, err := req.generateRequest(req.MaxTokens)
 		if err != nil {
 			return t.Fail(err)
 		}
-		if err := req.tgiKeys.apply(gr, req.Temperature != nil); err != nil {
+		if err := req.tgiKeys.apply(base, req.Temperature != nil); err != nil {
 			return t.Fail(err)
 		}
-		gr.Prompt, gr.PromptIDs = prompt, ids
 		if req.Logprobs != nil {
-			gr.Logprobs = *req.Logprobs
+			base.Logprobs = *req.Logprobs
 		}
-		return t.GenerateTo(gr, &completionWriter{model: t.Model().Model().Name, stream: req.Stream,
-			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil, ids: req.ReturnTokensAsTokenIDs})
+		m := t.Model()
+		cw := &completionWriter{model: m.Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs != nil, ids: req.ReturnTokensAsTokenIDs}
+		if len(prompts) == 1 && n == 1 && bestOf <= 1 && !req.Echo {
+			base.Prompt, base.PromptIDs = prompts[0].text, prompts[0].ids
+			return t.GenerateTo(base, cw)
+		}
+		gens := max(n, bestOf)
+		keep := 0
+		if gens > n {
+			keep = n
+			base.Logprobs = max(base.Logprobs, 0) // best_of ranks by them
+		}
+		groups := make([]text.Group, len(prompts))
+		for i, p := range prompts {
+			if req.Echo {
+				echo := p.text
+				if p.ids != nil {
+					echo = m.Decode(p.ids)
+				}
+				for range n {
+					cw.echo = append(cw.echo, echo)
+				}
+			}
+			gr := *base
+			gr.Prompt, gr.PromptIDs = p.text, p.ids
+			groups[i] = text.Group{Requests: nChoices(&gr, gens), Keep: keep}
+		}
+		return t.GenerateChoices(groups, cw)
 	})
 }
 
@@ -318,6 +389,13 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 		maxTokens := req.MaxCompletionTokens
 		if maxTokens == nil {
 			maxTokens = req.MaxTokens
+		}
+		n := 1
+		if req.N != nil {
+			n = *req.N
+		}
+		if n < 1 || n > maxChoices {
+			return t.Fail(text.WithParam("n", apierr.BadRequest(fmt.Sprintf("n %d; want 1 to %d", n, maxChoices))))
 		}
 		gr, err := req.generateRequest(maxTokens)
 		if err != nil {
@@ -364,8 +442,12 @@ func (s *API) openaiChat(w http.ResponseWriter, r *http.Request) {
 				gr.Logprobs = *req.TopLogprobs
 			}
 		}
-		return t.GenerateTo(gr, &chatWriter{model: t.Model().Model().Name, stream: req.Stream,
-			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs, tools: tools})
+		cw := &chatWriter{model: t.Model().Model().Name, stream: req.Stream,
+			usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, logprobs: req.Logprobs, ids: req.ReturnTokensAsTokenIDs, tools: tools}
+		if n == 1 {
+			return t.GenerateTo(gr, cw)
+		}
+		return t.GenerateChoices([]text.Group{{Requests: nChoices(gr, n)}}, cw)
 	})
 }
 
@@ -404,7 +486,9 @@ type completionWriter struct {
 	logprobs, ids bool
 	id            string
 	created       int64
-	offset        int // text_offset of the next token
+	offset        int      // text_offset of the next token
+	offsets       []int    // by choice, of several
+	echo          []string // by choice: the prompt it echoes (echo), sent first
 }
 
 type completionChoice struct {
@@ -468,6 +552,41 @@ func (c *completionWriter) First(int) []byte { return nil }
 
 func (c *completionWriter) Chunk(ev serving.TextEvent) []byte {
 	ch := completionChoice{Text: ev.Text, Logprobs: c.logprobsOf(ev.Tokens)}
+	if ev.Finish != "" {
+		ch.FinishReason = &ev.Finish
+	}
+	return text.SSE(c.object([]completionChoice{ch}, nil))
+}
+
+// WholeN implements [text.ChoicesWriter].
+func (c *completionWriter) WholeN(choices []text.Choice, prompt, completion int) []byte {
+	out := make([]completionChoice, len(choices))
+	for i, ch := range choices {
+		c.offset = 0
+		if i < len(c.echo) {
+			ch.Text = c.echo[i] + ch.Text
+		}
+		out[i] = completionChoice{Index: ch.Index, Text: ch.Text, Logprobs: c.logprobsOf(ch.Tokens), FinishReason: &ch.Finish}
+	}
+	return c.object(out, usageOf(prompt, completion))
+}
+
+// ChunkN implements [text.ChoicesWriter]: choice i's piece, its echoed
+// prompt before its first.
+func (c *completionWriter) ChunkN(i int, ev serving.TextEvent) []byte {
+	for len(c.offsets) <= i {
+		c.offsets = append(c.offsets, -1)
+	}
+	ch := completionChoice{Index: i, Text: ev.Text}
+	if c.offsets[i] < 0 {
+		c.offsets[i] = 0
+		if i < len(c.echo) {
+			ch.Text = c.echo[i] + ch.Text
+		}
+	}
+	c.offset = c.offsets[i]
+	ch.Logprobs = c.logprobsOf(ev.Tokens)
+	c.offsets[i] = c.offset
 	if ev.Finish != "" {
 		ch.FinishReason = &ev.Finish
 	}

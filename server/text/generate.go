@@ -77,6 +77,20 @@ func paramOf(err error) string {
 	return "prompt"
 }
 
+// generateError is err, serving's refusal of gr, as a request error
+// naming the field it is about.
+func generateError(err error, gr *serving.GenerateRequest) error {
+	if !errors.Is(err, serving.ErrBadParameter) {
+		return err
+	}
+	param := paramOf(err)
+	if param == "prompt" && gr.Messages != nil {
+		param = "messages"
+	}
+	msg := strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")
+	return WithParam(param, apierr.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
+}
+
 // Writer writes one API's answer to a generation: whole, or as a
 // stream of events.
 type Writer interface {
@@ -100,15 +114,7 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 	ctx := t.Context()
 	ts, err := t.Generate(gr)
 	if err != nil {
-		if errors.Is(err, serving.ErrBadParameter) {
-			param := paramOf(err)
-			if param == "prompt" && gr.Messages != nil {
-				param = "messages"
-			}
-			msg := strings.TrimPrefix(err.Error(), serving.ErrBadParameter.Error()+": ")
-			err = WithParam(param, apierr.BadRequest(strings.TrimPrefix(msg, "models: chat: ")))
-		}
-		return t.Fail(err)
+		return t.Fail(generateError(err, gr))
 	}
 	defer ts.Close()
 	rc := http.NewResponseController(t.W)

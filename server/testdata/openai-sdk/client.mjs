@@ -41,7 +41,7 @@ const final = await runner.finalChatCompletion();
 out.chatHelper = final.choices[0].message.content;
 
 try {
-  await client.chat.completions.create({ ...chat, n: 2 });
+  await client.chat.completions.create({ ...chat, n: 65 });
   out.error = "no error";
 } catch (e) {
   out.error = { status: e.status, param: e.param, type: e.type, message: e.message };
