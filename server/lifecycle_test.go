@@ -315,6 +315,15 @@ func lifecycleDoors() []lcDoor {
 			},
 		},
 		{
+			name: "OpenAI responses", protocol: "openai", model: "tiny-llama", generative: true,
+			without:    map[lcKind]string{lcDeadline: noTimeout("OpenAI's Responses API")},
+			budgetRoom: 2 << 10,
+			send: func(r *lcRequest) int {
+				return r.post("/v1/responses", fmt.Sprintf(
+					`{"model":%q,"input":%q,"max_output_tokens":%d,"temperature":0,"store":false}`, r.model, lcPrompt, lcTokens))
+			},
+		},
+		{
 			name: "Anthropic messages", protocol: "anthropic", model: "tiny-llama", generative: true,
 			without:    map[lcKind]string{lcDeadline: noTimeout("Anthropic's Messages API")},
 			budgetRoom: 2 << 10,

@@ -182,3 +182,74 @@ func TestOpenAINodeSDKChoices(t *testing.T) {
 	assert.NotEqual(t, out.Plain, out.Penalized)
 	assert.Len(t, out.Chat, 2)
 }
+
+// OpenAI's Responses API through the Node SDK: text (the SDK's
+// output_text), the stream's documented events accumulated by the SDK's
+// helper into the same response, json_schema output that validates, a
+// function call of an offered function with valid arguments and its
+// output sent back, previous_response_id carrying the conversation, and
+// a stored response retrieved and deleted.
+func TestOpenAINodeSDKResponses(t *testing.T) {
+	f := newGenFixture(t, "")
+	b := nodeScript(t, "openai-sdk", "openai", "responses.mjs", f.srv.URL, "SCHEMA="+structuredSchema, "TOOLS="+string(testTools))
+	var out struct {
+		Text struct {
+			Text, Status, ID, Object string
+			Usage                    map[string]any
+		}
+		Events, CompletedEvents []string
+		Streamed                struct{ Text, Deltas string }
+		Completed               struct {
+			Text, Status, Whole string
+			Usage, WholeUsage   map[string]any
+		}
+		Structured struct{ Text, Status string }
+		Call       struct {
+			Types                   []string
+			Name, Arguments, CallID string
+		}
+		Back struct {
+			Status string
+			Types  []string
+		}
+		FollowUp struct {
+			Status, Previous        string
+			InputTokens, FirstInput int
+		}
+		Stored  string
+		Deleted any
+		Error   struct {
+			Status int
+			Param  string
+		}
+	}
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	assert.Equal(t, "response", out.Text.Object)
+	assert.True(t, strings.HasPrefix(out.Text.ID, "resp_"))
+	assert.Contains(t, []string{"completed", "incomplete"}, out.Text.Status)
+	assert.NotEmpty(t, out.Text.Text)
+	assert.Equal(t, out.Text.Text, out.Streamed.Text)
+	assert.Equal(t, out.Streamed.Text, out.Streamed.Deltas)
+	assert.Equal(t, "completed", out.Completed.Status)
+	assert.Equal(t, out.Completed.Whole, out.Completed.Text)
+	assert.Equal(t, out.Completed.WholeUsage, out.Completed.Usage)
+	validStructured(t, out.Completed.Text)
+	assert.Equal(t, "response.completed", out.CompletedEvents[len(out.CompletedEvents)-1])
+	assert.Equal(t, []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"}, out.Events[:4])
+	last := out.Events[len(out.Events)-4:]
+	assert.Equal(t, []string{"response.output_text.done", "response.content_part.done", "response.output_item.done"}, last[:3])
+	assert.Contains(t, []string{"response.completed", "response.incomplete"}, last[3])
+	assert.Equal(t, "completed", out.Structured.Status)
+	validStructured(t, out.Structured.Text)
+	assert.Contains(t, out.Call.Types, "function_call")
+	assert.Contains(t, []string{"get_weather", "add"}, out.Call.Name)
+	var args map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out.Call.Arguments), &args), out.Call.Arguments)
+	assert.Contains(t, []string{"completed", "incomplete"}, out.Back.Status)
+	assert.Equal(t, out.Text.ID, out.FollowUp.Previous)
+	assert.Greater(t, out.FollowUp.InputTokens, out.FollowUp.FirstInput, "the previous response's conversation came first")
+	assert.Equal(t, out.Text.Text, out.Stored)
+	assert.Equal(t, float64(404), out.Deleted)
+	assert.Equal(t, 400, out.Error.Status)
+	assert.Equal(t, "previous_response_id", out.Error.Param)
+}

@@ -19,7 +19,10 @@ import (
 )
 
 // API is OpenAI's door over the core it is built on.
-type API struct{ c *core.Core }
+type API struct {
+	c      *core.Core
+	stored responseStore // the Responses API's stored responses
+}
 
 // New builds OpenAI's door over c.
 func New(c *core.Core) *API { return &API{c: c} }
@@ -38,5 +41,8 @@ func (s *API) Routes(r chi.Router) {
 		r.Post("/v1/chat/completions", s.openaiChat)
 		r.Get("/v1/models", s.openaiModels)
 		r.Get("/v1/models/{model}", s.openaiModelInfo)
+		r.Post("/v1/responses", s.responses)
+		r.Get("/v1/responses/{id}", s.storedResponse)
+		r.Delete("/v1/responses/{id}", s.deleteResponse)
 	})
 }
