@@ -45,11 +45,22 @@ type TopLogprob struct {
 	Logprob float32
 }
 
+// PromptLogprob is a prompt token's log-probability given the tokens
+// before it, with the most likely tokens at its place.
+type PromptLogprob struct {
+	Token   int32
+	Logprob float32
+	Top     []TopLogprob
+}
+
 // Sampled is one sequence's result of a step.
 type Sampled struct {
 	Token   int32
 	Logprob float32      // log-probability under the model (Sampling.Logprobs >= 0)
 	Top     []TopLogprob // the most likely tokens, most likely first (Sampling.Logprobs > 0)
+	// Prompt are the prompt tokens the work scored (Work.Scores), in
+	// order, for a sequence that asks (Request.ScorePrompt).
+	Prompt []PromptLogprob
 }
 
 // Request is a generation as a client asks for it.
@@ -67,6 +78,13 @@ type Request struct {
 	// the generation's last event is on its stream: the loop holds
 	// nothing of it any more, whether or not its events are read.
 	Ended func()
+	// ScorePrompt asks for the prompt's tokens' log-probabilities (each
+	// given those before it, from the first token on), with PromptTop
+	// most likely tokens at each place: computed by the steps that
+	// compute the prompt (the sequence shares no cached block), and
+	// carried by the stream's first event (Event.Prompt).
+	ScorePrompt bool
+	PromptTop   int
 	// After, when set, is the stream of a generation of the same prompt
 	// submitted before (n choices of one prompt): this one starts once
 	// that one's prompt is computed, so that it shares the prompt's
@@ -82,6 +100,9 @@ type Event struct {
 	Top     []TopLogprob
 	Finish  FinishReason
 	Err     error
+	// Prompt, on a scored sequence's first event, are its prompt tokens'
+	// log-probabilities, the second token's first (Request.ScorePrompt).
+	Prompt []PromptLogprob
 }
 
 // Last reports whether ev ends its stream.
@@ -202,6 +223,9 @@ func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	if r.After != nil {
 		q.leader = r.After.seq
 	}
+	if r.ScorePrompt {
+		q.scoring, q.promptTop, q.whole = true, r.PromptTop, true
+	}
 	st := newStream()
 	st.seq = q
 	st.onEnd = r.Ended
@@ -283,8 +307,18 @@ func (l *Loop) Run(ctx context.Context) {
 			continue
 		}
 		l.tokens = l.tokens[:0]
-		for _, s := range sampled[:len(step.Work)] {
+		for i, s := range sampled[:len(step.Work)] {
 			l.tokens = append(l.tokens, s.Token)
+			if q := step.Work[i].Seq; q.scoring {
+				// A recomputed prompt is scored again: what was kept
+				// stays.
+				from, _ := step.Work[i].Scores()
+				for j, p := range s.Prompt {
+					if from+j == len(q.prompted)+1 {
+						q.prompted = append(q.prompted, PromptLogprob{Token: p.Token, Logprob: p.Logprob, Top: slices.Clone(p.Top)})
+					}
+				}
+			}
 		}
 		l.sched.Advance(step, l.tokens)
 		for i, w := range step.Work {
@@ -297,12 +331,20 @@ func (l *Loop) Run(ctx context.Context) {
 				l.end(q, Event{Err: q.err})
 				continue
 			}
+			var prompt []PromptLogprob
+			if q.scoring && !q.promptSent {
+				prompt, q.promptSent = q.prompted, true
+				if prompt == nil {
+					prompt = []PromptLogprob{} // a one-token prompt: nothing scored, its token still listed
+				}
+			}
 			if q.Finish != FinishStop {
 				s := sampled[i]
-				st.push(Event{Token: s.Token, Logprob: s.Logprob, Top: slices.Clone(s.Top)})
+				st.push(Event{Token: s.Token, Logprob: s.Logprob, Top: slices.Clone(s.Top), Prompt: prompt})
+				prompt = nil
 			}
 			if q.Finish != NotFinished {
-				l.end(q, Event{Finish: q.Finish})
+				l.end(q, Event{Finish: q.Finish, Prompt: prompt})
 			}
 		}
 	}

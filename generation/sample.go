@@ -73,6 +73,18 @@ func (sp *Sampler) Sample(logits []float32, mask []uint32, s Sampling, pos int, 
 	return out
 }
 
+// Score is token's log-probability under logits (a vocabulary's, raw:
+// no temperature, penalty or mask), with the top most likely tokens'
+// appended to dst: a prompt token's score (Request.ScorePrompt).
+func Score(logits []float32, token int32, top int, dst []TopLogprob) PromptLogprob {
+	lse := logSumExp(logits)
+	out := PromptLogprob{Token: token, Logprob: logits[token] - lse}
+	if top > 0 {
+		out.Top = topN(logits, top, lse, dst[:0])
+	}
+	return out
+}
+
 // argmax is the first index of the largest value (torch.argmax's).
 func argmax(x []float32) int32 {
 	best := 0

@@ -56,17 +56,23 @@ type Sequence struct {
 	Output []int32      // the tokens generated so far
 	Finish FinishReason // why it ended, once it has
 
-	arrival   uint64
-	lane      int       // its place among the running, plus one; 0 while it waits
-	whole     bool      // it computes its whole prompt, sharing no cached block
-	leader    *Sequence // a sequence of the same prompt it starts after (Request.After)
-	mask      []uint32  // Constraint's mask for the step being run
-	err       error     // why the loop ends it with an error (a broken constraint)
-	table     []int32   // its KV cache blocks, in token order
-	hashes    []uint64  // the chain hashes of its whole computed blocks (prefix caching)
-	computed  int       // its tokens whose keys and values are in the cache
-	running   bool
-	cancelled bool
+	arrival uint64
+	lane    int       // its place among the running, plus one; 0 while it waits
+	whole   bool      // it computes its whole prompt, sharing no cached block
+	leader  *Sequence // a sequence of the same prompt it starts after (Request.After)
+	// Prompt scoring (Request.ScorePrompt): the log-probabilities kept
+	// so far, of tokens 1.., and whether the stream has them.
+	scoring    bool
+	promptTop  int
+	prompted   []PromptLogprob
+	promptSent bool
+	mask       []uint32 // Constraint's mask for the step being run
+	err        error    // why the loop ends it with an error (a broken constraint)
+	table      []int32  // its KV cache blocks, in token order
+	hashes     []uint64 // the chain hashes of its whole computed blocks (prefix caching)
+	computed   int      // its tokens whose keys and values are in the cache
+	running    bool
+	cancelled  bool
 }
 
 // Lane is the sequence's place among the running sequences, from 0 to
@@ -104,6 +110,26 @@ type Work struct {
 // Mask is the tokens the sequence may sample in the step being run (see
 // [Constraint.Mask]); nil when any may be, or the step does not sample it.
 func (q *Sequence) Mask() []uint32 { return q.mask }
+
+// ScoresPrompt reports whether the sequence asks for its prompt tokens'
+// log-probabilities, and how many most likely tokens at each place.
+func (q *Sequence) ScoresPrompt() (bool, int) { return q.scoring, q.promptTop }
+
+// Scores is the prompt tokens the work scores, positions [from, to): the
+// logits at each of its positions predict the next token, which is
+// scored while it is a prompt token (the first token has none); from ==
+// to when the sequence does not ask (ScoresPrompt).
+func (w Work) Scores() (from, to int) {
+	q := w.Seq
+	if !q.scoring {
+		return 0, 0
+	}
+	from, to = w.Start+1, min(w.End, len(q.Prompt)-1)+1
+	if from >= to {
+		return from, from
+	}
+	return from, to
+}
 
 // Samples reports whether the step samples the sequence's next token.
 // It is fixed when the step is scheduled: Advance, which lengthens the

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -126,9 +127,23 @@ func TestCompletionChoices(t *testing.T) {
 	full := float64(three.Usage.PromptTokens / 16 * 16) // tiny-llama's blocks are 16 tokens
 	assert.GreaterOrEqual(t, hits, 2*full, "the other two choices share the first's %v prompt tokens in whole blocks", full)
 
+	// A one-token prompt echoed with logprobs: its token listed, null.
+	st, one1 := f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": []int{9}, "max_tokens": 2, "echo": true, "logprobs": 0})
+	require.Equal(t, 200, st, string(one1))
+	var e1 struct {
+		Choices []struct {
+			Logprobs struct {
+				TokenLogprobs []*float64 `json:"token_logprobs"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(one1, &e1))
+	require.Len(t, e1.Choices[0].Logprobs.TokenLogprobs, 3)
+	assert.Nil(t, e1.Choices[0].Logprobs.TokenLogprobs[0])
+
 	for _, bad := range []map[string]any{
 		{"prompt": "x", "n": 0}, {"prompt": "x", "n": 2, "best_of": 1}, {"prompt": "x", "best_of": 3, "stream": true},
-		{"prompt": "x", "echo": true, "logprobs": 1}, {"prompt": []string{}}, {"prompt": "x", "n": 65},
+		{"prompt": []string{}}, {"prompt": "x", "n": 65},
 	} {
 		bad["model"] = "tiny-llama"
 		st, b := f.post(t, "/v1/completions", bad)
@@ -179,5 +194,66 @@ func TestChatChoices(t *testing.T) {
 	assert.Equal(t, map[int]int{0: 1, 1: 1, 2: 1}, roles)
 	for i := range 3 {
 		assert.Equal(t, c.Choices[i].Message.Content, texts[i], "choice %d", i)
+	}
+}
+
+// echo with logprobs: the prompt's tokens come first with their
+// log-probabilities (the first null), computed by the steps that compute
+// the prompt; a prompt of a greedy answer's own tokens scores them as
+// the decode steps that sampled them did.
+func TestEchoLogprobs(t *testing.T) {
+	f := newGenFixture(t, "")
+	type lp struct {
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []*float64           `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	}
+	ask := func(body map[string]any) (string, lp) {
+		body["model"], body["return_tokens_as_token_ids"] = "tiny-llama", true
+		st, b := f.post(t, "/v1/completions", body)
+		require.Equal(t, 200, st, string(b))
+		var a struct {
+			Choices []struct {
+				Text     string `json:"text"`
+				Logprobs lp     `json:"logprobs"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal(b, &a), string(b))
+		return a.Choices[0].Text, a.Choices[0].Logprobs
+	}
+	ids := func(names []string) []int {
+		var out []int
+		for _, n := range names {
+			var id int
+			_, err := fmt.Sscanf(n, "token_id:%d", &id)
+			require.NoError(t, err)
+			out = append(out, id)
+		}
+		return out
+	}
+	const prompt = "the cat sat on the mat"
+	text, echoed := ask(map[string]any{"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": true, "logprobs": 2})
+	assert.True(t, strings.HasPrefix(text, prompt), text)
+	promptIDs := ids(echoed.Tokens[:len(echoed.Tokens)-6])
+	require.NotEmpty(t, promptIDs)
+	assert.Nil(t, echoed.TokenLogprobs[0], "the first token has nothing before it")
+	assert.Nil(t, echoed.TopLogprobs[0])
+	for i := 1; i < len(echoed.TokenLogprobs); i++ {
+		require.NotNil(t, echoed.TokenLogprobs[i], "token %d", i)
+		assert.LessOrEqual(t, *echoed.TokenLogprobs[i], 0.0)
+		assert.Len(t, echoed.TopLogprobs[i], 2)
+	}
+	// The answer's own tokens as a prompt: scored as they were sampled.
+	_, plain := ask(map[string]any{"prompt": promptIDs, "max_tokens": 6, "temperature": 0, "logprobs": 0})
+	both := append(promptIDs, ids(plain.Tokens)...)
+	_, rescored := ask(map[string]any{"prompt": both, "max_tokens": 1, "temperature": 0, "echo": true, "logprobs": 0})
+	require.Len(t, rescored.TokenLogprobs, len(both)+1)
+	for k := range 6 {
+		got := rescored.TokenLogprobs[len(promptIDs)+k]
+		require.NotNil(t, got)
+		assert.InDelta(t, *plain.TokenLogprobs[k], *got, 2e-3, "token %d: sampled by a decode step, scored by the prefill", k)
+	}
+	for k := 1; k < len(promptIDs); k++ {
+		assert.InDelta(t, *echoed.TokenLogprobs[k], *rescored.TokenLogprobs[k], 1e-4, "prompt token %d scored alike", k)
 	}
 }

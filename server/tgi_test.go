@@ -151,6 +151,27 @@ func TestTGIRoutes(t *testing.T) {
 	assert.True(t, strings.HasSuffix(cut.GeneratedText, stop), cut.GeneratedText)
 	assert.True(t, strings.HasPrefix(greedy.GeneratedText, cut.GeneratedText), "%q, %q", greedy.GeneratedText, cut.GeneratedText)
 
+	// decoder_input_details: the prompt's tokens with their scores, the
+	// first null.
+	st, b = f.post(t, "/generate", map[string]any{"inputs": prompt, "parameters": map[string]any{"max_new_tokens": 2, "details": true, "decoder_input_details": true}})
+	require.Equal(t, 200, st, string(b))
+	tgiValidate(t, "generate", b)
+	var pre struct {
+		Details struct {
+			Prefill []struct {
+				ID      int      `json:"id"`
+				Logprob *float64 `json:"logprob"`
+			} `json:"prefill"`
+		} `json:"details"`
+	}
+	require.NoError(t, json.Unmarshal(b, &pre))
+	require.Greater(t, len(pre.Details.Prefill), 2)
+	assert.Nil(t, pre.Details.Prefill[0].Logprob)
+	for _, p := range pre.Details.Prefill[1:] {
+		require.NotNil(t, p.Logprob)
+		assert.LessOrEqual(t, *p.Logprob, 0.0)
+	}
+
 	full := f.tgi(t, map[string]any{"inputs": prompt, "parameters": map[string]any{"max_new_tokens": 12, "return_full_text": true}})
 	assert.Equal(t, prompt+greedy.GeneratedText, full.GeneratedText)
 
@@ -245,6 +266,9 @@ func TestTGIRoutes(t *testing.T) {
 		assert.Contains(t, string(b), bad.want)
 		assert.Contains(t, string(b), `"error_type":"validation"`)
 	}
+	st, b = f.post(t, "/generate_stream", map[string]any{"inputs": "x", "parameters": map[string]any{"decoder_input_details": true}})
+	assert.Equal(t, http.StatusUnprocessableEntity, st, string(b))
+	assert.Contains(t, string(b), "not supported when streaming")
 	assert.Positive(t, testutil.ToFloat64(f.s.c.Metrics.Requests.WithLabelValues("tiny-llama", "success", "tgi")))
 	assert.Positive(t, testutil.ToFloat64(f.s.c.Metrics.Requests.WithLabelValues("tiny-llama", "invalid", "tgi")))
 }

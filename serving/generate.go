@@ -78,6 +78,10 @@ type GenerateRequest struct {
 	// StopTokenIDs end the generation as an end-of-sequence token does
 	// (vLLM's stop_token_ids), not part of the output.
 	StopTokenIDs []int32
+	// ScorePrompt asks for the prompt tokens' log-probabilities (echo
+	// with logprobs, TGI's decoder_input_details), with Logprobs most
+	// likely tokens at each place: the first event's TextEvent.Prompt.
+	ScorePrompt bool
 	// After, when set, is a generation of the same request's prompt
 	// started before (n choices): this one starts once that one's prompt
 	// is computed, and shares its cached blocks.
@@ -121,6 +125,10 @@ type TextEvent struct {
 	// event; "" for any other end.
 	Stop string
 	Err  error
+	// Prompt, on the first event of a generation that asked
+	// (ScorePrompt), are the prompt's tokens, each with its
+	// log-probability given those before it (NaN for the first).
+	Prompt []TokenInfo
 }
 
 // generator is a decoder model's loop on its engine.
@@ -309,6 +317,9 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if err != nil {
 		return nil, err
 	}
+	if r.ScorePrompt && m.engine != "cpu" {
+		return nil, badGenerate("the prompt's log-probabilities (echo with logprobs, decoder_input_details) are computed on the cpu engine only; model %s runs on the %s engine", m.model.Name, m.engine)
+	}
 	if sampling.Penalties.Active() && !g.opts.Structured() && m.engine != "cpu" {
 		return nil, badGenerate("penalties and logit_bias run in the masked decode steps on the %s engine, which model %s's generation.structured_output false leaves out", m.engine, m.model.Name)
 	}
@@ -394,7 +405,8 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		after = r.After.st
 	}
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
-		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release, After: after})
+		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release, After: after,
+		ScorePrompt: r.ScorePrompt, PromptTop: max(r.Logprobs, 0)})
 	if err != nil {
 		release()
 		cancel()
@@ -407,7 +419,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		return nil, err
 	}
 	g.metrics.promptTokens.Add(float64(len(prompt)))
-	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0,
+	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0, prompt: prompt,
 		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt), maxTokens: maxTokens, top: max(r.Logprobs, 0)}
 	return ts, nil
 }

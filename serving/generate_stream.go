@@ -24,7 +24,8 @@ type TextStream struct {
 	dec      *tokenizers.Stream
 	stops    []string
 	logprobs bool
-	pending  string // text held back: it may begin a stop string
+	prompt   []int32 // its prompt's tokens
+	pending  string  // text held back: it may begin a stop string
 	done     bool
 	start    time.Time
 	first    time.Time
@@ -50,6 +51,9 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 		ev, ok := s.st.Next(ctx)
 		if !ok && ev.Err == nil {
 			ev.Err = ErrDraining // the stream ended without its last event: cannot happen
+		}
+		if ev.Prompt != nil {
+			out.Prompt = s.promptInfo(ev.Prompt)
 		}
 		if ev.Err != nil {
 			s.done = true
@@ -167,6 +171,26 @@ func (s *TextStream) info(ev generation.Event) TokenInfo {
 			Logprob: finiteLogprob(t.Logprob)})
 	}
 	return ti
+}
+
+// promptInfo is the prompt's tokens with their scores (of tokens 1..).
+func (s *TextStream) promptInfo(scored []generation.PromptLogprob) []TokenInfo {
+	tok := s.g.tok.Tokenizers()
+	out := make([]TokenInfo, len(s.prompt))
+	for i, id := range s.prompt {
+		out[i] = TokenInfo{ID: id, Text: tok.Decode([]int64{int64(id)}, false), Bytes: tok.TokenBytes(int64(id)), Special: tok.Special(int64(id)),
+			Logprob: float32(math.NaN())}
+		if i == 0 || i-1 >= len(scored) {
+			continue
+		}
+		sc := scored[i-1]
+		out[i].Logprob = finiteLogprob(sc.Logprob)
+		for _, t := range sc.Top {
+			out[i].Top = append(out[i].Top, TopToken{ID: t.Token, Text: tok.Decode([]int64{int64(t.Token)}, false), Bytes: tok.TokenBytes(int64(t.Token)),
+				Logprob: finiteLogprob(t.Logprob)})
+		}
+	}
+	return out
 }
 
 // finiteLogprob is lp, or -9999 (what OpenAI answers for a token of no

@@ -72,6 +72,7 @@ type decoderPlan struct {
 	// tokens of one-token works (decodes) and the works of more (prompt
 	// chunks), whose attention runs as products.
 	tokWork        []int32
+	workStart      []int // each work's first token's index in the step
 	singles, multi []int32
 	// Per thread, for a chunk's attention: the sequence's keys and
 	// values gathered from the cache, and the chunk's scores.
@@ -180,7 +181,9 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 	// cache slot; the rows whose last token samples.
 	t, rows := 0, 0
 	p.singles, p.multi = p.singles[:0], p.multi[:0]
+	p.workStart = p.workStart[:0]
 	for wi, w := range step.Work {
+		p.workStart = append(p.workStart, t)
 		table := w.Seq.BlockTable()
 		if w.End-w.Start == 1 {
 			p.singles = append(p.singles, int32(t))
@@ -238,7 +241,37 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 		p.out[i] = p.sampler.Sample(logits, w.Seq.Mask(), w.Seq.Sampling, w.End, p.top[i][:0])
 		r++
 	}
+	for i, w := range step.Work {
+		if from, to := w.Scores(); from < to {
+			p.out[i].Prompt = p.scorePrompt(cr, threads, w, p.workStart[i], from, to)
+		}
+	}
 	return p.out[:len(step.Work)], nil
+}
+
+// scorePrompt scores w's prompt tokens at positions [from, to) from the
+// hidden states of the tokens before them (w's tokens start at step
+// index t0): their final norm and logits in batches of the sampled
+// rows' buffers, each token's log-probability and most likely tokens.
+func (p *decoderPlan) scorePrompt(cr *crew, threads int, w generation.Work, t0, from, to int) []generation.PromptLogprob {
+	c := p.cfg
+	H, V := c.Hidden, c.Vocab
+	_, top := w.Seq.ScoresPrompt()
+	out := make([]generation.PromptLogprob, 0, to-from)
+	batch := len(p.logits) / V
+	for at := from; at < to; at += batch {
+		n := min(batch, to-at)
+		for r := range n {
+			t := t0 + (at + r - 1 - w.Start) // the token before the scored one
+			rmsNorm(p.hs[r*H:(r+1)*H], p.x[t*H:(t+1)*H], p.norm, p.eps)
+		}
+		linearPar(cr, threads, n, p.hs, p.head, p.logits, nil, actNone)
+		for r := range n {
+			s := generation.Score(p.logits[r*V:(r+1)*V], w.Seq.Token(at+r), top, make([]generation.TopLogprob, 0, top))
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // layer runs transformer block l on the step's T tokens in p.x.

@@ -251,6 +251,11 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	}
 	d.held = d.held[:0]
 	for i, w := range step.Work {
+		if from, to := w.Scores(); from < to {
+			// serving refuses these on this engine: its graphs return
+			// no prompt log-probabilities.
+			return nil, fmt.Errorf("rbln: model %s: the prompt's log-probabilities are not computed by the worker's step graphs", d.p.model.Name)
+		}
 		if !masked(w) {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -321,8 +322,6 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 			return t.Fail(text.WithParam("best_of", apierr.BadRequest("best_of above n cannot be streamed: the best are known once all have ended")))
 		case len(prompts)*max(n, bestOf) > maxChoices:
 			return t.Fail(text.WithParam("prompt", apierr.BadRequest(fmt.Sprintf("%d prompts of %d generations each make %d; want at most %d a request", len(prompts), max(n, bestOf), len(prompts)*max(n, bestOf), maxChoices))))
-		case req.Echo && req.Logprobs != nil:
-			return t.Fail(text.WithParam("echo", apierr.BadRequest("echo with logprobs: the prompt's log-probabilities are not computed; ask for echo or logprobs")))
 		case req.Suffix != nil && *req.Suffix != "":
 			return t.Fail(text.WithParam("suffix", apierr.BadRequest("suffix is not supported; leave it out")))
 		case req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > 5):
@@ -337,6 +336,7 @@ func (s *API) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		if req.Logprobs != nil {
 			base.Logprobs = *req.Logprobs
+			base.ScorePrompt = req.Echo // the prompt's tokens scored in its prefill steps
 		}
 		m := t.Model()
 		cw := &completionWriter{model: m.Model().Name, stream: req.Stream,
@@ -500,7 +500,7 @@ type completionChoice struct {
 
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"` // null for the prompt's first token (echo)
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -513,21 +513,28 @@ func (c *completionWriter) init() {
 	}
 }
 
-func (c *completionWriter) logprobsOf(tokens []serving.TokenInfo) *completionLogprobs {
+func (c *completionWriter) logprobsOf(tokens ...[]serving.TokenInfo) *completionLogprobs {
 	if !c.logprobs {
 		return nil
 	}
-	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
-	for _, t := range tokens {
-		lp.Tokens = append(lp.Tokens, tokenName(t.ID, t.Text, c.ids))
-		lp.TokenLogprobs = append(lp.TokenLogprobs, t.Logprob)
-		top := map[string]float32{}
-		for _, x := range t.Top {
-			top[tokenName(x.ID, x.Text, c.ids)] = x.Logprob
+	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	for _, list := range tokens {
+		for _, t := range list {
+			lp.Tokens = append(lp.Tokens, tokenName(t.ID, t.Text, c.ids))
+			lp.TextOffset = append(lp.TextOffset, c.offset)
+			c.offset += len(t.Text)
+			if math.IsNaN(float64(t.Logprob)) { // the prompt's first token: nothing before it
+				lp.TokenLogprobs, lp.TopLogprobs = append(lp.TokenLogprobs, nil), append(lp.TopLogprobs, nil)
+				continue
+			}
+			v := t.Logprob
+			lp.TokenLogprobs = append(lp.TokenLogprobs, &v)
+			top := map[string]float32{}
+			for _, x := range t.Top {
+				top[tokenName(x.ID, x.Text, c.ids)] = x.Logprob
+			}
+			lp.TopLogprobs = append(lp.TopLogprobs, top)
 		}
-		lp.TopLogprobs = append(lp.TopLogprobs, top)
-		lp.TextOffset = append(lp.TextOffset, c.offset)
-		c.offset += len(t.Text)
 	}
 	return lp
 }
@@ -566,7 +573,7 @@ func (c *completionWriter) WholeN(choices []text.Choice, prompt, completion int)
 		if i < len(c.echo) {
 			ch.Text = c.echo[i] + ch.Text
 		}
-		out[i] = completionChoice{Index: ch.Index, Text: ch.Text, Logprobs: c.logprobsOf(ch.Tokens), FinishReason: &ch.Finish}
+		out[i] = completionChoice{Index: ch.Index, Text: ch.Text, Logprobs: c.logprobsOf(ch.Prompt, ch.Tokens), FinishReason: &ch.Finish}
 	}
 	return c.object(out, usageOf(prompt, completion))
 }
@@ -585,7 +592,7 @@ func (c *completionWriter) ChunkN(i int, ev serving.TextEvent) []byte {
 		}
 	}
 	c.offset = c.offsets[i]
-	ch.Logprobs = c.logprobsOf(ev.Tokens)
+	ch.Logprobs = c.logprobsOf(ev.Prompt, ev.Tokens)
 	c.offsets[i] = c.offset
 	if ev.Finish != "" {
 		ch.FinishReason = &ev.Finish

@@ -35,6 +35,9 @@ type Choice struct {
 	Tokens []serving.TokenInfo
 	Finish string
 	Stop   string
+	// Prompt are the prompt's tokens with their log-probabilities, where
+	// the generation asked (serving.GenerateRequest.ScorePrompt).
+	Prompt []serving.TokenInfo
 	// Logprob sums the tokens' log-probabilities (best_of's measure).
 	Logprob float64
 }
@@ -137,6 +140,9 @@ func (t *Request) GenerateChoices(groups []Group, gw ChoicesWriter) int {
 				return t.Fail(e.ev.Err)
 			}
 			c := &choices[e.i]
+			if e.ev.Prompt != nil {
+				c.Prompt = e.ev.Prompt
+			}
 			texts[e.i].WriteString(e.ev.Text)
 			c.Tokens = append(c.Tokens, e.ev.Tokens...)
 			for _, tk := range e.ev.Tokens {

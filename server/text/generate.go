@@ -129,6 +129,9 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 			if ev.Err != nil {
 				return t.Fail(ev.Err)
 			}
+			if pw, ok := gw.(interface{ PromptTokens([]serving.TokenInfo) }); ok && ev.Prompt != nil {
+				pw.PromptTokens(ev.Prompt) // the prompt's scores, for the APIs that answer them
+			}
 			text.WriteString(ev.Text)
 			tokens = append(tokens, ev.Tokens...)
 			if ev.Finish != "" {

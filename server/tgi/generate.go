@@ -108,8 +108,8 @@ func (s *API) prepare(req *request, stream, compat bool) (*serving.GenerateReque
 		return nil, nil, bad("adapter_id %q: no LoRA adapter is served here", apierr.ClipName(*p.AdapterID))
 	case p.BestOf != nil && *p.BestOf != 1:
 		return nil, nil, bad("best_of %d: one sequence is generated a request (max_best_of 1)", *p.BestOf)
-	case p.DecoderInputDetails:
-		return nil, nil, bad("decoder_input_details: the prompt's log-probabilities are not computed")
+	case p.DecoderInputDetails && stream:
+		return nil, nil, bad("`decoder_input_details` == true is not supported when streaming tokens")
 	case p.Watermark:
 		return nil, nil, bad("watermark: no watermarking is applied here")
 	case p.TypicalP != nil:
@@ -141,6 +141,7 @@ func (s *API) prepare(req *request, stream, compat bool) (*serving.GenerateReque
 	if p.TopNTokens != nil {
 		gr.Logprobs, w.top = *p.TopNTokens, *p.TopNTokens
 	}
+	gr.ScorePrompt = p.DecoderInputDetails
 	if p.Truncate != nil {
 		gr.Truncate = *p.Truncate
 	}

@@ -19,11 +19,12 @@ type writer struct {
 	end                     serving.TokenInfo
 	hasEnd                  bool
 
-	stop   string // the stop sequence that ended it
-	prompt int    // its tokens
-	text   []byte // the text so far (a stream's last event carries it)
-	held   *serving.TokenInfo
-	index  int
+	stop    string              // the stop sequence that ended it
+	prefill []serving.TokenInfo // the prompt's tokens, scored (decoder_input_details)
+	prompt  int                 // its tokens
+	text    []byte              // the text so far (a stream's last event carries it)
+	held    *serving.TokenInfo
+	index   int
 }
 
 // token is TGI's Token.
@@ -53,12 +54,20 @@ func topOf(ti *serving.TokenInfo) []token {
 }
 
 type details struct {
-	FinishReason    string    `json:"finish_reason"`
-	GeneratedTokens int       `json:"generated_tokens"`
-	Seed            *int64    `json:"seed"`
-	Prefill         []token   `json:"prefill"`
-	Tokens          []token   `json:"tokens"`
-	TopTokens       [][]token `json:"top_tokens,omitempty"`
+	FinishReason    string         `json:"finish_reason"`
+	GeneratedTokens int            `json:"generated_tokens"`
+	Seed            *int64         `json:"seed"`
+	Prefill         []prefillToken `json:"prefill"`
+	Tokens          []token        `json:"tokens"`
+	TopTokens       [][]token      `json:"top_tokens,omitempty"`
+}
+
+// prefillToken is TGI's PrefillToken: a prompt token, its
+// log-probability null for the first.
+type prefillToken struct {
+	ID      int32    `json:"id"`
+	Text    string   `json:"text"`
+	Logprob *float32 `json:"logprob"`
 }
 
 type response struct {
@@ -99,13 +108,20 @@ func (w *writer) generated(out string) string { return w.prefix + out + w.stop }
 
 func (w *writer) Streaming() bool { return w.stream }
 
+// PromptTokens records the prompt's scored tokens.
+func (w *writer) PromptTokens(p []serving.TokenInfo) { w.prefill = p }
+
 // StopString records the stop sequence that ended a whole answer.
 func (w *writer) StopString(s string) { w.stop = s }
 
 func (w *writer) Whole(out string, tokens []serving.TokenInfo, finish string, _, completion int) []byte {
 	r := response{GeneratedText: w.generated(out)}
 	if w.details {
-		d := &details{FinishReason: w.finishReason(finish), GeneratedTokens: completion, Seed: w.seed, Prefill: []token{}, Tokens: []token{}}
+		d := &details{FinishReason: w.finishReason(finish), GeneratedTokens: completion, Seed: w.seed, Prefill: []prefillToken{}, Tokens: []token{}}
+		for i := range w.prefill {
+			t := tokenOf(&w.prefill[i])
+			d.Prefill = append(d.Prefill, prefillToken{ID: t.ID, Text: t.Text, Logprob: t.Logprob})
+		}
 		for i := range tokens {
 			d.Tokens = append(d.Tokens, tokenOf(&tokens[i]))
 			if w.top > 0 {
