@@ -58,7 +58,17 @@ type GenerationOptions struct {
 	// for it, one more graph each (default true). False refuses such
 	// requests with 400.
 	StructuredOutput *bool `yaml:"structured_output"`
+	// PromptLogprobs serves the prompt's tokens' log-probabilities (echo
+	// with logprobs, TGI's decoder_input_details): the torch and rbln
+	// engines compile a scoring twin of every prefill bucket for them,
+	// one more graph each (default true). False refuses them with 400 on
+	// those engines.
+	PromptLogprobs *bool `yaml:"prompt_logprobs"`
 }
+
+// ScoresPrompts reports whether the model serves the prompt's
+// log-probabilities (generation.prompt_logprobs).
+func (g *GenerationOptions) ScoresPrompts() bool { return g.PromptLogprobs == nil || *g.PromptLogprobs }
 
 // Structured reports whether the model serves structured output
 // (generation.structured_output).

@@ -257,3 +257,14 @@ func TestEchoLogprobs(t *testing.T) {
 		assert.InDelta(t, *echoed.TokenLogprobs[k], *rescored.TokenLogprobs[k], 1e-4, "prompt token %d scored alike", k)
 	}
 }
+
+// generation.prompt_logprobs false: echo with logprobs is refused naming
+// the key; echo alone is answered.
+func TestPromptLogprobsOff(t *testing.T) {
+	f := newGenFixture(t, "generation:\n  prompt_logprobs: false\n")
+	st, b := f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "x", "max_tokens": 2, "echo": true, "logprobs": 0})
+	assert.Equal(t, 400, st, string(b))
+	assert.Contains(t, string(b), "generation.prompt_logprobs false")
+	st, b = f.post(t, "/v1/completions", map[string]any{"model": "tiny-llama", "prompt": "x", "max_tokens": 2, "echo": true})
+	assert.Equal(t, 200, st, string(b))
+}

@@ -317,8 +317,8 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if err != nil {
 		return nil, err
 	}
-	if r.ScorePrompt && m.engine != "cpu" {
-		return nil, badGenerate("the prompt's log-probabilities (echo with logprobs, decoder_input_details) are computed on the cpu engine only; model %s runs on the %s engine", m.model.Name, m.engine)
+	if r.ScorePrompt && !g.opts.ScoresPrompts() {
+		return nil, badGenerate("model %s does not serve the prompt's log-probabilities (echo with logprobs, decoder_input_details): its model.yaml sets generation.prompt_logprobs false", m.model.Name)
 	}
 	if sampling.Penalties.Active() && !g.opts.Structured() && m.engine != "cpu" {
 		return nil, badGenerate("penalties and logit_bias run in the masked decode steps on the %s engine, which model %s's generation.structured_output false leaves out", m.engine, m.model.Name)

@@ -132,15 +132,15 @@ generation:
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&x))
 	// 2 batch sizes x (3 context partitions, masked and not, + 1 prefill
-	// chunk length).
-	require.Len(t, x.Programs, 14)
+	// chunk length, scoring and not).
+	require.Len(t, x.Programs, 16)
 	kinds := map[string]int{}
 	for _, r := range x.Programs {
 		kinds[r.Kind]++
 	}
 	total := enginetest.CompiledWhole(t, x.Programs)
-	assert.Equal(t, map[string]int{"decode": 12, "prefill": 2}, kinds)
-	t.Logf("14 programs compiled in %.1f s in all", total)
+	assert.Equal(t, map[string]int{"decode": 12, "prefill": 4}, kinds)
+	t.Logf("16 programs compiled in %.1f s in all", total)
 	metrics := scrape(t, p.base)
 	assert.NotRegexp(t, `stepserve_program_recompiles\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)
 	assert.NotRegexp(t, `stepserve_step_audit_findings\{[^}]*model="tiny-llama"[^}]*\} [1-9]`, metrics)

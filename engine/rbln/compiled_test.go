@@ -401,7 +401,7 @@ func TestCompiledDecoderAgreesWithEagerAndCPU(t *testing.T) {
 				got[i][3] = enginetest.Generate(t, loop, prompts, 16, penalized)
 				if i == 2 {
 					reports := dec.(engine.ProgramReporter).Programs(context.Background())
-					require.Len(t, reports, 1+2*len(m.Config.Buckets.Context), "a prefill, the decodes and their masked twins")
+					require.Len(t, reports, 2+2*len(m.Config.Buckets.Context), "a prefill and its scoring twin, the decodes and their masked twins")
 					enginetest.CompiledWhole(t, reports)
 				}
 			}

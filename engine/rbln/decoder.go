@@ -54,8 +54,19 @@ const (
 	metaRepetition
 	metaFrequency
 	metaPresence
+	metaNext // a scoring prefill row's next prompt token, after its last: the last position's scored token
 	metaFields
 )
+
+// promptTop is how many most likely tokens a scoring prefill step
+// returns at each position (decoder.py's PROMPT_TOP).
+const promptTop = 5
+
+// scoreWords is what a scoring prefill step of T tokens returns per row
+// after the sampled token's: per position the next token's
+// log-probability and the promptTop most likely tokens' ids and
+// log-probabilities.
+func scoreWords(T int) int { return T * (1 + 2*promptTop) }
 
 // maskWords is how many int32 words a row's token mask takes in a masked
 // decode step: a bit a token of the vocabulary, as
@@ -106,11 +117,18 @@ func decoderStepConfig(cfg *models.Config) *models.Config {
 	return &c
 }
 
-// maskedStepConfig is the staging of step's masked decode buckets (step
-// is the model with decoderStepConfig's configuration): each row carries
-// its token mask after its block table.
-func maskedStepConfig(step *models.Model) *models.Config {
+// maskedStepConfig is the staging of step's masked bucket s (step is the
+// model with decoderStepConfig's configuration): a masked decode step's
+// rows carry their token mask and logit bias after the block table; a
+// scoring prefill step returns every position's scores after the
+// sampled row.
+func maskedStepConfig(step *models.Model, s bucketing.Shape) *models.Config {
 	c := *step.Config
+	if s.Seq > 1 {
+		c.Outputs = slices.Clone(c.Outputs)
+		c.Outputs[0].Shape = []int{-1, c.Outputs[0].Shape[1] + scoreWords(s.Seq)}
+		return &c
+	}
 	c.Inputs = slices.Clone(c.Inputs)
 	rows := &c.Inputs[1]
 	rows.Shape = []int{-1, rows.Shape[1] + samplingWords(step.Decoder.Config.Vocab)}
@@ -131,9 +149,10 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		return nil, err
 	}
 	// Decode buckets by batch and context partition, prefill ones by
-	// batch and chunk length (over the whole context), and for structured
-	// output each decode bucket's masked twin.
-	var decodes, prefills, masked []bucketing.Shape
+	// batch and chunk length (over the whole context), for structured
+	// output each decode bucket's masked twin, and for the prompt's
+	// log-probabilities each prefill bucket's scoring twin.
+	var decodes, prefills, masked, scoring []bucketing.Shape
 	for _, b := range cfg.Buckets.Batch {
 		for _, c := range cfg.Buckets.Context {
 			decodes = append(decodes, bucketing.Shape{Batch: b, Seq: 1, Ctx: c})
@@ -148,13 +167,24 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 			masked = append(masked, s)
 		}
 	}
+	if cfg.Generation.ScoresPrompts() {
+		if n := int64(slices.Max(cfg.Buckets.Batch)) * int64(slices.Max(cfg.Buckets.Seq)) * int64(m.Decoder.Config.Vocab); n >= 1<<31 {
+			return nil, fmt.Errorf("rbln: model %s: a scoring prefill step of %d rows of %d tokens over %d vocabulary entries overflows its int32 offsets; use smaller buckets, or set generation.prompt_logprobs false",
+				m.Name, slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Seq), m.Decoder.Config.Vocab)
+		}
+		for _, s := range prefills {
+			s.Mask = true
+			scoring = append(scoring, s)
+		}
+	}
 	step := *m
 	step.Config = decoderStepConfig(cfg)
-	p, err := newProgram(ctx, workers[0], &step, slices.Concat(decodes, prefills, masked))
+	p, err := newProgram(ctx, workers[0], &step, slices.Concat(decodes, prefills, masked, scoring))
 	if err != nil {
 		return nil, err
 	}
-	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, geo: geometryOf(cfg.Generation), decodes: len(decodes), prefills: len(prefills),
+	d := &decoder{p: p, cfg: m.Decoder.Config, gen: *cfg.Generation, geo: geometryOf(cfg.Generation),
+		decodes: len(decodes), prefills: len(prefills), masked: len(masked),
 		traffic: bucketing.NewContextTraffic(slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Context), cfg.Generation.BlockSize, 0),
 		warmups: make([]engine.Explain, len(p.shapes))}
 	for i := range p.shapes {
@@ -208,8 +238,10 @@ type decoder struct {
 	gen models.GenerationOptions
 	geo generation.Geometry // the KV cache's: a row's block table is TableWidth entries
 	// The buckets are decodes decode ones, then prefills prefill ones,
-	// then the decode ones' masked twins (none without structured output).
-	decodes, prefills int
+	// then masked masked twins of the decode ones (none without
+	// structured output), then the prefill ones' scoring twins (none
+	// without prompt_logprobs).
+	decodes, prefills, masked int
 	// life is the program's worker life the KV cache was filled in: a
 	// worker that restarted lost it.
 	life uint64
@@ -232,6 +264,21 @@ type piece struct {
 	w          int // the work's index in the step
 	start, end int
 	samples    bool
+	scores     bool // it scores prompt tokens (in a scoring prefill step)
+}
+
+// ranges of the buckets by kind: [lo, hi) in d.p.shapes.
+func (d *decoder) decodeRange() (int, int)  { return 0, d.decodes }
+func (d *decoder) prefillRange() (int, int) { return d.decodes, d.decodes + d.prefills }
+func (d *decoder) maskedRange() (int, int) {
+	return d.decodes + d.prefills, d.decodes + d.prefills + d.masked
+}
+func (d *decoder) scoringRange() (int, int) { return d.decodes + d.prefills + d.masked, len(d.p.shapes) }
+
+// scores reports whether w's tokens [start, end) score prompt tokens.
+func scores(w generation.Work, start int) bool {
+	scoring, _ := w.Seq.ScoresPrompt()
+	return scoring && start < len(w.Seq.Prompt)-1
 }
 
 // errCacheLost ends the sequences of a step that found the worker
@@ -251,15 +298,13 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	}
 	d.held = d.held[:0]
 	for i, w := range step.Work {
-		if from, to := w.Scores(); from < to {
-			// serving refuses these on this engine: its graphs return
-			// no prompt log-probabilities.
-			return nil, fmt.Errorf("rbln: model %s: the prompt's log-probabilities are not computed by the worker's step graphs", d.p.model.Name)
+		if lo, hi := d.scoringRange(); lo == hi && scores(w, w.Start) {
+			return nil, fmt.Errorf("rbln: model %s: a sequence asks its prompt's log-probabilities, and generation.prompt_logprobs is false: no scoring prefill step was compiled", d.p.model.Name)
 		}
 		if !masked(w) {
 			continue
 		}
-		if d.decodes+d.prefills == len(d.p.shapes) {
+		if lo, hi := d.maskedRange(); lo == hi {
 			return nil, fmt.Errorf("rbln: model %s: a constrained or penalized sequence (structured output, penalties, logit bias), and generation.structured_output is false: no masked decode step was compiled", d.p.model.Name)
 		}
 		if w.End-w.Start > 1 {
@@ -273,7 +318,8 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 	}
 	clear(d.out[:n])
 	most := 1
-	for _, s := range d.p.shapes[d.decodes : d.decodes+d.prefills] {
+	lo, hi := d.prefillRange()
+	for _, s := range d.p.shapes[lo:hi] {
 		most = max(most, s.Seq)
 	}
 	// Round r runs every work's r-th piece of at most most tokens.
@@ -289,7 +335,7 @@ func (d *decoder) Step(ctx context.Context, step *generation.Step) ([]generation
 				continue
 			}
 			end := min(start+most, last)
-			d.rows = append(d.rows, piece{w: i, start: start, end: end, samples: end == w.End && w.Samples()})
+			d.rows = append(d.rows, piece{w: i, start: start, end: end, samples: end == w.End && w.Samples(), scores: scores(w, start)})
 		}
 		if len(d.rows) == 0 {
 			break
@@ -325,18 +371,29 @@ func masked(w generation.Work) bool {
 // sequence's tokens are counted on the worker as its steps compute them.
 func (d *decoder) CountsTokens() bool { return true }
 
+// decodeRow reports whether pc runs in a decode bucket: one token, and
+// no prompt token to score (which only a prefill step's scoring twin
+// returns).
+func decodeRow(pc piece) bool { return pc.end-pc.start == 1 && !pc.scores }
+
 // runRows runs d.rows in as few device steps as their buckets allow:
 // decodes first, shortest context first, then prompt chunks (rows sorted
 // in place, no slice made per step).
 func (d *decoder) runRows(ctx context.Context, step *generation.Step) error {
+	kind := func(pc piece) int {
+		if decodeRow(pc) {
+			return 0
+		}
+		return 1
+	}
 	slices.SortStableFunc(d.rows, func(a, b piece) int {
-		if c := cmp.Compare(min(a.end-a.start, 2), min(b.end-b.start, 2)); c != 0 || a.end-a.start > 1 {
+		if c := cmp.Compare(kind(a), kind(b)); c != 0 || kind(a) == 1 {
 			return c
 		}
 		return cmp.Compare(a.end, b.end)
 	})
 	split := 0
-	for split < len(d.rows) && d.rows[split].end-d.rows[split].start == 1 {
+	for split < len(d.rows) && decodeRow(d.rows[split]) {
 		split++
 	}
 	for _, group := range [2][]piece{d.rows[:split], d.rows[split:]} {
@@ -366,9 +423,10 @@ func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken in
 	for _, pc := range group {
 		tokens = max(tokens, pc.end-pc.start)
 	}
-	lo, hi := 0, d.decodes
-	if tokens > 1 {
-		lo, hi = d.decodes, d.decodes+d.prefills
+	decode := decodeRow(group[0]) // runRows groups rows by kind
+	lo, hi := d.decodeRange()
+	if !decode {
+		lo, hi = d.prefillRange()
 	}
 	most := 0 // the largest batch
 	for _, s := range d.p.shapes[lo:hi] {
@@ -380,11 +438,14 @@ func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken in
 		return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
 	}
 	taken = min(len(group), most)
-	if tokens == 1 && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.samples && masked(step.Work[pc.w]) }) {
-		lo, hi = d.decodes+d.prefills, len(d.p.shapes) // every decode bucket has its twin there
+	switch {
+	case decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.samples && masked(step.Work[pc.w]) }):
+		lo, hi = d.maskedRange() // every decode bucket has its twin there
+	case !decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.scores }):
+		lo, hi = d.scoringRange() // and every prefill bucket
 	}
 	ctx := 0 // the least partition that holds the rows taken
-	if tokens == 1 {
+	if decode {
 		need, read := 0, 0
 		for _, pc := range group[:taken] {
 			need = max(need, pc.end)
@@ -429,7 +490,8 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 	tokens := in[:s.Batch*3*T*4]
 	meta := in[s.Batch*3*T*4:]
 	rowWords, words := metaFields+width, 0
-	if s.Mask {
+	sampling := s.Mask && s.Seq == 1 // a masked decode step: its rows carry the sampling words
+	if sampling {
 		words = maskWords(d.cfg.Vocab)
 		rowWords += samplingWords(d.cfg.Vocab)
 	}
@@ -477,11 +539,14 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		for j := range width {
 			put(meta, mb+metaFields+j, d.geo.TableEntry(table, j))
 		}
-		if mask := w.Seq.Mask(); s.Mask && pc.samples && mask != nil {
+		if mask := w.Seq.Mask(); sampling && pc.samples && mask != nil {
 			put(meta, mb+metaMasked, 1)
 			for j, v := range mask[:min(len(mask), words)] { // tokens past the mask's are not allowed
 				put(meta, mb+metaFields+width+j, int32(v))
 			}
+		}
+		if pc.scores && pc.end < len(w.Seq.Prompt) {
+			put(meta, mb+metaNext, w.Seq.Token(pc.end))
 		}
 		put(meta, mb+metaLane, lanes)
 		put(meta, mb+metaRepetition, int32(math.Float32bits(1)))
@@ -494,7 +559,7 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 			put(meta, mb+metaRepetition, int32(math.Float32bits(pen.RepetitionOrOne())))
 			put(meta, mb+metaFrequency, int32(math.Float32bits(pen.Frequency)))
 			put(meta, mb+metaPresence, int32(math.Float32bits(pen.Presence)))
-			if s.Mask && pc.samples {
+			if sampling && pc.samples {
 				at := mb + metaFields + width + words
 				for j, b := range pen.Bias[:min(len(pen.Bias), generation.MaxLogitBias)] {
 					put(meta, at+j, b.Token)
@@ -516,8 +581,14 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 		d.observe(bucket, len(rows), 1-float64(real)/float64(s.Batch*s.Seq), time.Since(began), x)
 	}
 	outWords := 2 + 2*decoderTopLogprobs
+	if s.Mask && s.Seq > 1 {
+		outWords += scoreWords(s.Seq)
+	}
 	get := func(i int) int32 { return int32(binary.LittleEndian.Uint32(out[4*i:])) }
 	for r, pc := range rows {
+		if pc.scores && s.Mask && s.Seq > 1 {
+			d.readScores(step.Work[pc.w], pc, get, r*outWords+2+2*decoderTopLogprobs)
+		}
 		if !pc.samples {
 			continue
 		}
@@ -535,9 +606,32 @@ func (d *decoder) run(ctx context.Context, step *generation.Step, bucket int, ro
 			}
 			o.Top = top
 		}
+		o.Prompt = d.out[pc.w].Prompt // what its pieces scored
 		d.out[pc.w] = o
 	}
 	return x, nil
+}
+
+// readScores appends to w's result the prompt tokens pc scored, read
+// from its row's scores at base: position t's logits score the token at
+// start+t+1 while it is a prompt token.
+func (d *decoder) readScores(w generation.Work, pc piece, get func(int) int32, base int) {
+	_, top := w.Seq.ScoresPrompt()
+	top = min(top, promptTop)
+	o := &d.out[pc.w]
+	per := 1 + 2*promptTop
+	for t := range pc.end - pc.start {
+		p := pc.start + t + 1
+		if p >= len(w.Seq.Prompt) {
+			break
+		}
+		at := base + t*per
+		s := generation.PromptLogprob{Token: w.Seq.Token(p), Logprob: math.Float32frombits(uint32(get(at)))}
+		for j := range top {
+			s.Top = append(s.Top, generation.TopLogprob{Token: get(at + 1 + j), Logprob: math.Float32frombits(uint32(get(at + 1 + promptTop + j)))})
+		}
+		o.Prompt = append(o.Prompt, s)
+	}
 }
 
 // warm compiles bucket and runs it twice on padding rows (no real token:
@@ -562,7 +656,7 @@ func (d *decoder) Warmups() []engine.Explain { return d.warmups }
 
 // kind is bucket's kind: decode or prefill.
 func (d *decoder) kind(bucket int) string {
-	if bucket >= d.decodes && bucket < d.decodes+d.prefills {
+	if d.p.shapes[bucket].Seq > 1 {
 		return "prefill"
 	}
 	return "decode"
@@ -574,7 +668,7 @@ func (d *decoder) kind(bucket int) string {
 func (d *decoder) AdviseContexts(maxBuckets int) (bucketing.Advice, error) {
 	b := d.p.model.Config.Buckets
 	twins := 1
-	if d.decodes+d.prefills < len(d.p.shapes) {
+	if d.masked > 0 {
 		twins = 2
 	}
 	if maxBuckets <= 0 {

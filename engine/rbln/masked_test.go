@@ -27,7 +27,7 @@ func TestWorkerDecoderSamplesUnderAMask(t *testing.T) {
 	d, m, log := workerDecoder(t, "buckets:\n  batch: [1, 2, 4]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 160\n  max_num_seqs: 4\n  max_batch_tokens: 48\n  block_size: 8\n  kv_cache_blocks: 60\n")
 	var masked []string
 	for _, s := range d.Shapes() {
-		if s.Mask {
+		if s.Mask && s.Seq == 1 {
 			masked = append(masked, s.Label())
 		}
 	}
@@ -95,18 +95,18 @@ func TestWorkerDecoderSamplesUnderAMask(t *testing.T) {
 	reports := d.Programs(context.Background())
 	require.Len(t, reports, len(d.p.shapes))
 	for _, r := range reports {
-		if strings.HasSuffix(r.Bucket, "m") {
+		if strings.HasSuffix(r.Bucket, "m") && strings.Contains(r.Bucket, "xs1x") {
 			assert.Equal(t, "decode", r.Kind, r.Bucket)
 		}
 	}
 }
 
-// generation.structured_output false compiles no masked twin: the
-// decoder has its decode and prefill buckets only, and refuses a
+// generation.structured_output and prompt_logprobs false compile no twin:
+// the decoder has its decode and prefill buckets only, and refuses a
 // constrained sequence's step naming the key.
 func TestNoMaskedBucketsWithoutStructuredOutput(t *testing.T) {
 	requireTorch(t)
-	d, m, _ := workerDecoder(t, "buckets:\n  batch: [1, 2]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 96\n  max_num_seqs: 2\n  max_batch_tokens: 32\n  structured_output: false\n")
+	d, m, _ := workerDecoder(t, "buckets:\n  batch: [1, 2]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 96\n  max_num_seqs: 2\n  max_batch_tokens: 32\n  structured_output: false\n  prompt_logprobs: false\n")
 	for _, s := range d.Shapes() {
 		assert.False(t, s.Mask, s.Label())
 	}
@@ -188,4 +188,72 @@ func TestWorkerDecoderPenalties(t *testing.T) {
 	// The logit bias of +5 on token 3: it is written.
 	assert.Contains(t, penalized[2], int32(3))
 	assert.NotContains(t, penalized[2], int32(100))
+}
+
+// The prompt's log-probabilities on the worker: a scoring twin of each
+// prefill bucket returns every position's next-token log-probability and
+// most likely tokens beside its sampled row. They are the CPU engine's
+// (to float32 rounding; the same tokens most likely), for prompts
+// prefilled in one chunk, in several (a chunk's last token scored by the
+// next chunk's first, NEXT), beside unscored sequences, and for a
+// constrained sequence (whose last prompt token runs as a masked decode
+// row).
+func TestWorkerDecoderScoresPrompts(t *testing.T) {
+	requireTorch(t)
+	d, m, log := workerDecoder(t, "buckets:\n  batch: [1, 2, 4]\n  seq: [32]\n  context: [64]\ngeneration:\n  max_model_len: 160\n  max_num_seqs: 4\n  max_batch_tokens: 48\n  block_size: 8\n  kv_cache_blocks: 60\n")
+	cpu, err := cpufallback.Engine{}.LoadDecoder(context.Background(), m)
+	require.NoError(t, err)
+	t.Cleanup(func() { cpu.Close() })
+	prompts := enginetest.Prompts(2, 20, 70, 9)
+	run := func(dec generation.Model) [][]generation.PromptLogprob {
+		loop := enginetest.StartLoop(t, dec, m)
+		out := make([][]generation.PromptLogprob, len(prompts))
+		var sts []*generation.Stream
+		for i, p := range prompts {
+			r := generation.Request{Prompt: p, MaxTokens: 3, Sampling: generation.Sampling{Logprobs: -1}, ScorePrompt: i != 3, PromptTop: 3}
+			if i == 2 {
+				r.Constraint = &enginetest.Stride{Vocab: m.Decoder.Config.Vocab, Every: 4}
+			}
+			st, err := loop.Generate(context.Background(), r)
+			require.NoError(t, err)
+			sts = append(sts, st)
+		}
+		for i, st := range sts {
+			for {
+				ev, ok := st.Next(context.Background())
+				if !ok {
+					break
+				}
+				require.NoError(t, ev.Err)
+				if ev.Prompt != nil {
+					out[i] = ev.Prompt
+				}
+			}
+		}
+		return out
+	}
+	want, got := run(cpu), run(d)
+	for i, p := range prompts {
+		if i == 3 {
+			assert.Nil(t, got[i], "not asked")
+			continue
+		}
+		require.Len(t, got[i], len(p)-1, "prompt %d", i)
+		for k, s := range got[i] {
+			w := want[i][k]
+			assert.Equal(t, p[k+1], s.Token)
+			assert.InDelta(t, w.Logprob, s.Logprob, 1e-3, "prompt %d token %d", i, k+1)
+			require.Len(t, s.Top, 3)
+			assert.Equal(t, w.Top[0].Token, s.Top[0].Token, "prompt %d token %d: the most likely", i, k+1)
+		}
+	}
+	scoring := false
+	log.mu.Lock()
+	for _, b := range log.buckets {
+		if s := d.p.shapes[b]; s.Mask && s.Seq > 1 {
+			scoring = true
+		}
+	}
+	log.mu.Unlock()
+	assert.True(t, scoring, "no scoring prefill step ran")
 }

@@ -125,7 +125,7 @@ func (p *program) allocate() error {
 	for _, s := range p.shapes {
 		cfg := p.model.Config
 		if s.Mask {
-			cfg = maskedStepConfig(p.model)
+			cfg = maskedStepConfig(p.model, s)
 		}
 		l := engine.NewLayout(cfg, s)
 		b, err := newBoundary(l, p.floats, p.model.Config.Architecture == "torch")

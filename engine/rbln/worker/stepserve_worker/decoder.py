@@ -34,8 +34,12 @@ from .loading import LoadError, take
 
 # The row fields after the 3*T token words (decoder.go's meta* constants).
 (VALID, SAMPLES, TEMPERATURE, TOP_P, TOP_K, SEED_LO, SEED_HI, LOGPROBS, POSITION, MASKED,
- LANE, RESET, PROMPT_LEN, REPETITION, FREQUENCY, PRESENCE) = range(16)
-FIELDS = 16
+ LANE, RESET, PROMPT_LEN, REPETITION, FREQUENCY, PRESENCE, NEXT) = range(17)
+FIELDS = 17
+
+#: The most likely tokens a scoring prefill step returns at each position
+#: (OpenAI's completions logprobs go to 5).
+PROMPT_TOP = 5
 
 #: The logit bias entries a masked step's row carries (generation.MaxLogitBias).
 LOGIT_BIAS = 64
@@ -44,6 +48,13 @@ LOGIT_BIAS = 64
 def mask_words(vocab: int) -> int:
     """The int32 words of a row's token mask (decoder.go's maskWords)."""
     return -(-vocab // 32)
+
+
+def score_words(T: int) -> int:
+    """What a scoring prefill step's output row carries after the sampled
+    token's: per position, the next token's log-probability and the
+    PROMPT_TOP most likely tokens' ids and log-probabilities."""
+    return T * (1 + 2 * PROMPT_TOP)
 
 
 def sampling_words(vocab: int) -> int:
@@ -259,6 +270,12 @@ class Decoder(nn.Module):
         last = self.counting[:B] * T + (meta[:, VALID] - 1).clamp(min=0)
         final = self.rms(h.reshape(B * T, self.hidden).index_select(0, last), self.norm)  # [B, H]
         logits = (self.head(final) if self.head is not None else final @ self.embed.t()).float()
+        if masked and T > 1:
+            # A scoring prefill step: every position's next token scored
+            # from the logits its hidden state gives (the prompt's tokens'
+            # log-probabilities), beside the sampled row.
+            scores = self.score(h, ids, meta, B, T)
+            return torch.cat((self.sample(logits, meta), scores), dim=-1)
         if masked:
             at = 3 * T + FIELDS + self.table_width
             words = mask_words(self.vocab)
@@ -266,6 +283,31 @@ class Decoder(nn.Module):
             logits = self.penalized(logits, meta, bias[:, :LOGIT_BIAS], bias[:, LOGIT_BIAS:])
             logits = self.masked(logits, x[:, at:at + words], meta[:, MASKED])
         return self.sample(logits, meta)
+
+    def score(self, h: torch.Tensor, ids: torch.Tensor, meta: torch.Tensor, B: int, T: int) -> torch.Tensor:
+        """Each position's next token's log-probability under the raw
+        logits there (the row's next token after its last real one is
+        NEXT), and
+        the PROMPT_TOP most likely tokens', packed as int32 [B, T * (1 +
+        2 PROMPT_TOP)]: per position its log-probability's bits, then the
+        ids, then their log-probabilities' bits."""
+        V = self.vocab
+        final = self.rms(h.reshape(B * T, self.hidden), self.norm)
+        logits = (self.head(final) if self.head is not None else final @ self.embed.t()).float()
+        lsm = torch.log_softmax(logits, dim=-1)  # [B*T, V]
+        if B * T * V >= 1 << 31:
+            raise ValueError(f"decoder: a scoring step of {B} rows of {T} tokens over a {V}-token vocabulary overflows "
+                             "the int32 offsets its scores are read at")
+        # Position t's next token: the row's own at t + 1, or NEXT after
+        # its last real one.
+        inside = (self.counting[:T] + 1).unsqueeze(0) < meta[:, VALID].unsqueeze(-1)
+        nxt = torch.where(inside, torch.cat((ids[:, 1:], ids[:, :1]), dim=-1), meta[:, NEXT].unsqueeze(-1))
+        at = ((self.counting[:B] * T).unsqueeze(-1) + self.counting[:T].unsqueeze(0)) * V + nxt
+        chosen = lsm.reshape(B * T * V).index_select(0, at.reshape(B * T)).unsqueeze(-1)
+        tv, ti = torch.topk(lsm, PROMPT_TOP, dim=-1)
+        floats = torch.cat((chosen, tv), dim=-1).view(torch.int32)
+        packed = torch.cat((floats[:, :1], ti.to(torch.int32), floats[:, 1:]), dim=-1)  # [B*T, 1 + 2k]
+        return packed.reshape(B, T * (1 + 2 * PROMPT_TOP))
 
     def count(self, ids: torch.Tensor, pos: torch.Tensor, meta: torch.Tensor, T: int) -> None:
         """Counts each row's real tokens in its lane's row of the token

@@ -323,9 +323,12 @@ def boundary(spec: dict[str, Any], shape: Shape, compute: torch.dtype) -> Bounda
         # a masked step its token mask; out, the sampled token, its
         # log-probability and the top tokens'.
         dec = spec["decoder"]
-        words = decoder.sampling_words(dec["vocab"]) if shape.mask else 0
+        # A masked decode step's rows carry the sampling words; a masked
+        # (scoring) prefill step returns every position's scores.
+        words = decoder.sampling_words(dec["vocab"]) if shape.mask and shape.seq == 1 else 0
+        scores = decoder.score_words(shape.seq) if shape.mask and shape.seq > 1 else 0
         return Boundary(torch.int32, 3 * shape.seq + decoder.FIELDS + dec["table_width"] + words,
-                        torch.int32, 2 + 2 * dec["top_logprobs"])
+                        torch.int32, 2 + 2 * dec["top_logprobs"] + scores)
     raise LoadError(f"architecture {arch!r} is not supported by the worker; want mlp, encoder, decoder or torch")
 
 

@@ -200,7 +200,7 @@ class ProgramTest(unittest.TestCase):
         # family's step, decode and prefill, in a context partition
         # narrower than the cache and in the whole of it, and a decode
         # step's masked twin (structured output).
-        for tied, bias, window, shapes in ((True, False, 0, ((1, 16, False), (4, 0, False), (1, 16, True))),
+        for tied, bias, window, shapes in ((True, False, 0, ((1, 16, False), (4, 0, False), (1, 16, True), (4, 0, True))),
                                            (False, True, 6, ((1, 0, False), (1, 0, True)))):
             dec = small_decoder(tied=tied, qkv_bias=bias, window=window)
             for T, C, masked in shapes:
@@ -232,7 +232,17 @@ class ProgramTest(unittest.TestCase):
                     self.assertTrue(torch.equal(want[:, 2:2 + k], got[:, 2:2 + k]))
                     lp = lambda t: torch.cat((t[:, 1:2], t[:, 2 + k:2 + 2 * k]), 1).contiguous().view(torch.float32)
                     torch.testing.assert_close(lp(got), lp(want), rtol=1e-5, atol=1e-5)
-                    if masked:
+                    if masked and T > 1:
+                        # A scoring prefill step: the scores as eager
+                        # torch's, every log-probability at most 0.
+                        n = decoder.score_words(T)
+                        s = got[:, 2 + 2 * k:2 + 2 * k + n].reshape(3, T, 1 + 2 * decoder.PROMPT_TOP)
+                        w = want[:, 2 + 2 * k:2 + 2 * k + n].reshape(3, T, 1 + 2 * decoder.PROMPT_TOP)
+                        self.assertTrue(torch.equal(s[:, :, 1:1 + decoder.PROMPT_TOP], w[:, :, 1:1 + decoder.PROMPT_TOP]))
+                        lps = lambda t: torch.cat((t[:, :, :1], t[:, :, 1 + decoder.PROMPT_TOP:]), -1).contiguous().view(torch.float32)
+                        torch.testing.assert_close(lps(s), lps(w), rtol=1e-5, atol=1e-5)
+                        self.assertTrue(bool((lps(s) <= 0).all()))
+                    elif masked:
                         # Rows 0 and 2 sample among their masks' tokens.
                         self.assertIn(int(got[0, 0]), MASKED_ROW0)
                         self.assertEqual(MASKED_ROW2, int(got[2, 0]))
@@ -353,7 +363,8 @@ def small_decoder(tied: bool, qkv_bias: bool, window: int) -> decoder.Decoder:
 def decoder_body(dec: decoder.Decoder, x: torch.Tensor, shape: nets.Shape, name: str):
     """x staged as the worker stages a bucket's rows (padded to 64), and
     the bucket's step body."""
-    bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top)
+    scores = decoder.score_words(shape.seq) if shape.mask and shape.seq > 1 else 0
+    bound = nets.Boundary(torch.int32, x.shape[1], torch.int32, 2 + 2 * dec.top + scores)
     return F.pad(x, (0, bound.in_row - x.shape[1])), nets.step_body(dec, shape, bound, name=name)
 
 
@@ -369,7 +380,7 @@ def decoder_rows(dec: decoder.Decoder, B: int, T: int, masked: bool = False) -> 
     seed of its own, every other row cut to its top 5; masked, each row
     then carries a token mask, rows 0 and 2 flagged to sample under it."""
     width = 3 * T + decoder.FIELDS + dec.table_width
-    words = decoder.sampling_words(dec.vocab) if masked else 0
+    words = decoder.sampling_words(dec.vocab) if masked and T == 1 else 0
     x = torch.zeros(B, width + words, dtype=torch.int32)
     g = torch.Generator().manual_seed(1)
     for r in range(B):
@@ -394,7 +405,8 @@ def decoder_rows(dec: decoder.Decoder, B: int, T: int, masked: bool = False) -> 
         x[r, m + decoder.PROMPT_LEN] = start + 2
         x[r, m + decoder.REPETITION] = torch.tensor([1.3 if r % 2 == 0 else 1.0]).view(torch.int32)
         x[r, m + decoder.FREQUENCY] = torch.tensor([0.5 if r % 2 == 0 else 0.0]).view(torch.int32)
-        if masked and r in (0, 2):
+        x[r, m + decoder.NEXT] = 7 + r
+        if masked and T == 1 and r in (0, 2):
             x[r, m + decoder.MASKED] = 1
             for t in (MASKED_ROW0 if r == 0 else (MASKED_ROW2,)):
                 bit = 1 << (t % 32)
