@@ -273,7 +273,9 @@ func (d *decoder) prefillRange() (int, int) { return d.decodes, d.decodes + d.pr
 func (d *decoder) maskedRange() (int, int) {
 	return d.decodes + d.prefills, d.decodes + d.prefills + d.masked
 }
-func (d *decoder) scoringRange() (int, int) { return d.decodes + d.prefills + d.masked, len(d.p.shapes) }
+func (d *decoder) scoringRange() (int, int) {
+	return d.decodes + d.prefills + d.masked, len(d.p.shapes)
+}
 
 // scores reports whether w's tokens [start, end) score prompt tokens.
 func scores(w generation.Work, start int) bool {
