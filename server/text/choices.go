@@ -171,27 +171,10 @@ func (t *Request) GenerateChoices(groups []Group, gw ChoicesWriter) int {
 		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 		return t.OK(gw.WholeN(out, prompt, completion()), nil)
 	}
-	h := t.W.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	t.W.WriteHeader(http.StatusOK)
-	rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-	if rc.Flush() != nil {
+	write, ok := t.beginEvents(rc, gw.StreamError)
+	if !ok {
 		return t.Gone()
 	}
-	write := func(b []byte) bool {
-		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-		if _, err := t.W.Write(b); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	t.Sink(func(_ int, err error) {
-		if t.Context().Err() == nil {
-			write(gw.StreamError(err))
-		}
-	})
 	for ended := 0; ended < len(streams); {
 		var e indexed
 		select {

@@ -146,33 +146,10 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 		}
 		return t.Fail(context.Canceled)
 	}
-	// The stream: headers now (sent at once, before the first token:
-	// queueing and prefill may take a while), then each piece as it comes.
-	h := t.W.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	t.W.WriteHeader(http.StatusOK)
-	rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-	if rc.Flush() != nil {
+	write, ok := t.beginEvents(rc, gw.StreamError)
+	if !ok {
 		return t.Gone()
 	}
-	write := func(b []byte) bool {
-		if b == nil {
-			return true
-		}
-		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
-		if _, err := t.W.Write(b); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	// From here a failure is an event of the stream.
-	t.Sink(func(_ int, err error) {
-		if ctx.Err() == nil {
-			write(gw.StreamError(err))
-		}
-	})
 	if !write(gw.First(ts.PromptTokens)) {
 		return t.Gone()
 	}
@@ -193,6 +170,39 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 		}
 	}
 	return t.Gone()
+}
+
+// beginEvents starts a stream of server-sent events: the headers now
+// (sent at once, before the first token: queueing and prefill may take a
+// while); false when the client is gone. write sends an event (nil is
+// none) under its own deadline; from here a failure is the stream's
+// error event.
+func (t *Request) beginEvents(rc *http.ResponseController, streamError func(error) []byte) (write func([]byte) bool, ok bool) {
+	h := t.W.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	t.W.WriteHeader(http.StatusOK)
+	rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	if rc.Flush() != nil {
+		return nil, false
+	}
+	write = func(b []byte) bool {
+		if b == nil {
+			return true
+		}
+		rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		if _, err := t.W.Write(b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	t.Sink(func(_ int, err error) {
+		if t.Context().Err() == nil {
+			write(streamError(err))
+		}
+	})
+	return write, true
 }
 
 // SSE frames a JSON event.
