@@ -83,24 +83,30 @@ torch2-root:
 	else echo "make torch2-root: building $(TORCH2_ROOT) (about 2 minutes, 1.7 GB)"; engine/rbln/worker/torch2/build-root $(TORCH2_ROOT); fi
 
 .PHONY: deps-host
+# npm ci with a deadline, tried three times: npm (11.x) now and then
+# hangs for good after fetching a package's tarball, mid-extraction; a
+# second try from a clean node_modules takes seconds.
+NPM_CI = for try in 1 2 3; do rm -rf node_modules; timeout 180 npm ci --ignore-scripts --no-audit --no-fund --prefer-offline && break; \
+	echo "make deps: npm ci in $$PWD failed or hung (try $$try of 3)"; [ $$try != 3 ] || exit 1; done
+
 deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai with zod (the OpenAI Node SDK tests, server/testdata/openai-sdk), the AI SDK and LangChain.js (server/testdata/js-frameworks), @anthropic-ai/sdk (server/testdata/anthropic-sdk) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
 	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
-	elif command -v npm >/dev/null; then cd models/testdata/tokref && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	elif command -v npm >/dev/null; then cd models/testdata/tokref && $(NPM_CI); \
 	else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
 	@if [ -f server/testdata/openai-sdk/node_modules/openai/package.json ] && [ -f server/testdata/openai-sdk/node_modules/zod/package.json ]; then :; \
-	elif command -v npm >/dev/null; then cd server/testdata/openai-sdk && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	elif command -v npm >/dev/null; then cd server/testdata/openai-sdk && $(NPM_CI); \
 	else echo "make deps: no npm; the OpenAI Node SDK test will skip"; fi
 	@if [ -f server/testdata/js-frameworks/node_modules/ai/package.json ] && [ -f server/testdata/js-frameworks/node_modules/@langchain/openai/package.json ]; then :; \
-	elif command -v npm >/dev/null; then cd server/testdata/js-frameworks && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	elif command -v npm >/dev/null; then cd server/testdata/js-frameworks && $(NPM_CI); \
 	else echo "make deps: no npm; the AI SDK and LangChain.js test will skip"; fi
 	@if [ -f server/testdata/anthropic-sdk/node_modules/@anthropic-ai/sdk/package.json ]; then :; \
-	elif command -v npm >/dev/null; then cd server/testdata/anthropic-sdk && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	elif command -v npm >/dev/null; then cd server/testdata/anthropic-sdk && $(NPM_CI); \
 	else echo "make deps: no npm; the Anthropic SDK test will skip"; fi
 	@if [ -f server/testdata/hf-inference/node_modules/@huggingface/inference/package.json ]; then :; \
-	elif command -v npm >/dev/null; then cd server/testdata/hf-inference && npm ci --ignore-scripts --no-audit --no-fund --prefer-offline; \
+	elif command -v npm >/dev/null; then cd server/testdata/hf-inference && $(NPM_CI); \
 	else echo "make deps: no npm; the Hugging Face JS client test will skip"; fi
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing python3-torch"; \

@@ -103,6 +103,10 @@ type Event struct {
 	// Prompt, on a scored sequence's first event, are its prompt tokens'
 	// log-probabilities, the second token's first (Request.ScorePrompt).
 	Prompt []PromptLogprob
+	// EOS marks a last event whose Token (with its Logprob and Top) is
+	// the end-of-sequence token that ended the generation: not output,
+	// but reported (TGI lists it; best_of counts its log-probability).
+	EOS bool
 }
 
 // Last reports whether ev ends its stream.
@@ -344,7 +348,12 @@ func (l *Loop) Run(ctx context.Context) {
 				prompt = nil
 			}
 			if q.Finish != NotFinished {
-				l.end(q, Event{Finish: q.Finish, Prompt: prompt})
+				last := Event{Finish: q.Finish, Prompt: prompt}
+				if q.Finish == FinishStop {
+					s := sampled[i]
+					last.Token, last.Logprob, last.Top, last.EOS = s.Token, s.Logprob, slices.Clone(s.Top), true
+				}
+				l.end(q, last)
 			}
 		}
 	}

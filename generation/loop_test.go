@@ -176,3 +176,30 @@ func TestLoopErrors(t *testing.T) {
 		assert.ErrorIs(t, err, ErrStopped)
 	})
 }
+
+// A generation an end-of-sequence token ends says which, on its last
+// event, with that token's log-probability (TGI lists it; best_of counts
+// it), and it is not output.
+func TestLoopReportsTheEndToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLoop(t, Options{Blocks: 16, BlockSize: 4, MaxNumSeqs: 2, MaxModelLen: 32, MaxBatchTokens: 8}, &fakeModel{})
+		ctx, stop := context.WithCancel(context.Background())
+		go l.Run(ctx)
+		defer stop()
+		seq := Sequence{Prompt: []int32{1, 2, 3}, MaxTokens: 8}
+		first := alone(t, seq)[0]
+		st, err := l.Generate(context.Background(), Request{Prompt: seq.Prompt, MaxTokens: 8, EOS: []int32{first}})
+		require.NoError(t, err)
+		got, last := collect(st)
+		assert.Empty(t, got)
+		assert.Equal(t, FinishStop, last.Finish)
+		assert.True(t, last.EOS)
+		assert.Equal(t, first, last.Token)
+		// Ended by max_tokens: no end token.
+		st, err = l.Generate(context.Background(), Request{Prompt: seq.Prompt, MaxTokens: 2})
+		require.NoError(t, err)
+		_, last = collect(st)
+		assert.Equal(t, FinishLength, last.Finish)
+		assert.False(t, last.EOS)
+	})
+}

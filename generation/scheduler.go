@@ -316,13 +316,17 @@ func (s *Scheduler) schedule(step *Step) {
 			return
 		}
 	}
-	for len(s.waiting) > 0 && len(s.running) < s.opts.MaxNumSeqs && budget > 0 {
-		q := s.waiting[0]
+	// A later choice of a prompt being computed waits for its blocks,
+	// and lets the sequences behind it pass; the others go first come,
+	// first served.
+	for i := 0; i < len(s.waiting) && len(s.running) < s.opts.MaxNumSeqs && budget > 0; {
+		q := s.waiting[i]
 		if slices.Contains(step.Preempted, q) {
 			break // not back in the step it was sent out of
 		}
 		if l := q.leader; l != nil && !q.whole && !l.whole && l.Finish == NotFinished && l.computed < len(l.Prompt) {
-			break // its prompt's blocks are being computed: it shares them once they are
+			i++ // its prompt's blocks are being computed: it shares them once they are
+			continue
 		}
 		shared := 0
 		if q.computed == 0 && len(q.table) == 0 && !q.whole {
@@ -338,7 +342,7 @@ func (s *Scheduler) schedule(step *Step) {
 		}
 		step.PrefillTokens += q.Len()
 		step.CachedTokens += shared
-		s.waiting = s.waiting[1:]
+		s.waiting = slices.Delete(s.waiting, i, i+1)
 		q.running = true
 		s.takeLane(q)
 		s.running = append(s.running, q)

@@ -306,3 +306,40 @@ func TestPrefixCachingEviction(t *testing.T) {
 	assert.True(t, refsZero(s))
 	assert.LessOrEqual(t, s.pool.Cached(), s.pool.Total())
 }
+
+// A later choice of a prompt waits until the first has computed it, then
+// shares its whole blocks; a sequence behind it is not held up meanwhile.
+func TestFollowerWaitsForItsLeaderAndLetsOthersPass(t *testing.T) {
+	s, err := New(Options{Blocks: 64, BlockSize: 4, MaxNumSeqs: 4, MaxModelLen: 64, MaxBatchTokens: 8, PrefixCaching: true})
+	require.NoError(t, err)
+	prompt := make([]int32, 12)
+	for i := range prompt {
+		prompt[i] = int32(i + 1)
+	}
+	leader := &Sequence{Prompt: prompt, MaxTokens: 4}
+	follower := &Sequence{Prompt: prompt, MaxTokens: 4, leader: leader}
+	other := &Sequence{Prompt: []int32{50, 51}, MaxTokens: 4}
+	for _, q := range []*Sequence{leader, follower, other} {
+		require.NoError(t, s.Add(q))
+	}
+	seqs := func(step *Step) map[*Sequence]Work {
+		m := map[*Sequence]Work{}
+		for _, w := range step.Work {
+			m[w.Seq] = w
+		}
+		return m
+	}
+	step := s.Schedule() // the leader's first chunk: 8 of its 12 tokens
+	require.Len(t, step.Work, 1)
+	assert.Equal(t, Work{Seq: leader, Start: 0, End: 8}, Work{Seq: step.Work[0].Seq, Start: step.Work[0].Start, End: step.Work[0].End})
+	s.Advance(step, make([]int32, len(step.Work)))
+	step = s.Schedule() // its last 4; the follower waits, the other passes it
+	got := seqs(step)
+	assert.Contains(t, got, other)
+	assert.NotContains(t, got, follower)
+	s.Advance(step, make([]int32, len(step.Work)))
+	step = s.Schedule() // the leader's prompt is computed: the follower starts on its blocks
+	w, ok := seqs(step)[follower]
+	require.True(t, ok, "the follower starts once its leader's prompt is computed")
+	assert.GreaterOrEqual(t, w.Start, 8, "it shares the leader's whole blocks")
+}

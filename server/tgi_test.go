@@ -348,3 +348,16 @@ func TestGenerationPenaltiesAndBias(t *testing.T) {
 		}
 	}
 }
+
+// POST / keeps TEI's bodies TEI's: a classification or feature
+// extraction body with Hugging Face's parameters (top_k, truncate) is not
+// taken for TGI's, whose own parameters send a body to a language model.
+func TestRootKeepsTEIParameters(t *testing.T) {
+	fx := newTextFixture(t, textOptions{})
+	st, b := fx.post(t, "/?model=classifier", `{"inputs":"I love this","parameters":{"top_k":2,"truncate":true}}`)
+	assert.Equal(t, 200, st, string(b))
+	assert.Contains(t, string(b), `"label"`)
+	st, b = fx.post(t, "/", `{"inputs":"hello","parameters":{"max_new_tokens":4}}`)
+	assert.Equal(t, http.StatusUnprocessableEntity, st, string(b))
+	assert.Contains(t, string(b), "no model served here answers")
+}

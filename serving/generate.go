@@ -129,6 +129,9 @@ type TextEvent struct {
 	// (ScorePrompt), are the prompt's tokens, each with its
 	// log-probability given those before it (NaN for the first).
 	Prompt []TokenInfo
+	// EOS, on the last event of a generation an end-of-sequence token
+	// ended, is that token (not part of the text or the tokens).
+	EOS *TokenInfo
 }
 
 // generator is a decoder model's loop on its engine.
@@ -320,6 +323,9 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if r.ScorePrompt && !g.opts.ScoresPrompts() {
 		return nil, badGenerate("model %s does not serve the prompt's log-probabilities (echo with logprobs, decoder_input_details): its model.yaml sets generation.prompt_logprobs false", m.model.Name)
 	}
+	if ps, ok := g.dec.(interface{ ScoresPrompts() bool }); ok && r.ScorePrompt && !ps.ScoresPrompts() {
+		return nil, badGenerate("model %s does not serve the prompt's log-probabilities (echo with logprobs, decoder_input_details) on the %s engine: its prefill buckets are too large for a scoring step's logits; add a smaller buckets.seq or buckets.batch", m.model.Name, m.engine)
+	}
 	if sampling.Penalties.Active() && !g.opts.Structured() && m.engine != "cpu" {
 		return nil, badGenerate("penalties and logit_bias run in the masked decode steps on the %s engine, which model %s's generation.structured_output false leaves out", m.engine, m.model.Name)
 	}
@@ -419,7 +425,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		return nil, err
 	}
 	g.metrics.promptTokens.Add(float64(len(prompt)))
-	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0, prompt: prompt,
+	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0, prompt: prompt, scored: r.ScorePrompt,
 		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt), maxTokens: maxTokens, top: max(r.Logprobs, 0)}
 	return ts, nil
 }

@@ -25,6 +25,7 @@ type TextStream struct {
 	stops    []string
 	logprobs bool
 	prompt   []int32 // its prompt's tokens
+	scored   bool    // its prompt's tokens are scored (GenerateRequest.ScorePrompt)
 	pending  string  // text held back: it may begin a stop string
 	done     bool
 	start    time.Time
@@ -91,6 +92,13 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 		}
 		// The last event: what is held back, and the bytes the
 		// detokenizer kept, go out (unless they make a stop string).
+		if ev.EOS {
+			eos := s.info(ev)
+			if !s.logprobs {
+				eos.Logprob, eos.Top = float32(math.NaN()), nil // not asked, not computed
+			}
+			out.EOS = &eos
+		}
 		s.pending += s.dec.Flush()
 		if s.cut(&out) {
 			return out, true
@@ -125,7 +133,11 @@ const (
 // for the generation's life, so that clients that do not read cannot
 // hold memory the budget does not see.
 func (s *TextStream) MaxHeld() int64 {
-	return int64(s.maxTokens) * (heldPerToken + int64(s.top)*heldPerTopToken)
+	n := int64(s.maxTokens)
+	if s.scored { // the prompt's tokens come back too, scored
+		n += int64(len(s.prompt))
+	}
+	return n * (heldPerToken + int64(s.top)*heldPerTopToken)
 }
 
 // cut ends the stream at the first stop string in the pending text.

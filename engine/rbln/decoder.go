@@ -58,6 +58,11 @@ const (
 	metaFields
 )
 
+// maxScoringLogits bounds a scoring prefill step's logits (rows x
+// tokens x vocabulary, float32): larger prefill buckets get no scoring
+// twin, and a scored prompt runs in the smaller ones.
+const maxScoringLogits = 1 << 28
+
 // promptTop is how many most likely tokens a scoring prefill step
 // returns at each position (decoder.py's PROMPT_TOP).
 const promptTop = 5
@@ -168,13 +173,17 @@ func (e *Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decod
 		}
 	}
 	if cfg.Generation.ScoresPrompts() {
-		if n := int64(slices.Max(cfg.Buckets.Batch)) * int64(slices.Max(cfg.Buckets.Seq)) * int64(m.Decoder.Config.Vocab); n >= 1<<31 {
-			return nil, fmt.Errorf("rbln: model %s: a scoring prefill step of %d rows of %d tokens over %d vocabulary entries overflows its int32 offsets; use smaller buckets, or set generation.prompt_logprobs false",
-				m.Name, slices.Max(cfg.Buckets.Batch), slices.Max(cfg.Buckets.Seq), m.Decoder.Config.Vocab)
-		}
+		// A scoring step holds every position's logits: the prefill
+		// buckets small enough for that get a twin.
 		for _, s := range prefills {
-			s.Mask = true
-			scoring = append(scoring, s)
+			if int64(s.Batch)*int64(s.Seq)*int64(m.Decoder.Config.Vocab) <= maxScoringLogits {
+				s.Mask = true
+				scoring = append(scoring, s)
+			}
+		}
+		if len(scoring) < len(prefills) {
+			workers[0].logger.Warn("decoder prefill buckets too large to score the prompt in", "model", m.Name,
+				"scoring", len(scoring), "prefill", len(prefills), "most_logits", maxScoringLogits)
 		}
 	}
 	step := *m
@@ -369,6 +378,17 @@ func masked(w generation.Work) bool {
 	return w.Samples() && (w.Seq.Mask() != nil || w.Seq.Sampling.Penalties.Active())
 }
 
+// twinRow reports whether decode row pc of w runs in a masked twin: it
+// samples under a mask, or its sequence is penalized (its tokens are
+// counted, and its counts reset, only by the twins and prefill steps).
+func twinRow(w generation.Work, pc piece) bool {
+	return pc.samples && masked(w) || w.Seq.Sampling.Penalties.Active()
+}
+
+// ScoresPrompts reports whether the decoder has scoring prefill steps:
+// a sequence may ask its prompt's log-probabilities.
+func (d *decoder) ScoresPrompts() bool { lo, hi := d.scoringRange(); return lo < hi }
+
 // CountsTokens implements [generation.WholePrompter]: a penalized
 // sequence's tokens are counted on the worker as its steps compute them.
 func (d *decoder) CountsTokens() bool { return true }
@@ -441,10 +461,21 @@ func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken in
 	}
 	taken = min(len(group), most)
 	switch {
-	case decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.samples && masked(step.Work[pc.w]) }):
+	case decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return twinRow(step.Work[pc.w], pc) }):
 		lo, hi = d.maskedRange() // every decode bucket has its twin there
 	case !decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.scores }):
-		lo, hi = d.scoringRange() // and every prefill bucket
+		// The prefill buckets' scoring twins, as many as fit (maxScoringLogits).
+		lo, hi = d.scoringRange()
+		most = 0
+		for _, s := range d.p.shapes[lo:hi] {
+			if s.Seq >= tokens {
+				most = max(most, s.Batch)
+			}
+		}
+		if most == 0 {
+			return 0, 0, fmt.Errorf("rbln: model %s: no scoring prefill bucket holds a row of %d tokens", d.p.model.Name, tokens)
+		}
+		taken = min(len(group), most)
 	}
 	ctx := 0 // the least partition that holds the rows taken
 	if decode {

@@ -165,6 +165,16 @@ func TestWorkerDecoderPenalties(t *testing.T) {
 		onCPU, onWorker := run(loops[0], temp), run(loops[1], temp)
 		assert.Equal(t, onCPU, onWorker, "temperature %g: CPU engine and worker", temp)
 	}
+	// Two-token prompts after those, on lanes they used: their first
+	// token runs as a one-token row that is not sampled, which must
+	// still reset and count (a masked twin), or the lane's old counts
+	// would penalize them.
+	two := [][]int32{{5, 6}, {7, 8}, {9}}
+	ts := make([]generation.Sampling, len(two))
+	for i := range ts {
+		ts[i] = generation.Sampling{Logprobs: -1, Penalties: generation.Penalties{Frequency: 2, Repetition: 1.5, Presence: 1}}
+	}
+	assert.Equal(t, enginetest.Generate(t, loops[0], two, n, ts), enginetest.Generate(t, loops[1], two, n, ts), "short penalized prompts on used lanes")
 	// The penalties change the output; without them the same prompts
 	// write what they write unpenalized.
 	plain := enginetest.Generate(t, loops[1], prompts, n, nil)

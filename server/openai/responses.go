@@ -122,8 +122,10 @@ func partsText(raw json.RawMessage, field string, types ...string) (string, erro
 	return sb.String(), nil
 }
 
-// inputMessages reads input: a string (a user message), or items.
-func inputMessages(raw json.RawMessage) ([]models.ChatMessage, error) {
+// inputMessages reads input: a string (a user message), or items;
+// history is what comes before it (previous_response_id's), whose calls
+// name the functions its outputs answer.
+func inputMessages(raw json.RawMessage, history []models.ChatMessage) ([]models.ChatMessage, error) {
 	b := bytes.TrimSpace(raw)
 	if len(b) == 0 || bytes.Equal(b, []byte("null")) {
 		return nil, nil
@@ -141,6 +143,11 @@ func inputMessages(raw json.RawMessage) ([]models.ChatMessage, error) {
 	}
 	var out []models.ChatMessage
 	names := map[string]string{} // a call's function, by call_id
+	for _, m := range history {
+		for _, c := range m.ToolCalls {
+			names[c.ID] = c.Name
+		}
+	}
 	for i, it := range items {
 		typ := it.Type
 		if typ == "" && it.Role != "" {
@@ -289,7 +296,7 @@ func (s *API) responses(w http.ResponseWriter, r *http.Request) {
 			}
 			history = stored
 		}
-		input, err := inputMessages(req.Input)
+		input, err := inputMessages(req.Input, history)
 		if err != nil {
 			return t.Fail(err)
 		}

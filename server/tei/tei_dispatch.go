@@ -21,10 +21,10 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 	// body again (the name is at most that); the endpoint it goes to
 	// decodes the body, and answers one that does not decode.
 	var peek struct {
-		Model      string          `json:"model"`
-		Inputs     objectProbe     `json:"inputs"`
-		Parameters json.RawMessage `json:"parameters"`
-		Stream     json.RawMessage `json:"stream"`
+		Model      string                     `json:"model"`
+		Inputs     objectProbe                `json:"inputs"`
+		Parameters map[string]json.RawMessage `json:"parameters"`
+		Stream     json.RawMessage            `json:"stream"`
 	}
 	if err := t.Take(int64(len(body)), "decoding the request"); err != nil {
 		return t.Fail(err)
@@ -37,9 +37,9 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 		// without a name it goes to the only one (a client such as
 		// @huggingface/inference's sentenceSimilarity names none).
 		kinds = kinds[:1]
-	case s.gen != nil && (peek.Parameters != nil || peek.Stream != nil):
-		// TGI's body (inputs with parameters, or stream): a language
-		// model's, the only one unless it names one.
+	case s.gen != nil && (generationParameters(peek.Parameters) || peek.Stream != nil):
+		// TGI's body (inputs with generation parameters, or stream): a
+		// language model's, the only one unless it names one.
 		kinds = []text.Kind{text.KindGenerative}
 	default:
 		kinds = s.withGenerative(peek.Model, t.R, kinds)
@@ -60,6 +60,21 @@ func (s *API) teiDispatch(t *text.Request, body []byte) int {
 		return s.teiSimilarity(t, body)
 	}
 	return s.teiEmbed(t, body)
+}
+
+// tgiOnly are the parameters of TGI's generate that no TEI task (nor
+// Hugging Face's classification and feature-extraction bodies) takes.
+var tgiOnly = []string{"max_new_tokens", "do_sample", "temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty",
+	"stop", "seed", "details", "decoder_input_details", "return_full_text", "best_of", "watermark", "top_n_tokens", "grammar", "adapter_id"}
+
+// generationParameters reports whether params holds one of TGI's own.
+func generationParameters(params map[string]json.RawMessage) bool {
+	for _, k := range tgiOnly {
+		if _, ok := params[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // withGenerative is kinds, with language models where TGI's door is

@@ -10,6 +10,7 @@ package text
 import (
 	"cmp"
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -147,6 +148,9 @@ func (t *Request) GenerateChoices(groups []Group, gw ChoicesWriter) int {
 			c.Tokens = append(c.Tokens, e.ev.Tokens...)
 			for _, tk := range e.ev.Tokens {
 				c.Logprob += float64(tk.Logprob)
+			}
+			if e.ev.EOS != nil && !math.IsNaN(float64(e.ev.EOS.Logprob)) {
+				c.Logprob += float64(e.ev.EOS.Logprob) // best_of counts how likely the end was
 			}
 			if e.ev.Finish != "" {
 				c.Finish, c.Stop, c.Text = e.ev.Finish, e.ev.Stop, texts[e.i].String()

@@ -141,6 +141,9 @@ func (t *Request) GenerateTo(gr *serving.GenerateRequest, gw Writer) int {
 				if sw, ok := gw.(interface{ StopString(string) }); ok {
 					sw.StopString(ev.Stop) // which stop string ended it, for the APIs that say
 				}
+				if ew, ok := gw.(interface{ EndOfSequence(serving.TokenInfo) }); ok && ev.EOS != nil {
+					ew.EndOfSequence(*ev.EOS) // the end-of-sequence token, for the APIs that list it
+				}
 				return t.OK(gw.Whole(text.String(), tokens, ev.Finish, ts.PromptTokens, ts.CompletionTokens), nil)
 			}
 		}

@@ -91,7 +91,7 @@ func (s *API) generate(t *text.Request, body []byte, via route) int {
 		return t.Fail(err)
 	}
 	if m := t.Model(); m != nil {
-		w.end, w.hasEnd = m.EndToken()
+		w.end, _ = m.EndToken()
 	}
 	return t.GenerateTo(gr, w)
 }

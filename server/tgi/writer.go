@@ -2,6 +2,7 @@ package tgi
 
 import (
 	"math"
+	"slices"
 
 	"github.com/stepserve/stepserve/server/core"
 	"github.com/stepserve/stepserve/server/text"
@@ -17,8 +18,8 @@ type writer struct {
 	seed                    *int64 // the draw's seed, when sampled
 	top                     int    // top_n_tokens
 	end                     serving.TokenInfo
-	hasEnd                  bool
 
+	eos     *serving.TokenInfo  // the end-of-sequence token that ended it, listed as TGI lists it
 	stop    string              // the stop sequence that ended it
 	prefill []serving.TokenInfo // the prompt's tokens, scored (decoder_input_details)
 	prompt  int                 // its tokens
@@ -108,6 +109,10 @@ func (w *writer) generated(out string) string { return w.prefix + out + w.stop }
 
 func (w *writer) Streaming() bool { return w.stream }
 
+// EndOfSequence records the end-of-sequence token that ended a whole
+// answer.
+func (w *writer) EndOfSequence(t serving.TokenInfo) { w.eos = &t }
+
 // PromptTokens records the prompt's scored tokens.
 func (w *writer) PromptTokens(p []serving.TokenInfo) { w.prefill = p }
 
@@ -121,6 +126,10 @@ func (w *writer) Whole(out string, tokens []serving.TokenInfo, finish string, _,
 		for i := range w.prefill {
 			t := tokenOf(&w.prefill[i])
 			d.Prefill = append(d.Prefill, prefillToken{ID: t.ID, Text: t.Text, Logprob: t.Logprob})
+		}
+		if w.eos != nil { // TGI lists the end-of-sequence token last, and counts it
+			tokens = append(slices.Clip(tokens), *w.eos)
+			d.GeneratedTokens++
 		}
 		for i := range tokens {
 			d.Tokens = append(d.Tokens, tokenOf(&tokens[i]))
@@ -168,19 +177,19 @@ func (w *writer) Chunk(ev serving.TextEvent) []byte {
 	}
 	w.stop = ev.Stop
 	last := w.held
-	if last == nil { // nothing generated: the end token ended it
-		if !w.hasEnd {
-			return b
+	if ev.EOS != nil {
+		// TGI's last event carries the end-of-sequence token.
+		if w.held != nil {
+			b = append(b, w.event(w.held, nil, nil)...)
 		}
+		last = ev.EOS
+	} else if last == nil { // nothing generated, nor an end token: the model's
 		last = &w.end
 	}
 	all := w.generated(string(w.text))
 	var d *streamDetails
 	if w.details {
 		d = &streamDetails{FinishReason: w.finishReason(ev.Finish), GeneratedTokens: w.index + 1, InputLength: w.prompt, Seed: w.seed}
-		if w.held == nil {
-			d.GeneratedTokens = 0
-		}
 	}
 	return append(b, w.event(last, &all, d)...)
 }
