@@ -75,6 +75,10 @@ type Server struct {
 	// MetricsAddr, when set, serves /metrics (and the health endpoints)
 	// on a listener of its own, and /metrics no longer on Addr.
 	MetricsAddr string
+	// VLLMMetrics exports the language models' series under vLLM's names
+	// too (vllm:num_requests_waiting, ...), as Kubernetes' inference
+	// gateway and vLLM's dashboards read them.
+	VLLMMetrics bool
 	// GRPCAddr, when set, serves the inference protocol over gRPC
 	// (inference.GRPCInferenceService, and grpc.health.v1).
 	GRPCAddr string

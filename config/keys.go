@@ -77,6 +77,8 @@ var keys = []key{
 		value(func(c *Config) *bool { return &c.Auth.RepositoryAnonymous }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.enable_model_control", "false", "enable the repository API: load and unload models at run time",
 		value(func(c *Config) *bool { return &c.Server.EnableModelControl }, strconv.ParseBool, anything, "true or false"), boolKind},
+	{"server.vllm_metrics", "true", "also export a language model's series under vLLM's names with a model_name label (vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc, ...), as Kubernetes' inference gateway (GAIE), llm-d and vLLM's dashboards read them; false: stepserve's names only",
+		value(func(c *Config) *bool { return &c.Server.VLLMMetrics }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"server.strict_readiness", "true", "/v2/health/ready (and gRPC ServerReady) answer ready only when every model is ready, one that failed at start included (Triton's --strict-readiness); false: ready once the server is up, whatever its models",
 		value(func(c *Config) *bool { return &c.Server.StrictReadiness }, strconv.ParseBool, anything, "true or false"), boolKind},
 	{"batching.max_queue_delay", defaultPolicy.MaxQueueDelay.String(), "default for models: how long the oldest queued request waits for a fuller batch", policyKey, durationKind(true)},

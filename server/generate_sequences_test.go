@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -306,4 +307,66 @@ func TestUnreadGenerationsGiveTheirPlacesBack(t *testing.T) {
 		}
 		assert.Equal(t, 4, n)
 	}
+}
+
+// vLLM's names for a language model's series, with model_name: the
+// scheduler's running and waiting sequences and the KV cache's use as
+// stepserve's own gauges say them while generations run, the cache's
+// geometry, and the counters and histograms equal to stepserve's.
+func TestVLLMMetricNames(t *testing.T) {
+	f := newGenFixture(t, "generation:\n  max_num_seqs: 2\n  max_batch_tokens: 32\n  max_model_len: 256\n  block_size: 8\n  kv_cache_blocks: 64\n")
+	// Steps run one at a time as the test lets them (the loop takes new
+	// generations between steps), until two run and one waits.
+	f.eng.gate = make(chan struct{}, 1000)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			b, _ := json.Marshal(map[string]any{"model": "tiny-llama", "prompt": strings.Repeat("word ", 5+i), "max_tokens": 40, "ignore_eos": true})
+			resp, err := http.Post(f.srv.URL+"/v1/completions", "application/json", bytes.NewReader(b))
+			if assert.NoError(t, err) {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	require.Eventually(t, func() bool {
+		if metricValue(t, f.reg, "vllm:num_requests_running", "") == 2 && metricValue(t, f.reg, "vllm:num_requests_waiting", "") == 1 {
+			return true
+		}
+		select {
+		case f.eng.gate <- struct{}{}: // one more step
+		default:
+		}
+		return false
+	}, 10*time.Second, 20*time.Millisecond, "two running (max_num_seqs), one waiting")
+	assert.Equal(t, metricValue(t, f.reg, "stepserve_generation_sequences", "running"), metricValue(t, f.reg, "vllm:num_requests_running", ""))
+	assert.Equal(t, metricValue(t, f.reg, "stepserve_generation_sequences", "waiting"), metricValue(t, f.reg, "vllm:num_requests_waiting", ""))
+	used := metricValue(t, f.reg, "stepserve_generation_kv_cache_blocks", "used")
+	free := metricValue(t, f.reg, "stepserve_generation_kv_cache_blocks", "free")
+	assert.Positive(t, used)
+	assert.InDelta(t, used/(used+free), metricValue(t, f.reg, "vllm:kv_cache_usage_perc", ""), 1e-9)
+	close(f.eng.gate)
+	wg.Wait()
+	require.Eventually(t, func() bool { return metricValue(t, f.reg, "vllm:e2e_request_latency_seconds", "") == 3 }, 10*time.Second, 5*time.Millisecond)
+	for vllm, own := range map[string]string{"vllm:prompt_tokens_total": "stepserve_generation_prompt_tokens_total",
+		"vllm:generation_tokens_total": "stepserve_generation_generated_tokens_total", "vllm:prefix_cache_queries_total": "stepserve_generation_prefix_cache_queried_tokens_total",
+		"vllm:prefix_cache_hits_total": "stepserve_generation_prefix_cache_hit_tokens_total", "vllm:time_to_first_token_seconds": "stepserve_generation_time_to_first_token_seconds",
+		"vllm:time_per_output_token_seconds": "stepserve_generation_time_per_output_token_seconds"} {
+		assert.Equal(t, metricValue(t, f.reg, own, ""), metricValue(t, f.reg, vllm, ""), vllm)
+	}
+	assert.Equal(t, 120.0, metricValue(t, f.reg, "vllm:generation_tokens_total", ""))
+	mfs, err := f.reg.Gather()
+	require.NoError(t, err)
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "vllm:cache_config_info" {
+			labels := map[string]string{}
+			for _, l := range mf.GetMetric()[0].GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			assert.Equal(t, map[string]string{"model_name": "tiny-llama", "block_size": "8", "num_gpu_blocks": "64"}, labels)
+			found = true
+		}
+	}
+	assert.True(t, found, "vllm:cache_config_info")
 }

@@ -73,7 +73,7 @@ func newGenFixture(t *testing.T, yaml string) *genFixture {
 	enginetest.CopyModel(t, "../model_repository/tiny-llama", filepath.Join(repo, "tiny-llama"), yaml)
 	eng := &gatedDecoders{}
 	reg := prometheus.NewRegistry()
-	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "cpu", Registerer: reg,
+	set, err := serving.New(serving.Options{Repository: repo, DefaultEngine: "cpu", Registerer: reg, VLLMMetrics: true,
 		Engines: map[string]serving.Engine{"cpu": {Engine: eng}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { set.Close() })

@@ -193,7 +193,7 @@ func (l *loader) newDecoderModel(ctx context.Context, m *models.Model) (*Model, 
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
 	gen := &generator{loop: loop, dec: dec, done: make(chan struct{}), tok: hf, opts: *g, chat: m.Decoder.Chat, vocab: m.Decoder.Config.Vocab,
-		metrics: l.metrics.generation(m.Name), idle: make(chan struct{}, 1)}
+		metrics: l.metrics.generation(m.Name, g.BlockSize, g.KVCacheBlocks), idle: make(chan struct{}, 1)}
 	if gc := m.Decoder.Generation; gc != nil {
 		for _, id := range gc.EOS {
 			gen.eos = append(gen.eos, int32(id))
@@ -424,7 +424,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 		}
 		return nil, err
 	}
-	g.metrics.promptTokens.Add(float64(len(prompt)))
+	g.metrics.admitted(len(prompt))
 	ts := &TextStream{g: g, st: st, cancel: cancel, release: release, stops: r.Stop, start: start, logprobs: r.Logprobs >= 0, prompt: prompt, scored: r.ScorePrompt,
 		dec: g.tok.Tokenizers().NewStream(true), PromptTokens: len(prompt), maxTokens: maxTokens, top: max(r.Logprobs, 0)}
 	return ts, nil

@@ -68,11 +68,11 @@ func (s *TextStream) Next(ctx context.Context) (TextEvent, bool) {
 			now := time.Now()
 			if s.CompletionTokens == 0 {
 				s.first = now
-				s.g.metrics.ttft.Observe(now.Sub(s.start).Seconds())
+				s.g.metrics.firstToken(now.Sub(s.start).Seconds())
 			}
 			s.last = now
 			s.CompletionTokens++
-			s.g.metrics.generated.Inc()
+			s.g.metrics.generatedToken()
 			if s.logprobs {
 				out.Tokens = append(out.Tokens, s.info(ev))
 			} else {
@@ -219,11 +219,11 @@ func finiteLogprob(lp float32) float32 {
 func (s *TextStream) Close() {
 	s.once.Do(func() {
 		s.cancel()
-		m := s.g.metrics
-		m.duration.Observe(time.Since(s.start).Seconds())
+		tpot := 0.0
 		if s.CompletionTokens > 1 {
-			m.tpot.Observe(s.last.Sub(s.first).Seconds() / float64(s.CompletionTokens-1))
+			tpot = s.last.Sub(s.first).Seconds() / float64(s.CompletionTokens-1)
 		}
+		s.g.metrics.ended(time.Since(s.start).Seconds(), tpot, s.CompletionTokens)
 		s.release()
 	})
 }

@@ -22,6 +22,7 @@ type genMetrics struct {
 	prompt, generated, preempted *prometheus.CounterVec
 	prefixQueried, prefixHits    *prometheus.CounterVec
 	seqs, blocks                 *prometheus.GaugeVec
+	vllm                         *vllmMetrics // the same under vLLM's names; nil when they are off
 }
 
 // genSeries are one language model's.
@@ -30,6 +31,43 @@ type genSeries struct {
 	promptTokens, generated, preempted       prometheus.Counter
 	prefixQueried, prefixHits                prometheus.Counter
 	running, waiting, blocksUsed, blocksFree prometheus.Gauge
+	vllm                                     *vllmSeries // nil when vLLM's names are off
+}
+
+// The observations both names take.
+
+func (s *genSeries) firstToken(seconds float64) {
+	s.ttft.Observe(seconds)
+	if s.vllm != nil {
+		s.vllm.ttft.Observe(seconds)
+	}
+}
+
+func (s *genSeries) generatedToken() {
+	s.generated.Inc()
+	if s.vllm != nil {
+		s.vllm.outputs.Inc()
+	}
+}
+
+func (s *genSeries) admitted(promptTokens int) {
+	s.promptTokens.Add(float64(promptTokens))
+	if s.vllm != nil {
+		s.vllm.prompt.Add(float64(promptTokens))
+	}
+}
+
+func (s *genSeries) ended(seconds float64, tpot float64, tokens int) {
+	s.duration.Observe(seconds)
+	if tokens > 1 {
+		s.tpot.Observe(tpot)
+	}
+	if s.vllm != nil {
+		s.vllm.e2e.Observe(seconds)
+		if tokens > 1 {
+			s.vllm.tpot.Observe(tpot)
+		}
+	}
 }
 
 // latencyBuckets span a token's few milliseconds to a long generation's
@@ -69,18 +107,26 @@ func newGenMetrics() genMetrics {
 }
 
 func (g *genMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits, g.seqs, g.blocks}
+	out := []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits, g.seqs, g.blocks}
+	if g.vllm != nil {
+		out = append(out, g.vllm.collectors()...)
+	}
+	return out
 }
 
 // generation is model's series, created at zero so that alerts see them
-// before the first generation.
-func (m *metrics) generation(model string) *genSeries {
+// before the first generation; its KV cache has blocks of blockSize.
+func (m *metrics) generation(model string, blockSize, blocks int) *genSeries {
 	g := &m.gen
 	s := &genSeries{
 		ttft: g.ttft.WithLabelValues(model), tpot: g.tpot.WithLabelValues(model), duration: g.duration.WithLabelValues(model),
 		batch: g.batch.WithLabelValues(model), promptTokens: g.prompt.WithLabelValues(model), generated: g.generated.WithLabelValues(model),
 		preempted: g.preempted.WithLabelValues(model), prefixQueried: g.prefixQueried.WithLabelValues(model), prefixHits: g.prefixHits.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
 		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"),
+	}
+	if g.vllm != nil {
+		v := g.vllm.series(model, blockSize, blocks)
+		s.vllm = &v
 	}
 	return s
 }
@@ -97,13 +143,25 @@ func (s *genSeries) observe(step *generation.Step, _ time.Duration, st generatio
 		s.prefixQueried.Add(float64(step.PrefillTokens))
 		s.prefixHits.Add(float64(step.CachedTokens))
 	}
+	used := st.BlocksTotal - st.BlocksFree
 	s.running.Set(float64(st.Running))
 	s.waiting.Set(float64(st.Waiting))
-	s.blocksUsed.Set(float64(st.BlocksTotal - st.BlocksFree))
+	s.blocksUsed.Set(float64(used))
 	s.blocksFree.Set(float64(st.BlocksFree))
+	if v := s.vllm; v != nil {
+		if step.PrefillTokens > 0 {
+			v.prefixQueries.Add(float64(step.PrefillTokens))
+			v.prefixHits.Add(float64(step.CachedTokens))
+		}
+		v.running.Set(float64(st.Running))
+		v.waiting.Set(float64(st.Waiting))
+		if st.BlocksTotal > 0 {
+			v.kvUsage.Set(float64(used) / float64(st.BlocksTotal))
+		}
+	}
 }
 
-func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, set *Set, vllm bool) (*metrics, error) {
 	m := &metrics{
 		loadDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stepserve_model_load_duration_seconds",
@@ -114,6 +172,9 @@ func newMetrics(reg prometheus.Registerer, set *Set) (*metrics, error) {
 			Help: "Times a model's steps moved from its engine to the fallback engine because the device was unavailable.",
 		}, []string{"model", "from", "to"}),
 		gen: newGenMetrics(),
+	}
+	if vllm {
+		m.gen.vllm = newVLLMMetrics()
 	}
 	if reg != nil {
 		for _, c := range append([]prometheus.Collector{m.loadDuration, m.failovers, &readyCollector{set: set, desc: readyDesc},
@@ -139,10 +200,15 @@ func (m *metrics) addFailover(model, from, to string) prometheus.Counter {
 func (m *metrics) forget(model string) {
 	m.loadDuration.DeleteLabelValues(model)
 	m.failovers.DeletePartialMatch(prometheus.Labels{"model": model})
-	for _, c := range m.gen.collectors() {
+	g := m.gen
+	g.vllm = nil // its series go by model_name
+	for _, c := range g.collectors() {
 		c.(interface {
 			DeletePartialMatch(prometheus.Labels) int
 		}).DeletePartialMatch(prometheus.Labels{"model": model})
+	}
+	if m.gen.vllm != nil {
+		m.gen.vllm.forget(model)
 	}
 }
 

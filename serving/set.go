@@ -77,7 +77,10 @@ type Options struct {
 	BatchMetrics *batching.Metrics
 	// Registerer receives the set's own metrics; nil registers none.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger // nil discards
+	// VLLMMetrics exports the language models' series under vLLM's names
+	// too (vllm_metrics.go; server.vllm_metrics).
+	VLLMMetrics bool
+	Logger      *slog.Logger // nil discards
 }
 
 // Set is the live model set. Lookups are safe while loads and unloads run;
@@ -135,7 +138,7 @@ func New(opts Options) (*Set, error) {
 			return nil, fmt.Errorf("serving: engine %q is not among the engines given (%s)", name, strings.Join(engines.names(), ", "))
 		}
 	}
-	if s.metrics, err = newMetrics(opts.Registerer, s); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s, opts.VLLMMetrics); err != nil {
 		return nil, err
 	}
 	s.loader = &loader{set: s, opts: &s.opts, logger: s.logger, engines: engines, metrics: s.metrics, limit: newModelLimit(opts.MaxModelBytes)}

@@ -89,6 +89,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		LoadTimeout:     cfg.Models.LoadTimeout,
 		KeepGoing:       !cfg.Models.ExitOnError,
 		StrictReadiness: cfg.Server.StrictReadiness,
+		VLLMMetrics:     cfg.Server.VLLMMetrics,
 		StepMetrics:     stepMetrics,
 		BatchMetrics:    batchMetrics,
 		Registerer:      reg,
