@@ -433,6 +433,18 @@ func (d *decoder) runRows(ctx context.Context, step *generation.Step) error {
 	return nil
 }
 
+// mostRows is the largest batch of the buckets [lo, hi) whose rows hold
+// tokens tokens; 0 for none.
+func (d *decoder) mostRows(lo, hi, tokens int) int {
+	most := 0
+	for _, s := range d.p.shapes[lo:hi] {
+		if s.Seq >= tokens {
+			most = max(most, s.Batch)
+		}
+	}
+	return most
+}
+
 // bucket chooses the bucket for the first rows of group: the decode or
 // prefill bucket of the fewest rows and tokens that hold them, or the
 // largest, taking as many rows as it holds. Decode rows come sorted by
@@ -450,12 +462,7 @@ func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken in
 	if !decode {
 		lo, hi = d.prefillRange()
 	}
-	most := 0 // the largest batch
-	for _, s := range d.p.shapes[lo:hi] {
-		if s.Seq >= tokens {
-			most = max(most, s.Batch)
-		}
-	}
+	most := d.mostRows(lo, hi, tokens)
 	if most == 0 {
 		return 0, 0, fmt.Errorf("rbln: model %s: no bucket holds a row of %d tokens", d.p.model.Name, tokens)
 	}
@@ -466,13 +473,7 @@ func (d *decoder) bucket(step *generation.Step, group []piece) (bucket, taken in
 	case !decode && slices.ContainsFunc(group[:taken], func(pc piece) bool { return pc.scores }):
 		// The prefill buckets' scoring twins, as many as fit (maxScoringLogits).
 		lo, hi = d.scoringRange()
-		most = 0
-		for _, s := range d.p.shapes[lo:hi] {
-			if s.Seq >= tokens {
-				most = max(most, s.Batch)
-			}
-		}
-		if most == 0 {
+		if most = d.mostRows(lo, hi, tokens); most == 0 {
 			return 0, 0, fmt.Errorf("rbln: model %s: no scoring prefill bucket holds a row of %d tokens", d.p.model.Name, tokens)
 		}
 		taken = min(len(group), most)
