@@ -326,7 +326,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	if ps, ok := g.dec.(interface{ ScoresPrompts() bool }); ok && r.ScorePrompt && !ps.ScoresPrompts() {
 		return nil, badGenerate("model %s does not serve the prompt's log-probabilities (echo with logprobs, decoder_input_details) on the %s engine: its prefill buckets are too large for a scoring step's logits; add a smaller buckets.seq or buckets.batch", m.model.Name, m.engine)
 	}
-	if sampling.Penalties.Active() && !g.opts.Structured() && m.engine != "cpu" {
+	if pz, ok := g.dec.(interface{ Penalizes() bool }); ok && sampling.Penalties.Active() && !pz.Penalizes() {
 		return nil, badGenerate("penalties and logit_bias run in the masked decode steps on the %s engine, which model %s's generation.structured_output false leaves out", m.engine, m.model.Name)
 	}
 	for i, s := range r.Stop {

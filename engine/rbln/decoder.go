@@ -385,6 +385,10 @@ func twinRow(w generation.Work, pc piece) bool {
 	return pc.samples && masked(w) || w.Seq.Sampling.Penalties.Active()
 }
 
+// Penalizes reports whether the decoder has masked decode steps, where
+// penalties and logit bias are applied: a sequence may ask for them.
+func (d *decoder) Penalizes() bool { return d.masked > 0 }
+
 // ScoresPrompts reports whether the decoder has scoring prefill steps:
 // a sequence may ask its prompt's log-probabilities.
 func (d *decoder) ScoresPrompts() bool { lo, hi := d.scoringRange(); return lo < hi }
