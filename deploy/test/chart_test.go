@@ -17,6 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	gaiev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gaiev1alpha2 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/stepserve/stepserve/config"
@@ -50,20 +53,37 @@ type rendered struct {
 	rule       *monitoringv1.PrometheusRule
 	hpa        *autoscalingv2.HorizontalPodAutoscaler
 	pdb        *policyv1.PodDisruptionBudget
+	// The inference gateway's objects (inferenceGateway.enabled) and the
+	// KEDA ScaledObject, by kind; the picker's Deployment and Service are
+	// in others too, under their names.
+	pool       *gaiev1.InferencePool
+	objectives []*gaiev1alpha2.InferenceObjective
+	route      *gatewayv1.HTTPRoute
+	scaled     map[string]any
+	others     map[string][]byte // "Kind/name": the manifest
 	kinds      []string
 }
 
 func render(t *testing.T, args ...string) *rendered {
 	t.Helper()
 	out := helm(t, append([]string{"template", "rel", chart}, args...)...)
-	r := &rendered{configMaps: map[string]*corev1.ConfigMap{}}
+	r := &rendered{configMaps: map[string]*corev1.ConfigMap{}, others: map[string][]byte{}}
 	for _, doc := range strings.Split(string(out), "\n---") {
 		if strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(doc), "---")) == "" {
 			continue
 		}
-		var head struct{ Kind string }
+		var head struct {
+			Kind     string
+			Metadata struct{ Name string }
+		}
 		require.NoError(t, yaml.Unmarshal([]byte(doc), &head))
 		r.kinds = append(r.kinds, head.Kind)
+		// The chart's own Deployment and Service are rel-stepserve; the
+		// picker's are others.
+		if (head.Kind == "Deployment" || head.Kind == "Service") && head.Metadata.Name != "rel-stepserve" {
+			r.others[head.Kind+"/"+head.Metadata.Name] = []byte(doc)
+			continue
+		}
 		strict := func(v any) {
 			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), v), "%s:\n%s", head.Kind, doc)
 		}
@@ -90,6 +110,20 @@ func render(t *testing.T, args ...string) *rendered {
 		case "PodDisruptionBudget":
 			r.pdb = &policyv1.PodDisruptionBudget{}
 			strict(r.pdb)
+		case "InferencePool":
+			r.pool = &gaiev1.InferencePool{}
+			strict(r.pool)
+		case "InferenceObjective":
+			o := &gaiev1alpha2.InferenceObjective{}
+			strict(o)
+			r.objectives = append(r.objectives, o)
+		case "HTTPRoute":
+			r.route = &gatewayv1.HTTPRoute{}
+			strict(r.route)
+		case "ScaledObject":
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &r.scaled))
+		case "ServiceAccount", "Role", "RoleBinding":
+			r.others[head.Kind+"/"+head.Metadata.Name] = []byte(doc)
 		default:
 			t.Fatalf("unexpected kind %q", head.Kind)
 		}

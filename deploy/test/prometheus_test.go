@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,14 @@ type prom struct {
 
 func startPrometheus(t *testing.T, s *server) *prom {
 	t.Helper()
+	return startPrometheusWith(t, s, nil)
+}
+
+// startPrometheusWith is startPrometheus with target labels on the
+// server's series, as Kubernetes' service discovery would add them
+// (namespace, pod, service).
+func startPrometheusWith(t *testing.T, s *server, labels map[string]string) *prom {
+	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	require.NoError(t, err, "Debian's prometheus package is needed (make deps)")
 	dir := t.TempDir()
@@ -55,7 +64,8 @@ scrape_configs:
   - job_name: stepserve
     static_configs:
       - targets: [%q]
-`, rules, strings.TrimPrefix(s.base, "http://"))
+        labels: %s
+`, rules, strings.TrimPrefix(s.base, "http://"), targetLabelsJSON(labels))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644))
 	p := &prom{addr: freePort(t), logs: &strings.Builder{}}
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
@@ -65,6 +75,46 @@ scrape_configs:
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	require.Eventually(t, func() bool { _, err := p.alerts(); return err == nil }, 30*time.Second, 100*time.Millisecond, "prometheus did not start:\n%s", p.logs)
 	return p
+}
+
+func targetLabelsJSON(labels map[string]string) string {
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	b, _ := json.Marshal(labels)
+	return string(b)
+}
+
+// sample is one series of an instant query's answer.
+type sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// query is expr's value now.
+func (p *prom) query(t *testing.T, expr string) []sample {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addr + "/api/v1/query?query=" + url.QueryEscape(expr))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var v struct {
+		Status, Error string
+		Data          struct {
+			Result []struct {
+				Metric map[string]string
+				Value  []any
+			}
+		}
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+	require.Equal(t, "success", v.Status, "%s: %s", expr, v.Error)
+	out := make([]sample, 0, len(v.Data.Result))
+	for _, r := range v.Data.Result {
+		f, err := strconv.ParseFloat(r.Value[1].(string), 64)
+		require.NoError(t, err)
+		out = append(out, sample{r.Metric, f})
+	}
+	return out
 }
 
 func (p *prom) alerts() (alertsResponse, error) {

@@ -97,7 +97,7 @@ func expressions(t *testing.T) map[string]string {
 
 // metricNames parses expr and returns the metric names its selectors name.
 func metricNames(t *testing.T, where, expr string) []string {
-	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	e, err := parser.ParseExpr(expr)
 	require.NoError(t, err, "%s: %s", where, expr)
 	var names []string
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
@@ -258,7 +258,7 @@ var targetLabels = map[string]bool{"instance": true, "job": true, "pod": true, "
 // labelsNotExported lists the labels expr selects on, or groups a
 // stepserve metric by, that the metrics it reads do not carry.
 func labelsNotExported(t *testing.T, where, expr string, exported map[string]map[string]bool) []string {
-	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	e, err := parser.ParseExpr(expr)
 	require.NoError(t, err, "%s: %s", where, expr)
 	var wrong []string
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {

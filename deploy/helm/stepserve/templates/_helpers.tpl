@@ -52,3 +52,31 @@ httpGet:
 {{- $g := .Values.config.server.shutdown_grace | default "30s" | toString -}}
 {{- if hasSuffix "m" $g -}}{{ mul (trimSuffix "m" $g | int) 60 }}{{- else -}}{{ trimSuffix "s" $g | int }}{{- end -}}
 {{- end -}}
+
+{{/* The endpoint picker's name: inferenceGateway.epp.name, or <fullname>-epp. */}}
+{{- define "stepserve.eppName" -}}
+{{- .Values.inferenceGateway.epp.name | default (printf "%s-epp" (include "stepserve.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "stepserve.eppSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "stepserve.name" . }}-epp
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* autoscaling.signals as a JSON list of {name, target}: each signal
+once, known, with its target per replica. */}}
+{{- define "stepserve.signals" -}}
+{{- $a := .Values.autoscaling -}}
+{{- $targets := dict "queueDepth" $a.targetQueueDepth "requestsWaiting" $a.targetRequestsWaiting "kvCacheUsage" $a.targetKVCacheUsage -}}
+{{- if not $a.signals -}}
+{{- fail "autoscaling.signals is empty: name queueDepth, requestsWaiting or kvCacheUsage" -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range uniq $a.signals -}}
+{{- if not (hasKey $targets .) -}}
+{{- fail (printf "autoscaling.signals: %q is not a signal; want queueDepth, requestsWaiting or kvCacheUsage" .) -}}
+{{- end -}}
+{{- $out = append $out (dict "name" . "target" (get $targets . | toString)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
