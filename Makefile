@@ -93,6 +93,7 @@ deps-host: $(HELM) $(HELM_COMPAT) $(STATICCHECK)
 	@echo "make deps: Go modules (go mod download, deploy/test, Helm $(HELM_VERSION) and $(HELM_COMPAT_VERSION)), npm's @huggingface/tokenizers (the tokenizer reference test, pinned by models/testdata/tokref/package-lock.json) and openai with zod (the OpenAI Node SDK tests, server/testdata/openai-sdk), the AI SDK and LangChain.js (server/testdata/js-frameworks), @anthropic-ai/sdk (server/testdata/anthropic-sdk) and @huggingface/inference (the Hugging Face JS client test, server/testdata/hf-inference) and, where missing, Debian's python3-torch, libopenblas-dev, pkg-config, prometheus, python3-protobuf, python3-grpcio, python3-grpc-tools, protobuf-compiler"
 	$(GO) mod download
 	cd deploy/test && $(GO) mod download
+	cd deploy/test && $(GO) mod download k8s.io/kubernetes@v1.37.2 github.com/kedacore/keda/v2@v2.21.0  # schemas not in go.mod (schemas_test.go pins them)
 	@if [ -f models/testdata/tokref/node_modules/@huggingface/tokenizers/package.json ]; then :; \
 	elif command -v npm >/dev/null; then cd models/testdata/tokref && $(NPM_CI); \
 	else echo "make deps: no npm; the tokenizer.json reference test (transformers.js) will skip"; fi
@@ -188,7 +189,7 @@ chart-test: $(HELM) $(HELM_COMPAT) build
 	$(HELM_COMPAT) template stepserve deploy/helm/stepserve >/dev/null
 	promtool check rules deploy/helm/stepserve/files/stepserve-rules.yaml
 	promtool test rules deploy/prometheus/stepserve-rules.test.yaml
-	cd deploy/test && HELM=$(HELM) STEPSERVE=$(CURDIR)/bin/stepserve $(TORCH2_ENV) $(GO) test -count=1 -timeout 10m ./...
+	cd deploy/test && HELM=$(HELM) HELM_COMPAT=$(HELM_COMPAT) STEPSERVE=$(CURDIR)/bin/stepserve $(TORCH2_ENV) $(GO) test -count=1 -timeout 10m ./...
 
 ## lint: gofmt, go vet, staticcheck (pinned; it finds dead code) and
 ## go mod tidy -diff (every module's requirements as tidy writes them), for
@@ -255,6 +256,18 @@ BENCHTIME ?= 9s
 ## (bench/structured)
 bench-structured:
 	$(GO) run ./bench/structured
+
+## bench-pool: a pool of 3 tiny-llama servers on loopback (issue 50): one
+## skewed chat workload (shared system prompts, Zipf popularity, bursts)
+## routed round-robin and then by GAIE's endpoint-picker scheduler fed by
+## its own metrics client, p50/p99 time to first token and the pool's
+## prefix-cache hit rate side by side (deploy/test/pool_test.go, about a
+## minute); the table is written to POOL_BENCH_OUT too.
+POOL_BENCH_OUT ?= $(CURDIR)/bench/out/pool.md
+.PHONY: bench-pool
+bench-pool: build
+	mkdir -p $(dir $(POOL_BENCH_OUT))
+	cd deploy/test && STEPSERVE=$(CURDIR)/bin/stepserve STEPSERVE_POOL_BENCH=1 POOL_BENCH_OUT=$(POOL_BENCH_OUT) $(GO) test -count=1 -run 'TestPoolBenchmark$$' -v -timeout 10m .
 
 ## bench-onnx: the CPU engine's encoder step against ONNX Runtime
 ## (onnxruntime-node from npm, bench/onnx/package-lock.json) on an encoder of
