@@ -82,6 +82,9 @@ type Server struct {
 	// GRPCAddr, when set, serves the inference protocol over gRPC
 	// (inference.GRPCInferenceService, and grpc.health.v1).
 	GRPCAddr string
+	// TLSCertFile and TLSKeyFile, when set (both), serve Addr and
+	// GRPCAddr over TLS; the files are read again when they change.
+	TLSCertFile, TLSKeyFile string
 	// EnableModelControl turns on the repository API (load, unload).
 	EnableModelControl bool
 	// StrictReadiness: /v2/health/ready is 200 only when every model is
@@ -272,6 +275,9 @@ func parse(v *viper.Viper) (*Config, error) {
 	}
 	if err := c.Auth.check(c.Server.EnableModelControl); err != nil {
 		return nil, err
+	}
+	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
+		return nil, fmt.Errorf("%w: server.tls_cert_file and server.tls_key_file go together: set both (TLS) or neither (plain HTTP)", ErrInvalid)
 	}
 	return c, nil
 }

@@ -36,6 +36,9 @@ func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 // of the models and a first request to try.
 func announce(w io.Writer, logger *slog.Logger, cfg *config.Config, set *serving.Set, addr net.Addr) {
 	url := baseURL(addr)
+	if cfg.Server.TLSCertFile != "" {
+		url = "https" + strings.TrimPrefix(url, "http")
+	}
 	// The log line last: whoever waits for it has the whole announcement.
 	defer logger.Info("ready", "url", url)
 	if cfg.Log.Format == "json" {

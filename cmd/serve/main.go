@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"github.com/stepserve/stepserve/batching"
 	"github.com/stepserve/stepserve/config"
 	"github.com/stepserve/stepserve/engine/cpufallback"
+	"github.com/stepserve/stepserve/internal/tlsfiles"
 	"github.com/stepserve/stepserve/server"
 	"github.com/stepserve/stepserve/serving"
 	"github.com/stepserve/stepserve/steps"
@@ -68,6 +70,14 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
+	// The certificate first: a wrong file is said before models load.
+	var tlsPair *tlsfiles.Pair
+	if cfg.Server.TLSCertFile != "" {
+		var err error
+		if tlsPair, err = tlsfiles.Load(cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile, logger); err != nil {
+			return fmt.Errorf("server.tls_cert_file, server.tls_key_file: %w", err)
+		}
+	}
 	cpuThreads := cpufallback.SetThreads(cfg.Engine.CPUThreads)
 	reg := newRegistry()
 	stepMetrics, err := steps.NewMetrics(reg)
@@ -135,6 +145,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		LogFormat:              cfg.Log.Format,
 		LogRequests:            cfg.Log.Requests,
 		Tracer:                 newTracer(cfg, logger),
+		TLS:                    grpcTLS(tlsPair),
 		Registerer:             reg,
 		Gatherer:               reg,
 	})
@@ -146,6 +157,9 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 		return err
 	}
 	httpServer := newHTTPServer(cfg, logger, api)
+	if tlsPair != nil {
+		httpServer.TLSConfig = tlsPair.Config("h2", "http/1.1")
+	}
 	serveErr := make(chan error, 3)
 	go func() { serveErr <- conns.Serve(httpServer, ln) }()
 	if cfg.Server.GRPCAddr != "" {
@@ -174,7 +188,7 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "version", version, "go", runtime.Version(),
 		"blas", cpufallback.BLAS(), "kernels", cpufallback.Kernels(), "cpu_threads", cpuThreads,
-		"models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File,
+		"tls", tlsPair != nil, "models", len(set.Models()), "model_control", cfg.Server.EnableModelControl, "max_connections", maxConns, "config", cfg.File,
 		"max_inflight_bytes", inflight, "memory_limit", mem.Bytes, "memory_limit_from", mem.Source)
 
 	// Liveness answers from here on; readiness waits for every bucket of
@@ -202,4 +216,13 @@ func serve(cfg *config.Config, logger *slog.Logger, logLevel *slog.LevelVar) err
 			return shutdown(httpServer, api, set, cfg.Server.ShutdownGrace, logger, nil)
 		}
 	}
+}
+
+// grpcTLS is the gRPC listener's TLS configuration: the pair, with ALPN
+// h2 (gRPC clients require it); nil without TLS.
+func grpcTLS(p *tlsfiles.Pair) *tls.Config {
+	if p == nil {
+		return nil
+	}
+	return p.Config("h2")
 }

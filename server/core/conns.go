@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -122,8 +123,15 @@ func NewConnLimit(opts ConnLimitOptions) (*ConnLimit, error) {
 
 // Serve serves hs on ln within the limit; it returns as hs.Serve does. It
 // sets hs.ConnState, which tells the limit which connections are busy.
+//
+// With hs.TLSConfig set it serves TLS: the handshake runs on the
+// connection's own goroutine, above the limit, and a connection refused
+// is closed (a client waiting for a TLS handshake cannot read a 503).
 func (l *ConnLimit) Serve(hs *http.Server, ln net.Listener) error {
 	hs.ConnState = l.track
+	if hs.TLSConfig != nil {
+		return hs.Serve(tls.NewListener(&limitListener{Listener: ln, limit: l, closeRefused: true}, hs.TLSConfig))
+	}
 	return hs.Serve(&limitListener{Listener: ln, limit: l})
 }
 
@@ -132,13 +140,15 @@ func (l *ConnLimit) Serve(hs *http.Server, ln net.Listener) error {
 // answer. Install [ConnLimit.GRPCStats] on the server, which tells the
 // limit which of its connections are busy.
 func (l *ConnLimit) Listen(ln net.Listener) net.Listener {
-	return &limitListener{Listener: ln, limit: l, grpc: true}
+	return &limitListener{Listener: ln, limit: l, grpc: true, closeRefused: true}
 }
 
 type limitListener struct {
 	net.Listener
 	limit *ConnLimit
-	grpc  bool // a gRPC server's: refusals are closed, not answered
+	grpc  bool // a gRPC server's
+	// closeRefused: refusals are closed, not answered (gRPC, TLS).
+	closeRefused bool
 }
 
 // Accept returns the next connection admitted; it answers and closes the
@@ -152,10 +162,10 @@ func (ln *limitListener) Accept() (net.Conn, error) {
 		if lc := ln.limit.admit(c, ln.grpc); lc != nil {
 			return lc, nil
 		}
-		if ln.grpc {
+		if ln.closeRefused {
 			ln.limit.refused.Inc()
 			c.Close()
-			ln.limit.warn("connection limit reached with every connection busy: closing new gRPC connections")
+			ln.limit.warn("connection limit reached with every connection busy: closing new connections")
 			continue
 		}
 		ln.limit.refuse(c)
@@ -277,6 +287,9 @@ func (l *ConnLimit) release(c *limitedConn) {
 
 // track keeps l.waiting to the connections without a request in progress.
 func (l *ConnLimit) track(c net.Conn, state http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
 	lc, ok := c.(*limitedConn)
 	if !ok {
 		return

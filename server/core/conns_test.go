@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/internal/tlsfiles"
+	"github.com/stepserve/stepserve/internal/tlsfiles/tlstest"
 )
 
 // limited serves h on a loopback listener within a limit of max
@@ -217,4 +221,44 @@ func TestConnStateChangesDoNotAllocate(t *testing.T) {
 	assert.Equal(t, 1, l.idleNow())
 	l.track(lc, http.StateActive)
 	assert.Zero(t, l.idleNow())
+}
+
+// TestConnLimitOverTLS: over TLS the limit still tells busy connections
+// from idle ones (the server sees *tls.Conn, not the limit's), so a
+// request in progress is never closed to make room, and a newcomer with
+// every connection busy is closed, not sent a plaintext 503 it could not
+// read.
+func TestConnLimitOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, roots := tlstest.WritePair(t, dir, "localhost")
+	pair, err := tlsfiles.Load(certFile, keyFile, nil)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	l, err := NewConnLimit(ConnLimitOptions{Max: 1, Listener: "api", Key: "server.max_connections", Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := &http.Server{TLSConfig: pair.Config("http/1.1"), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, "ok")
+	})}
+	go l.Serve(hs, ln)
+	t.Cleanup(func() { hs.Close() })
+	addr := ln.Addr().String()
+
+	busy, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "localhost"})
+	require.NoError(t, err)
+	defer busy.Close()
+	_, err = io.WriteString(busy, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.idleNow() == 0 && l.openNow() == 1 }, 5*time.Second, time.Millisecond, "the request in progress makes its connection busy")
+
+	newcomer := dial(t, addr)
+	assert.True(t, closedByServer(newcomer, 5*time.Second), "with every connection busy, the newcomer is closed")
+	close(release)
+	busy.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	require.NoError(t, err, "the busy connection was not closed for the newcomer")
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, 1.0, testutil.ToFloat64(l.refused))
 }

@@ -31,6 +31,7 @@
 package core
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -102,6 +103,9 @@ type Options struct {
 	// with the HTTP one ([ConnLimit.Listen]): one budget of connections
 	// for both doors. nil leaves gRPC's connections unbounded.
 	Conns *ConnLimit
+	// TLS, when set, serves gRPC over TLS with it (its certificate and
+	// ALPN "h2"); nil serves h2c.
+	TLS *tls.Config
 	// IdleTimeout closes a gRPC connection that has had no call in
 	// progress for this long, as server.idle_timeout closes HTTP's idle
 	// keep-alive connections; 0 keeps them open.

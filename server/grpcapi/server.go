@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
@@ -89,6 +90,11 @@ func (s *API) Server() *grpc.Server {
 	}
 	if s.c.Opts.Conns != nil {
 		opts = append(opts, grpc.StatsHandler(s.c.Opts.Conns.GRPCStats()))
+	}
+	if s.c.Opts.TLS != nil {
+		// The handshake runs on the connection's own goroutine, under
+		// the connection limit's listener.
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.c.Opts.TLS)))
 	}
 	gs := grpc.NewServer(opts...)
 	gs.RegisterService(s.gated(grpcServiceDesc()), &grpcServer{s: s, health: h})
