@@ -267,7 +267,7 @@ POOL_BENCH_OUT ?= $(CURDIR)/bench/out/pool.md
 .PHONY: bench-pool
 bench-pool: build
 	mkdir -p $(dir $(POOL_BENCH_OUT))
-	cd deploy/test && STEPSERVE=$(CURDIR)/bin/stepserve STEPSERVE_POOL_BENCH=1 POOL_BENCH_OUT=$(POOL_BENCH_OUT) $(GO) test -count=1 -run 'TestPoolBenchmark$$' -v -timeout 10m .
+	cd deploy/test && STEPSERVE=$(CURDIR)/bin/stepserve POOL_BENCH=1 POOL_BENCH_OUT=$(POOL_BENCH_OUT) $(GO) test -count=1 -run 'TestPoolBenchmark$$' -v -timeout 10m .
 
 ## bench-onnx: the CPU engine's encoder step against ONNX Runtime
 ## (onnxruntime-node from npm, bench/onnx/package-lock.json) on an encoder of
