@@ -53,6 +53,12 @@ type Config struct {
 	// there opts in to bfloat16 weights and products (float32 sums) on a
 	// CPU with AVX512_BF16, and is refused on one without.
 	DeviceDtype string `yaml:"device_dtype"`
+	// Quantization is how the CPU engine keeps the weights of the
+	// model's products: "none" (as device_dtype says) or "q8_0" (int8
+	// with a float16 scale per block of 32 along the inputs, GGUF's Q8_0,
+	// quantized at load; activations are quantized the same way for each
+	// product). The rbln engine refuses q8_0.
+	Quantization string `yaml:"quantization"`
 	// Float16Overflow is what a float input beyond float16's range
 	// (finite values above 65504 in magnitude) gets where the model's
 	// engine computes in float16: "refuse" (400 naming the input and the

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "crew_native.h"
+#include "q8_native.h"
 #include "gemm_native.h"
 
 typedef struct {
@@ -65,7 +66,9 @@ static int run_chunk(const ss_task *t, long c, long chunks, int tid) {
 			if (p0 >= p1) continue;
 			p0 -= t->first[i];
 			p1 -= t->first[i];
-			if (t->wbf[i])
+			if (t->wq[i])
+				ss_linear_q8(t->q8level, t->m, t->n[i], t->kg, t->qx, t->dx, t->wq[i], t->wd[i], t->y[i], t->bias[i], t->act, p0, p1);
+			else if (t->wbf[i])
 				ss_linear_bf16(t->m, t->n[i], t->k, t->x, t->wbf[i], t->y[i], t->bias[i], t->act, p0, p1);
 			else
 				ss_gemm_packed(t->isa, t->m, t->n[i], t->k, 1, t->x, t->k, t->w[i], 0, t->y[i], t->n[i], t->bias[i], t->act, p0, p1);
@@ -257,7 +260,11 @@ void ss_crew_end(ss_crew *c) {
 int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int act, const float *x,
                    int n0, int n1, int n2, const float *w0, const float *w1, const float *w2,
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
-                   float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2) {
+                   float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
+                   int q8level, int kg, const signed char *qx, const float *dx, const signed char *wq0,
+                   const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2) {
+	const signed char *wq[3] = {wq0, wq1, wq2};
+	const float *wd[3] = {wd0, wd1, wd2};
 	ss_task *t = &c->staged;
 	t->kind = SS_TASK_LINEAR;
 	t->isa = isa;
@@ -278,8 +285,15 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
 		t->wbf[i] = wb[i];
 		t->y[i] = y[i];
 		t->bias[i] = bias[i];
-		t->first[i + 1] = t->first[i] + (i < nprod ? (wb[i] ? (n[i] + 31) / 32 : (n[i] + width - 1) / width) : 0);
+		t->wq[i] = i < nprod ? wq[i] : 0;
+		t->wd[i] = i < nprod ? wd[i] : 0;
+		int panels = t->wq[i] ? (n[i] + 15) / 16 : wb[i] ? (n[i] + 31) / 32 : (n[i] + width - 1) / width;
+		t->first[i + 1] = t->first[i] + (i < nprod ? panels : 0);
 	}
+	t->qx = qx;
+	t->dx = dx;
+	t->kg = kg;
+	t->q8level = q8level;
 	return run(c, chunks);
 }
 

@@ -6,6 +6,7 @@ package cpufallback
 #cgo CFLAGS: -O2
 #cgo LDFLAGS: -lpthread
 #include "crew_native.h"
+#include "q8_native.h"
 */
 import "C"
 
@@ -46,7 +47,17 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 		b   [3]*C.float
 		k   = 0
 		act = C.int(t.act)
+		// Q8_0 products: the weights, and x quantized.
+		wq        [3]*C.schar
+		wd        [3]*C.float
+		qx        *C.schar
+		dx        *C.float
+		kg, level C.int
 	)
+	if t.acts != nil {
+		level, kg = q8ISA(), C.int(t.acts.groups)
+		qx, dx = (*C.schar)(unsafe.Pointer(&t.acts.q[0])), fp(t.acts.d)
+	}
 	for i := range t.n {
 		wt := t.w[i]
 		k = wt.in
@@ -58,7 +69,13 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 		if t.bias[i] != nil {
 			b[i] = fp(t.bias[i])
 		}
-		if wt.bf16 != nil {
+		if wt.q8 != nil {
+			if t.acts == nil || t.acts.groups != wt.q8.groups || t.acts.m < t.m || len(wt.q8.d) < wt.out*wt.q8.groups*16 {
+				panic("cpufallback: linear: mismatched shapes")
+			}
+			wq[i] = (*C.schar)(unsafe.Pointer(&wt.q8.q[0]))
+			wd[i] = fp(wt.q8.d)
+		} else if wt.bf16 != nil {
 			if len(wt.bf16) < (wt.out+31)/32*32*((wt.in+1)/2*2) {
 				panic("cpufallback: linear: mismatched shapes")
 			}
@@ -74,7 +91,8 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 		}
 	}
 	failed(C.ss_crew_linear(n.c(), C.int(products.isa), C.int(chunks), C.int(t.m), C.int(k), C.int(t.n), act, fp(t.x),
-		ns[0], ns[1], ns[2], w[0], w[1], w[2], wb[0], wb[1], wb[2], y[0], y[1], y[2], b[0], b[1], b[2]))
+		ns[0], ns[1], ns[2], w[0], w[1], w[2], wb[0], wb[1], wb[2], y[0], y[1], y[2], b[0], b[1], b[2],
+		level, kg, qx, dx, wq[0], wq[1], wq[2], wd[0], wd[1], wd[2]))
 }
 
 // attention runs a's sequence's heads as chunks, each on its thread's

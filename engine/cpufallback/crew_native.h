@@ -17,6 +17,13 @@ typedef struct ss_task {
 	int n[3], first[4];
 	const float *w[3];
 	const unsigned short *wbf[3];
+	// Q8_0 products (wq[i] set): weights wq/wd and x quantized, qx/dx,
+	// kg groups a row, kernels of q8level; 16-row panels.
+	const signed char *wq[3];
+	const float *wd[3];
+	const signed char *qx;
+	const float *dx;
+	int kg, q8level;
 	float *y[3];
 	const float *bias[3];
 	// SS_TASK_ATTENTION: one sequence of S rows, chunk h its head h:
@@ -38,6 +45,7 @@ typedef struct ss_task {
 
 typedef struct ss_crew ss_crew;
 
+
 ss_crew *ss_crew_new(void);
 void ss_crew_begin(ss_crew *c, int threads);
 void ss_crew_end(ss_crew *c);
@@ -45,7 +53,9 @@ long ss_crew_helped(ss_crew *c);
 int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int act, const float *x,
                    int n0, int n1, int n2, const float *w0, const float *w1, const float *w2,
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
-                   float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2);
+                   float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
+                   int q8level, int kg, const signed char *qx, const float *dx, const signed char *wq0,
+                   const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2);
 int ss_crew_attention(ss_crew *c, int isa, int heads, int S, int H, int d, float scale, const float *q, const float *k,
                       const float *v, const float *keys, float *ctx, float *scores, long stride, int threads);
 int ss_crew_norm(ss_crew *c, int chunks, int per, float *x, const float *y, const float *bias, const float *g,

@@ -39,8 +39,8 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 	withCrewCPUs(t, 8)
 	skipWithoutCrews(t)
 	rng := rand.New(rand.NewPCG(21, 22))
-	for _, bf16 := range []bool{false, true} {
-		if bf16 && !BFloat16() {
+	for _, f := range []format{formatF32, formatBF16, formatQ8} {
+		if f == formatBF16 && !BFloat16() {
 			continue
 		}
 		for _, s := range []struct{ m, k, n int }{{1, 384, 384}, {13, 96, 1000}, {128, 384, 1152}, {64, 1536, 384}, {7, 33, 65}} {
@@ -49,7 +49,7 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 			var bias, want [3][]float32
 			for i := range w {
 				l := linearOf(randMatrix(rng, s.n*s.k), s.n, s.k)
-				w[i] = resident(l, bf16)
+				w[i] = resident(l, f)
 				bias[i] = randMatrix(rng, s.n)
 				want[i] = make([]float32, s.m*s.n)
 				linearPanels(s.m, x, w[i], want[i], bias[i], actGELU, 0, w[i].panels())
@@ -67,9 +67,9 @@ func TestCrewAnswersAsOneThread(t *testing.T) {
 				}
 				run()
 				for i := range got {
-					require.True(t, slices.Equal(want[i], got[i]), "bf16 %v %+v on %d threads: product %d differs", bf16, s, threads, i)
+					require.True(t, slices.Equal(want[i], got[i]), "format %v %+v on %d threads: product %d differs", f, s, threads, i)
 				}
-				assert.Zero(t, testing.AllocsPerRun(5, run), "bf16 %v %+v", bf16, s)
+				assert.Zero(t, testing.AllocsPerRun(5, run), "format %v %+v", f, s)
 				c.end()
 			}
 		}
@@ -102,7 +102,7 @@ func TestCrewsSideBySide(t *testing.T) {
 	const m, k, n = 32, 128, 640
 	x := randMatrix(rng, m*k)
 	l := linearOf(randMatrix(rng, n*k), n, k)
-	w := resident(l, false)
+	w := resident(l, formatF32)
 	want := make([]float32, m*n)
 	linearPanels(m, x, w, want, l.Bias, actReLU, 0, w.panels())
 	var wg sync.WaitGroup

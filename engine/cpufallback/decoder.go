@@ -53,10 +53,14 @@ type decoderPlan struct {
 	cfg         *models.DecoderConfig
 	eps         float32
 	embed, norm []float32
-	head        *weight
-	layers      []decoderLayer
-	geo         generation.Geometry // the KV cache's blocks, and their slots
-	kvWidth     int
+	// embedQ8, for Q8_0 weights, replaces embed: the table quantized (the
+	// head's own weight when tied), rows dequantized as tokens look them
+	// up, as llama.cpp reads a Q8_0 token_embd.
+	embedQ8 *q8Weight
+	head    *weight
+	layers  []decoderLayer
+	geo     generation.Geometry // the KV cache's blocks, and their slots
+	kvWidth int
 	// kv is the KV cache: block b, layer l, keys (0) or values (1), the
 	// block's token t: kv[((b*layers+l)*2+kind)*BlockSize*kvWidth + t*kvWidth:]
 	// (cacheRow). It has no trash block: a step has no padding.
@@ -94,8 +98,8 @@ const crewTokens = 4
 
 func newDecoderPlan(m *models.Model) *decoderPlan {
 	d, c, g := m.Decoder, m.Decoder.Config, m.Config.Generation
-	bf16 := wantsBF16(m.Config)
-	res := func(l *models.Linear) *weight { return resident(l, bf16) }
+	f := weightFormat(m.Config)
+	res := func(l *models.Linear) *weight { return resident(l, f) }
 	p := &decoderPlan{cfg: c, eps: float32(c.RMSNormEps), embed: d.Embed, norm: d.Norm, head: res(d.Head),
 		geo:     generation.Geometry{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxModelLen: g.MaxModelLen},
 		kvWidth: c.KVHeads * c.HeadDim, maxTokens: g.MaxBatchTokens}
@@ -104,6 +108,12 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 		p.layers = append(p.layers, decoderLayer{inNorm: l.InputNorm, postNorm: l.PostNorm,
 			q: res(&l.Q), k: res(&l.K), v: res(&l.V), o: res(&l.O), qb: l.Q.Bias, kb: l.K.Bias, vb: l.V.Bias, ob: l.O.Bias,
 			gate: res(&l.Gate), up: res(&l.Up), down: res(&l.Down)})
+	}
+	if f == formatQ8 {
+		p.embedQ8 = p.head.q8
+		if len(d.Head.Weight) == 0 || len(d.Embed) == 0 || &d.Head.Weight[0] != &d.Embed[0] {
+			p.embedQ8 = newQ8Weight(c.Vocab, c.Hidden, d.Embed)
+		}
 	}
 	p.kv = make([]float32, p.geo.Slots()*c.Layers*2*p.kvWidth)
 	half := c.HeadDim / 2
@@ -196,7 +206,11 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			if id < 0 || int(id) >= c.Vocab {
 				return nil, fmt.Errorf("cpufallback: token id %d is outside the vocabulary (0..%d)", id, c.Vocab-1)
 			}
-			copy(p.x[t*H:(t+1)*H], p.embed[int(id)*H:(int(id)+1)*H])
+			if p.embedQ8 != nil {
+				p.embedQ8.dequantizeRow(int(id), p.x[t*H:(t+1)*H])
+			} else {
+				copy(p.x[t*H:(t+1)*H], p.embed[int(id)*H:(int(id)+1)*H])
+			}
 			p.pos[t] = int32(pos)
 			p.slot[t] = p.geo.Slot(table, pos)
 			t++

@@ -130,18 +130,21 @@ func TestDecoderStepAllocs(t *testing.T) {
 
 // BenchmarkDecodeStep times one decode step of a SmolLM-135M-shaped
 // decoder (vocab 8192) at 1 and 16 sequences of 256 tokens of context,
-// float32 and bfloat16 weights (where the CPU has them):
+// float32, bfloat16 (where the CPU has them) and Q8_0 weights:
 //
 //	go test -run '^$' -bench DecodeStep ./engine/cpufallback
 func BenchmarkDecodeStep(b *testing.B) {
 	shape := randweights.Decoder{Vocab: 8192, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536, MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}
-	for _, dtype := range []string{"", "bfloat16"} {
-		if dtype != "" && !BFloat16() {
+	for _, dtype := range []string{"", "bfloat16", "q8_0"} {
+		if dtype == "bfloat16" && !BFloat16() {
 			continue
 		}
 		yaml := ""
-		if dtype != "" {
-			yaml = "device_dtype: " + dtype + "\n"
+		switch dtype {
+		case "bfloat16":
+			yaml = "device_dtype: bfloat16\n"
+		case "q8_0":
+			yaml = "quantization: q8_0\n"
 		}
 		dir := writeDecoder(b, shape, yaml+"generation:\n  max_model_len: 512\n  max_num_seqs: 16\n  max_batch_tokens: 256\n")
 		m, err := models.Load(dir)
@@ -173,10 +176,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				}
 				s.Advance(step, tokens)
 			}
-			name := "f32"
-			if dtype != "" {
-				name = "bf16"
-			}
+			name := map[string]string{"": "f32", "bfloat16": "bf16", "q8_0": "q8_0"}[dtype]
 			b.Run(fmt.Sprintf("%s/seqs=%d", name, seqs), func(b *testing.B) {
 				for b.Loop() {
 					if _, err := dec.Step(context.Background(), step); err != nil {

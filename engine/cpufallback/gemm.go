@@ -60,11 +60,17 @@ type weight struct {
 	// bf16, where the model asks for bfloat16 (device_dtype) and the CPU
 	// has AVX512_BF16, replaces f32: packed for productKernel.linearBF16.
 	bf16 []uint16
+	// q8, where the model is quantized (model.yaml's quantization: q8_0),
+	// replaces both: Q8_0 blocks for linearQ8, in panels of q8Panel rows.
+	q8 *q8Weight
 }
 
 // panels is how many panels of the product kernel's width w's output
 // columns make: the units linearPanels splits among threads.
 func (w *weight) panels() int {
+	if w.q8 != nil {
+		return (w.out + q8Panel - 1) / q8Panel
+	}
 	if products == nil {
 		return 1
 	}
@@ -84,6 +90,10 @@ func linear(m, out, in int, x []float32, w *weight, y []float32) {
 // run.
 func linearPanels(m int, x []float32, w *weight, y, bias []float32, act activation, p0, p1 int) {
 	switch {
+	case w.q8 != nil:
+		a := quantizeActs(m, w.in, x)
+		linearQ8(m, a, w, y, bias, act, p0, p1)
+		a.release()
 	case w.bf16 != nil:
 		products.linearBF16(m, w.out, w.in, x, w.bf16, y, bias, act, p0, p1)
 	case products != nil:
@@ -102,14 +112,38 @@ func linearPanels(m int, x []float32, w *weight, y, bias []float32, act activati
 // zeros returns n zeros; the portable path's rare bias-less activation.
 func zeros(n int) []float32 { return make([]float32, n) }
 
+// format is how a model's weights are kept resident: float32, bfloat16
+// (device_dtype: bfloat16 where the CPU has it) or Q8_0 (quantization:
+// q8_0).
+type format int
+
+const (
+	formatF32 format = iota
+	formatBF16
+	formatQ8
+)
+
+// weightFormat is the format of m's weights.
+func weightFormat(cfg *models.Config) format {
+	switch {
+	case cfg.Quantization == "q8_0":
+		return formatQ8
+	case wantsBF16(cfg):
+		return formatBF16
+	}
+	return formatF32
+}
+
 // resident returns a Linear's weight in the layout the product kernels
-// want: packed in panels of the micro-kernel's width where native kernels
-// run (in bfloat16 when bf16 is set), else transposed to [in, out] for
-// the BLAS.
-func resident(l *models.Linear, bf16 bool) *weight {
+// want: Q8_0 blocks for formatQ8; packed in panels of the micro-kernel's
+// width where native kernels run (in bfloat16 for formatBF16), else
+// transposed to [in, out] for the BLAS.
+func resident(l *models.Linear, f format) *weight {
 	w := &weight{in: l.In, out: l.Out}
 	switch {
-	case bf16:
+	case f == formatQ8:
+		w.q8 = newQ8Weight(l.Out, l.In, l.Weight)
+	case f == formatBF16:
 		w.bf16 = products.packBF16(l.In, l.Out, l.Weight, l.In)
 	case products != nil:
 		w.f32 = products.pack(l.In, l.Out, l.Weight, l.In, true)
@@ -141,8 +175,8 @@ type residentWeights map[*models.Linear]*weight
 // device_dtype asks for it (Engine.Load has checked that the CPU can).
 func newResidentWeights(m *models.Model) residentWeights {
 	r := residentWeights{}
-	bf16 := wantsBF16(m.Config)
-	add := func(l *models.Linear) { r[l] = resident(l, bf16) }
+	f := weightFormat(m.Config)
+	add := func(l *models.Linear) { r[l] = resident(l, f) }
 	if m.MLP != nil {
 		for i := range m.MLP.Layers {
 			add(&m.MLP.Layers[i])

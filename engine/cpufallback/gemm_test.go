@@ -118,7 +118,7 @@ func TestChosenKernelsAgainstBLAS(t *testing.T) {
 		require.Equal(t, name, Kernels())
 		l := linearOf(w, n, k)
 		got := make([]float32, m*n)
-		linear(m, n, k, x, resident(l, false), got)
+		linear(m, n, k, x, resident(l, formatF32), got)
 		closeTo(t, want, got, k, "kernels %s: linear", name)
 		got2 := make([]float32, m*n)
 		gemm(true, m, n, k, 1, x, k, w, k, 0, got2, n)
@@ -227,7 +227,7 @@ func TestLinearParMatchesSerial(t *testing.T) {
 		x := randMatrix(rng, s.m*s.k)
 		l := linearOf(randMatrix(rng, s.n*s.k), s.n, s.k)
 		l.Bias = randMatrix(rng, s.n)
-		w := resident(l, false)
+		w := resident(l, formatF32)
 		want := make([]float32, s.m*s.n)
 		linearPanels(s.m, x, w, want, l.Bias, actGELU, 0, w.panels())
 		var wg sync.WaitGroup
@@ -257,7 +257,7 @@ func BenchmarkLinearPar(b *testing.B) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, s := range []struct{ m, n, k int }{{128, 384, 384}, {128, 1536, 384}, {128, 384, 1536}} {
 		x := randMatrix(rng, s.m*s.k)
-		w := resident(linearOf(randMatrix(rng, s.n*s.k), s.n, s.k), false)
+		w := resident(linearOf(randMatrix(rng, s.n*s.k), s.n, s.k), formatF32)
 		y := make([]float32, s.m*s.n)
 		for _, threads := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%dx%dx%d/%d", s.m, s.n, s.k, threads), func(b *testing.B) {

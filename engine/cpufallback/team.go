@@ -259,13 +259,19 @@ type linearTask struct {
 	act   activation
 	first [4]int // product i's panels are first[i] up to first[i+1]
 	per   int
+	// acts is x quantized, once for the task, where a weight is Q8_0.
+	acts *q8Acts
 }
 
 func (t *linearTask) run(i int) {
 	lo, hi := i*t.per, (i+1)*t.per
 	for k := range t.n {
 		p0, p1 := max(lo, t.first[k]), min(hi, t.first[k+1])
-		if p0 < p1 {
+		switch {
+		case p0 >= p1:
+		case t.w[k].q8 != nil:
+			linearQ8(t.m, t.acts, t.w[k], t.y[k], t.bias[k], t.act, p0-t.first[k], p1-t.first[k])
+		default:
 			linearPanels(t.m, t.x, t.w[k], t.y[k], t.bias[k], t.act, p0-t.first[k], p1-t.first[k])
 		}
 	}
@@ -285,6 +291,12 @@ func linearParN(c *crew, threads, m int, x []float32, n int, w [3]*weight, y, bi
 	for k := range n {
 		t.first[k+1] = t.first[k] + w[k].panels()
 		work += m * w[k].in * w[k].out
+		if w[k].q8 != nil && t.acts == nil {
+			t.acts = quantizeActs(m, w[k].in, x)
+		}
+	}
+	if t.acts != nil {
+		defer t.acts.release()
 	}
 	panels := t.first[n]
 	if c != nil {

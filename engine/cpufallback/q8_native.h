@@ -1,0 +1,8 @@
+#pragma once
+// Q8_0 products of q8_native.c; see q8.go for the layout.
+
+enum { SS_Q8_NONE = 0, SS_Q8_AVX2 = 1, SS_Q8_VNNI = 2 };
+
+int ss_q8_level(void);
+void ss_linear_q8(int level, int m, int n, int kg, const signed char *qx, const float *dx, const signed char *w,
+                  const float *dw, float *y, const float *bias, int act, int p0, int p1);
