@@ -67,7 +67,7 @@ static int run_chunk(const ss_task *t, long c, long chunks, int tid) {
 			p0 -= t->first[i];
 			p1 -= t->first[i];
 			if (t->wq[i])
-				ss_linear_q8(t->q8level, t->m, t->n[i], t->kg, t->qx, t->dx, t->wq[i], t->wd[i], t->y[i], t->bias[i], t->act, p0, p1);
+				ss_linear_q8(t->q8level, t->m, t->n[i], t->kg, t->qx, t->dx, t->sx, t->wq[i], t->wd[i], t->y[i], t->bias[i], t->act, p0, p1);
 			else if (t->wbf[i])
 				ss_linear_bf16(t->m, t->n[i], t->k, t->x, t->wbf[i], t->y[i], t->bias[i], t->act, p0, p1);
 			else
@@ -261,7 +261,7 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
                    int n0, int n1, int n2, const float *w0, const float *w1, const float *w2,
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
                    float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
-                   int q8level, int kg, const signed char *qx, const float *dx, const signed char *wq0,
+                   int q8level, int kg, const signed char *qx, const float *dx, const int *sx, const signed char *wq0,
                    const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2) {
 	const signed char *wq[3] = {wq0, wq1, wq2};
 	const float *wd[3] = {wd0, wd1, wd2};
@@ -292,6 +292,7 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
 	}
 	t->qx = qx;
 	t->dx = dx;
+	t->sx = sx;
 	t->kg = kg;
 	t->q8level = q8level;
 	return run(c, chunks);

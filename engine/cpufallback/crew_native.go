@@ -52,11 +52,12 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 		wd        [3]*C.float
 		qx        *C.schar
 		dx        *C.float
+		sx        *C.int
 		kg, level C.int
 	)
 	if t.acts != nil {
-		level, kg = q8ISA(), C.int(t.acts.groups)
-		qx, dx = (*C.schar)(unsafe.Pointer(&t.acts.q[0])), fp(t.acts.d)
+		level, kg = q8ISA(), C.int(t.acts.blocks)
+		qx, dx, sx = (*C.schar)(unsafe.Pointer(&t.acts.q[0])), fp(t.acts.d), (*C.int)(unsafe.Pointer(&t.acts.s[0]))
 	}
 	for i := range t.n {
 		wt := t.w[i]
@@ -70,7 +71,7 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 			b[i] = fp(t.bias[i])
 		}
 		if wt.q8 != nil {
-			if t.acts == nil || t.acts.groups != wt.q8.groups || t.acts.m < t.m || len(wt.q8.d) < wt.out*wt.q8.groups*16 {
+			if t.acts == nil || t.acts.blocks != wt.q8.blocks || t.acts.m < t.m || len(wt.q8.d) < wt.panels()*wt.q8.blocks*16 {
 				panic("cpufallback: linear: mismatched shapes")
 			}
 			wq[i] = (*C.schar)(unsafe.Pointer(&wt.q8.q[0]))
@@ -92,7 +93,7 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 	}
 	failed(C.ss_crew_linear(n.c(), C.int(products.isa), C.int(chunks), C.int(t.m), C.int(k), C.int(t.n), act, fp(t.x),
 		ns[0], ns[1], ns[2], w[0], w[1], w[2], wb[0], wb[1], wb[2], y[0], y[1], y[2], b[0], b[1], b[2],
-		level, kg, qx, dx, wq[0], wq[1], wq[2], wd[0], wd[1], wd[2]))
+		level, kg, qx, dx, sx, wq[0], wq[1], wq[2], wd[0], wd[1], wd[2]))
 }
 
 // attention runs a's sequence's heads as chunks, each on its thread's

@@ -23,6 +23,7 @@ typedef struct ss_task {
 	const float *wd[3];
 	const signed char *qx;
 	const float *dx;
+	const int *sx;
 	int kg, q8level;
 	float *y[3];
 	const float *bias[3];
@@ -54,7 +55,7 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
                    int n0, int n1, int n2, const float *w0, const float *w1, const float *w2,
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
                    float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
-                   int q8level, int kg, const signed char *qx, const float *dx, const signed char *wq0,
+                   int q8level, int kg, const signed char *qx, const float *dx, const int *sx, const signed char *wq0,
                    const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2);
 int ss_crew_attention(ss_crew *c, int isa, int heads, int S, int H, int d, float scale, const float *q, const float *k,
                       const float *v, const float *keys, float *ctx, float *scores, long stride, int threads);

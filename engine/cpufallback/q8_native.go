@@ -38,6 +38,6 @@ func nativeLinearQ8(m, n int, a *q8Acts, w *q8Weight, y, bias []float32, act act
 	if bias != nil {
 		pb = fp(bias)
 	}
-	C.ss_linear_q8(q8ISA(), C.int(m), C.int(n), C.int(w.groups), (*C.schar)(unsafe.Pointer(&a.q[0])), fp(a.d),
-		(*C.schar)(unsafe.Pointer(&w.q[0])), fp(w.d), fp(y), pb, C.int(act), C.int(p0), C.int(p1))
+	C.ss_linear_q8(q8ISA(), C.int(m), C.int(n), C.int(w.blocks), (*C.schar)(unsafe.Pointer(&a.q[0])), fp(a.d),
+		(*C.int)(unsafe.Pointer(&a.s[0])), (*C.schar)(unsafe.Pointer(&w.q[0])), fp(w.d), fp(y), pb, C.int(act), C.int(p0), C.int(p1))
 }

@@ -4,5 +4,5 @@
 enum { SS_Q8_NONE = 0, SS_Q8_AVX2 = 1, SS_Q8_VNNI = 2 };
 
 int ss_q8_level(void);
-void ss_linear_q8(int level, int m, int n, int kg, const signed char *qx, const float *dx, const signed char *w,
-                  const float *dw, float *y, const float *bias, int act, int p0, int p1);
+void ss_linear_q8(int level, int m, int n, int kb, const signed char *qx, const float *dx, const int *sx,
+                  const signed char *w, const float *dw, float *y, const float *bias, int act, int p0, int p1);
