@@ -209,9 +209,9 @@ lint: $(STATICCHECK)
 	cd deploy/test && $(GO) mod tidy -diff
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := server/core:FuzzDecodeJSON server/core:FuzzDecodeBinary server/core:FuzzParseWire engine/rbln:FuzzReadFrame \
-	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server/core:FuzzCheckLimits \
-	models/tokenizers:FuzzEncode server/core:FuzzReadConfig
+FUZZ_TARGETS := server/wire:FuzzDecodeJSON server/wire:FuzzDecodeBinary server/wire:FuzzParseWire engine/rbln:FuzzReadFrame \
+	models:FuzzParseSafetensors models:FuzzParseConfig models:FuzzTokenizer models:FuzzTokensMatchTheReference server/wire:FuzzCheckLimits \
+	models/tokenizers:FuzzEncode server/triton:FuzzReadConfig models/gguf:FuzzParse
 
 ## fuzz: run every fuzz target for FUZZTIME each (make test runs their seed corpora)
 fuzz:

@@ -1,8 +1,6 @@
 // Package gguf writes a Hugging Face Llama-family decoder as a GGUF file,
 // the format llama.cpp reads, so that make bench can run llama.cpp on the
-// very weights stepserve serves. It is written from the format's
-// description (ggml's docs/gguf.md): a header, typed key/value metadata,
-// tensor descriptions, then the tensors' data, each aligned to 32 bytes.
+// very weights stepserve serves, through models/gguf's writer.
 //
 // Two things differ from the Hugging Face layout. GGUF lists a tensor's
 // dimensions innermost first (a [out, in] weight is written as in, out),
@@ -14,188 +12,30 @@
 package gguf
 
 import (
-	"bufio"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"math"
-	"os"
-	"slices"
 
-	"github.com/stepserve/stepserve/internal/half"
 	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/models/gguf"
 )
 
 // Type is a tensor's element type in GGUF's numbering.
-type Type uint32
+type Type = gguf.Type
 
 const (
-	F32 Type = 0
-	F16 Type = 1
+	F32 = gguf.F32
+	F16 = gguf.F16
 )
 
-// value types of metadata
+// value types of metadata, for the tests' reader
 const (
-	tUint32  = 4
-	tInt32   = 5
-	tFloat32 = 6
-	tString  = 8
-	tArray   = 9
+	tUint32  = uint32(gguf.TypeUint32)
+	tInt32   = uint32(gguf.TypeInt32)
+	tFloat32 = uint32(gguf.TypeFloat32)
+	tString  = uint32(gguf.TypeString)
+	tArray   = uint32(gguf.TypeArray)
 )
 
-const alignment = 32
-
-// Writer accumulates metadata and tensors and writes them out.
-type Writer struct {
-	kv      []kv
-	tensors []tensor
-}
-
-type kv struct {
-	key   string
-	typ   uint32
-	value any
-}
-
-type tensor struct {
-	name string
-	dims []uint64 // innermost first
-	typ  Type
-	data []float32
-}
-
-// String, Uint32, Int32 and Float32 add a metadata key.
-func (w *Writer) String(key, v string)        { w.kv = append(w.kv, kv{key, tString, v}) }
-func (w *Writer) Uint32(key string, v uint32) { w.kv = append(w.kv, kv{key, tUint32, v}) }
-func (w *Writer) Int32(key string, v int32)   { w.kv = append(w.kv, kv{key, tInt32, v}) }
-func (w *Writer) Float32(key string, v float32) {
-	w.kv = append(w.kv, kv{key, tFloat32, v})
-}
-
-// Strings, Int32s and Float32s add an array-valued key.
-func (w *Writer) Strings(key string, v []string)   { w.kv = append(w.kv, kv{key, tArray, v}) }
-func (w *Writer) Int32s(key string, v []int32)     { w.kv = append(w.kv, kv{key, tArray, v}) }
-func (w *Writer) Float32s(key string, v []float32) { w.kv = append(w.kv, kv{key, tArray, v}) }
-
-// Tensor adds a tensor of the given row-major shape (outermost first, as
-// safetensors and torch write it), stored as typ.
-func (w *Writer) Tensor(name string, shape []int, typ Type, data []float32) error {
-	n := 1
-	dims := make([]uint64, len(shape))
-	for i, d := range shape {
-		n *= d
-		dims[len(shape)-1-i] = uint64(d)
-	}
-	if n != len(data) {
-		return fmt.Errorf("gguf: tensor %s: shape %v holds %d values, got %d", name, shape, n, len(data))
-	}
-	w.tensors = append(w.tensors, tensor{name, dims, typ, data})
-	return nil
-}
-
-// WriteTo writes the file.
-func (w *Writer) WriteTo(out io.Writer) (int64, error) {
-	c := &counter{w: bufio.NewWriterSize(out, 1<<20)}
-	c.raw([]byte("GGUF"))
-	c.u32(3)
-	c.u64(uint64(len(w.tensors)))
-	c.u64(uint64(len(w.kv)))
-	for _, e := range w.kv {
-		c.str(e.key)
-		c.u32(e.typ)
-		switch v := e.value.(type) {
-		case string:
-			c.str(v)
-		case uint32:
-			c.u32(v)
-		case int32:
-			c.u32(uint32(v))
-		case float32:
-			c.u32(math.Float32bits(v))
-		case []string:
-			c.u32(tString)
-			c.u64(uint64(len(v)))
-			for _, s := range v {
-				c.str(s)
-			}
-		case []int32:
-			c.u32(tInt32)
-			c.u64(uint64(len(v)))
-			for _, x := range v {
-				c.u32(uint32(x))
-			}
-		case []float32:
-			c.u32(tFloat32)
-			c.u64(uint64(len(v)))
-			for _, x := range v {
-				c.u32(math.Float32bits(x))
-			}
-		}
-	}
-	var offset uint64
-	for _, t := range w.tensors {
-		c.str(t.name)
-		c.u32(uint32(len(t.dims)))
-		for _, d := range t.dims {
-			c.u64(d)
-		}
-		c.u32(uint32(t.typ))
-		c.u64(offset)
-		offset += pad(uint64(len(t.data)) * t.typ.size())
-	}
-	c.raw(make([]byte, pad(uint64(c.n))-uint64(c.n)))
-	buf := make([]byte, 0, 1<<16)
-	for _, t := range w.tensors {
-		size := uint64(len(t.data)) * t.typ.size()
-		for i, x := range t.data {
-			if t.typ == F16 {
-				buf = binary.LittleEndian.AppendUint16(buf, half.FromFloat32(x))
-			} else {
-				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
-			}
-			if len(buf) >= 1<<16-4 || i == len(t.data)-1 {
-				c.raw(buf)
-				buf = buf[:0]
-			}
-		}
-		c.raw(make([]byte, pad(size)-size))
-	}
-	if c.err == nil {
-		c.err = c.w.Flush()
-	}
-	return c.n, c.err
-}
-
-func (t Type) size() uint64 {
-	if t == F16 {
-		return 2
-	}
-	return 4
-}
-
-func pad(n uint64) uint64 { return (n + alignment - 1) / alignment * alignment }
-
-type counter struct {
-	w   *bufio.Writer
-	n   int64
-	err error
-}
-
-func (c *counter) raw(b []byte) {
-	if c.err != nil {
-		return
-	}
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	c.err = err
-}
-
-func (c *counter) u32(v uint32) { c.raw(binary.LittleEndian.AppendUint32(nil, v)) }
-func (c *counter) u64(v uint64) { c.raw(binary.LittleEndian.AppendUint64(nil, v)) }
-func (c *counter) str(s string) {
-	c.u64(uint64(len(s)))
-	c.raw([]byte(s))
-}
+const alignment = gguf.DefaultAlignment
 
 // Options choose how WriteLlama stores the model.
 type Options struct {
@@ -225,7 +65,7 @@ func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Optio
 	if c.Vocab < 260 {
 		return fmt.Errorf("gguf: vocabulary of %d: the placeholder vocabulary needs at least 260 ids", c.Vocab)
 	}
-	var g Writer
+	var g gguf.Writer
 	g.String("general.architecture", "llama")
 	g.String("general.name", o.Name)
 	g.Uint32("general.alignment", alignment)
@@ -323,32 +163,12 @@ func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Optio
 		}
 	}
 
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := g.WriteTo(f); err != nil {
-		f.Close()
-		return fmt.Errorf("gguf: %s: %w", path, err)
-	}
-	return f.Close()
+	return g.WriteFile(path)
 }
 
 // PermuteRoPE reorders the rows of a [heads*headDim, in] projection from
 // transformers' rotate-half layout to llama.cpp's adjacent pairs: within
 // each head, row 2i takes row i and row 2i+1 row headDim/2+i.
 func PermuteRoPE(w []float32, heads, headDim int) []float32 {
-	in := len(w) / (heads * headDim)
-	out := slices.Clone(w)
-	half := headDim / 2
-	for h := range heads {
-		for i := range half {
-			for k, src := range []int{i, half + i} {
-				dst := (h*headDim + 2*i + k) * in
-				s := (h*headDim + src) * in
-				copy(out[dst:dst+in], w[s:s+in])
-			}
-		}
-	}
-	return out
+	return gguf.PermuteRoPE(w, heads, headDim)
 }

@@ -86,7 +86,8 @@ func parse(t *testing.T, b []byte) parsed {
 		}
 		require.Zero(t, in.offset%alignment, in.name)
 		start := uint64(data) + in.offset
-		in.pt.data = b[start : start+n*in.pt.typ.size()]
+		_, size := in.pt.typ.Block()
+		in.pt.data = b[start : start+n*uint64(size)]
 		p.tensors[in.name] = in.pt
 	}
 	return p

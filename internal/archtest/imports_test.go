@@ -20,7 +20,7 @@ const module = "github.com/stepserve/stepserve/"
 // below it. A package in none of them fails the test until it is placed.
 var layers = [][]string{
 	{"internal/bytesize", "internal/clip", "internal/gcfloor", "internal/genjson", "internal/half", "internal/jinja",
-		"internal/memlimit", "internal/npugroup", "internal/suggest", "internal/trace", "internal/archtest", "internal/tlsfiles", "internal/tlsfiles/tlstest",
+		"internal/memlimit", "internal/npugroup", "internal/suggest", "internal/trace", "internal/archtest", "internal/tlsfiles", "internal/tlsfiles/tlstest", "models/gguf",
 		"bucketing", "generation", "generation/grammar", "models/tokenizers"},
 	{"models", "internal/randweights"},
 	{"engine", "engine/..."},
