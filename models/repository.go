@@ -77,7 +77,7 @@ func List(repo string) ([]string, error) {
 			continue
 		}
 		// Lstat: only whether it is there; Open says what is wrong with it.
-		if _, err := root.Lstat(path.Join(e.Name(), ConfigFile)); err != nil && !isHFFolder(root, e.Name()) {
+		if _, err := root.Lstat(path.Join(e.Name(), ConfigFile)); err != nil && !isHFFolder(root, e.Name()) && !isGGUFFolder(root, e.Name()) {
 			continue
 		}
 		out = append(out, e.Name())
@@ -107,7 +107,8 @@ type Manifest struct {
 	// A decoder folder's generation_config.json and chat template.
 	generation *GenerationConfig
 	chat       *ChatTemplate
-	hf         bool // a Hugging Face folder: no model.yaml
+	hf         bool       // a Hugging Face folder: no model.yaml
+	gguf       *ggufModel // a GGUF folder's file, nil for others
 }
 
 // Open reads model name of the repository at repo up to its weights'
@@ -136,6 +137,10 @@ func Open(repo, name string) (*Manifest, error) {
 
 func (m *Manifest) open() error {
 	file := path.Join(m.Name, ConfigFile)
+	if ok, err := m.openGGUF(); ok || err != nil {
+		m.hf = true
+		return err
+	}
 	hf, err := m.openHF()
 	m.hf = hf
 	if err != nil || hf {
@@ -301,6 +306,22 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 		// The worker reads the module and its weights; nothing to hold here.
 		return m.layers()
 	}
+	if m.gguf != nil {
+		if m.gguf.file == nil {
+			return nil, fmt.Errorf("models: model %s: the manifest was loaded or closed already", m.Name)
+		}
+		if err := m.loadGGUF(ctx); err != nil {
+			return nil, err
+		}
+		out, err := m.layers()
+		if err != nil {
+			return nil, err
+		}
+		if out.Tokenizer, err = ParseHFTokenizer(m.gguf.tok, m.Weights.Name+" (its tokenizer)", m.Config.Decoder.Vocab); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	if m.weights == nil {
 		return nil, fmt.Errorf("models: model %s: the manifest was loaded or closed already", m.Name)
 	}
@@ -330,6 +351,7 @@ func (m *Manifest) Close() error {
 		}
 	}
 	m.shards = nil
+	errs = append(errs, m.gguf.close())
 	if m.weights != nil {
 		errs = append(errs, m.weights.Close())
 		m.weights = nil

@@ -22,8 +22,9 @@ import (
 type Type = gguf.Type
 
 const (
-	F32 = gguf.F32
-	F16 = gguf.F16
+	F32  = gguf.F32
+	F16  = gguf.F16
+	Q8_0 = gguf.Q8_0
 )
 
 // value types of metadata, for the tests' reader
@@ -45,6 +46,12 @@ type Options struct {
 	Type Type
 	// BOS and EOS are the special token ids.
 	BOS, EOS int
+	// Tokenizer, when set, is a byte-level BPE tokenizer.json written as
+	// the file's vocabulary (GGUF's gpt2 model), with ChatTemplate and
+	// AddBOS; nil writes a placeholder vocabulary of the right size.
+	Tokenizer    []byte
+	ChatTemplate string
+	AddBOS       bool
 }
 
 // WriteLlama writes the decoder c with weights w (transformers' names,
@@ -90,31 +97,37 @@ func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Optio
 		return fmt.Errorf("gguf: a sliding window is not written")
 	}
 
-	tokens := make([]string, c.Vocab)
-	types := make([]int32, c.Vocab)
-	scores := make([]float32, c.Vocab)
-	for i := range tokens {
-		switch {
-		case i == 0:
-			tokens[i], types[i] = "<unk>", 2
-		case i == 1:
-			tokens[i], types[i] = "<s>", 3
-		case i == 2:
-			tokens[i], types[i] = "</s>", 3
-		case i < 259:
-			tokens[i], types[i] = fmt.Sprintf("<0x%02X>", i-3), 6
-		default:
-			tokens[i], types[i] = fmt.Sprintf("\u2581w%d", i), 1
-			scores[i] = -float32(i)
+	if o.Tokenizer != nil {
+		if err := g.WriteHFTokenizer(o.Tokenizer, o.ChatTemplate, o.BOS, o.EOS, o.AddBOS); err != nil {
+			return err
 		}
+	} else {
+		tokens := make([]string, c.Vocab)
+		types := make([]int32, c.Vocab)
+		scores := make([]float32, c.Vocab)
+		for i := range tokens {
+			switch {
+			case i == 0:
+				tokens[i], types[i] = "<unk>", 2
+			case i == 1:
+				tokens[i], types[i] = "<s>", 3
+			case i == 2:
+				tokens[i], types[i] = "</s>", 3
+			case i < 259:
+				tokens[i], types[i] = fmt.Sprintf("<0x%02X>", i-3), 6
+			default:
+				tokens[i], types[i] = fmt.Sprintf("\u2581w%d", i), 1
+				scores[i] = -float32(i)
+			}
+		}
+		g.String("tokenizer.ggml.model", "llama")
+		g.Strings("tokenizer.ggml.tokens", tokens)
+		g.Float32s("tokenizer.ggml.scores", scores)
+		g.Int32s("tokenizer.ggml.token_type", types)
+		g.Uint32("tokenizer.ggml.bos_token_id", uint32(o.BOS))
+		g.Uint32("tokenizer.ggml.eos_token_id", uint32(o.EOS))
+		g.Uint32("tokenizer.ggml.unknown_token_id", 0)
 	}
-	g.String("tokenizer.ggml.model", "llama")
-	g.Strings("tokenizer.ggml.tokens", tokens)
-	g.Float32s("tokenizer.ggml.scores", scores)
-	g.Int32s("tokenizer.ggml.token_type", types)
-	g.Uint32("tokenizer.ggml.bos_token_id", uint32(o.BOS))
-	g.Uint32("tokenizer.ggml.eos_token_id", uint32(o.EOS))
-	g.Uint32("tokenizer.ggml.unknown_token_id", 0)
 
 	add := func(to, from string, typ Type, rows func([]float32) []float32) error {
 		t, ok := w.Tensors[from]

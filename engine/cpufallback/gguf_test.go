@@ -1,0 +1,59 @@
+package cpufallback
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	benchgguf "github.com/stepserve/stepserve/bench/gguf"
+	"github.com/stepserve/stepserve/engine/enginetest"
+	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/models"
+)
+
+// TestGGUFServesAsTheFolder: a folder holding only a .gguf (written from a
+// Hugging Face folder as llama.cpp's converter lays it out: Q/K rows
+// permuted, names and metadata llama.cpp's) is a model; in float32 it
+// generates the folder's greedy tokens exactly, and a Q8_0 file is served
+// in Q8_0 with the tokens of the folder quantized at load (its blocks
+// quantize back to themselves).
+func TestGGUFServesAsTheFolder(t *testing.T) {
+	shape := enginetest.DecoderShapes["llama"]
+	shape.Inter = 352 // Q8_0 packs rows of whole blocks of 32
+	keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
+	prompts := testPrompts()
+	for _, tc := range []struct {
+		name  string
+		typ   benchgguf.Type
+		quant string
+	}{{"f32", benchgguf.F32, ""}, {"q8_0", benchgguf.Q8_0, "quantization: q8_0\n"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			folder := writeDecoder(t, shape, tc.quant+keys)
+			hf, err := models.Load(folder)
+			require.NoError(t, err)
+			dir := filepath.Join(t.TempDir(), "lm-gguf")
+			require.NoError(t, os.Mkdir(dir, 0o755))
+			require.NoError(t, benchgguf.WriteLlama(filepath.Join(dir, "model.gguf"), hf.Decoder.Config, hf.Weights,
+				benchgguf.Options{Name: "lm", Type: tc.typ, BOS: 0, EOS: 2}))
+			// The generation keys the folder's model.yaml had, beside the file.
+			require.NoError(t, os.WriteFile(filepath.Join(dir, models.ConfigFile), []byte(keys), 0o644))
+
+			names, err := models.List(filepath.Dir(dir))
+			require.NoError(t, err)
+			assert.Equal(t, []string{"lm-gguf"}, names)
+			want := enginetest.Generate(t, mustLoop(t, folder), prompts, 24, nil)
+			loop, m := startDecoder(t, dir)
+			assert.Equal(t, tc.name == "q8_0", m.Config.Quantization == "q8_0", "the file's type decides")
+			assert.Equal(t, "cpu", m.Config.Engine)
+			assert.Equal(t, want, enginetest.Generate(t, loop, prompts, 24, nil))
+		})
+	}
+}
+
+func mustLoop(t *testing.T, dir string) *generation.Loop {
+	loop, _ := startDecoder(t, dir)
+	return loop
+}

@@ -1,0 +1,102 @@
+package gguf
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// WriteHFTokenizer writes a byte-level BPE tokenizer.json (GPT-2's
+// pre-tokenizer: the model BPE, a ByteLevel pre-tokenizer with its regex,
+// no normalizer) into w's metadata as llama.cpp's converter writes a gpt2
+// vocabulary: tokens by id, their types (added special tokens as control,
+// other added ones user-defined), merges in priority order, the special
+// ids and the chat template ("" for none). bos < 0 names none. Other
+// tokenizer.json kinds are refused: they do not round-trip through GGUF's
+// gpt2 model.
+func (w *Writer) WriteHFTokenizer(tokenizerJSON []byte, chatTemplate string, bos, eos int, addBOS bool) error {
+	var doc struct {
+		Normalizer   json.RawMessage `json:"normalizer"`
+		PreTokenizer json.RawMessage `json:"pre_tokenizer"`
+		Model        struct {
+			Type   string            `json:"type"`
+			Vocab  map[string]int    `json:"vocab"`
+			Merges []json.RawMessage `json:"merges"`
+		} `json:"model"`
+		Added []struct {
+			ID      int    `json:"id"`
+			Content string `json:"content"`
+			Special bool   `json:"special"`
+		} `json:"added_tokens"`
+	}
+	if err := json.Unmarshal(tokenizerJSON, &doc); err != nil {
+		return fmt.Errorf("gguf: tokenizer.json: %w", err)
+	}
+	var pre struct {
+		Type     string `json:"type"`
+		UseRegex *bool  `json:"use_regex"`
+	}
+	_ = json.Unmarshal(doc.PreTokenizer, &pre)
+	if doc.Model.Type != "BPE" || pre.Type != "ByteLevel" || (pre.UseRegex != nil && !*pre.UseRegex) ||
+		(len(doc.Normalizer) > 0 && string(doc.Normalizer) != "null") {
+		return fmt.Errorf("gguf: tokenizer.json: model %q with pre-tokenizer %q: only GPT-2's byte-level BPE (ByteLevel with its regex, no normalizer) is written",
+			doc.Model.Type, pre.Type)
+	}
+	n := 0
+	for _, id := range doc.Model.Vocab {
+		n = max(n, id+1)
+	}
+	for _, a := range doc.Added {
+		n = max(n, a.ID+1)
+	}
+	if n > maxTokens {
+		return fmt.Errorf("gguf: tokenizer.json: %d tokens; at most %d", n, maxTokens)
+	}
+	tokens, types := make([]string, n), make([]int32, n)
+	for i := range tokens {
+		tokens[i], types[i] = fmt.Sprintf("[PAD%d]", i), TokenUnused
+	}
+	for tok, id := range doc.Model.Vocab {
+		if id < 0 {
+			return fmt.Errorf("gguf: tokenizer.json: token %q has id %d", tok, id)
+		}
+		tokens[id], types[id] = tok, TokenNormal
+	}
+	for _, a := range doc.Added {
+		if a.ID < 0 {
+			return fmt.Errorf("gguf: tokenizer.json: added token %q has id %d", a.Content, a.ID)
+		}
+		tokens[a.ID], types[a.ID] = a.Content, TokenUserDefined
+		if a.Special {
+			types[a.ID] = TokenControl
+		}
+	}
+	merges := make([]string, 0, len(doc.Model.Merges))
+	for _, m := range doc.Model.Merges {
+		var s string
+		if json.Unmarshal(m, &s) != nil {
+			var pair []string
+			if err := json.Unmarshal(m, &pair); err != nil || len(pair) != 2 {
+				return fmt.Errorf("gguf: tokenizer.json: a merge is neither \"a b\" nor [a, b]")
+			}
+			s = strings.Join(pair, " ")
+		}
+		merges = append(merges, s)
+	}
+	w.String("tokenizer.ggml.model", "gpt2")
+	w.String("tokenizer.ggml.pre", "gpt2")
+	w.Strings("tokenizer.ggml.tokens", tokens)
+	w.Int32s("tokenizer.ggml.token_type", types)
+	w.Strings("tokenizer.ggml.merges", merges)
+	if bos >= 0 {
+		w.Uint32("tokenizer.ggml.bos_token_id", uint32(bos))
+	}
+	if eos >= 0 {
+		w.Uint32("tokenizer.ggml.eos_token_id", uint32(eos))
+	}
+	w.Bool("tokenizer.ggml.add_bos_token", addBOS)
+	if chatTemplate != "" {
+		w.String("tokenizer.chat_template", chatTemplate)
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/stepserve/stepserve/internal/clip"
+	"github.com/stepserve/stepserve/models/gguf"
+)
+
+// A folder holding one .gguf file (llama.cpp's format, as ollama and the
+// Hub ship language models) is a decoder served as it is: the file's
+// metadata gives the architecture (llama, mistral, qwen2), its tokenizer,
+// special tokens and chat template, and its tensors the weights; a
+// model.yaml beside it only overrides, as over a Hugging Face folder.
+
+// ggufFile is the .gguf file the model directory name holds, if it holds
+// exactly one; more than one is an error (which would it serve?).
+func ggufFile(m *Manifest) (string, bool, error) {
+	entries, err := fs.ReadDir(m.root.FS(), m.Name)
+	if err != nil {
+		return "", false, nil // Open says what is wrong with the directory
+	}
+	var found []string
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(strings.ToLower(e.Name()), ".gguf") {
+			found = append(found, e.Name())
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return found[0], true, nil
+	}
+	return "", true, folderError(fmt.Sprintf("%s: %d .gguf files (%s); a model directory serves one: move the others out",
+		m.Name, len(found), clip.Clip(strings.Join(found, ", "), 200)))
+}
+
+// isGGUFFolder reports whether directory name of root holds one .gguf.
+func isGGUFFolder(root *os.Root, name string) bool {
+	_, ok, _ := ggufFile(&Manifest{Name: name, root: root})
+	return ok
+}
+
+// ggufModel is what Open keeps of a GGUF folder until Load: the file, the
+// decoder's description and its tensors.
+type ggufModel struct {
+	file    *repoFile
+	f       *gguf.File
+	cfg     *gguf.DecoderConfig
+	tensors []gguf.DecoderTensor
+	tok     []byte // tokenizer.json, made from the metadata
+}
+
+// openGGUF reads the GGUF folder m names, if it is one: the file's header
+// and metadata (every count and offset checked), then model.yaml over the
+// configuration they give. It reports false, having done nothing, for a
+// directory without a .gguf.
+func (m *Manifest) openGGUF() (bool, error) {
+	name, ok, err := ggufFile(m)
+	if !ok || err != nil {
+		return ok, err
+	}
+	file := path.Join(m.Name, name)
+	rf, err := openFile(m.root, file, 0)
+	if err != nil {
+		return true, err
+	}
+	g := &ggufModel{file: rf}
+	m.gguf = g
+	if g.f, err = gguf.Parse(rf, rf.Size); err != nil {
+		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+	}
+	if g.cfg, err = gguf.ReadDecoderConfig(g.f); err != nil {
+		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+	}
+	if g.cfg.RopeFreqs {
+		return true, fmt.Errorf("%s: %w: the file holds rope_freqs.weight (llama3's rope scaling as llama.cpp's converter writes it), which stepserve does not apply yet; serve the Hugging Face folder instead", file, ErrConfig)
+	}
+	if g.tensors, err = gguf.DecoderTensors(g.f, g.cfg); err != nil {
+		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+	}
+	tok, err := gguf.ReadTokenizer(g.f)
+	if err != nil {
+		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+	}
+	if g.tok, err = tok.HFJSON(); err != nil {
+		return true, fmt.Errorf("%s: %w: the tokenizer: %w", file, ErrConfig, err)
+	}
+	c := g.cfg
+	dc := &DecoderConfig{Family: c.Family, Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
+		HeadDim: c.HeadDim, Intermediate: c.Intermediate, MaxPosition: c.MaxPosition, RMSNormEps: c.RMSNormEps, RopeTheta: c.RopeTheta,
+		QKVBias: c.QKVBias, OBias: c.OBias, TiedEmbeddings: c.TiedEmbeddings}
+	cfg := &Config{
+		Description:  fmt.Sprintf("GGUF %s file %s (decoder language model)", c.Architecture, name),
+		Architecture: "decoder",
+		Engine:       "cpu",
+		Decoder:      dc,
+		Inputs:       []TensorSpec{{Name: GenerateInput, Datatype: BYTES, Shape: []int{-1}}},
+		Outputs:      []TensorSpec{{Name: TextOutput, Datatype: BYTES, Shape: []int{-1}}},
+	}
+	// A file whose projections are Q8_0 is served in Q8_0: its blocks
+	// quantize back to themselves (a block's largest value is ±127 times
+	// its scale).
+	for _, t := range g.tensors {
+		if strings.HasSuffix(t.HF, "self_attn.q_proj.weight") && t.Info.Type == gguf.Q8_0 {
+			cfg.Quantization = "q8_0"
+		}
+	}
+	gen := &GenerationConfig{}
+	if tok.EOS >= 0 {
+		gen.EOS = []int{tok.EOS}
+	}
+	if tok.BOS >= 0 && tok.AddBOS {
+		bos := tok.BOS
+		gen.BOS = &bos
+	}
+	m.generation = gen
+	if tok.ChatTemplate != "" {
+		special := map[string]any{}
+		for key, id := range map[string]int{"bos_token": tok.BOS, "eos_token": tok.EOS, "unk_token": tok.UNK, "pad_token": tok.PAD} {
+			if id >= 0 && id < len(tok.Tokens) {
+				special[key] = tok.Tokens[id]
+			}
+		}
+		if m.chat, err = ParseChatTemplate(tok.ChatTemplate, special); err != nil {
+			return true, fmt.Errorf("%s: tokenizer.chat_template: %w", file, err)
+		}
+	}
+	if err := m.overHF(cfg); err != nil {
+		return true, err
+	}
+	if m.Config.Engine != "cpu" {
+		return true, fmt.Errorf("%s: %w: engine: a GGUF file is served by the CPU engine; %s needs the Hugging Face folder", path.Join(m.Name, ConfigFile), ErrConfig, m.Config.Engine)
+	}
+	// The weights by their Hugging Face names, shapes only until Load.
+	m.Weights = &Weights{Name: file, Path: filepath.Join(m.dir, name), Tensors: map[string]*Tensor{}}
+	for _, t := range g.tensors {
+		m.Weights.Tensors[t.HF] = &Tensor{Name: t.HF, Dtype: "F32", Shape: t.Shape}
+	}
+	return true, m.openLayers()
+}
+
+// loadGGUF reads the tensors' values into m.Weights: dequantized to
+// float32, llama.cpp's Q/K row order undone.
+func (m *Manifest) loadGGUF(ctx context.Context) error {
+	g := m.gguf
+	for i := range g.tensors {
+		t := &g.tensors[i]
+		w, ok := m.Weights.Tensors[t.HF]
+		if !ok {
+			continue // dropped: the architecture does not use it
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%s: reading the weights: %w", m.Weights.Name, err)
+		}
+		data, err := g.f.ReadDecoderTensor(t, g.cfg.HeadDim)
+		if err != nil {
+			return fmt.Errorf("%s: %w: %w", m.Weights.Name, ErrConfig, err)
+		}
+		w.Data = data
+	}
+	return nil
+}
+
+// closeGGUF releases the file.
+func (g *ggufModel) close() error {
+	if g == nil || g.file == nil {
+		return nil
+	}
+	err := g.file.Close()
+	g.file = nil
+	return err
+}
