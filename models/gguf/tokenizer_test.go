@@ -244,3 +244,37 @@ func TestTokenizerRefusals(t *testing.T) {
 		assert.ErrorContains(t, err, c.want)
 	}
 }
+
+// Llama 3's and Qwen2's tokenizers (byte-level BPE after a Split by their
+// regexes; Llama 3's ignore_merges) written by the project's writer read
+// back as tokenizers that encode as the originals do.
+func TestTokenizerRoundTripSplitPretokenizers(t *testing.T) {
+	corpus := []string{"Hello, world! IT'S 12345 and 3.14\n\nnext\tline ünïcödé 🙂", "  spaced   out  \r\n", "don't", "<s>hi"}
+	for _, name := range []string{"llama3.json", "qwen2.json"} {
+		orig, err := os.ReadFile("../testdata/tokenizers/" + name)
+		require.NoError(t, err)
+		var w gguf.Writer
+		w.String("general.architecture", "llama")
+		require.NoError(t, w.WriteHFTokenizer(orig, "", 0, 2, false))
+		var b bytes.Buffer
+		_, err = w.WriteTo(&b)
+		require.NoError(t, err)
+		f, err := gguf.Parse(bytes.NewReader(b.Bytes()), int64(b.Len()))
+		require.NoError(t, err)
+		tk, err := gguf.ReadTokenizer(f)
+		require.NoError(t, err)
+		js, err := tk.HFJSON()
+		require.NoError(t, err)
+		want, err := models.ParseHFTokenizer(orig, name, 0)
+		require.NoError(t, err)
+		got, err := models.ParseHFTokenizer(js, name+" from gguf", 0)
+		require.NoError(t, err, "%s", js[:min(len(js), 400)])
+		for _, text := range corpus {
+			w, err := want.EncodeIDs(text, false)
+			require.NoError(t, err)
+			g, err := got.EncodeIDs(text, false)
+			require.NoError(t, err)
+			assert.Equal(t, w, g, "%s: %q", name, text)
+		}
+	}
+}

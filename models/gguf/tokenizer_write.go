@@ -6,10 +6,11 @@ import (
 	"strings"
 )
 
-// WriteHFTokenizer writes a byte-level BPE tokenizer.json (GPT-2's
-// pre-tokenizer: the model BPE, a ByteLevel pre-tokenizer with its regex,
-// no normalizer) into w's metadata as llama.cpp's converter writes a gpt2
-// vocabulary: tokens by id, their types (added special tokens as control,
+// WriteHFTokenizer writes a byte-level BPE tokenizer.json (the model BPE,
+// no normalizer, and GPT-2's pre-tokenizer, or Llama 3's or Qwen2's: a
+// Split by their regex before ByteLevel) into w's metadata as llama.cpp's
+// converter writes a gpt2 vocabulary (tokenizer.ggml.pre gpt2, llama-bpe
+// or qwen2): tokens by id, their types (added special tokens as control,
 // other added ones user-defined), merges in priority order, the special
 // ids and the chat template ("" for none). bos < 0 names none. Other
 // tokenizer.json kinds are refused: they do not round-trip through GGUF's
@@ -32,15 +33,10 @@ func (w *Writer) WriteHFTokenizer(tokenizerJSON []byte, chatTemplate string, bos
 	if err := json.Unmarshal(tokenizerJSON, &doc); err != nil {
 		return fmt.Errorf("gguf: tokenizer.json: %w", err)
 	}
-	var pre struct {
-		Type     string `json:"type"`
-		UseRegex *bool  `json:"use_regex"`
-	}
-	_ = json.Unmarshal(doc.PreTokenizer, &pre)
-	if doc.Model.Type != "BPE" || pre.Type != "ByteLevel" || (pre.UseRegex != nil && !*pre.UseRegex) ||
-		(len(doc.Normalizer) > 0 && string(doc.Normalizer) != "null") {
-		return fmt.Errorf("gguf: tokenizer.json: model %q with pre-tokenizer %q: only GPT-2's byte-level BPE (ByteLevel with its regex, no normalizer) is written",
-			doc.Model.Type, pre.Type)
+	preName := preTokenizerName(doc.PreTokenizer)
+	if doc.Model.Type != "BPE" || preName == "" || (len(doc.Normalizer) > 0 && string(doc.Normalizer) != "null") {
+		return fmt.Errorf("gguf: tokenizer.json: model %q: only byte-level BPE with GPT-2's, Llama 3's or Qwen2's pre-tokenizer and no normalizer is written",
+			doc.Model.Type)
 	}
 	n := 0
 	for _, id := range doc.Model.Vocab {
@@ -84,7 +80,7 @@ func (w *Writer) WriteHFTokenizer(tokenizerJSON []byte, chatTemplate string, bos
 		merges = append(merges, s)
 	}
 	w.String("tokenizer.ggml.model", "gpt2")
-	w.String("tokenizer.ggml.pre", "gpt2")
+	w.String("tokenizer.ggml.pre", preName)
 	w.Strings("tokenizer.ggml.tokens", tokens)
 	w.Int32s("tokenizer.ggml.token_type", types)
 	w.Strings("tokenizer.ggml.merges", merges)
@@ -99,4 +95,41 @@ func (w *Writer) WriteHFTokenizer(tokenizerJSON []byte, chatTemplate string, bos
 		w.String("tokenizer.chat_template", chatTemplate)
 	}
 	return nil
+}
+
+// preTokenizerName is llama.cpp's name of a tokenizer.json's byte-level
+// pre-tokenizer: "gpt2" (ByteLevel with its own regex), "llama-bpe" or
+// "qwen2" (a Split by their regex, then ByteLevel without one); "" for
+// any other.
+func preTokenizerName(raw json.RawMessage) string {
+	type step struct {
+		Type     string `json:"type"`
+		UseRegex *bool  `json:"use_regex"`
+		Pattern  struct {
+			Regex string `json:"Regex"`
+		} `json:"pattern"`
+		Steps []json.RawMessage `json:"pretokenizers"`
+	}
+	var p step
+	if json.Unmarshal(raw, &p) != nil {
+		return ""
+	}
+	if p.Type == "ByteLevel" && (p.UseRegex == nil || *p.UseRegex) {
+		return "gpt2"
+	}
+	if p.Type != "Sequence" || len(p.Steps) != 2 {
+		return ""
+	}
+	var split, bl step
+	if json.Unmarshal(p.Steps[0], &split) != nil || json.Unmarshal(p.Steps[1], &bl) != nil ||
+		split.Type != "Split" || bl.Type != "ByteLevel" || bl.UseRegex == nil || *bl.UseRegex {
+		return ""
+	}
+	switch split.Pattern.Regex {
+	case llama3Regex:
+		return "llama-bpe"
+	case qwen2Regex:
+		return "qwen2"
+	}
+	return ""
 }

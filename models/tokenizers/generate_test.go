@@ -32,6 +32,10 @@ var generated = map[string]func(corpus string) any{
 	// Llama 2 and Mistral's kind: SentencePiece BPE over ▁-joined text,
 	// bytes the vocabulary lacks as <0xXX> tokens (byte_fallback).
 	"bytefallback.json": genByteFallback,
+	// Llama 3's and Qwen2's kind: byte-level BPE after a Split by their
+	// regexes (digits in threes, or one by one).
+	"llama3.json": func(corpus string) any { return genSplitBPE(corpus, llama3Pattern, true) },
+	"qwen2.json":  func(corpus string) any { return genSplitBPE(corpus, qwen2Pattern, false) },
 }
 
 // TestGeneratedFilesAreCurrent regenerates each test tokenizer file from
@@ -298,6 +302,25 @@ func genBPE(corpus string) any {
 		"model": obj{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": "", "end_of_word_suffix": "",
 			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges},
 	}
+}
+
+// genSplitBPE is genBPE's vocabulary behind Llama 3's pre-tokenizer: a
+// Split by pattern (isolated), then ByteLevel without its own regex; a
+// word in the vocabulary is one token with ignoreMerges (Llama 3's).
+func genSplitBPE(corpus, pattern string, ignoreMerges bool) any {
+	doc := genBPE(corpus).(obj)
+	doc["model"].(obj)["ignore_merges"] = ignoreMerges
+	doc["pre_tokenizer"] = obj{"type": "Sequence", "pretokenizers": []any{
+		obj{"type": "Split", "pattern": obj{"Regex": pattern}, "behavior": "Isolated", "invert": false},
+		obj{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+	}}
+	// Llama 3's: the begin-of-text token first, each text after it.
+	bos := obj{"SpecialToken": obj{"id": "<s>", "type_id": 0}}
+	doc["post_processor"] = obj{"type": "TemplateProcessing",
+		"single": []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}},
+		"pair":   []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}, bos, obj{"Sequence": obj{"id": "B", "type_id": 1}}},
+		"special_tokens": obj{"<s>": obj{"id": "<s>", "ids": []int{0}, "tokens": []string{"<s>"}}}}
+	return doc
 }
 
 // genByteFallback is a Llama-2-like SentencePiece BPE: the text's spaces

@@ -9,8 +9,6 @@ import (
 // (use_regex) and Split may name.
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-func isGPT2Pattern(p string) bool { return p == gpt2Pattern }
-
 // gpt2Matcher matches gpt2Pattern by hand, in one pass: its lookahead
 // (?!\S) is outside RE2. Its matches tile the text.
 type gpt2Matcher struct{}

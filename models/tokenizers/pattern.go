@@ -30,8 +30,9 @@ type patternConfig struct {
 // compilePattern builds a pattern's matcher. A string matches itself. A
 // regex is Oniguruma syntax in tokenizer.json; it is run by Go's regexp
 // (RE2: linear time, so no backtracking constructs), after translating
-// Oniguruma's Unicode \s, \d and \w, which RE2 reads as ASCII. GPT-2's
-// pattern, whose lookahead RE2 lacks, is matched by hand ([gpt2Split]).
+// Oniguruma's Unicode \s, \d and \w, which RE2 reads as ASCII. GPT-2's,
+// Llama 3's and Qwen2's patterns, whose lookahead RE2 lacks, are matched
+// by hand (gpt2Matcher, llama3Matcher).
 func compilePattern(p patternConfig) (matcher, error) {
 	switch {
 	case p.String != nil && p.Regex == nil:
@@ -40,8 +41,13 @@ func compilePattern(p patternConfig) (matcher, error) {
 		}
 		return literal(*p.String), nil
 	case p.Regex != nil && p.String == nil:
-		if isGPT2Pattern(*p.Regex) {
+		switch *p.Regex {
+		case gpt2Pattern:
 			return gpt2Matcher{}, nil
+		case llama3Pattern:
+			return llama3Matcher{digits: 3}, nil
+		case qwen2Pattern:
+			return llama3Matcher{digits: 1}, nil
 		}
 		src, err := translateRegex(*p.Regex)
 		if err != nil {

@@ -43,6 +43,10 @@ func refTexts(t *testing.T) []string {
 		"snake_case_names CamelCaseNames 2024-05-17 1,000,000",
 		"ｆｕｌｌｗｉｄｔｈ ＡＢＣ １２３ ㈱ ﬁ ½", "Zürich straße ÜBER", "Ünïcödé",
 		"\u00a0nbsp\u3000ideographic space",
+		// Llama 3's and Qwen2's alternatives: contractions in any case,
+		// digits in threes, punctuation with its newlines, newline runs.
+		"IT'S ok, WE'LL see 'Re 'x", "1234567 and 12 and 3", "line1\r\n\r\n  line2\t\tx", "  \n  \n x  ", "end.\n\n\nnext!!\n",
+		"\ttab\tword ,comma;semi", "½ ⅓ 4½ ٣٤٥ ᛮ",
 	}
 	for _, line := range strings.Split(string(corpus), "\n") {
 		if line != "" {
@@ -71,7 +75,7 @@ func TestAgreesWithTransformersJS(t *testing.T) {
 	for i := 0; i+1 < len(texts); i += 3 {
 		cases = append(cases, refCase{Text: texts[i], Pair: &texts[i+1]})
 	}
-	files := []string{"wordpiece.json", "unigram.json", "bpe.json", "bytefallback.json"}
+	files := []string{"wordpiece.json", "unigram.json", "bpe.json", "bytefallback.json", "llama3.json", "qwen2.json"}
 	type job struct {
 		File  string    `json:"file"`
 		Cases []refCase `json:"cases"`
