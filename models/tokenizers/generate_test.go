@@ -317,8 +317,8 @@ func genSplitBPE(corpus, pattern string, ignoreMerges bool) any {
 	// Llama 3's: the begin-of-text token first, each text after it.
 	bos := obj{"SpecialToken": obj{"id": "<s>", "type_id": 0}}
 	doc["post_processor"] = obj{"type": "TemplateProcessing",
-		"single": []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}},
-		"pair":   []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}, bos, obj{"Sequence": obj{"id": "B", "type_id": 1}}},
+		"single":         []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}},
+		"pair":           []any{bos, obj{"Sequence": obj{"id": "A", "type_id": 0}}, bos, obj{"Sequence": obj{"id": "B", "type_id": 1}}},
 		"special_tokens": obj{"<s>": obj{"id": "<s>", "ids": []int{0}, "tokens": []string{"<s>"}}}}
 	return doc
 }
