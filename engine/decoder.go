@@ -26,6 +26,15 @@ type Decoder interface {
 	Close() error
 }
 
+// WeightReleaser is a Decoder that keeps its own copy of the products'
+// weights (packed for its kernels, or on its device): once it is loaded,
+// ReleaseWeights drops the model's float32 tensors it no longer reads, so
+// a served model holds its weights once. The model must not be loaded on
+// an engine again afterwards.
+type WeightReleaser interface {
+	ReleaseWeights(m *models.Model)
+}
+
 // StepObserver is a Decoder whose device steps can be watched: each
 // step's bucket (an index into Shapes), its real rows, how long it took
 // and its explain report, as a Runner's steps are.

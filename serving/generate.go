@@ -173,6 +173,11 @@ func (l *loader) newDecoderModel(ctx context.Context, m *models.Model) (*Model, 
 	if err != nil {
 		return nil, loadError(m.Name, name, err)
 	}
+	if r, ok := dec.(engine.WeightReleaser); ok {
+		// The engine holds the weights in its own layout: the model's
+		// float32 copies would double the memory a model takes.
+		r.ReleaseWeights(m)
+	}
 	if so, ok := dec.(engine.StepObserver); ok {
 		if err := l.judgeWarmups(m.Name, name, so); err != nil {
 			dec.Close()

@@ -41,6 +41,45 @@ func (Engine) LoadDecoder(ctx context.Context, m *models.Model) (engine.Decoder,
 	return newDecoderPlan(m), nil
 }
 
+// ReleaseWeights implements [engine.WeightReleaser]: the products'
+// weights are packed in the plan, so the model's float32 copies of them go
+// (and the embedding table too where Q8_0 rows replace it); the norms,
+// biases and a float32 embedding table the plan reads stay.
+func (p *decoderPlan) ReleaseWeights(m *models.Model) {
+	d := m.Decoder
+	if p.embedQ8 != nil {
+		p.embed = nil
+	}
+	kept := map[*float32]bool{}
+	keep := func(s []float32) {
+		if len(s) > 0 {
+			kept[&s[0]] = true
+		}
+	}
+	keep(p.embed)
+	keep(p.norm)
+	for _, l := range p.layers {
+		for _, s := range [][]float32{l.inNorm, l.postNorm, l.qb, l.kb, l.vb, l.ob} {
+			keep(s)
+		}
+	}
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		for _, lin := range []*models.Linear{&l.Q, &l.K, &l.V, &l.O, &l.Gate, &l.Up, &l.Down} {
+			lin.Weight = nil
+		}
+	}
+	d.Head.Weight = nil
+	if p.embed == nil {
+		d.Embed = nil
+	}
+	for _, t := range m.Weights.Tensors {
+		if len(t.Data) > 0 && !kept[&t.Data[0]] {
+			t.Data = nil
+		}
+	}
+}
+
 type decoderLayer struct {
 	inNorm, postNorm []float32
 	q, k, v, o       *weight

@@ -1,16 +1,20 @@
 package cpufallback
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepserve/stepserve/engine"
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/internal/half"
+	"github.com/stepserve/stepserve/models"
 )
 
 // TestQuantizeQ8MatchesLlamaCpp: a block's scale is its largest magnitude
@@ -198,5 +202,41 @@ func BenchmarkLinearQ8(b *testing.B) {
 				b.ReportMetric(float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
 			})
 		}
+	}
+}
+
+// TestReleaseWeights: once the plan has packed the weights, dropping the
+// model's float32 copies (as serving does) leaves the decoder generating
+// the same tokens, and the model holding only what the plan reads: the
+// norms, and the embedding table where it is float32.
+func TestReleaseWeights(t *testing.T) {
+	keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
+	for _, quant := range []string{"", "quantization: q8_0\n"} {
+		m, err := models.Load(writeDecoder(t, enginetest.DecoderShapes["llama"], quant+keys))
+		require.NoError(t, err)
+		dec, err := Engine{}.LoadDecoder(context.Background(), m)
+		require.NoError(t, err)
+		loop := enginetest.StartLoop(t, dec, m)
+		prompts := testPrompts()
+		want := enginetest.Generate(t, loop, prompts, 12, nil)
+		total := 0
+		for _, tn := range m.Weights.Tensors {
+			total += len(tn.Data)
+		}
+		dec.(engine.WeightReleaser).ReleaseWeights(m)
+		runtime.GC()
+		left := 0
+		for _, tn := range m.Weights.Tensors {
+			left += len(tn.Data)
+		}
+		embed := m.Decoder.Config.Vocab * m.Decoder.Config.Hidden
+		if quant == "" {
+			assert.Less(t, left, embed+total/20, "float32: the embedding table and the norms stay")
+			assert.GreaterOrEqual(t, left, embed)
+		} else {
+			assert.Less(t, left, total/50, "Q8_0: only the norms stay")
+		}
+		assert.Equal(t, want, enginetest.Generate(t, loop, prompts, 12, nil), "%q after the release", quant)
+		dec.Close()
 	}
 }
