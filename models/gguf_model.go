@@ -19,8 +19,11 @@ import (
 // special tokens and chat template, and its tensors the weights; a
 // model.yaml beside it only overrides, as over a Hugging Face folder.
 
-// ggufFile is the .gguf file the model directory name holds, if it holds
-// exactly one; more than one is an error (which would it serve?).
+// ggufFile is the .gguf file the model directory name serves, if it is a
+// GGUF folder: one holding .gguf files and no other weights (no
+// weights.safetensors, no Hugging Face config.json), for the Hub's folders
+// often ship a .gguf beside the safetensors they are served from. More
+// than one .gguf is an error (which would it serve?).
 func ggufFile(m *Manifest) (string, bool, error) {
 	entries, err := fs.ReadDir(m.root.FS(), m.Name)
 	if err != nil {
@@ -28,8 +31,11 @@ func ggufFile(m *Manifest) (string, bool, error) {
 	}
 	var found []string
 	for _, e := range entries {
-		if !e.IsDir() && strings.HasSuffix(strings.ToLower(e.Name()), ".gguf") {
-			found = append(found, e.Name())
+		switch name := e.Name(); {
+		case name == WeightsFile || name == HFConfigFile:
+			return "", false, nil
+		case !e.IsDir() && strings.HasSuffix(strings.ToLower(name), ".gguf"):
+			found = append(found, name)
 		}
 	}
 	switch len(found) {
@@ -75,23 +81,23 @@ func (m *Manifest) openGGUF() (bool, error) {
 	g := &ggufModel{file: rf}
 	m.gguf = g
 	if g.f, err = gguf.Parse(rf, rf.Size); err != nil {
-		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+		return true, ggufError(file, err)
 	}
 	if g.cfg, err = gguf.ReadDecoderConfig(g.f); err != nil {
-		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+		return true, ggufError(file, err)
 	}
 	if g.cfg.RopeFreqs {
-		return true, fmt.Errorf("%s: %w: the file holds rope_freqs.weight (llama3's rope scaling as llama.cpp's converter writes it), which stepserve does not apply yet; serve the Hugging Face folder instead", file, ErrConfig)
+		return true, folderError(file + ": the file holds rope_freqs.weight (llama3's rope scaling as llama.cpp's converter writes it), which stepserve does not apply yet; serve the Hugging Face folder instead")
 	}
 	if g.tensors, err = gguf.DecoderTensors(g.f, g.cfg); err != nil {
-		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+		return true, ggufError(file, err)
 	}
 	tok, err := gguf.ReadTokenizer(g.f)
 	if err != nil {
-		return true, fmt.Errorf("%s: %w: %w", file, ErrConfig, err)
+		return true, ggufError(file, err)
 	}
 	if g.tok, err = tok.HFJSON(); err != nil {
-		return true, fmt.Errorf("%s: %w: the tokenizer: %w", file, ErrConfig, err)
+		return true, ggufError(file+": the tokenizer", err)
 	}
 	c := g.cfg
 	dc := &DecoderConfig{Family: c.Family, Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
@@ -162,11 +168,17 @@ func (m *Manifest) loadGGUF(ctx context.Context) error {
 		}
 		data, err := g.f.ReadDecoderTensor(t, g.cfg.HeadDim)
 		if err != nil {
-			return fmt.Errorf("%s: %w: %w", m.Weights.Name, ErrConfig, err)
+			return ggufError(m.Weights.Name, err)
 		}
 		w.Data = data
 	}
 	return nil
+}
+
+// ggufError is a GGUF file refused: a configuration error (a 400 on a
+// load) that names the file and what is wrong in it.
+func ggufError(file string, err error) error {
+	return folderError(fmt.Sprintf("%s: %v", file, err))
 }
 
 // closeGGUF releases the file.

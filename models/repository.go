@@ -313,6 +313,7 @@ func (m *Manifest) Load(ctx context.Context) (*Model, error) {
 		if err := m.loadGGUF(ctx); err != nil {
 			return nil, err
 		}
+		m.gguf.close() // a second Load is told the manifest was loaded
 		out, err := m.layers()
 		if err != nil {
 			return nil, err

@@ -71,6 +71,8 @@ func TestChartInferenceGateway(t *testing.T) {
 	}
 	assert.NotEqual(t, epp.Spec.Template.Labels["app.kubernetes.io/name"], pod.Labels["app.kubernetes.io/name"],
 		"the pool's selector must not take the picker's pods")
+	assert.NotEqual(t, r.service.Labels["app.kubernetes.io/name"], svc.Labels["app.kubernetes.io/name"],
+		"the server's ServiceMonitor selects its Service by these labels: not the picker's")
 	require.Len(t, epp.Spec.Template.Spec.Containers, 1)
 	c := epp.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, extProc.TargetPort.StrVal, "grpc")
@@ -255,4 +257,14 @@ func TestChartStorageURI(t *testing.T) {
 func helmErr(args ...string) (string, error) {
 	out, err := exec.Command(helmBin(), args...).CombinedOutput()
 	return string(out), err
+}
+
+// TestChartRefusesTLSItCannotServe: the server's TLS keys set through the
+// chart's config, which mounts no certificate and probes over plain HTTP,
+// are refused with the reason, not rendered into a pod that never gets
+// ready.
+func TestChartRefusesTLSItCannotServe(t *testing.T) {
+	out, err := helmErr("template", "rel", chart, "--set", "config.server.tls_cert_file=/etc/tls/tls.crt,config.server.tls_key_file=/etc/tls/tls.key")
+	require.Error(t, err)
+	assert.Contains(t, out, "does not mount certificates")
 }

@@ -26,7 +26,10 @@ const (
 	q8Panel = 16 // output rows a panel holds: also the unit threads split
 )
 
-// q8Weight is a [out, in] weight in Q8_0.
+// q8Weight is a [out, in] weight in Q8_0. Its values are within ±127,
+// never -128: the AVX2 kernel's sign trick (w with x's sign) would keep
+// -128 negative. newQ8Weight's quantizer cannot write it; any path that
+// takes stored blocks as they are must clamp it.
 type q8Weight struct {
 	blocks int       // blocks of 32 a row holds
 	q      []int8    // panels of blocks*512 bytes
@@ -161,12 +164,11 @@ func goLinearQ8(m, n int, a *q8Acts, w *q8Weight, y, bias []float32, act activat
 			var sum float32
 			for b := range w.blocks {
 				xq := a.q[(i*w.blocks+b)*q8Block:]
+				base, at := w.at(o, b*q8Block)
 				var dot int32
 				for c := range q8Block {
-					at, _ := w.at(o, b*q8Block+c)
-					dot += int32(xq[c]) * int32(w.q[at])
+					dot += int32(xq[c]) * int32(w.q[base+(c/4)*64+c%4])
 				}
-				_, at := w.at(o, b*q8Block)
 				sum += float32(dot) * (w.d[at] * a.d[i*w.blocks+b])
 			}
 			y[i*n+o] = sum

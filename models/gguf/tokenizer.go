@@ -43,6 +43,10 @@ type Tokenizer struct {
 // maxTokens bounds the vocabulary, as models bounds a decoder's.
 const maxTokens = maxVocab
 
+// maxMergeWork bounds the bytes spmMerges hashes (the squares of the
+// tokens' lengths, summed): about a second.
+const maxMergeWork = 1 << 30
+
 // ReadTokenizer reads the tokenizer f's metadata describes. A vocabulary
 // whose lists disagree in length, or a special id outside it, is an error
 // wrapping ErrMalformed; a model or pre-tokenizer this package cannot
@@ -240,7 +244,11 @@ func (t *Tokenizer) HFJSON() ([]byte, error) {
 		doc["normalizer"] = p.normalizer
 		doc["decoder"] = jobj{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}
 	case "llama":
-		model["merges"] = spmMerges(t.Tokens, t.Scores, t.Types, vocab)
+		merges, err := spmMerges(t.Tokens, t.Scores, t.Types, vocab)
+		if err != nil {
+			return nil, err
+		}
+		model["merges"] = merges
 		model["unk_token"] = nil
 		if t.UNK >= 0 {
 			model["unk_token"] = t.Tokens[t.UNK]
@@ -314,7 +322,21 @@ func (t *Tokenizer) postProcessor() any {
 // first, ties kept in id order, and within one token by the ids of its
 // left then right part. Byte tokens (<0x41>) and control tokens are left
 // out: SentencePiece never merges into them.
-func spmMerges(tokens []string, scores []float32, types []int32, vocab map[string]int) []string {
+func spmMerges(tokens []string, scores []float32, types []int32, vocab map[string]int) ([]string, error) {
+	// Every split of a token is two lookups hashing the token's bytes:
+	// L² a token. A real vocabulary's tokens are short (Llama 2's sum to
+	// under 10^6); a file whose sum passes the budget is refused rather
+	// than left to run for hours.
+	var work int64
+	for id, tok := range tokens {
+		if types[id] == TokenNormal || types[id] == TokenUserDefined {
+			work += int64(len(tok)) * int64(len(tok))
+		}
+	}
+	if work > maxMergeWork {
+		return nil, fmt.Errorf("%w: the SentencePiece vocabulary's tokens are too long to build its merges from (the squares of their lengths sum to %d; at most %d)",
+			ErrMalformed, work, int64(maxMergeWork))
+	}
 	type merge struct {
 		l, r   string
 		li, ri int
@@ -326,15 +348,15 @@ func spmMerges(tokens []string, scores []float32, types []int32, vocab map[strin
 		if types[id] != TokenNormal && types[id] != TokenUserDefined {
 			continue
 		}
+		if strings.Contains(tok, " ") {
+			continue // a merge cannot say a token with a space
+		}
 		var local []merge
 		for i := range tok {
 			if i == 0 {
 				continue
 			}
 			l, r := tok[:i], tok[i:]
-			if strings.Contains(tok, " ") {
-				break // a merge cannot say a token with a space
-			}
 			li, lok := vocab[l]
 			ri, rok := vocab[r]
 			if lok && rok && spmPiece(types[li]) && spmPiece(types[ri]) {
@@ -362,7 +384,7 @@ func spmMerges(tokens []string, scores []float32, types []int32, vocab map[strin
 	for i, m := range ms {
 		out[i] = m.l + " " + m.r
 	}
-	return out
+	return out, nil
 }
 
 // spmPiece says a token of this type can be one side of a merge.

@@ -278,3 +278,26 @@ func TestTokenizerRoundTripSplitPretokenizers(t *testing.T) {
 		}
 	}
 }
+
+// A SentencePiece vocabulary of long tokens, which would take hours to
+// build merges from, is refused at once.
+func TestTokenizerLongTokensRefused(t *testing.T) {
+	var w gguf.Writer
+	w.String("general.architecture", "llama")
+	w.String("tokenizer.ggml.model", "llama")
+	long := strings.Repeat("a", 40000)
+	w.Strings("tokenizer.ggml.tokens", []string{"<unk>", long})
+	w.Float32s("tokenizer.ggml.scores", []float32{0, 0})
+	w.Int32s("tokenizer.ggml.token_type", []int32{gguf.TokenUnknown, gguf.TokenNormal})
+	w.Bool("tokenizer.ggml.add_bos_token", false)
+	var b bytes.Buffer
+	_, err := w.WriteTo(&b)
+	require.NoError(t, err)
+	f, err := gguf.Parse(bytes.NewReader(b.Bytes()), int64(b.Len()))
+	require.NoError(t, err)
+	tk, err := gguf.ReadTokenizer(f)
+	require.NoError(t, err)
+	_, err = tk.HFJSON()
+	require.ErrorIs(t, err, gguf.ErrMalformed)
+	assert.Contains(t, err.Error(), "too long")
+}

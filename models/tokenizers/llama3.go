@@ -37,10 +37,8 @@ func isNewline(r rune) bool { return r == '\r' || r == '\n' }
 func (m llama3Matcher) next(s []byte, i int) int {
 	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
 	if s[i] == '\'' {
-		for _, c := range [...]string{"s", "t", "re", "ve", "m", "ll", "d"} {
-			if len(s)-i-1 >= len(c) && equalFoldASCII(s[i+1:i+1+len(c)], c) {
-				return i + 1 + len(c)
-			}
+		if n := contraction(s[i+1:]); n > 0 {
+			return i + 1 + n
 		}
 	}
 	r, n := utf8.DecodeRune(s[i:])
@@ -100,13 +98,23 @@ func (m llama3Matcher) next(s []byte, i int) int {
 	return j
 }
 
-// equalFoldASCII reports whether b equals the lowercase ASCII word w,
-// ignoring case.
-func equalFoldASCII(b []byte, w string) bool {
-	for k := range len(w) {
-		if unicode.ToLower(rune(b[k])) != rune(w[k]) {
-			return false
+// contraction is the length of the contraction (?i:s|t|re|ve|m|ll|d)
+// that b starts with, 0 for none. Case folds as Unicode folds it: ſ (long
+// s, U+017F) is an s too.
+func contraction(b []byte) int {
+	for _, c := range [...]string{"s", "t", "re", "ve", "m", "ll", "d"} {
+		n, ok := 0, true
+		for k := range len(c) {
+			r, size := utf8.DecodeRune(b[n:])
+			if unicode.ToLower(r) != rune(c[k]) && !(c[k] == 's' && r == 'ſ') {
+				ok = false
+				break
+			}
+			n += size
+		}
+		if ok {
+			return n
 		}
 	}
-	return true
+	return 0
 }

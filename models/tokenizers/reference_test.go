@@ -45,7 +45,7 @@ func refTexts(t *testing.T) []string {
 		"\u00a0nbsp\u3000ideographic space",
 		// Llama 3's and Qwen2's alternatives: contractions in any case,
 		// digits in threes, punctuation with its newlines, newline runs.
-		"IT'S ok, WE'LL see 'Re 'x", "1234567 and 12 and 3", "line1\r\n\r\n  line2\t\tx", "  \n  \n x  ", "end.\n\n\nnext!!\n",
+		"IT'S ok, WE'LL see 'Re 'x \u0663'\u017f\u4e2de 'ſ", "1234567 and 12 and 3", "line1\r\n\r\n  line2\t\tx", "  \n  \n x  ", "end.\n\n\nnext!!\n",
 		"\ttab\tword ,comma;semi", "½ ⅓ 4½ ٣٤٥ ᛮ",
 	}
 	for _, line := range strings.Split(string(corpus), "\n") {

@@ -63,6 +63,16 @@ app.kubernetes.io/name: {{ include "stepserve.name" . }}-epp
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The picker's objects' labels: its own name, so that selectors of the
+server's (the ServiceMonitor's) do not take them. */}}
+{{- define "stepserve.eppLabels" -}}
+{{ include "stepserve.eppSelectorLabels" . }}
+app.kubernetes.io/component: endpoint-picker
+app.kubernetes.io/part-of: {{ include "stepserve.name" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
 {{/* autoscaling.signals as a JSON list of {name, target}: each signal
 once, known, with its target per replica. */}}
 {{- define "stepserve.signals" -}}
