@@ -48,18 +48,28 @@ func newModelLimit(n int64) modelLimit {
 // above the limit: its weights as models holds them, and what each engine
 // it loads on allocates for its buckets. A model being reloaded counts
 // twice, since both versions are resident while the new one warms up. It
-// returns the model's own estimate.
+// returns the model's own estimate once loaded (a CPU decoder's without
+// the float32 weights serving drops after the load).
 func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketing.Shape) (int64, error) {
 	weights := man.Weights.ResidentBytes()
 	need := weights
+	// loaded is what the model holds once loaded: need, but where the CPU
+	// engine packs a decoder's weights and serving then drops the model's
+	// float32 copies (engine.WeightReleaser), without them.
+	loaded := int64(-1)
 	parts := []string{"weights " + bytesize.Format(weights)}
 	for i, name := range engines {
 		if d := man.Config.Decoder; d != nil {
-			// The engine's packed copy of the weights, the KV cache,
-			// the step's buffers, and (the worker's) the token counts
-			// the penalties read: two int32 tables of max_num_seqs+1
-			// rows of the vocabulary.
-			n := addBytes(weights, man.Config.KVCacheBytes())
+			// The engine's packed copy of the weights (Q8_0: 34 bytes
+			// a block of 32 float32s), the KV cache, the step's
+			// buffers, and (the worker's) the token counts the
+			// penalties read: two int32 tables of max_num_seqs+1 rows
+			// of the vocabulary.
+			packed := weights
+			if man.Config.Quantization == "q8_0" {
+				packed = weights / 128 * 34
+			}
+			n := addBytes(packed, man.Config.KVCacheBytes())
 			g := man.Config.Generation
 			n = addBytes(n, 4*int64(g.MaxBatchTokens)*int64(4*d.Hidden+2*d.Heads*d.HeadDim+2*d.Intermediate)+4*int64(g.MaxNumSeqs)*int64(d.Vocab))
 			n = addBytes(n, 8*int64(g.MaxNumSeqs+1)*int64(d.Vocab))
@@ -68,6 +78,9 @@ func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketin
 			// scores.
 			n = addBytes(n, int64(runtime.NumCPU())*4*int64(g.MaxModelLen)*int64(g.MaxBatchTokens+2*d.HeadDim+4*d.Heads/max(d.KVHeads, 1)))
 			need = addBytes(need, n)
+			if name == "cpu" {
+				loaded = n
+			}
 			parts = append(parts, fmt.Sprintf("engine %s %s (KV cache %s)", name, bytesize.Format(n), bytesize.Format(man.Config.KVCacheBytes())))
 			break
 		}
@@ -99,6 +112,9 @@ func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketin
 	if total := addBytes(held, need); total > l.limit.bytes {
 		return 0, fmt.Errorf("model %s: needs about %s resident, and the %d models served hold about %s: %s together, above models.max_model_bytes (%s), the memory all models may hold; unload a model first, or raise the limit",
 			man.Name, bytesize.Format(need), len(served), bytesize.Format(held), bytesize.Format(total), l.limit.why)
+	}
+	if loaded >= 0 {
+		return loaded, nil
 	}
 	return need, nil
 }
