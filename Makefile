@@ -303,20 +303,30 @@ bench-generate:
 	$(GO) run ./bench/generate
 
 ## bench-llama: generation against llama.cpp (node-llama-cpp's prebuilt CPU
-## build from npm, pinned by bench/llama/package-lock.json) on a
-## SmolLM-135M-shaped random decoder served by bin/stepserve and converted
-## to GGUF by bench/gguf: greedy tokens checked against llama.cpp and a
-## PyTorch forward first, then prompt and decode tokens/s at one sequence
-## (float32; bfloat16 against f16), aggregate decode at LLAMA_STREAMS
-## streams against llama.cpp's 8 sequences on one context, time to first
-## token, and the memory bandwidth reached (bench/llamapeer, issue 31);
-## written to bench/REPORT-generation.txt too.
+## build from npm, pinned by bench/llama/package-lock.json) on random
+## decoders of the shapes LLAMA_SHAPES (smollm: SmolLM-135M; qwen0.5b:
+## Qwen2.5-0.5B; llama1b: Llama-3.2-1B) served by bin/stepserve in float32,
+## bfloat16 and Q8_0 (quantization: q8_0) and written as f32, f16 and Q8_0
+## GGUF for llama.cpp (LLAMA_FORMATS; empty: each shape's default, no f32
+## for llama1b): greedy tokens checked against llama.cpp (and PyTorch for
+## SmolLM float32) first, then prefill of a 512-token prompt (tokens/s and
+## time to first token), decode tokens/s at one sequence and aggregate
+## decode at LLAMA_STREAMS streams against llama.cpp's 8 sequences on one
+## context, each with the bytes a token reads and the share of the memory
+## bandwidth measured in the same run (bench/llamapeer, issues 31 and 51);
+## written to bench/REPORT-generation.txt too. LLAMA_THREADS: threads on
+## each side (empty: every CPU; on a 2-CPU machine llama.cpp's spinning
+## threads collapse at 2, so use 1).
 LLAMA_ROUNDS  ?= 3
 LLAMA_STREAMS ?= 16
+LLAMA_SHAPES  ?= smollm,qwen0.5b,llama1b
+LLAMA_FORMATS ?=
+LLAMA_THREADS ?=
 bench-llama: build
 	@command -v npm >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; }
 	cd bench/llama && npm ci --no-audit --no-fund --omit=optional --ignore-scripts
-	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -server bin/stepserve | tee bench/REPORT-generation.txt
+	$(GO) run ./bench/llamapeer -python $(PYTHON) -rounds $(LLAMA_ROUNDS) -streams $(LLAMA_STREAMS) -shape $(LLAMA_SHAPES) \
+		$(if $(LLAMA_FORMATS),-formats $(LLAMA_FORMATS)) $(if $(LLAMA_THREADS),-threads $(LLAMA_THREADS)) -server bin/stepserve | tee bench/REPORT-generation.txt
 
 ## bench-grpc: make bench's gRPC sections alone, printed: single-row
 ## digits over gRPC beside HTTP, and large inputs (digits 32 rows, the

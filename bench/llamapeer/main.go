@@ -1,54 +1,76 @@
 // Command llamapeer measures stepserve's generation against llama.cpp on
 // the same decoder, weights and token ids, in one run with interleaved
-// rounds, and prints the table of issue 31: prompt and decode tokens per
-// second at one sequence, aggregate decode at many streams, time to first
-// token, and the ratio of each.
+// rounds, and prints per decoder shape and weight format the table of
+// issues 31 and 51: prefill of a 512-token prompt (tokens/s and time to
+// first token), decode tokens/s at one sequence and aggregate decode at
+// many streams, the ratio of each, and beside every decode figure the
+// bytes a token reads (weights in their stored format and the KV cache at
+// that context) and the share of the machine's read bandwidth that is.
 //
-// The decoder is SmolLM-135M-shaped with random weights (hidden 576, 30
-// layers, 9 heads, 3 KV heads, intermediate 1536, vocab 8192), written as
-// a Hugging Face folder that stepserve serves as it is and converted by
-// bench/gguf for llama.cpp (float32, and float16 for the bfloat16 row).
+// The decoders have random weights (internal/randweights, nothing is
+// downloaded) in three shapes (-shape): smollm (SmolLM-135M: hidden 576,
+// 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab 8192),
+// qwen0.5b (Qwen2.5-0.5B: hidden 896, 24 layers, 14 / 2 heads,
+// intermediate 4864, vocab 151,936, q/k/v biases, rope theta 1e6) and
+// llama1b (Llama-3.2-1B: hidden 2048, 16 layers, 32 / 8 heads,
+// intermediate 8192, vocab 128,256, rope theta 500000, without its
+// llama3 rope scaling), all with tied embeddings. Each is written as a
+// Hugging Face folder (float32) that stepserve serves in float32,
+// bfloat16 (device_dtype) or Q8_0 (quantization: q8_0), and as GGUF
+// files for llama.cpp: f32, f16, and Q8_0 quantized by models/gguf as
+// llama.cpp's quantizer does (-formats picks which pairs run).
+//
 // llama.cpp is node-llama-cpp's prebuilt CPU build from npm
 // (bench/llama/package-lock.json), run by bench/llama/llama.js; stepserve
 // is the server binary on a loopback port, asked over /v1/completions with
 // token-id prompts, greedy, ignore_eos, streamed.
 //
-// Before anything is timed the greedy continuations are compared: stepserve
-// float32, llama.cpp float32 and a hand-written PyTorch forward must give
-// the same token ids.
+// Before anything is timed the greedy continuations are compared. SmolLM
+// in float32: stepserve, llama.cpp and a hand-written PyTorch forward must
+// give the same token ids. Q8_0 (every shape): stepserve's against
+// llama.cpp's, the leading tokens that agree reported (the products are
+// llama.cpp's arithmetic; float summation order can still break a near
+// tie), and fewer than 8 flagged as a bug.
 //
 //	make bench-llama
-//	go run ./bench/llamapeer -rounds 3 -server bin/stepserve
+//	go run ./bench/llamapeer -rounds 3 -server bin/stepserve -shape llama1b -formats q8_0
 package main
 
 import (
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/stepserve/stepserve/bench/internal/benchstat"
 	"github.com/stepserve/stepserve/internal/randweights"
+	"github.com/stepserve/stepserve/models/gguf"
 )
 
 var (
-	dir       = flag.String("dir", "bench/out/llama", "where the model folders and GGUF files are written")
-	python    = flag.String("python", "/usr/bin/python3", "the Python with Debian's torch, for the reference")
-	nodeBin   = flag.String("node", "node", "node, to run bench/llama/llama.js")
-	server    = flag.String("server", "bin/stepserve", "the stepserve binary")
-	rounds    = flag.Int("rounds", 3, "interleaved rounds")
-	promptLen = flag.Int("prompt", 128, "prompt tokens")
-	newTokens = flag.Int("new", 128, "tokens generated per sequence")
-	streams   = flag.Int("streams", 16, "stepserve's concurrent streams")
-	peerSeqs  = flag.Int("peer-seqs", 8, "llama.cpp's sequences on one context")
-	threads   = flag.Int("threads", 0, "threads on each side (0: every CPU)")
-	check     = flag.Int("check", 32, "greedy tokens compared before timing")
-	vocab     = flag.Int("vocab", 8192, "vocabulary size")
+	dir          = flag.String("dir", "bench/out/llama", "where the model folders and GGUF files are written (each shape's removed when it is done)")
+	keep         = flag.Bool("keep", false, "keep each shape's folders and GGUF files")
+	reuse        = flag.Bool("reuse", false, "use the folders and GGUF files a run with -keep left, where all are there")
+	python       = flag.String("python", "/usr/bin/python3", "the Python with Debian's torch, for the reference")
+	nodeBin      = flag.String("node", "node", "node, to run bench/llama/llama.js")
+	server       = flag.String("server", "bin/stepserve", "the stepserve binary")
+	shapeList    = flag.String("shape", "smollm,qwen0.5b,llama1b", "decoder shapes, comma-separated: smollm, qwen0.5b, llama1b")
+	formatList   = flag.String("formats", "", "weight formats, comma-separated: f32 (f32 GGUF), bf16 (f16 GGUF), q8_0 (Q8_0 GGUF); empty: f32,bf16,q8_0 (bf16,q8_0 for llama1b)")
+	rounds       = flag.Int("rounds", 3, "interleaved rounds")
+	promptLen    = flag.Int("prompt", 512, "prompt tokens of the one-sequence prefill and decode")
+	newTokens    = flag.Int("new", 128, "tokens generated by the one sequence")
+	streams      = flag.Int("streams", 16, "stepserve's concurrent streams")
+	peerSeqs     = flag.Int("peer-seqs", 8, "llama.cpp's sequences on one context")
+	streamPrompt = flag.Int("stream-prompt", 32, "prompt tokens of each of the concurrent streams")
+	streamNew    = flag.Int("stream-new", 64, "tokens generated by each of the concurrent streams")
+	threads      = flag.Int("threads", 0, "threads on each side (0: every CPU)")
+	check        = flag.Int("check", 64, "greedy tokens compared (Q8_0, half precision) before timing")
+	checkF32     = flag.Int("check-f32", 32, "greedy tokens that must be identical in float32 (smollm, with PyTorch)")
 )
 
 func main() {
@@ -59,145 +81,235 @@ func main() {
 	}
 }
 
-var shape = randweights.Decoder{Arch: "LlamaForCausalLM", Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
-	MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}
+// shapeSpec is a decoder shape the benchmark runs.
+type shapeSpec struct {
+	name, title string
+	d           randweights.Decoder
+	formats     string // default formats
+}
+
+var shapes = []shapeSpec{
+	{"smollm", "SmolLM-135M shape", randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: 8192, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
+		MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}, "f32,bf16,q8_0"},
+	{"qwen0.5b", "Qwen2.5-0.5B shape", randweights.Decoder{Arch: "Qwen2ForCausalLM", Vocab: 151936, Hidden: 896, Layers: 24, Heads: 14, KVHeads: 2, Inter: 4864,
+		MaxPosition: 32768, RopeTheta: 1e6, Tied: true, QKVBias: true, BOS: 1, EOS: 2}, "f32,bf16,q8_0"},
+	{"llama1b", "Llama-3.2-1B shape (no llama3 rope scaling)", randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: 128256, Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, Inter: 8192,
+		MaxPosition: 131072, RopeTheta: 500000, Tied: true, BOS: 1, EOS: 2}, "bf16,q8_0"},
+}
+
+// format is a pair of weight formats compared: stepserve's model.yaml
+// and the GGUF tensor type llama.cpp reads.
+type format struct {
+	name, label string
+	yaml        string
+	peer        gguf.Type
+	// bytes a weight of a two-dimensional tensor takes as stored
+	ours, theirs float64
+}
+
+var formats = map[string]format{
+	"f32":  {"f32", "f32", "", gguf.F32, 4, 4},
+	"bf16": {"bf16", "bf16 vs f16", "device_dtype: bfloat16\n", gguf.F16, 2, 2},
+	"q8_0": {"q8_0", "Q8_0", "quantization: q8_0\n", gguf.Q8_0, 34.0 / 32, 34.0 / 32},
+}
+
+// KV cache bytes an element: stepserve keeps float32, llama.cpp f16.
+const ourKV, peerKV = 4, 2
+
+// shape is the shape being run (prompts draw token ids from its
+// vocabulary).
+var shape randweights.Decoder
 
 func run() error {
 	if *threads == 0 {
 		*threads = runtime.NumCPU()
 	}
-	shape.Vocab = *vocab
-	repo := filepath.Join(*dir, "repo")
-	m, err := prepare(repo)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("Generation: stepserve's CPU engine vs llama.cpp (node-llama-cpp %s), %s, %d threads each\n", peerVersion(), benchstat.CPULine(), *threads)
-	fmt.Printf("model: SmolLM-135M shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab %d), random weights, tied embeddings\n", *vocab)
-	weights := int64(0)
-	for _, t := range m.Weights.Tensors {
-		weights += int64(t.Numel())
+	var todo []shapeSpec
+	for _, n := range strings.Split(*shapeList, ",") {
+		i := slices.IndexFunc(shapes, func(s shapeSpec) bool { return s.name == strings.TrimSpace(n) })
+		if i < 0 {
+			return fmt.Errorf("-shape %q: want smollm, qwen0.5b or llama1b", n)
+		}
+		todo = append(todo, shapes[i])
 	}
 	bw := readBandwidth(*threads)
-	fmt.Printf("weights: %d parameters; a decode step reads %.1f MB (float32) or %.1f MB (bfloat16/float16) of them; memory read bandwidth measured now: %.1f GB/s\n",
-		weights, float64(4*weights)/1e6, float64(2*weights)/1e6, bw/1e9)
-	fmt.Printf("prompt %d tokens, %d new tokens, greedy; %d rounds, interleaved\n\n", *promptLen, *newTokens, *rounds)
-
-	srv, err := startServer(*server, repo, *threads)
-	if err != nil {
-		return err
-	}
-	defer srv.stop()
-	f32, err := startPeer(filepath.Join(*dir, "smollm-f32.gguf"), *threads, *peerSeqs)
-	if err != nil {
-		return err
-	}
-	defer f32.stop()
-	f16, err := startPeer(filepath.Join(*dir, "smollm-f16.gguf"), *threads, *peerSeqs)
-	if err != nil {
-		return err
-	}
-	defer f16.stop()
-
-	if err := agree(srv, f32, f16, m); err != nil {
-		return err
-	}
-
-	type row struct {
-		name       string
-		ours, peer []float64
-		unit       string
-	}
-	rows := []*row{
-		{name: "prefill, one sequence (f32)", unit: "tokens/s"},
-		{name: "decode, one sequence (f32)", unit: "tokens/s"},
-		{name: "prefill, one sequence (bf16 vs f16)", unit: "tokens/s"},
-		{name: "decode, one sequence (bf16 vs f16)", unit: "tokens/s"},
-		{name: fmt.Sprintf("decode, %d streams vs %d sequences (f32)", *streams, *peerSeqs), unit: "tokens/s"},
-		{name: fmt.Sprintf("decode, %d streams vs %d sequences (bf16 vs f16)", *streams, *peerSeqs), unit: "tokens/s"},
-	}
-	var ttft50, ttft99, peer50, peer99 []float64
-	warm := prompts(1, *promptLen, 999)
-	if _, err := srv.generate("smollm", warm, 4); err != nil {
-		return err
-	}
-	if _, err := srv.generate("smollm-bf16", warm, 4); err != nil {
-		return err
-	}
-	for r := range *rounds {
-		one := prompts(1, *promptLen, 10+r)
-		for i, side := range []struct {
-			model string
-			peer  *peer
-		}{{"smollm", f32}, {"smollm-bf16", f16}} {
-			p, err := side.peer.generate(one, *newTokens)
-			if err != nil {
-				return err
-			}
-			o, err := srv.generate(side.model, one, *newTokens)
-			if err != nil {
-				return err
-			}
-			rows[2*i].peer = append(rows[2*i].peer, p.prefill(*promptLen))
-			rows[2*i].ours = append(rows[2*i].ours, o.prefill(*promptLen))
-			rows[2*i+1].peer = append(rows[2*i+1].peer, p.decode())
-			rows[2*i+1].ours = append(rows[2*i+1].ours, o.decode())
+	debug.FreeOSMemory()
+	fmt.Printf("Generation: stepserve's CPU engine vs llama.cpp (node-llama-cpp %s), %s, %d threads each\n", peerVersion(), benchstat.CPULine(), *threads)
+	fmt.Printf("memory read bandwidth measured now: %.1f GB/s (%d threads); %d interleaved rounds; one sequence: a %d-token prompt, %d new tokens; "+
+		"aggregate: %d stepserve streams against %d llama.cpp sequences on one context, %d-token prompts, %d new tokens each; greedy\n",
+		bw/1e9, *threads, *rounds, *promptLen, *newTokens, *streams, *peerSeqs, *streamPrompt, *streamNew)
+	fmt.Printf("bytes a token reads: the weights in their stored format (f32 4, bf16/f16 2, Q8_0 34/32 bytes a weight; norms and biases float32; the tied output head once) " +
+		"divided by the sequences decoded together, plus its own KV cache at the mean context of the measurement (stepserve float32, llama.cpp f16)\n\n")
+	for _, s := range todo {
+		fl := s.formats
+		if *formatList != "" {
+			fl = *formatList
 		}
-		for i, side := range []struct {
-			model string
-			peer  *peer
-		}{{"smollm", f32}, {"smollm-bf16", f16}} {
-			p, err := side.peer.generate(prompts(*peerSeqs, *promptLen, 20+r), *newTokens)
-			if err != nil {
-				return err
+		var fs []format
+		for _, n := range strings.Split(fl, ",") {
+			f, ok := formats[strings.TrimSpace(n)]
+			if !ok {
+				return fmt.Errorf("-formats %q: want f32, bf16 or q8_0", n)
 			}
-			o, err := srv.generate(side.model, prompts(*streams, *promptLen, 30+r), *newTokens)
-			if err != nil {
-				return err
-			}
-			rows[4+i].peer = append(rows[4+i].peer, p.aggregate())
-			rows[4+i].ours = append(rows[4+i].ours, o.aggregate())
+			fs = append(fs, f)
 		}
-		// Time to first token, prompts of 32 to 256 tokens arriving
-		// together.
-		o, err := srv.generate("smollm", mixed(*streams, 40+r), 16)
-		if err != nil {
-			return err
-		}
-		p, err := f32.generate(mixed(*peerSeqs, 40+r), 16)
-		if err != nil {
-			return err
-		}
-		a, b := o.ttftPercentiles()
-		ttft50, ttft99 = append(ttft50, a), append(ttft99, b)
-		a, b = p.ttftPercentiles()
-		peer50, peer99 = append(peer50, a), append(peer99, b)
-	}
-
-	fmt.Printf("%-48s %12s %12s %8s  %s\n", "", "stepserve", "llama.cpp", "ratio", "ratio per round")
-	for _, r := range rows {
-		ratios := make([]float64, len(r.ours))
-		for i := range ratios {
-			ratios[i] = r.ours[i] / r.peer[i]
-		}
-		fmt.Printf("%-48s %12.1f %12.1f %7.2fx  %s (%s)\n", r.name, benchstat.Median(r.ours), benchstat.Median(r.peer), benchstat.Median(ratios), list(ratios, "%.2f"), r.unit)
-	}
-	fmt.Printf("%d streams' aggregate over one stream: %.1fx (llama.cpp's %d sequences over one: %.1fx)\n",
-		*streams, benchstat.Median(rows[4].ours)/benchstat.Median(rows[1].ours), *peerSeqs, benchstat.Median(rows[4].peer)/benchstat.Median(rows[1].peer))
-	fmt.Printf("time to first token, prompts of 32-256 tokens arriving together: stepserve %d streams p50 %.0f ms, p99 %.0f ms; llama.cpp %d sequences p50 %.0f ms, p99 %.0f ms\n",
-		*streams, 1000*benchstat.Median(ttft50), 1000*benchstat.Median(ttft99), *peerSeqs, 1000*benchstat.Median(peer50), 1000*benchstat.Median(peer99))
-	for i, r := range rows[:4] {
-		if i%2 == 1 {
-			bytes := float64(4 * weights)
-			if i == 3 {
-				bytes /= 2
-			}
-			ours := benchstat.Median(r.ours) * bytes
-			fmt.Printf("%s: stepserve reads weights at %.1f GB/s, %.0f%% of the measured %.1f GB/s (llama.cpp %.0f%%)\n",
-				r.name, ours/1e9, 100*ours/bw, bw/1e9, 100*benchstat.Median(r.peer)*bytes/bw)
+		if err := runShape(s, fs, bw); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
 	return nil
+}
+
+// series is one figure's measurements, a value per round on each side.
+type series struct {
+	name, unit string
+	ours, peer []float64
+	// bytes a token reads on each side; 0 for a figure that is not decode
+	ourBytes, peerBytes float64
+}
+
+func runShape(s shapeSpec, fs []format, bw float64) error {
+	shape = s.d
+	d := s.d
+	hd := d.Hidden / d.Heads
+	fmt.Printf("== %s: %s (hidden %d, %d layers, %d heads, %d KV heads, intermediate %d, vocab %d%s, rope theta %g, tied embeddings), random weights\n",
+		s.name, s.title, d.Hidden, d.Layers, d.Heads, d.KVHeads, d.Inter, d.Vocab, map[bool]string{true: ", q/k/v biases"}[d.QKVBias], d.RopeTheta)
+	base := filepath.Join(*dir, s.name)
+	start := time.Now()
+	params, err := prepare(base, s, fs)
+	if err != nil {
+		return err
+	}
+	debug.FreeOSMemory()
+	if !*keep {
+		defer os.RemoveAll(base)
+	}
+	arch := "llama"
+	if d.QKVBias {
+		arch = "qwen2"
+	}
+	fmt.Printf("%d parameters; written in %.0f s (GGUF architecture %s)\n", params, time.Since(start).Seconds(), arch)
+
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = s.name + "-" + f.name
+	}
+	// A server a format, started one after another: two 1B models
+	// converted from float32 at once do not fit in 24 GiB.
+	srvs := make([]*stepserve, len(fs))
+	for i, f := range fs {
+		if srvs[i], err = startServer(*server, filepath.Join(base, "repo-"+f.name), names[i:i+1], *threads); err != nil {
+			return err
+		}
+		defer srvs[i].stop()
+	}
+	peers := make([]*peer, len(fs))
+	for i, f := range fs {
+		if peers[i], err = startPeer(filepath.Join(base, s.name+"-"+f.name+".gguf"), *threads, *peerSeqs); err != nil {
+			return err
+		}
+		defer peers[i].stop()
+	}
+	if err := agree(s, srvs, fs, names, peers); err != nil {
+		return err
+	}
+
+	weights := func(bpw float64) float64 {
+		q, kv := d.Heads*hd, d.KVHeads*hd
+		twoD := float64(d.Layers)*float64(2*d.Hidden*q+2*d.Hidden*kv+3*d.Hidden*d.Inter) + float64(d.Vocab*d.Hidden)
+		oneD := float64(d.Layers*2*d.Hidden + d.Hidden)
+		if d.QKVBias {
+			oneD += float64(d.Layers * (q + 2*kv))
+		}
+		return twoD*bpw + 4*oneD
+	}
+	kvBytes := func(ctx, elem float64) float64 { return float64(d.Layers*2*d.KVHeads*hd) * ctx * elem }
+	oneCtx := float64(*promptLen) + float64(*newTokens)/2
+	aggCtx := float64(*streamPrompt) + float64(*streamNew)/2
+
+	type figures struct{ prefill, ttft, decode, agg *series }
+	all := make([]figures, len(fs))
+	for i, f := range fs {
+		all[i] = figures{
+			prefill: &series{name: fmt.Sprintf("%s prefill, %d-token prompt", f.label, *promptLen), unit: "tokens/s"},
+			ttft:    &series{name: fmt.Sprintf("%s time to first token, %d-token prompt", f.label, *promptLen), unit: "ms"},
+			decode: &series{name: fmt.Sprintf("%s decode, one sequence", f.label), unit: "tokens/s",
+				ourBytes: weights(f.ours) + kvBytes(oneCtx, ourKV), peerBytes: weights(f.theirs) + kvBytes(oneCtx, peerKV)},
+			agg: &series{name: fmt.Sprintf("%s decode, %d streams vs %d sequences", f.label, *streams, *peerSeqs), unit: "tokens/s",
+				ourBytes:  weights(f.ours)/float64(*streams) + kvBytes(aggCtx, ourKV),
+				peerBytes: weights(f.theirs)/float64(*peerSeqs) + kvBytes(aggCtx, peerKV)},
+		}
+	}
+	warm := prompts(1, 64, 999)
+	for i := range fs {
+		if _, err := srvs[i].generate(names[i], warm, 4); err != nil {
+			return err
+		}
+		if _, err := peers[i].generate(warm, 4); err != nil {
+			return err
+		}
+	}
+	for r := range *rounds {
+		one := prompts(1, *promptLen, 10+r)
+		for i := range fs {
+			p, err := peers[i].generate(one, *newTokens)
+			if err != nil {
+				return err
+			}
+			o, err := srvs[i].generate(names[i], one, *newTokens)
+			if err != nil {
+				return err
+			}
+			fg := all[i]
+			fg.prefill.add(o.prefill(*promptLen), p.prefill(*promptLen))
+			fg.ttft.add(1000*o.first[0], 1000*p.first[0])
+			fg.decode.add(o.decode(), p.decode())
+			p, err = peers[i].generate(prompts(*peerSeqs, *streamPrompt, 20+r), *streamNew)
+			if err != nil {
+				return err
+			}
+			o, err = srvs[i].generate(names[i], prompts(*streams, *streamPrompt, 30+r), *streamNew)
+			if err != nil {
+				return err
+			}
+			fg.agg.add(o.aggregate(), p.aggregate())
+		}
+		fmt.Fprintf(os.Stderr, "llamapeer: %s round %d done (%.0f s)\n", s.name, r+1, time.Since(start).Seconds())
+	}
+
+	fmt.Printf("\n%-52s %10s %10s %7s  %-22s %15s %15s\n", s.name, "stepserve", "llama.cpp", "ratio", "ratio per round", "MB/token", "of bandwidth")
+	for i := range fs {
+		for _, r := range []*series{all[i].prefill, all[i].ttft, all[i].decode, all[i].agg} {
+			ratios := make([]float64, len(r.ours))
+			for j := range ratios {
+				ratios[j] = r.ours[j] / r.peer[j]
+			}
+			line := fmt.Sprintf("%-52s %10.1f %10.1f %6.2fx  %-22s", r.name+" ("+r.unit+")", benchstat.Median(r.ours), benchstat.Median(r.peer),
+				benchstat.Median(ratios), list(ratios, "%.2f"))
+			if r.ourBytes > 0 {
+				line += fmt.Sprintf(" %7.1f / %5.1f %6.0f%% / %3.0f%%", r.ourBytes/1e6, r.peerBytes/1e6,
+					100*benchstat.Median(r.ours)*r.ourBytes/bw, 100*benchstat.Median(r.peer)*r.peerBytes/bw)
+			}
+			fmt.Println(line)
+		}
+	}
+	fmt.Printf("(ratio: stepserve over llama.cpp, so above 1 is faster for rates and slower for time to first token; MB/token and bandwidth: stepserve / llama.cpp; spread: %s)\n",
+		spreads(all[0].decode))
+	for i, f := range fs {
+		fmt.Printf("%s: %d streams' aggregate over one sequence: stepserve %.1fx, llama.cpp's %d sequences %.1fx\n", f.label, *streams,
+			benchstat.Median(all[i].agg.ours)/benchstat.Median(all[i].decode.ours), *peerSeqs, benchstat.Median(all[i].agg.peer)/benchstat.Median(all[i].decode.peer))
+	}
+	fmt.Printf("%s done in %.0f s\n\n", s.name, time.Since(start).Seconds())
+	return nil
+}
+
+func (s *series) add(ours, peer float64) {
+	s.ours, s.peer = append(s.ours, ours), append(s.peer, peer)
+}
+
+// spreads says a series' values per round on each side.
+func spreads(s *series) string {
+	return fmt.Sprintf("%s per round, stepserve %s, llama.cpp %s", s.name, list(s.ours, "%.1f"), list(s.peer, "%.1f"))
 }
 
 // run is one measurement: per sequence, its tokens, and when (seconds
@@ -214,18 +326,15 @@ func (r *result) decode() float64 {
 	return float64(len(r.tokens[0])-1) / (r.last[0] - r.first[0])
 }
 
+// aggregate is the decode rate of sequences started together: the tokens
+// after each one's first over the time from the earliest first token to
+// the latest last one.
 func (r *result) aggregate() float64 {
 	n := 0
 	for _, t := range r.tokens {
-		n += len(t)
+		n += len(t) - 1
 	}
-	return float64(n) / r.wall
-}
-
-func (r *result) ttftPercentiles() (p50, p99 float64) {
-	s := slices.Clone(r.first)
-	slices.Sort(s)
-	return s[len(s)/2], s[int(math.Ceil(0.99*float64(len(s))))-1]
+	return float64(n) / (slices.Max(r.last) - slices.Min(r.first))
 }
 
 // settle lets the other side's threads go quiet (llama.cpp's spin a

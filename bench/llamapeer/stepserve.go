@@ -23,9 +23,10 @@ type stepserve struct {
 	base   string
 	client *http.Client
 	logs   bytes.Buffer
+	exited chan error // the process's Wait
 }
 
-func startServer(bin, repo string, threads int) (*stepserve, error) {
+func startServer(bin, repo string, names []string, threads int) (*stepserve, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -40,8 +41,11 @@ func startServer(bin, repo string, threads int) (*stepserve, error) {
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s (make build): %w", bin, err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for _, m := range []string{"smollm", "smollm-bf16"} {
+	exited := make(chan error, 1)
+	go func() { exited <- s.cmd.Wait() }()
+	s.exited = exited
+	deadline := time.Now().Add(10 * time.Minute)
+	for _, m := range names {
 		for {
 			resp, err := s.client.Get(s.base + "/v2/models/" + m + "/ready")
 			if err == nil {
@@ -50,9 +54,15 @@ func startServer(bin, repo string, threads int) (*stepserve, error) {
 					break
 				}
 			}
+			select {
+			case err := <-exited:
+				exited <- err
+				return nil, fmt.Errorf("%s exited loading %s (%v; out of memory?):\n%s", bin, m, err, s.logs.String())
+			default:
+			}
 			if time.Now().After(deadline) {
 				s.stop()
-				return nil, fmt.Errorf("%s did not serve %s within 3 minutes:\n%s", bin, m, s.logs.String())
+				return nil, fmt.Errorf("%s did not serve %s within 10 minutes:\n%s", bin, m, s.logs.String())
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -62,7 +72,8 @@ func startServer(bin, repo string, threads int) (*stepserve, error) {
 
 func (s *stepserve) stop() {
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	s.cmd.Wait()
+	err := <-s.exited
+	s.exited <- err
 }
 
 // generate sends every prompt at once, each its own streamed

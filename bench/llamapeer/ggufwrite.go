@@ -1,0 +1,149 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/stepserve/stepserve/models"
+	"github.com/stepserve/stepserve/models/gguf"
+)
+
+// writeGGUF writes the decoder c with weights w as a GGUF file for
+// llama.cpp, its two-dimensional weights stored as typ (F32, F16 or Q8_0,
+// the last quantized by models/gguf as llama.cpp's quantize_row_q8_0_ref
+// does), norms and biases in float32 as llama.cpp's converter keeps them.
+//
+// A Llama or Mistral decoder is written as architecture "llama" (the rows
+// of q_proj and k_proj permuted to llama.cpp's adjacent-pair rotation,
+// as bench/gguf does); a Qwen2 one as architecture "qwen2", which rotates
+// halves as transformers does (NEOX), so its weights go unpermuted, and
+// carries the q, k and v biases. The vocabulary is the placeholder
+// bench/gguf writes (the benchmark feeds token ids, never text).
+func writeGGUF(path string, c *models.DecoderConfig, w *models.Weights, typ gguf.Type, name string, bos, eos int) error {
+	arch := "llama"
+	switch c.Family {
+	case models.FamilyLlama, models.FamilyMistral:
+		if c.QKVBias || c.OBias {
+			return fmt.Errorf("gguf: a llama-architecture file with attention biases is not written")
+		}
+	case models.FamilyQwen2:
+		arch = "qwen2"
+		if c.OBias {
+			return fmt.Errorf("gguf: an output-projection bias is not written")
+		}
+	default:
+		return fmt.Errorf("gguf: family %s is not written", c.Family)
+	}
+	if c.RopeScaling != nil || c.SlidingWindow > 0 {
+		return fmt.Errorf("gguf: rope_scaling and sliding windows are not written")
+	}
+	var g gguf.Writer
+	g.String("general.architecture", arch)
+	g.String("general.name", name)
+	g.Uint32("general.alignment", gguf.DefaultAlignment)
+	// llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7.
+	g.Uint32("general.file_type", map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q8_0: 7}[typ])
+	g.Uint32(arch+".context_length", uint32(c.MaxPosition))
+	g.Uint32(arch+".embedding_length", uint32(c.Hidden))
+	g.Uint32(arch+".block_count", uint32(c.Layers))
+	g.Uint32(arch+".feed_forward_length", uint32(c.Intermediate))
+	g.Uint32(arch+".attention.head_count", uint32(c.Heads))
+	g.Uint32(arch+".attention.head_count_kv", uint32(c.KVHeads))
+	g.Uint32(arch+".attention.key_length", uint32(c.HeadDim))
+	g.Uint32(arch+".attention.value_length", uint32(c.HeadDim))
+	g.Uint32(arch+".rope.dimension_count", uint32(c.HeadDim))
+	g.Float32(arch+".rope.freq_base", float32(c.RopeTheta))
+	g.Float32(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
+	g.Uint32(arch+".vocab_size", uint32(c.Vocab))
+
+	tokens := make([]string, c.Vocab)
+	types := make([]int32, c.Vocab)
+	scores := make([]float32, c.Vocab)
+	for i := range tokens {
+		switch {
+		case i == 0:
+			tokens[i], types[i] = "<unk>", 2
+		case i == 1:
+			tokens[i], types[i] = "<s>", 3
+		case i == 2:
+			tokens[i], types[i] = "</s>", 3
+		case i < 259:
+			tokens[i], types[i] = fmt.Sprintf("<0x%02X>", i-3), 6
+		default:
+			tokens[i], types[i] = fmt.Sprintf("\u2581w%d", i), 1
+			scores[i] = -float32(i)
+		}
+	}
+	g.String("tokenizer.ggml.model", "llama")
+	g.Strings("tokenizer.ggml.tokens", tokens)
+	g.Float32s("tokenizer.ggml.scores", scores)
+	g.Int32s("tokenizer.ggml.token_type", types)
+	g.Uint32("tokenizer.ggml.bos_token_id", uint32(bos))
+	g.Uint32("tokenizer.ggml.eos_token_id", uint32(eos))
+	g.Uint32("tokenizer.ggml.unknown_token_id", 0)
+
+	add := func(to, from string, rows func([]float32) []float32) error {
+		t, ok := w.Tensors[from]
+		if !ok || t.Data == nil {
+			return fmt.Errorf("gguf: tensor %s is missing", from)
+		}
+		ty := typ
+		if len(t.Shape) == 1 {
+			ty = gguf.F32
+		}
+		data := t.Data
+		if rows != nil {
+			data = rows(data)
+		}
+		return g.Tensor(to, t.Shape, ty, data)
+	}
+	permute := func(heads int) func([]float32) []float32 {
+		if arch != "llama" {
+			return nil
+		}
+		return func(d []float32) []float32 { return gguf.PermuteRoPE(d, heads, c.HeadDim) }
+	}
+	if err := add("token_embd.weight", "model.embed_tokens.weight", nil); err != nil {
+		return err
+	}
+	for l := range c.Layers {
+		p, b := fmt.Sprintf("model.layers.%d.", l), fmt.Sprintf("blk.%d.", l)
+		ts := []struct {
+			to, from string
+			rows     func([]float32) []float32
+		}{
+			{"attn_norm.weight", "input_layernorm.weight", nil},
+			{"attn_q.weight", "self_attn.q_proj.weight", permute(c.Heads)},
+			{"attn_k.weight", "self_attn.k_proj.weight", permute(c.KVHeads)},
+			{"attn_v.weight", "self_attn.v_proj.weight", nil},
+			{"attn_output.weight", "self_attn.o_proj.weight", nil},
+			{"ffn_norm.weight", "post_attention_layernorm.weight", nil},
+			{"ffn_gate.weight", "mlp.gate_proj.weight", nil},
+			{"ffn_up.weight", "mlp.up_proj.weight", nil},
+			{"ffn_down.weight", "mlp.down_proj.weight", nil},
+		}
+		if c.QKVBias {
+			ts = append(ts, []struct {
+				to, from string
+				rows     func([]float32) []float32
+			}{
+				{"attn_q.bias", "self_attn.q_proj.bias", nil},
+				{"attn_k.bias", "self_attn.k_proj.bias", nil},
+				{"attn_v.bias", "self_attn.v_proj.bias", nil},
+			}...)
+		}
+		for _, t := range ts {
+			if err := add(b+t.to, p+t.from, t.rows); err != nil {
+				return err
+			}
+		}
+	}
+	if err := add("output_norm.weight", "model.norm.weight", nil); err != nil {
+		return err
+	}
+	if !c.TiedEmbeddings {
+		if err := add("output.weight", "lm_head.weight", nil); err != nil {
+			return err
+		}
+	}
+	return g.WriteFile(path)
+}
