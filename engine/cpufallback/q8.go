@@ -12,7 +12,9 @@ import (
 // reads a byte and a sixteenth per weight instead of four. Activations are
 // quantized the same way before each product and the blocks' integer dot
 // products scaled and summed in float32, as llama.cpp computes a Q8_0
-// weight's product, so the two agree token for token.
+// weight's product (its weights quantized as its reference quantizer
+// does, its activations as its x86 run time does), so the two agree token
+// for token.
 //
 // Layout (q8Weight): panels of 16 output rows, the last padded with zero
 // rows; a panel keeps, for each block of 32 inputs (the last padded with
@@ -99,8 +101,11 @@ type q8Acts struct {
 var q8ActsPool = sync.Pool{New: func() any { return &q8Acts{} }}
 
 // quantizeActs quantizes x [m, k] for products with Q8_0 weights of k
-// inputs (as quantizeQ8Block does, without its callback: this runs on
-// every product's input); give it back with release.
+// inputs; give it back with release. It quantizes as llama.cpp's x86
+// quantize_row_q8_0 does at run time, which differs from its reference
+// quantizer (quantizeQ8Block's, which weights files are written with):
+// the inverse is 127 over the largest magnitude, and values round half to
+// even.
 func quantizeActs(m, k int, x []float32) *q8Acts {
 	a := q8ActsPool.Get().(*q8Acts)
 	a.m, a.blocks = m, q8Blocks(k)
@@ -119,12 +124,12 @@ func quantizeActs(m, k int, x []float32) *q8Acts {
 			}
 			scale := amax / 127
 			var inv float32
-			if scale != 0 {
-				inv = 1 / scale
+			if amax != 0 {
+				inv = 127 / amax
 			}
 			var sum int32
 			for c, v := range blk {
-				r := int8(math.Round(float64(v * inv)))
+				r := int8(math.RoundToEven(float64(v * inv)))
 				q[c] = r
 				sum += int32(r)
 			}
