@@ -241,34 +241,28 @@ func TestReleaseWeights(t *testing.T) {
 	}
 }
 
-// TestQuantizeActsAsLlamaCppRuns: activations are quantized as llama.cpp's
-// x86 quantize_row_q8_0 does at run time: 127 over the block's largest
-// magnitude as the multiplier, rounded half to even (a value of exactly
-// 2.5 steps is 2, where the weights' reference quantizer makes it 3).
-func TestQuantizeActsAsLlamaCppRuns(t *testing.T) {
+// TestQuantizeActs: activations are quantized as the weights are
+// (llama.cpp's reference quantizer): the scale's inverse as the
+// multiplier, halves rounded away from zero, and each block's sum kept.
+func TestQuantizeActs(t *testing.T) {
 	x := make([]float32, 64)
 	x[0] = 127 // the block's largest: the multiplier is 1
 	x[1], x[2], x[3] = 2.5, -3.5, 0.5
 	a := quantizeActs(1, 64, x)
 	defer a.release()
-	assert.Equal(t, []int8{127, 2, -4, 0}, a.q[:4])
+	assert.Equal(t, []int8{127, 3, -4, 1}, a.q[:4])
 	assert.Equal(t, float32(1), a.d[0])
 	assert.Zero(t, a.d[1], "an all-zero block")
-	assert.Equal(t, int32(127+2-4), a.s[0])
+	assert.Equal(t, int32(127+3-4+1), a.s[0])
 	rng := rand.New(rand.NewPCG(11, 12))
 	x = randMatrix(rng, 3*100)
 	b := quantizeActs(3, 100, x)
 	defer b.release()
+	w := newQ8Weight(3, 100, x) // the same rows as weights: the same values
 	for i := range 3 {
-		for blk := range 4 {
-			row := x[i*100+blk*32 : i*100+min(blk*32+32, 100)]
-			var amax float32
-			for _, v := range row {
-				amax = max(amax, float32(math.Abs(float64(v))))
-			}
-			for c, v := range row {
-				require.Equal(t, int8(math.RoundToEven(float64(v*(127/amax)))), b.q[(i*4+blk)*32+c])
-			}
+		for c := range 100 {
+			at, _ := w.at(i, c)
+			require.Equal(t, w.q[at], b.q[(i*4+c/32)*32+c%32], "row %d value %d", i, c)
 		}
 	}
 }
