@@ -54,54 +54,66 @@ type Options struct {
 	AddBOS       bool
 }
 
-// WriteLlama writes the decoder c with weights w (transformers' names,
-// float32 data read) to path as a GGUF file of architecture "llama". The
-// vocabulary is a placeholder of the right size (llama.cpp needs one to
-// load; the benchmark feeds token ids, never text): <unk>, <s>, </s>, the
-// 256 byte tokens, then one word per remaining id.
-func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Options) error {
-	if c.Family != models.FamilyLlama && c.Family != models.FamilyMistral {
-		return fmt.Errorf("gguf: family %s: only llama and mistral rotate like llama.cpp's llama architecture", c.Family)
+// Write writes the decoder c with weights w (transformers' names, float32
+// data read) to path as a GGUF file for llama.cpp, its two-dimensional
+// weights stored as o.Type (F32, F16, BF16 or Q8_0, the last quantized by
+// models/gguf as llama.cpp's quantize_row_q8_0_ref does), norms and
+// biases in float32 as llama.cpp's converter keeps them.
+//
+// A Llama or Mistral decoder is written as architecture "llama" (the rows
+// of q_proj and k_proj permuted to llama.cpp's adjacent-pair rotation); a
+// Qwen2 one as architecture "qwen2", which rotates halves as transformers
+// does, so its weights go unpermuted, and carries the q, k and v biases.
+// The vocabulary is o.Tokenizer's, or a placeholder of the right size
+// (llama.cpp needs one to load; the benchmark feeds token ids, never
+// text): <unk>, <s>, </s>, the 256 byte tokens, then one word per
+// remaining id.
+func Write(path string, c *models.DecoderConfig, w *models.Weights, o Options) error {
+	typ, name, bos, eos := o.Type, o.Name, o.BOS, o.EOS
+	arch := "llama"
+	switch c.Family {
+	case models.FamilyLlama, models.FamilyMistral:
+		if c.QKVBias || c.OBias {
+			return fmt.Errorf("gguf: a llama-architecture file with attention biases is not written")
+		}
+	case models.FamilyQwen2:
+		arch = "qwen2"
+		if c.OBias {
+			return fmt.Errorf("gguf: an output-projection bias is not written")
+		}
+	default:
+		return fmt.Errorf("gguf: family %s is not written", c.Family)
 	}
-	if c.QKVBias || c.OBias {
-		return fmt.Errorf("gguf: attention biases are not written")
-	}
-	if c.RopeScaling != nil {
-		return fmt.Errorf("gguf: rope_scaling is not written")
-	}
-	if c.Vocab < 260 {
-		return fmt.Errorf("gguf: vocabulary of %d: the placeholder vocabulary needs at least 260 ids", c.Vocab)
+	if c.RopeScaling != nil || c.SlidingWindow > 0 {
+		return fmt.Errorf("gguf: rope_scaling and sliding windows are not written")
 	}
 	var g gguf.Writer
-	g.String("general.architecture", "llama")
-	g.String("general.name", o.Name)
-	g.Uint32("general.alignment", alignment)
-	ft := uint32(0)
-	if o.Type == F16 {
-		ft = 1
-	}
-	g.Uint32("general.file_type", ft)
-	g.Uint32("llama.context_length", uint32(c.MaxPosition))
-	g.Uint32("llama.embedding_length", uint32(c.Hidden))
-	g.Uint32("llama.block_count", uint32(c.Layers))
-	g.Uint32("llama.feed_forward_length", uint32(c.Intermediate))
-	g.Uint32("llama.attention.head_count", uint32(c.Heads))
-	g.Uint32("llama.attention.head_count_kv", uint32(c.KVHeads))
-	g.Uint32("llama.attention.key_length", uint32(c.HeadDim))
-	g.Uint32("llama.attention.value_length", uint32(c.HeadDim))
-	g.Uint32("llama.rope.dimension_count", uint32(c.HeadDim))
-	g.Float32("llama.rope.freq_base", float32(c.RopeTheta))
-	g.Float32("llama.attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
-	g.Uint32("llama.vocab_size", uint32(c.Vocab))
-	if c.SlidingWindow > 0 {
-		return fmt.Errorf("gguf: a sliding window is not written")
-	}
+	g.String("general.architecture", arch)
+	g.String("general.name", name)
+	g.Uint32("general.alignment", gguf.DefaultAlignment)
+	// llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7.
+	g.Uint32("general.file_type", map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.BF16: 32, gguf.Q8_0: 7}[typ])
+	g.Uint32(arch+".context_length", uint32(c.MaxPosition))
+	g.Uint32(arch+".embedding_length", uint32(c.Hidden))
+	g.Uint32(arch+".block_count", uint32(c.Layers))
+	g.Uint32(arch+".feed_forward_length", uint32(c.Intermediate))
+	g.Uint32(arch+".attention.head_count", uint32(c.Heads))
+	g.Uint32(arch+".attention.head_count_kv", uint32(c.KVHeads))
+	g.Uint32(arch+".attention.key_length", uint32(c.HeadDim))
+	g.Uint32(arch+".attention.value_length", uint32(c.HeadDim))
+	g.Uint32(arch+".rope.dimension_count", uint32(c.HeadDim))
+	g.Float32(arch+".rope.freq_base", float32(c.RopeTheta))
+	g.Float32(arch+".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps))
+	g.Uint32(arch+".vocab_size", uint32(c.Vocab))
 
 	if o.Tokenizer != nil {
-		if err := g.WriteHFTokenizer(o.Tokenizer, o.ChatTemplate, o.BOS, o.EOS, o.AddBOS); err != nil {
+		if err := g.WriteHFTokenizer(o.Tokenizer, o.ChatTemplate, bos, eos, o.AddBOS); err != nil {
 			return err
 		}
 	} else {
+		if c.Vocab < 260 {
+			return fmt.Errorf("gguf: vocabulary of %d: the placeholder vocabulary needs at least 260 ids", c.Vocab)
+		}
 		tokens := make([]string, c.Vocab)
 		types := make([]int32, c.Vocab)
 		scores := make([]float32, c.Vocab)
@@ -124,59 +136,84 @@ func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Optio
 		g.Strings("tokenizer.ggml.tokens", tokens)
 		g.Float32s("tokenizer.ggml.scores", scores)
 		g.Int32s("tokenizer.ggml.token_type", types)
-		g.Uint32("tokenizer.ggml.bos_token_id", uint32(o.BOS))
-		g.Uint32("tokenizer.ggml.eos_token_id", uint32(o.EOS))
+		g.Uint32("tokenizer.ggml.bos_token_id", uint32(bos))
+		g.Uint32("tokenizer.ggml.eos_token_id", uint32(eos))
 		g.Uint32("tokenizer.ggml.unknown_token_id", 0)
 	}
 
-	add := func(to, from string, typ Type, rows func([]float32) []float32) error {
+	add := func(to, from string, rows func([]float32) []float32) error {
 		t, ok := w.Tensors[from]
 		if !ok || t.Data == nil {
 			return fmt.Errorf("gguf: tensor %s is missing", from)
 		}
+		ty := typ
 		if len(t.Shape) == 1 {
-			typ = F32
+			ty = gguf.F32
 		}
 		data := t.Data
 		if rows != nil {
 			data = rows(data)
 		}
-		return g.Tensor(to, t.Shape, typ, data)
+		return g.Tensor(to, t.Shape, ty, data)
 	}
-	if err := add("token_embd.weight", "model.embed_tokens.weight", o.Type, nil); err != nil {
+	permute := func(heads int) func([]float32) []float32 {
+		if arch != "llama" {
+			return nil
+		}
+		return func(d []float32) []float32 { return gguf.PermuteRoPE(d, heads, c.HeadDim) }
+	}
+	if err := add("token_embd.weight", "model.embed_tokens.weight", nil); err != nil {
 		return err
 	}
 	for l := range c.Layers {
 		p, b := fmt.Sprintf("model.layers.%d.", l), fmt.Sprintf("blk.%d.", l)
-		for _, m := range []struct {
+		ts := []struct {
 			to, from string
 			rows     func([]float32) []float32
 		}{
-			{"attn_norm", "input_layernorm", nil},
-			{"attn_q", "self_attn.q_proj", func(d []float32) []float32 { return PermuteRoPE(d, c.Heads, c.HeadDim) }},
-			{"attn_k", "self_attn.k_proj", func(d []float32) []float32 { return PermuteRoPE(d, c.KVHeads, c.HeadDim) }},
-			{"attn_v", "self_attn.v_proj", nil},
-			{"attn_output", "self_attn.o_proj", nil},
-			{"ffn_norm", "post_attention_layernorm", nil},
-			{"ffn_gate", "mlp.gate_proj", nil},
-			{"ffn_up", "mlp.up_proj", nil},
-			{"ffn_down", "mlp.down_proj", nil},
-		} {
-			if err := add(b+m.to+".weight", p+m.from+".weight", o.Type, m.rows); err != nil {
+			{"attn_norm.weight", "input_layernorm.weight", nil},
+			{"attn_q.weight", "self_attn.q_proj.weight", permute(c.Heads)},
+			{"attn_k.weight", "self_attn.k_proj.weight", permute(c.KVHeads)},
+			{"attn_v.weight", "self_attn.v_proj.weight", nil},
+			{"attn_output.weight", "self_attn.o_proj.weight", nil},
+			{"ffn_norm.weight", "post_attention_layernorm.weight", nil},
+			{"ffn_gate.weight", "mlp.gate_proj.weight", nil},
+			{"ffn_up.weight", "mlp.up_proj.weight", nil},
+			{"ffn_down.weight", "mlp.down_proj.weight", nil},
+		}
+		if c.QKVBias {
+			ts = append(ts, []struct {
+				to, from string
+				rows     func([]float32) []float32
+			}{
+				{"attn_q.bias", "self_attn.q_proj.bias", nil},
+				{"attn_k.bias", "self_attn.k_proj.bias", nil},
+				{"attn_v.bias", "self_attn.v_proj.bias", nil},
+			}...)
+		}
+		for _, t := range ts {
+			if err := add(b+t.to, p+t.from, t.rows); err != nil {
 				return err
 			}
 		}
 	}
-	if err := add("output_norm.weight", "model.norm.weight", F32, nil); err != nil {
+	if err := add("output_norm.weight", "model.norm.weight", nil); err != nil {
 		return err
 	}
 	if !c.TiedEmbeddings {
-		if err := add("output.weight", "lm_head.weight", o.Type, nil); err != nil {
+		if err := add("output.weight", "lm_head.weight", nil); err != nil {
 			return err
 		}
 	}
-
 	return g.WriteFile(path)
+}
+
+// WriteLlama is Write, for a Llama or Mistral decoder.
+func WriteLlama(path string, c *models.DecoderConfig, w *models.Weights, o Options) error {
+	if c.Family != models.FamilyLlama && c.Family != models.FamilyMistral {
+		return fmt.Errorf("gguf: family %s: only llama and mistral rotate like llama.cpp's llama architecture", c.Family)
+	}
+	return Write(path, c, w, o)
 }
 
 // PermuteRoPE reorders the rows of a [heads*headDim, in] projection from

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 
+	benchgguf "github.com/stepserve/stepserve/bench/gguf"
 	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
 )
@@ -67,7 +68,7 @@ func prepare(base string, s shapeSpec, fs []format) (int64, error) {
 	}
 	for _, f := range fs {
 		path := filepath.Join(base, s.name+"-"+f.name+".gguf")
-		if err := writeGGUF(path, m.Config.Decoder, m.Weights, f.peer, s.name+"-shape", s.d.BOS, s.d.EOS); err != nil {
+		if err := benchgguf.Write(path, m.Config.Decoder, m.Weights, benchgguf.Options{Type: f.peer, Name: s.name + "-shape", BOS: s.d.BOS, EOS: s.d.EOS}); err != nil {
 			return 0, err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	benchgguf "github.com/stepserve/stepserve/bench/gguf"
 	"github.com/stepserve/stepserve/engine/enginetest"
 	"github.com/stepserve/stepserve/generation"
+	"github.com/stepserve/stepserve/internal/randweights"
 	"github.com/stepserve/stepserve/models"
 )
 
@@ -21,22 +22,28 @@ import (
 // in Q8_0 with the tokens of the folder quantized at load (its blocks
 // quantize back to themselves).
 func TestGGUFServesAsTheFolder(t *testing.T) {
-	shape := enginetest.DecoderShapes["llama"]
-	shape.Inter = 352 // Q8_0 packs rows of whole blocks of 32
+	llama := enginetest.DecoderShapes["llama"]
+	llama.Inter = 352 // Q8_0 packs rows of whole blocks of 32
+	qwen2 := enginetest.DecoderShapes["qwen2"]
+	qwen2.Inter, qwen2.Llama3Scaling = 224, false // GGUF's rope scaling is a tensor stepserve does not read
 	keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
 	prompts := testPrompts()
 	for _, tc := range []struct {
 		name  string
+		shape randweights.Decoder
 		typ   benchgguf.Type
 		quant string
-	}{{"f32", benchgguf.F32, ""}, {"q8_0", benchgguf.Q8_0, "quantization: q8_0\n"}} {
+	}{
+		{"llama f32", llama, benchgguf.F32, ""}, {"llama q8_0", llama, benchgguf.Q8_0, "quantization: q8_0\n"},
+		{"qwen2 f32", qwen2, benchgguf.F32, ""}, {"qwen2 q8_0", qwen2, benchgguf.Q8_0, "quantization: q8_0\n"},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			folder := writeDecoder(t, shape, tc.quant+keys)
+			folder := writeDecoder(t, tc.shape, tc.quant+keys)
 			hf, err := models.Load(folder)
 			require.NoError(t, err)
 			dir := filepath.Join(t.TempDir(), "lm-gguf")
 			require.NoError(t, os.Mkdir(dir, 0o755))
-			require.NoError(t, benchgguf.WriteLlama(filepath.Join(dir, "model.gguf"), hf.Decoder.Config, hf.Weights,
+			require.NoError(t, benchgguf.Write(filepath.Join(dir, "model.gguf"), hf.Decoder.Config, hf.Weights,
 				benchgguf.Options{Name: "lm", Type: tc.typ, BOS: 0, EOS: 2}))
 			// The generation keys the folder's model.yaml had, beside the file.
 			require.NoError(t, os.WriteFile(filepath.Join(dir, models.ConfigFile), []byte(keys), 0o644))
@@ -46,8 +53,9 @@ func TestGGUFServesAsTheFolder(t *testing.T) {
 			assert.Equal(t, []string{"lm-gguf"}, names)
 			want := enginetest.Generate(t, mustLoop(t, folder), prompts, 24, nil)
 			loop, m := startDecoder(t, dir)
-			assert.Equal(t, tc.name == "q8_0", m.Config.Quantization == "q8_0", "the file's type decides")
-			assert.Equal(t, "cpu", m.Config.Engine)
+			assert.Equal(t, tc.quant != "", m.Config.Quantization == "q8_0", "the file's type decides")
+			assert.Equal(t, hf.Decoder.Config.Family, m.Decoder.Config.Family)
+			assert.Equal(t, hf.Decoder.Config.QKVBias, m.Decoder.Config.QKVBias)
 			assert.Equal(t, want, enginetest.Generate(t, loop, prompts, 24, nil))
 		})
 	}
