@@ -16,18 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
-	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
-	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/fairness"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/ordering"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/flowcontrol/usagelimits"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requesthandling/parsers/openai"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/picker"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/profile"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/prefix"
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/queuedepth"
 	eppserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 	"sigs.k8s.io/yaml"
 )
@@ -144,24 +132,7 @@ func TestChartInferenceGateway(t *testing.T) {
 // start; it returns the scheduler's configuration as text.
 func loadPickerConfig(t *testing.T, raw string) string {
 	t.Helper()
-	for name, factory := range map[string]fwkplugin.FactoryFunc{
-		queuedepth.QueueScorerType:                      queuedepth.QueueScorerFactory,
-		kvcacheutilization.KvCacheUtilizationScorerType: kvcacheutilization.KvCacheUtilizationScorerFactory,
-		prefix.PrefixCacheScorerPluginType:              prefix.PrefixCachePluginFactory,
-		picker.MaxScorePickerType:                       picker.MaxScorePickerFactory,
-		profile.SingleProfileHandlerType:                profile.SingleProfileHandlerFactory,
-		sourcemetrics.MetricsDataSourceType:             sourcemetrics.MetricsDataSourceFactory,
-		extractormetrics.MetricsExtractorType:           extractormetrics.CoreMetricsExtractorFactory,
-		openai.OpenAIParserType:                         openai.OpenAIParserPluginFactory,
-		utilization.UtilizationDetectorType:             utilization.UtilizationDetectorFactory,
-		fairness.GlobalStrictFairnessPolicyType:         fairness.GlobalStrictFairnessPolicyFactory,
-		fairness.RoundRobinFairnessPolicyType:           fairness.RoundRobinFairnessPolicyFactory,
-		ordering.FCFSOrderingPolicyType:                 ordering.FCFSOrderingPolicyFactory,
-		ordering.EDFOrderingPolicyType:                  ordering.EDFOrderingPolicyFactory,
-		usagelimits.StaticUsageLimitPolicyType:          usagelimits.StaticPolicyFactory,
-	} {
-		fwkplugin.Register(name, factory)
-	}
+	registerPickerPlugins()
 	rawConfig, _, err := loader.LoadRawConfig([]byte(raw), logr.Discard())
 	require.NoError(t, err, "GAIE's loader refuses the chart's picker configuration:\n%s", raw)
 	handle := fwkplugin.NewEppHandle(context.Background(), func() []types.NamespacedName { return nil })

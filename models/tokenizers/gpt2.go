@@ -68,9 +68,13 @@ func gpt2Next(s []byte, i int) int {
 	if class != gpt2Space {
 		return runOf(s, start+n, class)
 	}
-	// \s+(?!\S): a run of spaces but its last, which goes with the word
-	// after it; \s+: a single space before a word.
-	j := runOf(s, i+n, gpt2Space)
+	return spaceRunEnd(s, i, runOf(s, i+n, gpt2Space))
+}
+
+// spaceRunEnd is where \s+(?!\S)|\s+ ends a match of the whitespace run
+// [i, j): the run but its last character, which goes with the word after
+// it; the run whole at the text's end; a single space before a word.
+func spaceRunEnd(s []byte, i, j int) int {
 	if j == len(s) {
 		return j
 	}

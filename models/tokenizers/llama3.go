@@ -86,16 +86,7 @@ func (m llama3Matcher) next(s []byte, i int) int {
 			return k + 1
 		}
 	}
-	// \s+(?!\S): the run but its last char, which goes with what follows;
-	// \s+: a single space before it.
-	if j == len(s) {
-		return j
-	}
-	_, last := utf8.DecodeLastRune(s[i:j])
-	if j-last > i {
-		return j - last
-	}
-	return j
+	return spaceRunEnd(s, i, j)
 }
 
 // contraction is the length of the contraction (?i:s|t|re|ve|m|ll|d)
