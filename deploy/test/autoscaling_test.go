@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"regexp"
@@ -146,10 +147,21 @@ func TestAutoscalingQueriesReadTheServer(t *testing.T) {
 	for name, q := range queries {
 		sig := signal[name]
 		require.NotEmpty(t, sig, name)
-		// Both sides in one evaluation: the same scrape.
-		got := p.query(t, fmt.Sprintf(`(%s) - on() (%s)`, q, own[sig]))
+		// Both sides in one evaluation: the same scrape. The loop sets
+		// a step's gauges one after another, so a scrape can catch
+		// stepserve's and vLLM's names a step apart; the next scrapes
+		// agree, where a query reading the wrong series never does.
+		diff := fmt.Sprintf(`(%s) - on() (%s)`, q, own[sig])
+		var got []sample
+		agree := func() bool {
+			got = p.query(t, diff)
+			return len(got) == 1 && math.Abs(got[0].Value) < 1e-9
+		}
+		for deadline := time.Now().Add(10 * time.Second); !agree() && time.Now().Before(deadline); {
+			time.Sleep(250 * time.Millisecond)
+		}
 		require.Len(t, got, 1, "%s (%s) reads no series", name, q)
-		assert.InDelta(t, 0, got[0].Value, 1e-9, "%s: %s against %s", name, q, own[sig])
+		assert.InDelta(t, 0, got[0].Value, 1e-9, "%s: %s against %s, in every scrape for 10 s", name, q, own[sig])
 		if strings.HasPrefix(name, "adapter") {
 			v := p.query(t, q)
 			require.Len(t, v, 1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -61,12 +63,16 @@ func TestInferenceGatewayReadsTheModelServer(t *testing.T) {
 		KVCacheUsagePercentageMetric: "vllm:kv_cache_usage_perc", CacheInfoMetric: "vllm:cache_config_info"})
 	require.NoError(t, err)
 	// One scrape, read both by the picker's code (served again from a
-	// replay of the same text) and as stepserve's own series.
-	var text string
+	// replay of the same text) and as stepserve's own series. The loop
+	// sets a step's gauges one after another, so a scrape can catch
+	// stepserve's names and vLLM's a step apart: read until one agrees
+	// with itself (a mapping that never does fails below).
+	parser := expfmt.NewTextParser(model.LegacyValidation)
 	var got *fwkdl.Metrics
+	var seqs, blocks map[string]float64
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		text = s.get(t, "/metrics")
+		text := s.get(t, "/metrics")
 		replay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 			io.WriteString(w, text)
@@ -76,34 +82,21 @@ func TestInferenceGatewayReadsTheModelServer(t *testing.T) {
 			Address: host, MetricsHost: host}, fwkdl.NewMetrics())
 		replay.Close()
 		require.NoError(t, err)
-		if got.RunningRequestsSize == 4 && got.WaitingQueueSize > 0 {
+		families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+		require.NoError(t, err)
+		seqs, blocks = ownSeries(families, "stepserve_generation_sequences"), ownSeries(families, "stepserve_generation_kv_cache_blocks")
+		loaded := got.RunningRequestsSize == 4 && got.WaitingQueueSize > 0
+		consistent := seqs["running"] == float64(got.RunningRequestsSize) && seqs["waiting"] == float64(got.WaitingQueueSize) &&
+			blocks["used"] > 0 && math.Abs(blocks["used"]/(blocks["used"]+blocks["free"])-got.KVCacheUsagePercent) < 1e-9
+		if loaded && consistent {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "the picker read %d running and %d waiting; want 4 and some", got.RunningRequestsSize, got.WaitingQueueSize)
+		if time.Now().After(deadline) {
+			require.True(t, loaded, "the picker read %d running and %d waiting; want 4 and some", got.RunningRequestsSize, got.WaitingQueueSize)
+			break // the assertions below say what disagreed in every scrape
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	require.NoError(t, err)
-	own := func(family string) map[string]float64 {
-		out := map[string]float64{}
-		for _, m := range families[family].GetMetric() {
-			var name, state string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "model":
-					name = l.GetValue()
-				case "state":
-					state = l.GetValue()
-				}
-			}
-			if name == "tiny-llama" {
-				out[state] = m.GetGauge().GetValue()
-			}
-		}
-		return out
-	}
-	seqs, blocks := own("stepserve_generation_sequences"), own("stepserve_generation_kv_cache_blocks")
 	assert.Equal(t, seqs["running"], float64(got.RunningRequestsSize))
 	assert.Equal(t, seqs["waiting"], float64(got.WaitingQueueSize))
 	require.Positive(t, blocks["used"])
@@ -111,4 +104,24 @@ func TestInferenceGatewayReadsTheModelServer(t *testing.T) {
 	assert.Equal(t, 16, got.CacheBlockSize)
 	assert.Equal(t, 600, got.CacheNumBlocks)
 	cancel()
+}
+
+// ownSeries is a stepserve gauge family's values for tiny-llama, by state.
+func ownSeries(families map[string]*dto.MetricFamily, family string) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range families[family].GetMetric() {
+		var name, state string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "model":
+				name = l.GetValue()
+			case "state":
+				state = l.GetValue()
+			}
+		}
+		if name == "tiny-llama" {
+			out[state] = m.GetGauge().GetValue()
+		}
+	}
+	return out
 }
