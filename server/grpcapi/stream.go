@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/stepserve/stepserve/models"
 	"github.com/stepserve/stepserve/server/apierr"
@@ -53,6 +54,14 @@ func (g *grpcServer) ModelStreamInfer(stream grpc.BidiStreamingServer[inferencep
 	for {
 		req, ch, err := sio.recv()
 		if errors.Is(err, io.EOF) {
+			// The generations of the half-closed stream end first. If the
+			// stream's deadline passed (or its client went) meanwhile,
+			// their answers were not sent: the status says so, not that
+			// the stream ended well with nothing in it.
+			wg.Wait()
+			if err := ctx.Err(); err != nil {
+				return status.FromContextError(err).Err()
+			}
 			return nil
 		}
 		if err != nil {
