@@ -1,11 +1,13 @@
 package serving
 
 import (
+	"sync"
 	"time"
 
 	"github.com/stepserve/stepserve/generation"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // metrics are the live set's own series: how long loads take, failovers,
@@ -23,6 +25,10 @@ type genMetrics struct {
 	prefixQueried, prefixHits    *prometheus.CounterVec
 	seqs, blocks                 *prometheus.GaugeVec
 	vllm                         *vllmMetrics // the same under vLLM's names; nil when they are off
+	// state guards the scheduler's state gauges (seqs, blocks and their
+	// vLLM names): a step sets them together and a scrape reads them
+	// together, so one scrape never shows two steps.
+	state *sync.RWMutex
 }
 
 // genSeries are one language model's.
@@ -32,6 +38,7 @@ type genSeries struct {
 	prefixQueried, prefixHits                prometheus.Counter
 	running, waiting, blocksUsed, blocksFree prometheus.Gauge
 	vllm                                     *vllmSeries // nil when vLLM's names are off
+	state                                    *sync.RWMutex
 }
 
 // The observations both names take.
@@ -85,6 +92,7 @@ func newGenMetrics() genMetrics {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"model", "state"})
 	}
 	return genMetrics{
+		state: &sync.RWMutex{},
 		ttft: hist("stepserve_generation_time_to_first_token_seconds",
 			"Time from a generation's arrival to its first token (queueing and prefill).", latencyBuckets),
 		tpot: hist("stepserve_generation_time_per_output_token_seconds",
@@ -107,11 +115,78 @@ func newGenMetrics() genMetrics {
 }
 
 func (g *genMetrics) collectors() []prometheus.Collector {
-	out := []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits, g.seqs, g.blocks}
+	out := []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits}
+	state := lockedCollectors{mu: g.state, cs: []prometheus.Collector{g.seqs, g.blocks}}
 	if g.vllm != nil {
-		out = append(out, g.vllm.collectors()...)
+		out = append(out, g.vllm.counters()...)
+		state.cs = append(state.cs, g.vllm.state()...)
 	}
-	return out
+	return append(out, state)
+}
+
+// lockedCollectors collect cs together under mu's read lock.
+type lockedCollectors struct {
+	mu *sync.RWMutex
+	cs []prometheus.Collector
+}
+
+func (l lockedCollectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range l.cs {
+		c.Describe(ch)
+	}
+}
+
+// DeletePartialMatch deletes the series matching labels from each.
+func (l lockedCollectors) DeletePartialMatch(labels prometheus.Labels) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.cs {
+		n += c.(interface {
+			DeletePartialMatch(prometheus.Labels) int
+		}).DeletePartialMatch(labels)
+	}
+	return n
+}
+
+// Collect sends each series as its value was under the lock: a gauge
+// sent as it is would be read by the registry after the lock is let go.
+func (l lockedCollectors) Collect(ch chan<- prometheus.Metric) {
+	inner := make(chan prometheus.Metric, 64)
+	go func() {
+		for _, c := range l.cs {
+			c.Collect(inner)
+		}
+		close(inner)
+	}()
+	var frozen []prometheus.Metric
+	l.mu.RLock()
+	for m := range inner {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			frozen = append(frozen, prometheus.NewInvalidMetric(m.Desc(), err))
+			continue
+		}
+		frozen = append(frozen, frozenMetric{m.Desc(), &pb})
+	}
+	l.mu.RUnlock()
+	for _, m := range frozen {
+		ch <- m
+	}
+}
+
+// frozenMetric is a series' value read at one moment.
+type frozenMetric struct {
+	desc *prometheus.Desc
+	pb   *dto.Metric
+}
+
+func (f frozenMetric) Desc() *prometheus.Desc { return f.desc }
+
+func (f frozenMetric) Write(out *dto.Metric) error {
+	out.Label, out.Gauge, out.Counter, out.Untyped = f.pb.Label, f.pb.Gauge, f.pb.Counter, f.pb.Untyped
+	out.Summary, out.Histogram, out.TimestampMs = f.pb.Summary, f.pb.Histogram, f.pb.TimestampMs
+	return nil
 }
 
 // generation is model's series, created at zero so that alerts see them
@@ -122,7 +197,7 @@ func (m *metrics) generation(model string, blockSize, blocks int) *genSeries {
 		ttft: g.ttft.WithLabelValues(model), tpot: g.tpot.WithLabelValues(model), duration: g.duration.WithLabelValues(model),
 		batch: g.batch.WithLabelValues(model), promptTokens: g.prompt.WithLabelValues(model), generated: g.generated.WithLabelValues(model),
 		preempted: g.preempted.WithLabelValues(model), prefixQueried: g.prefixQueried.WithLabelValues(model), prefixHits: g.prefixHits.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
-		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"),
+		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"), state: g.state,
 	}
 	if g.vllm != nil {
 		v := g.vllm.series(model, blockSize, blocks)
@@ -144,6 +219,8 @@ func (s *genSeries) observe(step *generation.Step, _ time.Duration, st generatio
 		s.prefixHits.Add(float64(step.CachedTokens))
 	}
 	used := st.BlocksTotal - st.BlocksFree
+	s.state.Lock()
+	defer s.state.Unlock()
 	s.running.Set(float64(st.Running))
 	s.waiting.Set(float64(st.Waiting))
 	s.blocksUsed.Set(float64(used))

@@ -45,7 +45,17 @@ func newVLLMMetrics() *vllmMetrics {
 }
 
 func (v *vllmMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{v.waiting, v.running, v.kvUsage, v.cacheInfo, v.prefixQueries, v.prefixHits, v.prompt, v.outputs, v.ttft, v.tpot, v.e2e}
+	return append(v.state(), v.counters()...)
+}
+
+// state are the scheduler's state gauges, which a step sets together.
+func (v *vllmMetrics) state() []prometheus.Collector {
+	return []prometheus.Collector{v.waiting, v.running, v.kvUsage}
+}
+
+// counters are the rest.
+func (v *vllmMetrics) counters() []prometheus.Collector {
+	return []prometheus.Collector{v.cacheInfo, v.prefixQueries, v.prefixHits, v.prompt, v.outputs, v.ttft, v.tpot, v.e2e}
 }
 
 // series are model's, its cache's configuration set.
