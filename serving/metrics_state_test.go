@@ -20,6 +20,9 @@ func TestStateGaugesScrapeTogether(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.gen.collectors()...)
 	s := m.generation("lm", 16, 100)
+	// The first step is observed before the first scrape: before any
+	// step, every gauge reads zero, which is not a state the loop sets.
+	s.observe(&generation.Step{}, 0, generation.State{Waiting: 50, BlocksFree: 100, BlocksTotal: 100})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
