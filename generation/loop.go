@@ -61,6 +61,10 @@ type Sampled struct {
 	// Prompt are the prompt tokens the work scored (Work.Scores), in
 	// order, for a sequence that asks (Request.ScorePrompt).
 	Prompt []PromptLogprob
+	// Next, for a work with a draft (Drafter), are the tokens sampled at
+	// the draft's places: Next[j] follows the sequence, Token and
+	// Draft[:j], drawn at its own position as plain decoding would.
+	Next []Sampled
 }
 
 // Request is a generation as a client asks for it.
@@ -90,6 +94,9 @@ type Request struct {
 	// that one's prompt is computed, so that it shares the prompt's
 	// cached blocks (prefix caching) instead of computing them again.
 	After *Stream
+	// NoDraft keeps the generation out of speculative decoding
+	// (Options.PromptLookup).
+	NoDraft bool
 }
 
 // Event is what a generation's stream carries: a token, or, last, how it
@@ -180,11 +187,13 @@ type Loop struct {
 	drops chan *Sequence
 	done  chan struct{} // closed when Run returns
 	// streams are the live generations'.
-	streams map[*Sequence]*Stream
-	tokens  []int32 // the step's sampled tokens, for Advance
+	streams  map[*Sequence]*Stream
+	tokens   []int32 // the step's sampled tokens, for Advance
+	verified []int32 // and those at its drafts' places
 	// Observe, when set, is called in the loop (it must not block) after
-	// every step the model ran, with how long it took, and with an empty
-	// step when the loop goes idle: the scheduler's state then.
+	// every step the model ran, with how long it took, once its results
+	// are recorded (Advance), and with an empty step when the loop goes
+	// idle: the scheduler's state then.
 	Observe func(step *Step, took time.Duration, st State)
 }
 
@@ -210,6 +219,9 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d, ok := model.(Drafter); opts.PromptLookup.Tokens > 0 && (!ok || !d.VerifiesDrafts()) {
+		return nil, errors.New("generation: speculative decoding (num_speculative_tokens above 0) needs an engine whose steps verify drafts; the cpu engine's do, the worker engines' do not yet")
+	}
 	return &Loop{sched: s, model: model, adds: make(chan add), drops: make(chan *Sequence, 64),
 		done: make(chan struct{}), streams: map[*Sequence]*Stream{}}, nil
 }
@@ -220,7 +232,7 @@ func NewLoop(opts Options, model Model) (*Loop, error) {
 // and its KV cache blocks are freed.
 func (l *Loop) Generate(ctx context.Context, r Request) (*Stream, error) {
 	q := &Sequence{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Priority: r.Priority, EOS: r.EOS, MinTokens: r.MinTokens, Sampling: r.Sampling,
-		Constraint: r.Constraint}
+		Constraint: r.Constraint, NoDraft: r.NoDraft}
 	if wp, ok := l.model.(WholePrompter); ok && r.Sampling.Penalties.Active() && wp.CountsTokens() {
 		q.whole = true
 	}
@@ -290,13 +302,14 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 		began := time.Now()
 		sampled, err := l.step(ctx, step)
-		if l.Observe != nil {
-			l.Observe(step, time.Since(began), l.state())
-		}
+		took := time.Since(began)
 		if err == nil && len(sampled) < len(step.Work) {
 			err = fmt.Errorf("generation: the model returned %d tokens for a step of %d sequences", len(sampled), len(step.Work))
 		}
 		if err != nil {
+			if l.Observe != nil {
+				l.Observe(step, took, l.state())
+			}
 			if ctx.Err() != nil {
 				return
 			}
@@ -310,9 +323,16 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 			continue
 		}
-		l.tokens = l.tokens[:0]
+		l.tokens, l.verified = l.tokens[:0], l.verified[:0]
 		for i, s := range sampled[:len(step.Work)] {
 			l.tokens = append(l.tokens, s.Token)
+			if len(step.Work[i].Draft) > 0 {
+				from := len(l.verified)
+				for _, n := range s.Next {
+					l.verified = append(l.verified, n.Token)
+				}
+				step.SetVerified(i, l.verified[from:])
+			}
 			if q := step.Work[i].Seq; q.scoring {
 				// A recomputed prompt is scored again: what was kept
 				// stays.
@@ -325,6 +345,9 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 		}
 		l.sched.Advance(step, l.tokens)
+		if l.Observe != nil {
+			l.Observe(step, took, l.state())
+		}
 		for i, w := range step.Work {
 			q := w.Seq
 			st, live := l.streams[q]
@@ -342,15 +365,23 @@ func (l *Loop) Run(ctx context.Context) {
 					prompt = []PromptLogprob{} // a one-token prompt: nothing scored, its token still listed
 				}
 			}
-			if q.Finish != FinishStop {
-				s := sampled[i]
+			// One event a token the sequence took: the sampled one, then
+			// those after each draft token kept. An end-of-sequence token
+			// is the last event's.
+			s := sampled[i]
+			for j := range w.Took() {
+				if j > 0 {
+					s = sampled[i].Next[j-1]
+				}
+				if j == w.Took()-1 && q.Finish == FinishStop {
+					break
+				}
 				st.push(Event{Token: s.Token, Logprob: s.Logprob, Top: slices.Clone(s.Top), Prompt: prompt})
 				prompt = nil
 			}
 			if q.Finish != NotFinished {
 				last := Event{Finish: q.Finish, Prompt: prompt}
 				if q.Finish == FinishStop {
-					s := sampled[i]
 					last.Token, last.Logprob, last.Top, last.EOS = s.Token, s.Logprob, slices.Clone(s.Top), true
 				}
 				l.end(q, last)

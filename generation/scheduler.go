@@ -52,6 +52,9 @@ type Sequence struct {
 	// Constraint, when set, limits the tokens it may sample (structured
 	// output); nil samples from the whole vocabulary.
 	Constraint Constraint
+	// NoDraft keeps the sequence out of speculative decoding
+	// (Options.PromptLookup): one token a step, as without it.
+	NoDraft bool
 
 	Output []int32      // the tokens generated so far
 	Finish FinishReason // why it ended, once it has
@@ -67,6 +70,7 @@ type Sequence struct {
 	prompted   []PromptLogprob
 	promptSent bool
 	mask       []uint32 // Constraint's mask for the step being run
+	draft      []int32  // the draft of the step being run (PromptLookup.lookup)
 	err        error    // why the loop ends it with an error (a broken constraint)
 	table      []int32  // its KV cache blocks, in token order
 	hashes     []uint64 // the chain hashes of its whole computed blocks (prefix caching)
@@ -101,10 +105,30 @@ func (q *Sequence) BlockTable() []int32 { return q.table }
 // Work is what one step computes for one sequence: its tokens
 // [Start, End), whose keys and values it writes to the cache. When End is
 // the sequence's length, the step also samples its next token.
+//
+// A decode with a Draft (speculative decoding: PromptLookup) computes the
+// sequence's last token and then the draft's tokens, at the places after
+// the sequence's end: End is the sequence's length plus the draft's, and
+// the step samples at each of those places (Drafter).
 type Work struct {
 	Seq        *Sequence
 	Start, End int
-	samples    bool // End was the sequence's length when it was scheduled
+	Draft      []int32 // the scheduler's until Advance
+	samples    bool    // End was the sequence's length when it was scheduled
+	// Advance's: the tokens the model sampled at the draft's places, and
+	// how many of the work's sampled tokens the sequence took (its
+	// stream's events).
+	verified []int32
+	took     int
+}
+
+// Token is the token the work computes at place pos: the sequence's, or
+// the draft's past its end.
+func (w Work) Token(pos int) int32 {
+	if n := w.Seq.Len(); pos >= n {
+		return w.Draft[pos-n]
+	}
+	return w.Seq.Token(pos)
 }
 
 // Mask is the tokens the sequence may sample in the step being run (see
@@ -155,6 +179,10 @@ type Step struct {
 	// (prompt, and output for one preempted before); CachedTokens those
 	// of them the prefix cache held, which no step computes.
 	PrefillTokens, CachedTokens int
+	// DraftTokens are the tokens its works drafted (PromptLookup), and
+	// AcceptedTokens those of them Advance found the model had sampled
+	// too: kept without a step of their own.
+	DraftTokens, AcceptedTokens int
 }
 
 // Tokens is how many tokens the step computes.
@@ -175,6 +203,9 @@ type Options struct {
 	// PrefixCaching keeps whole computed blocks by the tokens up to them,
 	// shared by later sequences that start with the same tokens.
 	PrefixCaching bool
+	// PromptLookup drafts tokens for decoding sequences (speculative
+	// decoding), for a model that verifies them (Drafter).
+	PromptLookup PromptLookup
 }
 
 // Scheduler decides each step's work (package doc). It is not safe for
@@ -197,6 +228,9 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.MaxNumSeqs < 1 || opts.MaxModelLen < 1 || opts.MaxBatchTokens < opts.MaxNumSeqs {
 		return nil, fmt.Errorf("generation: max_num_seqs %d, max_model_len %d, max_batch_tokens %d; want each at least 1, and max_batch_tokens at least max_num_seqs (every running sequence decodes in every step)",
 			opts.MaxNumSeqs, opts.MaxModelLen, opts.MaxBatchTokens)
+	}
+	if err := opts.PromptLookup.Check(); err != nil {
+		return nil, err
 	}
 	if opts.PrefixCaching {
 		pool.enableCaching()
@@ -303,6 +337,18 @@ func (s *Scheduler) schedule(step *Step) {
 		step.Work = append(step.Work, work(q, q.Len()-1, q.Len()))
 		budget--
 	}
+	// Drafts, from what is left: every decode has its token first.
+	if s.opts.PromptLookup.Tokens > 0 {
+		for i := range step.Work {
+			if budget == 0 {
+				break
+			}
+			s.drafts(&step.Work[i], &budget)
+		}
+		for _, w := range step.Work {
+			step.DraftTokens += len(w.Draft)
+		}
+	}
 	// Then prompts: the running ones' next chunks, then new sequences, as
 	// the budget and the free blocks allow.
 	for _, q := range s.running {
@@ -347,6 +393,32 @@ func (s *Scheduler) schedule(step *Step) {
 		s.takeLane(q)
 		s.running = append(s.running, q)
 	}
+}
+
+// drafts gives decode w a draft by prompt lookup, within budget, where
+// its sequence may have one and the pool has room for it.
+func (s *Scheduler) drafts(w *Work, budget *int) {
+	q := w.Seq
+	if q.NoDraft || q.Constraint != nil || q.Sampling.Penalties.Active() || q.scoring {
+		return // each token's mask or penalties need the one before it
+	}
+	// The draft's tokens and the one after them are output: within
+	// max_tokens and the model's length.
+	k := min(s.opts.PromptLookup.Tokens, *budget, q.MaxTokens-len(q.Output)-1, s.opts.MaxModelLen-q.Len())
+	if k <= 0 {
+		return
+	}
+	draft := s.opts.PromptLookup.lookup(q, k)
+	if len(draft) == 0 {
+		return
+	}
+	table, ok := s.pool.grow(q.table, q.Len()+len(draft))
+	if !ok {
+		return // no preemption for a draft
+	}
+	q.table = table
+	w.Draft, w.End = draft, w.End+len(draft)
+	*budget -= len(draft)
 }
 
 // prefill schedules q's next prompt chunk within budget; false when the
@@ -396,49 +468,93 @@ func (s *Scheduler) finish(q *Sequence, why FinishReason) {
 
 // Advance records a step's results: sampled[i] is the token the step
 // sampled for step.Work[i] where that work samples one (and is ignored
-// where it does not). It returns the sequences that finished.
+// where it does not). A work with a draft takes the tokens sampled at
+// the draft's places too, from SetVerified, while the draft's tokens
+// equal them. It returns the sequences that finished.
 func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 	var done []*Sequence
-	for i, w := range step.Work {
+	for i := range step.Work {
+		w := &step.Work[i]
 		q := w.Seq
 		if q.Finish != NotFinished {
 			continue
 		}
-		q.computed = w.End
-		s.pool.register(q)
 		if !w.Samples() {
+			q.computed = w.End
+			s.pool.register(q)
 			continue
 		}
-		tok := sampled[i]
-		if c := q.Constraint; c != nil {
-			q.mask = nil
-			if err := c.Accept(tok); err != nil {
-				q.err = fmt.Errorf("generation: the step sampled token %d, which the sequence's constraint does not allow: %w", tok, err)
-				s.finish(q, FinishCancelled)
-				done = append(done, q)
-				continue
+		// The work's last token, then each draft token kept, is in the
+		// cache (registered before a finish gives the blocks back); the
+		// token sampled after each is the sequence's next.
+		n := q.Len()
+		w.took = 0
+		for j := 0; ; j++ {
+			q.computed = n + j
+			s.pool.register(q)
+			tok := sampled[i]
+			if j > 0 {
+				tok = w.verified[j-1]
 			}
+			w.took++
+			if !s.accept(q, tok) {
+				break
+			}
+			if j == len(w.Draft) || j == len(w.verified) || w.Draft[j] != tok {
+				break
+			}
+			step.AcceptedTokens++
 		}
 		switch {
-		case slices.Contains(q.EOS, tok) && len(q.Output) >= q.MinTokens:
-			s.finish(q, FinishStop)
-		default:
-			q.Output = append(q.Output, tok)
-			switch {
-			case q.Constraint != nil && q.Constraint.Done():
-				// Complete, and nothing may follow: the end is the
-				// constraint's, as an end-of-sequence token's.
-				s.finish(q, FinishComplete)
-			case len(q.Output) >= q.MaxTokens || q.Len() >= s.opts.MaxModelLen:
-				s.finish(q, FinishLength)
-			}
-		}
-		if q.Finish != NotFinished {
+		case q.Finish != NotFinished:
 			done = append(done, q)
+		case len(w.Draft) > 0: // the blocks only the rejected draft used go back
+			if keep := s.pool.geo.BlocksFor(q.Len()); keep < len(q.table) {
+				s.pool.release(q.table[keep:])
+				q.table = q.table[:keep]
+			}
 		}
 	}
 	if len(done) > 0 {
 		s.running = slices.DeleteFunc(s.running, func(q *Sequence) bool { return q.Finish != NotFinished })
 	}
 	return done
+}
+
+// SetVerified gives step.Work[i] the tokens the model sampled at its
+// draft's places (Sampled.Next), for Advance.
+func (s *Step) SetVerified(i int, tokens []int32) { s.Work[i].verified = tokens }
+
+// Took is how many tokens Advance took from the work's sampled ones:
+// the first, and one more for each draft token kept, up to where the
+// sequence finished (an end-of-sequence token among them); 0 where the
+// work samples none.
+func (w Work) Took() int { return w.took }
+
+// accept takes tok as q's next token; false when q is finished by it (or
+// was refused it), and takes no more.
+func (s *Scheduler) accept(q *Sequence, tok int32) bool {
+	if c := q.Constraint; c != nil {
+		q.mask = nil
+		if err := c.Accept(tok); err != nil {
+			q.err = fmt.Errorf("generation: the step sampled token %d, which the sequence's constraint does not allow: %w", tok, err)
+			s.finish(q, FinishCancelled)
+			return false
+		}
+	}
+	switch {
+	case slices.Contains(q.EOS, tok) && len(q.Output) >= q.MinTokens:
+		s.finish(q, FinishStop)
+	default:
+		q.Output = append(q.Output, tok)
+		switch {
+		case q.Constraint != nil && q.Constraint.Done():
+			// Complete, and nothing may follow: the end is the
+			// constraint's, as an end-of-sequence token's.
+			s.finish(q, FinishComplete)
+		case len(q.Output) >= q.MaxTokens || q.Len() >= s.opts.MaxModelLen:
+			s.finish(q, FinishLength)
+		}
+	}
+	return q.Finish == NotFinished
 }

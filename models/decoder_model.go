@@ -7,8 +7,10 @@ import (
 	"math"
 	"path"
 	"slices"
+	"strings"
 
 	"github.com/stepserve/stepserve/bucketing"
+	"github.com/stepserve/stepserve/generation"
 )
 
 // The names a decoder model's signature takes over OIP v2 and Triton's
@@ -64,6 +66,41 @@ type GenerationOptions struct {
 	// one more graph each (default true). False refuses them with 400 on
 	// those engines.
 	PromptLogprobs *bool `yaml:"prompt_logprobs"`
+	// Speculative is speculative decoding (the cpu engine): drafts by
+	// prompt lookup, verified in the decode step (default off).
+	Speculative *SpeculativeOptions `yaml:"speculative"`
+}
+
+// SpeculativeOptions are generation.speculative's keys, as vLLM's
+// speculative_config names them for its ngram method.
+type SpeculativeOptions struct {
+	// Method is how drafts are made: ngram (prompt lookup, the default
+	// and the one there is).
+	Method string `yaml:"method"`
+	// NumSpeculativeTokens is the most tokens drafted for a sequence a
+	// step (default 4).
+	NumSpeculativeTokens int `yaml:"num_speculative_tokens"`
+	// PromptLookupMax and PromptLookupMin bound the n-grams looked up in
+	// the sequence (defaults 4 and 2).
+	PromptLookupMax int `yaml:"prompt_lookup_max"`
+	PromptLookupMin int `yaml:"prompt_lookup_min"`
+}
+
+// Defaults of generation.speculative.
+const (
+	defaultSpeculativeTokens = 4
+	defaultPromptLookupMax   = 4
+	defaultPromptLookupMin   = 2
+)
+
+// Loop is the generation loop's options under these keys.
+func (g *GenerationOptions) Loop() generation.Options {
+	o := generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
+		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: g.PrefixCaching == nil || *g.PrefixCaching}
+	if sp := g.Speculative; sp != nil {
+		o.PromptLookup = generation.PromptLookup{Tokens: sp.NumSpeculativeTokens, MaxN: sp.PromptLookupMax, MinN: sp.PromptLookupMin}
+	}
+	return o
 }
 
 // ScoresPrompts reports whether the model serves the prompt's
@@ -134,6 +171,23 @@ func (c *Config) validateDecoder(bad func(string, string, ...any) error) error {
 	if g.PrefixCaching == nil {
 		on := true
 		g.PrefixCaching = &on
+	}
+	if sp := g.Speculative; sp != nil {
+		if sp.Method == "" {
+			sp.Method = "ngram"
+		}
+		if sp.Method != "ngram" {
+			return bad("generation.speculative.method", "%q; want ngram (drafts by prompt lookup)", sp.Method)
+		}
+		if slices.Contains(TorchEngines, c.Engine) {
+			return bad("generation.speculative", "engine %s; speculative decoding runs on the cpu engine, whose steps verify drafts (the worker's graphs do not yet)", c.Engine)
+		}
+		def(&sp.NumSpeculativeTokens, defaultSpeculativeTokens)
+		def(&sp.PromptLookupMax, max(defaultPromptLookupMax, sp.PromptLookupMin))
+		def(&sp.PromptLookupMin, min(defaultPromptLookupMin, sp.PromptLookupMax))
+		if err := g.Loop().PromptLookup.Check(); err != nil {
+			return bad("generation.speculative", "%s", strings.TrimPrefix(err.Error(), "generation: "))
+		}
 	}
 	switch {
 	case g.BlockSize < 1 || g.BlockSize > maxBlockSize:

@@ -53,6 +53,12 @@ func (d *gatedDecoder) Step(ctx context.Context, step *generation.Step) ([]gener
 	return d.Decoder.Step(ctx, step)
 }
 
+// VerifiesDrafts is the engine's decoder's (speculative decoding).
+func (d *gatedDecoder) VerifiesDrafts() bool {
+	v, ok := d.Decoder.(generation.Drafter)
+	return ok && v.VerifiesDrafts()
+}
+
 type genFixture struct {
 	s   *Server
 	set *serving.Set

@@ -93,6 +93,10 @@ type GenerateRequest struct {
 	// Constraint, when set, is the structured output the generation must
 	// match (constrain.go).
 	Constraint *Constraint
+	// NoSpeculation keeps the generation out of the model's speculative
+	// decoding (generation.speculative): its text is the same either
+	// way, only its steps differ.
+	NoSpeculation bool
 }
 
 // TokenInfo is one generated token, for the APIs that return them.
@@ -191,8 +195,7 @@ func (l *loader) newDecoderModel(ctx context.Context, m *models.Model) (*Model, 
 		})
 	}
 	g := m.Config.Generation
-	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: *g.PrefixCaching}, dec)
+	loop, err := generation.NewLoop(g.Loop(), dec)
 	if err != nil {
 		dec.Close()
 		return nil, fmt.Errorf("model %s: %w", m.Name, err)
@@ -417,7 +420,7 @@ func (m *Model) Generate(ctx context.Context, r *GenerateRequest) (*TextStream, 
 	}
 	st, err := g.loop.Generate(gctx, generation.Request{Prompt: prompt, MaxTokens: maxTokens, Priority: r.Priority, EOS: eos,
 		MinTokens: r.MinTokens, Sampling: sampling, Constraint: constraint, Ended: release, After: after,
-		ScorePrompt: r.ScorePrompt, PromptTop: max(r.Logprobs, 0)})
+		ScorePrompt: r.ScorePrompt, PromptTop: max(r.Logprobs, 0), NoDraft: r.NoSpeculation})
 	if err != nil {
 		release()
 		cancel()

@@ -23,6 +23,7 @@ type genMetrics struct {
 	ttft, tpot, duration, batch  *prometheus.HistogramVec
 	prompt, generated, preempted *prometheus.CounterVec
 	prefixQueried, prefixHits    *prometheus.CounterVec
+	drafted, accepted            *prometheus.CounterVec
 	seqs, blocks                 *prometheus.GaugeVec
 	vllm                         *vllmMetrics // the same under vLLM's names; nil when they are off
 	// state guards the scheduler's state gauges (seqs, blocks and their
@@ -36,6 +37,7 @@ type genSeries struct {
 	ttft, tpot, duration, batch              prometheus.Observer
 	promptTokens, generated, preempted       prometheus.Counter
 	prefixQueried, prefixHits                prometheus.Counter
+	drafted, accepted                        prometheus.Counter
 	running, waiting, blocksUsed, blocksFree prometheus.Gauge
 	vllm                                     *vllmSeries // nil when vLLM's names are off
 	state                                    *sync.RWMutex
@@ -109,13 +111,18 @@ func newGenMetrics() genMetrics {
 			"Tokens of the sequences admitted to a step (prompt, and the output of a preempted one), each looked up in the prefix cache."),
 		prefixHits: count("stepserve_generation_prefix_cache_hit_tokens_total",
 			"Of those, the tokens the prefix cache held: computed before, shared, not computed again."),
+		drafted: count("stepserve_generation_draft_tokens_total",
+			"Tokens drafted by prompt lookup (generation.speculative) and computed in a decode step to be verified."),
+		accepted: count("stepserve_generation_draft_accepted_tokens_total",
+			"Of those, the tokens the model drew too: kept without a step of their own (the acceptance rate is this over the drafted)."),
 		seqs:   gauge("stepserve_generation_sequences", "A language model's sequences by state: running (in the batch) or waiting."),
 		blocks: gauge("stepserve_generation_kv_cache_blocks", "A language model's KV cache blocks by state: used or free."),
 	}
 }
 
 func (g *genMetrics) collectors() []prometheus.Collector {
-	out := []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits}
+	out := []prometheus.Collector{g.ttft, g.tpot, g.duration, g.batch, g.prompt, g.generated, g.preempted, g.prefixQueried, g.prefixHits,
+		g.drafted, g.accepted}
 	state := lockedCollectors{mu: g.state, cs: []prometheus.Collector{g.seqs, g.blocks}}
 	if g.vllm != nil {
 		out = append(out, g.vllm.counters()...)
@@ -196,7 +203,8 @@ func (m *metrics) generation(model string, blockSize, blocks int) *genSeries {
 	s := &genSeries{
 		ttft: g.ttft.WithLabelValues(model), tpot: g.tpot.WithLabelValues(model), duration: g.duration.WithLabelValues(model),
 		batch: g.batch.WithLabelValues(model), promptTokens: g.prompt.WithLabelValues(model), generated: g.generated.WithLabelValues(model),
-		preempted: g.preempted.WithLabelValues(model), prefixQueried: g.prefixQueried.WithLabelValues(model), prefixHits: g.prefixHits.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
+		preempted: g.preempted.WithLabelValues(model), prefixQueried: g.prefixQueried.WithLabelValues(model), prefixHits: g.prefixHits.WithLabelValues(model),
+		drafted: g.drafted.WithLabelValues(model), accepted: g.accepted.WithLabelValues(model), running: g.seqs.WithLabelValues(model, "running"), waiting: g.seqs.WithLabelValues(model, "waiting"),
 		blocksUsed: g.blocks.WithLabelValues(model, "used"), blocksFree: g.blocks.WithLabelValues(model, "free"), state: g.state,
 	}
 	if g.vllm != nil {
@@ -217,6 +225,21 @@ func (s *genSeries) observe(step *generation.Step, _ time.Duration, st generatio
 	if step.PrefillTokens > 0 {
 		s.prefixQueried.Add(float64(step.PrefillTokens))
 		s.prefixHits.Add(float64(step.CachedTokens))
+	}
+	if step.DraftTokens > 0 {
+		s.drafted.Add(float64(step.DraftTokens))
+		s.accepted.Add(float64(step.AcceptedTokens))
+		if v := s.vllm; v != nil {
+			drafts := 0
+			for _, w := range step.Work {
+				if len(w.Draft) > 0 {
+					drafts++
+				}
+			}
+			v.drafts.Add(float64(drafts))
+			v.draftTokens.Add(float64(step.DraftTokens))
+			v.accepted.Add(float64(step.AcceptedTokens))
+		}
 	}
 	used := st.BlocksTotal - st.BlocksFree
 	s.state.Lock()

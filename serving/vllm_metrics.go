@@ -16,6 +16,7 @@ import (
 type vllmMetrics struct {
 	waiting, running, kvUsage, cacheInfo       *prometheus.GaugeVec
 	prefixQueries, prefixHits, prompt, outputs *prometheus.CounterVec
+	drafts, draftTokens, accepted              *prometheus.CounterVec
 	ttft, tpot, e2e                            *prometheus.HistogramVec
 }
 
@@ -38,6 +39,9 @@ func newVLLMMetrics() *vllmMetrics {
 		prefixHits:    count("vllm:prefix_cache_hits_total", "Prompt tokens the prefix cache held (vLLM's name)."),
 		prompt:        count("vllm:prompt_tokens_total", "Prompt tokens of the generations admitted (vLLM's name)."),
 		outputs:       count("vllm:generation_tokens_total", "Tokens generated (vLLM's name)."),
+		drafts:        count("vllm:spec_decode_num_drafts_total", "Drafts made by speculative decoding, one a sequence a step (vLLM's name)."),
+		draftTokens:   count("vllm:spec_decode_num_draft_tokens_total", "Tokens drafted (vLLM's name; stepserve_generation_draft_tokens_total)."),
+		accepted:      count("vllm:spec_decode_num_accepted_tokens_total", "Drafted tokens accepted (vLLM's name; stepserve_generation_draft_accepted_tokens_total)."),
 		ttft:          hist("vllm:time_to_first_token_seconds", "Time from a generation's arrival to its first token (vLLM's name)."),
 		tpot:          hist("vllm:time_per_output_token_seconds", "A generation's mean time between two tokens after the first (vLLM's name)."),
 		e2e:           hist("vllm:e2e_request_latency_seconds", "A generation's time from arrival to its end (vLLM's name)."),
@@ -55,7 +59,7 @@ func (v *vllmMetrics) state() []prometheus.Collector {
 
 // counters are the rest.
 func (v *vllmMetrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{v.cacheInfo, v.prefixQueries, v.prefixHits, v.prompt, v.outputs, v.ttft, v.tpot, v.e2e}
+	return []prometheus.Collector{v.cacheInfo, v.prefixQueries, v.prefixHits, v.prompt, v.outputs, v.drafts, v.draftTokens, v.accepted, v.ttft, v.tpot, v.e2e}
 }
 
 // series are model's, its cache's configuration set.
@@ -63,7 +67,8 @@ func (v *vllmMetrics) series(model string, blockSize, blocks int) vllmSeries {
 	v.cacheInfo.WithLabelValues(model, strconv.Itoa(blockSize), strconv.Itoa(blocks)).Set(1)
 	return vllmSeries{waiting: v.waiting.WithLabelValues(model), running: v.running.WithLabelValues(model), kvUsage: v.kvUsage.WithLabelValues(model),
 		prefixQueries: v.prefixQueries.WithLabelValues(model), prefixHits: v.prefixHits.WithLabelValues(model), prompt: v.prompt.WithLabelValues(model),
-		outputs: v.outputs.WithLabelValues(model), ttft: v.ttft.WithLabelValues(model), tpot: v.tpot.WithLabelValues(model), e2e: v.e2e.WithLabelValues(model)}
+		outputs: v.outputs.WithLabelValues(model), drafts: v.drafts.WithLabelValues(model), draftTokens: v.draftTokens.WithLabelValues(model),
+		accepted: v.accepted.WithLabelValues(model), ttft: v.ttft.WithLabelValues(model), tpot: v.tpot.WithLabelValues(model), e2e: v.e2e.WithLabelValues(model)}
 }
 
 // forget deletes model's series.
@@ -79,5 +84,6 @@ func (v *vllmMetrics) forget(model string) {
 type vllmSeries struct {
 	waiting, running, kvUsage                  prometheus.Gauge
 	prefixQueries, prefixHits, prompt, outputs prometheus.Counter
+	drafts, draftTokens, accepted              prometheus.Counter
 	ttft, tpot, e2e                            prometheus.Observer
 }

@@ -68,8 +68,7 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	}
 	defer dec.Close()
 	g := m.Config.Generation
-	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: true}, dec)
+	loop, err := generation.NewLoop(g.Loop(), dec)
 	if err != nil {
 		return err
 	}

@@ -95,8 +95,9 @@ func run(vocab, streams, newTokens, rounds int) error {
 	}
 	defer dec.Close()
 	g := m.Config.Generation
-	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens}, dec)
+	opts := g.Loop()
+	opts.PrefixCaching = false
+	loop, err := generation.NewLoop(opts, dec)
 	if err != nil {
 		return err
 	}

@@ -123,10 +123,11 @@ type decoderPlan struct {
 	chunkAttn            chunkAttn
 	// Per chunk of the decodes' attention: a group's scores.
 	decScores  [][]float32
-	rows       []int // the token row each sampled work's last token is
+	rows       []int // the token row of each sampled place: a work's last token, or each of a drafted work's
 	hs, logits []float32
-	out        []generation.Sampled
-	top        [][maxTopLogprobs]generation.TopLogprob
+	out        []generation.Sampled // by work
+	next       []generation.Sampled // by row: a drafted work's Sampled.Next
+	top        [][maxTopLogprobs]generation.TopLogprob // by row
 	sampler    generation.Sampler
 	attn       attnStep
 	macs       int // a token's multiply-adds in the products
@@ -187,22 +188,30 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 		p.decScores = append(p.decScores, make([]float32, (c.Heads/c.KVHeads)*g.MaxModelLen))
 	}
 	p.sampler = generation.NewSampler(c.Vocab)
-	p.growRows(g.MaxNumSeqs)
+	p.growRows(g.MaxNumSeqs, g.MaxNumSeqs)
 	p.attn.p = p
 	return p
 }
 
-// growRows sizes the sampled rows' buffers for n rows.
-func (p *decoderPlan) growRows(n int) {
-	if len(p.out) >= n {
+// growRows sizes the step's results for works works and the sampled
+// rows' buffers for n rows.
+func (p *decoderPlan) growRows(works, n int) {
+	if len(p.out) < works {
+		p.out = make([]generation.Sampled, works)
+	}
+	if len(p.rows) >= n {
 		return
 	}
 	p.rows = make([]int, n)
 	p.hs = make([]float32, n*p.cfg.Hidden)
 	p.logits = make([]float32, n*p.cfg.Vocab)
-	p.out = make([]generation.Sampled, n)
+	p.next = make([]generation.Sampled, n)
 	p.top = make([][maxTopLogprobs]generation.TopLogprob, n)
 }
+
+// VerifiesDrafts implements [generation.Drafter]: a drafted work's
+// tokens sample at every place, as a one-token decode's does.
+func (p *decoderPlan) VerifiesDrafts() bool { return true }
 
 // Close implements [engine.Decoder]: the cache and weights go with the
 // plan.
@@ -225,9 +234,16 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 	if T > p.maxTokens {
 		return nil, fmt.Errorf("cpufallback: a step of %d tokens is over the %d the decoder was loaded for (generation.max_batch_tokens)", T, p.maxTokens)
 	}
-	p.growRows(len(step.Work))
+	sampledRows := 0
+	for _, w := range step.Work {
+		if w.Samples() {
+			sampledRows += 1 + len(w.Draft)
+		}
+	}
+	p.growRows(len(step.Work), sampledRows)
 	// The step's input: each token's id (embedded here), position and
-	// cache slot; the rows whose last token samples.
+	// cache slot; the rows that sample: a work's last token, or every
+	// token of a drafted one.
 	t, rows := 0, 0
 	p.singles, p.multi = p.singles[:0], p.multi[:0]
 	p.workStart = p.workStart[:0]
@@ -241,7 +257,7 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 		}
 		for pos := w.Start; pos < w.End; pos++ {
 			p.tokWork[t] = int32(wi)
-			id := w.Seq.Token(pos)
+			id := w.Token(pos)
 			if id < 0 || int(id) >= c.Vocab {
 				return nil, fmt.Errorf("cpufallback: token id %d is outside the vocabulary (0..%d)", id, c.Vocab-1)
 			}
@@ -255,8 +271,10 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 			t++
 		}
 		if w.Samples() {
-			p.rows[rows] = t - 1
-			rows++
+			for r := t - 1 - len(w.Draft); r < t; r++ {
+				p.rows[rows] = r
+				rows++
+			}
 		}
 	}
 	// A step of a few tokens holds a crew (spinning threads) for its
@@ -291,8 +309,19 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 		if pen := &w.Seq.Sampling.Penalties; pen.Active() {
 			p.sampler.Penalize(logits, pen, w.Seq.Prompt, w.Seq.Output)
 		}
-		p.out[i] = p.sampler.Sample(logits, w.Seq.Mask(), w.Seq.Sampling, w.End, p.top[i][:0])
+		// Each place draws at its own position: a draft's place as plain
+		// decoding would, once the tokens before it are the sequence's.
+		at := w.Seq.Len()
+		p.out[i] = p.sampler.Sample(logits, w.Seq.Mask(), w.Seq.Sampling, at, p.top[r][:0])
 		r++
+		if len(w.Draft) > 0 {
+			next := p.next[r : r+len(w.Draft)]
+			for j := range next {
+				next[j] = p.sampler.Sample(p.logits[r*c.Vocab:(r+1)*c.Vocab], nil, w.Seq.Sampling, at+1+j, p.top[r][:0])
+				r++
+			}
+			p.out[i].Next = next
+		}
 	}
 	for i, w := range step.Work {
 		if from, to := w.Scores(); from < to {

@@ -90,13 +90,12 @@ func Prompts(lengths ...int) [][]int32 {
 	return ps
 }
 
-// StartLoop runs a generation loop over dec with m's generation bounds
-// (prefix caching on) until the test ends.
+// StartLoop runs a generation loop over dec with m's generation keys
+// until the test ends.
 func StartLoop(t testing.TB, dec generation.Model, m *models.Model) *generation.Loop {
 	t.Helper()
 	g := m.Config.Generation
-	loop, err := generation.NewLoop(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: g.MaxNumSeqs,
-		MaxModelLen: g.MaxModelLen, MaxBatchTokens: g.MaxBatchTokens, PrefixCaching: true}, dec)
+	loop, err := generation.NewLoop(g.Loop(), dec)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -56,13 +56,16 @@ type openaiSampling struct {
 	PresencePenalty  *float64          `json:"presence_penalty"`
 	LogitBias        map[string]any    `json:"logit_bias"`
 	// vLLM's extensions.
-	RepetitionPenalty *float64        `json:"repetition_penalty"`
-	StopTokenIDs      []int32         `json:"stop_token_ids"`
-	IgnoreEOS         bool            `json:"ignore_eos"`
-	MinTokens         int             `json:"min_tokens"`
-	Priority          int             `json:"priority"`
-	Metadata          json.RawMessage `json:"metadata"` // accepted, and ignored
-	Store             *bool           `json:"store"`    // accepted, and ignored: nothing is stored
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	StopTokenIDs      []int32  `json:"stop_token_ids"`
+	IgnoreEOS         bool     `json:"ignore_eos"`
+	MinTokens         int      `json:"min_tokens"`
+	Priority          int      `json:"priority"`
+	// SpeculativeDecoding false keeps the request out of the model's
+	// speculative decoding (stepserve's extension).
+	SpeculativeDecoding *bool           `json:"speculative_decoding"`
+	Metadata            json.RawMessage `json:"metadata"` // accepted, and ignored
+	Store               *bool           `json:"store"`    // accepted, and ignored: nothing is stored
 	// ReturnTokensAsTokenIDs is vLLM's extension: logprobs name each
 	// token "token_id:<id>", so that a client can compare ids.
 	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
@@ -201,7 +204,8 @@ func (o *openaiSampling) generateRequest(maxTokens *int) (*serving.GenerateReque
 	return &serving.GenerateRequest{MaxTokens: maxTokens, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK,
 		Seed: o.Seed, Stop: o.Stop.List, Logprobs: -1, IgnoreEOS: o.IgnoreEOS, MinTokens: o.MinTokens, Priority: o.Priority,
 		Constraint: constraint, FrequencyPenalty: o.FrequencyPenalty, PresencePenalty: o.PresencePenalty,
-		RepetitionPenalty: o.RepetitionPenalty, LogitBias: bias, StopTokenIDs: o.StopTokenIDs}, nil
+		RepetitionPenalty: o.RepetitionPenalty, LogitBias: bias, StopTokenIDs: o.StopTokenIDs,
+		NoSpeculation: o.SpeculativeDecoding != nil && !*o.SpeculativeDecoding}, nil
 }
 
 // nChoices are n generations of gr: the first gr, the others its copies,

@@ -13,7 +13,7 @@ import (
 )
 
 // generateParams are the parameters a generation takes by name.
-var generateParams = "max_tokens, min_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority"
+var generateParams = "max_tokens, min_tokens, temperature, top_p, top_k, stop, seed, stream, ignore_eos, exclude_input_in_output, return_finish_reason, priority, speculative_decoding"
 
 // GenerateParams reads the parameters of a generation asked by Triton's
 // generate extension (HTTP) or a ModelStreamInfer request (gRPC), as JSON
@@ -48,6 +48,10 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 			err = json.Unmarshal(v, &gr.IgnoreEOS)
 		case "min_tokens":
 			err = json.Unmarshal(v, &gr.MinTokens)
+		case "speculative_decoding":
+			var on bool
+			err = json.Unmarshal(v, &on)
+			gr.NoSpeculation = !on
 		case "stream":
 			stream = new(bool)
 			err = json.Unmarshal(v, stream)
@@ -75,7 +79,7 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 		}
 		if err != nil {
 			return nil, nil, bad(k, map[string]string{"max_tokens": "an integer", "min_tokens": "an integer", "top_k": "an integer", "seed": "a 64-bit integer",
-				"priority": "an integer", "temperature": "a number", "top_p": "a number", "ignore_eos": "a boolean", "stream": "a boolean",
+				"priority": "an integer", "temperature": "a number", "top_p": "a number", "ignore_eos": "a boolean", "stream": "a boolean", "speculative_decoding": "a boolean",
 				"exclude_input_in_output": "a boolean", "return_finish_reason": "a boolean"}[k]+map[bool]string{true: "a string or an array of strings"}[k == "stop" || k == "stop_words" || k == "bad_words"])
 		}
 	}
