@@ -33,7 +33,7 @@ TORCH2_PYTHON := $(CURDIR)/engine/rbln/worker/torch2/python
 TORCH2_USABLE := $(and $(filter 0,$(shell id -u)),$(wildcard $(TORCH2_ROOT)/usr/bin/python3))
 TORCH2_ENV     = $(if $(TORCH2_USABLE),TORCH2_PYTHON=$(TORCH2_PYTHON) TORCH2_ROOT=$(TORCH2_ROOT))
 
-.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama bench-decoder fuzz soak lint bench-generate bench-structured grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
+.PHONY: torch2-root all help build run test test-long generate check-generated tokenizer-files chart-test bench bench-ab bench-grpc bench-onnx bench-llama bench-lookup bench-decoder fuzz soak lint bench-generate bench-structured grafana-alerts dashboard digits digits-cnn tiny-encoder tiny-xlmr tiny-llama golden deps clean proto schema image image-rbln
 
 all: build
 
@@ -301,6 +301,16 @@ bench-decoder: deps
 ## 16 concurrent streams, time to first token (bench/generate)
 bench-generate:
 	$(GO) run ./bench/generate
+
+## bench-lookup: speculative decoding by prompt lookup against plain
+## decoding on a SmolLM-135M shape, interleaved: a model that quotes its
+## prompt (whole, and with edits) and a random model's looping text;
+## decode tokens/s, the share of drafted tokens kept, and whether the
+## text is the same (bench/lookup, issue 51). LOOKUP_DTYPE: f32, bf16 or
+## q8_0.
+LOOKUP_DTYPE ?= f32
+bench-lookup:
+	$(GO) run ./bench/lookup -rounds 3 -streams 1,4 -dtype $(LOOKUP_DTYPE)
 
 ## bench-llama: generation against llama.cpp (node-llama-cpp's prebuilt CPU
 ## build from npm, pinned by bench/llama/package-lock.json) on random
