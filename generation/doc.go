@@ -20,7 +20,12 @@
 //     the head of the queue, to be prefilled again (prompt and the tokens
 //     it had produced) when there is room, its output unchanged;
 //   - a sequence that finishes (an end-of-sequence token, max_tokens, the
-//     model's length) or is cancelled gives its blocks back at once.
+//     model's length) or is cancelled gives its blocks back at once;
+//   - with Options.PromptLookup, a decoding sequence may compute a draft
+//     after its last token, from what the decodes leave of the budget
+//     and the free blocks (never by preempting): the tokens that followed
+//     its last n-gram earlier in it, kept by Advance while the model drew
+//     them too (lookup.go).
 //
 // The scheduler is plain state: it runs no goroutine and takes no lock.
 // The loop that owns a model's steps calls Schedule, runs the step, and
