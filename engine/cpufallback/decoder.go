@@ -112,7 +112,7 @@ type decoderPlan struct {
 	gate, up               []float32
 	pos, slot              []int32
 	// The step's tokens by work: which work each token is of; the
-	// tokens of one-token works (decodes) and the works of more (prompt
+	// tokens of decodes (drafts included) and the works of more (prompt
 	// chunks), whose attention runs as products.
 	tokWork        []int32
 	workStart      []int // each work's first token's index in the step
@@ -125,8 +125,8 @@ type decoderPlan struct {
 	decScores  [][]float32
 	rows       []int // the token row of each sampled place: a work's last token, or each of a drafted work's
 	hs, logits []float32
-	out        []generation.Sampled // by work
-	next       []generation.Sampled // by row: a drafted work's Sampled.Next
+	out        []generation.Sampled                    // by work
+	next       []generation.Sampled                    // by row: a drafted work's Sampled.Next
 	top        [][maxTopLogprobs]generation.TopLogprob // by row
 	sampler    generation.Sampler
 	attn       attnStep
@@ -250,12 +250,17 @@ func (p *decoderPlan) Step(ctx context.Context, step *generation.Step) ([]genera
 	for wi, w := range step.Work {
 		p.workStart = append(p.workStart, t)
 		table := w.Seq.BlockTable()
-		if w.End-w.Start == 1 {
-			p.singles = append(p.singles, int32(t))
-		} else {
+		// A decode's tokens, its draft's included, each attend as a
+		// decode does (over the cache, read in place); a prompt chunk's
+		// as products.
+		single := w.End-w.Start == 1 || len(w.Draft) > 0
+		if !single {
 			p.multi = append(p.multi, int32(wi))
 		}
 		for pos := w.Start; pos < w.End; pos++ {
+			if single {
+				p.singles = append(p.singles, int32(t))
+			}
 			p.tokWork[t] = int32(wi)
 			id := w.Token(pos)
 			if id < 0 || int(id) >= c.Vocab {

@@ -151,7 +151,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 		require.NoError(b, err)
 		dec, err := Engine{}.LoadDecoder(context.Background(), m)
 		require.NoError(b, err)
-		for _, seqs := range []int{1, 16} {
+		for _, seqs := range []int{1, 8, 16} {
 			g := m.Config.Generation
 			s, err := generation.New(generation.Options{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxNumSeqs: seqs, MaxModelLen: 512, MaxBatchTokens: 256})
 			require.NoError(b, err)

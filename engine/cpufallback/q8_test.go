@@ -193,7 +193,7 @@ func BenchmarkLinearQ8(b *testing.B) {
 			continue
 		}
 		w := resident(l, f)
-		for _, m := range []int{1, 16} {
+		for _, m := range []int{1, 2, 5, 16} {
 			x, y := randMatrix(rng, m*k), make([]float32, m*n)
 			b.Run(fmt.Sprintf("format=%d/m=%d", f, m), func(b *testing.B) {
 				for b.Loop() {
