@@ -30,7 +30,8 @@
 // give the same token ids. Q8_0 (every shape): stepserve's against
 // llama.cpp's, the leading tokens that agree reported (the products are
 // llama.cpp's arithmetic; float summation order can still break a near
-// tie), and fewer than 8 flagged as a bug.
+// tie) with stepserve's margin where they part, and a parting within 8
+// tokens by more than a near tie flagged as a bug (model.go, agree).
 //
 //	make bench-llama
 //	go run ./bench/llamapeer -rounds 3 -server bin/stepserve -shape llama1b -formats q8_0
@@ -298,6 +299,22 @@ func runShape(s shapeSpec, fs []format, bw float64) error {
 	for i, f := range fs {
 		fmt.Printf("%s: %d streams' aggregate over one sequence: stepserve %.1fx, llama.cpp's %d sequences %.1fx\n", f.label, *streams,
 			benchstat.Median(all[i].agg.ours)/benchstat.Median(all[i].decode.ours), *peerSeqs, benchstat.Median(all[i].agg.peer)/benchstat.Median(all[i].decode.peer))
+	}
+	// Memory: the server's resident set while it serves (after the
+	// rounds), against its weights, its KV cache (float32, as allocated)
+	// and 256 MiB.
+	for i, f := range fs {
+		rss, peak, err := srvs[i].memory()
+		if err != nil {
+			return err
+		}
+		slots, err := srvs[i].cacheTokens(names[i])
+		if err != nil {
+			return err
+		}
+		bound := weights(f.ours) + kvBytes(float64(slots), ourKV) + 256<<20
+		fmt.Printf("%s memory: resident %.0f MiB serving (peak %.0f MiB) = %.2fx (weights %.0f MiB + KV cache %.0f MiB + 256 MiB)\n", f.label,
+			float64(rss)/(1<<20), float64(peak)/(1<<20), float64(rss)/bound, weights(f.ours)/(1<<20), kvBytes(float64(slots), ourKV)/(1<<20))
 	}
 	fmt.Printf("%s done in %.0f s\n\n", s.name, time.Since(start).Seconds())
 	return nil

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,4 +149,95 @@ func (s *stepserve) one(model string, prompt []int32, n int, start time.Time, r 
 		return fmt.Errorf("%s gave %d tokens, not %d", model, len(r.tokens[i]), n)
 	}
 	return nil
+}
+
+// memory is the server's resident set now and its peak since it started
+// (the kernel's VmRSS and VmHWM), in bytes.
+func (s *stepserve) memory() (rss, peak int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/proc status %s: %w", k, err)
+		}
+		if k == "VmRSS" {
+			rss = kb << 10
+		} else {
+			peak = kb << 10
+		}
+	}
+	return rss, peak, nil
+}
+
+// cacheTokens is the token slots of model's KV cache, from its
+// vllm:cache_config_info series (block_size x num_gpu_blocks).
+func (s *stepserve) cacheTokens(model string) (int64, error) {
+	resp, err := s.client.Get(s.base + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	re := regexp.MustCompile(`vllm:cache_config_info\{([^}]*)\}`)
+	for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+		labels := map[string]string{}
+		for _, kv := range strings.Split(m[1], ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				labels[k] = strings.Trim(v, `"`)
+			}
+		}
+		if labels["model_name"] != model {
+			continue
+		}
+		bs, err1 := strconv.ParseInt(labels["block_size"], 10, 64)
+		n, err2 := strconv.ParseInt(labels["num_gpu_blocks"], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return 0, err
+		}
+		return bs * n, nil
+	}
+	return 0, fmt.Errorf("%s: no vllm:cache_config_info series", model)
+}
+
+// margin is how many nats stepserve's greedy choice after prompt leads
+// token alt by, in its own log-probabilities (its 5 most likely; +Inf
+// where alt is not among them).
+func (s *stepserve) margin(model string, prompt []int32, alt int32) (float64, error) {
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+		"logprobs": 5, "return_tokens_as_token_ids": true})
+	resp, err := s.client.Post(s.base+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var c struct {
+		Choices []struct {
+			Logprobs struct {
+				TokenLogprobs []float64            `json:"token_logprobs"`
+				TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+		return 0, fmt.Errorf("%s: logprobs: %w", model, err)
+	}
+	if len(c.Choices) == 0 || len(c.Choices[0].Logprobs.TopLogprobs) == 0 || len(c.Choices[0].Logprobs.TokenLogprobs) == 0 {
+		return 0, fmt.Errorf("%s: no logprobs in the answer (%s)", model, resp.Status)
+	}
+	lp := c.Choices[0].Logprobs
+	a, ok := lp.TopLogprobs[0][fmt.Sprintf("token_id:%d", alt)]
+	if !ok {
+		return math.Inf(1), nil
+	}
+	return lp.TokenLogprobs[0] - a, nil
 }
