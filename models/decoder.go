@@ -50,6 +50,10 @@ type DecoderConfig struct {
 	// RopeScaling is llama3-style scaling of RoPE's frequencies; nil for
 	// none.
 	RopeScaling *RopeScaling
+	// RopeFactors, where set, divide RoPE's frequencies one by one: a
+	// GGUF file's rope_freqs.weight, which llama.cpp's converter writes
+	// for llama3's rope_scaling (the same frequencies).
+	RopeFactors []float64
 	// QKVBias says the query, key and value projections have biases
 	// (always in Qwen2; Llama's attention_bias), OBias the output
 	// projection too (Llama's attention_bias).
@@ -257,6 +261,11 @@ func (c *DecoderConfig) InvFreq() []float64 {
 	out := make([]float64, n)
 	for i := range out {
 		out[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+	}
+	if f := c.RopeFactors; len(f) == n {
+		for i := range out {
+			out[i] /= f[i]
+		}
 	}
 	s := c.RopeScaling
 	if s == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -86,9 +87,6 @@ func (m *Manifest) openGGUF() (bool, error) {
 	if g.cfg, err = gguf.ReadDecoderConfig(g.f); err != nil {
 		return true, ggufError(file, err)
 	}
-	if g.cfg.RopeFreqs {
-		return true, folderError(file + ": the file holds rope_freqs.weight (llama3's rope scaling as llama.cpp's converter writes it), which stepserve does not apply yet; serve the Hugging Face folder instead")
-	}
 	if g.tensors, err = gguf.DecoderTensors(g.f, g.cfg); err != nil {
 		return true, ggufError(file, err)
 	}
@@ -103,6 +101,11 @@ func (m *Manifest) openGGUF() (bool, error) {
 	dc := &DecoderConfig{Family: c.Family, Vocab: c.Vocab, Hidden: c.Hidden, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Intermediate: c.Intermediate, MaxPosition: c.MaxPosition, RMSNormEps: c.RMSNormEps, RopeTheta: c.RopeTheta,
 		QKVBias: c.QKVBias, OBias: c.OBias, TiedEmbeddings: c.TiedEmbeddings}
+	if c.RopeFreqs {
+		if dc.RopeFactors, err = ropeFactors(g.f, c.HeadDim); err != nil {
+			return true, ggufError(file, err)
+		}
+	}
 	cfg := &Config{
 		Description:  fmt.Sprintf("GGUF %s file %s (decoder language model)", c.Architecture, name),
 		Architecture: "decoder",
@@ -189,4 +192,25 @@ func (g *ggufModel) close() error {
 	err := g.file.Close()
 	g.file = nil
 	return err
+}
+
+// ropeFactors reads rope_freqs.weight: one divisor a frequency of a
+// head's RoPE (headDim/2), each finite and positive.
+func ropeFactors(f *gguf.File, headDim int) ([]float64, error) {
+	t, _ := f.TensorByName("rope_freqs.weight")
+	if len(t.Dims) != 1 || t.Dims[0] != uint64(headDim/2) {
+		return nil, fmt.Errorf("%w: rope_freqs.weight has shape %v; want [%d], one factor a frequency of the head's %d dimensions", gguf.ErrMalformed, t.Dims, headDim/2, headDim)
+	}
+	v, err := f.ReadFloat32(t)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(v))
+	for i, x := range v {
+		if !(x > 0) || math.IsInf(float64(x), 0) {
+			return nil, fmt.Errorf("%w: rope_freqs.weight[%d] is %g; want a positive factor", gguf.ErrMalformed, i, x)
+		}
+		out[i] = float64(x)
+	}
+	return out, nil
 }

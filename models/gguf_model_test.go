@@ -1,12 +1,16 @@
 package models
 
 import (
+	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepserve/stepserve/models/gguf"
 )
 
 // TestStrayGGUFLeavesFoldersAlone: a .gguf beside a folder's own weights
@@ -50,4 +54,38 @@ func TestGGUFFolderErrors(t *testing.T) {
 	_, err = Open(repo, "lm")
 	require.ErrorIs(t, err, ErrConfig)
 	assert.Contains(t, err.Error(), "2 .gguf files")
+}
+
+// TestRopeFactors: rope_freqs.weight (llama3's rope scaling as llama.cpp's
+// converter writes it) divides RoPE's frequencies; a factor a frequency,
+// each positive and finite, or the file is refused naming the tensor.
+func TestRopeFactors(t *testing.T) {
+	read := func(shape []int, data []float32) ([]float64, error) {
+		t.Helper()
+		var w gguf.Writer
+		w.String("general.architecture", "llama")
+		require.NoError(t, w.Tensor("rope_freqs.weight", shape, gguf.F32, data))
+		var b bytes.Buffer
+		_, err := w.WriteTo(&b)
+		require.NoError(t, err)
+		f, err := gguf.Parse(bytes.NewReader(b.Bytes()), int64(b.Len()))
+		require.NoError(t, err)
+		return ropeFactors(f, 8)
+	}
+	got, err := read([]int{4}, []float32{1, 1, 2, 8})
+	require.NoError(t, err)
+	assert.Equal(t, []float64{1, 1, 2, 8}, got)
+	c := DecoderConfig{HeadDim: 8, RopeTheta: 10000}
+	plain := c.InvFreq()
+	c.RopeFactors = got
+	scaled := c.InvFreq()
+	for i := range plain {
+		assert.InDelta(t, plain[i]/got[i], scaled[i], 1e-15)
+	}
+	_, err = read([]int{3}, []float32{1, 1, 2})
+	assert.ErrorContains(t, err, "rope_freqs.weight has shape [3]; want [4]")
+	for _, bad := range []float32{0, -1, float32(math.Inf(1)), float32(math.NaN())} {
+		_, err = read([]int{4}, []float32{1, bad, 1, 1})
+		assert.ErrorContains(t, err, "rope_freqs.weight[1]", "%g", bad)
+	}
 }

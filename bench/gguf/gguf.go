@@ -84,8 +84,8 @@ func Write(path string, c *models.DecoderConfig, w *models.Weights, o Options) e
 	default:
 		return fmt.Errorf("gguf: family %s is not written", c.Family)
 	}
-	if c.RopeScaling != nil || c.SlidingWindow > 0 {
-		return fmt.Errorf("gguf: rope_scaling and sliding windows are not written")
+	if c.SlidingWindow > 0 || c.RopeScaling != nil && arch != "llama" || c.RopeFactors != nil {
+		return fmt.Errorf("gguf: sliding windows, and rope scaling but llama3's on a llama-architecture file, are not written")
 	}
 	var g gguf.Writer
 	g.String("general.architecture", arch)
@@ -202,6 +202,20 @@ func Write(path string, c *models.DecoderConfig, w *models.Weights, o Options) e
 	}
 	if !c.TiedEmbeddings {
 		if err := add("output.weight", "lm_head.weight", nil); err != nil {
+			return err
+		}
+	}
+	if c.RopeScaling != nil {
+		// llama3's rope_scaling as llama.cpp's converter writes it: each
+		// frequency's divisor, the plain frequency over the scaled one.
+		plain := *c
+		plain.RopeScaling = nil
+		base, scaled := plain.InvFreq(), c.InvFreq()
+		factors := make([]float32, len(base))
+		for i := range factors {
+			factors[i] = float32(base[i] / scaled[i])
+		}
+		if err := g.Tensor("rope_freqs.weight", []int{len(factors)}, gguf.F32, factors); err != nil {
 			return err
 		}
 	}

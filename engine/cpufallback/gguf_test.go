@@ -25,7 +25,9 @@ func TestGGUFServesAsTheFolder(t *testing.T) {
 	llama := enginetest.DecoderShapes["llama"]
 	llama.Inter = 352 // Q8_0 packs rows of whole blocks of 32
 	qwen2 := enginetest.DecoderShapes["qwen2"]
-	qwen2.Inter, qwen2.Llama3Scaling = 224, false // GGUF's rope scaling is a tensor stepserve does not read
+	qwen2.Inter, qwen2.Llama3Scaling = 224, false // llama.cpp reads rope_freqs.weight on the llama architecture only
+	llama3 := llama
+	llama3.Llama3Scaling = true // written as rope_freqs.weight
 	keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
 	prompts := testPrompts()
 	for _, tc := range []struct {
@@ -36,6 +38,7 @@ func TestGGUFServesAsTheFolder(t *testing.T) {
 	}{
 		{"llama f32", llama, benchgguf.F32, ""}, {"llama q8_0", llama, benchgguf.Q8_0, "quantization: q8_0\n"},
 		{"qwen2 f32", qwen2, benchgguf.F32, ""}, {"qwen2 q8_0", qwen2, benchgguf.Q8_0, "quantization: q8_0\n"},
+		{"llama3 rope f32", llama3, benchgguf.F32, ""}, {"llama3 rope q8_0", llama3, benchgguf.Q8_0, "quantization: q8_0\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			folder := writeDecoder(t, tc.shape, tc.quant+keys)
