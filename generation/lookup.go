@@ -55,40 +55,46 @@ type Drafter interface {
 
 // lookup fills q's draft buffer with at most k tokens by prompt lookup
 // and returns it; empty when no n-gram of the sizes asked for recurs.
-// The latest match wins: a sequence repeating itself repeats what it
-// said last.
+// The longest match wins, and of those the latest: a sequence repeating
+// itself repeats what it said last. One pass from the end: a place whose
+// token is the last one is extended backwards.
 func (p PromptLookup) lookup(q *Sequence, k int) []int32 {
 	L := q.Len()
 	q.draft = q.draft[:0]
-	for n := min(p.MaxN, L-1); n >= p.MinN; n-- {
-		// The suffix is tokens [L-n, L); a match at i is [i, i+n) with at
-		// least one token after it, before the suffix itself: i+n < L.
-		for i := L - n - 1; i >= 0; i-- {
-			if !q.matches(i, L-n, n) {
-				continue
+	if L < 2 {
+		return q.draft
+	}
+	last := q.Token(L - 1)
+	best, bestN := -1, 0
+	// A match ends at i, before the sequence's last token, so that at
+	// least one token follows it: i+1 < L.
+	for i := L - 2; i >= 0; i-- {
+		if q.Token(i) != last {
+			continue
+		}
+		n := 1
+		for n < p.MaxN && n <= i && q.Token(i-n) == q.Token(L-1-n) {
+			n++
+		}
+		if n > bestN {
+			best, bestN = i, n
+			if n == p.MaxN {
+				break
 			}
-			// What followed the match follows the suffix; past the
-			// sequence's end, the draft goes on as the sequence did
-			// after the match (a loop of period L-n-i continues).
-			for j := i + n; len(q.draft) < k; j++ {
-				if j < L {
-					q.draft = append(q.draft, q.Token(j))
-				} else {
-					q.draft = append(q.draft, q.draft[j-L])
-				}
-			}
-			return q.draft
+		}
+	}
+	if bestN < p.MinN {
+		return q.draft
+	}
+	// What followed the match follows the sequence; past the sequence's
+	// end, the draft goes on as the sequence did after the match (a loop
+	// of period L-1-best continues).
+	for j := best + 1; len(q.draft) < k; j++ {
+		if j < L {
+			q.draft = append(q.draft, q.Token(j))
+		} else {
+			q.draft = append(q.draft, q.draft[j-L])
 		}
 	}
 	return q.draft
-}
-
-// matches reports whether q's tokens [a, a+n) equal [b, b+n).
-func (q *Sequence) matches(a, b, n int) bool {
-	for j := range n {
-		if q.Token(a+j) != q.Token(b+j) {
-			return false
-		}
-	}
-	return true
 }

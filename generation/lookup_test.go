@@ -199,3 +199,42 @@ func TestDraftsLeaveRoom(t *testing.T) {
 	assert.Equal(t, FinishLength, a.Finish)
 	assert.Len(t, a.Output, 10)
 }
+
+// TestDraftsLeaveBlocksToPrompts: a waiting sequence whose prompt fits in
+// the free blocks is admitted when it would be without drafts, though a
+// running sequence drafts (and has its drafts rejected) at every step.
+func TestDraftsLeaveBlocksToPrompts(t *testing.T) {
+	admitted := func(tokens int) int {
+		s := newScheduler(t, Options{Blocks: 6, BlockSize: 4, MaxNumSeqs: 2, MaxModelLen: 24, MaxBatchTokens: 16,
+			PromptLookup: PromptLookup{Tokens: tokens, MaxN: 2, MinN: 1}})
+		a := &Sequence{Prompt: []int32{1, 1, 2, 1, 3, 2, 2, 3, 3, 1}, MaxTokens: 14} // every bigram of {1,2,3}: a lookup always drafts
+		require.NoError(t, s.Add(a))
+		step := s.Schedule() // a's prompt
+		s.Advance(step, []int32{1})
+		b := &Sequence{Prompt: []int32{7, 8, 9, 10, 11, 12, 13}, MaxTokens: 1}
+		require.NoError(t, s.Add(b))
+		for n := 1; ; n++ {
+			step := s.Schedule()
+			require.NotEmpty(t, step.Work)
+			sampled := make([]int32, len(step.Work))
+			for i, w := range step.Work {
+				if w.Seq == b {
+					return n
+				}
+				sampled[i] = 1 + int32(w.Seq.Len()%3) // a small alphabet: its bigrams recur
+				if len(w.Draft) > 0 {
+					sampled[i] = w.Draft[0]%3 + 1 // never the draft's first token
+				}
+				v := make([]int32, len(w.Draft))
+				for j := range v {
+					v[j] = w.Draft[j]%3 + 1
+				}
+				step.SetVerified(i, v)
+			}
+			s.Advance(step, sampled)
+		}
+	}
+	plain, drafted := admitted(0), admitted(8)
+	t.Logf("b admitted at step %d plain, %d with drafts", plain, drafted)
+	assert.Equal(t, plain, drafted, "drafts keep a sequence that fits in the free blocks out")
+}

@@ -62,8 +62,9 @@ type Sampled struct {
 	// order, for a sequence that asks (Request.ScorePrompt).
 	Prompt []PromptLogprob
 	// Next, for a work with a draft (Drafter), are the tokens sampled at
-	// the draft's places: Next[j] follows the sequence, Token and
-	// Draft[:j], drawn at its own position as plain decoding would.
+	// the draft's places: Next[j] is drawn at the place after Draft[j],
+	// following the sequence and Draft[:j+1], at its own position as plain
+	// decoding would draw it.
 	Next []Sampled
 }
 

@@ -337,17 +337,17 @@ func (s *Scheduler) schedule(step *Step) {
 		step.Work = append(step.Work, work(q, q.Len()-1, q.Len()))
 		budget--
 	}
-	// Drafts, from what is left: every decode has its token first.
+	// Drafts, from what is left of the budget: every decode has its
+	// token first. Their blocks come last, from what the prompts leave.
 	if s.opts.PromptLookup.Tokens > 0 {
-		for i := range step.Work {
+		decodes := len(step.Work)
+		for i := range decodes {
 			if budget == 0 {
 				break
 			}
 			s.drafts(&step.Work[i], &budget)
 		}
-		for _, w := range step.Work {
-			step.DraftTokens += len(w.Draft)
-		}
+		defer s.draftBlocks(step, decodes)
 	}
 	// Then prompts: the running ones' next chunks, then new sequences, as
 	// the budget and the free blocks allow.
@@ -412,13 +412,29 @@ func (s *Scheduler) drafts(w *Work, budget *int) {
 	if len(draft) == 0 {
 		return
 	}
-	table, ok := s.pool.grow(q.table, q.Len()+len(draft))
-	if !ok {
-		return // no preemption for a draft
-	}
-	q.table = table
 	w.Draft, w.End = draft, w.End+len(draft)
 	*budget -= len(draft)
+}
+
+// draftBlocks gives the drafts of the step's first decodes works their
+// blocks from what the prompts left, a draft cut to what fits: a draft
+// never keeps a prompt waiting, nor preempts.
+func (s *Scheduler) draftBlocks(step *Step, decodes int) {
+	bs := s.pool.BlockSize()
+	for i := range decodes {
+		w := &step.Work[i]
+		if len(w.Draft) == 0 {
+			continue
+		}
+		q := w.Seq
+		room := (len(q.table)+s.pool.Free())*bs - q.Len()
+		if w.Draft = w.Draft[:max(0, min(len(w.Draft), room))]; len(w.Draft) == 0 {
+			w.Draft = nil
+		}
+		w.End = q.Len() + len(w.Draft)
+		q.table, _ = s.pool.grow(q.table, w.End)
+		step.DraftTokens += len(w.Draft)
+	}
 }
 
 // prefill schedules q's next prompt chunk within budget; false when the
@@ -497,13 +513,14 @@ func (s *Scheduler) Advance(step *Step, sampled []int32) []*Sequence {
 				tok = w.verified[j-1]
 			}
 			w.took++
-			if !s.accept(q, tok) {
+			live := s.accept(q, tok)
+			matched := j < len(w.Draft) && w.Draft[j] == tok
+			if matched {
+				step.AcceptedTokens++ // counted as vLLM does, if it ends the sequence too
+			}
+			if !live || !matched || j == len(w.verified) {
 				break
 			}
-			if j == len(w.Draft) || j == len(w.verified) || w.Draft[j] != tok {
-				break
-			}
-			step.AcceptedTokens++
 		}
 		switch {
 		case q.Finish != NotFinished:

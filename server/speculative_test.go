@@ -62,4 +62,9 @@ func TestSpeculativeDecoding(t *testing.T) {
 		"parameters": map[string]any{"max_tokens": 16, "speculative_decoding": false}})
 	assert.Equal(t, 200, code, "%s", out)
 	assert.Equal(t, drafted, metricValue(t, spec.reg, "stepserve_generation_draft_tokens_total", ""))
+	// null is the default: it drafts.
+	code, out = spec.post(t, "/v2/models/tiny-llama/generate", map[string]any{"text_input": prompts[0],
+		"parameters": map[string]any{"max_tokens": 32, "temperature": 0, "ignore_eos": true, "speculative_decoding": nil}})
+	assert.Equal(t, 200, code, "%s", out)
+	assert.Greater(t, metricValue(t, spec.reg, "stepserve_generation_draft_tokens_total", ""), drafted)
 }

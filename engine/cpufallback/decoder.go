@@ -188,7 +188,13 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 		p.decScores = append(p.decScores, make([]float32, (c.Heads/c.KVHeads)*g.MaxModelLen))
 	}
 	p.sampler = generation.NewSampler(c.Vocab)
-	p.growRows(g.MaxNumSeqs, g.MaxNumSeqs)
+	// The sampled rows: a sequence's one, or its draft's too (sized now:
+	// a step never allocates them mid-serving).
+	rows := g.MaxNumSeqs
+	if sp := g.Speculative; sp != nil {
+		rows = min(g.MaxBatchTokens, g.MaxNumSeqs*(1+sp.NumSpeculativeTokens))
+	}
+	p.growRows(g.MaxNumSeqs, rows)
 	p.attn.p = p
 	return p
 }

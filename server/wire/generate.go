@@ -49,9 +49,9 @@ func GenerateParams(p map[string]json.RawMessage) (*serving.GenerateRequest, *bo
 		case "min_tokens":
 			err = json.Unmarshal(v, &gr.MinTokens)
 		case "speculative_decoding":
-			var on bool
+			var on *bool
 			err = json.Unmarshal(v, &on)
-			gr.NoSpeculation = !on
+			gr.NoSpeculation = on != nil && !*on
 		case "stream":
 			stream = new(bool)
 			err = json.Unmarshal(v, stream)
