@@ -244,6 +244,7 @@ bench: deps build
 	GOTAGS="$(GOTAGS)" $(GO) run ./bench/run -d $(BENCHTIME)
 	$(MAKE) bench-onnx
 	$(MAKE) bench-llama
+	$(MAKE) bench-lookup
 	$(MAKE) bench-decoder
 	$(MAKE) bench-structured
 
