@@ -396,7 +396,8 @@ func (s *Scheduler) schedule(step *Step) {
 }
 
 // drafts gives decode w a draft by prompt lookup, within budget, where
-// its sequence may have one and the pool has room for it.
+// its sequence may have one; its blocks come after the prompts'
+// (draftBlocks).
 func (s *Scheduler) drafts(w *Work, budget *int) {
 	q := w.Seq
 	if q.NoDraft || q.Constraint != nil || q.Sampling.Penalties.Active() || q.scoring {
