@@ -205,6 +205,9 @@ func Dashboard() *dashboard.DashboardBuilder {
 		WithPanel(panel(0x27, "Generation: prefix cache hit rate", "percentunit", dashboard.GridPos{H: 8, W: 12, X: 0, Y: 148},
 			query{"sum by (model) (rate(stepserve_generation_prefix_cache_hit_tokens_total{model=~\"$model\"}[$__rate_interval])) / sum by (model) (rate(stepserve_generation_prefix_cache_queried_tokens_total{model=~\"$model\"}[$__rate_interval]))", "{{model}}"}).
 			Description("The share of admitted sequences' tokens the prefix cache held (computed before by a sequence with the same start, shared, not computed again): a common system prompt is computed once.")).
+		WithPanel(panel(0x2d, "Generation: speculative decoding, drafted tokens kept", "percentunit", dashboard.GridPos{H: 8, W: 12, X: 12, Y: 148},
+			query{"sum by (model) (rate(stepserve_generation_draft_accepted_tokens_total{model=~\"$model\"}[$__rate_interval])) / sum by (model) (rate(stepserve_generation_draft_tokens_total{model=~\"$model\"}[$__rate_interval]))", "{{model}}"}).
+			Description("The share of the tokens drafted by prompt lookup (generation.speculative) that the model drew too, kept without a step of their own. Low on text that does not repeat its prompt or itself: each drafted token still costs a row of the step, and a request can opt out (speculative_decoding: false).")).
 		WithPanel(panel(0x28, "Device allocator events and memory reading age", "short", dashboard.GridPos{H: 8, W: 12, X: 0, Y: 156},
 			query{"increase(stepserve_device_allocator_events[15m])", "dev {{device}} npu {{npu}} chiplet {{chiplet}} {{event}} /15m"},
 			query{"stepserve_device_memory_age_seconds", "dev {{device}} reading age (s)"}).
