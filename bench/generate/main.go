@@ -51,8 +51,7 @@ func run(vocab, streams, promptLen, newTokens, rounds int) error {
 	if err != nil {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
-	shape := randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: vocab, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
-		MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
+	shape := randweights.SmolLM(vocab)
 	folder := filepath.Join(dir, "smollm")
 	yaml := fmt.Sprintf("engine: cpu\ngeneration:\n  max_num_seqs: %d\n  max_model_len: 2304\n  max_batch_tokens: 256\n", max(streams, 1)+1)
 	if err := randweights.WriteDecoderFolder(folder, randweights.DecoderFolder{Shape: shape, Seed: 1, Tokenizer: tok, ModelYAML: yaml, Generator: "bench/generate"}); err != nil {

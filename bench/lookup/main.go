@@ -88,8 +88,7 @@ func run(rounds, newTokens, k int, streams []int, vocab int, dtype string, resid
 	if err != nil {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
-	shape := randweights.Decoder{Arch: "LlamaForCausalLM", Vocab: vocab, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
-		MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
+	shape := randweights.SmolLM(vocab)
 	most := slices.Max(streams)
 	yaml := fmt.Sprintf("engine: cpu\ngeneration:\n  max_num_seqs: %d\n  max_model_len: 1024\n  max_batch_tokens: 512\n", most)
 	switch dtype {

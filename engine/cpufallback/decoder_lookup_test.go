@@ -117,7 +117,7 @@ func (f stepFunc) Step(ctx context.Context, step *generation.Step) ([]generation
 //
 //	go test -run '^$' -bench DraftStep ./engine/cpufallback
 func BenchmarkDraftStep(b *testing.B) {
-	shape := randweights.Decoder{Vocab: 49152, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536, MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}
+	shape := randweights.SmolLM(49152)
 	for _, dtype := range []string{"f32", "q8_0"} {
 		yaml := "generation:\n  max_model_len: 512\n  max_num_seqs: 4\n  max_batch_tokens: 256\n"
 		if dtype == "q8_0" {

@@ -134,7 +134,7 @@ func TestDecoderStepAllocs(t *testing.T) {
 //
 //	go test -run '^$' -bench DecodeStep ./engine/cpufallback
 func BenchmarkDecodeStep(b *testing.B) {
-	shape := randweights.Decoder{Vocab: 8192, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536, MaxPosition: 2048, RopeTheta: 10000, Tied: true, BOS: 1, EOS: 2}
+	shape := randweights.SmolLM(8192)
 	for _, dtype := range []string{"", "bfloat16", "q8_0"} {
 		if dtype == "bfloat16" && !BFloat16() {
 			continue

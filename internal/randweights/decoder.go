@@ -21,6 +21,14 @@ type Decoder struct {
 	BOS, EOS                                     int
 }
 
+// SmolLM is SmolLM-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV
+// heads, intermediate 1536, tied embeddings) with vocab tokens: the
+// benchmarks' small decoder.
+func SmolLM(vocab int) Decoder {
+	return Decoder{Arch: "LlamaForCausalLM", Vocab: vocab, Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, Inter: 1536,
+		MaxPosition: 8192, RopeTheta: 10000, Tied: true, BOS: 0, EOS: 2}
+}
+
 // Decoder adds a decoder's tensors under transformers' names. The
 // weights are drawn from N(0, 1/in) (the embeddings from N(0, 1)), and
 // the output projection's scaled so that the logits spread by a few
