@@ -234,6 +234,131 @@ func TestQ4_K(t *testing.T) {
 	}
 }
 
+// packScalesK4 packs eight 6-bit scales and mins as ggml's Q4_K and Q5_K
+// quantizers do.
+func packScalesK4(ls, lm [8]uint8) (scales [12]uint8) {
+	for j := range 8 {
+		if j < 4 {
+			scales[j], scales[j+4] = ls[j], lm[j]
+		} else {
+			scales[j+4] = ls[j]&0xF | (lm[j]&0xF)<<4
+			scales[j-4] |= (ls[j] >> 4) << 6
+			scales[j] |= (lm[j] >> 4) << 6
+		}
+	}
+	return scales
+}
+
+// readK reads blocks super-blocks raw of typ back through a file.
+func readK(t *testing.T, typ Type, blocks int, raw []byte) []float32 {
+	t.Helper()
+	var w Writer
+	require.NoError(t, w.RawTensor("k", []int{blocks, 256}, typ, raw))
+	f := parse(t, write(t, &w))
+	ti, _ := f.TensorByName("k")
+	assert.Equal(t, uint64(len(raw)), ti.Bytes)
+	got, err := f.ReadFloat32(ti)
+	require.NoError(t, err)
+	return got
+}
+
+// Q5_K super-blocks, packed as ggml's quantize_row_q5_K_ref packs them
+// (5-bit values: the low nibbles in 128 bytes, the fifth bits in 32),
+// dequantize to d*scale*q - dmin*min per 32-value sub-block.
+func TestQ5_K(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const blocks = 3
+	var raw []byte
+	var want []float32
+	for range blocks {
+		d, dmin := half.FromFloat32(0.01+r.Float32()/10), half.FromFloat32(r.Float32()/10)
+		var ls, lm [8]uint8
+		for j := range 8 {
+			ls[j], lm[j] = uint8(r.IntN(64)), uint8(r.IntN(64))
+		}
+		var L [256]uint8
+		for i := range L {
+			L[i] = uint8(r.IntN(32))
+		}
+		var qh [32]uint8
+		var qs [128]uint8
+		m1, m2 := uint8(1), uint8(2)
+		for n := 0; n < 256; n += 64 {
+			for j := range 32 {
+				l1, l2 := L[n+j], L[n+j+32]
+				if l1 > 15 {
+					l1 -= 16
+					qh[j] |= m1
+				}
+				if l2 > 15 {
+					l2 -= 16
+					qh[j] |= m2
+				}
+				qs[n/2+j] = l1 | l2<<4
+			}
+			m1, m2 = m1<<2, m2<<2
+		}
+		scales := packScalesK4(ls, lm)
+		raw = binary.LittleEndian.AppendUint16(raw, d)
+		raw = binary.LittleEndian.AppendUint16(raw, dmin)
+		raw = append(raw, scales[:]...)
+		raw = append(raw, qh[:]...)
+		raw = append(raw, qs[:]...)
+		for i := range 256 {
+			sub := i / 32
+			want = append(want, half.ToFloat32(d)*float32(ls[sub])*float32(L[i])-half.ToFloat32(dmin)*float32(lm[sub]))
+		}
+	}
+	got := readK(t, Q5_K, blocks, raw)
+	for i := range want {
+		require.InDelta(t, want[i], got[i], 1e-6*math.Abs(float64(want[i]))+1e-7, i)
+	}
+}
+
+// Q6_K super-blocks, packed as ggml's quantize_row_q6_K_ref packs them (6-bit
+// values q+32: low nibbles in 128 bytes, top bit pairs in 64; a signed
+// scale a 16 values), dequantize to d*scale*q.
+func TestQ6_K(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const blocks = 3
+	var raw []byte
+	var want []float32
+	for range blocks {
+		d := half.FromFloat32(0.001 + r.Float32()/100)
+		var sc [16]int8
+		for j := range sc {
+			sc[j] = int8(r.IntN(256) - 128)
+		}
+		var L [256]uint8 // q + 32
+		for i := range L {
+			L[i] = uint8(r.IntN(64))
+		}
+		var ql [128]uint8
+		var qh [64]uint8
+		for j := 0; j < 256; j += 128 {
+			for l := range 32 {
+				q1, q2, q3, q4 := L[j+l]&0xF, L[j+l+32]&0xF, L[j+l+64]&0xF, L[j+l+96]&0xF
+				ql[j/2+l] = q1 | q3<<4
+				ql[j/2+l+32] = q2 | q4<<4
+				qh[j/4+l] = L[j+l]>>4 | (L[j+l+32]>>4)<<2 | (L[j+l+64]>>4)<<4 | (L[j+l+96]>>4)<<6
+			}
+		}
+		raw = append(raw, ql[:]...)
+		raw = append(raw, qh[:]...)
+		for _, v := range sc {
+			raw = append(raw, uint8(v))
+		}
+		raw = binary.LittleEndian.AppendUint16(raw, d)
+		for i := range 256 {
+			want = append(want, half.ToFloat32(d)*float32(sc[i/16])*float32(int(L[i])-32))
+		}
+	}
+	got := readK(t, Q6_K, blocks, raw)
+	for i := range want {
+		require.InDelta(t, want[i], got[i], 1e-6*math.Abs(float64(want[i]))+1e-7, i)
+	}
+}
+
 // A tensor larger than one read chunk is read whole, in order.
 func TestLargeTensor(t *testing.T) {
 	n := readChunk/4 + 96
@@ -256,11 +381,11 @@ func TestLargeTensor(t *testing.T) {
 // Types known but not read are described and refused by name.
 func TestUnsupportedType(t *testing.T) {
 	var w Writer
-	require.NoError(t, w.RawTensor("q6", []int{256}, Q6_K, make([]byte, 210)))
+	require.NoError(t, w.RawTensor("q3", []int{256}, Q3_K, make([]byte, 110)))
 	f := parse(t, write(t, &w))
 	_, err := f.ReadFloat32(&f.Tensors[0])
 	assert.ErrorIs(t, err, ErrUnsupported)
-	assert.ErrorContains(t, err, "type Q6_K")
+	assert.ErrorContains(t, err, "type Q3_K")
 	assert.Equal(t, "type(99)", Type(99).String())
 }
 

@@ -285,7 +285,7 @@ func DecoderTensors(f *File, c *DecoderConfig) ([]DecoderTensor, error) {
 			return fmt.Errorf("%w: tensor %q (%s) has shape %v (dims %v); want %v", ErrMalformed, gguf, hf, got, t.Dims, shape)
 		}
 		if !t.Type.Readable() {
-			return fmt.Errorf("%w: tensor %q is %s; stepserve reads F32, F16, BF16, Q8_0, Q4_0 and Q4_K", ErrUnsupported, gguf, t.Type)
+			return fmt.Errorf("%w: tensor %q is %s; stepserve reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K", ErrUnsupported, gguf, t.Type)
 		}
 		out = append(out, DecoderTensor{HF: hf, Shape: shape, Info: t, PermutedHeads: perm})
 		return nil

@@ -189,14 +189,14 @@ func TestDecoderRefusals(t *testing.T) {
 	_, err = gguf.DecoderTensors(f, c)
 	assert.ErrorContains(t, err, "has shape [32 8] (dims [8 32]); want [8 32]")
 	w = base("llama")
-	require.NoError(t, w.RawTensor("token_embd.weight", []int{8, 256}, gguf.Q6_K, make([]byte, 8*210)))
+	require.NoError(t, w.RawTensor("token_embd.weight", []int{8, 256}, gguf.Q3_K, make([]byte, 8*110)))
 	w.Uint32("llama.embedding_length", 256)
 	f, _ = read(w)
 	c, err = gguf.ReadDecoderConfig(f)
 	require.NoError(t, err)
 	_, err = gguf.DecoderTensors(f, c)
 	assert.ErrorIs(t, err, gguf.ErrUnsupported)
-	assert.ErrorContains(t, err, "is Q6_K")
+	assert.ErrorContains(t, err, "is Q3_K")
 }
 
 // Unpermuting undoes llama.cpp's permutation, for any element type.

@@ -111,6 +111,74 @@ func dequantize(typ Type, dst []float32, b []byte) {
 			dequantizeQ4K(dst[:qk], b[:144])
 			b, dst = b[144:], dst[qk:]
 		}
+	case Q5_K:
+		for len(dst) > 0 {
+			dequantizeQ5K(dst[:qk], b[:176])
+			b, dst = b[176:], dst[qk:]
+		}
+	case Q6_K:
+		for len(dst) > 0 {
+			dequantizeQ6K(dst[:qk], b[:210])
+			b, dst = b[210:], dst[qk:]
+		}
+	}
+}
+
+// dequantizeQ5K is ggml's dequantize_row_q5_K for one super-block: as
+// Q4_K (a float16 scale d and min dmin, twelve bytes of eight 6-bit scales
+// and mins), then 32 bytes of fifth bits and 128 of nibbles: in the 64
+// values j..j+63, value j+l has nibble l's low half and bit 2j/64 of byte
+// l, value j+32+l the high half and the next bit.
+func dequantizeQ5K(dst []float32, b []byte) {
+	le := binary.LittleEndian
+	d := half.ToFloat32(le.Uint16(b))
+	dmin := half.ToFloat32(le.Uint16(b[2:]))
+	scales, qh, q := b[4:16], b[16:48], b[48:]
+	u1, u2 := uint8(1), uint8(2)
+	for j, is := 0, 0; j < qk; j, is = j+64, is+2 {
+		sc, m := scaleMinK4(is, scales)
+		d1, m1 := d*float32(sc), dmin*float32(m)
+		sc, m = scaleMinK4(is+1, scales)
+		d2, m2 := d*float32(sc), dmin*float32(m)
+		for l := range 32 {
+			lo, hi := q[l]&0xF, q[l]>>4
+			if qh[l]&u1 != 0 {
+				lo += 16
+			}
+			if qh[l]&u2 != 0 {
+				hi += 16
+			}
+			dst[j+l] = d1*float32(lo) - m1
+			dst[j+32+l] = d2*float32(hi) - m2
+		}
+		q = q[32:]
+		u1, u2 = u1<<2, u2<<2
+	}
+}
+
+// dequantizeQ6K is ggml's dequantize_row_q6_K for one super-block: 128
+// bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales (one a
+// 16 values) and a float16 scale d; each value d*scale*(q-32), q 6 bits.
+// In each half (128 values, 64 low bytes, 32 high ones), value l and l+64
+// take low byte l's low and high nibble, l+32 and l+96 low byte l+32's,
+// and high byte l holds their top two bits at shifts 0, 4, 2 and 6 (for
+// l, l+64, l+32, l+96).
+func dequantizeQ6K(dst []float32, b []byte) {
+	ql, qh, sc := b[:128], b[128:192], b[192:208]
+	d := half.ToFloat32(binary.LittleEndian.Uint16(b[208:]))
+	for n := 0; n < qk; n += 128 {
+		for l := range 32 {
+			is := l / 16
+			q1 := int(ql[l]&0xF|(qh[l]>>0&3)<<4) - 32
+			q2 := int(ql[l+32]&0xF|(qh[l]>>2&3)<<4) - 32
+			q3 := int(ql[l]>>4|(qh[l]>>4&3)<<4) - 32
+			q4 := int(ql[l+32]>>4|(qh[l]>>6&3)<<4) - 32
+			dst[n+l] = d * float32(int8(sc[is])) * float32(q1)
+			dst[n+l+32] = d * float32(int8(sc[is+2])) * float32(q2)
+			dst[n+l+64] = d * float32(int8(sc[is+4])) * float32(q3)
+			dst[n+l+96] = d * float32(int8(sc[is+6])) * float32(q4)
+		}
+		ql, qh, sc = ql[64:], qh[32:], sc[8:]
 	}
 }
 
