@@ -317,9 +317,9 @@ bench-lookup:
 ## build from npm, pinned by bench/llama/package-lock.json) on random
 ## decoders of the shapes LLAMA_SHAPES (smollm: SmolLM-135M; qwen0.5b:
 ## Qwen2.5-0.5B; llama1b: Llama-3.2-1B) served by bin/stepserve in float32,
-## bfloat16 and Q8_0 (quantization: q8_0) and written as f32, f16 and Q8_0
-## GGUF for llama.cpp (LLAMA_FORMATS; empty: each shape's default, no f32
-## for llama1b): greedy tokens checked against llama.cpp (and PyTorch for
+## bfloat16, Q8_0 and Q4_0 (quantization: q8_0, q4_0) and written as f32,
+## f16, Q8_0 and Q4_0 GGUF for llama.cpp (LLAMA_FORMATS: f32,bf16,q8_0,q4_0;
+## empty: each shape's default, no f32 or q4_0 for llama1b): greedy tokens checked against llama.cpp (and PyTorch for
 ## SmolLM float32) first, then prefill of a 512-token prompt (tokens/s and
 ## time to first token), decode tokens/s at one sequence and aggregate
 ## decode at LLAMA_STREAMS streams against llama.cpp's 8 sequences on one

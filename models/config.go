@@ -54,10 +54,12 @@ type Config struct {
 	// CPU with AVX512_BF16, and is refused on one without.
 	DeviceDtype string `yaml:"device_dtype"`
 	// Quantization is how the CPU engine keeps the weights of the
-	// model's products: "none" (as device_dtype says) or "q8_0" (int8
+	// model's products: "none" (as device_dtype says), "q8_0" (int8
 	// with a float16 scale per block of 32 along the inputs, GGUF's Q8_0,
 	// quantized at load; activations are quantized the same way for each
-	// product). The rbln engine refuses q8_0.
+	// product) or "q4_0" (4-bit values with a float16 scale per block of
+	// 32, GGUF's Q4_0; activations in Q8_0 blocks). The torch and rbln
+	// engines refuse both.
 	Quantization string `yaml:"quantization"`
 	// Float16Overflow is what a float input beyond float16's range
 	// (finite values above 65504 in magnitude) gets where the model's

@@ -32,11 +32,11 @@ func (c *Config) validate() error {
 	if err := oneOf(bad, "device_dtype", &c.DeviceDtype, "float16", "float16", "bfloat16"); err != nil {
 		return err
 	}
-	if err := oneOf(bad, "quantization", &c.Quantization, "none", "none", "q8_0"); err != nil {
+	if err := oneOf(bad, "quantization", &c.Quantization, "none", "none", "q8_0", "q4_0"); err != nil {
 		return err
 	}
-	if c.Quantization == "q8_0" && c.Engine != "" && c.Engine != "cpu" {
-		return bad("quantization", "q8_0 runs on the CPU engine; engine %s computes in device_dtype: remove quantization or set engine: cpu", c.Engine)
+	if c.Quantization != "none" && c.Engine != "" && c.Engine != "cpu" {
+		return bad("quantization", "%s runs on the CPU engine; engine %s computes in device_dtype: remove quantization or set engine: cpu", c.Quantization, c.Engine)
 	}
 	if err := oneOf(bad, "float16_overflow", &c.Float16Overflow, "refuse", "refuse", "clamp"); err != nil {
 		return err

@@ -114,12 +114,20 @@ func (m *Manifest) openGGUF() (bool, error) {
 		Inputs:       []TensorSpec{{Name: GenerateInput, Datatype: BYTES, Shape: []int{-1}}},
 		Outputs:      []TensorSpec{{Name: TextOutput, Datatype: BYTES, Shape: []int{-1}}},
 	}
-	// A file whose projections are Q8_0 is served in Q8_0: its blocks
-	// quantize back to themselves (a block's largest value is ±127 times
-	// its scale).
+	// A file whose projections are Q8_0 or Q4_0 is served in that format:
+	// its blocks quantize back to themselves (a Q8_0 block's largest
+	// value is ±127 times its scale, a Q4_0 block's -8 times). The
+	// K-quants (Q4_K_M files mix Q4_K and Q6_K, Q5_K_M Q5_K and Q6_K) have
+	// no kernel here: they are served in Q8_0, which keeps their values
+	// to within half a step of 1/127 of each block's largest.
 	for _, t := range g.tensors {
-		if strings.HasSuffix(t.HF, "self_attn.q_proj.weight") && t.Info.Type == gguf.Q8_0 {
-			cfg.Quantization = "q8_0"
+		if strings.HasSuffix(t.HF, "self_attn.q_proj.weight") {
+			switch t.Info.Type {
+			case gguf.Q8_0, gguf.Q4_K, gguf.Q5_K, gguf.Q6_K:
+				cfg.Quantization = "q8_0"
+			case gguf.Q4_0:
+				cfg.Quantization = "q4_0"
+			}
 		}
 	}
 	gen := &GenerationConfig{}

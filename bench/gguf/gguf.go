@@ -25,6 +25,7 @@ const (
 	F32  = gguf.F32
 	F16  = gguf.F16
 	Q8_0 = gguf.Q8_0
+	Q4_0 = gguf.Q4_0
 )
 
 // value types of metadata, for the tests' reader
@@ -42,7 +43,9 @@ const alignment = gguf.DefaultAlignment
 type Options struct {
 	Name string
 	// Type stores the two-dimensional weights; norms stay float32, as
-	// llama.cpp's converter keeps them.
+	// llama.cpp's converter keeps them. Under Q4_0 the embeddings and the
+	// output head are Q8_0, as llama.cpp's Q4_0 keeps its output head
+	// above 4 bits (Q6_K there).
 	Type Type
 	// BOS and EOS are the special token ids.
 	BOS, EOS int
@@ -56,8 +59,9 @@ type Options struct {
 
 // Write writes the decoder c with weights w (transformers' names, float32
 // data read) to path as a GGUF file for llama.cpp, its two-dimensional
-// weights stored as o.Type (F32, F16, BF16 or Q8_0, the last quantized by
-// models/gguf as llama.cpp's quantize_row_q8_0_ref does), norms and
+// weights stored as o.Type (F32, F16, BF16, Q8_0 or Q4_0, the last two
+// quantized by models/gguf as llama.cpp's quantize_row_q8_0_ref and
+// quantize_row_q4_0_ref do), norms and
 // biases in float32 as llama.cpp's converter keeps them.
 //
 // A Llama or Mistral decoder is written as architecture "llama" (the rows
@@ -92,7 +96,7 @@ func Write(path string, c *models.DecoderConfig, w *models.Weights, o Options) e
 	g.String("general.name", name)
 	g.Uint32("general.alignment", gguf.DefaultAlignment)
 	// llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7.
-	g.Uint32("general.file_type", map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.BF16: 32, gguf.Q8_0: 7}[typ])
+	g.Uint32("general.file_type", map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.BF16: 32, gguf.Q8_0: 7, gguf.Q4_0: 2}[typ])
 	g.Uint32(arch+".context_length", uint32(c.MaxPosition))
 	g.Uint32(arch+".embedding_length", uint32(c.Hidden))
 	g.Uint32(arch+".block_count", uint32(c.Layers))
@@ -147,8 +151,11 @@ func Write(path string, c *models.DecoderConfig, w *models.Weights, o Options) e
 			return fmt.Errorf("gguf: tensor %s is missing", from)
 		}
 		ty := typ
-		if len(t.Shape) == 1 {
+		switch {
+		case len(t.Shape) == 1:
 			ty = gguf.F32
+		case typ == gguf.Q4_0 && (to == "token_embd.weight" || to == "output.weight"):
+			ty = gguf.Q8_0
 		}
 		data := t.Data
 		if rows != nil {

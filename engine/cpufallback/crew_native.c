@@ -67,7 +67,7 @@ static int run_chunk(const ss_task *t, long c, long chunks, int tid) {
 			p0 -= t->first[i];
 			p1 -= t->first[i];
 			if (t->wq[i])
-				ss_linear_q8(t->q8level, t->m, t->n[i], t->kg, t->qx, t->dx, t->sx, t->wq[i], t->wd[i], t->y[i], t->bias[i], t->act, p0, p1);
+				ss_linear_q8(t->q8level, t->qbits[i], t->m, t->n[i], t->kg, t->qx, t->dx, t->sx, t->wq[i], t->wd[i], t->y[i], t->bias[i], t->act, p0, p1);
 			else if (t->wbf[i])
 				ss_linear_bf16(t->m, t->n[i], t->k, t->x, t->wbf[i], t->y[i], t->bias[i], t->act, p0, p1);
 			else
@@ -262,9 +262,11 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
                    float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
                    int q8level, int kg, const signed char *qx, const float *dx, const int *sx, const signed char *wq0,
-                   const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2) {
+                   const signed char *wq1, const signed char *wq2, const unsigned short *wd0, const unsigned short *wd1, const unsigned short *wd2,
+                   int qb0, int qb1, int qb2) {
 	const signed char *wq[3] = {wq0, wq1, wq2};
-	const float *wd[3] = {wd0, wd1, wd2};
+	const unsigned short *wd[3] = {wd0, wd1, wd2};
+	int qb[3] = {qb0, qb1, qb2};
 	ss_task *t = &c->staged;
 	t->kind = SS_TASK_LINEAR;
 	t->isa = isa;
@@ -287,6 +289,7 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
 		t->bias[i] = bias[i];
 		t->wq[i] = i < nprod ? wq[i] : 0;
 		t->wd[i] = i < nprod ? wd[i] : 0;
+		t->qbits[i] = i < nprod ? qb[i] : 0;
 		int panels = t->wq[i] ? (n[i] + 15) / 16 : wb[i] ? (n[i] + 31) / 32 : (n[i] + width - 1) / width;
 		t->first[i + 1] = t->first[i] + (i < nprod ? panels : 0);
 	}

@@ -49,7 +49,8 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 		act = C.int(t.act)
 		// Q8_0 products: the weights, and x quantized.
 		wq        [3]*C.schar
-		wd        [3]*C.float
+		wd        [3]*C.ushort
+		qbits     [3]C.int
 		qx        *C.schar
 		dx        *C.float
 		sx        *C.int
@@ -71,11 +72,12 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 			b[i] = fp(t.bias[i])
 		}
 		if wt.q8 != nil {
-			if t.acts == nil || t.acts.blocks != wt.q8.blocks || t.acts.m < t.m || len(wt.q8.d) < wt.panels()*wt.q8.blocks*16 {
+			if t.acts == nil || t.acts.blocks != wt.q8.blocks || t.acts.m < t.m || len(wt.q8.d) < wt.panels()*wt.q8.blocks*16 || len(wt.q8.q) < wt.panels()*wt.q8.blocks*wt.q8.bits*64 {
 				panic("cpufallback: linear: mismatched shapes")
 			}
 			wq[i] = (*C.schar)(unsafe.Pointer(&wt.q8.q[0]))
-			wd[i] = fp(wt.q8.d)
+			wd[i] = (*C.ushort)(unsafe.Pointer(&wt.q8.d[0]))
+			qbits[i] = C.int(wt.q8.bits)
 		} else if wt.bf16 != nil {
 			if len(wt.bf16) < (wt.out+31)/32*32*((wt.in+1)/2*2) {
 				panic("cpufallback: linear: mismatched shapes")
@@ -93,7 +95,7 @@ func (n *nativeCrew) linear(t *linearTask, chunks int) {
 	}
 	failed(C.ss_crew_linear(n.c(), C.int(products.isa), C.int(chunks), C.int(t.m), C.int(k), C.int(t.n), act, fp(t.x),
 		ns[0], ns[1], ns[2], w[0], w[1], w[2], wb[0], wb[1], wb[2], y[0], y[1], y[2], b[0], b[1], b[2],
-		level, kg, qx, dx, sx, wq[0], wq[1], wq[2], wd[0], wd[1], wd[2]))
+		level, kg, qx, dx, sx, wq[0], wq[1], wq[2], wd[0], wd[1], wd[2], qbits[0], qbits[1], qbits[2]))
 }
 
 // attention runs a's sequence's heads as chunks, each on its thread's

@@ -17,10 +17,11 @@ typedef struct ss_task {
 	int n[3], first[4];
 	const float *w[3];
 	const unsigned short *wbf[3];
-	// Q8_0 products (wq[i] set): weights wq/wd and x quantized, qx/dx,
+	// Q8_0 and Q4_0 products (wq[i] set, qbits[i] 8 or 4): weights wq/wd and x quantized, qx/dx,
 	// kg groups a row, kernels of q8level; 16-row panels.
 	const signed char *wq[3];
-	const float *wd[3];
+	const unsigned short *wd[3];
+	int qbits[3]; // 8: Q8_0; 4: Q4_0
 	const signed char *qx;
 	const float *dx;
 	const int *sx;
@@ -56,7 +57,8 @@ int ss_crew_linear(ss_crew *c, int isa, int chunks, int m, int k, int nprod, int
                    const unsigned short *wb0, const unsigned short *wb1, const unsigned short *wb2,
                    float *y0, float *y1, float *y2, const float *bias0, const float *bias1, const float *bias2,
                    int q8level, int kg, const signed char *qx, const float *dx, const int *sx, const signed char *wq0,
-                   const signed char *wq1, const signed char *wq2, const float *wd0, const float *wd1, const float *wd2);
+                   const signed char *wq1, const signed char *wq2, const unsigned short *wd0, const unsigned short *wd1, const unsigned short *wd2,
+                   int qb0, int qb1, int qb2);
 int ss_crew_attention(ss_crew *c, int isa, int heads, int S, int H, int d, float scale, const float *q, const float *k,
                       const float *v, const float *keys, float *ctx, float *scores, long stride, int threads);
 int ss_crew_norm(ss_crew *c, int chunks, int per, float *x, const float *y, const float *bias, const float *g,

@@ -92,10 +92,10 @@ type decoderPlan struct {
 	cfg         *models.DecoderConfig
 	eps         float32
 	embed, norm []float32
-	// embedQ8, for Q8_0 weights, replaces embed: the table quantized (the
-	// head's own weight when tied), rows dequantized as tokens look them
-	// up, as llama.cpp reads a Q8_0 token_embd.
-	embedQ8 *q8Weight
+	// embedQ8, for Q8_0 and Q4_0 weights, replaces embed: the table in
+	// Q8_0 (the head's own weight when tied), rows dequantized as tokens
+	// look them up, as llama.cpp reads a Q8_0 token_embd.
+	embedQ8 *quantWeight
 	head    *weight
 	layers  []decoderLayer
 	geo     generation.Geometry // the KV cache's blocks, and their slots
@@ -140,7 +140,14 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 	d, c, g := m.Decoder, m.Decoder.Config, m.Config.Generation
 	f := weightFormat(m.Config)
 	res := func(l *models.Linear) *weight { return resident(l, f) }
-	p := &decoderPlan{cfg: c, eps: float32(c.RMSNormEps), embed: d.Embed, norm: d.Norm, head: res(d.Head),
+	// The output head (and the embeddings) stay 8-bit under Q4_0, as
+	// llama.cpp's Q4_0 files keep theirs in 6 or 8 bits: a token's
+	// logits are read off it directly.
+	hf := f
+	if f == formatQ4 {
+		hf = formatQ8
+	}
+	p := &decoderPlan{cfg: c, eps: float32(c.RMSNormEps), embed: d.Embed, norm: d.Norm, head: resident(d.Head, hf),
 		geo:     generation.Geometry{Blocks: g.KVCacheBlocks, BlockSize: g.BlockSize, MaxModelLen: g.MaxModelLen},
 		kvWidth: c.KVHeads * c.HeadDim, maxTokens: g.MaxBatchTokens}
 	for i := range d.Layers {
@@ -149,7 +156,7 @@ func newDecoderPlan(m *models.Model) *decoderPlan {
 			q: res(&l.Q), k: res(&l.K), v: res(&l.V), o: res(&l.O), qb: l.Q.Bias, kb: l.K.Bias, vb: l.V.Bias, ob: l.O.Bias,
 			gate: res(&l.Gate), up: res(&l.Up), down: res(&l.Down)})
 	}
-	if f == formatQ8 {
+	if f == formatQ8 || f == formatQ4 {
 		p.embedQ8 = p.head.q8
 		if len(d.Head.Weight) == 0 || len(d.Embed) == 0 || &d.Head.Weight[0] != &d.Embed[0] {
 			p.embedQ8 = newQ8Weight(c.Vocab, c.Hidden, d.Embed)

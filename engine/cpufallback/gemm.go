@@ -60,9 +60,10 @@ type weight struct {
 	// bf16, where the model asks for bfloat16 (device_dtype) and the CPU
 	// has AVX512_BF16, replaces f32: packed for productKernel.linearBF16.
 	bf16 []uint16
-	// q8, where the model is quantized (model.yaml's quantization: q8_0),
-	// replaces both: Q8_0 blocks for linearQ8, in panels of q8Panel rows.
-	q8 *q8Weight
+	// q8, where the model is quantized (model.yaml's quantization: q8_0
+	// or q4_0), replaces both: Q8_0 or Q4_0 blocks for linearQ8, in panels
+	// of q8Panel rows.
+	q8 *quantWeight
 }
 
 // panels is how many panels of the product kernel's width w's output
@@ -113,14 +114,15 @@ func linearPanels(m int, x []float32, w *weight, y, bias []float32, act activati
 func zeros(n int) []float32 { return make([]float32, n) }
 
 // format is how a model's weights are kept resident: float32, bfloat16
-// (device_dtype: bfloat16 where the CPU has it) or Q8_0 (quantization:
-// q8_0).
+// (device_dtype: bfloat16 where the CPU has it), Q8_0 or Q4_0
+// (quantization: q8_0 or q4_0).
 type format int
 
 const (
 	formatF32 format = iota
 	formatBF16
 	formatQ8
+	formatQ4
 )
 
 // weightFormat is the format of m's weights.
@@ -128,6 +130,8 @@ func weightFormat(cfg *models.Config) format {
 	switch {
 	case cfg.Quantization == "q8_0":
 		return formatQ8
+	case cfg.Quantization == "q4_0":
+		return formatQ4
 	case wantsBF16(cfg):
 		return formatBF16
 	}
@@ -135,14 +139,14 @@ func weightFormat(cfg *models.Config) format {
 }
 
 // resident returns a Linear's weight in the layout the product kernels
-// want: Q8_0 blocks for formatQ8; packed in panels of the micro-kernel's
+// want: Q8_0 or Q4_0 blocks for formatQ8 and formatQ4; packed in panels of the micro-kernel's
 // width where native kernels run (in bfloat16 for formatBF16), else
 // transposed to [in, out] for the BLAS.
 func resident(l *models.Linear, f format) *weight {
 	w := &weight{in: l.In, out: l.Out}
 	switch {
-	case f == formatQ8:
-		w.q8 = newQ8Weight(l.Out, l.In, l.Weight)
+	case f == formatQ8 || f == formatQ4:
+		w.q8 = newQuantWeight(f, l.Out, l.In, l.Weight)
 	case f == formatBF16:
 		w.bf16 = products.packBF16(l.In, l.Out, l.Weight, l.In)
 	case products != nil:

@@ -1,8 +1,10 @@
 package cpufallback
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,9 +20,10 @@ import (
 // TestGGUFServesAsTheFolder: a folder holding only a .gguf (written from a
 // Hugging Face folder as llama.cpp's converter lays it out: Q/K rows
 // permuted, names and metadata llama.cpp's) is a model; in float32 it
-// generates the folder's greedy tokens exactly, and a Q8_0 file is served
-// in Q8_0 with the tokens of the folder quantized at load (its blocks
-// quantize back to themselves).
+// generates the folder's greedy tokens exactly, and a Q8_0 or Q4_0 file is
+// served in its format with the tokens of the folder quantized at load
+// (its blocks quantize back to themselves; under Q4_0 the head is Q8_0 on
+// both sides).
 func TestGGUFServesAsTheFolder(t *testing.T) {
 	llama := enginetest.DecoderShapes["llama"]
 	llama.Inter = 352 // Q8_0 packs rows of whole blocks of 32
@@ -39,6 +42,7 @@ func TestGGUFServesAsTheFolder(t *testing.T) {
 		{"llama f32", llama, benchgguf.F32, ""}, {"llama q8_0", llama, benchgguf.Q8_0, "quantization: q8_0\n"},
 		{"qwen2 f32", qwen2, benchgguf.F32, ""}, {"qwen2 q8_0", qwen2, benchgguf.Q8_0, "quantization: q8_0\n"},
 		{"llama3 rope f32", llama3, benchgguf.F32, ""}, {"llama3 rope q8_0", llama3, benchgguf.Q8_0, "quantization: q8_0\n"},
+		{"llama q4_0", llama, benchgguf.Q4_0, "quantization: q4_0\n"}, {"qwen2 q4_0", qwen2, benchgguf.Q4_0, "quantization: q4_0\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			folder := writeDecoder(t, tc.shape, tc.quant+keys)
@@ -56,7 +60,7 @@ func TestGGUFServesAsTheFolder(t *testing.T) {
 			assert.Equal(t, []string{"lm-gguf"}, names)
 			want := enginetest.Generate(t, mustLoop(t, folder), prompts, 24, nil)
 			loop, m := startDecoder(t, dir)
-			assert.Equal(t, tc.quant != "", m.Config.Quantization == "q8_0", "the file's type decides")
+			assert.Equal(t, cmp.Or(strings.TrimSpace(strings.TrimPrefix(tc.quant, "quantization:")), "none"), m.Config.Quantization, "the file's type decides")
 			assert.Equal(t, hf.Decoder.Config.Family, m.Decoder.Config.Family)
 			assert.Equal(t, hf.Decoder.Config.QKVBias, m.Decoder.Config.QKVBias)
 			assert.Equal(t, want, enginetest.Generate(t, loop, prompts, 24, nil))

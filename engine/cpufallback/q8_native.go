@@ -30,7 +30,7 @@ func q8ISA() C.int {
 	return C.SS_Q8_AVX2
 }
 
-func nativeLinearQ8(m, n int, a *q8Acts, w *q8Weight, y, bias []float32, act activation, p0, p1 int) {
+func nativeLinearQ8(m, n int, a *q8Acts, w *quantWeight, y, bias []float32, act activation, p0, p1 int) {
 	if m == 0 || n == 0 || p0 >= p1 {
 		return
 	}
@@ -38,6 +38,6 @@ func nativeLinearQ8(m, n int, a *q8Acts, w *q8Weight, y, bias []float32, act act
 	if bias != nil {
 		pb = fp(bias)
 	}
-	C.ss_linear_q8(q8ISA(), C.int(m), C.int(n), C.int(w.blocks), (*C.schar)(unsafe.Pointer(&a.q[0])), fp(a.d),
-		(*C.int)(unsafe.Pointer(&a.s[0])), (*C.schar)(unsafe.Pointer(&w.q[0])), fp(w.d), fp(y), pb, C.int(act), C.int(p0), C.int(p1))
+	C.ss_linear_q8(q8ISA(), C.int(w.bits), C.int(m), C.int(n), C.int(w.blocks), (*C.schar)(unsafe.Pointer(&a.q[0])), fp(a.d),
+		(*C.int)(unsafe.Pointer(&a.s[0])), (*C.schar)(unsafe.Pointer(&w.q[0])), (*C.ushort)(unsafe.Pointer(&w.d[0])), fp(y), pb, C.int(act), C.int(p0), C.int(p1))
 }

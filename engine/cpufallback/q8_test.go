@@ -41,7 +41,7 @@ func TestQuantizeQ8MatchesLlamaCpp(t *testing.T) {
 				}
 				scale := amax / 127
 				_, d := w.at(o, b0)
-				assert.Equal(t, half.ToFloat32(half.FromFloat32(scale)), w.d[d], "%+v row %d block %d", s, o, b0/q8Block)
+				assert.Equal(t, half.FromFloat32(scale), w.d[d], "%+v row %d block %d", s, o, b0/q8Block)
 				for c, v := range blk {
 					at, _ := w.at(o, b0+c)
 					got := w.q[at]
@@ -71,14 +71,15 @@ func TestQuantizeQ8MatchesLlamaCpp(t *testing.T) {
 		w.dequantizeRow(s.n-1, row)
 		for i, v := range row {
 			q, d := w.at(s.n-1, i)
-			assert.Equal(t, float32(w.q[q])*w.d[d], v)
+			assert.Equal(t, float32(w.q[q])*half.ToFloat32(w.d[d]), v)
 		}
 	}
 }
 
 // q8Reference is y = x · Wᵀ from the quantized values in float64: each
-// block's integer dot product times both scales, summed exactly.
-func q8Reference(m, n, k int, a *q8Acts, w *q8Weight) []float64 {
+// block's integer dot product times both scales, summed exactly (Q8_0 or
+// Q4_0 weights).
+func q8Reference(m, n, k int, a *q8Acts, w *quantWeight) []float64 {
 	y := make([]float64, m*n)
 	for i := range m {
 		for o := range n {
@@ -86,11 +87,11 @@ func q8Reference(m, n, k int, a *q8Acts, w *q8Weight) []float64 {
 			for b := range w.blocks {
 				var dot int64
 				for c := range q8Block {
-					at, _ := w.at(o, b*q8Block+c)
-					dot += int64(a.q[(i*w.blocks+b)*q8Block+c]) * int64(w.q[at])
+					v, _ := w.value(o, b*q8Block+c)
+					dot += int64(a.q[(i*w.blocks+b)*q8Block+c]) * int64(v)
 				}
-				_, d := w.at(o, b*q8Block)
-				sum += float64(dot) * float64(w.d[d]) * float64(a.d[i*w.blocks+b])
+				_, d := w.value(o, b*q8Block)
+				sum += float64(dot) * float64(d) * float64(a.d[i*w.blocks+b])
 			}
 			y[i*n+o] = sum
 		}
@@ -98,20 +99,26 @@ func q8Reference(m, n, k int, a *q8Acts, w *q8Weight) []float64 {
 	return y
 }
 
-// TestLinearQ8OnEveryKernelSet: the Q8_0 products of every kernel set this
-// CPU runs (AVX-512 VNNI, AVX2, the portable Go) equal the exact sum of
-// the blocks' products to float32 rounding, through shapes that leave
-// partial blocks, groups and panels, 1 to 9 rows, a bias and an
+// TestLinearQ8OnEveryKernelSet: the Q8_0 and Q4_0 products of every kernel
+// set this CPU runs (AVX-512 VNNI, AVX2, the portable Go) equal the exact
+// sum of the blocks' products to float32 rounding, through shapes that
+// leave partial blocks, groups and panels, 1 to 9 rows, a bias and an
 // activation, and panel ranges.
 func TestLinearQ8OnEveryKernelSet(t *testing.T) {
 	defer SetKernels("")
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, set := range KernelNames() {
 		require.NoError(t, SetKernels(set))
-		for _, s := range []struct{ m, n, k int }{{1, 16, 32}, {1, 17, 33}, {2, 40, 100}, {3, 64, 512}, {4, 33, 1000}, {5, 48, 2048}, {9, 20, 600}, {1, 5, 7}} {
-			name := fmt.Sprintf("%s m%d n%d k%d", set, s.m, s.n, s.k)
+		for _, tc := range []struct {
+			m, n, k int
+			f       format
+		}{{1, 16, 32, formatQ8}, {1, 17, 33, formatQ8}, {2, 40, 100, formatQ8}, {3, 64, 512, formatQ8}, {4, 33, 1000, formatQ8},
+			{5, 48, 2048, formatQ8}, {9, 20, 600, formatQ8}, {1, 5, 7, formatQ8}, {1, 16, 32, formatQ4}, {1, 17, 33, formatQ4},
+			{2, 40, 100, formatQ4}, {3, 64, 512, formatQ4}, {4, 33, 1000, formatQ4}, {5, 48, 2048, formatQ4}, {9, 20, 600, formatQ4}, {1, 5, 7, formatQ4}} {
+			s := tc
+			name := fmt.Sprintf("%s bits %d m%d n%d k%d", set, map[format]int{formatQ8: 8, formatQ4: 4}[s.f], s.m, s.n, s.k)
 			x, wf := randMatrix(rng, s.m*s.k), randMatrix(rng, s.n*s.k)
-			w := &weight{in: s.k, out: s.n, q8: newQ8Weight(s.n, s.k, wf)}
+			w := &weight{in: s.k, out: s.n, q8: newQuantWeight(s.f, s.n, s.k, wf)}
 			a := quantizeActs(s.m, s.k, x)
 			want := q8Reference(s.m, s.n, s.k, a, w.q8)
 			bias := randMatrix(rng, s.n)
@@ -157,28 +164,48 @@ func TestLinearQ8ThroughLinear(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(10, run))
 }
 
-// TestDecoderQ8: a decoder with quantization: q8_0 picks the float32
-// model's first greedy token after each prompt (their logits differ by the
-// quantization only; later tokens of random weights part at near ties),
-// and generates the same tokens alone and batched: a row's quantization
-// and sums do not depend on the rows beside it.
+// TestDecoderQ8: a decoder with quantization: q8_0 or q4_0 picks the
+// first greedy token after each prompt of the float32 model with its
+// layers' weights rounded as the format stores them (Q8_0 barely moves
+// them; a tiny random model's Q4_0 moves its logits past their near ties,
+// so the rounding is what is compared: the two differ by the activations'
+// quantization and the head's Q8_0 only; later tokens of random weights
+// part at near ties), and generates the same tokens alone and batched: a
+// row's quantization and sums do not depend on the rows beside it.
 func TestDecoderQ8(t *testing.T) {
 	for name, shape := range enginetest.DecoderShapes {
-		t.Run(name, func(t *testing.T) {
-			keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
-			f32Loop, _ := startDecoder(t, writeDecoder(t, shape, keys))
-			q8Loop, m := startDecoder(t, writeDecoder(t, shape, "quantization: q8_0\n"+keys))
-			require.Equal(t, "q8_0", m.Config.Quantization)
-			prompts := testPrompts()
-			want := enginetest.Generate(t, f32Loop, prompts, 16, nil)
-			got := enginetest.Generate(t, q8Loop, prompts, 16, nil)
-			for i := range prompts {
-				assert.Equal(t, want[i][0], got[i][0], "prompt %d: the first token", i)
-			}
-			for i, p := range prompts {
-				assert.Equal(t, got[i], enginetest.Generate(t, q8Loop, [][]int32{p}, 16, nil)[0], "prompt %d alone and batched", i)
-			}
-		})
+		for _, f := range []format{formatQ8, formatQ4} {
+			quant := map[format]string{formatQ8: "q8_0", formatQ4: "q4_0"}[f]
+			t.Run(name+"/"+quant, func(t *testing.T) {
+				keys := "generation:\n  max_model_len: 256\n  max_num_seqs: 8\n  max_batch_tokens: 64\n"
+				ref, err := models.Load(writeDecoder(t, shape, keys))
+				require.NoError(t, err)
+				for i := range ref.Decoder.Layers {
+					l := &ref.Decoder.Layers[i]
+					for _, lin := range []*models.Linear{&l.Q, &l.K, &l.V, &l.O, &l.Gate, &l.Up, &l.Down} {
+						qw := newQuantWeight(f, lin.Out, lin.In, lin.Weight)
+						for o := range lin.Out {
+							qw.dequantizeRow(o, lin.Weight[o*lin.In:(o+1)*lin.In])
+						}
+					}
+				}
+				dec, err := Engine{}.LoadDecoder(context.Background(), ref)
+				require.NoError(t, err)
+				t.Cleanup(func() { dec.Close() })
+				refLoop := enginetest.StartLoop(t, dec, ref)
+				qLoop, m := startDecoder(t, writeDecoder(t, shape, "quantization: "+quant+"\n"+keys))
+				require.Equal(t, quant, m.Config.Quantization)
+				prompts := testPrompts()
+				want := enginetest.Generate(t, refLoop, prompts, 16, nil)
+				got := enginetest.Generate(t, qLoop, prompts, 16, nil)
+				for i := range prompts {
+					assert.Equal(t, want[i][0], got[i][0], "prompt %d: the first token", i)
+				}
+				for i, p := range prompts {
+					assert.Equal(t, got[i], enginetest.Generate(t, qLoop, [][]int32{p}, 16, nil)[0], "prompt %d alone and batched", i)
+				}
+			})
+		}
 	}
 }
 
@@ -263,6 +290,44 @@ func TestQuantizeActs(t *testing.T) {
 		for c := range 100 {
 			at, _ := w.at(i, c)
 			require.Equal(t, w.q[at], b.q[(i*4+c/32)*32+c%32], "row %d value %d", i, c)
+		}
+	}
+}
+
+// BenchmarkLinearQ8Stream times one row against 32 products of 8192x2048
+// in Q8_0 (544 MiB) and in Q4_0 (288 MiB), each read from memory, not
+// cache, on one thread and on a crew of every CPU, as a 1B decoder's
+// decode step reads its layers: the weights' bytes over the time, against
+// the machine's read bandwidth.
+//
+//	go test -run '^$' -bench LinearQ8Stream ./engine/cpufallback
+func BenchmarkLinearQ8Stream(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	n, k := 8192, 2048
+	l := linearOf(randMatrix(rng, n*k), n, k)
+	x, y := randMatrix(rng, k), make([]float32, n)
+	for _, f := range []format{formatQ8, formatQ4} {
+		ws := make([]*weight, 32)
+		bytes := 0
+		for i := range ws {
+			ws[i] = resident(l, f)
+			bytes += ws[i].q8.bytes()
+		}
+		for _, threads := range []int{1, runtime.NumCPU()} {
+			b.Run(fmt.Sprintf("bits=%d/threads=%d", ws[0].q8.bits, threads), func(b *testing.B) {
+				old := minCrewWork
+				minCrewWork = 0
+				defer func() { minCrewWork = old }()
+				c, t := beginCrew(threads)
+				defer c.end()
+				for b.Loop() {
+					for _, w := range ws {
+						linearPar(c, t, 1, x, w, y, nil, actNone)
+					}
+				}
+				b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				b.ReportMetric(float64(len(ws)*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweights/s")
+			})
 		}
 	}
 }

@@ -281,9 +281,9 @@ func (e *Engine) Load(ctx context.Context, m *models.Model, buckets []bucketing.
 
 // workersFor starts the workers, once, and places m on them.
 func (e *Engine) workersFor(m *models.Model) ([]*worker, error) {
-	if m.Config.Quantization == "q8_0" {
-		return nil, fmt.Errorf("rbln: model %s: quantization q8_0 runs on the CPU engine only; the %s engine computes in device_dtype %s: remove quantization or set engine: cpu",
-			m.Name, e.Name(), m.Config.DeviceDtype)
+	if q := m.Config.Quantization; q != "" && q != "none" {
+		return nil, fmt.Errorf("rbln: model %s: quantization %s runs on the CPU engine only; the %s engine computes in device_dtype %s: remove quantization or set engine: cpu",
+			m.Name, q, e.Name(), m.Config.DeviceDtype)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -1,0 +1,19 @@
+package cpufallback
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// adviseHuge asks for huge pages on the whole 2 MiB pages within
+// [p, p+n). It is advice: a kernel without transparent huge pages, or
+// one set to "never", refuses it and the pages stay 4 KiB.
+func adviseHuge(p unsafe.Pointer, n uintptr) {
+	start := (uintptr(p) + hugePage - 1) &^ (hugePage - 1)
+	end := (uintptr(p) + n) &^ (hugePage - 1)
+	if end <= start {
+		return
+	}
+	_ = unix.Madvise(unsafe.Slice((*byte)(unsafe.Add(p, start-uintptr(p))), end-start), unix.MADV_HUGEPAGE)
+}
