@@ -38,7 +38,7 @@ func nativeProductKernel(name string, isa C.int) productKernel {
 		isa:   int(isa),
 		width: width,
 		pack: func(k, n int, b []float32, ldb int, trans bool) []float32 {
-			out := make([]float32, (n+width-1)/width*width*k)
+			out := hugeMake[float32]((n + width - 1) / width * width * k)
 			if len(out) == 0 {
 				return out
 			}
@@ -124,7 +124,7 @@ func checkC(m, n int, c []float32, ldc int) {
 }
 
 func packBF16(k, n int, b []float32, ldb int) []uint16 {
-	out := make([]uint16, (n+31)/32*32*((k+1)/2*2))
+	out := hugeMake[uint16]((n + 31) / 32 * 32 * ((k + 1) / 2 * 2))
 	if len(out) == 0 {
 		return out
 	}

@@ -2,7 +2,8 @@ package cpufallback
 
 import "unsafe"
 
-// hugeMake is make([]T, n) for a resident weight: where the slice spans
+// hugeMake is make([]T, n) for a resident weight (float32, bfloat16, Q8_0
+// or Q4_0, packed for the native kernels): where the slice spans
 // 2 MiB pages whole, the kernel is asked to back them with transparent
 // huge pages (Linux's madvise(MADV_HUGEPAGE), which the default
 // "madvise" mode of /sys/kernel/mm/transparent_hugepage/enabled
