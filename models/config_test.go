@@ -75,6 +75,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"zero bucket", "batch: [1, 2, 8]", "batch: [0, 2]", "buckets.batch: 0 is not a valid batch size"},
 		{"bad engine", "architecture: mlp", "architecture: mlp\nengine: gpu", `engine: "gpu" is not supported; want cpu or torch or rbln`},
 		{"bad dtype", "architecture: mlp", "architecture: mlp\ndevice_dtype: int8", `device_dtype: "int8" is not supported`},
+		{"bad quantization", "architecture: mlp", "architecture: mlp\nquantization: q5_1", `quantization: "q5_1" is not supported; want none or q8_0 or q4_0`},
+		{"q4_0 off the CPU", "architecture: mlp", "architecture: mlp\nengine: rbln\nquantization: q4_0", "quantization: q4_0 runs on the CPU engine; engine rbln computes in device_dtype"},
 		{"bad float16_overflow", "architecture: mlp", "architecture: mlp\nfloat16_overflow: wrap", `float16_overflow: "wrap" is not supported`},
 		{"bad warmup", "architecture: mlp", "architecture: mlp\nwarmup: sometimes", `warmup: "sometimes" is not supported; want eager or lazy`},
 		{"bad delay", "architecture: mlp", "architecture: mlp\nbatching: {max_queue_delay: soon}", `line 3: want a duration such as 5ms, found a string ("soon")`},
