@@ -116,7 +116,8 @@ func (m *Manifest) openGGUF() (bool, error) {
 	}
 	// A file whose projections are Q8_0 or Q4_0 is served in that format:
 	// its blocks quantize back to themselves (a Q8_0 block's largest
-	// value is ±127 times its scale, a Q4_0 block's -8 times). The
+	// value is ±127 times its scale; the engine finds a Q4_0 block's
+	// scale among its largest magnitude over 1 to 8). The
 	// K-quants (Q4_K_M files mix Q4_K and Q6_K, Q5_K_M Q5_K and Q6_K) have
 	// no kernel here: they are served in Q8_0, which keeps their values
 	// to within half a step of 1/127 of each block's largest.

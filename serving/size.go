@@ -61,17 +61,21 @@ func (l *loader) admit(man *models.Manifest, engines []string, shapes []bucketin
 	for i, name := range engines {
 		if d := man.Config.Decoder; d != nil {
 			// The engine's packed copy of the weights (Q8_0: 34 bytes
-			// a block of 32 float32s; Q4_0: 18, its head Q8_0), the KV
-			// cache, the step's buffers, and (the worker's) the token
-			// counts the penalties read: two int32 tables of
-			// max_num_seqs+1 rows of the vocabulary.
+			// a block of 32 float32s; Q4_0: 18, its head and embeddings
+			// Q8_0), the KV cache, the step's buffers, and (the
+			// worker's) the token counts the penalties read: two int32
+			// tables of max_num_seqs+1 rows of the vocabulary.
 			packed := weights
 			switch man.Config.Quantization {
 			case "q8_0":
 				packed = weights / 128 * 34
-			case "q4_0": // the output head stays Q8_0
-				head := min(weights, 4*int64(d.Vocab)*int64(d.Hidden))
-				packed = (weights-head)/128*18 + head/128*34
+			case "q4_0": // the output head and the embeddings stay Q8_0
+				table := 4 * int64(d.Vocab) * int64(d.Hidden)
+				if !d.TiedEmbeddings {
+					table *= 2
+				}
+				table = min(weights, table)
+				packed = (weights-table)/128*18 + table/128*34
 			}
 			n := addBytes(packed, man.Config.KVCacheBytes())
 			g := man.Config.Generation

@@ -35,15 +35,15 @@ func (f *File) mine(t *TensorInfo) error {
 
 // ReadFloat32 reads a tensor's values as float32 in the file's order
 // (innermost dimension fastest, which is row-major for [TensorInfo.Shape]):
-// F32, F16 and BF16 converted, Q8_0, Q4_0 and Q4_K dequantized as ggml
-// does. Another type is an error wrapping ErrUnsupported.
+// F32, F16 and BF16 converted, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K
+// dequantized as ggml does. Another type is an error wrapping ErrUnsupported.
 func (f *File) ReadFloat32(t *TensorInfo) ([]float32, error) {
 	if err := f.mine(t); err != nil {
 		return nil, err
 	}
 	ti := types[t.Type]
 	if !ti.readable {
-		return nil, fmt.Errorf("%w: tensor %q: type %s (readable: F32, F16, BF16, Q8_0, Q4_0, Q4_K)", ErrUnsupported, t.Name, t.Type)
+		return nil, fmt.Errorf("%w: tensor %q: type %s (readable: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)", ErrUnsupported, t.Name, t.Type)
 	}
 	if t.Elements() > math.MaxInt/4 {
 		return nil, fmt.Errorf("%w: tensor %q: %d values do not fit in memory", ErrUnsupported, t.Name, t.Elements())
