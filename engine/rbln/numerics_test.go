@@ -96,7 +96,7 @@ func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 	m.Config.DeviceDtype = "bfloat16"
 	grid, err := bucketing.NewGrid(m.Config.Buckets.Batch, nil)
 	require.NoError(t, err)
-	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, m, cpufallback.Engine{}, grid)
+	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, inFloat32(m), cpufallback.Engine{}, grid)
 	stagedAs(t, onlyProgram(t, e), "bfloat16")
 	worst, rows, decided := 0.0, 0, 0
 	for _, n := range []int{1, 3, 17, 40} {
@@ -120,6 +120,17 @@ func TestBFloat16DigitsMatchTheCPUEngine(t *testing.T) {
 	assert.Greater(t, decided, rows/2, "most rows have a clear class")
 	assert.Greater(t, worst, 0.0, "the worker computed in bfloat16, not float32")
 	assert.Less(t, worst, 0.05)
+}
+
+// inFloat32 is m as the CPU engine computes it in float32: its
+// device_dtype bfloat16 would ask that engine for bfloat16 products,
+// which a CPU without AVX512_BF16 refuses (and one with it computes).
+func inFloat32(m *models.Model) *models.Model {
+	c := *m.Config
+	c.DeviceDtype = "float16"
+	f := *m
+	f.Config = &c
+	return &f
 }
 
 // top2Gap is how far the best of p is ahead of the second best.
@@ -148,7 +159,7 @@ func TestBFloat16EncoderMatchesTheCPUEngine(t *testing.T) {
 	m.Config.DeviceDtype = "bfloat16"
 	grid, err := bucketing.NewGrid([]int{1, 4}, []int{32, 64})
 	require.NoError(t, err)
-	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, m, cpufallback.Engine{}, grid)
+	onWorker, onCPU := warmRunner(t, m, e, grid), warmRunner(t, inFloat32(m), cpufallback.Engine{}, grid)
 	stagedAs(t, onlyProgram(t, e), "int32")
 	hidden := m.Config.Encoder.Hidden
 	batches := [][]string{
