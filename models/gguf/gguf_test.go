@@ -197,16 +197,7 @@ func TestQ4_K(t *testing.T) {
 		for i := range L {
 			L[i] = uint8(r.IntN(16))
 		}
-		var scales [12]uint8
-		for j := range 8 {
-			if j < 4 {
-				scales[j], scales[j+4] = ls[j], lm[j]
-			} else {
-				scales[j+4] = ls[j]&0xF | (lm[j]&0xF)<<4
-				scales[j-4] |= (ls[j] >> 4) << 6
-				scales[j] |= (lm[j] >> 4) << 6
-			}
-		}
+		scales := packScalesK4(ls, lm)
 		var qs [128]uint8
 		for j := 0; j < 256; j += 64 {
 			for l := range 32 {
@@ -222,13 +213,7 @@ func TestQ4_K(t *testing.T) {
 			want = append(want, half.ToFloat32(d)*float32(ls[sub])*float32(L[i])-half.ToFloat32(dmin)*float32(lm[sub]))
 		}
 	}
-	var w Writer
-	require.NoError(t, w.RawTensor("k", []int{blocks, 256}, Q4_K, raw))
-	f := parse(t, write(t, &w))
-	ti, _ := f.TensorByName("k")
-	assert.Equal(t, uint64(blocks*144), ti.Bytes)
-	got, err := f.ReadFloat32(ti)
-	require.NoError(t, err)
+	got := readK(t, Q4_K, blocks, raw)
 	for i := range want {
 		require.InDelta(t, want[i], got[i], 1e-6*math.Abs(float64(want[i]))+1e-7, i)
 	}
