@@ -139,9 +139,9 @@ func weightFormat(cfg *models.Config) format {
 }
 
 // resident returns a Linear's weight in the layout the product kernels
-// want: Q8_0 or Q4_0 blocks for formatQ8 and formatQ4; packed in panels of the micro-kernel's
-// width where native kernels run (in bfloat16 for formatBF16), else
-// transposed to [in, out] for the BLAS.
+// want: Q8_0 or Q4_0 blocks for formatQ8 and formatQ4; packed in panels
+// of the micro-kernel's width where native kernels run (in bfloat16 for
+// formatBF16), else transposed to [in, out] for the BLAS.
 func resident(l *models.Linear, f format) *weight {
 	w := &weight{in: l.In, out: l.Out}
 	switch {
