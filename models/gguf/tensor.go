@@ -125,36 +125,8 @@ func dequantize(typ Type, dst []float32, b []byte) {
 }
 
 // dequantizeQ5K is ggml's dequantize_row_q5_K for one super-block: as
-// Q4_K (a float16 scale d and min dmin, twelve bytes of eight 6-bit scales
-// and mins), then 32 bytes of fifth bits and 128 of nibbles: in the 64
-// values j..j+63, value j+l has nibble l's low half and bit 2j/64 of byte
-// l, value j+32+l the high half and the next bit.
-func dequantizeQ5K(dst []float32, b []byte) {
-	le := binary.LittleEndian
-	d := half.ToFloat32(le.Uint16(b))
-	dmin := half.ToFloat32(le.Uint16(b[2:]))
-	scales, qh, q := b[4:16], b[16:48], b[48:]
-	u1, u2 := uint8(1), uint8(2)
-	for j, is := 0, 0; j < qk; j, is = j+64, is+2 {
-		sc, m := scaleMinK4(is, scales)
-		d1, m1 := d*float32(sc), dmin*float32(m)
-		sc, m = scaleMinK4(is+1, scales)
-		d2, m2 := d*float32(sc), dmin*float32(m)
-		for l := range 32 {
-			lo, hi := q[l]&0xF, q[l]>>4
-			if qh[l]&u1 != 0 {
-				lo += 16
-			}
-			if qh[l]&u2 != 0 {
-				hi += 16
-			}
-			dst[j+l] = d1*float32(lo) - m1
-			dst[j+32+l] = d2*float32(hi) - m2
-		}
-		q = q[32:]
-		u1, u2 = u1<<2, u2<<2
-	}
-}
+// Q4_K's, with 32 bytes of fifth bits between the scales and the nibbles.
+func dequantizeQ5K(dst []float32, b []byte) { dequantizeK(dst, b[:16], b[16:48], b[48:]) }
 
 // dequantizeQ6K is ggml's dequantize_row_q6_K for one super-block: 128
 // bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales (one a
@@ -186,22 +158,38 @@ func dequantizeQ6K(dst []float32, b []byte) {
 // float16 scale d and min dmin, twelve bytes packing eight 6-bit scales
 // and mins, then 128 bytes of nibbles, each 32-value sub-block
 // d*scale*q - dmin*min.
-func dequantizeQ4K(dst []float32, b []byte) {
+func dequantizeQ4K(dst []float32, b []byte) { dequantizeK(dst, b[:16], nil, b[16:]) }
+
+// dequantizeK is Q4_K's and Q5_K's super-block: head holds d, dmin and
+// the packed scales and mins; in the 64 values j..j+63, value j+l takes
+// nibble byte l's low half and j+32+l its high half, and where qh is
+// given (Q5_K) bit 2j/64 of qh[l] and the next one add 16 to them.
+func dequantizeK(dst []float32, head, qh, q []byte) {
 	le := binary.LittleEndian
-	d := half.ToFloat32(le.Uint16(b))
-	dmin := half.ToFloat32(le.Uint16(b[2:]))
-	scales := b[4:16]
-	q := b[16:]
+	d := half.ToFloat32(le.Uint16(head))
+	dmin := half.ToFloat32(le.Uint16(head[2:]))
+	scales := head[4:16]
+	u1, u2 := uint8(1), uint8(2)
 	for j, is := 0, 0; j < qk; j, is = j+64, is+2 {
 		sc, m := scaleMinK4(is, scales)
 		d1, m1 := d*float32(sc), dmin*float32(m)
 		sc, m = scaleMinK4(is+1, scales)
 		d2, m2 := d*float32(sc), dmin*float32(m)
 		for l := range 32 {
-			dst[j+l] = d1*float32(q[l]&0xF) - m1
-			dst[j+32+l] = d2*float32(q[l]>>4) - m2
+			lo, hi := q[l]&0xF, q[l]>>4
+			if qh != nil {
+				if qh[l]&u1 != 0 {
+					lo += 16
+				}
+				if qh[l]&u2 != 0 {
+					hi += 16
+				}
+			}
+			dst[j+l] = d1*float32(lo) - m1
+			dst[j+32+l] = d2*float32(hi) - m2
 		}
 		q = q[32:]
+		u1, u2 = u1<<2, u2<<2
 	}
 }
 
