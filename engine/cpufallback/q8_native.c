@@ -279,38 +279,6 @@ VNNI static void linear_q4_vnni(int m, int n, int kb, const signed char *qx, con
 	}
 }
 
-AVX2 static void linear_q4_avx2(int m, int n, int kb, const signed char *qx, const float *dx, const int *sx,
-                                const unsigned char *w, const unsigned short *dw, float *y, const float *bias, int act,
-                                int p0, int p1) {
-	long ldq = (long)kb * 32, ldd = kb;
-	__m256 out[8];
-	float tmp[16];
-	for (int p = p0; p < p1; p++) {
-		int o0 = p * 16, w16 = n - o0 < 16 ? n - o0 : 16;
-		const unsigned char *wp = w + (long)p * kb * 256;
-		const unsigned short *dp = dw + (long)p * kb * 16;
-		for (int i0 = 0; i0 < m; i0 += 4) {
-			int r = m - i0 < 4 ? m - i0 : 4;
-			const signed char *q = qx + i0 * ldq;
-			const float *d = dx + i0 * ldd;
-			const int *s = sx + i0 * ldd;
-			switch (r) {
-			case 1: avx2_q4_panel1(kb, q, ldq, d, s, ldd, wp, dp, out); break;
-			case 2: avx2_q4_panel2(kb, q, ldq, d, s, ldd, wp, dp, out); break;
-			case 3: avx2_q4_panel3(kb, q, ldq, d, s, ldd, wp, dp, out); break;
-			default: avx2_q4_panel4(kb, q, ldq, d, s, ldd, wp, dp, out); break;
-			}
-			for (int i = 0; i < r; i++) {
-				float *yi = y + (long)(i0 + i) * n + o0;
-				_mm256_storeu_ps(tmp, out[2 * i]);
-				_mm256_storeu_ps(tmp + 8, out[2 * i + 1]);
-				for (int j = 0; j < w16; j++) yi[j] = tmp[j];
-				if (bias || act != SS_ACT_NONE) epilogue(yi, bias, o0, o0 + w16, act);
-			}
-		}
-	}
-}
-
 VNNI static void linear_vnni(int m, int n, int kb, const signed char *qx, const float *dx, const int *sx,
                              const signed char *w, const unsigned short *dw, float *y, const float *bias, int act, int p0, int p1) {
 	long ldq = (long)kb * 32, ldd = kb;
@@ -357,24 +325,33 @@ VNNI static void linear_vnni(int m, int n, int kb, const signed char *qx, const 
 	}
 }
 
-AVX2 static void linear_avx2(int m, int n, int kb, const signed char *qx, const float *dx, const signed char *w,
-                             const unsigned short *dw, float *y, const float *bias, int act, int p0, int p1) {
+// The AVX2 products of Q8_0 (bits 8) and Q4_0 (bits 4) weights: a panel's
+// blocks take bits*64 bytes.
+AVX2 static void linear_avx2(int bits, int m, int n, int kb, const signed char *qx, const float *dx, const int *sx,
+                             const signed char *w, const unsigned short *dw, float *y, const float *bias, int act,
+                             int p0, int p1) {
 	long ldq = (long)kb * 32, ldd = kb;
 	__m256 out[8];
 	float tmp[16];
 	for (int p = p0; p < p1; p++) {
 		int o0 = p * 16, w16 = n - o0 < 16 ? n - o0 : 16;
-		const signed char *wp = w + (long)p * kb * 512;
+		const signed char *wp = w + (long)p * kb * bits * 64;
+		const unsigned char *wp4 = (const unsigned char *)wp;
 		const unsigned short *dp = dw + (long)p * kb * 16;
 		for (int i0 = 0; i0 < m; i0 += 4) {
 			int r = m - i0 < 4 ? m - i0 : 4;
 			const signed char *q = qx + i0 * ldq;
 			const float *d = dx + i0 * ldd;
-			switch (r) {
+			const int *s = sx + i0 * ldd;
+			switch (bits == 4 ? r + 4 : r) {
 			case 1: avx2_panel1(kb, q, ldq, d, ldd, wp, dp, out); break;
 			case 2: avx2_panel2(kb, q, ldq, d, ldd, wp, dp, out); break;
 			case 3: avx2_panel3(kb, q, ldq, d, ldd, wp, dp, out); break;
-			default: avx2_panel4(kb, q, ldq, d, ldd, wp, dp, out); break;
+			case 4: avx2_panel4(kb, q, ldq, d, ldd, wp, dp, out); break;
+			case 5: avx2_q4_panel1(kb, q, ldq, d, s, ldd, wp4, dp, out); break;
+			case 6: avx2_q4_panel2(kb, q, ldq, d, s, ldd, wp4, dp, out); break;
+			case 7: avx2_q4_panel3(kb, q, ldq, d, s, ldd, wp4, dp, out); break;
+			default: avx2_q4_panel4(kb, q, ldq, d, s, ldd, wp4, dp, out); break;
 			}
 			for (int i = 0; i < r; i++) {
 				float *yi = y + (long)(i0 + i) * n + o0;
@@ -394,13 +371,10 @@ AVX2 static void linear_avx2(int m, int n, int kb, const signed char *qx, const 
 // a time.
 void ss_linear_q8(int level, int bits, int m, int n, int kb, const signed char *qx, const float *dx, const int *sx,
                   const signed char *w, const unsigned short *dw, float *y, const float *bias, int act, int p0, int p1) {
-	if (bits == 4) {
-		if (level == SS_Q8_VNNI)
-			linear_q4_vnni(m, n, kb, qx, dx, sx, (const unsigned char *)w, dw, y, bias, act, p0, p1);
-		else
-			linear_q4_avx2(m, n, kb, qx, dx, sx, (const unsigned char *)w, dw, y, bias, act, p0, p1);
-	} else if (level == SS_Q8_VNNI)
-		linear_vnni(m, n, kb, qx, dx, sx, w, dw, y, bias, act, p0, p1);
+	if (level != SS_Q8_VNNI)
+		linear_avx2(bits, m, n, kb, qx, dx, sx, w, dw, y, bias, act, p0, p1);
+	else if (bits == 4)
+		linear_q4_vnni(m, n, kb, qx, dx, sx, (const unsigned char *)w, dw, y, bias, act, p0, p1);
 	else
-		linear_avx2(m, n, kb, qx, dx, w, dw, y, bias, act, p0, p1);
+		linear_vnni(m, n, kb, qx, dx, sx, w, dw, y, bias, act, p0, p1);
 }
